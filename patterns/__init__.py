@@ -1,0 +1,1 @@
+"""tvm-ext pattern tables."""

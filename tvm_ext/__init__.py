@@ -1,0 +1,14 @@
+"""tvm-ext: Relay passes, pattern tables, a relay.build with insertion points, and kernel reports.
+
+Built on Apache TVM 0.19 (the last release with Relay). Importing :mod:`tvm_ext` sets
+``TOPHUB_LOCATION=NONE`` when unset (no network) and installs a small ``onnx.mapping`` shim so
+TVM 0.19's ONNX frontend works with current onnx releases.
+"""
+from . import _compat  # noqa: F401  (environment and onnx compatibility, before TVM is used)
+from .build import build, copy_module
+from .report import KernelReport
+from .target import host_target, safe_target
+
+__version__ = "0.1.0"
+
+__all__ = ["build", "copy_module", "KernelReport", "host_target", "safe_target", "__version__"]

@@ -1,0 +1,280 @@
+"""``tvm_ext.build``: ``relay.build`` with an insertion point for user passes.
+
+Design note
+-----------
+``relay.build`` (TVM 0.19, ``src/relay/backend/build_module.cc``) runs, in one C++ ``Sequential``:
+bind params -> the *optimisation prefix* (``GetPassPrefix`` in ``backend/utils.cc``: qnn and target
+Legalize, SimplifyInference, CSE, SimplifyExpr, CombineParallel*, FoldConstant, FoldScaleAxis,
+CanonicalizeCast, CanonicalizeOps, AlterOpLayout, ...) -> SplitArgs -> PlanDevices -> FuseOps ->
+lowering. There is no slot for user passes between the prefix and FuseOps.
+
+``build(..., at="before_fuse")`` makes one without patching TVM:
+
+1. the caller's module is copied (``relay.build`` mutates the module object it is given);
+2. params are bound, as ``relay.build`` does first;
+3. the prefix runs here, through TVM's own ``relay.backend.GetPassPrefixSeq`` under the same
+   target, PassContext and AutoTVM dispatch context ``relay.build`` would use; an instrument
+   records the names of the passes that actually ran;
+4. the user passes run;
+5. ``relay.build`` runs with those prefix passes disabled by name (``InferType`` excepted), so its
+   prefix is a no-op and the user passes' output reaches FuseOps unchanged.
+
+``at="start"`` runs the user passes on the bound module before ``relay.build``'s own prefix.
+With no passes, both paths compile the same graph as plain ``relay.build`` (tested bit for bit).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterable, Sequence
+
+from . import _compat  # noqa: F401
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build", "copy_module", "prefix_pass_names", "AT_CHOICES"]
+
+AT_CHOICES = ("before_fuse", "start")
+
+# Passes the prefix runs that must stay enabled inside relay.build: type inference is required
+# by every later pass and is idempotent.
+_KEEP_ENABLED = frozenset({"InferType"})
+
+
+def copy_module(mod):
+    """A deep copy of an IRModule (so no TVM pass can mutate the caller's object)."""
+    import tvm
+
+    return tvm.ir.load_json(tvm.ir.save_json(mod))
+
+
+class _PassRecorder:
+    """PassInstrument collecting the names of the passes that run (in order)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def make(self):
+        import tvm
+
+        recorder = self
+
+        @tvm.instrument.pass_instrument
+        class _Record:  # pylint: disable=too-few-public-methods
+            def run_before_pass(self, mod, info):  # noqa: D401
+                recorder.names.append(info.name)
+
+        return _Record()
+
+
+def _current_ctx_settings():
+    """config, disabled passes and instruments of the PassContext the caller entered, if any."""
+    import tvm
+
+    cur = tvm.transform.PassContext.current()
+    config = {str(k): v for k, v in cur.config.items()} if cur.config else {}
+    disabled = [str(p) for p in cur.disabled_pass] if cur.disabled_pass else []
+    instruments = list(cur.instruments) if cur.instruments else []
+    return config, disabled, instruments
+
+
+def _tophub_context(target):
+    # Same dispatch context relay.build enters, so AlterOpLayout sees the same configs.
+    from tvm import autotvm
+
+    if isinstance(autotvm.DispatchContext.current, autotvm.FallbackContext):
+        return autotvm.tophub.context([target])
+    return contextlib.nullcontext()
+
+
+def _as_module(mod):
+    import tvm
+    from tvm import relay
+
+    if isinstance(mod, relay.Function):
+        return tvm.IRModule.from_expr(mod)
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"tvm_ext.build: expected a tvm.IRModule or relay.Function, got {type(mod).__name__}")
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ValueError("tvm_ext.build: the module has no 'main' function")
+    return mod
+
+
+def _check_passes(passes) -> list:
+    import tvm
+
+    if isinstance(passes, tvm.transform.Pass):
+        passes = [passes]
+    out = []
+    for i, p in enumerate(passes):
+        if not isinstance(p, tvm.transform.Pass):
+            raise TypeError(
+                f"tvm_ext.build: passes[{i}] is a {type(p).__name__}, not a tvm.transform.Pass "
+                "(call the factory, e.g. CombineParallelCast(), not CombineParallelCast)"
+            )
+        out.append(p)
+    return out
+
+
+def _bind_params(mod, params):
+    from tvm import relay
+
+    if not params:
+        return mod
+    main = mod["main"]
+    names = {p.name_hint for p in main.params}
+    used = {k: v for k, v in params.items() if k in names}
+    unused = sorted(set(params) - names)
+    if unused:
+        logger.debug("params not used by main: %s", unused[:10])
+    mod = copy_module(mod)
+    mod["main"] = relay.build_module.bind_params_by_name(mod["main"], used)
+    return mod
+
+
+def prefix_pass_names(mod, target, opt_level=3, **ctx) -> list[str]:
+    """Names of the passes relay.build's optimisation prefix runs on ``mod`` for ``target``."""
+    _, names = _run_prefix(copy_module(_as_module(mod)), target, opt_level, **ctx)
+    return names
+
+
+def _run_prefix(mod, target, opt_level, config=None, disabled_pass=(), instruments=()):
+    import tvm
+
+    recorder = _PassRecorder()
+    prefix = tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, False)
+    with _tophub_context(target), target, tvm.transform.PassContext(
+        opt_level=opt_level,
+        config=config,
+        disabled_pass=list(disabled_pass),
+        instruments=[recorder.make(), *instruments],
+    ):
+        mod = tvm.relay.transform.InferType()(mod)
+        mod = prefix(mod)
+    ran = []
+    for name in recorder.names:
+        if name not in ran and name not in _KEEP_ENABLED and name != "sequential":
+            ran.append(name)
+    return mod, ran
+
+
+def build(
+    mod,
+    target=None,
+    params=None,
+    passes: Sequence | Iterable = (),
+    at: str = "before_fuse",
+    opt_level: int = 3,
+    *,
+    config: dict | None = None,
+    disabled_pass: Sequence[str] = (),
+    instruments: Sequence = (),
+    executor=None,
+    runtime=None,
+    mod_name: str = "default",
+    allow_vnni: bool = False,
+):
+    """Build a Relay module like ``relay.build``, running ``passes`` at an insertion point.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule or relay.Function
+        The model. Never modified: a copy is built.
+    target : str or tvm.target.Target, optional
+        Default: :func:`tvm_ext.target.host_target`. LLVM targets go through
+        :func:`tvm_ext.target.safe_target` (``-mcpu=native`` resolved, VNNI masked on LLVM 22).
+    params : dict of str to array, optional
+        Bound into ``main`` first, as ``relay.build`` does.
+    passes : sequence of tvm.transform.Pass
+        User passes, run in order as one ``tvm.transform.Sequential``.
+    at : {"before_fuse", "start"}
+        ``"before_fuse"``: passes see the module after relay.build's optimisation prefix
+        (layouts altered, constants folded, CSE done) and their output reaches FuseOps without
+        the prefix running again. ``"start"``: passes run before the prefix.
+    opt_level : int
+        PassContext opt_level for everything (default 3, like ``relay.build`` users set).
+    config, disabled_pass, instruments
+        Merged with the PassContext the caller entered, if any (config: explicit wins;
+        disabled passes and instruments: union).
+    executor, runtime, mod_name
+        Forwarded to ``relay.build``.
+    allow_vnni : bool
+        Do not mask VNNI (see :mod:`tvm_ext.target`).
+
+    Returns
+    -------
+    tvm.relay.backend.executor_factory.GraphExecutorFactoryModule
+        What ``relay.build`` returns, with two extra attributes: ``kernel_report``
+        (:class:`tvm_ext.report.KernelReport`) and ``tvm_ext_module`` (the module that was handed
+        to relay.build, after the user passes).
+
+    Raises
+    ------
+    ValueError
+        Bad ``at``, or a module without ``main``.
+    TypeError
+        A pass that is not a ``tvm.transform.Pass``.
+    tvm_ext.build.PassFailed
+        A user pass raised; the message names it.
+    """
+    import tvm
+    from tvm import relay
+
+    from .report import KernelReport
+    from .target import host_target, safe_target
+
+    if at not in AT_CHOICES:
+        raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {AT_CHOICES}")
+    user_passes = _check_passes(passes)
+    mod = copy_module(_as_module(mod))
+    tgt = safe_target(target, allow_vnni=allow_vnni) if target is not None else host_target(allow_vnni=allow_vnni)
+    if tgt.kind.name == "llvm" and tgt.host is None:
+        tgt = tvm.target.Target(tgt, host=tgt)
+
+    cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
+    cfg = {**cur_config, **(config or {})}
+    disabled = list(dict.fromkeys([*cur_disabled, *disabled_pass]))
+    instr = [*cur_instruments, *instruments]
+
+    mod = _bind_params(mod, params)
+    prefix_names: list[str] = []
+    if at == "before_fuse":
+        mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, disabled, instr)
+        logger.debug("relay.build prefix ran: %s", prefix_names)
+    if user_passes:
+        mod = _run_user_passes(mod, user_passes, tgt, opt_level, cfg, disabled, instr)
+
+    build_kwargs = {"mod_name": mod_name}
+    if executor is not None:
+        build_kwargs["executor"] = executor
+    if runtime is not None:
+        build_kwargs["runtime"] = runtime
+    handed = mod
+    with tvm.transform.PassContext(
+        opt_level=opt_level,
+        config=cfg,
+        disabled_pass=list(dict.fromkeys([*disabled, *prefix_names])),
+        instruments=instr,
+    ):
+        factory = relay.build(copy_module(mod), target=tgt, **build_kwargs)
+    factory.tvm_ext_module = handed
+    factory.kernel_report = KernelReport.from_factory(factory)
+    return factory
+
+
+class PassFailed(RuntimeError):
+    """A user pass raised inside :func:`build`; the message names the pass."""
+
+
+def _run_user_passes(mod, user_passes, tgt, opt_level, cfg, disabled, instr):
+    import tvm
+
+    names = [p.info.name for p in user_passes]
+    seq = tvm.transform.Sequential([*user_passes, tvm.relay.transform.InferType()], name="tvm_ext.user_passes")
+    with _tophub_context(tgt), tgt, tvm.transform.PassContext(
+        opt_level=opt_level, config=cfg, disabled_pass=disabled, instruments=instr
+    ):
+        try:
+            return seq(mod)
+        except Exception as err:  # re-raised naming the passes, with the TVM message
+            raise PassFailed(f"tvm_ext.build: user passes {names} failed: {err}") from err

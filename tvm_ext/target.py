@@ -1,0 +1,132 @@
+"""Host targets that TVM 0.19 + LLVM 22 can build without aborting the process.
+
+Design note
+-----------
+Two traps of this stack are handled here, once:
+
+* ``-mcpu=native`` is not understood by TVM 0.19 with LLVM 22: TVM logs an error and silently
+  falls back to ``-mcpu=generic`` (plain x86-64, 26-86x slower than ONNX Runtime on int8 models).
+  :func:`host_target` asks LLVM for the real CPU name instead.
+* On CPUs with AVX-512 VNNI / AVX-VNNI (Zen 4/5, Ice Lake and later), TVM's x86 int8 tensor
+  intrinsic passes ``int32x16`` operands to ``llvm.x86.avx512.vpdpbusd.512``, whose signature
+  changed in newer LLVM; LLVM 22 then aborts the *whole Python process* (SIGABRT, "Calling a
+  function with a bad signature!") while generating int8 convolutions. :func:`safe_target` masks
+  the VNNI features (``-mattr=-avx512vnni,-avxvnni``) and logs why. AVX-512 stays enabled, so the
+  int8 kernels still use 512-bit vectors.
+
+Every build in tvm-ext goes through :func:`safe_target`; pass ``allow_vnni=True`` only with a TVM
+whose VNNI intrinsic matches its LLVM.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Union
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["host_target", "safe_target", "describe_target", "VNNI_FEATURES"]
+
+#: LLVM feature names whose TVM 0.19 tensor intrinsic crashes LLVM 22.
+VNNI_FEATURES = ("avx512vnni", "avxvnni")
+
+_WARNED: set[str] = set()
+TargetLike = Union[str, "tvm.target.Target"]  # noqa: F821
+
+
+def _llvm_features(target) -> set[str]:
+    from tvm.target import codegen
+
+    try:
+        return {str(k) for k in codegen.llvm_get_cpu_features(target)}
+    except Exception as err:  # not an llvm target, or LLVM cannot parse it
+        logger.debug("cannot query LLVM features of %s: %s", target, err)
+        return set()
+
+
+def host_target(mcpu: str | None = None, *, allow_vnni: bool = False):
+    """The host CPU as a TVM ``llvm`` target, safe to build with.
+
+    Parameters
+    ----------
+    mcpu : str, optional
+        CPU name for ``-mcpu``. Default: ``$TVM_EXT_MCPU`` if set, else LLVM's
+        ``getHostCPUName()`` (what ``-mcpu=native`` should have meant).
+    allow_vnni : bool
+        Keep VNNI features (see the module note). Default False.
+
+    Returns
+    -------
+    tvm.target.Target
+    """
+    import tvm
+    from tvm.target import codegen
+
+    cpu = mcpu or os.environ.get("TVM_EXT_MCPU") or codegen.llvm_get_system_cpu()
+    if cpu in ("", "generic"):
+        return safe_target(tvm.target.Target("llvm"), allow_vnni=allow_vnni)
+    return safe_target(tvm.target.Target(f"llvm -mcpu={cpu}"), allow_vnni=allow_vnni)
+
+
+def safe_target(target: TargetLike, *, allow_vnni: bool = False):
+    """Return ``target`` with the features that would abort LLVM 22 masked.
+
+    ``"native"`` as ``-mcpu`` is replaced by the real host CPU name. Non-LLVM targets and LLVM
+    targets without VNNI are returned unchanged (as :class:`tvm.target.Target`).
+
+    Parameters
+    ----------
+    target : str or tvm.target.Target
+    allow_vnni : bool
+        Do not mask VNNI (only for a TVM whose VNNI intrinsic matches its LLVM).
+
+    Returns
+    -------
+    tvm.target.Target
+    """
+    import tvm
+    from tvm.target import codegen
+
+    tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    if tgt.kind.name != "llvm":
+        return tgt
+    host = tgt.host
+    text = str(tgt)  # str() of a Target never includes its host
+    mcpu = str(tgt.attrs.get("mcpu", ""))
+    if mcpu == "native":
+        real = codegen.llvm_get_system_cpu()
+        logger.info("-mcpu=native resolved to -mcpu=%s (TVM 0.19 + LLVM 22 would use 'generic')", real)
+        text = text.replace("-mcpu=native", f"-mcpu={real}")
+        tgt = tvm.target.Target(text, host=host)
+    if allow_vnni:
+        return tgt
+    present = [f for f in VNNI_FEATURES if f in _llvm_features(tgt)]
+    if not present:
+        return tgt
+    mattr = [str(a) for a in tgt.attrs.get("mattr", [])]
+    mattr += [f"-{f}" for f in VNNI_FEATURES if f"-{f}" not in mattr]
+    base = " ".join(p for p in text.split() if not p.startswith("-mattr="))
+    masked = tvm.target.Target(f"{base} -mattr={','.join(mattr)}", host=host)
+    log = logger.warning if text not in _WARNED else logger.debug
+    _WARNED.add(text)
+    log(
+        "masking %s on target '%s': TVM 0.19's VNNI int8 intrinsic aborts LLVM %s "
+        "('Calling a function with a bad signature!'); building for '%s'",
+        ",".join(present), tgt, codegen.llvm_version_major(), masked,
+    )
+    return masked
+
+
+def describe_target(target) -> dict:
+    """A JSON-friendly description of a target: string, cpu, vector features."""
+    import tvm
+
+    tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    feats = _llvm_features(tgt) if tgt.kind.name == "llvm" else set()
+    interesting = sorted(f for f in feats if f.startswith(("avx", "sse4", "fma", "neon", "sve")))
+    return {
+        "target": str(tgt),
+        "kind": tgt.kind.name,
+        "mcpu": str(tgt.attrs.get("mcpu", "")),
+        "features": interesting,
+    }

@@ -1,0 +1,101 @@
+"""Test helpers for Relay passes: structural checks and numerical differential runs.
+
+``check(pass_, before, expected)`` is the one structural helper every pass test uses;
+``assert_same_outputs`` builds two modules with TVM and compares them on seeded random inputs
+(bit for bit for integer outputs).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["infer", "check", "run_module", "random_inputs", "assert_same_outputs", "assert_unchanged"]
+
+
+def infer(mod_or_expr):
+    """InferType on an IRModule, a Function or an expression (wrapped as main)."""
+    import tvm
+    from tvm import relay
+
+    if isinstance(mod_or_expr, tvm.IRModule):
+        return relay.transform.InferType()(mod_or_expr)
+    if not isinstance(mod_or_expr, relay.Function):
+        mod_or_expr = relay.Function(relay.analysis.free_vars(mod_or_expr), mod_or_expr)
+    return relay.transform.InferType()(tvm.IRModule.from_expr(mod_or_expr))
+
+
+def check(pass_, before, expected, opt_level: int = 3):
+    """Run ``pass_`` on ``before`` and assert the result equals ``expected`` structurally.
+
+    Both are type-inferred modules (or expressions); the input module must not be mutated.
+    Returns the transformed module.
+    """
+    import tvm
+    from tvm import relay
+
+    before = infer(before)
+    expected = infer(expected)
+    text_before = before.astext()
+    with tvm.transform.PassContext(opt_level=opt_level):
+        after = relay.transform.InferType()(pass_(before))
+    assert before.astext() == text_before, "the pass mutated its input module"
+    for gv in after.get_global_vars():
+        assert not relay.analysis.free_vars(after[gv]), f"free variables in {gv.name_hint}"
+    tvm.ir.assert_structural_equal(after["main"], expected["main"], map_free_vars=True)
+    return after
+
+
+def assert_unchanged(pass_, mod, opt_level: int = 3):
+    """The pass leaves ``mod`` structurally unchanged."""
+    return check(pass_, mod, mod, opt_level=opt_level)
+
+
+def random_inputs(mod, seed: int = 0) -> dict:
+    """Seeded random inputs for ``main``'s parameters (ints within a small range)."""
+    mod = infer(mod)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for p in mod["main"].params:
+        shape = [int(d) for d in p.checked_type.shape]
+        dtype = p.checked_type.dtype
+        if dtype.startswith(("int", "uint")):
+            info = np.iinfo(dtype)
+            lo, hi = max(info.min, -100), min(info.max, 100)
+            out[p.name_hint] = rng.integers(lo, hi + 1, size=shape).astype(dtype)
+        elif dtype == "bool":
+            out[p.name_hint] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            out[p.name_hint] = rng.standard_normal(shape).astype(dtype)
+    return out
+
+
+def run_module(factory_or_mod, inputs: dict, target="llvm", params=None, opt_level: int = 3):
+    """Run a built factory (or build ``mod`` with relay.build first); returns a list of outputs."""
+    import tvm
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    if isinstance(factory_or_mod, tvm.IRModule):
+        with tvm.transform.PassContext(opt_level=opt_level):
+            factory_or_mod = relay.build(factory_or_mod, target=target, params=params)
+    gm = graph_executor.GraphModule(factory_or_mod["default"](tvm.cpu()))
+    for k, v in inputs.items():
+        gm.set_input(k, v)
+    gm.run()
+    return [gm.get_output(i).numpy() for i in range(gm.get_num_outputs())]
+
+
+def assert_same_outputs(a, b, inputs: dict, target="llvm", rtol=1e-5, atol=1e-5, opt_level: int = 3):
+    """Build/run ``a`` and ``b`` (modules or factories) and compare outputs.
+
+    Integer and boolean outputs must match bit for bit; floats within ``rtol``/``atol``.
+    """
+    out_a = run_module(a, inputs, target, opt_level=opt_level)
+    out_b = run_module(b, inputs, target, opt_level=opt_level)
+    assert len(out_a) == len(out_b), f"{len(out_a)} outputs vs {len(out_b)}"
+    for i, (x, y) in enumerate(zip(out_a, out_b)):
+        assert x.dtype == y.dtype and x.shape == y.shape, f"output {i}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}"
+        if np.issubdtype(x.dtype, np.integer) or x.dtype == bool:
+            np.testing.assert_array_equal(x, y, err_msg=f"output {i} differs (integer: must be bit-exact)")
+        else:
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=f"output {i} differs")
+    return out_a, out_b
