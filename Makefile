@@ -1,0 +1,34 @@
+# tvm-ext: `make bench` and `make test` work on a fresh clone (they create .venv first).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+export TOPHUB_LOCATION ?= NONE
+
+.PHONY: all venv test test-all bench bench-small clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "tvm-ext needs Python 3.11 (TVM 0.19 wheels); set PYTHON=/path/to/python3.11")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[tvm,bench,test]"
+	@touch $@
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/resnet50_int8.py
+
+bench-small: $(STAMP)
+	$(PY) benchmarks/resnet50_int8.py --small --repeat 5
+
+clean:
+	rm -rf $(VENV) bench-results .pytest_cache
