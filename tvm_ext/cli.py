@@ -78,8 +78,8 @@ def cmd_report(args) -> int:
     from .build import build
 
     passes = parse_pass_list(args.passes)
-    target = _resolve_target(args.target)
     mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
+    target = _resolve_target(args.target)
     factory = build(mod, target=target, params=params, passes=passes, at=args.at, opt_level=args.opt_level)
     report = factory.kernel_report
     if args.json:

@@ -38,24 +38,15 @@ PATTERN_NAMES = {
 K_COMM_REDUCE = 3
 
 
-def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of a TVM dtype string (``bool`` counts as one byte)."""
-    import numpy as np
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a TVM dtype string, as TVM's runtime allocates them.
 
-    if dtype == "bool":
-        return 1.0
-    try:
-        return float(np.dtype(dtype).itemsize)
-    except TypeError:
-        digits = "".join(ch for ch in dtype if ch.isdigit())
-        if not digits:
-            raise ValueError(f"unknown dtype {dtype!r}") from None
-        lanes = 1
-        if "x" in dtype:
-            digits, lanes_s = dtype.rsplit("x", 1)[0], dtype.rsplit("x", 1)[1]
-            digits = "".join(ch for ch in digits if ch.isdigit())
-            lanes = int(lanes_s)
-        return int(digits) * lanes / 8.0
+    ``(bits * lanes + 7) // 8`` (``runtime::GetDataSize``): ``bool`` and ``int4`` take one byte.
+    """
+    import tvm
+
+    t = tvm.DataType(dtype)
+    return (t.bits * t.lanes + 7) // 8
 
 
 def op_pattern(op_name: str) -> int:

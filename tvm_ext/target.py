@@ -65,7 +65,8 @@ def host_target(mcpu: str | None = None, *, allow_vnni: bool = False):
     cpu = mcpu or os.environ.get("TVM_EXT_MCPU") or codegen.llvm_get_system_cpu()
     if cpu in ("", "generic"):
         return safe_target(tvm.target.Target("llvm"), allow_vnni=allow_vnni)
-    return safe_target(tvm.target.Target(f"llvm -mcpu={cpu}"), allow_vnni=allow_vnni)
+    # the mask is the expected default here: say it at INFO, not WARNING
+    return _safe(tvm.target.Target(f"llvm -mcpu={cpu}"), allow_vnni, logging.INFO)
 
 
 def safe_target(target: TargetLike, *, allow_vnni: bool = False):
@@ -84,6 +85,10 @@ def safe_target(target: TargetLike, *, allow_vnni: bool = False):
     -------
     tvm.target.Target
     """
+    return _safe(target, allow_vnni, logging.WARNING)
+
+
+def _safe(target, allow_vnni: bool, level: int):
     import tvm
     from tvm.target import codegen
 
@@ -107,9 +112,11 @@ def safe_target(target: TargetLike, *, allow_vnni: bool = False):
     mattr += [f"-{f}" for f in VNNI_FEATURES if f"-{f}" not in mattr]
     base = " ".join(p for p in text.split() if not p.startswith("-mattr="))
     masked = tvm.target.Target(f"{base} -mattr={','.join(mattr)}", host=host)
-    log = logger.warning if text not in _WARNED else logger.debug
+    if text in _WARNED:
+        level = logging.DEBUG
     _WARNED.add(text)
-    log(
+    logger.log(
+        level,
         "masking %s on target '%s': TVM 0.19's VNNI int8 intrinsic aborts LLVM %s "
         "('Calling a function with a bad signature!'); building for '%s'",
         ",".join(present), tgt, codegen.llvm_version_major(), masked,

@@ -1,0 +1,186 @@
+"""tvm_ext.build: insertion points, faithfulness to relay.build, purity and PassContext."""
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.build import PassFailed, prefix_pass_names
+from tvm_ext.report import KernelReport
+from tvm_ext.testing import random_inputs, run_module
+
+TARGET = tvm_ext.host_target()
+
+
+def small_cnn():
+    """data -> conv3x3 -> bias -> relu -> conv1x1 -> add(residual) -> relu -> global pool -> dense."""
+    rng = np.random.default_rng(0)
+    x = relay.var("data", shape=(1, 8, 16, 16))
+    w1 = relay.var("w1", shape=(8, 8, 3, 3))
+    b1 = relay.var("b1", shape=(8,))
+    w2 = relay.var("w2", shape=(8, 8, 1, 1))
+    wd = relay.var("wd", shape=(10, 8))
+    y = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(x, w1, padding=(1, 1), channels=8, kernel_size=3), b1))
+    y = relay.nn.relu(relay.add(relay.nn.conv2d(y, w2, channels=8, kernel_size=1), x))
+    y = relay.nn.batch_flatten(relay.nn.global_avg_pool2d(y))
+    y = relay.nn.dense(y, wd)
+    mod = tvm.IRModule.from_expr(relay.Function(relay.analysis.free_vars(y), y))
+    params = {
+        "w1": rng.standard_normal((8, 8, 3, 3)).astype("float32") * 0.2,
+        "b1": rng.standard_normal(8).astype("float32"),
+        "w2": rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3,
+        "wd": rng.standard_normal((10, 8)).astype("float32"),
+    }
+    return mod, params, {"data": rng.standard_normal((1, 8, 16, 16)).astype("float32")}
+
+
+def small_int8():
+    """relay.quantize'd tiny CNN (integer graph with stop_fusion annotations and requantize)."""
+    mod, params, inputs = small_cnn()
+    with relay.quantize.qconfig(calibrate_mode="global_scale", global_scale=8.0, skip_conv_layers=[]):
+        qmod = relay.quantize.quantize(mod, params)
+    return qmod, {}, inputs
+
+
+def _stock(mod, params, opt_level=3):
+    with tvm.transform.PassContext(opt_level=opt_level):
+        return relay.build(tvm_ext.copy_module(mod), target=TARGET, params=params)
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return small_cnn()
+
+
+# --- a toy pass that only has something to act on after AlterOpLayout -------------------------
+@relay.transform.function_pass(opt_level=0, name="ToyNegateLayoutTransform")
+class ToyNegateLayoutTransform:
+    """layout_transform(x) -> negative(negative(layout_transform(x))): same values, visible ops."""
+
+    def transform_function(self, func, mod, ctx):
+        class Rewriter(relay.ExprMutator):
+            def visit_call(self, call):
+                new = super().visit_call(call)
+                if isinstance(new.op, tvm.ir.Op) and new.op.name == "layout_transform":
+                    return relay.negative(relay.negative(new))
+                return new
+
+        return Rewriter().visit(func)
+
+
+def _kernel_ops(factory):
+    return [op for k in factory.kernel_report.kernels for op in k.ops]
+
+
+def test_before_fuse_sees_altered_layouts(cnn):
+    mod, params, inputs = cnn
+    ext = tvm_ext.build(mod, TARGET, params, passes=[ToyNegateLayoutTransform()], at="before_fuse")
+    assert "layout_transform" in _kernel_ops(ext)
+    assert "negative" in _kernel_ops(ext), "the pass's effect must reach the graph JSON"
+    start = tvm_ext.build(mod, TARGET, params, passes=[ToyNegateLayoutTransform()], at="start")
+    assert "negative" not in _kernel_ops(start), "at=start runs before AlterOpLayout creates layout_transform"
+    ref = run_module(_stock(mod, params), inputs)
+    for fac in (ext, start):
+        np.testing.assert_allclose(run_module(fac, inputs)[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_runs_once(cnn):
+    mod, params, _ = cnn
+    seen = []
+
+    @tvm.instrument.pass_instrument
+    class Rec:
+        def run_before_pass(self, _mod, info):
+            seen.append(info.name)
+
+    prefix = prefix_pass_names(mod, TARGET)
+    assert "AlterOpLayout" in prefix and "FoldConstant" in prefix
+    stock_seen = []
+
+    @tvm.instrument.pass_instrument
+    class RecStock:
+        def run_before_pass(self, _mod, info):
+            stock_seen.append(info.name)
+
+    tvm_ext.build(mod, TARGET, params, instruments=[Rec()])
+    with tvm.transform.PassContext(opt_level=3, instruments=[RecStock()]):
+        relay.build(tvm_ext.copy_module(mod), target=TARGET, params=params)
+    for name in prefix:
+        assert seen.count(name) == stock_seen.count(name), name
+    # FuseOps still runs exactly once, after our passes
+    assert seen.count("FuseOps") == stock_seen.count("FuseOps") == 1
+
+
+@pytest.mark.parametrize("at", ["before_fuse", "start"])
+@pytest.mark.parametrize("model", ["cnn", "int8"])
+def test_no_passes_equals_relay_build(model, at):
+    mod, params, inputs = small_cnn() if model == "cnn" else small_int8()
+    stock = _stock(mod, params)
+    ext = tvm_ext.build(mod, TARGET, params, at=at)
+    n_stock = sum(1 for n in json.loads(stock.get_graph_json())["nodes"] if n["op"] == "tvm_op")
+    assert ext.kernel_report.num_kernels == n_stock
+    assert [k.ops for k in ext.kernel_report.kernels] == [k.ops for k in KernelReport.from_factory(stock).kernels]
+    for a, b in zip(run_module(stock, inputs), run_module(ext, inputs)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
+def test_caller_module_not_mutated():
+    qmod, params, _ = small_int8()
+    text = qmod.astext()
+    tvm_ext.build(qmod, TARGET, params, passes=[ToyNegateLayoutTransform()])
+    assert qmod.astext() == text
+
+
+def test_opt_level_and_disabled_pass(cnn):
+    mod, params, inputs = cnn
+    off = tvm_ext.build(mod, TARGET, params, passes=[ToyNegateLayoutTransform()],
+                        disabled_pass=["ToyNegateLayoutTransform"])
+    assert "negative" not in _kernel_ops(off)
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=["ToyNegateLayoutTransform"]):
+        off2 = tvm_ext.build(mod, TARGET, params, passes=[ToyNegateLayoutTransform()])
+    assert "negative" not in _kernel_ops(off2)
+    low = tvm_ext.build(mod, TARGET, params, opt_level=1)
+    assert "layout_transform" not in _kernel_ops(low), "AlterOpLayout is an opt_level 3 pass"
+
+
+def test_instruments_see_user_pass(cnn):
+    mod, params, _ = cnn
+    names = []
+
+    @tvm.instrument.pass_instrument
+    class Rec:
+        def run_after_pass(self, _mod, info):
+            names.append(info.name)
+
+    with tvm.transform.PassContext(opt_level=3, instruments=[Rec()]):
+        tvm_ext.build(mod, TARGET, params, passes=[ToyNegateLayoutTransform()])
+    assert "ToyNegateLayoutTransform" in names
+
+
+def test_bad_arguments(cnn):
+    mod, params, _ = cnn
+    with pytest.raises(ValueError, match="at="):
+        tvm_ext.build(mod, TARGET, params, at="middle")
+    with pytest.raises(TypeError, match="passes\\[0\\]"):
+        tvm_ext.build(mod, TARGET, params, passes=[ToyNegateLayoutTransform])
+    with pytest.raises(TypeError, match="IRModule"):
+        tvm_ext.build("not a module", TARGET)
+
+    @relay.transform.function_pass(opt_level=0, name="Broken")
+    def broken(func, mod, ctx):
+        raise RuntimeError("boom")
+
+    with pytest.raises(PassFailed, match="Broken"):
+        tvm_ext.build(mod, TARGET, params, passes=[broken])
+
+
+def test_function_input_and_inputs_helper():
+    x = relay.var("x", shape=(2, 3), dtype="int32")
+    f = relay.Function([x], relay.cast(relay.add(x, relay.const(1)), "int8"))
+    fac = tvm_ext.build(f, TARGET)
+    inputs = random_inputs(tvm.IRModule.from_expr(f))
+    out = run_module(fac, inputs)[0]
+    np.testing.assert_array_equal(out, (inputs["x"] + 1).astype("int8"))

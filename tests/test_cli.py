@@ -1,0 +1,82 @@
+"""The tvm-ext command line: help everywhere, reports, and one-line errors with exit code 2."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_ext.cli import main
+
+
+def tiny_onnx(path):
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
+    relu = helper.make_node("Relu", ["c"], ["y"])
+    graph = helper.make_graph(
+        [node, relu], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(model, path)
+    return path
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "tvm_ext.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("cmd", [[], ["report"], ["passes"], ["patterns"], ["zoo"], ["bench"]])
+def test_help(cmd):
+    r = run_cli(*cmd, "--help")
+    assert r.returncode == 0 and "usage: tvm-ext" in r.stdout
+
+
+def test_report_json(tmp_path, capsys):
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    assert main(["report", str(model), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_kernels"] >= 1 and out["num_anchor_kernels"] == 1
+    assert "contrib_conv2d_NCHWc" in " ".join(op for k in out["kernels"] for op in k["ops"])
+
+
+def test_report_table(tmp_path, capsys):
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    assert main(["report", str(model), "--opt-level", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels" in out and "nn.conv2d" in out
+
+
+def _one_line_error(r, text):
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and text in lines[0], r.stderr
+
+
+def test_missing_file():
+    _one_line_error(run_cli("report", "/nonexistent/model.onnx"), "no such file")
+
+
+def test_not_onnx(tmp_path):
+    bad = tmp_path / "model.onnx"
+    bad.write_text("this is not a protobuf at all \x00\xff")
+    _one_line_error(run_cli("report", str(bad)), "not an ONNX model")
+
+
+def test_unknown_pass(tmp_path):
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    _one_line_error(run_cli("report", str(model), "--passes", "NoSuchPass"), "unknown pass 'NoSuchPass'")
+
+
+def test_bad_shape_flag(tmp_path):
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    _one_line_error(run_cli("report", str(model), "--shape", "x"), "--shape")
+
+
+def test_passes_lists_registered():
+    r = run_cli("passes")
+    assert r.returncode == 0
