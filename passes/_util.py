@@ -1,0 +1,242 @@
+"""Shared machinery of the tvm-ext Relay passes: input validation, graph walks, rebuilds.
+
+Design note
+-----------
+Contract every pass built on this module keeps:
+
+* **Typed input or a clear error.** :func:`require_typed` raises :class:`UntypedModuleError`
+  (a ``ValueError`` naming the pass) when the function was not type-inferred; passes never guess
+  types.
+* **Skip what the rewrite cannot reason about.** :func:`unsupported_construct` returns a falsy
+  :class:`Reject` for functions containing ``If``, ``Let``, ``Match``, references or nested
+  non-primitive functions (closures); the pass then returns the function unchanged and logs the
+  reason. ``Primitive`` functions (FuseOps output) are leaves: walks never enter them.
+* **Never mutate, rebuild.** :func:`rebuild` makes a new expression from a substitution map,
+  iteratively (no Python recursion limit on deep graphs), sharing every node it does not need to
+  change. The pass infrastructure re-runs ``InferType`` on a function pass's output.
+* **Every rejection says why.** Checks return ``True`` or a :class:`Reject` (falsy, with a
+  reason); drivers log the reason under the pass's logger ``tvm_ext.passes.<PassName>``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+__all__ = [
+    "Reject",
+    "Check",
+    "UntypedModuleError",
+    "pass_logger",
+    "require_typed",
+    "unsupported_construct",
+    "is_primitive",
+    "post_order",
+    "consumers",
+    "rebuild",
+    "with_body",
+    "static_tensor_type",
+    "op_name",
+]
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A failed check: falsy, carries the reason (logged by the driver)."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+Check = Union[bool, Reject]
+
+
+class UntypedModuleError(ValueError):
+    """A pass was given a function without types (``InferType`` was not run)."""
+
+
+def pass_logger(pass_name: str) -> logging.Logger:
+    """The logger a pass reports merges and rejections on: ``tvm_ext.passes.<pass_name>``."""
+    return logging.getLogger(f"tvm_ext.passes.{pass_name}")
+
+
+def is_primitive(func) -> bool:
+    """True for a fused (``Primitive=1``) Relay function."""
+    attrs = func.attrs
+    return attrs is not None and "Primitive" in attrs.keys() and int(attrs["Primitive"]) == 1
+
+
+def op_name(call) -> str | None:
+    """Name of the op a Call calls, or None when it calls a function or a global."""
+    import tvm
+
+    return call.op.name if isinstance(call.op, tvm.ir.Op) else None
+
+
+def static_tensor_type(expr) -> Check:
+    """``True`` when ``expr`` has a TensorType with only constant dimensions."""
+    from tvm import relay
+    import tvm
+
+    ty = expr._checked_type_  # pylint: disable=protected-access
+    if ty is None:
+        return Reject("no type")
+    if not isinstance(ty, relay.TensorType):
+        return Reject(f"{type(ty).__name__} value, not a tensor")
+    for dim in ty.shape:
+        if not isinstance(dim, tvm.tir.IntImm):
+            return Reject(f"dynamic shape {list(ty.shape)}")
+    return True
+
+
+def _children(node) -> list:
+    from tvm import relay
+
+    if isinstance(node, relay.Call):
+        head = [node.op] if isinstance(node.op, relay.Function) else []
+        return head + list(node.args)
+    if isinstance(node, relay.Tuple):
+        return list(node.fields)
+    if isinstance(node, relay.TupleGetItem):
+        return [node.tuple_value]
+    return []  # Var, Constant, Op, GlobalVar, nested (primitive) Function: leaves
+
+
+def post_order(expr, resolve=None) -> list:
+    """Nodes of a dataflow expression in post-order (children first), each once.
+
+    Nested functions are leaves (their bodies are not visited). Iterative, so deep graphs do not
+    hit Python's recursion limit. ``resolve(node)`` (optional) redirects every edge, e.g. through
+    a substitution map. Assumes :func:`unsupported_construct` accepted the function.
+    """
+    resolve = resolve or (lambda n: n)
+    order, seen = [], set()
+    stack = [(resolve(expr), False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for child in reversed(_children(node)):
+            child = resolve(child)
+            if child not in seen:
+                stack.append((child, False))
+    return order
+
+
+def consumers(nodes: Iterable) -> dict:
+    """node -> list of (consumer, argument index) over ``nodes`` (one entry per use)."""
+    from tvm import relay
+
+    users: dict = {}
+    for node in nodes:
+        if isinstance(node, relay.Call):
+            for i, arg in enumerate(node.args):
+                users.setdefault(arg, []).append((node, i))
+        elif isinstance(node, relay.Tuple):
+            for i, field in enumerate(node.fields):
+                users.setdefault(field, []).append((node, i))
+        elif isinstance(node, relay.TupleGetItem):
+            users.setdefault(node.tuple_value, []).append((node, 0))
+    return users
+
+
+def require_typed(func, pass_name: str) -> None:
+    """Raise :class:`UntypedModuleError` unless every node of ``func``'s dataflow is typed."""
+    for node in post_order(func.body):
+        if getattr(node, "_checked_type_", True) is None:
+            raise UntypedModuleError(
+                f"{pass_name}: the module is not type-inferred (no type on a "
+                f"{type(node).__name__}); run tvm.relay.transform.InferType() before {pass_name}"
+            )
+
+
+def unsupported_construct(func) -> Check:
+    """``True`` for pure dataflow functions; a :class:`Reject` naming the first construct otherwise.
+
+    Rejected: ``If``, ``Let``, ``Match``, ``RefCreate/RefRead/RefWrite`` and nested functions that
+    are not ``Primitive`` (closures). Found with TVM's own visitor, so nothing is missed.
+    """
+    from tvm import relay
+
+    found: list = []
+    banned = (relay.If, relay.Let, relay.adt.Match, relay.RefCreate, relay.RefRead, relay.RefWrite)
+
+    def visit(node):
+        if found:
+            return
+        if isinstance(node, banned):
+            found.append(type(node).__name__)
+        elif isinstance(node, relay.Function) and not node.same_as(func) and not is_primitive(node):
+            found.append("nested non-primitive Function")
+
+    # post_order_visit enters primitive functions too; their bodies are plain dataflow.
+    relay.analysis.post_order_visit(func, visit)
+    if found:
+        return Reject(f"function contains {found[0]} (only dataflow graphs are rewritten)")
+    return True
+
+
+def rebuild(expr, subst: dict):
+    """``expr`` with every use of a node ``k`` in ``subst`` redirected to ``subst[k]`` (no mutation).
+
+    Replacements may be other nodes of the graph (merging duplicates) or new expressions built
+    from nodes of the graph; they are rebuilt too when their own inputs were redirected. Keys must
+    not occur inside their own replacement. Nodes whose inputs did not change are shared with the
+    input.
+    """
+    from tvm import relay
+
+    if not subst:
+        return expr
+
+    def resolve(node):
+        seen = 0
+        while node in subst:
+            node = subst[node]
+            seen += 1
+            if seen > len(subst):
+                raise RuntimeError("rebuild: cyclic substitution")
+        return node
+
+    new: dict = {}
+
+    def get(node):
+        node = resolve(node)
+        return new.get(node, node)
+
+    for node in post_order(expr, resolve):
+        if isinstance(node, relay.Call):
+            args = [get(a) for a in node.args]
+            if any(not a.same_as(b) for a, b in zip(args, node.args)):
+                new[node] = relay.Call(node.op, args, node.attrs, node.type_args, node.span)
+        elif isinstance(node, relay.Tuple):
+            fields = [get(f) for f in node.fields]
+            if any(not a.same_as(b) for a, b in zip(fields, node.fields)):
+                new[node] = relay.Tuple(fields, node.span)
+        elif isinstance(node, relay.TupleGetItem):
+            tup = get(node.tuple_value)
+            if not tup.same_as(node.tuple_value):
+                new[node] = relay.TupleGetItem(tup, node.index)
+    return get(expr)
+
+
+def with_body(func, body):
+    """A copy of ``func`` with a new body (params, attributes and type params kept).
+
+    The return type is left for InferType, which the pass infrastructure runs on the result.
+    """
+    from tvm import relay
+
+    if body.same_as(func.body):
+        return func
+    return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
