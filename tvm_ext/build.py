@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from . import _compat  # noqa: F401
 
@@ -98,6 +98,20 @@ def _as_module(mod):
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise ValueError("tvm_ext.build: the module has no 'main' function")
     return mod
+
+
+def _stage_passes(passes, at) -> dict:
+    """``passes`` as {stage: [Pass, ...]}: a sequence runs at ``at``; a mapping names its stages."""
+    if isinstance(passes, Mapping):
+        unknown = sorted(set(passes) - set(AT_CHOICES))
+        if unknown:
+            raise ValueError(f"tvm_ext.build: unknown pass stage(s) {unknown}; expected keys from {AT_CHOICES}")
+        return {stage: _check_passes(passes.get(stage, ())) for stage in AT_CHOICES}
+    if at not in AT_CHOICES:
+        raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {AT_CHOICES}")
+    out = {stage: [] for stage in AT_CHOICES}
+    out[at] = _check_passes(passes)
+    return out
 
 
 def _check_passes(passes) -> list:
@@ -185,8 +199,10 @@ def build(
         :func:`tvm_ext.target.safe_target` (``-mcpu=native`` resolved, VNNI masked on LLVM 22).
     params : dict of str to array, optional
         Bound into ``main`` first, as ``relay.build`` does.
-    passes : sequence of tvm.transform.Pass
-        User passes, run in order as one ``tvm.transform.Sequential``.
+    passes : sequence of tvm.transform.Pass, or mapping
+        User passes, run in order as one ``tvm.transform.Sequential`` at ``at``. A mapping
+        ``{"start": [...], "before_fuse": [...]}`` (such as :func:`tvm_ext.pipelines.int8`) runs
+        each list at its own stage, and ``at`` only decides whether the prefix is split off.
     at : {"before_fuse", "start"}
         ``"before_fuse"``: passes see the module after relay.build's optimisation prefix
         (layouts altered, constants folded, CSE done) and their output reaches FuseOps without
@@ -225,7 +241,8 @@ def build(
 
     if at not in AT_CHOICES:
         raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {AT_CHOICES}")
-    user_passes = _check_passes(passes)
+    stages = _stage_passes(passes, at)
+    split = at == "before_fuse" or bool(stages["before_fuse"])
     mod = copy_module(_as_module(mod))
     tgt = safe_target(target, allow_vnni=allow_vnni) if target is not None else host_target(allow_vnni=allow_vnni)
     if tgt.kind.name == "llvm" and tgt.host is None:
@@ -238,11 +255,13 @@ def build(
 
     mod = _bind_params(mod, params)
     prefix_names: list[str] = []
-    if at == "before_fuse":
+    if stages["start"]:
+        mod = _run_user_passes(mod, stages["start"], tgt, opt_level, cfg, disabled, instr)
+    if split:
         mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, disabled, instr)
         logger.debug("relay.build prefix ran: %s", prefix_names)
-    if user_passes:
-        mod = _run_user_passes(mod, user_passes, tgt, opt_level, cfg, disabled, instr)
+    if stages["before_fuse"]:
+        mod = _run_user_passes(mod, stages["before_fuse"], tgt, opt_level, cfg, disabled, instr)
 
     build_kwargs = {"mod_name": mod_name}
     if executor is not None:

