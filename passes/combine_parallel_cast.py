@@ -31,6 +31,17 @@ That helps only when
 3. the casts are **all the users** of the producer (and it is not returned by the function):
    otherwise the merged cast is still not the post-dominator and would not fuse.
 
+Then the merge is propagated downstream (common subexpressions it exposed)::
+
+    # g(c1, y), g(c2, y) with c2 merged into c1 -> g(c1, y), read by both former users
+    # (same op or identical Primitive function, equal attributes, the same or equal-constant args)
+
+until the branches differ (e.g. two ``dense`` with different weights). Opaque ops are not merged;
+a widening cast only when each copy has exactly one user and those users are identical too, so
+the merged upcast keeps a single user and CanonicalizeCast has nothing to split. Without this
+step the seed's small graph keeps two identical ``relu`` (plus x86's int8 -> uint8 legalization
+chain) at opt_level 2, which relay.build's CSE would merge only at opt_level 3.
+
 After FuseOps nothing is refused, so identical cast-only kernels on the same argument are merged
 whatever the direction: one call fewer is one kernel launch fewer and never costs a fusion.
 
@@ -361,7 +372,8 @@ def CombineParallelCast(min_num_branches: int = 2):  # pylint: disable=invalid-n
     opaque op) and (3) those casts are all of ``x``'s users, they become one cast. FuseOps then
     fuses it into ``x``'s kernel, which writes ``t`` instead of the wide type (one kernel fewer
     per extra cast, less memory traffic). Widening casts are never merged: ``CanonicalizeCast``
-    duplicates them deliberately so each copy fuses into its consumer.
+    duplicates them deliberately so each copy fuses into its consumer. Identical ops the merge
+    made common (e.g. the ``relu`` on both branches) are merged too, until the branches differ.
 
     After FuseOps: calls of structurally identical ``Primitive`` functions whose body is only a
     cast, on the same argument, become one call (any direction: nothing fuses any more).
