@@ -71,7 +71,7 @@ def int8() -> Pipeline:
     """
     from tvm import relay
 
-    from .passes.combine_parallel_cast import CombineParallelCast
+    from .passes import CombineParallelCast
 
     start = [relay.transform.FakeQuantizationToInteger(hard_fail=False, use_qat=False)]
     before_fuse = [CombineParallelCast()]

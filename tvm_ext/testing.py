@@ -35,7 +35,8 @@ def check(pass_, before, expected, opt_level: int = 3):
     before = infer(before)
     expected = infer(expected)
     text_before = before.astext()
-    with tvm.transform.PassContext(opt_level=opt_level):
+    cur = tvm.transform.PassContext.current()  # keep the caller's instruments (e.g. well-formedness)
+    with tvm.transform.PassContext(opt_level=opt_level, instruments=list(cur.instruments or [])):
         after = relay.transform.InferType()(pass_(before))
     assert before.astext() == text_before, "the pass mutated its input module"
     for gv in after.get_global_vars():
