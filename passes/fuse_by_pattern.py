@@ -1,0 +1,208 @@
+"""FuseByPattern: every match of a pattern table becomes one kernel; FuseOps fuses the rest.
+
+Design note
+-----------
+*Contract.* Run at ``tvm_ext.build(..., passes=[FuseByPattern(table)], at="before_fuse")``. Each
+match of ``table`` (order is priority, as in MergeComposite) becomes a ``Primitive=1`` function, the
+form FuseOps produces, called in place of the matched group. FuseOps (``fuse_ops.cc``,
+``FuseMutator::VisitExpr_(const FunctionNode*)``) returns Primitive functions unchanged, so
+relay.build lowers each group with TVM's own schedules as one kernel and fuses everything else
+as usual.
+
+*Only groups TVM can compile as one kernel* are made: on top of each entry's check, a built-in
+check (:func:`tvm_fusible`) rejects, with the reason, groups that mix two anchors
+(TOpPattern >= kCommReduce, e.g. conv2d and dense), that put an injective op (layout_transform,
+reshape, ...) or an opaque op next to an anchor, that call functions, or that have dynamic shapes.
+A rejected match leaves its nodes free for lower-priority entries and for FuseOps.
+
+*How.* ``relay.transform.MergeComposite`` groups the matches (private ``Composite`` names), then
+each composite function is rewritten as FuseOps would: ``Primitive=1``, non-scalar constants (and
+scalars of dtypes FuseOps does not inline) lifted to parameters, plus ``tvm_ext.pattern=<entry>``
+naming the rule (:func:`fused_counts` reads it). ``PartitionedFromPattern`` is kept so a second run
+never matches inside an existing group (idempotence).
+
+*No match* returns a module structurally equal to the (type-inferred) input. The input module is
+never modified.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..registry import register_pass
+
+logger = logging.getLogger("tvm_ext.passes.fuse_by_pattern")
+
+__all__ = ["FuseByPattern", "tvm_fusible", "fused_counts"]
+
+_PREFIX = "__tvm_ext_fbp__:"
+_SIMPLE_CONST = {"int32", "int64", "float32", "float64", "bool"}  # FuseOps inlines these scalars
+K_BROADCAST, K_INJECTIVE, K_COMM_REDUCE, K_TUPLE, K_OPAQUE = 1, 2, 3, 7, 8
+
+
+def _op_pattern(op) -> int:
+    pat = op.get_attr("TOpPattern")
+    return K_OPAQUE if pat is None else int(pat)
+
+
+def _static(ty) -> bool:
+    from tvm import relay, tir
+
+    if isinstance(ty, relay.TensorType):
+        return all(isinstance(d, tir.IntImm) for d in ty.shape)
+    if isinstance(ty, relay.TupleType):
+        return all(_static(f) for f in ty.fields)
+    return False
+
+
+def tvm_fusible(ctx):
+    """Can TVM compile the matched group as one kernel? ``True`` or a :class:`Reject` saying why."""
+    import tvm
+    from tvm import relay
+
+    from ..patterns import Reject
+
+    calls = ctx.calls
+    if not calls:
+        return Reject("no op in the match")
+    kinds = []
+    for c in calls:
+        if not isinstance(c.op, tvm.ir.Op):
+            return Reject("the match calls a function, not an op")
+        if not _static(c.checked_type) or not all(_static(a.checked_type) for a in c.args):
+            return Reject(f"{c.op.name} has a dynamic or non-tensor shape")
+        kinds.append((c.op.name, _op_pattern(c.op)))
+    if not isinstance(ctx.root.checked_type, relay.TensorType):
+        return Reject("the group's output is not a single tensor")
+    if len(calls) > 1:
+        opaque = [n for n, k in kinds if k >= K_TUPLE]
+        if opaque:
+            return Reject(f"opaque op {opaque[0]} cannot share a kernel")
+    anchors = [(n, k) for n, k in kinds if K_COMM_REDUCE <= k < K_TUPLE]
+    if len(anchors) > 1:
+        return Reject(f"two anchor ops in one kernel: {anchors[0][0]} and {anchors[1][0]}")
+    if anchors:
+        bad = [n for n, k in kinds if k < K_COMM_REDUCE and k > K_BROADCAST]
+        if bad:
+            return Reject(f"{bad[0]} (injective) cannot join the {anchors[0][0]} kernel: only elementwise/broadcast ops fuse with an anchor")
+    return True
+
+
+def _lift_constants(func):
+    """Non-inlinable constants of ``func``'s body become parameters: (new func, extra args)."""
+    from tvm import relay
+
+    consts = []
+
+    class _Lift(relay.ExprMutator):
+        def __init__(self):
+            super().__init__()
+            self.vars = {}
+
+        def visit_constant(self, const):
+            if const.data.shape == () and const.data.dtype in _SIMPLE_CONST:
+                return const
+            if const not in self.vars:
+                v = relay.var(f"p_const{len(consts)}", relay.TensorType(const.data.shape, const.data.dtype))
+                self.vars[const] = v
+                consts.append(const)
+            return self.vars[const]
+
+    lifter = _Lift()
+    body = lifter.visit(func.body)
+    params = list(func.params) + [lifter.vars[c] for c in consts]
+    return relay.Function(params, body, func.ret_type, func.type_params, func.attrs), consts
+
+
+def _to_primitive(mod, counts):
+    import tvm
+    from tvm import relay
+
+    class _Mut(relay.ExprMutator):
+        def visit_call(self, call):
+            new = super().visit_call(call)
+            fn = new.op
+            if isinstance(fn, relay.Function) and fn.attrs and "Composite" in fn.attrs:
+                name = str(fn.attrs["Composite"])
+                if name.startswith(_PREFIX):
+                    entry = name[len(_PREFIX):]
+                    counts[entry] = counts.get(entry, 0) + 1
+                    fn, consts = _lift_constants(fn)
+                    attrs = {k: fn.attrs[k] for k in fn.attrs.keys() if k != "Composite"}
+                    attrs.update({"Primitive": tvm.tir.IntImm("int32", 1), "tvm_ext.pattern": entry})
+                    fn = relay.Function(fn.params, fn.body, fn.ret_type, fn.type_params, tvm.ir.make_node("DictAttrs", **attrs))
+                    return relay.Call(fn, list(new.args) + consts, span=new.span)
+            return new
+
+    out = tvm.IRModule({}, mod.type_definitions)
+    for gv in mod.get_global_vars():
+        f = mod[gv]
+        if isinstance(f, relay.Function) and not (f.attrs and ("Primitive" in f.attrs or "Compiler" in f.attrs)):
+            f = relay.Function(f.params, _Mut().visit(f.body), f.ret_type, f.type_params, f.attrs)
+        out[gv] = f
+    return relay.transform.InferType()(out)
+
+
+def fused_counts(mod) -> dict:
+    """``{entry name: number of kernels}`` FuseByPattern made in ``mod`` (reads ``tvm_ext.pattern``)."""
+    from tvm import relay
+
+    counts: dict = {}
+
+    def visit(e):
+        if isinstance(e, relay.Function) and e.attrs and "tvm_ext.pattern" in e.attrs:
+            name = str(e.attrs["tvm_ext.pattern"])
+            counts[name] = counts.get(name, 0) + 1
+
+    for gv in mod.get_global_vars():
+        relay.analysis.post_order_visit(mod[gv], visit)
+    return dict(sorted(counts.items()))
+
+
+@register_pass("FuseByPattern")
+def FuseByPattern(table):
+    """Make every match of ``table`` one kernel (a ``Primitive`` function); FuseOps fuses the rest.
+
+    Parameters
+    ----------
+    table : tvm_ext.patterns.PatternTable or str
+        Ordered table (or the name of a registered one: ``"generic"``, ``"qnn"``). Each match that
+        passes its entry's check and :func:`tvm_fusible` becomes one kernel.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A module pass named ``"FuseByPattern"``. Run it with
+        ``tvm_ext.build(mod, passes=[FuseByPattern(table)], at="before_fuse")``.
+
+    Raises
+    ------
+    ValueError
+        ``table`` is not a table (at construction); at run time, a module that does not type-check.
+    """
+    import tvm
+    from tvm import relay
+
+    from ..patterns import PatternTable, get_table
+
+    if isinstance(table, str):
+        table = get_table(table)
+    if not isinstance(table, PatternTable):
+        raise ValueError(f"FuseByPattern: expected a PatternTable or a table name, got {type(table).__name__}")
+    triples = table.triples(extra_checks=[tvm_fusible], prefix=_PREFIX)
+
+    @tvm.transform.module_pass(opt_level=0, name="FuseByPattern")
+    def _fuse_by_pattern(mod, _ctx):
+        try:
+            typed = relay.transform.InferType()(mod)
+        except tvm.TVMError as err:
+            raise ValueError(f"FuseByPattern: the module does not type-check: {str(err).splitlines()[-1]}") from err
+        merged = relay.transform.MergeComposite(triples)(typed)
+        counts: dict = {}
+        out = _to_primitive(merged, counts)
+        if counts:
+            logger.debug("FuseByPattern[%s]: %s", table.name, counts)
+        else:
+            return typed
+        return out
+
+    return _fuse_by_pattern
