@@ -6,5 +6,6 @@ all key on it. Each pass lives in its own module with a mirrored test module.
 """
 from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
+from .fuse_by_pattern import FuseByPattern
 
-__all__ = ["CombineParallelCast", "CombineParallelOpBatch"]
+__all__ = ["CombineParallelCast", "CombineParallelOpBatch", "FuseByPattern"]

@@ -184,3 +184,18 @@ def test_function_input_and_inputs_helper():
     inputs = random_inputs(tvm.IRModule.from_expr(f))
     out = run_module(fac, inputs)[0]
     np.testing.assert_array_equal(out, (inputs["x"] + 1).astype("int8"))
+
+
+def test_no_passes_equals_relay_build_full_resnet50_int8():
+    """Full-size int8 ResNet-50 (QOperator, from the zoo): same kernels, bit-identical outputs."""
+    from tvm_ext import zoo
+
+    m = zoo.load("resnet50_int8_qoperator")
+    stock = _stock(m.mod, m.params)
+    ext = tvm_ext.build(m.mod, TARGET, m.params)
+    assert ext.kernel_report.num_kernels == sum(
+        1 for n in json.loads(stock.get_graph_json())["nodes"] if n["op"] == "tvm_op")
+    assert [k.ops for k in ext.kernel_report.kernels] == [k.ops for k in KernelReport.from_factory(stock).kernels]
+    x = {m.input_name: zoo.sample_input(m, seed=3)}
+    for a, b in zip(run_module(stock, x), run_module(ext, x)):
+        np.testing.assert_array_equal(a, b)

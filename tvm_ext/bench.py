@@ -86,20 +86,6 @@ class Engine:
     times_ms: list = field(default_factory=list)
 
 
-def _tvm_engine(name, factory, input_name):
-    import tvm
-    from tvm.contrib import graph_executor
-
-    gm = graph_executor.GraphModule(factory["default"](tvm.cpu()))
-
-    def call(x):
-        gm.set_input(input_name, x)
-        gm.run()
-        return gm.get_output(0).numpy()
-
-    return Engine(name, call)
-
-
 def _ort_engine(path, input_name, threads):
     import onnxruntime as ort
 
@@ -211,46 +197,117 @@ def _is_integer_graph(mod) -> bool:
     return len(float_anchor) <= 1  # relay.quantize keeps the first conv in float
 
 
-def bench_variant(key, *, target, small, model_path, repeat, threads, progress) -> dict:
-    """Build, check and time one variant; returns its results dict (errors recorded, not raised)."""
+def _build_job(job: dict) -> dict:
+    """Build one pipeline in a worker process; returns paths of the exported module + report.
+
+    Run in a separate process so the two builds of a variant use both cores (TVM's compiler is
+    single-threaded) and a failing build cannot take the benchmark down.
+    """
     import tvm
     from tvm import relay
 
     from . import pipelines
     from .build import build, copy_module
     from .report import KernelReport
+    from .target import safe_target
 
+    logging.basicConfig(level=job.get("log_level", logging.WARNING))
+    logging.getLogger("autotvm").setLevel(logging.ERROR)
+    v = _load_variant(job["key"], job["small"], job["model_path"])
+    target = safe_target(job["target"])
+    t0 = time.perf_counter()
+    if job["pipeline"] == "tvm":
+        with tvm.transform.PassContext(opt_level=3):
+            fac = relay.build(copy_module(v["mod"]), target=target, params=v["params"])
+        report, passes = KernelReport.from_factory(fac).to_dict(), None
+    else:
+        pipe = pipelines.int8()
+        fac = build(v["mod"], target=target, params=v["params"], passes=pipe)
+        report, passes = fac.kernel_report.to_dict(), pipe.pass_names()
+    build_s = time.perf_counter() - t0
+    out = Path(job["dir"])
+    lib_path = out / f"{job['pipeline']}.so"
+    fac.get_lib().export_library(str(lib_path))
+    (out / f"{job['pipeline']}.json").write_text(fac.get_graph_json())
+    (out / f"{job['pipeline']}.params").write_bytes(relay.save_param_dict(fac.get_params()))
+    return {"build_s": build_s, "report": report, "passes": passes, "lib": str(lib_path),
+            "graph": str(out / f"{job['pipeline']}.json"), "params": str(out / f"{job['pipeline']}.params")}
+
+
+class _Loaded:
+    """A module exported by :func:`_build_job`, loaded back for the graph executor."""
+
+    def __init__(self, built: dict):
+        import tvm
+        from tvm import relay
+
+        self.lib = tvm.runtime.load_module(built["lib"])
+        self.graph = Path(built["graph"]).read_text()
+        self.params = relay.load_param_dict(Path(built["params"]).read_bytes())
+
+    def engine(self, name, input_name):
+        import tvm
+        from tvm.contrib import graph_executor
+
+        gm = graph_executor.create(self.graph, self.lib, tvm.cpu())
+        gm.load_params(tvm.runtime.save_param_dict(self.params))
+
+        def call(x):
+            gm.set_input(input_name, x)
+            gm.run()
+            return gm.get_output(0).numpy()
+
+        return Engine(name, call)
+
+
+def _run_builds(jobs, parallel: bool):
+    """Run build jobs (in worker processes when ``parallel``); {pipeline: result or error}."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    results = {}
+    if parallel:
+        with cf.ProcessPoolExecutor(max_workers=len(jobs), mp_context=mp.get_context("spawn")) as pool:
+            futures = {job["pipeline"]: pool.submit(_build_job, job) for job in jobs}
+            for name, fut in futures.items():
+                try:
+                    results[name] = fut.result()
+                except Exception as err:  # includes a worker killed by a signal
+                    logger.error("%s build failed: %s", name, err)
+                    results[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
+    else:
+        for job in jobs:
+            try:
+                results[job["pipeline"]] = _build_job(job)
+            except Exception as err:
+                logger.exception("%s build failed", job["pipeline"])
+                results[job["pipeline"]] = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
+    return results
+
+
+def bench_variant(key, *, target, small, model_path, repeat, threads, progress, workdir, parallel=True) -> dict:
+    """Build, check and time one variant; returns its results dict (errors recorded, not raised)."""
     progress.step(f"{key}: loading")
     v = _load_variant(key, small, model_path)
     res = {"variant": key, "label": v["label"], "input": {"name": v["input_name"], "shape": list(v["input_shape"])},
            "pipelines": {}}
-    factories = {}
 
-    progress.step(f"{key}: building stock relay.build")
-    t0 = time.perf_counter()
-    try:
-        with tvm.transform.PassContext(opt_level=3):
-            fac = relay.build(copy_module(v["mod"]), target=target, params=v["params"])
-        factories["tvm"] = fac
-        res["pipelines"]["tvm"] = {"build_s": time.perf_counter() - t0,
-                                   "report": KernelReport.from_factory(fac).to_dict()}
-    except Exception as err:  # recorded, the other columns still run
-        logger.exception("stock build failed")
-        res["pipelines"]["tvm"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
-
-    progress.step(f"{key}: building tvm-ext int8 pipeline")
-    t0 = time.perf_counter()
-    try:
-        pipe = pipelines.int8()
-        fac = build(v["mod"], target=target, params=v["params"], passes=pipe)
-        factories["tvm_ext"] = fac
-        res["pipelines"]["tvm_ext"] = {"build_s": time.perf_counter() - t0, "report": fac.kernel_report.to_dict(),
-                                       "passes": pipe.pass_names()}
-    except Exception as err:
-        logger.exception("tvm-ext build failed")
-        res["pipelines"]["tvm_ext"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
-
-    engines = [_tvm_engine(name, fac, v["input_name"]) for name, fac in factories.items()]
+    progress.step(f"{key}: building stock relay.build and tvm-ext int8 pipeline")
+    vdir = Path(workdir) / key
+    vdir.mkdir(parents=True, exist_ok=True)
+    jobs = [dict(key=key, small=small, model_path=model_path, target=str(target), pipeline=p, dir=str(vdir),
+                 log_level=logging.getLogger().level) for p in ("tvm", "tvm_ext")]
+    built = _run_builds(jobs, parallel)
+    engines = []
+    for name in ("tvm", "tvm_ext"):
+        b = built[name]
+        if "error" in b:
+            res["pipelines"][name] = {"error": b["error"]}
+            continue
+        res["pipelines"][name] = {"build_s": b["build_s"], "report": b["report"]}
+        if b.get("passes"):
+            res["pipelines"][name]["passes"] = b["passes"]
+        engines.append(_Loaded(b).engine(name, v["input_name"]))
     if v["onnx_path"] is not None:
         try:
             engines.append(_ort_engine(v["onnx_path"], v["input_name"], threads))
@@ -388,13 +445,13 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
     width = 0.27
     x = np.arange(len(labels))
     for i, (k, name) in enumerate(keys):
-        kern = [((v["pipelines"].get(k) or {}).get("report") or {}).get("num_kernels", 0) for v in results["variants"]]
-        lat = [(((v["pipelines"].get(k) or {}).get("latency")) or {}).get("median_ms", 0) for v in results["variants"]]
+        kern = [((v["pipelines"].get(k) or {}).get("report") or {}).get("num_kernels") for v in results["variants"]]
+        lat = [(((v["pipelines"].get(k) or {}).get("latency")) or {}).get("median_ms") for v in results["variants"]]
         if k != "onnxruntime":
-            bars = ax1.bar(x + (i - 0.5) * width, kern, width, label=name)
-            ax1.bar_label(bars, fontsize=8)
-        bars = ax2.bar(x + (i - 1) * width, lat, width, label=name)
-        ax2.bar_label(bars, fmt="%.1f", fontsize=8)
+            bars = ax1.bar(x + (i - 0.5) * width, [np.nan if n is None else n for n in kern], width, label=name)
+            ax1.bar_label(bars, labels=["" if n is None else str(n) for n in kern], fontsize=8)
+        bars = ax2.bar(x + (i - 1) * width, [np.nan if t is None else t for t in lat], width, label=name)
+        ax2.bar_label(bars, labels=["" if t is None else f"{t:.2f}" for t in lat], fontsize=8)
     for ax, title in ((ax1, "kernels"), (ax2, "latency, ms (median)")):
         ax.set_xticks(x, labels, fontsize=8)
         ax.set_title(title)
@@ -409,14 +466,14 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
 
 # --- entry points ----------------------------------------------------------------------------
 def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, target=None, repeat: int = 30,
-        threads: int = 2, out="bench-results", small: bool = False, stream=None) -> dict:
+        threads: int = 2, out="bench-results", small: bool = False, stream=None, parallel: bool = True) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``."""
     from .target import describe_target, host_target, safe_target
 
     tgt = safe_target(target) if target else host_target()
     actual_threads = _set_tvm_threads(threads)
     keys = ["model"] if model else list(variants)
-    progress = Progress(total=len(keys) * 5 + 1, stream=stream)
+    progress = Progress(total=len(keys) * 4 + 1, stream=stream)
     env = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": threads, "tvm_threads": actual_threads,
@@ -424,12 +481,15 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         "small": small, "platform": platform.platform(),
     }
     results = {"environment": env, "variants": []}
-    for key in keys:
-        results["variants"].append(
-            bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
-                          progress=progress))
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tvm_ext_bench_") as workdir:
+        for key in keys:
+            results["variants"].append(
+                bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
+                              progress=progress, workdir=workdir, parallel=parallel))
     (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (outdir / "results.md").write_text(render_markdown(results))
     _chart(results, outdir / "chart.png")

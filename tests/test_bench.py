@@ -1,0 +1,59 @@
+"""Smoke run of the int8 ResNet-50 benchmark on the small zoo variant (numbers are measured, not checked)."""
+import io
+import json
+
+import pytest
+
+from tvm_ext import bench
+from tvm_ext.cli import main
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    results = bench.run(["qoperator"], small=True, repeat=2, out=str(out), stream=io.StringIO())
+    return out, results
+
+
+def test_files_and_environment(small_run):
+    out, results = small_run
+    for name in ("results.json", "results.md", "chart.png"):
+        assert (out / name).stat().st_size > 0, name
+    data = json.loads((out / "results.json").read_text())
+    env = data["environment"]
+    for key in ("date", "cpu", "threads", "target", "versions"):
+        assert env[key], key
+    assert env["versions"]["tvm"].startswith("0.19") and env["tvm_threads"] == env["threads"] == 2
+    assert "mcpu=" in env["target"], "never the generic x86-64 target"
+    assert not [f for f in env["target_info"]["features"] if "vnni" in f], "VNNI must be masked on LLVM 22"
+
+
+def test_variant_contents(small_run):
+    _, results = small_run
+    (v,) = results["variants"]
+    for name in ("tvm", "tvm_ext"):
+        p = v["pipelines"][name]
+        assert "error" not in p, p
+        rep = p["report"]
+        assert rep["num_kernels"] == len(rep["kernels"]) >= rep["num_anchor_kernels"] > 0
+        assert rep["crossing"]["total_bytes"] == sum(rep["crossing"]["bytes"].values())
+        assert p["latency"]["n"] >= 2 and p["latency"]["median_ms"] > 0 and p["build_s"] > 0
+    assert v["pipelines"]["onnxruntime"]["latency"]["median_ms"] > 0
+    n = v["numerics"]
+    assert n["inputs"] == bench.NUM_CHECK_INPUTS
+    assert 0 <= n["tvm_ext_vs_ort_top1"] <= bench.NUM_CHECK_INPUTS
+    assert set(v["ratios"]) == {"tvm_ext/tvm", "tvm/onnxruntime", "tvm_ext/onnxruntime"}
+
+
+def test_markdown_table(small_run):
+    out, results = small_run
+    md = (out / "results.md").read_text()
+    assert md == bench.render_markdown(results)
+    assert "| (a) ONNX int8 QOperator small | TVM stock |" in md and "ONNX Runtime" in md
+
+
+def test_cli_errors(capsys):
+    assert main(["bench", "--variants", "nope"]) == 2
+    assert "unknown variant" in capsys.readouterr().err
+    assert main(["bench", "--model", "/no/such.onnx"]) == 2
+    assert "no such file" in capsys.readouterr().err
