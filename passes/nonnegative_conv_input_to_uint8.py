@@ -1,0 +1,164 @@
+"""NonNegativeConvInputToUint8: feed int8 convolutions uint8 data when the data is provably >= 0.
+
+Design note
+-----------
+One rule, tried on every ``nn.conv2d`` of a function::
+
+    # conv2d(stop*(cast(v, i8)), w: i8),  range(v) ⊆ [0, 127]
+    #     -> conv2d(stop*(cast(v, u8)), w)          (stop* = any stop_fusion wrappers, kept)
+
+Why. x86's conv2d legalization (``topi/x86/conv2d_alter_op.py::_conv2d_legalize`` ->
+``topi/generic/conv2d.py::conv2d_alter_int8_common``) needs ``uint8 x int8`` operands for the
+VNNI/AVX-512 dot products. For ``int8`` data it rewrites ``conv(A, B)`` into
+``conv(cast(cast(A, i32) + 128, u8), B) - 128 * sum(B)`` and, since the padding value must then
+be 128, pads explicitly with ``nn.pad`` and sets the conv's padding to 0. The shift and the pad
+are injective ops FuseOps cannot put into the producing conv's kernel, so each such conv costs a
+``cast_add_cast[_nn_pad]`` kernel, a subtract in its epilogue and a separate padded copy.
+
+When ``v`` (the value cast to int8) is proven to lie in ``[0, 127]`` by
+:func:`tvm_ext.passes._intervals.value_ranges` (e.g. relay.quantize's
+``relu -> add -> right_shift -> clip(-127, 127)`` requantization of a ReLU output, whose operands
+are bounded by constants), ``cast(v, u8)`` holds the same numbers as ``cast(v, i8)``: the
+convolution sees identical values, so its int32 result is identical, and the legalization has
+nothing to do (no shift, no explicit pad, no compensation). Bit-exact for every input.
+
+Must run **before** ``Legalize`` (tvm_ext.build stage ``"start"``), on ``nn.conv2d`` with
+``groups == 1`` and dilation 1 (the only convs the legalization shifts). Other users of the int8
+cast keep it. Rejections are logged at DEBUG on ``tvm_ext.passes.NonNegativeConvInputToUint8``
+with the reason (range not provable, not a cast, already uint8, ...); rewrites at INFO.
+"""
+from __future__ import annotations
+
+from tvm_ext.registry import register_pass
+
+from ._intervals import value_ranges
+from ._util import (
+    Check,
+    Reject,
+    is_primitive,
+    op_name,
+    pass_logger,
+    post_order,
+    rebuild,
+    require_typed,
+    static_tensor_type,
+    unsupported_construct,
+    with_body,
+)
+
+__all__ = ["NonNegativeConvInputToUint8"]
+
+PASS_NAME = "NonNegativeConvInputToUint8"
+RULE = f"{PASS_NAME}.conv2d_data"
+_log = pass_logger(PASS_NAME)
+_STOP = "annotation.stop_fusion"
+
+
+def _peel(data):
+    """``(v, cast, stops)``: data = stop*(cast(v, t)); stops outermost first. ``cast`` None if no cast."""
+    from tvm import relay
+
+    stops = []
+    node = data
+    while isinstance(node, relay.Call) and op_name(node) == _STOP:
+        stops.append(node)
+        node = node.args[0]
+    if isinstance(node, relay.Call) and op_name(node) == "cast":
+        return node.args[0], node, stops
+    return None, None, stops
+
+
+def _check(conv, ranges) -> Check:
+    attrs = conv.attrs
+    if int(attrs.groups) != 1:
+        return Reject(f"groups={int(attrs.groups)}: the x86 legalization does not shift grouped convs")
+    if any(int(d) != 1 for d in attrs.dilation):
+        return Reject(f"dilation {list(map(int, attrs.dilation))}: the x86 legalization does not shift it")
+    data, weight = conv.args
+    ok = static_tensor_type(data)
+    if not ok:
+        return Reject(f"conv data: {ok}")
+    ddt, wdt = str(data.checked_type.dtype), str(weight.checked_type.dtype)
+    if ddt != "int8":
+        return Reject(f"data is {ddt}, not int8: nothing to retype")
+    if wdt != "int8":
+        return Reject(f"weight is {wdt}, not int8: the legalization does not shift this conv")
+    v, cast, _ = _peel(data)
+    if cast is None:
+        return Reject("data is not (stop_fusion of) a cast to int8: no value to recast")
+    lo, hi = ranges.get(v, (None, None))
+    if lo is None or lo < 0 or hi > 127:
+        return Reject(f"cannot prove the cast's input in [0, 127]: range [{lo}, {hi}]")
+    return True
+
+
+def _rewrite(func):
+    from tvm import relay
+
+    if is_primitive(func):
+        return func
+    require_typed(func, PASS_NAME)
+    ok = unsupported_construct(func)
+    if not ok:
+        _log.debug("skipped function: %s", ok)
+        return func
+    nodes = post_order(func.body)
+    ranges = value_ranges(nodes)
+    subst: dict = {}
+    new_data: dict = {}  # old data arg -> new data arg (shared by every conv reading it)
+    for node in nodes:
+        if not (isinstance(node, relay.Call) and op_name(node) == "nn.conv2d"):
+            continue
+        ok = _check(node, ranges)
+        if not ok:
+            _log.debug("%s: not rewritten: %s", RULE, ok)
+            continue
+        data = node.args[0]
+        if data not in new_data:
+            v, _, stops = _peel(data)
+            expr = relay.cast(v, "uint8")
+            for _stop in reversed(stops):  # innermost first
+                expr = relay.annotation.stop_fusion(expr)
+            new_data[data] = expr
+        subst[node] = relay.Call(node.op, [new_data[data], node.args[1]], node.attrs, node.type_args, node.span)
+        _log.info("%s: conv2d reads uint8 data (input proven in [0, 127])", RULE)
+    if not subst:
+        return func
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def NonNegativeConvInputToUint8():  # pylint: disable=invalid-name
+    """Retype an int8 conv input proven to lie in ``[0, 127]`` as uint8, so x86 needs no shift.
+
+    ``conv2d(cast(v, int8), w_int8)`` becomes ``conv2d(cast(v, uint8), w_int8)`` when interval
+    analysis proves ``0 <= v <= 127`` (stop_fusion wrappers around the cast are kept). The values
+    are the same, so the result is bit-identical; on x86 the conv2d legalization then inserts no
+    ``+128`` shift, no explicit ``nn.pad`` and no compensation subtract (one kernel and one
+    padded copy fewer per such conv).
+
+    Run it before ``Legalize``: stage ``"start"`` of :func:`tvm_ext.build`.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"NonNegativeConvInputToUint8"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Grouped or dilated convs, non-int8 operands, data that is not a cast, ranges that cannot be
+    proven and dynamic shapes are left unchanged, as are functions with ``If``/``Let``/``Match``/
+    references/closures; each reason is logged at DEBUG on
+    ``tvm_ext.passes.NonNegativeConvInputToUint8``.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _rewrite(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)

@@ -1,0 +1,310 @@
+"""RemoveStopFusion: drop relay.quantize's fusion barriers, or move them to the narrowest tensor.
+
+Design note
+-----------
+``relay.quantize`` (``python/tvm/relay/quantize/_partition.py``: ``QPartitionExpr.realize`` wraps
+every partition output in ``annotation.stop_fusion(copy(x))``) puts a barrier after each
+requantized value so that it is materialised in the narrow type. FuseOps
+(``src/relay/analysis/graph_partitioner.cc``) gives ``stop_fusion`` pattern ``kOpaque``: nothing
+fuses into or through it, and the mutator then drops the op. The result is one extra kernel per
+barrier: BN + ReLU + requantize and every residual add become kernels of their own.
+
+For every ``s = stop_fusion(x)``, downstream barriers first, the pass predicts where FuseOps would
+end ``x``'s kernel without ``s``: it follows the chain ``s -> c1 -> ... -> e`` of single-use
+elementwise/broadcast ops with ``x``'s shape (the path a conv group fuses along, ``dom pattern ==
+kElemWise``), through barriers already removed, stopping at the first value ``e`` with several
+users, the function result, or a consumer that is an anchor, injective or opaque op. Then::
+
+    # remove: bits(e) <= bits(x)                    stop_fusion(x) -> x
+    # move:   m = narrowest of x..e (last on ties)  stop_fusion(x) -> x;  c(m) -> c(stop_fusion(m))
+    #         (m != x)
+    # keep:   otherwise (x itself is the narrowest, e.g. int8 -> cast i32 -> add of a claimed join)
+    # ... but remove whenever e's kernel could not fuse into its consumer anyway (e.g.
+    #     int8 -> cast i32 -> global_avg_pool2d): e is written either way, the barrier only adds a kernel
+
+so the tensor crossing the kernel boundary is never wider than with the barrier, and as many ops
+as possible join the producer's kernel. Bit-exactness: ``stop_fusion`` is the identity and
+integer arithmetic does not depend on kernel boundaries. Float arithmetic can (LLVM may contract a
+``fmul`` and the following ``fadd`` into one ``fma`` when they share a kernel), so a barrier on a
+float ``multiply`` whose consumer is ``add``/``subtract`` is kept. Two anchors never share a
+kernel: FuseOps only fuses an ``kOutEWiseFusable`` group along paths of patterns ``<= kBroadcast``
+(a group already holding an anchor fails that check), so removing a barrier can only add
+elementwise/broadcast/injective ops to an anchor's kernel.
+
+Run it right before FuseOps (tvm_ext.build stage ``"before_fuse"``): the barriers must survive
+relay.build's prefix, where they keep ``FoldScaleAxis`` from folding the float first conv's
+batch norm into its weights (different float bits) and ``SimplifyExpr`` from dropping
+``cast(cast(clip(x), i8), i32)`` pairs that keep the crossing tensors int8; and ``CanonicalizeCast``
+has by then given each consumer its own widening cast, so the int8 value, not the int32 one,
+is what the producer's kernel writes.
+"""
+from __future__ import annotations
+
+from tvm_ext.registry import register_pass
+
+from ._util import (
+    Reject,
+    consumers,
+    is_primitive,
+    op_name,
+    pass_logger,
+    post_order,
+    rebuild,
+    require_typed,
+    static_tensor_type,
+    unsupported_construct,
+    with_body,
+)
+
+__all__ = ["RemoveStopFusion"]
+
+PASS_NAME = "RemoveStopFusion"
+_log = pass_logger(PASS_NAME)
+_STOP = "annotation.stop_fusion"
+_K_BROADCAST, _K_INJECTIVE, _K_COMM_REDUCE = 1, 2, 3
+_CONTRACTIBLE_CONSUMERS = frozenset({"add", "subtract"})
+
+
+def _bits(node) -> int:
+    import tvm
+
+    return int(tvm.runtime.DataType(str(node.checked_type.dtype)).bits)
+
+
+def _same_shape(a, b) -> bool:
+    import tvm
+
+    return tvm.ir.structural_equal(a.checked_type.shape, b.checked_type.shape)
+
+
+def _other_branch_free(join, cur, users, decided, claimed) -> bool:
+    """No other input of ``join`` brings an anchor that FuseOps could fuse into it before ours.
+
+    FuseOps lets only one anchor's kernel absorb a join (``add(conv_a..., conv_b...)``): the
+    second anchor's path then fails ``kind <= kBroadcast`` and its kernel ends *before* the join,
+    writing the wide value. So the chain may pass a join only when every other input reaches,
+    going upstream through single-use elementwise/broadcast ops, a kept barrier, a parameter,
+    a constant or a value with several users (a kernel boundary anyway) - or a barrier not
+    decided yet, which then finds the join claimed and ends its own chain before it.
+    """
+    from tvm import relay
+
+    from tvm_ext.report import op_pattern
+
+    if join in claimed:
+        return False
+    stack = [a for a in join.args if not a.same_as(cur)]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, (relay.Var, relay.Constant)):
+            continue
+        if not (isinstance(node, relay.Call) and op_name(node) is not None):
+            return False
+        if len(users.get(node, ())) > 1:
+            continue
+        if op_name(node) == _STOP:
+            if decided.get(node) == "remove":
+                stack.append(node.args[0])
+            continue
+        if op_pattern(op_name(node)) > _K_BROADCAST:
+            return False
+        stack.extend(node.args)
+    return True
+
+
+def _chain(stop, users, decided, claimed, body):
+    """Values x's kernel would extend over without ``stop``: ``[c1, ..., e]`` (e last; [] if none).
+
+    ``decided``: stop node -> "remove" / "keep" / "move" for barriers downstream; ``claimed``:
+    joins (ops with several non-constant inputs) already on another barrier's chain.
+    """
+    from tvm import relay
+
+    from tvm_ext.report import op_pattern
+
+    chain = []
+    cur = stop
+    while True:
+        if cur.same_as(body):
+            return chain
+        us = users.get(cur, [])
+        if len(us) != 1:
+            return chain
+        nxt = us[0][0]
+        if not (isinstance(nxt, relay.Call) and op_name(nxt) is not None):
+            return chain
+        if op_name(nxt) == _STOP:
+            if decided.get(nxt) != "remove":
+                return chain
+            cur = nxt  # transparent: it goes away too
+            continue
+        if op_pattern(op_name(nxt)) > _K_BROADCAST or not static_tensor_type(nxt) or not _same_shape(nxt, cur):
+            return chain
+        inputs = [a for a in nxt.args if not isinstance(a, relay.Constant)]
+        if len(inputs) > 1 and not _other_branch_free(nxt, cur, users, decided, claimed):
+            return chain
+        chain.append(nxt)
+        cur = nxt
+
+
+def _fuses_forward(end, users, body):
+    """``True`` if a kernel ending at ``end`` (no anchor in it) fuses into its consumer's kernel.
+
+    FuseOps fuses an elementwise group into its post-dominator when the edge is injective or a
+    reduction (``dom pattern <= kInjective or == kCommReduce``); never into an anchor such as
+    conv2d, pooling (``kOutEWiseFusable``) or an opaque op, and not past a value with several
+    users. When it cannot, ``end`` is written whether the barrier stays or not, so keeping the
+    barrier would only add a kernel and the ``x`` tensor.
+    """
+    from tvm import relay
+
+    from tvm_ext.report import op_pattern
+
+    if end.same_as(body):
+        return Reject("it is the function's result")
+    us = users.get(end, [])
+    if len(us) != 1:
+        return Reject(f"it has {len(us)} users")
+    user = us[0][0]
+    name = op_name(user) if isinstance(user, relay.Call) else None
+    if name is None:
+        return Reject(f"its user is a {type(user).__name__}")
+    pat = op_pattern(name)
+    if pat <= _K_INJECTIVE or pat == _K_COMM_REDUCE:
+        return True
+    return Reject(f"its user {name} (TOpPattern {pat}) takes no fused producer")
+
+
+def _float_contraction(stop, x, users) -> Reject | None:
+    """A Reject when fusing across ``stop`` could let LLVM contract fmul + fadd (float bits change)."""
+    from tvm import relay
+
+    if str(x.checked_type.dtype).startswith(("int", "uint", "bool")):
+        return None
+    if not (isinstance(x, relay.Call) and op_name(x) == "multiply"):
+        return None
+    after = {op_name(u) for u, _ in users.get(stop, []) if isinstance(u, relay.Call)}
+    if after & _CONTRACTIBLE_CONSUMERS:
+        return Reject(f"float multiply -> {sorted(after & _CONTRACTIBLE_CONSUMERS)} across the barrier: "
+                      "one kernel could contract them into an fma (different bits)")
+    return None
+
+
+def _describe(node) -> str:
+    from tvm import relay
+
+    if isinstance(node, relay.Call):
+        return f"{op_name(node) or 'call'}:{node.checked_type.dtype}"
+    if isinstance(node, relay.Var):
+        return f"%{node.name_hint}"
+    return type(node).__name__
+
+
+def _rewrite(func):
+    from tvm import relay
+
+    if is_primitive(func):
+        return func
+    require_typed(func, PASS_NAME)
+    ok = unsupported_construct(func)
+    if not ok:
+        _log.debug("skipped function: %s", ok)
+        return func
+    nodes = post_order(func.body)
+    users = consumers(nodes)
+    decided: dict = {}
+    claimed: set = set()
+    subst: dict = {}
+    stops = [n for n in nodes if isinstance(n, relay.Call) and op_name(n) == _STOP]
+    for stop in reversed(stops):  # downstream barriers first
+        x = stop.args[0]
+        ok = static_tensor_type(stop)
+        if not ok:
+            decided[stop] = "keep"
+            _log.debug("%s.keep: barrier on %s kept: %s", PASS_NAME, _describe(x), ok)
+            continue
+        why = _float_contraction(stop, x, users)
+        if why is not None:
+            decided[stop] = "keep"
+            _log.debug("%s.keep: barrier on %s kept: %s", PASS_NAME, _describe(x), why)
+            continue
+        chain = _chain(stop, users, decided, claimed, func.body)
+        end = chain[-1] if chain else x
+        joins = [n for n in chain if sum(not isinstance(a, relay.Constant) for a in n.args) > 1]
+        if _bits(end) <= _bits(x):
+            claimed.update(joins)
+            decided[stop] = "remove"
+            subst[stop] = x
+            _log.info("%s.remove: barrier on %s removed (kernel now ends at %s)", PASS_NAME,
+                      _describe(x), _describe(end))
+            continue
+        absorbed = _fuses_forward(end, users, func.body)
+        if not absorbed:
+            decided[stop] = "remove"
+            subst[stop] = x
+            claimed.update(joins)
+            _log.info("%s.remove: barrier on %s removed (%s crosses either way: %s)", PASS_NAME,
+                      _describe(x), _describe(end), absorbed)
+            continue
+        narrow = min(_bits(n) for n in [x, *chain])
+        m = [n for n in [x, *chain] if _bits(n) == narrow][-1]
+        if m.same_as(x):
+            decided[stop] = "keep"
+            _log.debug("%s.keep: barrier on %s kept: without it %s (%d bits) would cross instead",
+                       PASS_NAME, _describe(x), _describe(end), _bits(end))
+            continue
+        decided[stop] = "move"
+        upto = [n for n in chain[: [i for i, n in enumerate(chain) if n.same_as(m)][0] + 1]]
+        claimed.update(n for n in joins if any(n.same_as(u) for u in upto))
+        consumer, idx = users[m][0]
+        args = list(consumer.args)
+        args[idx] = relay.annotation.stop_fusion(m)
+        subst[stop] = x
+        subst[consumer] = relay.Call(consumer.op, args, consumer.attrs, consumer.type_args, consumer.span)
+        _log.info("%s.move: barrier on %s moved after %s (narrowest on the way to %s)", PASS_NAME,
+                  _describe(x), _describe(m), _describe(end))
+    if not subst:
+        return func
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def RemoveStopFusion():  # pylint: disable=invalid-name
+    """Remove ``annotation.stop_fusion`` barriers, or move them so the narrowest tensor crosses.
+
+    For each barrier ``stop_fusion(x)`` the pass follows the elementwise chain FuseOps would add
+    to ``x``'s kernel without it, up to the value ``e`` the kernel would then write. If ``e`` is no
+    wider than ``x`` the barrier is removed (BN + ReLU + requantize and residual adds join the
+    conv's kernel); otherwise it is moved after the narrowest value of that chain, or kept when
+    ``x`` is the narrowest. Outputs are bit-identical (the op is the identity; float barriers
+    between a ``multiply`` and an ``add``/``subtract`` are kept because LLVM may contract them).
+
+    Run it at stage ``"before_fuse"`` of :func:`tvm_ext.build` (after ``CanonicalizeCast``,
+    ``FoldScaleAxis`` and ``SimplifyExpr``, which the barriers must still constrain).
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"RemoveStopFusion"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Functions with ``If``/``Let``/``Match``/references/closures and barriers on non-tensor or
+    dynamically shaped values are left unchanged; reasons are logged at DEBUG on
+    ``tvm_ext.passes.RemoveStopFusion``, removals and moves at INFO.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _rewrite(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)

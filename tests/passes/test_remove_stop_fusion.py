@@ -1,0 +1,253 @@
+"""Tests of tvm_ext.passes.remove_stop_fusion (issue 6c: relay.quantize's fusion barriers)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+import tvm_ext.zoo
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.passes.remove_stop_fusion import RemoveStopFusion
+from tvm_ext.report import op_pattern
+from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+LOGGER = "tvm_ext.passes.RemoveStopFusion"
+RNG = np.random.default_rng(6)
+W1 = RNG.integers(-3, 4, (16, 16, 3, 3)).astype("int8")
+W2 = RNG.integers(-3, 4, (16, 16, 3, 3)).astype("int8")
+W3 = RNG.integers(-3, 4, (16, 16, 1, 1)).astype("int8")
+SCALE = RNG.integers(1, 4, (16, 1, 1)).astype("int32")
+BIAS = RNG.integers(-50, 50, (16, 1, 1)).astype("int32")
+stop = relay.annotation.stop_fusion
+
+
+def _mod(*outs):
+    body = outs[0] if len(outs) == 1 else relay.Tuple(list(outs))
+    return infer(relay.Function(relay.analysis.free_vars(body), body))
+
+
+def _conv(x, w):
+    k = w.shape[2]
+    return relay.nn.conv2d(x, relay.const(w), padding=(k // 2, k // 2), channels=16, kernel_size=(k, k),
+                           out_dtype="int32")
+
+
+def _requant(x, shift=4):
+    # relay.quantize's realize: add(round) -> right_shift -> clip -> cast i8
+    y = relay.right_shift(relay.add(x, relay.const(1 << (shift - 1))), relay.const(shift))
+    return relay.cast(relay.clip(y, -127, 127), "int8")
+
+
+def _bn_relu(x8):
+    y = relay.add(relay.multiply(relay.cast(x8, "int32"), relay.const(SCALE)), relay.const(BIAS))
+    return _requant(relay.nn.relu(y), 2)
+
+
+# -- the relay.quantize chain ----------------------------------------------------------------------
+def chain(barriers=True):
+    """conv -> requant -> i8 |stop| -> cast i32 -> BN -> relu -> requant -> i8 |stop| -> conv
+
+    ::
+
+        x -> conv(W1) -> requant -> [stop] -> bn_relu_requant -> [stop] -> conv(W2) -> requant
+    """
+    s = stop if barriers else (lambda e: e)
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
+    a = s(_requant(_conv(x, W1)))
+    b = s(_bn_relu(a))
+    return _mod(_requant(_conv(b, W2)))
+
+
+def test_chain_barriers_removed():
+    check(RemoveStopFusion(), chain(), chain(barriers=False))
+
+
+def test_chain_two_kernels_int8_crossing_bit_exact():
+    before = tvm_ext.build(chain())
+    after = tvm_ext.build(chain(), passes=[RemoveStopFusion()])
+    rep = after.kernel_report
+    # x86 legalization adds a shift (+ pad) kernel per conv: 6 kernels -> 5 (BN joins conv 1)
+    assert rep.num_kernels == before.kernel_report.num_kernels - 1
+    assert rep.num_anchor_kernels == 2
+    assert not {"int32", "float32"} & set(rep.crossing.count)
+    inputs = {"x": RNG.integers(-128, 128, (1, 16, 8, 8)).astype("int8")}
+    assert_same_outputs(before, after, inputs)
+
+
+# -- residual join: only one anchor can absorb the add -------------------------------------------------
+def residual(first_kept=False):
+    """two conv branches joined by add; FuseOps fuses only one of them into the add
+
+    ::
+
+        x -> conv(W1) -> requant -> [stop] -> cast i32 -+-> add -> clip -> cast i8
+        x -> conv(W3) -> requant -> [stop] -> cast i32 -+
+    """
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
+    a = _requant(_conv(x, W1))
+    b = _requant(_conv(x, W3))
+    a = stop(a) if first_kept else a
+    b = b if first_kept else stop(b)
+    s = relay.add(relay.cast(a, "int32"), relay.cast(b, "int32"))
+    return _mod(relay.cast(relay.clip(s, -127, 127), "int8"))
+
+
+def test_residual_join_claimed_once(caplog):
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
+    both = relay.add(relay.cast(stop(_requant(_conv(x, W1))), "int32"),
+                     relay.cast(stop(_requant(_conv(x, W3))), "int32"))
+    before = _mod(relay.cast(relay.clip(both, -127, 127), "int8"))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        after = RemoveStopFusion()(before)
+    assert "would cross instead" in caplog.text
+    stops = []
+    relay.analysis.post_order_visit(after["main"], lambda n: stops.append(n) if isinstance(n, relay.Call)
+                                    and getattr(n.op, "name", "") == "annotation.stop_fusion" else None)
+    assert len(stops) == 1 and stops[0].checked_type.dtype == "int8"
+    stock, ours = tvm_ext.build(before), tvm_ext.build(after)
+    rep = ours.kernel_report  # the add joins one conv's kernel; the other writes int8
+    joined = [k for k in rep.kernels if k.anchor and k.ops.count("clip") == 2]
+    assert len(joined) == 1 and rep.num_anchor_kernels == 2
+    assert rep.num_kernels <= stock.kernel_report.num_kernels
+    assert not {"int32", "float32"} & set(rep.crossing.count)
+    assert_same_outputs(stock, ours, {"x": RNG.integers(-128, 128, (1, 16, 8, 8)).astype("int8")})
+
+
+# -- move: the barrier goes after the narrowest value ------------------------------------------------
+def move_before():
+    """int8 |stop| -> cast i32 -> add -> cast i8 -> cast i32 -> reshape (injective)"""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
+    a = stop(_requant(_conv(x, W1)))
+    m = relay.cast(relay.add(relay.cast(a, "int32"), relay.const(3)), "int8")
+    return _mod(relay.reshape(relay.cast(m, "int32"), (1, 1024)))
+
+
+def move_expected():
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
+    a = _requant(_conv(x, W1))
+    m = relay.cast(relay.add(relay.cast(a, "int32"), relay.const(3)), "int8")
+    return _mod(relay.reshape(relay.cast(stop(m), "int32"), (1, 1024)))
+
+
+def test_barrier_moved_after_narrowest():
+    check(RemoveStopFusion(), move_before(), move_expected())
+    before = tvm_ext.build(move_before())
+    after = tvm_ext.build(move_before(), passes=[RemoveStopFusion()])
+    assert after.kernel_report.num_kernels == before.kernel_report.num_kernels
+    assert "int32" not in after.kernel_report.crossing.count
+    assert_same_outputs(before, after, {"x": RNG.integers(-128, 128, (1, 16, 8, 8)).astype("int8")})
+
+
+def test_removed_when_the_wide_value_crosses_anyway():
+    """int8 |stop| -> cast i32 -> global_avg_pool2d: pooling takes no fused producer."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
+    pool = lambda a: relay.nn.global_avg_pool2d(relay.cast(a, "int32"))  # noqa: E731
+    a = _requant(_conv(x, W1))
+    check(RemoveStopFusion(), _mod(pool(stop(a))), _mod(pool(a)))
+    rep = tvm_ext.build(_mod(pool(a))).kernel_report
+    stock = tvm_ext.build(_mod(pool(stop(a)))).kernel_report
+    assert rep.num_kernels == stock.num_kernels - 1
+
+
+# -- float: bit-exactness rules ----------------------------------------------------------------------
+def test_float_multiply_then_add_kept(caplog):
+    x = relay.var("x", shape=(1, 64), dtype="float32")
+    mod = _mod(relay.add(stop(relay.multiply(x, relay.const(1.7))), relay.const(0.3)))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(RemoveStopFusion(), mod)
+    assert "fma" in caplog.text
+
+
+def test_float_quantize_chain_fused_bit_exact():
+    """relu |stop| -> multiply 16 -> round -> clip -> cast i8: the int8, not the float, crosses."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="float32")
+    w = relay.const(RNG.standard_normal((16, 16, 3, 3)).astype("float32"))
+    r = relay.nn.relu(relay.nn.conv2d(x, w, padding=(1, 1), channels=16, kernel_size=(3, 3)))
+    q = lambda v: relay.cast(relay.clip(relay.round(relay.multiply(v, relay.const(16.0))), -127, 127), "int8")  # noqa
+    before, expected = _mod(q(stop(r))), _mod(q(r))
+    check(RemoveStopFusion(), before, expected)
+    b, a = tvm_ext.build(before), tvm_ext.build(before, passes=[RemoveStopFusion()])
+    ra, rb = a.kernel_report, b.kernel_report  # (the input's layout_transform crosses as float either way)
+    assert ra.num_kernels <= rb.num_kernels
+    assert ra.crossing.nbytes["float32"] < rb.crossing.nbytes["float32"] and "int8" in ra.crossing.count
+    assert_same_outputs(b, a, {"x": RNG.standard_normal((1, 16, 8, 8)).astype("float32")})
+
+
+# -- the zoo model ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_zoo():
+    return tvm_ext.zoo.load("resnet50_int8_relay", small=True)
+
+
+def test_zoo_small_fewer_kernels_bit_exact(small_zoo):
+    z = small_zoo
+    stock = tvm_ext.build(z.mod, params=z.params)
+    ours = tvm_ext.build(z.mod, params=z.params, passes=[RemoveStopFusion()])
+    s, o = stock.kernel_report, ours.kernel_report
+    assert o.num_anchor_kernels == s.num_anchor_kernels
+    assert o.num_kernels <= s.num_kernels - 25  # 74 -> 44 measured
+    for k in o.kernels:  # never two anchors in one kernel
+        assert sum(op_pattern(op) >= 3 for op in k.ops) <= 1, k.ops
+    x = np.random.default_rng(0).standard_normal(z.input_shape).astype("float32")
+    assert_same_outputs(stock, ours, {z.input_name: x}, rtol=0, atol=0)
+
+
+# -- properties ------------------------------------------------------------------------------------
+def test_idempotent():
+    for mod in (chain(), move_before(), residual()):
+        once = RemoveStopFusion()(mod)
+        assert_unchanged(RemoveStopFusion(), once)
+
+
+def test_unchanged_when_nothing_matches():
+    assert_unchanged(RemoveStopFusion(), chain(barriers=False))
+
+
+def test_untyped_module_raises_naming_the_pass():
+    x = relay.var("x", shape=(4,), dtype="int8")
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.cast(stop(x), "int32")))
+    text = mod.astext()
+    with pytest.raises(Exception, match="RemoveStopFusion: the module is not type-inferred") as info:
+        RemoveStopFusion()(mod)
+    assert isinstance(info.value, (UntypedModuleError, tvm.TVMError))
+    assert mod.astext() == text
+
+
+def test_dynamic_shapes_skipped(caplog):
+    x = relay.var("x", shape=(relay.Any(), 16), dtype="int8")
+    mod = _mod(relay.nn.relu(relay.cast(stop(relay.abs(x)), "int32")))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(RemoveStopFusion(), mod)
+    assert "dynamic shape" in caplog.text
+
+
+def test_if_and_let_skipped(caplog):
+    x = relay.var("x", shape=(4,), dtype="int8")
+    body = relay.cast(stop(relay.abs(x)), "int32")
+    cond = relay.var("c", shape=(), dtype="bool")
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(RemoveStopFusion(), _mod(relay.If(cond, body, body)))
+        v = relay.var("v")
+        assert_unchanged(RemoveStopFusion(), _mod(relay.Let(v, body, relay.nn.relu(v))))
+    assert "If" in caplog.text and "Let" in caplog.text
+
+
+def test_tuples_pass_through():
+    """A barrier whose value is also returned in a tuple: removed, the tuple is untouched."""
+    x = relay.var("x", shape=(4,), dtype="int8")
+    a = relay.abs(x)
+    check(RemoveStopFusion(), _mod(relay.cast(stop(a), "int32"), a), _mod(relay.cast(a, "int32"), a))
+
+
+def test_registered_and_named():
+    from tvm_ext.registry import get_pass
+
+    assert get_pass("RemoveStopFusion").factory is RemoveStopFusion
+    assert RemoveStopFusion().info.name == "RemoveStopFusion"
+    seq = tvm.transform.Sequential([RemoveStopFusion()])
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=["RemoveStopFusion"]):
+        tvm.ir.assert_structural_equal(seq(chain())["main"], chain()["main"])
