@@ -2,9 +2,10 @@
 
 Design note
 -----------
-``relay.quantize`` (``python/tvm/relay/quantize/_partition.py``: ``QPartitionExpr.realize`` wraps
-every partition output in ``annotation.stop_fusion(copy(x))``) puts a barrier after each
-requantized value so that it is materialised in the narrow type. FuseOps
+``relay.quantize``'s partition step (``python/tvm/relay/quantize/_partition.py`` marks the
+partition outputs; their realization, ``QPartitionExprNode::Realize`` in
+``src/relay/quantize/partition.cc``, wraps each in ``stop_fusion(cast_hint(x, int8))``) puts a
+barrier after each requantized value so that it is materialised in the narrow type. FuseOps
 (``src/relay/analysis/graph_partitioner.cc``) gives ``stop_fusion`` pattern ``kOpaque``: nothing
 fuses into or through it, and the mutator then drops the op. The result is one extra kernel per
 barrier: BN + ReLU + requantize and every residual add become kernels of their own.
