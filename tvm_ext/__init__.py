@@ -11,4 +11,17 @@ from .target import host_target, safe_target
 
 __version__ = "0.1.0"
 
+_SUBMODULES = ("bench", "cli", "frontend", "passes", "patterns", "pipelines", "report", "target", "testing",
+               "tuning", "zoo")
+
+
+def __getattr__(name):
+    """Import submodules lazily (``tvm_ext.zoo``, ``tvm_ext.pipelines``, ...)."""
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["build", "copy_module", "KernelReport", "host_target", "safe_target", "__version__"]
