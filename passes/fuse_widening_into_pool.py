@@ -1,0 +1,198 @@
+"""FuseWideningIntoPool: a pool reads the 8-bit value and widens it itself, in one kernel.
+
+Design note
+-----------
+Where. A pooling call ``P`` (``nn.global_avg_pool2d``, ``nn.avg_pool2d``,
+``nn.adaptive_avg_pool2d``, ``nn.global_max_pool2d``) whose input is a private chain of
+elementwise/broadcast calls (constants as other arguments, one user each) holding an 8-bit point
+``n`` (a uint8/int8 value, or an integer ``clip`` within 8-bit bounds;
+:func:`~tvm_ext.passes.narrow_kernel_boundaries.narrow_type`) that is not the pool's direct input.
+
+FuseOps cannot fuse that chain into the pool's kernel: an out-elemwise-fusable op takes no
+elementwise *producers* (``graph_partitioner.cc``: phase 0 fuses an elementwise node only into an
+injective or reduction post-dominator). So either the chain fuses into its *producer* kernel
+(a convolution, or the residual ``add`` of its kernel), which then writes the widened value (the
+requantize in front of QLinearGlobalAveragePool: ``cast f32 -> multiply -> add -> floor -> cast
+i32``: int32, 4x the bytes, the last int32 crossing of a quantized ResNet-50), or, when the chain
+starts at a graph input or a value with other users, it is a kernel of its own.
+
+Rule::
+
+    # P(w_k(...w_1(n)...)) -> post   (post: P's private elementwise consumers, as FuseOps fuses them)
+    #   -> f(c),  f = fn(p: u8) {post(P(w_k(...w_1(cast(p, i32))...)))} Primitive=1,  c = cast(n, u8)
+    # (typed n: c = n and no cast inside)
+
+The group is made a ``Primitive`` function, the form FuseOps produces (non-scalar constants
+lifted to parameters, as FuseOps does); FuseOps leaves it alone and relay.build lowers it as one
+kernel with the pool's schedule (``schedule_adaptive_pool`` / ``schedule_pool`` inline the
+elementwise consumers; the widening producers are computed in the same kernel). The producer's
+kernel then ends at ``c`` and writes 8 bits (or the chain's own kernel disappears). Exact: ``clip`` to 8-bit bounds makes
+``cast(cast(n, u8), i32) == n``. One anchor per kernel (the pool); no kernel added.
+
+Left alone, with a logged reason: chains without an 8-bit point or whose point is the pool's
+direct input (nothing to gain), dynamic shapes. Idempotent (the
+rewritten pool sits in a Primitive function, which walks never enter). Functions with
+``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
+:class:`~tvm_ext.passes._util.UntypedModuleError`. Run at stage ``before_fuse``.
+"""
+from __future__ import annotations
+
+from tvm_ext.registry import register_pass
+
+from ._util import (
+    consumers,
+    is_primitive,
+    op_name,
+    pass_logger,
+    post_order,
+    rebuild,
+    require_typed,
+    static_tensor_type,
+    unsupported_construct,
+    with_body,
+)
+from .narrow_kernel_boundaries import narrow_type, walk_chain
+
+__all__ = ["FuseWideningIntoPool", "POOLS"]
+
+PASS_NAME = "FuseWideningIntoPool"
+_log = pass_logger(PASS_NAME)
+
+#: Pooling ops the rule applies to (each reads every input element about once, so computing the
+#: widening inside the pool kernel costs no redundant work).
+POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d", "nn.global_max_pool2d")
+_K_BROADCAST = 1
+_SIMPLE_CONST = {"int32", "int64", "float32", "float64", "bool"}  # scalars FuseOps keeps inline
+
+
+def _pattern(call) -> int:
+    from tvm_ext.report import op_pattern
+
+    name = op_name(call)
+    return 8 if name is None else op_pattern(name)
+
+
+def _post_chain(pool, users, body):
+    """The last of ``pool``'s private elementwise/broadcast consumers (FuseOps' group end)."""
+    from tvm import relay
+
+    end = pool
+    while not end.same_as(body):
+        us = users.get(end, ())
+        if len(us) != 1:
+            break
+        user = us[0][0]
+        if not isinstance(user, relay.Call) or op_name(user) is None or _pattern(user) > _K_BROADCAST:
+            break
+        if any(not isinstance(a, relay.Constant) for a in user.args if not a.same_as(end)):
+            break
+        end = user
+    return end
+
+
+def _primitive(params, body):
+    """``fn(params) {body}`` as FuseOps makes it: Primitive=1, non-inlinable constants lifted."""
+    import tvm
+    from tvm import relay
+
+    consts, lifted = [], {}
+
+    class _Lift(relay.ExprMutator):
+        def visit_constant(self, const):
+            if const.data.shape == () and const.data.dtype in _SIMPLE_CONST:
+                return const
+            if const not in lifted:
+                lifted[const] = relay.var(f"p_const{len(consts)}", relay.TensorType(const.data.shape, const.data.dtype))
+                consts.append(const)
+            return lifted[const]
+
+    body = _Lift().visit(body)
+    attrs = tvm.ir.make_node("DictAttrs", Primitive=tvm.tir.IntImm("int32", 1))
+    fn = relay.Function(list(params) + [lifted[c] for c in consts], body, None, [], attrs)
+    return fn, consts
+
+
+def _rewrite(pool, users, body):
+    """The call replacing the pool group's end, with the group's end; or a Reject."""
+    from tvm import relay
+
+    from ._util import Reject
+
+    ok = static_tensor_type(pool)
+    if not ok:
+        return ok
+    _, narrow = walk_chain(pool.args[0], users, body)
+    if narrow is None:
+        return Reject("its input chain has no 8-bit point")
+    node, dtype, kind = narrow
+    if node.same_as(pool.args[0]):
+        return Reject(f"its input is the {dtype} value already")
+    end = _post_chain(pool, users, body)
+    param = relay.var("p0", relay.TensorType(node.checked_type.shape, dtype))
+    # clip form: p (8-bit) -> cast(p, wide) == n exactly; typed form: p is n
+    inner = param if kind == "typed" else relay.cast(param, node.checked_type.dtype)
+    fn, consts = _primitive([param], rebuild(end, {node: inner}))
+    # the caller substitutes ``end`` (downstream of n), so the argument may read n itself
+    arg = node if kind == "typed" else relay.cast(node, dtype)
+    return end, relay.Call(fn, [arg, *consts], span=end.span)
+
+
+def _run(func):
+    from tvm import relay
+
+    if is_primitive(func):
+        return func
+    require_typed(func, PASS_NAME)
+    ok = unsupported_construct(func)
+    if not ok:
+        _log.debug("skipped function: %s", ok)
+        return func
+    nodes = post_order(func.body)
+    users = consumers(nodes)
+    subst: dict = {}
+    for node in nodes:
+        if not (isinstance(node, relay.Call) and op_name(node) in POOLS):
+            continue
+        out = _rewrite(node, users, func.body)
+        if not isinstance(out, tuple):
+            _log.debug("%s not rewritten: %s", op_name(node), out)
+            continue
+        end, call = out
+        _log.info("%s: now reads the 8-bit value and widens it in its own kernel", op_name(node))
+        subst[end] = call
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def FuseWideningIntoPool():  # pylint: disable=invalid-name
+    """Make a pool's kernel read the 8-bit value and do the widening (requantize) itself.
+
+    When a pooling call (global/adaptive/avg pool, global max pool) is fed by a private chain of
+    elementwise ops that passes through an 8-bit value (uint8/int8, or an integer ``clip`` within
+    8-bit bounds), FuseOps would put the chain in the producer's kernel (a convolution's), which
+    then writes the widened (int32/float32) value, or in a kernel of its own. This pass makes the chain after
+    the 8-bit value, the pool and the pool's elementwise consumers one ``Primitive`` function
+    called on the 8-bit value: the producer kernel writes 8 bits. Exact; no kernel added.
+
+    Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN).
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"FuseWideningIntoPool"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Rejections are logged at DEBUG on ``tvm_ext.passes.FuseWideningIntoPool``, rewrites at INFO.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _run(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)

@@ -1,0 +1,249 @@
+"""NarrowKernelBoundaries: at a join of two fused chains, the 8-bit value crosses, not the wide one.
+
+Design note
+-----------
+Where. A *join* is an elementwise/broadcast call with two non-constant arguments (the residual
+``add`` of a quantized ResNet after QNN lowering). Each argument is the end of a *private chain*:
+calls of TOpPattern <= broadcast whose other arguments are constants and whose only user is the
+next call of the chain. When both chains start at an anchor (an out-elemwise-fusable call such as
+``nn.contrib_conv2d_NCHWc``), FuseOps (``src/relay/analysis/graph_partitioner.cc``) fuses one
+anchor through the join and stops the other anchor's chain right in front of it: that kernel
+writes the chain's last value, which is the *widened* one (``int32`` or ``float32``: the
+requantize of the shortcut, ``cast -> subtract -> multiply -> add -> floor -> cast``), although
+the chain passed through an 8-bit value on the way (QLinearAdd's dequantize input).
+
+Rule (one, applied to the first argument whose chain starts at an anchor and holds a narrow
+point; the other anchor keeps fusing through the join)::
+
+    # chain: anchor -> ... -> n -> w1 -> ... -> wk -> join,  n 8-bit typed
+    #   n                                -> stop_fusion(n)
+    # chain: anchor -> ... -> n = clip(y, lo, hi) -> w1 -> ... -> join, y int, [lo, hi] in [0, 255]
+    #   n                                -> cast(stop_fusion(cast(n, u8)), int32)   (same for i8)
+    # chain: ... -> n = clip(round(y), lo, hi) -> ..., y float (a float quantize)
+    #   n                                -> cast(stop_fusion(cast(n, u8)), float32)
+
+``annotation.stop_fusion`` is opaque to FuseOps (``FuseMutator`` drops it after partitioning):
+the producer's kernel ends at the 8-bit value; ``w1 ... wk`` (elemwise/broadcast) then fuse into
+the join's group, i.e. into the *consumer* kernel of the other anchor (the phase-0 rule for
+elemwise nodes accepts an out-elemwise-fusable sink). No kernel is added, no kernel gets a second
+anchor (FuseOps never merges two), and the arithmetic is unchanged: ``clip`` to ``[0, 255]`` makes
+``cast(cast(n, u8), int32) == n`` exactly (and for a float ``n`` of integral values, which
+``round``/``floor``/``ceil``/``trunc`` in front of the clip guarantee). The narrow point nearest to the join is used, so the
+least work moves to the consumer.
+
+Left alone, with a logged reason: joins where fewer than two chains start at an anchor (the
+argument that does not is already a kernel boundary: e.g. the identity shortcut, an 8-bit value
+also read by a convolution), chains without a narrow point, dynamic shapes. Run it at stage
+``before_fuse`` (after QNN lowering, ``SimplifyExpr`` removes the explicit ``cast(u8)`` of
+``clip -> cast(u8) -> cast(f32)``, hence the ``clip`` form). Idempotent: after the rewrite the
+chain starts at ``stop_fusion``, not an anchor. Functions with ``If``/``Let``/``Match``/
+references/closures are skipped; untyped input raises
+:class:`~tvm_ext.passes._util.UntypedModuleError`.
+"""
+from __future__ import annotations
+
+from tvm_ext.registry import register_pass
+
+from ._util import (
+    Reject,
+    consumers,
+    is_primitive,
+    op_name,
+    pass_logger,
+    post_order,
+    rebuild,
+    require_typed,
+    static_tensor_type,
+    unsupported_construct,
+    with_body,
+)
+
+__all__ = ["NarrowKernelBoundaries", "narrow_type", "walk_chain"]
+
+PASS_NAME = "NarrowKernelBoundaries"
+_log = pass_logger(PASS_NAME)
+
+# TOpPattern values (include/tvm/relay/op_attr_types.h)
+_K_BROADCAST, _K_OUT_EWISE_FUSABLE = 1, 4
+_NARROW = {"uint8": (0, 255), "int8": (-128, 127)}
+_INTEGRAL_FLOAT_OPS = ("round", "floor", "ceil", "trunc")
+
+
+def _pattern(call) -> int:
+    from tvm_ext.report import op_pattern
+
+    name = op_name(call)
+    return 8 if name is None else op_pattern(name)
+
+
+def narrow_type(node):
+    """The 8-bit dtype ``node``'s value fits in and how, or a Reject.
+
+    Returns ``(dtype, "typed")`` for a uint8/int8 tensor, ``(dtype, "clip")`` for a ``clip`` with
+    integral bounds within uint8 (preferred) or int8, on an integer tensor or on a float tensor of
+    integral values (the clip reads ``round``/``floor``/``ceil``/``trunc``: a quantize).
+    """
+    from tvm import relay
+
+    ok = static_tensor_type(node)
+    if not ok:
+        return ok
+    dtype = node.checked_type.dtype
+    if dtype in _NARROW:
+        return dtype, "typed"
+    if not (isinstance(node, relay.Call) and op_name(node) == "clip"):
+        return Reject(f"{dtype} value, not a clip")
+    if dtype.startswith("float"):
+        src = node.args[0]
+        if not (isinstance(src, relay.Call) and op_name(src) in _INTEGRAL_FLOAT_OPS):
+            return Reject(f"clip on {dtype} values not known to be integral")
+        if int(dtype[5:] or 32) < 16:
+            return Reject(f"clip on {dtype}: cannot hold every 8-bit integer exactly")
+    elif not dtype.startswith(("int", "uint")):
+        return Reject(f"clip on {dtype}")
+    lo, hi = float(node.attrs.a_min), float(node.attrs.a_max)
+    if lo != int(lo) or hi != int(hi):
+        return Reject(f"clip bounds [{lo:g}, {hi:g}] are not integers")
+    for cand, (tlo, thi) in _NARROW.items():
+        if tlo <= lo and hi <= thi:
+            return cand, "clip"
+    return Reject(f"clip bounds [{lo:g}, {hi:g}] exceed 8 bits")
+
+
+def _chain_arg(call):
+    """The one non-constant argument of an elemwise/broadcast call, else None."""
+    from tvm import relay
+
+    if not isinstance(call, relay.Call) or _pattern(call) > _K_BROADCAST:
+        return None
+    live = [a for a in call.args if not isinstance(a, relay.Constant)]
+    return live[0] if len(live) == 1 else None
+
+
+def walk_chain(arg, users, body):
+    """Follow a private chain back from a join argument.
+
+    Returns (source, narrow) where ``source`` is the first node that is not a private chain
+    call and ``narrow`` the (node, dtype, kind) narrow point nearest to the join (or None).
+    """
+    node, narrow, steps = arg, None, 0
+    while True:
+        steps += 1
+        if steps > 10_000:  # a chain is acyclic; this only guards against a malformed graph
+            raise RuntimeError(f"{PASS_NAME}: chain walk did not terminate")
+        if narrow is None:
+            nt = narrow_type(node)
+            if nt:
+                narrow = (node, *nt)
+        prev = _chain_arg(node)
+        if prev is None or len(users.get(node, ())) != 1 or node.same_as(body):
+            return node, narrow
+        node = prev
+
+
+def _cut(node, dtype, kind):
+    """The replacement of narrow point ``node``: the 8-bit value behind a stop_fusion.
+
+    Built on a copy of ``node`` (same op, arguments and attributes), so the substitution
+    ``node -> replacement`` does not contain its own key (see ``rebuild``).
+    """
+    from tvm import relay
+
+    wide = node.checked_type.dtype
+    if isinstance(node, relay.Call):
+        node = relay.Call(node.op, node.args, node.attrs, node.type_args, node.span)
+    if kind == "typed":
+        # n (8-bit)                  -> stop_fusion(n)
+        return relay.annotation.stop_fusion(node)
+    # n = clip(y, lo, hi) (int)      -> cast(stop_fusion(cast(n, u8|i8)), dtype(n))
+    return relay.cast(relay.annotation.stop_fusion(relay.cast(node, dtype)), wide)
+
+
+def _describe(node) -> str:
+    from tvm import relay
+
+    if isinstance(node, relay.Call):
+        return op_name(node) or "a function call"
+    if isinstance(node, relay.Var):
+        return f"%{node.name_hint}"
+    return type(node).__name__
+
+
+def _run(func):
+    from tvm import relay
+
+    if is_primitive(func):
+        return func
+    require_typed(func, PASS_NAME)
+    ok = unsupported_construct(func)
+    if not ok:
+        _log.debug("skipped function: %s", ok)
+        return func
+    nodes = post_order(func.body)
+    users = consumers(nodes)
+    subst: dict = {}
+    for join in nodes:
+        if not isinstance(join, relay.Call) or _pattern(join) > _K_BROADCAST:
+            continue
+        live = [a for a in join.args if not isinstance(a, relay.Constant)]
+        if len(live) != 2 or live[0].same_as(live[1]):
+            continue
+        sides = [walk_chain(a, users, func.body) for a in live]
+        anchored = [(src, nar) for src, nar in sides
+                    if isinstance(src, relay.Call) and _pattern(src) == _K_OUT_EWISE_FUSABLE]
+        name = op_name(join)
+        if len(anchored) < 2:
+            others = ", ".join(_describe(src) for src, _ in sides)
+            _log.debug("%s join: chains start at %s: at most one anchor fuses into it, the other "
+                       "input is a kernel boundary already", name, others)
+            continue
+        for src, nar in anchored:
+            if nar is None:
+                _log.debug("%s join: chain from %s has no 8-bit point", name, _describe(src))
+                continue
+            node, dtype, kind = nar
+            if node in subst:
+                break
+            _log.info("%s join: chain from %s cut after its %s value (a %s %s); the widening "
+                      "ops fuse into the consumer", name, _describe(src), dtype, kind, _describe(node))
+            subst[node] = _cut(node, dtype, kind)
+            break
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def NarrowKernelBoundaries():  # pylint: disable=invalid-name
+    """Make the 8-bit value, not its widened form, cross between the two kernels meeting at a join.
+
+    At an elementwise join (the residual ``add``) of two private chains that both start at an
+    anchor (convolution), one chain is cut with ``annotation.stop_fusion`` right after its last
+    8-bit value (a uint8/int8 tensor, or an integer ``clip`` within 8-bit bounds, which gets an
+    exact ``cast`` to 8 bits and back): its producer kernel then writes uint8/int8 and the
+    widening ops (dequantize/requantize: cast, subtract, multiply, ...) fuse into the consumer
+    kernel with the other anchor. Same kernel count, same results bit for bit, one anchor per
+    kernel (FuseOps never merges two).
+
+    Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN).
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"NarrowKernelBoundaries"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Joins are left alone when fewer than two of their chains start at an anchor or when no chain
+    has a narrow point; the reason is logged at DEBUG on ``tvm_ext.passes.NarrowKernelBoundaries``
+    (cuts at INFO).
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _run(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)

@@ -1,0 +1,131 @@
+"""Tests of tvm_ext.passes.fuse_widening_into_pool (issue 6: the int32 tensor in front of the avgpool)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
+from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+LOGGER = "tvm_ext.passes.FuseWideningIntoPool"
+W = np.random.default_rng(1).integers(-3, 4, (8, 8, 1, 1)).astype("int8")
+
+
+def _requant(v, scale):
+    # cast f32 -> multiply -> floor -> cast i32
+    return relay.cast(relay.floor(relay.multiply(relay.cast(v, "float32"), relay.const(scale))), "int32")
+
+
+def _post(v):
+    # the pool's own requantize to uint8 (FuseOps fuses it into the pool)
+    return relay.cast(relay.clip(_requant(v, 0.5), 0.0, 255.0), "uint8")
+
+
+def before():
+    """x -> conv -> requant -> clip(0, 255) -> requant -> global_avg_pool2d -> requant -> u8
+
+    ::
+
+        conv kernel: conv .. clip .. cast/multiply/floor/cast   (writes int32)
+        pool kernel: global_avg_pool2d .. cast u8
+    """
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="int8")
+    conv = relay.nn.conv2d(x, relay.const(W), kernel_size=(1, 1), channels=8, out_dtype="int32")
+    n = relay.clip(_requant(conv, 0.05), 0.0, 255.0)
+    return infer(_post(relay.nn.global_avg_pool2d(_requant(n, 3.0))))
+
+
+def expected():
+    """The pool group as one Primitive function called on cast(n, u8)."""
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="int8")
+    conv = relay.nn.conv2d(x, relay.const(W), kernel_size=(1, 1), channels=8, out_dtype="int32")
+    n = relay.clip(_requant(conv, 0.05), 0.0, 255.0)
+    p0 = relay.var("p0", shape=(1, 8, 6, 6), dtype="uint8")
+    body = _post(relay.nn.global_avg_pool2d(_requant(relay.cast(p0, "int32"), 3.0)))
+    fn = relay.Function([p0], body).with_attr("Primitive", tvm.tir.IntImm("int32", 1))
+    return infer(relay.Call(fn, [relay.cast(n, "uint8")]))
+
+
+def test_structure_and_idempotence():
+    after = check(FuseWideningIntoPool(), before(), expected())
+    assert_unchanged(FuseWideningIntoPool(), after)
+
+
+def test_kernels_crossing_and_outputs():
+    fb = tvm_ext.build(before())
+    fa = tvm_ext.build(before(), passes=[FuseWideningIntoPool()])
+    rb, ra = fb.kernel_report, fa.kernel_report
+    assert rb.num_kernels == ra.num_kernels
+    assert rb.num_anchor_kernels == ra.num_anchor_kernels
+    # the conv kernel's int32 output (1x8x6x6) became uint8; the other int32 tensor is x86's
+    # legalization of the toy conv's int8 input, the same in both
+    size = 8 * 6 * 6
+    assert ra.crossing.nbytes["int32"] == rb.crossing.nbytes["int32"] - 4 * size
+    assert ra.crossing.nbytes["uint8"] == rb.crossing.nbytes.get("uint8", 0) + size
+    pool = next(k for k in ra.kernels if k.anchor == "nn.global_avg_pool2d")
+    assert pool.ops[0] == "cast"  # the pool kernel widens the uint8 value itself
+    x = np.random.default_rng(0).integers(-128, 128, (1, 8, 6, 6)).astype("int8")
+    out_b, out_a = assert_same_outputs(fb, fa, {"x": x})  # uint8: bit for bit
+    assert out_b[0].std() > 0
+
+
+def test_constants_lifted_like_fuse_ops():
+    """A non-scalar constant in the chain becomes a parameter of the Primitive function."""
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="int8")
+    conv = relay.nn.conv2d(x, relay.const(W), kernel_size=(1, 1), channels=8, out_dtype="int32")
+    n = relay.clip(_requant(conv, 0.05), 0.0, 255.0)
+    zp = relay.const(np.full((1,), 3, "int32"))
+    mod = infer(_post(relay.nn.global_avg_pool2d(_requant(relay.subtract(n, zp), 3.0))))
+    after = FuseWideningIntoPool()(mod)
+    call = after["main"].body
+    assert isinstance(call.op, relay.Function) and len(call.op.params) == 2
+    assert_same_outputs(tvm_ext.build(mod), tvm_ext.build(mod, passes=[FuseWideningIntoPool()]),
+                        {"x": np.random.default_rng(3).integers(-128, 128, (1, 8, 6, 6)).astype("int8")})
+
+
+# -- no match --------------------------------------------------------------------------------------
+def test_pool_reading_8bit_value_directly_unchanged(caplog):
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+    mod = infer(relay.nn.avg_pool2d(relay.cast(relay.clip(relay.cast(x, "int32"), 0.0, 255.0), "uint8"), (2, 2)))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(FuseWideningIntoPool(), mod)
+    assert "input is the uint8 value already" in caplog.text
+
+
+def test_no_narrow_point_unchanged(caplog):
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="float32")
+    mod = infer(relay.nn.global_avg_pool2d(relay.exp(x)))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(FuseWideningIntoPool(), mod)
+    assert "no 8-bit point" in caplog.text
+
+
+def test_untyped_module_raises():
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="float32")
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.global_avg_pool2d(x)))
+    with pytest.raises(UntypedModuleError, match="FuseWideningIntoPool"):
+        FuseWideningIntoPool()(mod)
+
+
+def test_if_skipped_safely(caplog):
+    mod = before()
+    c = relay.var("c", shape=(), dtype="bool")
+    params = list(mod["main"].params)
+    body = mod["main"].body
+    f = infer(relay.Function(params + [c], relay.If(c, body, body)))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(FuseWideningIntoPool(), f)
+    assert "If" in caplog.text
+
+
+def test_dynamic_shape_skipped():
+    x = relay.var("x", shape=(relay.Any(), 8, 6, 6), dtype="int32")
+    n = relay.clip(x, 0.0, 255.0)
+    mod = infer(relay.Function([x], relay.nn.global_avg_pool2d(_requant(n, 3.0))))
+    assert_unchanged(FuseWideningIntoPool(), mod)

@@ -1,0 +1,191 @@
+"""Tests of tvm_ext.passes.narrow_kernel_boundaries (issue 6: wide tensors crossing at residual adds)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+import tvm_ext.pipelines
+import tvm_ext.zoo
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.passes.fold_pad_into_conv import FoldPadIntoConv
+from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
+from tvm_ext.passes.narrow_kernel_boundaries import NarrowKernelBoundaries, narrow_type
+from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs, run_module
+
+LOGGER = "tvm_ext.passes.NarrowKernelBoundaries"
+W1 = np.random.default_rng(1).integers(-3, 4, (8, 8, 1, 1)).astype("int8")
+W2 = np.random.default_rng(2).integers(-3, 4, (8, 8, 1, 1)).astype("int8")
+
+
+def _x():
+    return relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+
+
+def _conv(x, w):
+    return relay.nn.conv2d(x, relay.const(w), kernel_size=(1, 1), channels=8, out_dtype="int32")
+
+
+def _requant(v, scale):
+    # cast f32 -> multiply -> floor -> cast i32   (the float requantize of x86's QNN lowering)
+    return relay.cast(relay.floor(relay.multiply(relay.cast(v, "float32"), relay.const(scale))), "int32")
+
+
+def _clip8(v):
+    return relay.clip(v, 0.0, 255.0)
+
+
+def _narrow_point(v, form):
+    """The lhs chain's 8-bit point, in the given form."""
+    if form == "clip":
+        return _clip8(v)
+    return relay.cast(_clip8(v), "uint8")  # "typed"
+
+
+def residual(form="clip", cut=False):
+    """Two conv chains meeting at an add (a projection-shortcut block after QNN lowering).
+
+    ::
+
+        x -> conv(W1) -> requant -> n (8-bit) -> requant -+-> add -> clip -> cast u8
+        x -> conv(W2) -> requant -> clip ------------------+
+
+    ``cut=True`` builds what the pass makes of it: the 8-bit n behind a stop_fusion.
+    """
+    x = _x()
+    n = _narrow_point(_requant(_conv(x, W1), 0.01), form)
+    if cut:
+        if form == "clip":
+            n = relay.cast(relay.annotation.stop_fusion(relay.cast(n, "uint8")), "int32")
+        else:
+            n = relay.annotation.stop_fusion(n)
+    lhs = _requant(n, 1.5)
+    rhs = _clip8(_requant(_conv(x, W2), 0.02))
+    return infer(relay.cast(_clip8(relay.add(lhs, rhs)), "uint8"))
+
+
+@pytest.mark.parametrize("form", ["clip", "typed"])
+def test_residual_structure(form):
+    after = check(NarrowKernelBoundaries(), residual(form), residual(form, cut=True))
+    assert_unchanged(NarrowKernelBoundaries(), after)  # idempotent
+
+
+def test_residual_kernels_crossing_and_outputs():
+    before = tvm_ext.build(residual())
+    after = tvm_ext.build(residual(), passes=[NarrowKernelBoundaries()])
+    rb, ra = before.kernel_report, after.kernel_report
+    assert rb.num_kernels == ra.num_kernels and rb.num_anchor_kernels == ra.num_anchor_kernels == 2
+    # (what crosses on this toy graph is dominated by x86's legalization of its uint8 conv input;
+    # the crossing dtypes are asserted on the zoo model below)
+    x = np.random.default_rng(0).integers(0, 256, (1, 8, 6, 6)).astype("uint8")
+    out_b, out_a = assert_same_outputs(before, after, {"x": x})  # uint8 output: bit for bit
+    assert out_b[0].std() > 0  # not a degenerate comparison
+
+
+def test_float_quantize_clip_is_a_narrow_point():
+    """The stock QLinearAdd lowering: clip(round(y), 0, 255) in float32 is an 8-bit value."""
+    x = _x()
+    q = relay.clip(relay.round(relay.multiply(relay.cast(_conv(x, W1), "float32"), relay.const(0.01))), 0.0, 255.0)
+    lhs = relay.multiply(q, relay.const(0.5))
+    rhs = relay.multiply(relay.cast(_conv(x, W2), "float32"), relay.const(0.02))
+    mod = infer(relay.cast(relay.clip(relay.round(relay.add(lhs, rhs)), 0.0, 255.0), "uint8"))
+    assert "annotation.stop_fusion" in NarrowKernelBoundaries()(mod).astext()
+    fb, fa = tvm_ext.build(mod), tvm_ext.build(mod, passes=[NarrowKernelBoundaries()])  # before_fuse
+    assert fa.kernel_report.num_kernels == fb.kernel_report.num_kernels
+    assert_same_outputs(fb, fa, random_inputs(mod))
+
+
+@pytest.mark.parametrize(
+    "expr, expected",
+    [
+        (lambda v: relay.clip(v, 0.0, 255.0), ("uint8", "clip")),
+        (lambda v: relay.clip(v, -128.0, 127.0), ("int8", "clip")),
+        (lambda v: relay.clip(v, 0.0, 256.0), None),
+        (lambda v: relay.clip(v, 0.5, 100.0), None),
+        (lambda v: relay.cast(v, "int8"), ("int8", "typed")),
+        (lambda v: relay.clip(relay.cast(v, "float32"), 0.0, 255.0), None),  # floats not known integral
+        (lambda v: relay.clip(relay.round(relay.cast(v, "float32")), 0.0, 255.0), ("uint8", "clip")),
+    ],
+)
+def test_narrow_type(expr, expected):
+    v = relay.var("v", shape=(4,), dtype="int32")
+    node = infer(expr(v))["main"].body
+    got = narrow_type(node)
+    assert (got if got else None) == expected
+
+
+# -- no match --------------------------------------------------------------------------------------
+def identity_block():
+    """x (u8, also read by the conv) -> requant -+-> add: one chain starts at x, a kernel input already."""
+    x = _x()
+    lhs = _requant(x, 1.5)
+    rhs = _clip8(_requant(_conv(x, W2), 0.02))
+    return infer(relay.cast(_clip8(relay.add(lhs, rhs)), "uint8"))
+
+
+def test_identity_shortcut_unchanged(caplog):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(NarrowKernelBoundaries(), identity_block())
+    assert "at most one anchor" in caplog.text
+
+
+def test_chains_without_narrow_point_unchanged(caplog):
+    x = _x()
+    mod = infer(relay.add(_requant(_conv(x, W1), 0.5), _requant(_conv(x, W2), 0.5)))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(NarrowKernelBoundaries(), mod)
+    assert "no 8-bit point" in caplog.text
+
+
+def test_untyped_module_raises():
+    x = _x()
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.add(_conv(x, W1), _conv(x, W2))))
+    with pytest.raises(UntypedModuleError, match="NarrowKernelBoundaries"):
+        NarrowKernelBoundaries()(mod)
+
+
+def test_let_skipped_safely(caplog):
+    mod = residual()
+    body, x = mod["main"].body, mod["main"].params[0]
+    v = relay.var("v")
+    mod = infer(relay.Function([x], relay.Let(v, body, v)))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(NarrowKernelBoundaries(), mod)
+    assert "Let" in caplog.text
+
+
+def test_dynamic_shapes_skipped():
+    x = relay.var("x", shape=(relay.Any(), 8, 6, 6), dtype="uint8")
+    lhs = _requant(_clip8(_requant(_conv(x, W1), 0.01)), 1.5)
+    rhs = _clip8(_requant(_conv(x, W2), 0.02))
+    assert_unchanged(NarrowKernelBoundaries(), infer(relay.Function([x], relay.add(lhs, rhs))))
+
+
+def test_tuple_output_join_ok():
+    """The join's result also returned in a tuple: still one cut, outputs identical."""
+    mod = residual()
+    body = mod["main"].body
+    tup = infer(relay.Function(mod["main"].params, relay.Tuple([body, body])))
+    after = NarrowKernelBoundaries()(tup)
+    assert after.astext().count("annotation.stop_fusion") == 1
+
+
+# -- the zoo model (small): the whole issue-6 pipeline ------------------------------------------
+def test_small_qoperator_resnet_only_8bit_crosses_bit_exact():
+    m = tvm_ext.zoo.load("resnet50_int8_qoperator", small=True)
+    p = tvm_ext.pipelines.int8()
+    ours = {"start": p["start"],
+            "before_fuse": p["before_fuse"] + [FoldPadIntoConv(), NarrowKernelBoundaries(), FuseWideningIntoPool()]}
+    ref = tvm_ext.build(m.mod, params=m.params, passes=p)
+    f = tvm_ext.build(m.mod, params=m.params, passes=ours)
+    rep = f.kernel_report
+    assert rep.num_kernels <= rep.num_anchor_kernels + 2
+    assert set(rep.crossing.count) <= {"uint8", "int8"}
+    assert ref.kernel_report.crossing.count.get("int32", 0) > 0  # what the passes removed
+    for seed in range(2):
+        data = {"data": tvm_ext.zoo.sample_input(m, seed)}
+        np.testing.assert_array_equal(run_module(ref, data)[0], run_module(f, data)[0])
