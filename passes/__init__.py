@@ -6,14 +6,22 @@ all key on it. Each pass lives in its own module with a mirrored test module.
 """
 from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
+from .fold_pad_into_conv import FoldPadIntoConv
 from .fuse_by_pattern import FuseByPattern
+from .fuse_widening_into_pool import FuseWideningIntoPool
+from .narrow_kernel_boundaries import NarrowKernelBoundaries
 from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
+from .qdq_to_integer import QDQToInteger
 from .remove_stop_fusion import RemoveStopFusion
 
 __all__ = [
     "CombineParallelCast",
     "CombineParallelOpBatch",
+    "FoldPadIntoConv",
     "FuseByPattern",
+    "FuseWideningIntoPool",
+    "NarrowKernelBoundaries",
     "NonNegativeConvInputToUint8",
+    "QDQToInteger",
     "RemoveStopFusion",
 ]

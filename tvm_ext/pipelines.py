@@ -55,26 +55,50 @@ def _sequential(passes, name):
 def int8() -> Pipeline:
     """tvm-ext's recommended pipeline for quantized CNNs (the benchmark's "tvm-ext" column).
 
-    Stage ``start`` (QNN ops still present):
+    Stage ``start`` (QNN ops still present, before relay.build's prefix):
 
-    1. ``FakeQuantizationToInteger`` (TVM): dequantize -> op -> quantize regions of QDQ graphs
-       become integer QNN ops, so int8 instead of float32 flows between kernels.
+    1. ``QDQToInteger``: QDQ graphs become integer QNN graphs (TVM's FakeQuantizationToInteger),
+       keeping residual adds in float with one rounding, as ONNX Runtime computes them. uint8
+       instead of float32 then flows between kernels. No-op on QOperator / relay.quantize graphs.
+    2. ``NonNegativeConvInputToUint8``: int8 conv inputs proven to lie in [0, 127] are read as
+       uint8, so x86 legalisation adds no +128 shift kernel, no explicit pad and no
+       compensation (relay.quantize graphs; exact, and it avoids the saturating shifted path).
 
-    Stage ``before_fuse`` (after Legalize, CanonicalizeOps, AlterOpLayout and FoldConstant):
+    Stage ``before_fuse`` (after Legalize, CanonicalizeOps, AlterOpLayout, FoldConstant):
 
-    2. ``CombineParallelCast`` (tvm-ext): one narrowing cast per value instead of one per
-       consumer, so the cast fuses into its producer and int8, not int32, crosses kernels.
+    3. ``RemoveStopFusion``: relay.quantize's fusion barriers are removed where fusing across
+       them keeps bits and anchors apart, else moved so the narrowest tensor crosses.
+    4. ``CombineParallelCast``: one narrowing cast per value, fused into its producer.
+    5. ``FoldPadIntoConv``: explicit zero / zero-point pads fold into the (NCHWc) convolution.
+    6. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
+       boundary and the widening (dequantize) chain fuses into the consumer.
+    7. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
+       the pool's kernel, so the pool reads uint8.
+
+    Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
 
     Returns
     -------
     Pipeline
     """
-    from tvm import relay
+    from .passes import (
+        CombineParallelCast,
+        FoldPadIntoConv,
+        FuseWideningIntoPool,
+        NarrowKernelBoundaries,
+        NonNegativeConvInputToUint8,
+        QDQToInteger,
+        RemoveStopFusion,
+    )
 
-    from .passes import CombineParallelCast
-
-    start = [relay.transform.FakeQuantizationToInteger(hard_fail=False, use_qat=False)]
-    before_fuse = [CombineParallelCast()]
+    start = [QDQToInteger(), NonNegativeConvInputToUint8()]
+    before_fuse = [
+        RemoveStopFusion(),
+        CombineParallelCast(),
+        FoldPadIntoConv(),
+        NarrowKernelBoundaries(),
+        FuseWideningIntoPool(),
+    ]
     return Pipeline(
         name="tvm_ext.int8",
         start=_sequential(start, "tvm_ext.int8.start"),
