@@ -12,7 +12,7 @@ from .target import host_target, safe_target
 __version__ = "0.1.0"
 
 _SUBMODULES = ("bench", "cli", "frontend", "passes", "patterns", "pipelines", "report", "target", "testing",
-               "tuning", "zoo")
+               "zoo")
 
 
 def __getattr__(name):
