@@ -29,6 +29,7 @@ __all__ = [
     "UntypedModuleError",
     "pass_logger",
     "require_typed",
+    "dataflow_nodes",
     "unsupported_construct",
     "is_primitive",
     "post_order",
@@ -184,6 +185,24 @@ def unsupported_construct(func) -> Check:
     if found:
         return Reject(f"function contains {found[0]} (only dataflow graphs are rewritten)")
     return True
+
+
+def dataflow_nodes(func, pass_name: str):
+    """The post-order nodes of ``func``'s body, or None when a pass must leave ``func`` alone.
+
+    The common prologue of a function pass: ``Primitive`` functions (FuseOps output) are leaves;
+    an untyped function raises :class:`UntypedModuleError`; a function with constructs the
+    rewrites do not reason about (:func:`unsupported_construct`) is skipped, with the reason
+    logged at DEBUG under the pass's logger.
+    """
+    if is_primitive(func):
+        return None
+    require_typed(func, pass_name)
+    ok = unsupported_construct(func)
+    if not ok:
+        pass_logger(pass_name).debug("skipped function: %s", ok)
+        return None
+    return post_order(func.body)
 
 
 def rebuild(expr, subst: dict):

@@ -43,16 +43,12 @@ from typing import Callable
 from tvm_ext.registry import register_pass
 
 from ._util import (
-    Check,
+    dataflow_nodes,
     Reject,
-    is_primitive,
     op_name,
     pass_logger,
-    post_order,
     rebuild,
-    require_typed,
     static_tensor_type,
-    unsupported_construct,
     with_body,
 )
 
@@ -203,15 +199,11 @@ def _with_padding(conv, padding):
 def _run(func):
     from tvm import relay
 
-    if is_primitive(func):
-        return func
-    require_typed(func, PASS_NAME)
-    ok = unsupported_construct(func)
-    if not ok:
-        _log.debug("skipped function: %s", ok)
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
         return func
     subst: dict = {}
-    for node in post_order(func.body):
+    for node in nodes:
         if not isinstance(node, relay.Call):
             continue
         rule = _RULE_BY_OP.get(op_name(node))

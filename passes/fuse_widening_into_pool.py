@@ -40,18 +40,15 @@ from __future__ import annotations
 from tvm_ext.registry import register_pass
 
 from ._util import (
+    dataflow_nodes,
     consumers,
-    is_primitive,
     op_name,
     pass_logger,
-    post_order,
     rebuild,
-    require_typed,
     static_tensor_type,
-    unsupported_construct,
     with_body,
 )
-from .narrow_kernel_boundaries import narrow_type, walk_chain
+from .narrow_kernel_boundaries import walk_chain
 
 __all__ = ["FuseWideningIntoPool", "POOLS"]
 
@@ -140,14 +137,9 @@ def _rewrite(pool, users, body):
 def _run(func):
     from tvm import relay
 
-    if is_primitive(func):
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
         return func
-    require_typed(func, PASS_NAME)
-    ok = unsupported_construct(func)
-    if not ok:
-        _log.debug("skipped function: %s", ok)
-        return func
-    nodes = post_order(func.body)
     users = consumers(nodes)
     subst: dict = {}
     for node in nodes:

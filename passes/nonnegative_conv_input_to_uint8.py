@@ -33,16 +33,13 @@ from tvm_ext.registry import register_pass
 
 from ._intervals import value_ranges
 from ._util import (
+    dataflow_nodes,
     Check,
     Reject,
-    is_primitive,
     op_name,
     pass_logger,
-    post_order,
     rebuild,
-    require_typed,
     static_tensor_type,
-    unsupported_construct,
     with_body,
 )
 
@@ -95,14 +92,9 @@ def _check(conv, ranges) -> Check:
 def _rewrite(func):
     from tvm import relay
 
-    if is_primitive(func):
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
         return func
-    require_typed(func, PASS_NAME)
-    ok = unsupported_construct(func)
-    if not ok:
-        _log.debug("skipped function: %s", ok)
-        return func
-    nodes = post_order(func.body)
     ranges = value_ranges(nodes)
     subst: dict = {}
     new_data: dict = {}  # old data arg -> new data arg (shared by every conv reading it)

@@ -44,16 +44,13 @@ from __future__ import annotations
 from tvm_ext.registry import register_pass
 
 from ._util import (
+    dataflow_nodes,
     Reject,
     consumers,
-    is_primitive,
     op_name,
     pass_logger,
-    post_order,
     rebuild,
-    require_typed,
     static_tensor_type,
-    unsupported_construct,
     with_body,
 )
 
@@ -208,14 +205,9 @@ def _describe(node) -> str:
 def _rewrite(func):
     from tvm import relay
 
-    if is_primitive(func):
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
         return func
-    require_typed(func, PASS_NAME)
-    ok = unsupported_construct(func)
-    if not ok:
-        _log.debug("skipped function: %s", ok)
-        return func
-    nodes = post_order(func.body)
     users = consumers(nodes)
     decided: dict = {}
     claimed: set = set()

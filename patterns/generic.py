@@ -14,7 +14,6 @@ non-constant tensor of ``y``'s own shape. Entry order is priority: longer varian
 """
 from __future__ import annotations
 
-import math
 
 from tvm.relay.dataflow_pattern import is_constant, is_op, wildcard
 

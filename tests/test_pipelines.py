@@ -1,6 +1,5 @@
 """tvm_ext.pipelines.int8 on the small zoo models: kernel floor, narrow boundaries, numerics."""
 import numpy as np
-import pytest
 import tvm
 from tvm import relay
 

@@ -384,7 +384,7 @@ def render_markdown(results: dict) -> str:
         "",
         f"- date: {env['date']}; CPU: {env['cpu']} ({env['cores']} cores); threads: {env['threads']} per engine",
         f"- target: `{env['target']}`",
-        f"- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
         f"- latency: median (IQR) of {env['repeat']} interleaved timed runs after warm-up",
         "",
         "| variant | pipeline | kernels | anchors | non-anchor | tensors crossing | MB crossing (by dtype) | build s | latency ms | vs stock | vs ORT |",

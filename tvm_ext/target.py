@@ -31,7 +31,7 @@ __all__ = ["host_target", "safe_target", "describe_target", "VNNI_FEATURES"]
 VNNI_FEATURES = ("avx512vnni", "avxvnni")
 
 _WARNED: set[str] = set()
-TargetLike = Union[str, "tvm.target.Target"]  # noqa: F821
+TargetLike = Union[str, object]  # str or tvm.target.Target
 
 
 def _llvm_features(target) -> set[str]:
