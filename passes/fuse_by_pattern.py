@@ -19,7 +19,10 @@ A rejected match leaves its nodes free for lower-priority entries and for FuseOp
 each composite function is rewritten as FuseOps would: ``Primitive=1``, non-scalar constants (and
 scalars of dtypes FuseOps does not inline) lifted to parameters, plus ``tvm_ext.pattern=<entry>``
 naming the rule (:func:`fused_counts` reads it). ``PartitionedFromPattern`` is kept so a second run
-never matches inside an existing group (idempotence).
+never matches inside an existing group (idempotence). Private elementwise/broadcast producer
+chains of the group's epilogue inputs (not of the anchor's inputs) are pulled into the group, as
+FuseOps pulls them into an anchor's kernel: on the full QOperator ResNet-50 the 12 identity-shortcut
+dequantize chains would otherwise be 12 kernels of their own.
 
 *No match* returns a module structurally equal to the (type-inferred) input. The input module is
 never modified.
@@ -113,11 +116,91 @@ def _lift_constants(func):
     return relay.Function(params, body, func.ret_type, func.type_params, func.attrs), consts
 
 
+MAX_ABSORBED = 8  # producer ops pulled into one group, at most
+
+
+def _use_counts(expr) -> dict:
+    from tvm import relay
+
+    uses: dict = {}
+
+    def visit(node):
+        if isinstance(node, relay.Call):
+            for a in node.args:
+                uses[a] = uses.get(a, 0) + 1
+        elif isinstance(node, relay.Tuple):
+            for a in node.fields:
+                uses[a] = uses.get(a, 0) + 1
+        elif isinstance(node, relay.TupleGetItem):
+            uses[node.tuple_value] = uses.get(node.tuple_value, 0) + 1
+
+    relay.analysis.post_order_visit(expr, visit)
+    return uses
+
+
+def _absorb_producers(fn, new_args, old_args, uses):
+    """Pull private elementwise/broadcast producer chains of the group's epilogue inputs in.
+
+    # group(.., e(x, y), ..) where e is elementwise/broadcast, used once, not an anchor input
+    #   -> group'(.., x, y, ..) computing e inside
+    This is what FuseOps does for the terminal elementwise op of an anchor group (its phase 1:
+    a broadcast chain fuses into a sink already in an out-elemwise-fusable group), e.g. the
+    dequantize of an identity shortcut feeding the residual add after a convolution. A Primitive
+    group is opaque to FuseOps, so without this the chain would be a kernel of its own.
+    """
+    import tvm
+    from tvm import relay
+
+    params, body = list(fn.params), fn.body
+    new_args, old_args = list(new_args), list(old_args)
+    absorbed = 0
+    while absorbed < MAX_ABSORBED:
+        anchor_inputs = set()
+
+        def visit(node):
+            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and _op_pattern(node.op) >= K_COMM_REDUCE:
+                anchor_inputs.update(a for a in node.args if isinstance(a, relay.Var))
+
+        relay.analysis.post_order_visit(body, visit)
+        for i, (p, a_new, a_old) in enumerate(zip(params, new_args, old_args)):
+            if p in anchor_inputs or not isinstance(a_new, relay.Call) or not isinstance(a_new.op, tvm.ir.Op):
+                continue
+            if _op_pattern(a_new.op) > K_BROADCAST or uses.get(a_old, 0) != 1:
+                continue
+            if not all(_static(a.checked_type) for a in a_old.args) or not _static(a_old.checked_type):
+                continue
+            inner_args, extra_params, extra_new, extra_old = [], [], [], []
+            for a_n, a_o in zip(a_new.args, a_old.args):
+                if isinstance(a_o, relay.Constant) and a_o.data.shape == () and a_o.data.dtype in _SIMPLE_CONST:
+                    inner_args.append(a_o)  # FuseOps inlines such scalars too
+                    continue
+                v = relay.var(f"p_in{len(params) + len(extra_params)}", a_o.checked_type)
+                inner_args.append(v)
+                extra_params.append(v)
+                extra_new.append(a_n)
+                extra_old.append(a_o)
+            body = relay.bind(body, {p: relay.Call(a_new.op, inner_args, a_new.attrs, a_new.type_args)})
+            params = params[:i] + extra_params + params[i + 1:]
+            new_args = new_args[:i] + extra_new + new_args[i + 1:]
+            old_args = old_args[:i] + extra_old + old_args[i + 1:]
+            absorbed += 1
+            break
+        else:
+            break
+    if absorbed:
+        fn = relay.Function(params, body, None, fn.type_params, fn.attrs)
+    return fn, new_args, absorbed
+
+
 def _to_primitive(mod, counts):
     import tvm
     from tvm import relay
 
     class _Mut(relay.ExprMutator):
+        def __init__(self, uses):
+            super().__init__()
+            self.uses = uses
+
         def visit_call(self, call):
             new = super().visit_call(call)
             fn = new.op
@@ -126,6 +209,10 @@ def _to_primitive(mod, counts):
                 if name.startswith(_PREFIX):
                     entry = name[len(_PREFIX):]
                     counts[entry] = counts.get(entry, 0) + 1
+                    fn, args, n_abs = _absorb_producers(fn, new.args, call.args, self.uses)
+                    if n_abs:
+                        logger.debug("%s: absorbed %d elementwise producer op(s)", entry, n_abs)
+                    new = relay.Call(new.op, args, span=new.span)
                     fn, consts = _lift_constants(fn)
                     attrs = {k: fn.attrs[k] for k in fn.attrs.keys() if k != "Composite"}
                     attrs.update({"Primitive": tvm.tir.IntImm("int32", 1), "tvm_ext.pattern": entry})
@@ -137,7 +224,7 @@ def _to_primitive(mod, counts):
     for gv in mod.get_global_vars():
         f = mod[gv]
         if isinstance(f, relay.Function) and not (f.attrs and ("Primitive" in f.attrs or "Compiler" in f.attrs)):
-            f = relay.Function(f.params, _Mut().visit(f.body), f.ret_type, f.type_params, f.attrs)
+            f = relay.Function(f.params, _Mut(_use_counts(f.body)).visit(f.body), f.ret_type, f.type_params, f.attrs)
         out[gv] = f
     return relay.transform.InferType()(out)
 
