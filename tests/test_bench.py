@@ -57,3 +57,21 @@ def test_cli_errors(capsys):
     assert "unknown variant" in capsys.readouterr().err
     assert main(["bench", "--model", "/no/such.onnx"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_cli_bench_any_onnx_model(tmp_path, capsys):
+    """`tvm-ext bench --model X.onnx`: an int8 ONNX file passed by path (renamed, outside the zoo)."""
+    import shutil
+
+    from tvm_ext import zoo
+
+    model = tmp_path / "someone_elses_int8.onnx"
+    shutil.copy(zoo.onnx_path("resnet50_int8_qdq", small=True), model)
+    out = tmp_path / "out"
+    assert main(["bench", "--model", str(model), "--repeat", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "target: llvm" in printed and "someone_elses_int8.onnx" in printed
+    data = json.loads((out / "results.json").read_text())
+    (v,) = data["variants"]
+    assert v["variant"] == "model" and v["pipelines"]["onnxruntime"]["latency"]["median_ms"] > 0
+    assert v["pipelines"]["tvm_ext"]["report"]["num_kernels"] > 0
