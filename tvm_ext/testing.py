@@ -11,11 +11,16 @@ import numpy as np
 __all__ = ["infer", "check", "run_module", "random_inputs", "assert_same_outputs", "assert_unchanged"]
 
 
-def infer(mod_or_expr):
-    """InferType on an IRModule, a Function or an expression (wrapped as main)."""
+def infer(mod_or_expr, *more_outputs):
+    """InferType on an IRModule, a Function or an expression (wrapped as main).
+
+    Several expressions make a ``main`` returning their tuple; free variables become parameters.
+    """
     import tvm
     from tvm import relay
 
+    if more_outputs:
+        mod_or_expr = relay.Tuple([mod_or_expr, *more_outputs])
     if isinstance(mod_or_expr, tvm.IRModule):
         return relay.transform.InferType()(mod_or_expr)
     if not isinstance(mod_or_expr, relay.Function):

@@ -19,10 +19,6 @@ W1 = np.random.default_rng(1).integers(-3, 4, (16, 16)).astype("int8")
 W2 = np.random.default_rng(2).integers(-3, 4, (16, 16)).astype("int8")
 
 
-def _mod(*outs):
-    body = outs[0] if len(outs) == 1 else relay.Tuple(list(outs))
-    return infer(relay.Function(relay.analysis.free_vars(body), body))
-
 
 # -- the seed's small graph ---------------------------------------------------------------------
 def small_before():
@@ -39,7 +35,7 @@ def small_before():
     b2 = relay.nn.relu(relay.cast(c0, "int8"))
     d1 = relay.nn.dense(b1, relay.const(W1), out_dtype="int32")
     d2 = relay.nn.dense(b2, relay.const(W2), out_dtype="int32")
-    return _mod(relay.add(d1, d2))
+    return infer(relay.add(d1, d2))
 
 
 def small_expected():
@@ -48,7 +44,7 @@ def small_expected():
     r = relay.nn.relu(relay.cast(relay.cast(data, "int32"), "int8"))
     d1 = relay.nn.dense(r, relay.const(W1), out_dtype="int32")
     d2 = relay.nn.dense(r, relay.const(W2), out_dtype="int32")
-    return _mod(relay.add(d1, d2))
+    return infer(relay.add(d1, d2))
 
 
 def test_small_graph_structure():
@@ -92,7 +88,7 @@ def fragment_before(consumer_casts=("int8", "int8")):
         w = relay.const(np.random.default_rng(10 + i).integers(-3, 4, (8, 8, 1, 1)).astype(dtype))
         conv = relay.nn.conv2d(relay.cast(c, dtype), w, kernel_size=(1, 1), channels=8, out_dtype="int32")
         outs.append(conv)
-    return _mod(relay.add(outs[0], outs[1]))
+    return infer(relay.add(outs[0], outs[1]))
 
 
 def test_fragment_producer_writes_int8_two_kernels_fewer():
@@ -173,7 +169,7 @@ def upcast_before():
     r = relay.nn.relu(x)
     a = relay.add(relay.cast(r, "int32"), relay.const(3, "int32"))
     b = relay.multiply(relay.cast(r, "int32"), relay.const(5, "int32"))
-    return _mod(relay.add(a, b))
+    return infer(relay.add(a, b))
 
 
 def test_upcasts_are_not_merged(caplog):
@@ -194,7 +190,7 @@ def downcast_branches(producer):
     outs = []
     for w in (W1, W2):
         outs.append(relay.nn.dense(relay.cast(producer, "int8"), relay.const(w), out_dtype="int32"))
-    return _mod(relay.add(*outs))
+    return infer(relay.add(*outs))
 
 
 def test_downcasts_merged_generic():
@@ -202,7 +198,7 @@ def test_downcasts_merged_generic():
     before = downcast_branches(relay.nn.relu(x))
     x2 = relay.var("x", shape=(2, 16), dtype="int32")
     c = relay.cast(relay.nn.relu(x2), "int8")
-    expected = _mod(relay.add(relay.nn.dense(c, relay.const(W1), out_dtype="int32"),
+    expected = infer(relay.add(relay.nn.dense(c, relay.const(W1), out_dtype="int32"),
                               relay.nn.dense(c, relay.const(W2), out_dtype="int32")))
     after = check(CombineParallelCast(), before, expected)
     assert_same_outputs(before, after, random_inputs(before, seed=3))
@@ -222,7 +218,7 @@ def _other_users():
     x = relay.var("x", shape=(2, 16), dtype="int32")
     r = relay.nn.relu(x)
     outs = [relay.nn.dense(relay.cast(r, "int8"), relay.const(w), out_dtype="int32") for w in (W1, W2)]
-    return _mod(relay.Tuple([relay.add(*outs), relay.exp(relay.cast(r, "float32"))]))
+    return infer(relay.Tuple([relay.add(*outs), relay.exp(relay.cast(r, "float32"))]))
 
 
 @pytest.mark.parametrize(
@@ -249,7 +245,7 @@ def test_idempotent():
 
 def test_unchanged_when_nothing_matches():
     x = relay.var("x", shape=(4,), dtype="float32")
-    assert_unchanged(CombineParallelCast(), _mod(relay.nn.relu(relay.exp(x))))
+    assert_unchanged(CombineParallelCast(), infer(relay.nn.relu(relay.exp(x))))
 
 
 # -- bad input ---------------------------------------------------------------------------------------
@@ -267,7 +263,7 @@ def test_untyped_module_raises_naming_the_pass():
 def test_dynamic_shapes_skipped(caplog):
     x = relay.var("x", shape=(relay.Any(), 16), dtype="int32")
     r = relay.nn.relu(x)
-    mod = _mod(relay.Tuple([relay.nn.relu(relay.cast(r, "int8")), relay.abs(relay.cast(r, "int8"))]))
+    mod = infer(relay.Tuple([relay.nn.relu(relay.cast(r, "int8")), relay.abs(relay.cast(r, "int8"))]))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(CombineParallelCast(), mod)
     assert "dynamic shape" in caplog.text
@@ -279,9 +275,9 @@ def test_if_and_let_skipped(caplog):
     pair = relay.add(relay.cast(r, "int8"), relay.cast(r, "int8"))
     cond = relay.var("c", shape=(), dtype="bool")
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(CombineParallelCast(), _mod(relay.If(cond, pair, pair)))
+        assert_unchanged(CombineParallelCast(), infer(relay.If(cond, pair, pair)))
         v = relay.var("v")
-        assert_unchanged(CombineParallelCast(), _mod(relay.Let(v, pair, relay.nn.relu(v))))
+        assert_unchanged(CombineParallelCast(), infer(relay.Let(v, pair, relay.nn.relu(v))))
     assert "If" in caplog.text and "Let" in caplog.text
 
 
@@ -289,7 +285,7 @@ def test_tuple_values_skipped():
     """Casts of tuple fields (producer is a TupleGetItem): left alone."""
     x = relay.var("x", shape=(4, 8), dtype="int32")
     part = relay.split(x, 2, axis=0)[0]
-    mod = _mod(relay.Tuple([relay.nn.relu(relay.cast(part, "int8")), relay.abs(relay.cast(part, "int8"))]))
+    mod = infer(relay.Tuple([relay.nn.relu(relay.cast(part, "int8")), relay.abs(relay.cast(part, "int8"))]))
     assert_unchanged(CombineParallelCast(), mod)
 
 

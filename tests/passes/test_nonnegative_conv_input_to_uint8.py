@@ -24,10 +24,6 @@ BIAS = RNG.integers(-500, 500, (16, 1, 1)).astype("int32")
 stop = relay.annotation.stop_fusion
 
 
-def _mod(*outs):
-    body = outs[0] if len(outs) == 1 else relay.Tuple(list(outs))
-    return infer(relay.Function(relay.analysis.free_vars(body), body))
-
 
 def _conv(x, w=W_SMALL, **kw):
     kw.setdefault("padding", (1, 1))
@@ -50,7 +46,7 @@ def graph(dtype="int8", barrier=True, relu=True, w=W_SMALL):
     """
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     d = relay.cast(_bn_relu_requant(x, relu), dtype)
-    return _mod(_conv(stop(d) if barrier else d, w))
+    return infer(_conv(stop(d) if barrier else d, w))
 
 
 def _x():
@@ -89,17 +85,17 @@ def test_overflowing_arithmetic_gives_no_bound(caplog):
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int32")
     v = relay.clip(relay.right_shift(relay.add(relay.nn.relu(x), relay.const(64)), relay.const(7)), -127, 127)
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), _mod(_conv(relay.cast(v, "int8"))))
+        assert_unchanged(NonNegativeConvInputToUint8(), infer(_conv(relay.cast(v, "int8"))))
     assert "cannot prove" in caplog.text
 
 
 def test_other_users_keep_the_int8_cast():
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     v = _bn_relu_requant(x)
-    before = _mod(_conv(relay.cast(v, "int8")), relay.abs(relay.cast(v, "int8")))
+    before = infer(_conv(relay.cast(v, "int8")), relay.abs(relay.cast(v, "int8")))
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     v = _bn_relu_requant(x)
-    expected = _mod(_conv(relay.cast(v, "uint8")), relay.abs(relay.cast(v, "int8")))
+    expected = infer(_conv(relay.cast(v, "uint8")), relay.abs(relay.cast(v, "int8")))
     check(NonNegativeConvInputToUint8(), before, expected)
 
 
@@ -113,7 +109,7 @@ def test_convs_the_legalization_ignores_unchanged(kw, reason, caplog):
     d = relay.cast(_bn_relu_requant(x), "int8")
     conv = relay.nn.conv2d(d, relay.const(w), channels=16, kernel_size=(3, 3), out_dtype="int32", **kw)
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), _mod(conv))
+        assert_unchanged(NonNegativeConvInputToUint8(), infer(conv))
     assert reason in caplog.text
 
 
@@ -123,7 +119,7 @@ def test_intervals():
     r = relay.right_shift(relay.add(relay.nn.relu(y), relay.const(64)), relay.const(7))
     f = relay.cast(relay.clip(relay.round(relay.multiply(relay.cast(x, "float32"), relay.const(16.0))), -127, 127),
                    "int8")
-    mod = _mod(r, f)
+    mod = infer(r, f)
     ranges = value_ranges(post_order(mod["main"].body))
     body = mod["main"].body
     assert ranges[body.fields[0]] == (0, (384 + 64) >> 7)  # relu(y) in [0, 3 * 128]
@@ -164,7 +160,7 @@ def test_dynamic_shapes_skipped(caplog):
     x = relay.var("x", shape=(relay.Any(), 16, 8, 8), dtype="int8")
     d = relay.cast(_bn_relu_requant(x), "int8")
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), _mod(_conv(d)))
+        assert_unchanged(NonNegativeConvInputToUint8(), infer(_conv(d)))
     assert "dynamic shape" in caplog.text
 
 
@@ -173,9 +169,9 @@ def test_if_and_let_skipped(caplog):
     body = _conv(relay.cast(_bn_relu_requant(x), "int8"))
     cond = relay.var("c", shape=(), dtype="bool")
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), _mod(relay.If(cond, body, body)))
+        assert_unchanged(NonNegativeConvInputToUint8(), infer(relay.If(cond, body, body)))
         v = relay.var("v")
-        assert_unchanged(NonNegativeConvInputToUint8(), _mod(relay.Let(v, body, relay.nn.relu(v))))
+        assert_unchanged(NonNegativeConvInputToUint8(), infer(relay.Let(v, body, relay.nn.relu(v))))
     assert "If" in caplog.text and "Let" in caplog.text
 
 

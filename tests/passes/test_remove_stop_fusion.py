@@ -25,10 +25,6 @@ BIAS = RNG.integers(-50, 50, (16, 1, 1)).astype("int32")
 stop = relay.annotation.stop_fusion
 
 
-def _mod(*outs):
-    body = outs[0] if len(outs) == 1 else relay.Tuple(list(outs))
-    return infer(relay.Function(relay.analysis.free_vars(body), body))
-
 
 def _conv(x, w):
     k = w.shape[2]
@@ -59,7 +55,7 @@ def chain(barriers=True):
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     a = s(_requant(_conv(x, W1)))
     b = s(_bn_relu(a))
-    return _mod(_requant(_conv(b, W2)))
+    return infer(_requant(_conv(b, W2)))
 
 
 def test_chain_barriers_removed():
@@ -93,14 +89,14 @@ def residual(first_kept=False):
     a = stop(a) if first_kept else a
     b = b if first_kept else stop(b)
     s = relay.add(relay.cast(a, "int32"), relay.cast(b, "int32"))
-    return _mod(relay.cast(relay.clip(s, -127, 127), "int8"))
+    return infer(relay.cast(relay.clip(s, -127, 127), "int8"))
 
 
 def test_residual_join_claimed_once(caplog):
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     both = relay.add(relay.cast(stop(_requant(_conv(x, W1))), "int32"),
                      relay.cast(stop(_requant(_conv(x, W3))), "int32"))
-    before = _mod(relay.cast(relay.clip(both, -127, 127), "int8"))
+    before = infer(relay.cast(relay.clip(both, -127, 127), "int8"))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         after = RemoveStopFusion()(before)
     assert "would cross instead" in caplog.text
@@ -123,14 +119,14 @@ def move_before():
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     a = stop(_requant(_conv(x, W1)))
     m = relay.cast(relay.add(relay.cast(a, "int32"), relay.const(3)), "int8")
-    return _mod(relay.reshape(relay.cast(m, "int32"), (1, 1024)))
+    return infer(relay.reshape(relay.cast(m, "int32"), (1, 1024)))
 
 
 def move_expected():
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     a = _requant(_conv(x, W1))
     m = relay.cast(relay.add(relay.cast(a, "int32"), relay.const(3)), "int8")
-    return _mod(relay.reshape(relay.cast(stop(m), "int32"), (1, 1024)))
+    return infer(relay.reshape(relay.cast(stop(m), "int32"), (1, 1024)))
 
 
 def test_barrier_moved_after_narrowest():
@@ -147,16 +143,16 @@ def test_removed_when_the_wide_value_crosses_anyway():
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     pool = lambda a: relay.nn.global_avg_pool2d(relay.cast(a, "int32"))  # noqa: E731
     a = _requant(_conv(x, W1))
-    check(RemoveStopFusion(), _mod(pool(stop(a))), _mod(pool(a)))
-    rep = tvm_ext.build(_mod(pool(a))).kernel_report
-    stock = tvm_ext.build(_mod(pool(stop(a)))).kernel_report
+    check(RemoveStopFusion(), infer(pool(stop(a))), infer(pool(a)))
+    rep = tvm_ext.build(infer(pool(a))).kernel_report
+    stock = tvm_ext.build(infer(pool(stop(a)))).kernel_report
     assert rep.num_kernels == stock.num_kernels - 1
 
 
 # -- float: bit-exactness rules ----------------------------------------------------------------------
 def test_float_multiply_then_add_kept(caplog):
     x = relay.var("x", shape=(1, 64), dtype="float32")
-    mod = _mod(relay.add(stop(relay.multiply(x, relay.const(1.7))), relay.const(0.3)))
+    mod = infer(relay.add(stop(relay.multiply(x, relay.const(1.7))), relay.const(0.3)))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(RemoveStopFusion(), mod)
     assert "fma" in caplog.text
@@ -168,7 +164,7 @@ def test_float_quantize_chain_fused_bit_exact():
     w = relay.const(RNG.standard_normal((16, 16, 3, 3)).astype("float32"))
     r = relay.nn.relu(relay.nn.conv2d(x, w, padding=(1, 1), channels=16, kernel_size=(3, 3)))
     q = lambda v: relay.cast(relay.clip(relay.round(relay.multiply(v, relay.const(16.0))), -127, 127), "int8")  # noqa
-    before, expected = _mod(q(stop(r))), _mod(q(r))
+    before, expected = infer(q(stop(r))), infer(q(r))
     check(RemoveStopFusion(), before, expected)
     b, a = tvm_ext.build(before), tvm_ext.build(before, passes=[RemoveStopFusion()])
     ra, rb = a.kernel_report, b.kernel_report  # (the input's layout_transform crosses as float either way)
@@ -219,7 +215,7 @@ def test_untyped_module_raises_naming_the_pass():
 
 def test_dynamic_shapes_skipped(caplog):
     x = relay.var("x", shape=(relay.Any(), 16), dtype="int8")
-    mod = _mod(relay.nn.relu(relay.cast(stop(relay.abs(x)), "int32")))
+    mod = infer(relay.nn.relu(relay.cast(stop(relay.abs(x)), "int32")))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(RemoveStopFusion(), mod)
     assert "dynamic shape" in caplog.text
@@ -230,9 +226,9 @@ def test_if_and_let_skipped(caplog):
     body = relay.cast(stop(relay.abs(x)), "int32")
     cond = relay.var("c", shape=(), dtype="bool")
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(RemoveStopFusion(), _mod(relay.If(cond, body, body)))
+        assert_unchanged(RemoveStopFusion(), infer(relay.If(cond, body, body)))
         v = relay.var("v")
-        assert_unchanged(RemoveStopFusion(), _mod(relay.Let(v, body, relay.nn.relu(v))))
+        assert_unchanged(RemoveStopFusion(), infer(relay.Let(v, body, relay.nn.relu(v))))
     assert "If" in caplog.text and "Let" in caplog.text
 
 
@@ -240,7 +236,7 @@ def test_tuples_pass_through():
     """A barrier whose value is also returned in a tuple: removed, the tuple is untouched."""
     x = relay.var("x", shape=(4,), dtype="int8")
     a = relay.abs(x)
-    check(RemoveStopFusion(), _mod(relay.cast(stop(a), "int32"), a), _mod(relay.cast(a, "int32"), a))
+    check(RemoveStopFusion(), infer(relay.cast(stop(a), "int32"), a), infer(relay.cast(a, "int32"), a))
 
 
 def test_registered_and_named():
