@@ -9,6 +9,7 @@ from .combine_parallel_op_batch import CombineParallelOpBatch
 from .fold_pad_into_conv import FoldPadIntoConv
 from .fuse_by_pattern import FuseByPattern
 from .fuse_widening_into_pool import FuseWideningIntoPool
+from .narrow_before_max_pool import NarrowBeforeMaxPool
 from .narrow_kernel_boundaries import NarrowKernelBoundaries
 from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
 from .qdq_to_integer import QDQToInteger
@@ -20,6 +21,7 @@ __all__ = [
     "FoldPadIntoConv",
     "FuseByPattern",
     "FuseWideningIntoPool",
+    "NarrowBeforeMaxPool",
     "NarrowKernelBoundaries",
     "NonNegativeConvInputToUint8",
     "QDQToInteger",

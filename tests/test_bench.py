@@ -4,8 +4,14 @@ import json
 
 import pytest
 
-from tvm_ext import bench
+import tvm
+
+from tvm_ext import bench, x86_int8
+from tvm_ext.target import host_target
 from tvm_ext.cli import main
+
+
+HOST_VNNI = x86_int8.vnni_ready(host_target(allow_vnni=True))
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +31,9 @@ def test_files_and_environment(small_run):
         assert env[key], key
     assert env["versions"]["tvm"].startswith("0.19") and env["tvm_threads"] == env["threads"] == 2
     assert "mcpu=" in env["target"], "never the generic x86-64 target"
-    assert not [f for f in env["target_info"]["features"] if "vnni" in f], "VNNI must be masked on LLVM 22"
+    assert not [f for f in env["target_info"]["features"] if "vnni" in f], "stock: VNNI masked on LLVM 22"
+    ext = tvm.target.Target(env["ext_target"])
+    assert x86_int8.vnni_ready(ext) == HOST_VNNI, "tvm-ext keeps VNNI where the CPU has it"
 
 
 def test_variant_contents(small_run):
@@ -42,7 +50,14 @@ def test_variant_contents(small_run):
     n = v["numerics"]
     assert n["inputs"] == bench.NUM_CHECK_INPUTS
     assert 0 <= n["tvm_ext_vs_ort_top1"] <= bench.NUM_CHECK_INPUTS
-    assert set(v["ratios"]) == {"tvm_ext/tvm", "tvm/onnxruntime", "tvm_ext/onnxruntime"}
+    expected = {"tvm_ext/tvm", "tvm/onnxruntime", "tvm_ext/onnxruntime"}
+    if HOST_VNNI:  # stock at tvm-ext's target is the bit-exactness reference of a VNNI build
+        expected.add("tvm_ext/tvm_same")
+        assert "error" not in v["pipelines"]["tvm_same"]
+        assert n["ext_vs_same_target_bit_exact"], "integer graph: tvm-ext equals stock at its target"
+    else:
+        assert n["ext_vs_stock_bit_exact"]
+    assert set(v["ratios"]) == expected
 
 
 def test_markdown_table(small_run):

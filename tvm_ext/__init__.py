@@ -7,12 +7,12 @@ TVM 0.19's ONNX frontend works with current onnx releases.
 from . import _compat  # noqa: F401  (environment and onnx compatibility, before TVM is used)
 from .build import build, copy_module
 from .report import KernelReport
-from .target import host_target, safe_target
+from .target import build_target, host_target, safe_target
 
 __version__ = "0.1.0"
 
 _SUBMODULES = ("bench", "cli", "frontend", "passes", "patterns", "pipelines", "report", "target", "testing",
-               "zoo")
+               "x86_int8", "zoo")
 
 
 def __getattr__(name):
@@ -24,4 +24,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["build", "copy_module", "KernelReport", "host_target", "safe_target", "__version__"]
+__all__ = ["build", "build_target", "copy_module", "KernelReport", "host_target", "safe_target", "__version__"]

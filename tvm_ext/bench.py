@@ -26,6 +26,7 @@ This module prints (it is the ``tvm-ext bench`` command); the progress bar goes 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -102,7 +103,14 @@ def _ort_engine(path, input_name, threads):
     return Engine("onnxruntime", call)
 
 
+#: TVM worker threads spin this long before sleeping between kernels (ONNX Runtime's intra-op
+#: threads spin by default too). Read when TVM creates its thread pool; a value already in the
+#: environment wins. Applies to both TVM engines alike.
+SPIN_COUNT = "1000000"
+
+
 def _set_tvm_threads(threads: int) -> int:
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", SPIN_COUNT)
     import tvm
 
     os.environ["TVM_NUM_THREADS"] = str(threads)
@@ -176,6 +184,15 @@ def _numerics(outputs: dict, integer_graph: bool) -> dict:
             pairs = list(zip(outputs[name], ort_out))
             res[f"{name}_vs_ort_max_abs"] = max(float(np.max(np.abs(a - b))) for a, b in pairs)
             res[f"{name}_vs_ort_top1"] = int(sum(int(np.argmax(a) == np.argmax(b)) for a, b in pairs))
+    same = outputs.get("tvm_same")
+    if same and ext:
+        res["ext_vs_same_target_bit_exact"] = all(np.array_equal(a, b) for a, b in zip(same, ext))
+        res["ext_vs_same_target_max_abs"] = max(
+            float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) for a, b in zip(same, ext))
+    if same and stock:
+        # differences between the two targets themselves (vpmaddubsw saturation vs exact VNNI)
+        res["same_target_vs_stock_bit_exact"] = all(np.array_equal(a, b) for a, b in zip(same, stock))
+        res["same_target_vs_stock_diff_fraction"] = float(np.mean([np.mean(a != b) for a, b in zip(same, stock)]))
     res["inputs"] = len(stock or ext or [])
     res["integer_graph"] = integer_graph
     return res
@@ -206,18 +223,20 @@ def _build_job(job: dict) -> dict:
     import tvm
     from tvm import relay
 
-    from . import pipelines
+    from . import pipelines, x86_int8
     from .build import build, copy_module
     from .report import KernelReport
-    from .target import safe_target
 
     logging.basicConfig(level=job.get("log_level", logging.WARNING))
     logging.getLogger("autotvm").setLevel(logging.ERROR)
     v = _load_variant(job["key"], job["small"], job["model_path"])
-    target = safe_target(job["target"])
+    target = tvm.target.Target(job["target"])  # already resolved by run(): stock or tvm-ext target
     t0 = time.perf_counter()
-    if job["pipeline"] == "tvm":
-        with tvm.transform.PassContext(opt_level=3):
+    if job["pipeline"] in ("tvm", "tvm_same"):
+        # "tvm_same": stock relay.build at tvm-ext's target, with only the VNNI operand types fixed
+        # (without that fix it aborts): the bit-exactness reference for a VNNI build
+        fix = x86_int8.kernels(schedule=False) if job["pipeline"] == "tvm_same" else contextlib.nullcontext()
+        with fix, tvm.transform.PassContext(opt_level=3):
             fac = relay.build(copy_module(v["mod"]), target=target, params=v["params"])
         report, passes = KernelReport.from_factory(fac).to_dict(), None
     else:
@@ -285,8 +304,15 @@ def _run_builds(jobs, parallel: bool):
     return results
 
 
-def bench_variant(key, *, target, small, model_path, repeat, threads, progress, workdir, parallel=True) -> dict:
-    """Build, check and time one variant; returns its results dict (errors recorded, not raised)."""
+def bench_variant(key, *, target, small, model_path, repeat, threads, progress, workdir, parallel=True,
+                  ext_target=None) -> dict:
+    """Build, check and time one variant; returns its results dict (errors recorded, not raised).
+
+    ``target`` is stock TVM's target (what plain relay.build survives); ``ext_target`` is
+    tvm-ext's (default: the same). When they differ, stock TVM is also built at ``ext_target``
+    (``tvm_same``, with only the VNNI operand types fixed) as the bit-exactness reference.
+    """
+    ext_target = target if ext_target is None else ext_target
     progress.step(f"{key}: loading")
     v = _load_variant(key, small, model_path)
     res = {"variant": key, "label": v["label"], "input": {"name": v["input_name"], "shape": list(v["input_shape"])},
@@ -295,16 +321,19 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     progress.step(f"{key}: building stock relay.build and tvm-ext int8 pipeline")
     vdir = Path(workdir) / key
     vdir.mkdir(parents=True, exist_ok=True)
-    jobs = [dict(key=key, small=small, model_path=model_path, target=str(target), pipeline=p, dir=str(vdir),
-                 log_level=logging.getLogger().level) for p in ("tvm", "tvm_ext")]
+    pipes = {"tvm": target, "tvm_ext": ext_target}
+    if str(ext_target) != str(target):
+        pipes["tvm_same"] = ext_target
+    jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir),
+                 log_level=logging.getLogger().level) for p, t in pipes.items()]
     built = _run_builds(jobs, parallel)
     engines = []
-    for name in ("tvm", "tvm_ext"):
+    for name in pipes:
         b = built[name]
         if "error" in b:
             res["pipelines"][name] = {"error": b["error"]}
             continue
-        res["pipelines"][name] = {"build_s": b["build_s"], "report": b["report"]}
+        res["pipelines"][name] = {"build_s": b["build_s"], "report": b["report"], "target": str(pipes[name])}
         if b.get("passes"):
             res["pipelines"][name]["passes"] = b["passes"]
         engines.append(_Loaded(b).engine(name, v["input_name"]))
@@ -327,6 +356,8 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     ratios = {}
     if lat.get("tvm_ext") and lat.get("tvm"):
         ratios["tvm_ext/tvm"] = lat["tvm_ext"] / lat["tvm"]
+    if lat.get("tvm_ext") and lat.get("tvm_same"):
+        ratios["tvm_ext/tvm_same"] = lat["tvm_ext"] / lat["tvm_same"]
     if lat.get("onnxruntime"):
         for k in ("tvm", "tvm_ext"):
             if lat.get(k):
@@ -382,8 +413,12 @@ def render_markdown(results: dict) -> str:
     lines = [
         f"# int8 ResNet-50: TVM {env['versions'].get('tvm')} stock vs tvm-ext vs ONNX Runtime",
         "",
-        f"- date: {env['date']}; CPU: {env['cpu']} ({env['cores']} cores); threads: {env['threads']} per engine",
-        f"- target: `{env['target']}`",
+        f"- date: {env['date']}; CPU: {env['cpu']} ({env['cores']} cores); threads: {env['threads']} per engine"
+        + (f" (TVM_THREAD_POOL_SPIN_COUNT={env['tvm_thread_pool_spin_count']})" if env.get("tvm_thread_pool_spin_count") else ""),
+        f"- stock TVM target: `{env['target']}`",
+        f"- tvm-ext target: `{env.get('ext_target', env['target'])}`"
+        + (" (stock TVM at this target, with only the VNNI operand types fixed, is the bit-exactness "
+           "reference `TVM stock @ tvm-ext target`)" if env.get("ext_target", env["target"]) != env["target"] else ""),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
         f"- latency: median (IQR) of {env['repeat']} interleaved timed runs after warm-up",
         "",
@@ -393,7 +428,8 @@ def render_markdown(results: dict) -> str:
     for v in results["variants"]:
         lat_ort = ((v["pipelines"].get("onnxruntime") or {}).get("latency") or {}).get("median_ms")
         lat_stock = ((v["pipelines"].get("tvm") or {}).get("latency") or {}).get("median_ms")
-        for key, label in (("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"), ("onnxruntime", "ONNX Runtime")):
+        for key, label in (("tvm", "TVM stock"), ("tvm_same", "TVM stock @ tvm-ext target"),
+                           ("tvm_ext", "TVM + tvm-ext"), ("onnxruntime", "ONNX Runtime")):
             p = v["pipelines"].get(key)
             if p is None:
                 continue
@@ -415,8 +451,8 @@ def render_markdown(results: dict) -> str:
             else:
                 lines.append(f"| {v['label']} | {label} | | | | | | | {lat_s} | {vs_stock} | |")
     lines += ["", "Numerics over seeded inputs:", "",
-              "| variant | tvm-ext vs stock | stock vs ORT max abs | tvm-ext vs ORT max abs | top-1 agreement with ORT (stock / tvm-ext) |",
-              "|---|---|---|---|---|"]
+              "| variant | tvm-ext vs stock @ tvm-ext target | tvm-ext vs stock | stock vs ORT max abs | tvm-ext vs ORT max abs | top-1 agreement with ORT (stock / tvm-ext) |",
+              "|---|---|---|---|---|---|"]
     for v in results["variants"]:
         n = v.get("numerics", {})
         k = n.get("inputs", 0)
@@ -426,7 +462,11 @@ def render_markdown(results: dict) -> str:
         e_ort = f"{n['tvm_ext_vs_ort_max_abs']:.4g}" if "tvm_ext_vs_ort_max_abs" in n else "—"
         top1 = (f"{n.get('tvm_vs_ort_top1', '—')}/{k} / {n.get('tvm_ext_vs_ort_top1', '—')}/{k}"
                 if "tvm_vs_ort_top1" in n or "tvm_ext_vs_ort_top1" in n else "—")
-        lines.append(f"| {v['label']} | {exact} | {s_ort} | {e_ort} | {top1} |")
+        same = ("bit-exact" if n["ext_vs_same_target_bit_exact"] else f"max abs {n['ext_vs_same_target_max_abs']:.4g}"
+                ) if "ext_vs_same_target_bit_exact" in n else "—"
+        if "same_target_vs_stock_diff_fraction" in n and not n.get("ext_vs_stock_bit_exact"):
+            exact += f" ({100 * n['same_target_vs_stock_diff_fraction']:.1f}% of outputs differ between the two targets in stock TVM too)"
+        lines.append(f"| {v['label']} | {same} | {exact} | {s_ort} | {e_ort} | {top1} |")
     return "\n".join(lines) + "\n"
 
 
@@ -467,17 +507,24 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
 # --- entry points ----------------------------------------------------------------------------
 def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, target=None, repeat: int = 30,
         threads: int = 2, out="bench-results", small: bool = False, stream=None, parallel: bool = True) -> dict:
-    """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``."""
-    from .target import describe_target, host_target, safe_target
+    """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``.
+
+    Stock TVM builds for ``safe_target(target)`` (VNNI masked: plain relay.build aborts on it
+    with LLVM 22); tvm-ext for ``build_target(target)`` (VNNI kept where tvm-ext can build it).
+    """
+    from .target import build_target, describe_target, host_target, safe_target
 
     tgt = safe_target(target) if target else host_target()
+    ext_tgt = build_target(target)
     actual_threads = _set_tvm_threads(threads)
     keys = ["model"] if model else list(variants)
     progress = Progress(total=len(keys) * 4 + 1, stream=stream)
     env = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": threads, "tvm_threads": actual_threads,
-        "target": str(tgt), "target_info": describe_target(tgt), "versions": _versions(), "repeat": repeat,
+        "tvm_thread_pool_spin_count": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"),
+        "target": str(tgt), "target_info": describe_target(tgt), "ext_target": str(ext_tgt),
+        "versions": _versions(), "repeat": repeat,
         "small": small, "platform": platform.platform(),
     }
     results = {"environment": env, "variants": []}
@@ -489,7 +536,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         for key in keys:
             results["variants"].append(
                 bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
-                              progress=progress, workdir=workdir, parallel=parallel))
+                              progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt))
     (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (outdir / "results.md").write_text(render_markdown(results))
     _chart(results, outdir / "chart.png")
@@ -509,13 +556,14 @@ def run_from_args(args) -> int:
         raise UsageError(f"no such file: {args.model}")
     if args.repeat < 1 or args.threads < 1:
         raise UsageError("--repeat and --threads must be positive")
-    from .target import host_target, safe_target
+    from .target import build_target, host_target, safe_target
 
     tgt = safe_target(args.target) if args.target else host_target()
-    print(f"target: {tgt}", flush=True)
+    print(f"stock target: {tgt}", flush=True)
+    print(f"tvm-ext target: {build_target(args.target)}", flush=True)
     print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op), repeat {args.repeat}", flush=True)
     try:
-        results = run(variants, model=args.model, target=tgt, repeat=args.repeat, threads=args.threads,
+        results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
                       out=args.out, small=args.small)
     except ValueError as err:
         raise UsageError(str(err).splitlines()[0]) from None

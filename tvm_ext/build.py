@@ -186,7 +186,7 @@ def build(
     executor=None,
     runtime=None,
     mod_name: str = "default",
-    allow_vnni: bool = False,
+    allow_vnni: bool | None = None,
 ):
     """Build a Relay module like ``relay.build``, running ``passes`` at an insertion point.
 
@@ -195,8 +195,9 @@ def build(
     mod : tvm.IRModule or relay.Function
         The model. Never modified: a copy is built.
     target : str or tvm.target.Target, optional
-        Default: :func:`tvm_ext.target.host_target`. LLVM targets go through
-        :func:`tvm_ext.target.safe_target` (``-mcpu=native`` resolved, VNNI masked on LLVM 22).
+        Default: the host CPU. Resolved by :func:`tvm_ext.target.build_target`: ``-mcpu=native``
+        becomes the real CPU, and AVX-512 VNNI is kept (LLVM targets are compiled inside
+        :func:`tvm_ext.x86_int8.kernels`, whose VNNI intrinsic LLVM 22 accepts).
     params : dict of str to array, optional
         Bound into ``main`` first, as ``relay.build`` does.
     passes : sequence of tvm.transform.Pass, or mapping
@@ -214,8 +215,9 @@ def build(
         disabled passes and instruments: union).
     executor, runtime, mod_name
         Forwarded to ``relay.build``.
-    allow_vnni : bool
-        Do not mask VNNI (see :mod:`tvm_ext.target`).
+    allow_vnni : bool, optional
+        None (default): use AVX-512 VNNI where the CPU has it. False: mask it (the instruction
+        set a plain ``relay.build`` can survive). See :func:`tvm_ext.target.build_target`.
 
     Returns
     -------
@@ -234,19 +236,30 @@ def build(
         A user pass raised; the message names it.
     """
     import tvm
-    from tvm import relay
 
-    from .report import KernelReport
-    from .target import host_target, safe_target
+    from . import x86_int8
+    from .target import build_target
 
     if at not in AT_CHOICES:
         raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {AT_CHOICES}")
     stages = _stage_passes(passes, at)
     split = at == "before_fuse" or bool(stages["before_fuse"])
     mod = copy_module(_as_module(mod))
-    tgt = safe_target(target, allow_vnni=allow_vnni) if target is not None else host_target(allow_vnni=allow_vnni)
+    tgt = build_target(target, allow_vnni)
     if tgt.kind.name == "llvm" and tgt.host is None:
         tgt = tvm.target.Target(tgt, host=tgt)
+    kernels = x86_int8.kernels() if tgt.kind.name == "llvm" else contextlib.nullcontext()
+    with kernels:
+        return _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,
+                      runtime, mod_name)
+
+
+def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor, runtime,
+           mod_name):
+    import tvm
+    from tvm import relay
+
+    from .report import KernelReport
 
     cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
     cfg = {**cur_config, **(config or {})}

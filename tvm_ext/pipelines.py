@@ -68,11 +68,13 @@ def int8() -> Pipeline:
 
     3. ``RemoveStopFusion``: relay.quantize's fusion barriers are removed where fusing across
        them keeps bits and anchors apart, else moved so the narrowest tensor crosses.
-    4. ``CombineParallelCast``: one narrowing cast per value, fused into its producer.
-    5. ``FoldPadIntoConv``: explicit zero / zero-point pads fold into the (NCHWc) convolution.
-    6. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
+    4. ``NarrowBeforeMaxPool``: a monotone quantizing chain after a max pool moves in front of
+       it (``f(max_pool(x)) == max_pool(f(x))``), so the producer writes int8, not float32.
+    5. ``CombineParallelCast``: one narrowing cast per value, fused into its producer.
+    6. ``FoldPadIntoConv``: explicit zero / zero-point pads fold into the (NCHWc) convolution.
+    7. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
        boundary and the widening (dequantize) chain fuses into the consumer.
-    7. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
+    8. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
        the pool's kernel, so the pool reads uint8.
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
@@ -85,6 +87,7 @@ def int8() -> Pipeline:
         CombineParallelCast,
         FoldPadIntoConv,
         FuseWideningIntoPool,
+        NarrowBeforeMaxPool,
         NarrowKernelBoundaries,
         NonNegativeConvInputToUint8,
         QDQToInteger,
@@ -94,6 +97,7 @@ def int8() -> Pipeline:
     start = [QDQToInteger(), NonNegativeConvInputToUint8()]
     before_fuse = [
         RemoveStopFusion(),
+        NarrowBeforeMaxPool(),
         CombineParallelCast(),
         FoldPadIntoConv(),
         NarrowKernelBoundaries(),

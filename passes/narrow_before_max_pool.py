@@ -1,0 +1,291 @@
+"""NarrowBeforeMaxPool: quantize before max pooling, so the producer kernel writes 8 bits.
+
+Design note
+-----------
+Where. A max pool ``P`` (``nn.max_pool1d/2d/3d``, ``nn.global_max_pool2d``) whose output is
+quantized by a private chain of elementwise calls ``f = f_k o ... o f_1`` (constants as the other
+arguments, one user each) that ends at the first 8-bit value ``n``: a uint8/int8 tensor, or a
+``clip`` within 8-bit bounds of integral values (``round``/``floor``... in front), the form
+relay.build's ``SimplifyExpr`` leaves of ``cast(cast(clip(..), int8), int32)``. In a relay.quantize ResNet the
+stem is ``conv -> bias -> relu -> max_pool -> [bn scale/shift -> relu -> quantize]``: FuseOps puts
+the chain into the pool's kernel (pools take elementwise epilogues), so the conv kernel writes the
+float32 tensor the pool reads: 3.2 MB per inference at 224x224, 4x the int8 bytes.
+
+Rule::
+
+    # f(max_pool(x)) == max_pool(f(x))     f elementwise, monotone non-decreasing,
+    #                                       constant along the pooled axes
+    #   n = f(P(x))  ->  P(f(x))                          n typed 8-bit
+    #   n = f(P(x))  ->  cast(P(cast(f(x), i8)), dtype(n))  n = clip(..) within int8 (u8 alike)
+
+Why exact: for a non-decreasing ``f``, ``f(max_i x_i) = max_i f(x_i)``, and IEEE rounding is
+monotone, so this holds for the computed float values too, not only the real numbers. Padding:
+TVM pads a max pool with the dtype's lowest value, which never wins against a real element;
+every window is checked to hold one. ``f`` then fuses into the producer's kernel (a conv's
+epilogue), which writes ``n``'s 8-bit dtype; the pool reads it. No kernel is added; ``f`` runs on
+the pool's input size (k-fold more elements for a stride-k pool: elementwise work next to a
+convolution).
+
+Monotone non-decreasing links accepted (``v`` the chain value, ``c`` a constant):
+
+======================================  ===========================================
+``add(v, c)``, ``add(c, v)``            float dtypes (integer adds can wrap)
+``subtract(v, c)``                      float
+``multiply(v, c)``, ``multiply(c, v)``  float, every ``c >= 0``
+``divide(v, c)``                        float, every ``c > 0``
+``maximum``/``minimum``(v, c)           any dtype
+``nn.relu``, ``clip``                   any dtype
+``round``/``floor``/``ceil``/``trunc``  any dtype
+``cast``                                widening, int -> float, float -> float; a narrowing
+                                        cast only right after a ``clip`` into its range
+======================================  ===========================================
+
+Left alone, with a logged reason: no 8-bit point in the chain, a link outside the table (a
+negative scale, a stop_fusion barrier, ...), a constant that varies along a pooled axis, a
+pool input with other users (its wide tensor would cross anyway), an output layout different
+from the input layout, a window without a real element, dynamic shapes. Idempotent (the pool's
+output is then 8-bit: no chain to move). Functions with ``If``/``Let``/``Match``/references/
+closures are skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
+Run at stage ``before_fuse`` (after relay.build's prefix has folded batch norms into constants).
+"""
+from __future__ import annotations
+
+import re
+
+from tvm_ext.registry import register_pass
+
+from .narrow_kernel_boundaries import narrow_type
+from ._util import (
+    Reject,
+    consumers,
+    dataflow_nodes,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    with_body,
+)
+
+__all__ = ["NarrowBeforeMaxPool", "MAX_POOLS"]
+
+PASS_NAME = "NarrowBeforeMaxPool"
+_log = pass_logger(PASS_NAME)
+
+MAX_POOLS = ("nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "nn.global_max_pool2d")
+_EIGHT_BIT = {"uint8": (0, 255), "int8": (-128, 127)}
+_ANY_DTYPE_UNARY = ("nn.relu", "clip", "round", "floor", "ceil", "trunc")
+_FLOAT_BINARY = ("add", "subtract", "multiply", "divide")
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
+def _int_range(dtype: str):
+    import numpy as np
+
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _pooled_axes(pool) -> list[int]:
+    """Positions of the spatial (D/H/W) axes in the pool's layout string."""
+    layout = str(pool.attrs.layout)
+    tokens = re.findall(r"\d*[A-Za-z]", layout)
+    return [i for i, t in enumerate(tokens) if t in ("D", "H", "W")]
+
+
+def _const_along(const, rank: int, axes: list[int]):
+    """Reject when a (broadcast) constant varies along one of ``axes`` of a rank-``rank`` value."""
+    shape = list(const.data.shape)
+    if len(shape) > rank:
+        return Reject(f"constant of rank {len(shape)} > {rank}")
+    shape = [1] * (rank - len(shape)) + shape
+    bad = [a for a in axes if shape[a] != 1]
+    if bad:
+        return Reject(f"constant of shape {list(const.data.shape)} varies along pooled axis {bad[0]}")
+    return True
+
+
+def _windows_hold_data(pool, in_shape, axes):
+    """Every pooling window overlaps the unpadded input (so the padding value never wins)."""
+    name = op_name(pool)
+    if name == "nn.global_max_pool2d":
+        return True
+    a = pool.attrs
+    nd = len(axes)
+    size, strides, dil = list(a.pool_size), list(a.strides), list(a.dilation)
+    pad = [int(p) for p in a.padding]
+    pad = pad * 2 if len(pad) == nd else pad  # (before..., after...)
+    out_shape = [int(d) for d in pool.checked_type.shape]
+    for i, ax in enumerate(axes):
+        n_in, n_out = int(in_shape[ax]), out_shape[ax]
+        first_end = -pad[i] + (int(size[i]) - 1) * int(dil[i])
+        last_start = (n_out - 1) * int(strides[i]) - pad[i]
+        if first_end < 0 or last_start > n_in - 1:
+            return Reject(f"a window along axis {ax} lies entirely in the padding")
+    return True
+
+
+def _link(call, value, prev, axes, rank):
+    """True when ``call`` (applied to chain value ``value``) is monotone non-decreasing; or a Reject."""
+    from tvm import relay
+    import numpy as np
+
+    name = op_name(call)
+    if name is None:
+        return Reject("a function call in the chain")
+    others = [a for a in call.args if not a.same_as(value)]
+    if len(others) != len(call.args) - 1:
+        return Reject(f"{name} reads the chain value twice")
+    for c in others:
+        if not isinstance(c, relay.Constant):
+            return Reject(f"{name} has a non-constant operand")
+        ok = _const_along(c, rank, axes)
+        if not ok:
+            return Reject(f"{name}: {ok}")
+    in_dtype = str(value.checked_type.dtype)
+    out_dtype = str(call.checked_type.dtype)
+    if name in _ANY_DTYPE_UNARY:
+        return True
+    if name in ("maximum", "minimum"):
+        return True
+    if name in _FLOAT_BINARY:
+        if not _is_float(in_dtype):
+            return Reject(f"integer {name} can wrap around")
+        first = call.args[0].same_as(value)
+        if name in ("subtract", "divide") and not first:
+            return Reject(f"constant {name} chain value is decreasing")
+        if name in ("add", "subtract"):
+            return True
+        data = others[0].data.numpy()
+        if np.isnan(data).any():
+            return Reject(f"{name} by NaN")
+        if name == "multiply" and not (data >= 0).all():
+            return Reject("multiply by a negative constant (decreasing)")
+        if name == "divide" and not (data > 0).all():
+            return Reject("divide by a non-positive constant")
+        return True
+    if name == "cast":
+        if _is_float(out_dtype):
+            return True  # float -> float and int -> float: rounding is monotone
+        if not _is_float(in_dtype) and _int_range(out_dtype)[0] <= _int_range(in_dtype)[0] \
+                and _int_range(out_dtype)[1] >= _int_range(in_dtype)[1]:
+            return True  # widening integer cast
+        lo, hi = _int_range(out_dtype)
+        if prev is not None and op_name(prev) == "clip" and lo <= float(prev.attrs.a_min) \
+                and float(prev.attrs.a_max) <= hi:
+            return True
+        return Reject(f"narrowing cast {in_dtype}->{out_dtype} not right after a clip into its range")
+    return Reject(f"{name} is not in the monotone table")
+
+
+def _rewrite(pool, users, body):
+    """``(n, replacement)`` for a pool and its quantizing chain; or a Reject."""
+    from tvm import relay
+
+    ok = static_tensor_type(pool)
+    if not ok:
+        return ok
+    x = pool.args[0]
+    if len(users.get(x, ())) != 1:
+        return Reject("its input has other users (the wide tensor crosses anyway)")
+    out_layout = str(getattr(pool.attrs, "out_layout", "") or "")
+    if out_layout and out_layout != str(pool.attrs.layout):
+        return Reject(f"output layout {out_layout} differs from {pool.attrs.layout}")
+    axes = _pooled_axes(pool)
+    if not axes:
+        return Reject(f"no spatial axis in layout {pool.attrs.layout}")
+    ok = _windows_hold_data(pool, x.checked_type.shape, axes)
+    if not ok:
+        return ok
+    if str(pool.checked_type.dtype) in _EIGHT_BIT:
+        return Reject("it already pools an 8-bit value")
+    rank = len(pool.checked_type.shape)
+    shape = [int(d) for d in pool.checked_type.shape]
+    value, prev = pool, None
+    while True:
+        if value.same_as(body):
+            return Reject("the chain ends at the function output before an 8-bit value")
+        us = users.get(value, ())
+        if len(us) != 1:
+            return Reject(f"{'its output' if prev is None else op_name(prev)} has {len(us)} users")
+        call = us[0][0]
+        if not isinstance(call, relay.Call):
+            return Reject(f"its chain reaches a {type(call).__name__}")
+        ok = _link(call, value, prev, axes, rank)
+        if not ok:
+            return ok
+        if [int(d) for d in call.checked_type.shape] != shape:
+            return Reject(f"{op_name(call)} changes the shape")
+        narrow = narrow_type(call)
+        if narrow:
+            break
+        value, prev = call, call
+    n, (dtype, kind) = call, narrow
+    if kind == "clip" and not n.same_as(body):
+        # prefer the typed value when the clip's only user is its cast to 8 bits
+        after = users.get(n, ())
+        if len(after) == 1 and isinstance(after[0][0], relay.Call) and op_name(after[0][0]) == "cast" \
+                and narrow_type(after[0][0]) and _link(after[0][0], n, n, axes, rank):
+            n, (dtype, kind) = after[0][0], narrow_type(after[0][0])
+    chain_on_x = rebuild(n, {pool: x})
+    if kind == "typed":
+        # n = f(P(x)), 8-bit                     -> P(f(x))
+        return n, relay.Call(pool.op, [chain_on_x], pool.attrs, pool.type_args, pool.span)
+    # n = clip(...) of 8-bit integral values      -> cast(P(cast(f(x), u8|i8)), dtype(n))
+    pooled = relay.Call(pool.op, [relay.cast(chain_on_x, dtype)], pool.attrs, pool.type_args, pool.span)
+    return n, relay.cast(pooled, str(n.checked_type.dtype))
+
+
+def _run(func):
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    users = consumers(nodes)
+    subst: dict = {}
+    for node in nodes:
+        if not (isinstance(node, relay.Call) and op_name(node) in MAX_POOLS):
+            continue
+        out = _rewrite(node, users, func.body)
+        if not isinstance(out, tuple):
+            _log.debug("%s not rewritten: %s", op_name(node), out)
+            continue
+        n, moved = out
+        _log.info("%s now pools 8-bit values: the quantizing chain up to %s moved in front of it",
+                  op_name(node), op_name(n))
+        subst[n] = moved
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def NarrowBeforeMaxPool():  # pylint: disable=invalid-name
+    """Move the quantizing chain after a max pool in front of it, so the pool reads 8 bits.
+
+    ``f(max_pool(x))`` becomes ``max_pool(f(x))`` when ``f`` is a private chain of monotone
+    non-decreasing elementwise ops (see the module note for the table) ending at the first
+    8-bit value, constant along the pooled axes. Exact (also in floating point); the chain then
+    fuses into the producer's kernel, which writes the 8-bit tensor instead of a float32 one.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"NarrowBeforeMaxPool"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Rejections are logged at DEBUG on ``tvm_ext.passes.NarrowBeforeMaxPool``, rewrites at INFO.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _run(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)

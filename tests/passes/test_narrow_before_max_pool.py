@@ -1,0 +1,171 @@
+"""Tests of tvm_ext.passes.narrow_before_max_pool (issue 6: the float32 tensor in front of max_pool)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.passes.narrow_before_max_pool import NarrowBeforeMaxPool
+from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+LOGGER = "tvm_ext.passes.NarrowBeforeMaxPool"
+rng = np.random.default_rng(2)
+W = rng.standard_normal((8, 3, 3, 3)).astype("float32")
+SCALE = np.abs(rng.standard_normal((8, 1, 1))).astype("float32") + 0.1  # bn scale, >= 0
+SHIFT = rng.standard_normal((8, 1, 1)).astype("float32")
+
+
+def _quantize(v, scale=8.0):
+    # relay.quantize's realize: multiply, round, clip, cast
+    return relay.cast(relay.clip(relay.round(relay.multiply(v, relay.const(scale))), -127.0, 127.0), "int8")
+
+
+def _bn_relu(v, scale=SCALE):
+    return relay.nn.relu(relay.add(relay.multiply(v, relay.const(scale)), relay.const(SHIFT)))
+
+
+def _stem(x):
+    return relay.nn.relu(relay.nn.conv2d(x, relay.const(W), padding=(1, 1), channels=8, kernel_size=(3, 3)))
+
+
+def _pool(v):
+    return relay.nn.max_pool2d(v, pool_size=(3, 3), strides=(2, 2), padding=(1, 1))
+
+
+def _x():
+    return relay.var("x", shape=(1, 3, 16, 16), dtype="float32")
+
+
+def before():
+    """conv -> relu -> max_pool -> [bn -> relu -> quantize] -> int8 consumer (a cast to int32)."""
+    return infer(relay.cast(_quantize(_bn_relu(_pool(_stem(_x())))), "int32"))
+
+
+def expected():
+    """The pool reads the int8 value: conv -> relu -> bn -> relu -> quantize -> max_pool."""
+    return infer(relay.cast(_pool(_quantize(_bn_relu(_stem(_x())))), "int32"))
+
+
+def test_structure_and_idempotence():
+    after = check(NarrowBeforeMaxPool(), before(), expected())
+    assert_unchanged(NarrowBeforeMaxPool(), after)
+
+
+def test_kernels_crossing_and_outputs():
+    """Same kernels; the conv kernel writes int8 (16x16x8 B) instead of float32 (16x16x8x4 B)."""
+    fb = tvm_ext.build(before())
+    fa = tvm_ext.build(before(), passes=[NarrowBeforeMaxPool()])
+    rb, ra = fb.kernel_report, fa.kernel_report
+    assert ra.num_kernels == rb.num_kernels
+    assert ra.crossing.nbytes.get("float32", 0) == rb.crossing.nbytes["float32"] - 4 * 8 * 16 * 16
+    assert ra.crossing.nbytes["int8"] == rb.crossing.nbytes.get("int8", 0) + 8 * 16 * 16
+    x = {"x": np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")}
+    out_b, _ = assert_same_outputs(fb, fa, x, rtol=0, atol=0)  # exact, float monotonicity included
+    assert len(np.unique(out_b[0])) > 10
+
+
+@pytest.mark.parametrize("layout", ["NCHW16c", "NHWC"])
+def test_other_layouts(layout):
+    """Pooled axes come from the layout string; per-channel constants broadcast along C only."""
+    if layout == "NHWC":
+        x = relay.var("x", shape=(1, 9, 9, 16), dtype="float32")
+        scale = np.abs(rng.standard_normal((16,))).astype("float32")
+    else:
+        x = relay.var("x", shape=(1, 1, 9, 9, 16), dtype="float32")
+        scale = np.abs(rng.standard_normal((1, 1, 1, 1, 16))).astype("float32")
+    pool = relay.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2), padding=(1, 1), layout=layout)
+    mod = infer(_quantize(relay.multiply(pool, relay.const(scale))))
+    after = NarrowBeforeMaxPool()(mod)
+    assert after["main"].body.op.name == "nn.max_pool2d"
+    assert str(after["main"].body.checked_type.dtype) == "int8"
+    xs = {"x": np.random.default_rng(1).standard_normal([int(d) for d in x.type_annotation.shape]).astype("float32")}
+    assert_same_outputs(mod, after, xs, rtol=0, atol=0)
+
+
+def test_runs_in_sequential():
+    seq = tvm.transform.Sequential([NarrowBeforeMaxPool(), relay.transform.InferType()])
+    with tvm.transform.PassContext(opt_level=3):
+        after = seq(before())
+    tvm.ir.assert_structural_equal(after, expected())
+
+
+def test_caller_module_not_mutated():
+    mod = before()
+    snapshot = mod.astext()
+    NarrowBeforeMaxPool()(mod)
+    assert mod.astext() == snapshot
+
+
+# -- no match --------------------------------------------------------------------------------------
+def _assert_rejected(mod, reason, caplog):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(NarrowBeforeMaxPool(), mod)
+    assert reason in caplog.text
+
+
+def test_negative_scale_unchanged(caplog):
+    """A negative bn scale makes the chain decreasing: max would have to become min."""
+    neg = SCALE.copy()
+    neg[3] = -0.5
+    mod = infer(_quantize(_bn_relu(_pool(_stem(_x())), scale=neg)))
+    _assert_rejected(mod, "negative constant", caplog)
+
+
+def test_spatially_varying_constant_unchanged(caplog):
+    v = _pool(_stem(_x()))  # 1x8x8x8
+    mod = infer(_quantize(relay.add(v, relay.const(rng.standard_normal((1, 1, 8, 8)).astype("float32")))))
+    _assert_rejected(mod, "varies along pooled axis", caplog)
+
+
+def test_pool_input_with_other_users_unchanged(caplog):
+    s = _stem(_x())
+    mod = infer(s, _quantize(_pool(s)))
+    _assert_rejected(mod, "input has other users", caplog)
+
+
+def test_no_8bit_point_unchanged(caplog):
+    mod = infer(relay.exp(relay.multiply(_pool(_stem(_x())), relay.const(2.0))))
+    _assert_rejected(mod, "exp is not in the monotone table", caplog)
+
+
+def test_wrapping_integer_add_unchanged(caplog):
+    x = relay.var("x", shape=(1, 8, 8, 8), dtype="int32")
+    mod = infer(relay.cast(relay.clip(relay.add(_pool(x), relay.const(5)), -128.0, 127.0), "int8"))
+    _assert_rejected(mod, "integer add can wrap", caplog)
+
+
+def test_unclipped_narrowing_cast_unchanged(caplog):
+    mod = infer(relay.cast(relay.round(_pool(_stem(_x()))), "int8"))
+    _assert_rejected(mod, "narrowing cast float32->int8 not right after a clip", caplog)
+
+
+def test_window_entirely_in_padding_unchanged(caplog):
+    x = relay.var("x", shape=(1, 8, 4, 4), dtype="float32")
+    pool = relay.nn.max_pool2d(x, pool_size=(2, 2), strides=(2, 2), padding=(0, 0, 2, 2))
+    _assert_rejected(infer(_quantize(pool)), "entirely in the padding", caplog)
+
+
+def test_untyped_module_raises():
+    x = _x()
+    mod = tvm.IRModule.from_expr(relay.Function([x], _quantize(_pool(x))))
+    with pytest.raises(UntypedModuleError, match="NarrowBeforeMaxPool"):
+        NarrowBeforeMaxPool()(mod)
+
+
+def test_if_skipped_safely(caplog):
+    mod = before()
+    c = relay.var("c", shape=(), dtype="bool")
+    body = mod["main"].body
+    f = infer(relay.Function(list(mod["main"].params) + [c], relay.If(c, body, body)))
+    _assert_rejected(f, "If", caplog)
+
+
+def test_dynamic_shape_skipped():
+    x = relay.var("x", shape=(relay.Any(), 8, 8, 8), dtype="float32")
+    mod = infer(relay.Function([x], _quantize(_pool(x))))
+    assert_unchanged(NarrowBeforeMaxPool(), mod)

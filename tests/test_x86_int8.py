@@ -1,0 +1,141 @@
+"""tvm_ext.x86_int8: the VNNI operand-type fix and the per-row int8 conv schedule.
+
+VNNI builds run in a child process: if the fix regressed, LLVM would abort the test session.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext import x86_int8
+from tvm_ext.target import _llvm_features, build_target, host_target
+
+HOST_VNNI = x86_int8.vnni_ready(host_target(allow_vnni=True))
+needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="host CPU has no AVX-512 VNNI")
+
+
+def test_kernels_restores_tvm_functions_even_on_error():
+    import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.tensor_intrin as intrin
+
+    before = (intrin.dot_16x1x16_uint8_int8_int32_cascadelake, common._schedule_conv_NCHWc_int8)
+    with pytest.raises(RuntimeError):
+        with x86_int8.kernels():
+            with x86_int8.kernels():  # nested: still installed after the inner exit
+                pass
+            assert common._schedule_conv_NCHWc_int8 is not before[1]
+            assert x86_int8.active()
+            raise RuntimeError("boom")
+    assert (intrin.dot_16x1x16_uint8_int8_int32_cascadelake, common._schedule_conv_NCHWc_int8) == before
+    assert not x86_int8.active()
+
+
+def test_operand_fix_only_where_llvm_needs_it():
+    from tvm.target import codegen
+
+    assert x86_int8.needs_operand_fix() == (codegen.llvm_version_major() >= 22)
+
+
+def test_build_target_policy():
+    masked = "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"
+    assert "avx512vnni" not in _llvm_features(build_target(masked)), "an explicit mask is kept"
+    assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=znver4", allow_vnni=False))
+    assert "avx512vnni" in _llvm_features(build_target("llvm -mcpu=znver4")), "auto keeps VNNI"
+    assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=znver3")), "no VNNI to keep"
+    assert build_target("cuda").kind.name == "cuda"
+
+
+def _conv_epilogue(k, channels=64, size=14, seed=0, epilogue=True):
+    """uint8 x int8 conv with a requantize-like float epilogue; weights span the full int8 range."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, channels, size, size), dtype="uint8")
+    w = relay.const(rng.integers(-128, 128, (channels, channels, k, k)).astype("int8"))
+    y = relay.nn.conv2d(x, w, padding=k // 2, channels=channels, kernel_size=k, out_dtype="int32")
+    if not epilogue:
+        return tvm.IRModule.from_expr(relay.Function([x], y))
+    y = relay.add(y, relay.const(rng.integers(-1000, 1000, (channels, 1, 1)).astype("int32")))
+    y = relay.cast(y, "float32") * relay.const((rng.random((channels, 1, 1)) * 1e-3).astype("float32"))
+    y = relay.cast(relay.clip(relay.cast(relay.floor(y + relay.const(0.5)), "int32"), 0, 255), "uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _run(lib, x):
+    from tvm.contrib import graph_executor
+
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    m.set_input("x", x)
+    m.run()
+    return m.get_output(0).numpy()
+
+
+@pytest.mark.parametrize("k", [3, 1])
+def test_per_row_schedule_is_bit_identical_on_masked_target(k):
+    """Fix 2 alone (AVX-512 without VNNI): same bits as TVM's own schedule."""
+    masked = "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"
+    mod = _conv_epilogue(k)
+    x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
+    with tvm.transform.PassContext(opt_level=3):
+        stock = relay.build(mod, target=masked)
+    with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
+        ours = relay.build(mod, target=masked)
+    assert np.array_equal(_run(stock, x), _run(ours, x))
+
+
+_CHILD = r"""
+import sys, numpy as np, tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+sys.path.insert(0, sys.argv[1])
+from test_x86_int8 import _conv_epilogue, _run
+from tvm_ext import x86_int8
+import tvm_ext
+mod = _conv_epilogue(int(sys.argv[2]))
+x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
+outs = {}
+with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
+    outs["tvm_schedule"] = _run(relay.build(mod, target="llvm -mcpu=znver4"), x)
+outs["tvm_ext"] = _run(tvm_ext.build(mod, target="llvm -mcpu=znver4"), x)
+conv = _conv_epilogue(int(sys.argv[2]), epilogue=False)  # int32 out: no float rounding to differ in
+outs["conv_vnni"] = _run(tvm_ext.build(conv, target="llvm -mcpu=znver4"), x)
+with tvm.transform.PassContext(opt_level=3):  # exact reference: no int8 intrinsics at all
+    outs["conv_generic"] = _run(relay.build(conv, target="llvm"), x)
+np.savez(sys.argv[3], **outs)
+print("OK")
+"""
+
+
+@needs_vnni
+@pytest.mark.parametrize("k", [3, 1])
+def test_vnni_builds_and_is_exact(k, tmp_path):
+    """Fix 1: VNNI builds (no abort) and equals TVM's schedule and the intrinsic-free build."""
+    import os
+
+    out = tmp_path / "outs.npz"
+    r = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(__file__), str(k), str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    outs = np.load(out)
+    assert np.array_equal(outs["tvm_ext"], outs["tvm_schedule"]), "per-row schedule changed results"
+    assert np.array_equal(outs["conv_vnni"], outs["conv_generic"]), "VNNI must accumulate exactly"
+
+
+@needs_vnni
+def test_vnni_avoids_pmaddubsw_saturation():
+    """Characterisation: the masked AVX-512 path saturates int16 pair sums; VNNI does not."""
+    masked = "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"
+    x = relay.var("x", shape=(1, 64, 4, 4), dtype="uint8")
+    w = relay.const(np.full((16, 64, 1, 1), 127, "int8"))
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.conv2d(x, w, channels=16, kernel_size=1,
+                                                                      out_dtype="int32")))
+    xs = np.full((1, 64, 4, 4), 255, "uint8")
+    exact = 64 * 255 * 127
+    with tvm.transform.PassContext(opt_level=3):
+        got = _run(relay.build(mod, target=masked), xs)
+    assert (got < exact).all(), "vpmaddubsw: 255*127*2 = 64770 saturates to 32767 per pair"
+    # the VNNI build of the same conv is exact (checked in a child process by the test above);
+    # here: tvm_ext.build at the masked target keeps stock's arithmetic bit for bit
+    assert np.array_equal(_run(tvm_ext.build(mod, target=masked), xs), got)

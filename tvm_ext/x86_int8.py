@@ -1,0 +1,184 @@
+"""Fast int8 convolutions on x86 with TVM 0.19 and LLVM 22: VNNI that builds, and runs fast.
+
+Design note
+-----------
+TVM 0.19's x86 int8 path has two defects on AVX-512 VNNI CPUs (Zen 4/5, Ice Lake and later);
+:func:`kernels` fixes both, only while it is entered (``tvm_ext.build`` enters it), so a plain
+``relay.build`` in the same process keeps TVM's own behaviour.
+
+1. **Operand types.** ``topi/x86/tensor_intrin.py`` calls ``llvm.x86.avx512.vpdpbusd.512`` with
+   three ``<16 x i32>`` operands. LLVM 22 changed the intrinsic to take the byte operands as
+   ``<64 x i8>`` (llvm-project PR #155194, Aug. 2025); the old call aborts the whole process
+   ("Calling a function with a bad signature!"). The replacement intrinsic below passes the
+   broadcast data word and the kernel as ``int8x64``. On LLVM <= 21 TVM's own intrinsic is kept.
+
+2. **Epilogue placement.** ``schedule_conv_NCHWc_cpu_common_int8`` (3x3/7x7 convs) is called
+   with ``inline_fused=True``: when the conv has a fused epilogue (bias, requantize, ...), the
+   conv is computed *per output pixel* inside the epilogue loop. Then one accumulator register
+   carries the whole (kh, kw, ic) reduction. With ``vpmaddubsw + vpmaddwd + vpaddd`` only the
+   1-cycle add is on that chain; with VNNI the 4-5-cycle ``vpdpbusd`` is, and the conv runs at a
+   quarter of its speed. Measured on one 3x3 conv, 256->256 channels, 14x14, one thread, Zen 4:
+
+   ============================  ==========  ================
+   schedule                      AVX-512     AVX-512 VNNI
+   ============================  ==========  ================
+   no epilogue                   1.07 ms     0.52 ms
+   requantize epilogue (TVM)     1.35 ms     1.83 ms
+   requantize, per-row (here)    1.10 ms     0.55 ms
+   ============================  ==========  ================
+
+   :func:`kernels` computes the conv per output *row* (``inline_fused=False``, what TVM already
+   does for 1x1 convs), so ``reg_n`` independent accumulators hide the latency.
+
+Neither change alters results: integer accumulation is exact in both schedules, and the
+epilogue's arithmetic is the same per element (tests check bit-equality against TVM's own
+schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
+its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["kernels", "active", "vnni_ready", "needs_operand_fix", "dot_u8s8_vnni"]
+
+#: LLVM major version from which vpdpbusd takes <64 x i8> byte operands (llvm-project #155194).
+LLVM_VNNI_I8_OPERANDS = 22
+
+_LOCK = threading.RLock()
+_DEPTH = 0
+_SAVED: dict = {}
+
+
+def needs_operand_fix() -> bool:
+    """True when this LLVM's ``vpdpbusd.512`` takes ``<64 x i8>`` (TVM 0.19's call aborts)."""
+    from tvm.target import codegen
+
+    return codegen.llvm_version_major() >= LLVM_VNNI_I8_OPERANDS
+
+
+def vnni_ready(target) -> bool:
+    """True when ``target`` has AVX-512 VNNI and :func:`kernels` can build for it safely."""
+    from .target import _llvm_features
+
+    feats = _llvm_features(target)
+    return {"avx512vnni", "avx512bw", "avx512f"} <= feats
+
+
+def dot_u8s8_vnni():
+    """``int32[16] += sum_k uint8[4] * int8[16][4]`` as one ``vpdpbusd`` (LLVM 22 operand types).
+
+    Same computation, buffers and body/reset/update protocol as TVM's
+    ``dot_16x1x16_uint8_int8_int32_cascadelake``, so TVM's int8 schedules tensorize with it
+    unchanged.
+    """
+    import tvm
+    from tvm import te
+
+    lanes, group = 16, 4  # 16 int32 outputs; 4 bytes reduced into each
+    data = te.placeholder((group,), dtype="uint8", name="data")
+    kernel = te.placeholder((lanes, group), dtype="int8", name="kernel")
+    k = te.reduce_axis((0, group), name="k")
+    out = te.compute(
+        (lanes,),
+        lambda i: te.sum(data[k].astype("int32") * kernel[i, k].astype("int32"), axis=k),
+        name="C",
+    )
+    a_buf = tvm.tir.decl_buffer(data.shape, dtype="uint8", name="a_buffer", offset_factor=1, strides=[1])
+    b_buf = tvm.tir.decl_buffer(
+        kernel.shape, dtype="int8", name="b_buffer", offset_factor=1, strides=[te.var("ldw"), 1]
+    )
+
+    def intrin_func(ins, outs):
+        def emit(kind):  # kind: "body" (c = dot), "reset" (c = 0), "update" (c += dot)
+            ib = tvm.tir.ir_builder.create()
+            if kind == "reset":
+                ib.emit(outs[0].vstore(0, tvm.tir.const(0, "int32x16")))
+                return ib.get()
+            # the 4 data bytes, as one int32 broadcast to 16 lanes, seen as 64 bytes
+            word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
+            a = tvm.tir.call_intrin("int8x64", "tir.reinterpret", word.astype("int32x16"))
+            b = ins[1].vload([0, 0], "int8x64")
+            acc = outs[0].vload([0], "int32x16") if kind == "update" else tvm.tir.const(0, "int32x16")
+            dot = tvm.tir.call_llvm_pure_intrin(
+                "int32x16", "llvm.x86.avx512.vpdpbusd.512", tvm.tir.const(3, "uint32"), acc, a, b
+            )
+            ib.emit(outs[0].vstore(0, dot))
+            return ib.get()
+
+        return emit("body"), emit("reset"), emit("update")
+
+    return te.decl_tensor_intrin(
+        out.op, intrin_func, binds={data: a_buf, kernel: b_buf}, default_buffer_params={"offset_factor": 1}
+    )
+
+
+def _schedule_common_int8_per_row(s, cfg, data_vec, kernel_vec, conv_out, last):
+    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row."""
+    from tvm.target.x86 import get_simd_32bit_lanes
+    from tvm.topi.generic import conv2d as conv2d_generic
+    from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
+
+    return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
+        s, cfg, data_vec, kernel_vec, conv_out, last,
+        int32_lanes=get_simd_32bit_lanes(),
+        intrin=dot_16x1x16_uint8_int8_int32(),
+        inline_fused=False,
+    )
+
+
+def _install(schedule: bool):
+    import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.tensor_intrin as intrin
+
+    _SAVED["intrin"] = intrin.dot_16x1x16_uint8_int8_int32_cascadelake
+    _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
+    if needs_operand_fix():
+        intrin.dot_16x1x16_uint8_int8_int32_cascadelake = dot_u8s8_vnni
+    if schedule:
+        common._schedule_conv_NCHWc_int8 = _schedule_common_int8_per_row
+
+
+def _uninstall():
+    import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.tensor_intrin as intrin
+
+    intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
+    common._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule")
+
+
+@contextlib.contextmanager
+def kernels(schedule: bool = True):
+    """Enter to build x86 int8 kernels with the fixes of this module.
+
+    Parameters
+    ----------
+    schedule : bool
+        Also compute 3x3/7x7 int8 convs per output row (fix 2). ``False`` keeps TVM's schedule
+        and only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target.
+
+    Re-entrant and thread-safe: nested entries share the outermost setting, and TVM's own
+    functions are restored when the outermost entry exits. Other threads that call
+    ``relay.build`` meanwhile see the fixed functions too (TOPI has no per-thread state).
+    """
+    global _DEPTH
+    with _LOCK:
+        if _DEPTH == 0:
+            _install(schedule)
+            logger.debug("x86 int8 kernels: operand fix %s, per-row schedule %s", needs_operand_fix(), schedule)
+        _DEPTH += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DEPTH -= 1
+            if _DEPTH == 0:
+                _uninstall()
+
+
+def active() -> bool:
+    """True while some thread is inside :func:`kernels`."""
+    return _DEPTH > 0
