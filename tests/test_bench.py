@@ -90,3 +90,15 @@ def test_cli_bench_any_onnx_model(tmp_path, capsys):
     (v,) = data["variants"]
     assert v["variant"] == "model" and v["pipelines"]["onnxruntime"]["latency"]["median_ms"] > 0
     assert v["pipelines"]["tvm_ext"]["report"]["num_kernels"] > 0
+
+
+def test_top1_flips_within_tolerance_are_counted():
+    """A top-1 disagreement counts as within tolerance only when ORT's top-2 margin is that small."""
+    import numpy as np
+
+    ours = [np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.9, 0.0]), np.array([2.0, 1.5, 0.0])]
+    ort = [np.array([1.0, 2.0, 3.0]), np.array([2.9, 3.0, 0.0]), np.array([0.0, 3.0, 0.0])]
+    n = bench._numerics({"tvm_ext": ours, "onnxruntime": ort}, integer_graph=True)
+    assert n["tvm_ext_vs_ort_top1"] == 1
+    assert n["tvm_ext_vs_ort_top1_within_tolerance"] == 1  # the 0.1-margin flip, not the 3.0-margin one (max diff 2.0)
+    assert bench._top1_text(n, "tvm_ext", 3) == "1/3 (1 flip within tolerance)"

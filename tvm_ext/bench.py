@@ -184,6 +184,11 @@ def _numerics(outputs: dict, integer_graph: bool) -> dict:
             pairs = list(zip(outputs[name], ort_out))
             res[f"{name}_vs_ort_max_abs"] = max(float(np.max(np.abs(a - b))) for a, b in pairs)
             res[f"{name}_vs_ort_top1"] = int(sum(int(np.argmax(a) == np.argmax(b)) for a, b in pairs))
+            # a disagreement is "within tolerance" when ORT's own top-2 margin is no larger than
+            # the largest output difference between the two engines on that input
+            res[f"{name}_vs_ort_top1_within_tolerance"] = int(sum(
+                int(np.argmax(a) != np.argmax(b) and _top2_margin(b) <= float(np.max(np.abs(a - b))) + 1e-6)
+                for a, b in pairs))
     same = outputs.get("tvm_same")
     if same and ext:
         res["ext_vs_same_target_bit_exact"] = all(np.array_equal(a, b) for a, b in zip(same, ext))
@@ -196,6 +201,11 @@ def _numerics(outputs: dict, integer_graph: bool) -> dict:
     res["inputs"] = len(stock or ext or [])
     res["integer_graph"] = integer_graph
     return res
+
+
+def _top2_margin(logits) -> float:
+    top = np.sort(np.asarray(logits, dtype=np.float64).ravel())
+    return float(top[-1] - top[-2]) if top.size > 1 else float("inf")
 
 
 def _is_integer_graph(mod) -> bool:
@@ -460,7 +470,7 @@ def render_markdown(results: dict) -> str:
                  ) if "ext_vs_stock_max_abs" in n else "—"
         s_ort = f"{n['tvm_vs_ort_max_abs']:.4g}" if "tvm_vs_ort_max_abs" in n else "—"
         e_ort = f"{n['tvm_ext_vs_ort_max_abs']:.4g}" if "tvm_ext_vs_ort_max_abs" in n else "—"
-        top1 = (f"{n.get('tvm_vs_ort_top1', '—')}/{k} / {n.get('tvm_ext_vs_ort_top1', '—')}/{k}"
+        top1 = (f"{_top1_text(n, 'tvm', k)} / {_top1_text(n, 'tvm_ext', k)}"
                 if "tvm_vs_ort_top1" in n or "tvm_ext_vs_ort_top1" in n else "—")
         same = ("bit-exact" if n["ext_vs_same_target_bit_exact"] else f"max abs {n['ext_vs_same_target_max_abs']:.4g}"
                 ) if "ext_vs_same_target_bit_exact" in n else "—"
@@ -468,6 +478,14 @@ def render_markdown(results: dict) -> str:
             exact += f" ({100 * n['same_target_vs_stock_diff_fraction']:.1f}% of outputs differ between the two targets in stock TVM too)"
         lines.append(f"| {v['label']} | {same} | {exact} | {s_ort} | {e_ort} | {top1} |")
     return "\n".join(lines) + "\n"
+
+
+def _top1_text(n: dict, name: str, k: int) -> str:
+    if f"{name}_vs_ort_top1" not in n:
+        return "—"
+    text = f"{n[f'{name}_vs_ort_top1']}/{k}"
+    ties = n.get(f"{name}_vs_ort_top1_within_tolerance", 0)
+    return text + (f" ({ties} flip{'s' if ties > 1 else ''} within tolerance)" if ties else "")
 
 
 def _chart(results: dict, path: Path) -> Optional[Path]:
