@@ -12,7 +12,7 @@ from .target import build_target, host_target, safe_target
 __version__ = "0.1.0"
 
 _SUBMODULES = ("bench", "cli", "frontend", "passes", "patterns", "pipelines", "report", "target", "testing",
-               "x86_int8", "zoo")
+               "tuning", "x86_int8", "zoo")
 
 
 def __getattr__(name):

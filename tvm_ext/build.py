@@ -187,6 +187,7 @@ def build(
     runtime=None,
     mod_name: str = "default",
     allow_vnni: bool | None = None,
+    tuned: bool = True,
 ):
     """Build a Relay module like ``relay.build``, running ``passes`` at an insertion point.
 
@@ -218,6 +219,8 @@ def build(
     allow_vnni : bool, optional
         None (default): use AVX-512 VNNI where the CPU has it. False: mask it (the instruction
         set a plain ``relay.build`` can survive). See :func:`tvm_ext.target.build_target`.
+    tuned : bool
+        Use the int8 conv schedules shipped for this CPU (:mod:`tvm_ext.tuning`), if any.
 
     Returns
     -------
@@ -237,7 +240,7 @@ def build(
     """
     import tvm
 
-    from . import x86_int8
+    from . import tuning, x86_int8
     from .target import build_target
 
     if at not in AT_CHOICES:
@@ -249,7 +252,8 @@ def build(
     if tgt.kind.name == "llvm" and tgt.host is None:
         tgt = tvm.target.Target(tgt, host=tgt)
     kernels = x86_int8.kernels() if tgt.kind.name == "llvm" else contextlib.nullcontext()
-    with kernels:
+    schedules = tuning.apply(tgt) if tuned else contextlib.nullcontext()
+    with kernels, schedules:
         return _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,
                       runtime, mod_name)
 
