@@ -25,8 +25,6 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("autotvm").setLevel(logging.ERROR)
 
-    import numpy as np
-    import tvm
     from tvm import autotvm
 
     from tvm_ext import bench, pipelines, tuning, x86_int8, zoo
@@ -47,12 +45,8 @@ def main(argv=None) -> int:
 
     def untuned_ms(wl):
         task = autotvm.task.create(tuning.TASK, args=wl[1:], target=target)
-        with x86_int8.kernels(), target:
-            sch, bufs = task.instantiate(autotvm.task.space.FallbackConfigEntity())
-            func = tvm.build(sch, bufs, target=target)
-        dev = tvm.cpu()
-        arrs = [tvm.nd.array(np.zeros([int(d) for d in b.shape], b.dtype), dev) for b in bufs]
-        return float(np.median(func.time_evaluator(func.entry_name, dev, number=20, repeat=5)(*arrs).results)) * 1e3
+        with x86_int8.kernels():
+            return tuning.time_config(task, autotvm.task.space.FallbackConfigEntity(), target) * 1e3
 
     rows = []
 

@@ -72,7 +72,6 @@ PASS_NAME = "NarrowBeforeMaxPool"
 _log = pass_logger(PASS_NAME)
 
 MAX_POOLS = ("nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "nn.global_max_pool2d")
-_EIGHT_BIT = {"uint8": (0, 255), "int8": (-128, 127)}
 _ANY_DTYPE_UNARY = ("nn.relu", "clip", "round", "floor", "ceil", "trunc")
 _FLOAT_BINARY = ("add", "subtract", "multiply", "divide")
 
@@ -199,7 +198,7 @@ def _rewrite(pool, users, body):
     ok = _windows_hold_data(pool, x.checked_type.shape, axes)
     if not ok:
         return ok
-    if str(pool.checked_type.dtype) in _EIGHT_BIT:
+    if narrow_type(pool):  # a pool is never a clip: this is the uint8/int8 case
         return Reject("it already pools an 8-bit value")
     rank = len(pool.checked_type.shape)
     shape = [int(d) for d in pool.checked_type.shape]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TASK", "record_workloads", "tune", "records_path", "load_records", "apply"]
+__all__ = ["TASK", "record_workloads", "time_config", "tune", "records_path", "load_records", "apply"]
 
 TASK = "conv2d_NCHWc_int8.x86"
 TUNED_DIR = Path(__file__).parent / "tuned"
@@ -81,7 +81,7 @@ def _candidates(task) -> list:
     wl = task.workload
     ic_bn = int(wl[1][1][4])
     oc_bn = int(wl[2][1][5])  # kernel OIHW[ic_bn/4]i[oc_bn]o4i
-    seen, out = {}, []
+    seen, out = set(), []
     space = task.config_space
     for i in range(len(space)):
         cfg = space.get(i)
@@ -90,31 +90,37 @@ def _candidates(task) -> list:
             continue
         key = tuple((n, str(v)) for n, v in ents.items() if n not in ("tile_ic", "tile_oc"))
         if key not in seen:
-            seen[key] = cfg
+            seen.add(key)
             out.append(cfg)
     return out
 
 
-def tune(workloads, target, number: int = 20, repeat: int = 5, progress=None) -> list[str]:
-    """Time every candidate of every workload; the best of each as AutoTVM record lines."""
+def time_config(task, cfg, target, number: int = 20, repeat: int = 5) -> float:
+    """Median seconds of one run of ``task`` built with ``cfg`` (call inside ``x86_int8.kernels()``)."""
     import numpy as np
     import tvm
+
+    with target:
+        sch, bufs = task.instantiate(cfg)
+        func = tvm.build(sch, bufs, target=target)
+    dev = tvm.cpu()
+    arrs = [tvm.nd.array(np.zeros([int(d) for d in b.shape], b.dtype), dev) for b in bufs]
+    return float(np.median(func.time_evaluator(func.entry_name, dev, number=number, repeat=repeat)(*arrs).results))
+
+
+def tune(workloads, target, number: int = 20, repeat: int = 5, progress=None) -> list[str]:
+    """Time every candidate of every workload; the best of each as AutoTVM record lines."""
     from tvm import autotvm
 
     from . import x86_int8
 
     lines = []
-    dev = tvm.cpu()
     with x86_int8.kernels():
         for n, wl in enumerate(workloads):
             task = autotvm.task.create(TASK, args=wl[1:], target=target)
             best = None
             for cfg in _candidates(task):
-                with target:
-                    sch, bufs = task.instantiate(cfg)
-                    func = tvm.build(sch, bufs, target=target)
-                arrs = [tvm.nd.array(np.zeros([int(d) for d in b.shape], b.dtype), dev) for b in bufs]
-                cost = float(np.median(func.time_evaluator(func.entry_name, dev, number=number, repeat=repeat)(*arrs).results))
+                cost = time_config(task, cfg, target, number, repeat)
                 if best is None or cost < best[0]:
                     best = (cost, cfg)
             if best is None:
@@ -136,8 +142,7 @@ def load_records(target) -> list:
     if not path.is_file():
         return []
     key = _target_key(target)
-    recs = [(inp, res) for inp, res in autotvm.record.load_from_file(str(path)) if _target_key(inp.target) == key]
-    return recs
+    return [(inp, res) for inp, res in autotvm.record.load_from_file(str(path)) if _target_key(inp.target) == key]
 
 
 def _tuned_first(records):
