@@ -3,7 +3,8 @@ import logging
 
 import tvm
 
-from tvm_ext.target import VNNI_FEATURES, _llvm_features, describe_target, host_target, safe_target
+from tvm_ext.isa import llvm_features as _llvm_features
+from tvm_ext.target import VNNI_FEATURES, describe_target, host_target, safe_target
 
 
 def test_host_target_is_not_generic():

@@ -1,6 +1,8 @@
 """tvm_ext.x86_int8: the VNNI operand-type fix and the per-row int8 conv schedule.
 
 VNNI builds run in a child process: if the fix regressed, LLVM would abort the test session.
+Code is executed only where the host has every instruction it was compiled for
+(:func:`tvm_ext.isa.runs_on_host`); other CPUs are checked by compiling and reading the assembly.
 """
 import subprocess
 import sys
@@ -12,7 +14,9 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext import x86_int8
-from tvm_ext.target import _llvm_features, build_target, host_target
+from tvm_ext.isa import llvm_features as _llvm_features
+from tvm_ext.isa import runs_on_host
+from tvm_ext.target import build_target, host_target
 
 HOST_VNNI = x86_int8.vnni_ready(host_target(allow_vnni=True))
 needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="host CPU has no AVX-512 VNNI")
@@ -72,10 +76,23 @@ def _run(lib, x):
     return m.get_output(0).numpy()
 
 
+#: One target per int8 instruction-set class without VNNI (executed only where the host can).
+NON_VNNI_TARGETS = {
+    "avx2": "llvm -mcpu=znver3",
+    "avx512": "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
+}
+
+
+def _runnable(target):
+    return pytest.param(target, marks=pytest.mark.skipif(
+        not runs_on_host(target), reason=f"host lacks instructions of '{target}'"))
+
+
+@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
 @pytest.mark.parametrize("k", [3, 1])
-def test_per_row_schedule_is_bit_identical_on_masked_target(k):
-    """Fix 2 alone (AVX-512 without VNNI): same bits as TVM's own schedule."""
-    masked = "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"
+def test_per_row_schedule_is_bit_identical_without_vnni(k, target):
+    """Fix 2 alone (AVX2, AVX-512 without VNNI): same bits as TVM's own schedule."""
+    masked = target
     mod = _conv_epilogue(k)
     x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
     with tvm.transform.PassContext(opt_level=3):
@@ -123,10 +140,9 @@ def test_vnni_builds_and_is_exact(k, tmp_path):
     assert np.array_equal(outs["conv_vnni"], outs["conv_generic"]), "VNNI must accumulate exactly"
 
 
-@needs_vnni
-def test_vnni_avoids_pmaddubsw_saturation():
-    """Characterisation: the masked AVX-512 path saturates int16 pair sums; VNNI does not."""
-    masked = "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"
+def test_masked_path_saturates_pmaddubsw_pairs():
+    """Characterisation: without VNNI, int16 pair sums saturate (VNNI, tested above, does not)."""
+    masked = host_target()  # VNNI masked: vpmaddubsw + vpmaddwd at the host's vector width
     x = relay.var("x", shape=(1, 64, 4, 4), dtype="uint8")
     w = relay.const(np.full((16, 64, 1, 1), 127, "int8"))
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.conv2d(x, w, channels=16, kernel_size=1,
@@ -139,3 +155,16 @@ def test_vnni_avoids_pmaddubsw_saturation():
     # the VNNI build of the same conv is exact (checked in a child process by the test above);
     # here: tvm_ext.build at the masked target keeps stock's arithmetic bit for bit
     assert np.array_equal(_run(tvm_ext.build(mod, target=masked), xs), got)
+
+
+@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"])
+def test_per_row_schedule_follows_the_isa_policy(target):
+    """Compiled only: kernels() changes the 3x3 conv's code exactly where policy() says per-row."""
+    mod = _conv_epilogue(3)
+
+    def asm(**kw):
+        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
+            return relay.build(mod, target=target).get_lib().get_source("asm")
+
+    per_row = x86_int8.policy(tvm.target.Target(target)).per_row
+    assert (asm(schedule=True) != asm(schedule=False)) == per_row

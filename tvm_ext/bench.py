@@ -42,7 +42,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run", "run_from_args", "VARIANTS", "render_markdown"]
+__all__ = ["run", "VARIANTS", "render_markdown"]
 
 VARIANTS = {
     "qoperator": ("resnet50_int8_qoperator", "(a) ONNX int8 QOperator"),
@@ -562,32 +562,3 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
     _chart(results, outdir / "chart.png")
     progress.step("done")
     return results
-
-
-def run_from_args(args) -> int:
-    """``tvm-ext bench`` (and benchmarks/resnet50_int8.py)."""
-    from .cli import UsageError
-
-    variants = [v.strip() for v in (args.variants or "qoperator,qdq,relay").split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise UsageError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
-    if args.model and not Path(args.model).is_file():
-        raise UsageError(f"no such file: {args.model}")
-    if args.repeat < 1 or args.threads < 1:
-        raise UsageError("--repeat and --threads must be positive")
-    from .target import build_target, host_target, safe_target
-
-    tgt = safe_target(args.target) if args.target else host_target()
-    print(f"stock target: {tgt}", flush=True)
-    print(f"tvm-ext target: {build_target(args.target)}", flush=True)
-    print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op), repeat {args.repeat}", flush=True)
-    try:
-        results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
-                      out=args.out, small=args.small)
-    except ValueError as err:
-        raise UsageError(str(err).splitlines()[0]) from None
-    print()
-    print(render_markdown(results))
-    print(f"wrote {Path(args.out) / 'results.json'}, results.md, chart.png")
-    return 0

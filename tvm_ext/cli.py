@@ -16,8 +16,7 @@ from pathlib import Path
 __all__ = ["main"]
 
 
-class UsageError(Exception):
-    """A user mistake: printed as one line, exit code 2."""
+from .errors import UsageError
 
 
 def _parse_shapes(items) -> dict:
@@ -134,9 +133,30 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_from_args
+    from .bench import VARIANTS, render_markdown, run
+    from .target import build_target
 
-    return run_from_args(args)
+    variants = [v.strip() for v in (args.variants or "qoperator,qdq,relay").split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise UsageError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.model and not Path(args.model).is_file():
+        raise UsageError(f"no such file: {args.model}")
+    if args.repeat < 1 or args.threads < 1:
+        raise UsageError("--repeat and --threads must be positive")
+    stock = _resolve_target(args.target)
+    print(f"stock target: {stock}", flush=True)
+    print(f"tvm-ext target: {build_target(args.target)}", flush=True)
+    print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op), repeat {args.repeat}", flush=True)
+    try:
+        results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
+                      out=args.out, small=args.small)
+    except ValueError as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+    print()
+    print(render_markdown(results))
+    print(f"wrote {Path(args.out) / 'results.json'}, results.md, chart.png")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,8 @@ import logging
 import os
 from typing import Union
 
+from .isa import isa_class, llvm_features, missing_on_host
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["host_target", "safe_target", "build_target", "describe_target", "VNNI_FEATURES"]
@@ -35,16 +37,6 @@ VNNI_FEATURES = ("avx512vnni", "avxvnni")
 
 _WARNED: set[str] = set()
 TargetLike = Union[str, object]  # str or tvm.target.Target
-
-
-def _llvm_features(target) -> set[str]:
-    from tvm.target import codegen
-
-    try:
-        return {str(k) for k in codegen.llvm_get_cpu_features(target)}
-    except Exception as err:  # not an llvm target, or LLVM cannot parse it
-        logger.debug("cannot query LLVM features of %s: %s", target, err)
-        return set()
 
 
 def host_target(mcpu: str | None = None, *, allow_vnni: bool = False):
@@ -65,11 +57,21 @@ def host_target(mcpu: str | None = None, *, allow_vnni: bool = False):
     import tvm
     from tvm.target import codegen
 
-    cpu = mcpu or os.environ.get("TVM_EXT_MCPU") or codegen.llvm_get_system_cpu()
+    cpu = mcpu or os.environ.get("TVM_EXT_MCPU")
+    detected = not cpu
+    cpu = cpu or codegen.llvm_get_system_cpu()
     if cpu in ("", "generic"):
         return safe_target(tvm.target.Target("llvm"), allow_vnni=allow_vnni)
-    # the mask is the expected default here: say it at INFO, not WARNING
-    return _safe(tvm.target.Target(f"llvm -mcpu={cpu}"), allow_vnni, logging.INFO)
+    text = f"llvm -mcpu={cpu}"
+    if detected:
+        # The CPU's name promises features a hypervisor may hide (AVX-512 on a Zen 4 guest):
+        # mask what this host cannot execute, or the first kernel dies with SIGILL.
+        hidden = missing_on_host(tvm.target.Target(text))
+        if hidden:
+            logger.info("host CPU %s lacks %s: masked", cpu, ",".join(hidden))
+            text += " -mattr=" + ",".join(f"-{f}" for f in hidden)
+    # the VNNI mask is the expected default here: say it at INFO, not WARNING
+    return _safe(tvm.target.Target(text), allow_vnni, logging.INFO)
 
 
 def safe_target(target: TargetLike, *, allow_vnni: bool = False):
@@ -108,7 +110,7 @@ def _safe(target, allow_vnni: bool, level: int):
         tgt = tvm.target.Target(text, host=host)
     if allow_vnni:
         return tgt
-    present = [f for f in VNNI_FEATURES if f in _llvm_features(tgt)]
+    present = [f for f in VNNI_FEATURES if f in llvm_features(tgt)]
     if not present:
         return tgt
     mattr = [str(a) for a in tgt.attrs.get("mattr", [])]
@@ -158,15 +160,16 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
 
 
 def describe_target(target) -> dict:
-    """A JSON-friendly description of a target: string, cpu, vector features."""
+    """A JSON-friendly description of a target: string, cpu, int8 ISA class, vector features."""
     import tvm
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
-    feats = _llvm_features(tgt) if tgt.kind.name == "llvm" else set()
+    feats = llvm_features(tgt)
     interesting = sorted(f for f in feats if f.startswith(("avx", "sse4", "fma", "neon", "sve")))
     return {
         "target": str(tgt),
         "kind": tgt.kind.name,
         "mcpu": str(tgt.attrs.get("mcpu", "")),
+        "isa": isa_class(tgt),
         "features": interesting,
     }

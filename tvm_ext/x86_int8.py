@@ -28,7 +28,12 @@ TVM 0.19's x86 int8 path has two defects on AVX-512 VNNI CPUs (Zen 4/5, Ice Lake
    ============================  ==========  ================
 
    :func:`kernels` computes the conv per output *row* (``inline_fused=False``, what TVM already
-   does for 1x1 convs), so ``reg_n`` independent accumulators hide the latency.
+   does for 1x1 convs), so ``reg_n`` independent accumulators hide the latency -- **where it was
+   measured to be faster**: the choice is made per instruction set by :func:`policy`, at schedule
+   time, from the target being compiled. On AVX2 the per-row schedule is 1.4-1.9x *slower* than
+   TVM's (the 8-lane ``vpmaddubsw`` chain has no latency to hide, and the per-row loop spills the
+   epilogue's registers), so AVX2 keeps TVM's schedule. The table behind each choice is in
+   ``_POLICY`` and comes from ``benchmarks/int8_conv_schedules.py``.
 
 Neither change alters results: integer accumulation is exact in both schedules, and the
 epilogue's arithmetic is the same per element (tests check bit-equality against TVM's own
@@ -40,10 +45,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from dataclasses import dataclass
+
+from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernels", "active", "vnni_ready", "needs_operand_fix", "dot_u8s8_vnni"]
+__all__ = ["kernels", "active", "policy", "KernelPolicy", "vnni_ready", "needs_operand_fix", "dot_u8s8_vnni"]
 
 #: LLVM major version from which vpdpbusd takes <64 x i8> byte operands (llvm-project #155194).
 LLVM_VNNI_I8_OPERANDS = 22
@@ -51,6 +59,50 @@ LLVM_VNNI_I8_OPERANDS = 22
 _LOCK = threading.RLock()
 _DEPTH = 0
 _SAVED: dict = {}
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """How tvm-ext compiles x86 int8 convolutions for one instruction-set class.
+
+    Attributes
+    ----------
+    isa : str
+        The class (:func:`tvm_ext.isa.isa_class`).
+    vector_bits : int
+        Register width the int8 dot product uses (512 zmm, 256 ymm, 128 xmm; 0 for non-x86).
+    dot : str
+        The instruction of the int8 dot product: ``vpdpbusd`` (VNNI) or ``vpmaddubsw``
+        (+ ``vpmaddwd``; saturates int16 pair sums).
+    per_row : bool
+        Compute 3x3/7x7 int8 convs per output row (fix 2 above) instead of TVM's per-pixel form.
+    evidence : str
+        The measurement behind ``per_row`` (``benchmarks/int8_conv_schedules.py``).
+    """
+
+    isa: str
+    vector_bits: int
+    dot: str
+    per_row: bool
+    evidence: str
+
+
+# Per-ISA choices; sums of ResNet-50's int8 convs with a requantize epilogue, one thread, Zen 4
+# (AVX2 measured by building for -mcpu=znver3), benchmarks/int8_conv_schedules.py.
+_POLICY = {
+    "avx512_vnni": (512, "vpdpbusd", True, "per-row {vnni} of TVM's time (Zen 4, -mcpu=znver4)"),
+    "avx512": (512, "vpmaddubsw", True, "per-row {avx512} of TVM's time (Zen 4, VNNI masked)"),
+    "avx2": (256, "vpmaddubsw", False, "per-row {avx2} of TVM's time (Zen 4 running -mcpu=znver3 code)"),
+    "sse": (128, "pmaddubsw", False, "not measured: TVM's schedule kept"),
+    "other": (0, "", False, "not x86: TVM's schedule"),
+}
+
+
+def policy(target) -> KernelPolicy:
+    """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
+    cls = isa_class(target)
+    bits, dot, per_row, evidence = _POLICY[cls]
+    return KernelPolicy(cls, bits, dot, per_row, evidence)
 
 
 def needs_operand_fix() -> bool:
@@ -62,10 +114,7 @@ def needs_operand_fix() -> bool:
 
 def vnni_ready(target) -> bool:
     """True when ``target`` has AVX-512 VNNI and :func:`kernels` can build for it safely."""
-    from .target import _llvm_features
-
-    feats = _llvm_features(target)
-    return {"avx512vnni", "avx512bw", "avx512f"} <= feats
+    return isa_class(target) == "avx512_vnni"
 
 
 def dot_u8s8_vnni():
@@ -117,11 +166,16 @@ def dot_u8s8_vnni():
 
 
 def _schedule_common_int8_per_row(s, cfg, data_vec, kernel_vec, conv_out, last):
-    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row."""
+    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row where
+    :func:`policy` says so for the target being compiled (else TVM's own schedule)."""
+    import tvm
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
 
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or not policy(target).per_row:
+        return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
     return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
         s, cfg, data_vec, kernel_vec, conv_out, last,
         int32_lanes=get_simd_32bit_lanes(),
@@ -157,8 +211,9 @@ def kernels(schedule: bool = True):
     Parameters
     ----------
     schedule : bool
-        Also compute 3x3/7x7 int8 convs per output row (fix 2). ``False`` keeps TVM's schedule
-        and only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target.
+        Also compute 3x3/7x7 int8 convs per output row (fix 2) where :func:`policy` chooses it
+        for the target being compiled. ``False`` keeps TVM's schedule everywhere and only makes
+        VNNI buildable (fix 1): that is "stock TVM" for a VNNI target.
 
     Re-entrant and thread-safe: nested entries share the outermost setting, and TVM's own
     functions are restored when the outermost entry exits. Other threads that call

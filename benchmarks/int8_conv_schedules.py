@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Per-ISA measurement behind tvm_ext.x86_int8.policy: TVM's int8 conv schedule vs per-row.
+
+For each instruction-set class this host can execute (AVX2 via -mcpu=znver3, AVX-512 without
+VNNI, AVX-512 VNNI), builds ResNet-50's int8 convolutions (uint8 x int8 -> int32, requantize
+epilogue, as the int8 pipeline compiles them) with TVM's own 3x3/7x7 schedule and with the
+per-row schedule of tvm_ext.x86_int8, and prints the median time of each (one thread).
+
+    python benchmarks/int8_conv_schedules.py [--repeat 20] [--isa avx2,avx512,avx512_vnni]
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")
+os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+from tvm import relay  # noqa: E402
+from tvm.contrib import graph_executor  # noqa: E402
+
+from tvm_ext import x86_int8  # noqa: E402
+from tvm_ext.isa import runs_on_host  # noqa: E402
+
+TARGETS = {
+    "avx2": "llvm -mcpu=znver3",
+    "avx512": "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
+    "avx512_vnni": "llvm -mcpu=znver4",
+}
+# (in channels, out channels, size, kernel, stride): ResNet-50's 3x3 convs, and 1x1s as a control
+SHAPES = [
+    (64, 64, 56, 3, 1), (128, 128, 28, 3, 1), (256, 256, 14, 3, 1), (512, 512, 7, 3, 1),
+    (64, 256, 56, 1, 1), (256, 64, 56, 1, 1), (512, 128, 28, 1, 1), (1024, 256, 14, 1, 1),
+]
+
+
+def conv_epilogue(cin, cout, size, k, stride, seed=0):
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, cin, size, size), dtype="uint8")
+    w = relay.const(rng.integers(-128, 128, (cout, cin, k, k)).astype("int8"))
+    y = relay.nn.conv2d(x, w, strides=stride, padding=k // 2, channels=cout, kernel_size=k, out_dtype="int32")
+    y = relay.add(y, relay.const(rng.integers(-1000, 1000, (cout, 1, 1)).astype("int32")))
+    y = relay.cast(y, "float32") * relay.const((rng.random((cout, 1, 1)) * 1e-3).astype("float32"))
+    y = relay.cast(relay.clip(relay.cast(relay.floor(y + relay.const(0.5)), "int32"), 0, 255), "uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _timer(mod, target, per_row):
+    with x86_int8.kernels(schedule=per_row), tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=target)
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    shape = [int(d) for d in mod["main"].params[0].type_annotation.shape]
+    m.set_input("x", np.random.default_rng(1).integers(0, 256, shape).astype("uint8"))
+    return m.module.time_evaluator("run", tvm.cpu(), number=5, repeat=1, min_repeat_ms=20)
+
+
+def time_pair_ms(mod, target, repeat):
+    """Median ms of TVM's schedule and of per-row, timed in alternation (other load hits both)."""
+    timers = [_timer(mod, target, False), _timer(mod, target, True)]
+    times = [[], []]
+    for _ in range(repeat):
+        for i, t in enumerate(timers):
+            times[i].append(t().mean)
+    return [float(np.median(t)) * 1e3 for t in times]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--isa", default=",".join(TARGETS))
+    args = ap.parse_args(argv)
+    print(f"threads: {os.environ['TVM_NUM_THREADS']}; times: median ms of {args.repeat} alternating rounds; "
+          "1x1 convs compile the same schedule both ways: their ratio shows the noise")
+    print("| isa | conv (cin->cout, size, k, stride) | TVM schedule ms | per-row ms | per-row / TVM |")
+    print("|---|---|---|---|---|")
+    for isa in args.isa.split(","):
+        target = TARGETS[isa]
+        if not runs_on_host(target):
+            print(f"| {isa} | skipped: the host cannot execute '{target}' | | | |")
+            continue
+        tot = [0.0, 0.0]
+        for shape in SHAPES:
+            mod = conv_epilogue(*shape)
+            a, b = time_pair_ms(mod, target, args.repeat)
+            if shape[3] != 1:  # 1x1 convs: same schedule either way (a control for noise)
+                tot[0] += a
+                tot[1] += b
+            print(f"| {isa} | {shape[0]}->{shape[1]}, {shape[2]}x{shape[2]}, {shape[3]}x{shape[3]}, s{shape[4]} "
+                  f"| {a:.3f} | {b:.3f} | {b / a:.2f} |", flush=True)
+        print(f"| {isa} | **sum of 3x3** | {tot[0]:.3f} | {tot[1]:.3f} | {tot[1] / tot[0]:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""tvm_ext.isa and the per-ISA kernel policy: what is compiled where, and what may run here.
+
+Cross-CPU checks compile only and read the generated assembly (in a child process, so an LLVM
+abort cannot take the test session with it); nothing built for a foreign CPU is executed.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+import tvm
+
+import tvm_ext
+from tvm_ext import isa, x86_int8
+
+
+def test_host_features_come_from_cpuid_not_the_cpu_name():
+    feats = isa.host_features()
+    assert "sse2" in feats and "avx2" in feats, "the suite's floor is x86-64 with AVX2"
+    assert isa.runs_on_host(tvm_ext.host_target()), "the host target must run on the host"
+    assert isa.runs_on_host(tvm_ext.build_target()), "tvm_ext.build's default target must run on the host"
+    assert isa.runs_on_host("llvm -mcpu=znver3") == ({"avx2", "fma", "bmi2"} <= feats)
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("llvm -mcpu=znver3", "avx2"),
+    ("llvm -mcpu=alderlake", "avx2"),          # AVX-VNNI only: TVM has no 256-bit VNNI intrinsic
+    ("llvm -mcpu=skylake-avx512", "avx512"),
+    ("llvm -mcpu=znver4 -mattr=-avx512vnni", "avx512"),
+    ("llvm -mcpu=cascadelake", "avx512_vnni"),
+    ("llvm -mcpu=znver4", "avx512_vnni"),
+    ("llvm -mcpu=znver4 -mattr=-avx512f", "avx2"),
+    ("llvm -mcpu=nehalem", "sse"),
+    ("llvm -mtriple=aarch64-linux-gnu", "other"),
+    ("c", "other"),
+])
+def test_isa_class(target, expected):
+    assert isa.isa_class(target) == expected
+
+
+def test_missing_on_host_lists_codegen_features_only(monkeypatch):
+    znver3 = isa.llvm_features("llvm -mcpu=znver3")
+    monkeypatch.setattr(isa, "host_features", lambda: znver3 - {"pku", "rdpru"})
+    assert isa.missing_on_host("llvm -mcpu=znver3") == [], "system features never block running"
+    missing = isa.missing_on_host("llvm -mcpu=znver4")
+    assert "avx512f" in missing and "avx512vnni" in missing and "pku" not in missing
+    assert not isa.runs_on_host("llvm -mcpu=znver4")
+
+
+def test_host_target_masks_features_a_hypervisor_hides(monkeypatch):
+    """A Zen 4 guest without AVX-512: the CPU name says znver4, the target must not use AVX-512."""
+    from tvm.target import codegen
+
+    znver3 = isa.llvm_features("llvm -mcpu=znver3")
+    monkeypatch.setattr(isa, "host_features", lambda: znver3)
+    monkeypatch.setattr(codegen, "llvm_get_system_cpu", lambda: "znver4")
+    monkeypatch.delenv("TVM_EXT_MCPU", raising=False)
+    t = tvm_ext.host_target()
+    assert str(t.attrs["mcpu"]) == "znver4"
+    assert isa.isa_class(t) == "avx2" and isa.runs_on_host(t)
+    # an explicit CPU is a cross-compilation request and is kept as asked
+    assert isa.isa_class(tvm_ext.host_target("znver4", allow_vnni=True)) == "avx512_vnni"
+
+
+# What each CPU's target must compile a uint8 x int8 conv to (the instruction-set promise).
+ISA_PROMISE = {
+    "znver3": {"isa": "avx2", "dot": "vpmaddubsw", "zmm": False},
+    "alderlake": {"isa": "avx2", "dot": "vpmaddubsw", "zmm": False},
+    "skylake-avx512": {"isa": "avx512", "dot": "vpmaddubsw", "zmm": True},
+    "cascadelake": {"isa": "avx512_vnni", "dot": "vpdpbusd", "zmm": True},
+    "znver4": {"isa": "avx512_vnni", "dot": "vpdpbusd", "zmm": True},
+}
+
+_COMPILE = r"""
+import json, re, sys
+import numpy as np, tvm
+from tvm import relay
+import tvm_ext
+from tvm_ext import x86_int8
+x = relay.var("x", shape=(1, 64, 14, 14), dtype="uint8")
+w = relay.const(np.random.default_rng(0).integers(-128, 128, (64, 64, 3, 3)).astype("int8"))
+y = relay.nn.conv2d(x, w, padding=1, channels=64, kernel_size=3, out_dtype="int32")
+y = relay.cast(relay.clip(relay.right_shift(y, relay.const(8)), 0, 255), "uint8")
+mod = tvm.IRModule.from_expr(relay.Function([x], y))
+out = {}
+for cpu in sys.argv[1:]:
+    lib = tvm_ext.build(mod, target=f"llvm -mcpu={cpu}")  # compiled only: never run here
+    asm = lib.get_lib().get_source("asm")
+    pol = x86_int8.policy(tvm_ext.build_target(f"llvm -mcpu={cpu}"))
+    out[cpu] = {"policy": {"isa": pol.isa, "dot": pol.dot, "vector_bits": pol.vector_bits},
+                **{k: len(re.findall(k, asm)) for k in ("vpdpbusd", "vpmaddubsw", "zmm", "ymm")}}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_int8_conv_uses_the_promised_instruction_set_per_cpu():
+    r = subprocess.run([sys.executable, "-c", _COMPILE, *ISA_PROMISE], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.split("RESULT ", 1)[1])
+    for cpu, want in ISA_PROMISE.items():
+        g = got[cpu]
+        assert g["policy"]["isa"] == want["isa"], (cpu, g)
+        assert g["policy"]["dot"] == want["dot"], (cpu, g)
+        assert g["policy"]["vector_bits"] == (512 if want["zmm"] else 256), (cpu, g)
+        other = "vpmaddubsw" if want["dot"] == "vpdpbusd" else "vpdpbusd"
+        assert g[want["dot"]] > 0 and g[other] == 0, f"{cpu}: expected {want['dot']} only: {g}"
+        if want["zmm"]:
+            assert g["zmm"] > 0, f"{cpu}: AVX-512 promised, no zmm register used: {g}"
+        else:
+            assert g["zmm"] == 0 and g["ymm"] > 0, f"{cpu}: AVX2 promised: {g}"
