@@ -57,7 +57,7 @@ def _timer(mod, target, per_row):
 
 def time_pair_ms(mod, target, repeat):
     """Median ms of TVM's schedule and of per-row, timed in alternation (other load hits both)."""
-    timers = [_timer(mod, target, False), _timer(mod, target, True)]
+    timers = [_timer(mod, target, False), _timer(mod, target, "per_row")]
     times = [[], []]
     for _ in range(repeat):
         for i, t in enumerate(timers):

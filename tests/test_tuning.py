@@ -1,11 +1,11 @@
-"""tvm_ext.tuning: recorded workloads, the candidate search, and records applied by tvm_ext.build."""
+"""tvm_ext.tuning (records applied by tvm_ext.build) and tvm_ext.tune (recording and search)."""
 import numpy as np
 import pytest
 import tvm
 from tvm import autotvm
 
 import tvm_ext
-from tvm_ext import pipelines, tuning, zoo
+from tvm_ext import pipelines, tune, tuning, zoo
 from tvm_ext.target import build_target
 from tvm_ext.testing import run_module
 
@@ -14,71 +14,131 @@ from tvm_ext.testing import run_module
 def small():
     m = zoo.load("resnet50_int8_qoperator", small=True)
     target = build_target()
-    wls = tuning.record_workloads(m.mod, m.params, target, pipelines.int8())
+    wls = tune.record_workloads(m.mod, m.params, target, pipelines.int8())
     return m, target, wls
 
 
 @pytest.fixture(scope="module")
-def records(small, tmp_path_factory):
+def records(small):
     _, target, wls = small
-    lines = tuning.tune(wls[:2], target, number=2, repeat=1)
-    path = tmp_path_factory.mktemp("tuned") / tuning.records_path(target).name
-    path.write_text("\n".join(lines) + "\n")
-    return path, lines
+    lines, rows, hit = tune.tune_workloads(wls.conv[:2], target, number=2, repeat=1)
+    return lines, rows, hit
 
 
-def test_recorded_workloads_are_the_compiled_nchwc_convs(small):
-    _, _, wls = small
-    assert wls and all(w[0] == tuning.TASK and len(w[1][1]) == 5 for w in wls)
-    assert len(set(wls)) == len(wls)
-    # FoldPadIntoConv ran before lowering: 3x3 convs carry their padding, not a padded input
-    assert any(w[2][1][2:4] == (3, 3) and w[4] == (1, 1, 1, 1) for w in wls)
-
-
-def test_tune_writes_one_record_per_workload_matching_the_layout(small, records):
-    _, target, wls = small
-    _, lines = records
-    assert len(lines) == 2
-    for line, wl in zip(lines, wls):
-        inp, res = autotvm.record.decode(line)
-        assert inp.task.workload == wl and res.error_no == 0 and res.costs[0] > 0
-        ents = inp.config._entity_map
-        assert ents["tile_ic"].size[-1] == wl[1][1][4] and ents["tile_oc"].size[-1] == 16
-
-
-def test_apply_wins_over_alter_layout_update_and_keeps_bits(small, records, monkeypatch):
-    m, target, wls = small
-    path, lines = records
-    monkeypatch.setattr(tuning, "TUNED_DIR", path.parent)
-    assert len(tuning.load_records(target)) == 2
-    want = autotvm.record.decode(lines[0])[0].config
-    ctx = tuning.apply(target)
-    with ctx, target:
-        other = autotvm.task.space.FallbackConfigEntity()
-        ctx.update(target, wls[0], other)  # what AlterOpLayout does for the NCHWc workload
-        assert str(autotvm.task.DispatchContext.current.query(target, wls[0])) == str(want)
+@pytest.fixture(scope="module")
+def plain(small):
+    """The untuned build and its outputs on a seeded input."""
+    m, target, _ = small
     x = {m.input_name: np.random.default_rng(0).standard_normal(m.input_shape).astype("float32")}
-    tuned = tvm_ext.build(m.mod, target, m.params, passes=pipelines.int8())
-    plain = tvm_ext.build(m.mod, target, m.params, passes=pipelines.int8(), tuned=False)
-    for a, b in zip(run_module(tuned, x), run_module(plain, x)):
-        np.testing.assert_array_equal(a, b)
+    lib = tvm_ext.build(m.mod, target, m.params, passes=pipelines.int8(), tuned=False)
+    return lib, x, run_module(lib, x)
 
 
-def test_records_of_another_cpu_are_ignored(records, monkeypatch):
-    path, _ = records
-    monkeypatch.setattr(tuning, "TUNED_DIR", path.parent)
-    host_cpu = str(build_target().attrs.get("mcpu", ""))
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty user cache and no shipped records."""
+    monkeypatch.setenv("TVM_EXT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tuning, "TUNED_DIR", tmp_path / "shipped")
+    (tmp_path / "shipped").mkdir()
+    return tmp_path
+
+
+def test_recorded_workloads_are_layout_queries_and_compiled_convs(small):
+    _, _, wls = small
+    assert wls.conv and all(w[0] == tuning.TASK and len(w[1][1]) == 5 for w in wls.conv)
+    assert wls.layout and all(w[0] == tuning.TASK and len(w[1][1]) == 4 for w in wls.layout)
+    assert len(set(wls.conv)) == len(wls.conv)
+    # FoldPadIntoConv ran before lowering: 3x3 convs carry their padding, not a padded input
+    assert any(w[2][1][2:4] == (3, 3) and w[4] == (1, 1, 1, 1) for w in wls.conv)
+
+
+def test_tuned_is_never_slower_than_tvms_rule_as_measured(small, records):
+    _, _, wls = small
+    lines, rows, hit = records
+    assert not hit and len(rows) == 2
+    for kind, _desc, base, best, _cfg in rows:
+        assert kind == "conv" and 0 < best <= base
+    for line in lines:  # a record only where a candidate beat TVM's rule, in the workload's layout
+        inp, res = autotvm.record.decode(line)
+        assert inp.task.workload in wls.conv[:2] and res.error_no == 0
+        ents = inp.config._entity_map
+        assert ents["tile_ic"].size[-1] == inp.task.workload[1][1][4]
+
+
+def test_user_records_come_first(small, cache):
+    _, target, wls = small
+    wl = wls.conv[0]
+    task = autotvm.task.create(wl[0], args=wl[1:], target=target)
+    cands = tune._conv_candidates(task)
+    assert len(cands) >= 2
+
+    def rec(cfg, cost):
+        return autotvm.record.encode(autotvm.MeasureInput(target, task, cfg),
+                                     autotvm.MeasureResult((cost,), 0, 0.0, 0.0))
+
+    tuning.shipped_path(target).write_text(rec(cands[0], 1e-6) + "\n")  # "faster", but shipped
+    tune.write_records([rec(cands[1], 1.0)], target)
+    assert tuning.user_path(target).is_file()
+    with tuning.apply(target) as ctx, target:
+        got = autotvm.task.DispatchContext.current.query(target, wl)
+    assert str(got) == str(cands[1]) and ctx.hits == [wl]
+    assert len(tuning.load_records(target)) == 1 and len(tuning.load_records(target, user=False)) == 1
+
+
+def test_records_of_another_cpu_or_isa_are_ignored(small, records, cache):
+    _, target, _ = small
+    lines, _, _ = records
+    assert lines, "the fixture tuned nothing better than TVM's rule"
+    tune.write_records(lines, target)
+    assert len(tuning.load_records(target)) == len(lines)
+    host_cpu = str(target.attrs.get("mcpu", ""))
     other = tvm.target.Target(f"llvm -mcpu={'znver3' if host_cpu != 'znver3' else 'skylake-avx512'}")
     assert tuning.load_records(other) == []
-    ctx = tuning.apply(other)
-    with ctx:  # a null context: TVM's own rule
+    masked = tvm.target.Target(f"llvm -mcpu={host_cpu} -mattr=-avx512f")  # same CPU name, AVX2 code
+    if tuning.target_key(masked) != tuning.target_key(target):
+        assert tuning.load_records(masked) == []
+    with tuning.apply(other) as ctx:  # a null context: TVM's own rule
         assert not isinstance(ctx, autotvm.task.ApplyHistoryBest)
 
 
-def test_shipped_records_load_for_their_cpu():
-    target = build_target()
-    path = tuning.records_path(target)
-    if not path.is_file():
-        pytest.skip(f"no records shipped for {path.name}")
-    recs = tuning.load_records(target)
-    assert recs and all(inp.task.name == tuning.TASK for inp, _ in recs)
+def test_tuned_build_keeps_bits_and_reports_tuned_kernels(small, records, plain, cache):
+    m, target, _ = small
+    lines, _, _ = records
+    tune.write_records(lines, target)
+    lib, x, want = plain
+    tuned = tvm_ext.build(m.mod, target, m.params, passes=pipelines.int8())
+    for a, b in zip(run_module(tuned, x), want):
+        np.testing.assert_array_equal(a, b)
+    assert tuned.kernel_report.num_tuned_kernels >= len(lines) >= 1
+    assert lib.kernel_report.num_tuned_kernels == 0
+    assert all(k.anchor for k in tuned.kernel_report.kernels if k.tuned)
+    assert "(tuned)" in tuned.kernel_report.table()
+
+
+def test_layout_records_change_the_channel_blocking_and_keep_bits(small, plain, cache):
+    m, target, wls = small
+    recs = tune._layout_records(wls.layout, target, 32)
+    assert recs and all(inp.config._entity_map["tile_oc"].size[-1] == 32 for inp, _ in recs)
+    tune.write_records([autotvm.record.encode(i, r) for i, r in recs], target)
+    blocked = tvm_ext.build(m.mod, target, m.params, passes=pipelines.int8())
+    lib, x, want = plain
+    assert "NCHW32c" in blocked.tvm_ext_module.astext() and "NCHW32c" not in lib.tvm_ext_module.astext()
+    for a, b in zip(run_module(blocked, x), want):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("mcpu, isa", [("znver3", "avx2"), ("znver4", "avx512_vnni")])
+def test_shipped_records_parse_and_match_their_file(mcpu, isa):
+    target = tvm.target.Target(f"llvm -mcpu={mcpu}")
+    assert tuning.records_name(target) == f"x86_int8_{mcpu}_{isa}.log"
+    path = tuning.shipped_path(target)
+    assert path.is_file(), f"no records shipped for {mcpu} ({isa})"
+    recs = tuning.load_records(target, user=False)
+    assert recs and all(inp.task.name in (tuning.TASK, *tuning.DENSE_TASKS) for inp, _ in recs)
+    assert len(recs) == len([ln for ln in path.read_text().splitlines() if ln.strip()]), "records of another key"
+
+
+def test_tune_refuses_targets_that_do_not_run_here(small):
+    m, _, _ = small
+    with pytest.raises(ValueError, match="not an x86 CPU target"):
+        tune.tune_model(m.mod, m.params, "llvm -mtriple=aarch64-linux-gnu", budget_s=1)

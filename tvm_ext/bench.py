@@ -253,7 +253,7 @@ def _build_job(job: dict) -> dict:
         report, passes = KernelReport.from_factory(fac).to_dict(), None
     else:
         pipe = pipelines.int8()
-        fac = build(v["mod"], target=target, params=v["params"], passes=pipe)
+        fac = build(v["mod"], target=target, params=v["params"], passes=pipe, tuned=job.get("tuned", True))
         report, passes = fac.kernel_report.to_dict(), pipe.pass_names()
     build_s = time.perf_counter() - t0
     out = Path(job["dir"])
@@ -317,7 +317,7 @@ def _run_builds(jobs, parallel: bool):
 
 
 def bench_variant(key, *, target, small, model_path, repeat, threads, progress, workdir, parallel=True,
-                  ext_target=None) -> dict:
+                  ext_target=None, tuned: bool = True) -> dict:
     """Build, check and time one variant; returns its results dict (errors recorded, not raised).
 
     ``target`` is stock TVM's target (what plain relay.build survives); ``ext_target`` is
@@ -336,7 +336,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     pipes = {"tvm": target, "tvm_ext": ext_target}
     if str(ext_target) != str(target):
         pipes["tvm_same"] = ext_target
-    jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir),
+    jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir), tuned=tuned,
                  log_level=logging.getLogger().level) for p, t in pipes.items()]
     built = _run_builds(jobs, parallel)
     engines = []
@@ -419,6 +419,20 @@ def _crossing_text(report) -> str:
     return f"{_mb(c['total_bytes'])} MB ({parts})" if parts else "0 MB"
 
 
+def _tuning_text(env: dict, results: dict) -> str:
+    tun = env.get("tuning") or {}
+    if not tun.get("enabled", True):
+        return "tvm-ext tuning records: off (`--untuned`)"
+    recs = tun.get("records") or {}
+    per = []
+    for v in results["variants"]:
+        rep = ((v["pipelines"].get("tvm_ext") or {}).get("report") or {})
+        if "num_tuned_kernels" in rep:
+            per.append(f"{v['label'].split(' ')[0]} {rep['num_tuned_kernels']}")
+    src = ", ".join(f"{k} {r['count']}" for k, r in recs.items()) or "none"
+    return f"tvm-ext tuning records: {src}; tuned kernels: {', '.join(per) or 'none'}"
+
+
 def render_markdown(results: dict) -> str:
     """The results table (and the environment it was measured in) as Markdown."""
     env = results["environment"]
@@ -433,6 +447,8 @@ def render_markdown(results: dict) -> str:
            "reference `TVM stock @ tvm-ext target`)" if env.get("ext_target", env["target"]) != env["target"] else ""),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
         f"- latency: median (IQR) of {env['repeat']} interleaved timed runs after warm-up",
+        f"- int8 ISA: stock `{(env.get('target_info') or {}).get('isa', '?')}`, "
+        f"tvm-ext `{(env.get('ext_target_info') or {}).get('isa', '?')}`; " + _tuning_text(env, results),
         "",
         "| variant | pipeline | kernels | anchors | non-anchor | tensors crossing | MB crossing (by dtype) | build s | latency ms | vs stock | vs ORT |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -526,12 +542,15 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
 
 # --- entry points ----------------------------------------------------------------------------
 def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, target=None, repeat: int = 30,
-        threads: int = 2, out="bench-results", small: bool = False, stream=None, parallel: bool = True) -> dict:
+        threads: int = 2, out="bench-results", small: bool = False, stream=None, parallel: bool = True,
+        tuned: bool = True) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``.
 
     Stock TVM builds for ``safe_target(target)`` (VNNI masked: plain relay.build aborts on it
-    with LLVM 22); tvm-ext for ``build_target(target)`` (VNNI kept where tvm-ext can build it).
+    with LLVM 22); tvm-ext for ``build_target(target)`` (VNNI kept where tvm-ext can build it),
+    with the tuning records for that target (user's, then shipped) unless ``tuned=False``.
     """
+    from . import tuning
     from .target import build_target, describe_target, host_target, safe_target
 
     tgt = safe_target(target) if target else host_target()
@@ -544,6 +563,11 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": threads, "tvm_threads": actual_threads,
         "tvm_thread_pool_spin_count": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"),
         "target": str(tgt), "target_info": describe_target(tgt), "ext_target": str(ext_tgt),
+        "ext_target_info": describe_target(ext_tgt),
+        "tuning": {"enabled": tuned, "records": {
+            "user": {"path": str(tuning.user_path(ext_tgt)), "count": len(tuning.load_records(ext_tgt, shipped=False))},
+            "shipped": {"path": str(tuning.shipped_path(ext_tgt)),
+                        "count": len(tuning.load_records(ext_tgt, user=False))}} if tuned else {}},
         "versions": _versions(), "repeat": repeat,
         "small": small, "platform": platform.platform(),
     }
@@ -556,7 +580,8 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         for key in keys:
             results["variants"].append(
                 bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
-                              progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt))
+                              progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt,
+                              tuned=tuned))
     (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (outdir / "results.md").write_text(render_markdown(results))
     _chart(results, outdir / "chart.png")

@@ -220,7 +220,9 @@ def build(
         None (default): use AVX-512 VNNI where the CPU has it. False: mask it (the instruction
         set a plain ``relay.build`` can survive). See :func:`tvm_ext.target.build_target`.
     tuned : bool
-        Use the int8 conv schedules shipped for this CPU (:mod:`tvm_ext.tuning`), if any.
+        Use the int8 conv layouts and schedules tuned for this CPU and instruction set
+        (:mod:`tvm_ext.tuning`): the user's records (``tvm-ext tune``) first, then shipped ones.
+        ``kernel_report`` marks the kernels they reached (``Kernel.tuned``).
 
     Returns
     -------
@@ -254,8 +256,12 @@ def build(
     kernels = x86_int8.kernels() if tgt.kind.name == "llvm" else contextlib.nullcontext()
     schedules = tuning.apply(tgt) if tuned else contextlib.nullcontext()
     with kernels, schedules:
-        return _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,
-                      runtime, mod_name)
+        factory = _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,
+                         runtime, mod_name)
+    hits = getattr(schedules, "hits", None)
+    if hits:
+        factory.kernel_report = factory.kernel_report.with_tuned(hits)
+    return factory
 
 
 def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor, runtime,

@@ -2,7 +2,7 @@
 
 Sub-commands: ``report`` (kernel report of an ONNX model), ``passes`` (registered passes),
 ``patterns`` (pattern tables), ``zoo`` (write the built-in model zoo), ``bench`` (the int8
-ResNet-50 benchmark). User errors (missing file, non-ONNX file, unknown pass, bad option) print
+ResNet-50 benchmark), ``tune`` (tune a model's int8 kernels on this CPU). User errors (missing file, non-ONNX file, unknown pass, bad option) print
 one line on stderr and exit with code 2. Printing happens here only; the library logs.
 """
 from __future__ import annotations
@@ -150,12 +150,50 @@ def cmd_bench(args) -> int:
     print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op), repeat {args.repeat}", flush=True)
     try:
         results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
-                      out=args.out, small=args.small)
+                      out=args.out, small=args.small, tuned=not args.untuned)
     except ValueError as err:
         raise UsageError(str(err).splitlines()[0]) from None
     print()
     print(render_markdown(results))
     print(f"wrote {Path(args.out) / 'results.json'}, results.md, chart.png")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from . import pipelines
+    from .target import build_target
+    from .tune import tune_model, write_records
+
+    if bool(args.model) == bool(args.zoo):
+        raise UsageError("give one ONNX model, or --zoo for the benchmark models")
+    if args.budget <= 0:
+        raise UsageError("--budget must be positive (minutes)")
+    target = build_target(_resolve_target(args.target) if args.target else None)
+    passes = pipelines.int8() if args.pipeline == "int8" else parse_pass_list(args.passes)
+    if args.zoo:
+        from . import zoo
+        from .bench import VARIANTS
+
+        models = []
+        for key in VARIANTS:
+            m = zoo.load(VARIANTS[key][0], small=args.small)
+            models.append((VARIANTS[key][1], m.mod, m.params))
+    else:
+        mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
+        models = [(args.model, mod, params)]
+    print(f"tuning for {target} ({len(models)} model(s), budget {args.budget:g} min)", flush=True)
+    lines, written = [], None
+    for i, (name, mod, params) in enumerate(models):
+        print(f"== {name}", flush=True)
+        try:
+            res = tune_model(mod, params, target, passes, budget_s=args.budget * 60 / len(models),
+                             layouts=not args.no_layouts, progress=lambda msg: print("  " + msg, flush=True))
+        except ValueError as err:
+            raise UsageError(str(err).splitlines()[0]) from None
+        print(res.table(), flush=True)
+        lines += res.records
+        written = write_records(lines, target, args.out)  # after each model: an interrupted run keeps its work
+    print(f"wrote {len(lines)} records to {written}; tvm_ext.build applies them on this CPU", flush=True)
     return 0
 
 
@@ -201,7 +239,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="threads for TVM and ONNX Runtime (default 2)")
     p.add_argument("--out", default="bench-results", help="output folder (default ./bench-results)")
     p.add_argument("--small", action="store_true", help="small ResNet variants (smoke test)")
+    p.add_argument("--untuned", action="store_true", help="tvm-ext without tuning records (TVM's schedule rules)")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("tune", help="tune int8 convs and denses of a model on this CPU",
+                       description="Tune the int8 convolution layouts (ic_bn/oc_bn) and schedules, and int8 dense "
+                                   "layers, that tvm_ext.build compiles for a model on this CPU; write AutoTVM "
+                                   "records to $TVM_EXT_CACHE/tuned/ (applied by tvm_ext.build automatically).")
+    p.add_argument("model", nargs="?", help="path to an .onnx file")
+    p.add_argument("--zoo", action="store_true", help="tune the benchmark's three int8 ResNet-50 models")
+    p.add_argument("--small", action="store_true", help="with --zoo: the small variants (smoke run)")
+    p.add_argument("--pipeline", choices=["int8", "none"], default="int8", help="passes the build runs (default int8)")
+    p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes")
+    p.add_argument("--target", help="x86 target that runs on this CPU (default: the host CPU)")
+    p.add_argument("--budget", type=float, default=20.0, metavar="MINUTES", help="time budget (default 20)")
+    p.add_argument("--no-layouts", action="store_true", help="skip the channel-blocking stage (no full-model builds)")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
+    p.add_argument("--out", help="records file (default: $TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log)")
+    p.set_defaults(func=cmd_tune)
     return parser
 
 

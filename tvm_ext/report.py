@@ -113,11 +113,14 @@ class Kernel:
     ops: tuple
     anchor: Optional[str]
     outputs: tuple  # ((shape, dtype), ...)
+    inputs: tuple = ()  # ((shape, dtype), ...), weights included
+    tuned: bool = False  # compiled with a tuning record (tvm_ext.tuning), not TVM's rule
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ops"] = list(self.ops)
         d["outputs"] = [{"shape": list(s), "dtype": t} for s, t in self.outputs]
+        d["inputs"] = [{"shape": list(s), "dtype": t} for s, t in self.inputs]
         return d
 
 
@@ -200,12 +203,34 @@ class KernelReport:
                 continue
             func_name = node.get("attrs", {}).get("func_name", node["name"])
             ops = tuple(ops_by_func.get(func_name, _ops_from_name(func_name)))
-            kernels.append(Kernel(len(kernels), node["name"], func_name, ops, anchor_of(ops), outs))
+            ins = tuple((tuple(shapes[row_ptr[src] + idx]), dtypes[row_ptr[src] + idx]) for src, idx, *_ in node["inputs"])
+            kernels.append(Kernel(len(kernels), node["name"], func_name, ops, anchor_of(ops), outs, ins))
             for i, out in enumerate(outs):
                 if readers.get((nid, i)):
                     crossing.append(out)
         heads = [(tuple(shapes[row_ptr[h[0]] + h[1]]), dtypes[row_ptr[h[0]] + h[1]]) for h in graph["heads"]]
         return cls(kernels, _traffic(crossing), _traffic(graph_inputs), _traffic(heads))
+
+    def with_tuned(self, workloads) -> "KernelReport":
+        """This report with ``Kernel.tuned`` set where a tuned AutoTVM workload was compiled.
+
+        A kernel is tuned when its inputs include the data and weight tensors (shape and dtype)
+        of one of ``workloads`` (as :func:`tvm_ext.tuning.apply`'s ``hits`` lists them).
+        """
+        import dataclasses
+
+        keys = []
+        for wl in workloads:
+            tensors = [(tuple(a[1]), a[2]) for a in wl[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"]
+            if len(tensors) >= 2:
+                keys.append(tensors[:2])
+        kernels = [dataclasses.replace(k, tuned=any(d in k.inputs and w in k.inputs for d, w in keys))
+                   for k in self.kernels]
+        return KernelReport(kernels, self.crossing, self.inputs, self.outputs)
+
+    @property
+    def num_tuned_kernels(self) -> int:
+        return sum(1 for k in self.kernels if k.tuned)
 
     # -- summary ------------------------------------------------------------------------
     @property
@@ -233,6 +258,7 @@ class KernelReport:
             "num_kernels": self.num_kernels,
             "num_anchor_kernels": self.num_anchor_kernels,
             "num_non_anchor_kernels": self.num_non_anchor_kernels,
+            "num_tuned_kernels": self.num_tuned_kernels,
             "anchors": {str(k): v for k, v in self.anchor_counts().items()},
             "crossing": self.crossing.to_dict(),
             "inputs": self.inputs.to_dict(),
@@ -255,13 +281,16 @@ class KernelReport:
         shown = self.kernels if max_kernels is None else self.kernels[:max_kernels]
         for k in shown:
             out = ", ".join(f"{t}{list(s)}" for s, t in k.outputs)
-            rows.append((str(k.index), k.anchor or "-", " ".join(k.ops) or k.func_name, out))
+            anchor = (k.anchor or "-") + (" (tuned)" if k.tuned else "")
+            rows.append((str(k.index), anchor, " ".join(k.ops) or k.func_name, out))
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
         if max_kernels is not None and len(self.kernels) > max_kernels:
             lines.append(f"... {len(self.kernels) - max_kernels} more kernels")
         lines.append("")
         lines.append(self.summary())
+        if self.num_tuned_kernels:
+            lines.append(f"{self.num_tuned_kernels} kernels use tuned schedules (tvm_ext.tuning)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

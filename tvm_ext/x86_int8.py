@@ -174,7 +174,7 @@ def _schedule_common_int8_per_row(s, cfg, data_vec, kernel_vec, conv_out, last):
     from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
 
     target = tvm.target.Target.current(allow_none=True)
-    if target is None or not policy(target).per_row:
+    if _SAVED.get("mode") != "per_row" and (target is None or not policy(target).per_row):
         return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
     return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
         s, cfg, data_vec, kernel_vec, conv_out, last,
@@ -184,7 +184,7 @@ def _schedule_common_int8_per_row(s, cfg, data_vec, kernel_vec, conv_out, last):
     )
 
 
-def _install(schedule: bool):
+def _install(schedule):
     import tvm.topi.x86.conv2d_avx_common as common
     import tvm.topi.x86.tensor_intrin as intrin
 
@@ -192,6 +192,7 @@ def _install(schedule: bool):
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
     if needs_operand_fix():
         intrin.dot_16x1x16_uint8_int8_int32_cascadelake = dot_u8s8_vnni
+    _SAVED["mode"] = schedule
     if schedule:
         common._schedule_conv_NCHWc_int8 = _schedule_common_int8_per_row
 
@@ -202,10 +203,11 @@ def _uninstall():
 
     intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
     common._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule")
+    _SAVED.pop("mode", None)
 
 
 @contextlib.contextmanager
-def kernels(schedule: bool = True):
+def kernels(schedule=True):
     """Enter to build x86 int8 kernels with the fixes of this module.
 
     Parameters
@@ -213,7 +215,9 @@ def kernels(schedule: bool = True):
     schedule : bool
         Also compute 3x3/7x7 int8 convs per output row (fix 2) where :func:`policy` chooses it
         for the target being compiled. ``False`` keeps TVM's schedule everywhere and only makes
-        VNNI buildable (fix 1): that is "stock TVM" for a VNNI target.
+        VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"`` uses the
+        per-row schedule on every instruction set (for measurements such as
+        ``benchmarks/int8_conv_schedules.py``).
 
     Re-entrant and thread-safe: nested entries share the outermost setting, and TVM's own
     functions are restored when the outermost entry exits. Other threads that call

@@ -1,0 +1,371 @@
+"""``tvm-ext tune``: tune a model's int8 convolutions and dense layers on this machine.
+
+Design note
+-----------
+Sits on top of :func:`tvm_ext.build` (records what a build compiles) and writes what
+:mod:`tvm_ext.tuning` applies. Three stages, each measured, in this order, within a time budget:
+
+1. **Channel blocking** (``ic_bn``/``oc_bn``, the ``NCHW{c}c`` layouts AlterOpLayout picks). A
+   block size chosen per convolution would put a ``layout_transform`` kernel between every two
+   convs that disagree, so one block ``B`` is chosen for the whole model: for each candidate
+   (16, 32, 64; AVX2 also 8 for the data), the model is built with ``NCHW`` records asking for
+   ``oc_bn = B`` and ``ic_bn = B`` (or the largest divisor of the channels that fits) and timed end
+   to end against TVM's own rule. A candidate is kept only if the whole model got faster.
+2. **Schedule knobs** of every ``NCHWc`` int8 conv the build compiles under that layout
+   (``tile_ow`` x ``unroll_kw`` for 3x3/7x7, ``tile_ow`` x ``tile_oh`` for 1x1), each candidate
+   compiled and timed alone (:func:`time_config`), TVM's rule included as a candidate, so a record
+   is never slower than the untuned kernel as measured.
+3. **Dense** layers with int8 inputs (TVM's x86 dense templates): a seeded sample of their
+   configuration space, TVM's fallback included.
+
+Everything is timed on this host, so the target must run here (:func:`tvm_ext.isa.runs_on_host`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from . import tuning, x86_int8
+from .build import build
+from .isa import isa_class, runs_on_host
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Workloads", "TuneResult", "record_workloads", "time_config", "tune_workloads", "tune_model"]
+
+#: Channel blocks tried for the whole model (oc_bn must be a multiple of 16 in TVM's template).
+LAYOUT_BLOCKS = (16, 32, 64)
+
+
+@dataclass
+class Workloads:
+    """The AutoTVM workloads one build queried."""
+
+    layout: list = field(default_factory=list)  # NCHW int8 conv workloads (AlterOpLayout's query)
+    conv: list = field(default_factory=list)  # NCHWc int8 conv workloads (what is compiled)
+    dense: list = field(default_factory=list)  # int8 dense workloads
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune_model` did: records written, and what each stage measured."""
+
+    target: str
+    records: list  # AutoTVM record lines
+    rows: list  # (kind, workload summary, untuned ms, tuned ms, config)
+    layout: str  # "TVM's rule" or "block B"
+    layout_ms: dict  # candidate -> model ms
+    model_ms_untuned: Optional[float] = None
+    model_ms_tuned: Optional[float] = None
+    seconds: float = 0.0
+    budget_hit: bool = False
+
+    def table(self) -> str:
+        lines = [f"target: {self.target}", f"layout: {self.layout}  (model ms per candidate: "
+                 + ", ".join(f"{k}: {v:.2f}" for k, v in self.layout_ms.items()) + ")",
+                 "| kind | workload | untuned ms | tuned ms | tuned / untuned | config |", "|---|---|---|---|---|---|"]
+        for kind, desc, base, best, cfg in self.rows:
+            lines.append(f"| {kind} | {desc} | {base:.4f} | {best:.4f} | {best / base:.2f} | {cfg} |")
+        if self.rows:
+            b, t = sum(r[2] for r in self.rows), sum(r[3] for r in self.rows)
+            lines.append(f"| **sum** | {len(self.rows)} workloads | {b:.3f} | {t:.3f} | {t / b:.2f} | |")
+        if self.model_ms_untuned and self.model_ms_tuned:
+            lines.append(f"model: untuned {self.model_ms_untuned:.2f} ms, tuned {self.model_ms_tuned:.2f} ms "
+                         f"({self.model_ms_tuned / self.model_ms_untuned:.2f}x)")
+        lines.append(f"{len(self.records)} records in {self.seconds:.0f} s" + (" (budget reached)" if self.budget_hit else ""))
+        return "\n".join(lines)
+
+
+def _is_int8(wl) -> bool:
+    tensors = [a for a in wl[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"]
+    return len(tensors) >= 2 and tensors[0][2] in ("uint8", "int8") and tensors[1][2] == "int8"
+
+
+def record_workloads(mod, params=None, target=None, passes=(), records=()) -> Workloads:
+    """The int8 conv and dense workloads ``tvm_ext.build(mod, target, params, passes)`` queries.
+
+    ``records`` are answered from (so the ``NCHWc`` workloads of a chosen layout are recorded).
+    """
+    from tvm import autotvm
+
+    answers = {}
+    for inp, _ in records:
+        answers[inp.task.workload] = inp.config
+    found = Workloads()
+
+    class _Recorder(autotvm.task.DispatchContext):
+        def _query_inside(self, target, workload):
+            if workload:
+                if workload[0] == tuning.TASK:
+                    bucket = found.conv if len(workload[1][1]) == 5 else found.layout
+                    if workload not in bucket:
+                        bucket.append(workload)
+                elif workload[0] in tuning.DENSE_TASKS and _is_int8(workload) and workload not in found.dense:
+                    found.dense.append(workload)
+            return answers.get(workload)  # None: fall through to TVM's own configuration
+
+        def update(self, target, workload, cfg):  # AlterOpLayout registers its NCHWc configs here
+            answers[workload] = cfg
+
+    with _Recorder():
+        build(mod, target=target, params=params, passes=passes, tuned=False)
+    return found
+
+
+def time_config(task, cfg, target, number: int = 10, repeat: int = 3) -> float:
+    """Median seconds of one run of ``task`` built with ``cfg`` (inside ``x86_int8.kernels()``)."""
+    import tvm
+
+    with x86_int8.kernels(), target:
+        sch, bufs = task.instantiate(cfg)
+        func = tvm.build(sch, bufs, target=target)
+    dev = tvm.cpu()
+    rng = np.random.default_rng(0)
+    arrs = []
+    for b in bufs:
+        shape = [int(d) for d in b.shape]
+        arr = rng.integers(0, 100, shape).astype(b.dtype) if "int" in b.dtype else np.zeros(shape, b.dtype)
+        arrs.append(tvm.nd.array(arr, dev))
+    timer = func.time_evaluator(func.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=5)
+    return float(np.median(timer(*arrs).results))
+
+
+def _fallback(task):  # pylint: disable=unused-argument
+    from tvm import autotvm
+
+    return autotvm.task.space.FallbackConfigEntity()  # the template applies TVM's rule to it
+
+
+def _conv_candidates(task) -> list:
+    """One config per distinct value of the layout-free knobs, with tile_ic/oc = the layout."""
+    wl = task.workload
+    ic_bn = int(wl[1][1][4])
+    oc_bn = int(wl[2][1][5])  # kernel OIHW[ic_bn/4]i[oc_bn]o4i
+    seen, out = set(), []
+    space = task.config_space
+    for i in range(len(space)):
+        cfg = space.get(i)
+        ents = cfg._entity_map  # pylint: disable=protected-access
+        if ents["tile_ic"].size[-1] != ic_bn or ents["tile_oc"].size[-1] != oc_bn:
+            continue
+        key = tuple((n, str(v)) for n, v in ents.items() if n not in ("tile_ic", "tile_oc"))
+        if key not in seen:
+            seen.add(key)
+            out.append(cfg)
+    return out
+
+
+def _dense_candidates(task, n: int = 24, seed: int = 0) -> list:
+    space = task.config_space
+    idx = np.random.default_rng(seed).permutation(len(space))[:n]
+    return [space.get(int(i)) for i in idx]
+
+
+def _describe(wl) -> str:
+    if wl[0] == tuning.TASK:
+        return f"conv data {list(wl[1][1])} {wl[1][2]} kernel {list(wl[2][1])} stride {list(wl[3])} pad {list(wl[4])}"
+    return f"{wl[0]} data {list(wl[1][1])} weight {list(wl[2][1])}"
+
+
+def _knobs(cfg) -> str:
+    ents = getattr(cfg, "_entity_map", {})
+    return ", ".join(f"{k}={v}" for k, v in ents.items()) or "TVM's rule"
+
+
+def tune_workloads(workloads, target, *, deadline: float = float("inf"), progress=None, number: int = 10,
+                   repeat: int = 3):
+    """Time TVM's rule and every candidate of each workload; records of the winners.
+
+    Returns ``(record lines, rows, budget_hit)``; a workload whose best is TVM's own rule gets no
+    record. Stops (keeping what it has) when ``time.monotonic()`` passes ``deadline``.
+    """
+    from tvm import autotvm
+
+    lines, rows = [], []
+    for n, wl in enumerate(workloads):
+        if time.monotonic() > deadline:
+            return lines, rows, True
+        task = autotvm.task.create(wl[0], args=wl[1:], target=target)
+        cands = _conv_candidates(task) if wl[0] == tuning.TASK else _dense_candidates(task)
+        base = time_config(task, _fallback(task), target, number, repeat)
+        best = (base, None)
+        for cfg in cands:
+            if time.monotonic() > deadline:
+                break
+            try:
+                cost = time_config(task, cfg, target, number, repeat)
+            except Exception as err:  # an invalid point of TVM's space: skip it, say why
+                logger.debug("config %s of %s failed: %s", cfg, wl[0], err)
+                continue
+            if cost < best[0]:
+                best = (cost, cfg)
+        if best[1] is not None:
+            inp = autotvm.MeasureInput(target, task, best[1])
+            lines.append(autotvm.record.encode(inp, autotvm.MeasureResult((best[0],), 0, 0.0, time.time())))
+        kind = "conv" if wl[0] == tuning.TASK else "dense"
+        rows.append((kind, _describe(wl), base * 1e3, best[0] * 1e3, _knobs(best[1]) if best[1] else "TVM's rule"))
+        if progress:
+            progress(n + 1, len(workloads), rows[-1])
+    return lines, rows, False
+
+
+def _layout_records(layout_wls, target, block: int) -> list:
+    """``NCHW`` records asking AlterOpLayout for ``oc_bn = block`` and ``ic_bn <= block``."""
+    from tvm import autotvm
+
+    out = []
+    for wl in layout_wls:
+        task = autotvm.task.create(wl[0], args=wl[1:], target=target)
+        cin, cout = int(wl[1][1][1]), int(wl[2][1][0])
+        if cout % block:
+            continue
+        ic_bn = max((d for d in range(4, min(block, cin) + 1, 4) if cin % d == 0), default=None)
+        if ic_bn is None:
+            continue
+        space = task.config_space
+        for i in range(len(space)):
+            cfg = space.get(i)
+            ents = cfg._entity_map  # pylint: disable=protected-access
+            if ents["tile_ic"].size[-1] == ic_bn and ents["tile_oc"].size[-1] == block:
+                out.append((autotvm.MeasureInput(target, task, cfg), autotvm.MeasureResult((1.0,), 0, 0.0, time.time())))
+                break
+    return out
+
+
+def _model_ms(mod, params, target, passes, records, repeat: int = 20) -> float:
+    import tvm
+    from tvm.contrib import graph_executor
+
+    ctx = tuning.apply(target, records) if records else None
+    if ctx is not None:
+        with ctx:
+            lib = build(mod, target=target, params=params, passes=passes, tuned=False)
+    else:
+        lib = build(mod, target=target, params=params, passes=passes, tuned=False)
+    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    rng = np.random.default_rng(0)
+    bound = set(params or {})
+    for p in mod["main"].params:
+        if p.name_hint in bound:
+            continue
+        t = p.checked_type if hasattr(p, "checked_type_") and p.checked_type_ is not None else p.type_annotation
+        shape, dtype = [int(d) for d in t.shape], t.dtype
+        arr = rng.integers(0, 100, shape).astype(dtype) if "int" in dtype else rng.standard_normal(shape).astype(dtype)
+        gm.set_input(p.name_hint, arr)
+    timer = gm.module.time_evaluator("run", tvm.cpu(), number=3, repeat=repeat, min_repeat_ms=20)
+    return float(np.median(timer().results)) * 1e3
+
+
+def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 600.0,
+               layouts: bool = True, progress: Optional[Callable] = None, number: int = 10,
+               repeat: int = 3) -> TuneResult:
+    """Tune ``mod``'s int8 convs and denses as ``tvm_ext.build(mod, target, params, passes)`` compiles them.
+
+    Parameters
+    ----------
+    mod, params, target, passes
+        As for :func:`tvm_ext.build` (target default: the host CPU).
+    budget_s : float
+        Wall-clock budget; what was tuned when it runs out is kept.
+    layouts : bool
+        Run the channel-blocking stage (three or four full-model builds).
+    progress : callable, optional
+        ``progress(message)`` for each step.
+
+    Raises
+    ------
+    ValueError
+        The target does not run on this host, or is not an x86 LLVM target.
+    """
+    from .target import build_target
+
+    t0 = time.monotonic()
+    deadline = t0 + budget_s
+    tgt = build_target(target)
+    if tgt.kind.name != "llvm" or isa_class(tgt) == "other":
+        raise ValueError(f"tvm_ext.tune: '{tgt}' is not an x86 CPU target; only x86 int8 templates are tuned")
+    if not runs_on_host(tgt):
+        from .isa import missing_on_host
+
+        raise ValueError(f"tvm_ext.tune: '{tgt}' uses {','.join(missing_on_host(tgt))}, which this CPU lacks; "
+                         "tuning times code on this machine")
+    say = progress or (lambda msg: logger.info("%s", msg))
+    say(f"recording the int8 workloads tvm_ext.build compiles for {tgt}")
+    found = record_workloads(mod, params, tgt, passes)
+    t_build = time.monotonic() - t0
+    say(f"{len(found.layout)} conv layouts, {len(found.conv)} conv schedules, {len(found.dense)} dense "
+        f"(one build: {t_build:.0f} s)")
+
+    layout_recs: list = []
+    layout_ms: dict = {}
+    chosen = "TVM's rule"
+    base_ms = None
+    # the layout stage costs a model build per candidate, the baseline and a re-recording; it runs
+    # only when that leaves half of the budget for the kernels
+    layout_cost = (len(LAYOUT_BLOCKS) + 2) * t_build * 1.2
+    if layouts and found.layout and layout_cost < (deadline - time.monotonic()) / 2:
+        base_ms = _model_ms(mod, params, tgt, passes, [])
+        layout_ms[chosen] = base_ms
+        say(f"model with TVM's layout rule: {base_ms:.2f} ms")
+        best = base_ms
+        for block in LAYOUT_BLOCKS:
+            recs = _layout_records(found.layout, tgt, block)
+            if not recs:
+                continue
+            ms = _model_ms(mod, params, tgt, passes, recs)
+            layout_ms[f"block {block}"] = ms
+            say(f"model with channel block {block}: {ms:.2f} ms")
+            if ms < best * 0.98:  # a layout must win by more than timing noise
+                best, chosen, layout_recs = ms, f"block {block}", recs
+        if layout_recs:
+            found = record_workloads(mod, params, tgt, passes, records=layout_recs)
+    elif layouts and found.layout:
+        chosen = "TVM's rule (layout stage skipped: budget)"
+        say(f"skipping the layout stage: it needs about {layout_cost:.0f} s of builds, "
+            f"{deadline - time.monotonic():.0f} s left")
+
+    def step(i, n, row):
+        say(f"[{i}/{n}] {row[0]} {row[1]}: {row[2]:.4f} -> {row[3]:.4f} ms ({row[4]})")
+
+    # keep one build's time for the final check when the layout stage measured a baseline
+    reserve = t_build * 1.2 if base_ms is not None else 0.0
+    lines, rows, hit = tune_workloads(found.conv + found.dense, tgt, deadline=deadline - reserve, progress=step,
+                                      number=number, repeat=repeat)
+    from tvm import autotvm
+
+    all_lines = [autotvm.record.encode(i, r) for i, r in layout_recs] + lines
+    result = TuneResult(str(tgt), all_lines, rows, chosen, layout_ms, budget_hit=hit)
+    if base_ms is not None:  # the whole model, untuned vs tuned, as the user will build it
+        recs = [autotvm.record.decode(line) for line in all_lines]
+        result.model_ms_untuned = base_ms
+        result.model_ms_tuned = _model_ms(mod, params, tgt, passes, recs) if recs else base_ms
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def write_records(lines, target, path=None) -> str:
+    """Merge ``lines`` into the user's records for ``target`` (newer lines replace older ones)."""
+    from pathlib import Path
+
+    from tvm import autotvm
+
+    from .target import build_target
+
+    tgt = build_target(target)
+    out = Path(path) if path else tuning.user_path(tgt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    keep = {}
+    if out.is_file():
+        for line in out.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                keep[autotvm.record.decode(line)[0].task.workload] = line
+    for line in lines:
+        keep[autotvm.record.decode(line)[0].task.workload] = line
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("\n".join(keep.values()) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    return str(out)
