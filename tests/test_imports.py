@@ -1,0 +1,84 @@
+"""No import cycles between tvm-ext's modules (lazy, function-level imports included).
+
+The CLI sits on top; ``errors``, ``isa``, ``target``, ``x86_int8`` and ``tuning`` are leaves below
+``build``; ``tune`` and ``bench`` sit on ``build``. The one allowed loop is plugin registration:
+``registry.list_passes`` imports ``tvm_ext.passes`` so that every pass module registers itself.
+"""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = (("tvm_ext", "tvm_ext"), ("passes", "tvm_ext.passes"), ("patterns", "tvm_ext.patterns"))
+ALLOWED = {("tvm_ext.registry", "tvm_ext.passes")}  # plugin registration (see the module note)
+
+
+def _modules() -> dict:
+    mods = {}
+    for folder, pkg in PACKAGES:
+        for f in (ROOT / folder).rglob("*.py"):
+            parts = [p for p in f.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
+            mods[".".join([pkg, *parts])] = f
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict) -> set:
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else [])) if node.level else (node.module or "")
+            subs = {f"{target}.{a.name}" for a in node.names} & set(mods)
+            out |= subs | ({target} if len(subs) < len(node.names) else set())
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return {m for m in out if m in mods and m != name}
+
+
+def _cycles(deps: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in deps[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in deps:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    deps = {n: {d for d in _imports(n, p, mods) if (n, d) not in ALLOWED} for n, p in mods.items()}
+    assert _cycles(deps) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_leaves_do_not_import_the_layers_above():
+    mods = _modules()
+    for leaf in ("tvm_ext.errors", "tvm_ext.isa", "tvm_ext.x86_int8", "tvm_ext.tuning", "tvm_ext.target"):
+        above = {"tvm_ext.cli", "tvm_ext.bench", "tvm_ext.build", "tvm_ext.tune"}
+        assert not (_imports(leaf, mods[leaf], mods) & above), leaf
