@@ -10,6 +10,7 @@
 """
 from .build import build, lower
 from .combine_parallel_cast import CombineParallelCast
+from .frontend import from_onnx
 from .fuse_by_pattern import FuseByPattern, composite_counts
 from .patterns import RelaxEntry, RelaxMatchContext, RelaxTable, translate_table
 from .report import kernel_report
@@ -25,4 +26,5 @@ __all__ = [
     "build",
     "lower",
     "kernel_report",
+    "from_onnx",
 ]
