@@ -16,7 +16,8 @@ seed 003). The result is the ``relax.Executable`` with ``.kernel_report``
 (:class:`tvm_ext.report.KernelReport`) and ``.tvm_ext_module`` (the lowered module that was
 built). The caller's module is never modified. Note: TVM 0.19 ships no CPU schedules for Relax
 (dlight has GPU rules only), so kernels are compiled as ``LegalizeOps`` writes them (serial loops)
-unless a MetaSchedule database is current.
+unless a MetaSchedule database is current. ``relax.ewise_fma`` gets the legalization TVM 0.19
+lacks (:mod:`tvm_ext.relax.legalize`).
 """
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ def lower(mod, passes=()):
     import tvm
     from tvm import relax
 
+    from .legalize import ensure_legalizations
     from .report import kernel_ops
 
+    ensure_legalizations()
     if not isinstance(mod, tvm.IRModule):
         raise ValueError(f"tvm_ext.relax.build: expected an IRModule, got {type(mod).__name__}")
     if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
