@@ -365,11 +365,24 @@ class RelaxMatchContext:
         return Other(expr, self)
 
     def relay_op_name(self, call) -> str:
-        for key, relay_name in self.entry.call_names.items():
-            e = self._by_key.get(key)
-            if e is not None and e.same_as(call):
-                return relay_name
-        return str(call.op.name).removeprefix("relax.")
+        """The Relay op name of the pattern node that matched ``call``.
+
+        Several Relay ops can translate to one Relax op (``add`` and ``nn.bias_add`` both to
+        ``relax.add``): when a Relay op has the Relax op's own name (``add``), that is the name,
+        since only it would match this call in Relay (a Relax ``add`` is no ``bias_add``, whatever
+        branch of the pattern matched it); otherwise (``relax.matmul``) the matched node's.
+        """
+        import tvm
+
+        plain = str(call.op.name).removeprefix("relax.")
+        try:
+            tvm.ir.Op.get(plain)
+            return plain
+        except Exception:  # noqa: BLE001 - no Relay op of that name
+            pass
+        names = [n for k, n in self.entry.call_names.items()
+                 if self._by_key.get(k) is not None and self._by_key[k].same_as(call)]
+        return names[0] if names else plain
 
     @property
     def root(self):
