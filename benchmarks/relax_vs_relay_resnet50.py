@@ -98,6 +98,56 @@ def run(small: bool, repeat: int, relax_repeat: int, threads: int) -> list:
     return rows
 
 
+def conv_probe(repeat: int, relax_repeat: int) -> dict:
+    """One ResNet-50 stage-1 3x3 conv (64->64, 56x56, + bias + relu), Relay vs Relax, same target.
+
+    Isolates what limits Relax: the same op compiled by Relay (TOPI's x86 conv2d schedule, after
+    AlterOpLayout to NCHWc) and by Relax (LegalizeOps' TOPI compute, no schedule).
+    """
+    import tvm
+    from tvm import relax, relay
+    from tvm.contrib import graph_executor
+    from tvm.script import relax as R  # noqa: F401
+
+    import tvm_ext
+    import tvm_ext.relax as tr
+    from tvm_ext.target import host_target
+
+    target, dev = host_target(), tvm.cpu()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 64, 56, 56)).astype("float32")
+    w = (rng.standard_normal((64, 64, 3, 3)) * 0.05).astype("float32")
+    b = rng.standard_normal((64,)).astype("float32")
+    xv = relay.var("x", shape=x.shape)
+    body = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(xv, relay.const(w), padding=(1, 1), channels=64, kernel_size=(3, 3)), relay.const(b)))
+    lib = tvm_ext.build(tvm.IRModule.from_expr(relay.Function([xv], body)), target=target)
+    gm = graph_executor.GraphModule(lib["default"](dev))
+    gm.set_input("x", tvm.nd.array(x))
+    gm.run()
+    ref = gm.get_output(0).numpy()
+    t = gm.module.time_evaluator("run", dev, number=1, repeat=repeat)
+    t()
+    relay_ms = _latency(t())[0]
+
+    bb = relax.BlockBuilder()
+    xr = relax.Var("x", relax.TensorStructInfo(x.shape, "float32"))
+    with bb.function("main", [xr]):
+        with bb.dataflow():
+            c = bb.emit(relax.op.nn.conv2d(xr, relax.const(w), padding=[1, 1, 1, 1]))
+            o = bb.emit_output(relax.op.nn.relu(relax.op.add(c, relax.const(b.reshape(1, 64, 1, 1)))))
+        bb.emit_func_output(o)
+    ex = tr.build(bb.get(), target=target)
+    vm = relax.VirtualMachine(ex, dev)
+    arg = tvm.nd.array(x)
+    out = vm["main"](arg).numpy()
+    vm.set_input("main", arg)
+    t = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=relax_repeat)
+    t("main")
+    relax_ms = _latency(t("main"))[0]
+    return {"relay_ms": relay_ms, "relax_ms": relax_ms, "relay_kernels": lib.kernel_report.num_kernels,
+            "relax_kernels": ex.kernel_report.num_kernels, "max_abs": float(np.max(np.abs(out - ref)))}
+
+
 def render(rows, meta) -> str:
     base = next(r for r in rows if r["ir"] == "relay" and "tables" in r["pipeline"])
     lines = [
@@ -131,12 +181,17 @@ def main(argv=None) -> int:
     from tvm_ext.target import host_target
 
     rows = run(args.small, args.repeat, args.relax_repeat, args.threads)
+    probe = conv_probe(args.repeat, args.relax_repeat)
     meta = {"small": args.small, "target": str(host_target()), "threads": args.threads, "repeat": args.repeat,
             "relax_repeat": args.relax_repeat, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(render(rows, meta))
+    print()
+    print(f"One 3x3 conv + bias + relu (64->64, 56x56), same target: Relay {probe['relay_ms']:.2f} ms "
+          f"({probe['relay_kernels']} kernel), Relax {probe['relax_ms']:.2f} ms ({probe['relax_kernels']} kernel), "
+          f"{probe['relax_ms'] / probe['relay_ms']:.1f}x; max abs diff {probe['max_abs']:.1e}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+            json.dump({"meta": meta, "rows": rows, "conv_probe": probe}, f, indent=2)
     return 0
 
 
