@@ -130,3 +130,24 @@ def test_in_sequential_and_disabled_by_name():
 def test_bad_min_num_branches(bad):
     with pytest.raises(ValueError, match="CombineParallelCast"):
         tr.CombineParallelCast(bad)
+
+
+def test_dynamic_shapes_merge():
+    @tvm.script.ir_module
+    class Dyn:
+        @R.function
+        def main(x: R.Tensor(("n", 16), "float32")):
+            with R.dataflow():
+                a = R.nn.relu(x)
+                c1 = R.astype(a, "int8")
+                c2 = R.astype(a, "int8")
+                e = R.add(c1, c2)
+                R.output(e)
+            return e
+
+    out = tr.CombineParallelCast()(Dyn)
+    casts = []
+    from tvm import relax
+
+    relax.analysis.post_order_visit(out["main"], lambda e: casts.append(e) if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.astype" else None)
+    assert len(casts) == 1 and relax.analysis.well_formed(out)

@@ -132,3 +132,21 @@ def test_leaking_intermediate_rejected():
     fuse = tr.FuseByPattern(DENSE_ADD)
     fuse(bb.get())
     assert "used outside the group" in fuse.last_rejections["mlp.dense_bias"][0]
+
+
+def test_dynamic_shape_check_rejects_with_reason():
+    bb = relax.BlockBuilder()
+    n = tvm.tir.Var("n", "int64")
+    x = relax.Var("x", R.Tensor((n, 8), "float32"))
+    w = relax.Var("w", R.Tensor((6, 8), "float32"))
+    b = relax.Var("b", R.Tensor((6,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            d = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w)))
+            out = bb.emit_output(relax.op.add(d, b))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    fuse = tr.FuseByPattern(DENSE_ADD)
+    after = fuse(mod)
+    tvm.ir.assert_structural_equal(after, mod)
+    assert "dynamic or unknown shape" in fuse.last_rejections["mlp.dense_bias"][0]
