@@ -103,7 +103,7 @@ def _report_relax(args) -> int:
                           **report.to_dict()}, indent=2))
     else:
         print(f"model:  {args.model}")
-        print(f"ir:     relax (tvm_ext.relax.build)")
+        print("ir:     relax (tvm_ext.relax.build)")
         print(f"target: {target}")
         print(f"tables: {', '.join(names) or '(none)'}")
         print()

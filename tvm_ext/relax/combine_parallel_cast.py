@@ -125,8 +125,7 @@ def _plan(mod, func, min_num_branches):
     for u in uses(func.body.body):
         returned.add(u)
     plan = {}
-    params = set(func.params)
-    for x in list(params) + order:
+    for x in list(func.params) + order:
         groups: dict = {}
         for u in dict.fromkeys(users.get(x, [])):
             v = values.get(u)

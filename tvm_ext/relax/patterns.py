@@ -42,7 +42,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from tvm_ext.patterns import PatternTable, Reject
+from tvm_ext.patterns import PatternTable
 from tvm_ext.patterns._table import Entry
 
 logger = logging.getLogger("tvm_ext.relax.patterns")
@@ -436,7 +436,10 @@ def evaluate_relax(rentry: RelaxEntry, relax_context, extra_checks=()) -> tuple:
     Rejections (a falsy result, a :class:`Reject`, or an exception: a check that cannot be
     reproduced on Relax) are logged under the entry's name.
     """
-    leak = _leaks(relax_context)
+    try:
+        leak = _leaks(relax_context)
+    except Exception as err:  # noqa: BLE001 - never let a check error escape into FuseOpsByPattern
+        leak = f"(usage analysis failed: {type(err).__name__}: {err})"
     if leak:
         reason = f"intermediate {leak} is used outside the group"
         logger.debug("%s: rejected (%s)", rentry.name, reason)
@@ -542,5 +545,3 @@ def translate_table(table: PatternTable) -> RelaxTable:
         raise ValueError(f"translate_table: expected a PatternTable, got {type(table).__name__}")
     return RelaxTable(table, [_translate_entry(e) for e in table])
 
-
-_ = Reject  # re-exported for checks written against Relax contexts
