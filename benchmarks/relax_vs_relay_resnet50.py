@@ -145,7 +145,49 @@ def conv_probe(repeat: int, relax_repeat: int) -> dict:
     t("main")
     relax_ms = _latency(t("main"))[0]
     return {"relay_ms": relay_ms, "relax_ms": relax_ms, "relay_kernels": lib.kernel_report.num_kernels,
-            "relax_kernels": ex.kernel_report.num_kernels, "max_abs": float(np.max(np.abs(out - ref)))}
+            "relax_kernels": ex.kernel_report.num_kernels, "max_abs": float(np.max(np.abs(out - ref))), "out": out}
+
+
+def tuned_conv_probe(trials: int, relax_repeat: int, work_dir: str) -> dict:
+    """The probe conv on Relax after ``trials`` MetaSchedule trials (replay-trace, no cost model).
+
+    Shows whether schedules (not the IR or the fusion) are what Relax lacks on CPU.
+    """
+    import tvm
+    from tvm import meta_schedule as ms
+    from tvm import relax, tir
+
+    import tvm_ext.relax as tr
+    from tvm_ext.target import host_target
+
+    target = tvm.target.Target(f"{host_target()} -num-cores {os.cpu_count()}")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 64, 56, 56)).astype("float32")
+    w = (rng.standard_normal((64, 64, 3, 3)) * 0.05).astype("float32")
+    b = rng.standard_normal((1, 64, 1, 1)).astype("float32")
+    bb = relax.BlockBuilder()
+    xr = relax.Var("x", relax.TensorStructInfo(x.shape, "float32"))
+    with bb.function("main", [xr]):
+        with bb.dataflow():
+            c = bb.emit(relax.op.nn.conv2d(xr, relax.const(w), padding=[1, 1, 1, 1]))
+            o = bb.emit_output(relax.op.nn.relu(relax.op.add(c, relax.const(b))))
+        bb.emit_func_output(o)
+    lowered, _ = tr.lower(bb.get())
+    tir_mod = tvm.IRModule({gv: f for gv, f in lowered.functions.items() if isinstance(f, tir.PrimFunc)})
+    t0 = time.perf_counter()
+    db = ms.tir_integration.tune_tir(tir_mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=16,
+                                     strategy="replay-trace", cost_model="random", num_tuning_cores=os.cpu_count())
+    tune_s = time.perf_counter() - t0
+    with db, target, tvm.transform.PassContext(opt_level=3):
+        applied = relax.transform.MetaScheduleApplyDatabase(work_dir)(lowered)
+    ex = relax.build(applied, target=target)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    arg = tvm.nd.array(x)
+    out = vm["main"](arg).numpy()
+    vm.set_input("main", arg)
+    t = vm.time_evaluator("invoke_stateful", tvm.cpu(), number=1, repeat=relax_repeat)
+    t("main")
+    return {"trials": trials, "tune_s": round(tune_s, 1), "relax_tuned_ms": _latency(t("main"))[0], "out": out}
 
 
 def render(rows, meta) -> str:
@@ -173,6 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=30, help="timed runs for Relay (default 30)")
     ap.add_argument("--relax-repeat", type=int, default=5, help="timed runs for Relax (default 5: its kernels are slow)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tune-trials", type=int, default=0,
+                    help="also tune the probe conv on Relax with this many MetaSchedule trials (0: skip)")
+    ap.add_argument("--probe-only", action="store_true", help="only the one-conv probes (no ResNet-50 builds)")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -180,18 +225,33 @@ def main(argv=None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     from tvm_ext.target import host_target
 
-    rows = run(args.small, args.repeat, args.relax_repeat, args.threads)
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    rows = [] if args.probe_only else run(args.small, args.repeat, args.relax_repeat, args.threads)
     probe = conv_probe(args.repeat, args.relax_repeat)
+    probe_out = probe.pop("out")
+    tuned = None
+    if args.tune_trials:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as work_dir:
+            tuned = tuned_conv_probe(args.tune_trials, args.repeat, work_dir)
+        diff = float(np.max(np.abs(tuned.pop("out") - probe_out)))
+        tuned["max_abs_vs_untuned"] = diff
     meta = {"small": args.small, "target": str(host_target()), "threads": args.threads, "repeat": args.repeat,
             "relax_repeat": args.relax_repeat, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    print(render(rows, meta))
-    print()
+    if rows:
+        print(render(rows, meta))
+        print()
     print(f"One 3x3 conv + bias + relu (64->64, 56x56), same target: Relay {probe['relay_ms']:.2f} ms "
           f"({probe['relay_kernels']} kernel), Relax {probe['relax_ms']:.2f} ms ({probe['relax_kernels']} kernel), "
           f"{probe['relax_ms'] / probe['relay_ms']:.1f}x; max abs diff {probe['max_abs']:.1e}")
+    if tuned:
+        print(f"The same conv on Relax after {tuned['trials']} MetaSchedule trials ({tuned['tune_s']} s of tuning): "
+              f"{tuned['relax_tuned_ms']:.2f} ms ({tuned['relax_tuned_ms'] / probe['relay_ms']:.2f}x Relay); "
+              f"max abs diff from untuned {tuned['max_abs_vs_untuned']:.1e}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows, "conv_probe": probe}, f, indent=2)
+            json.dump({"meta": meta, "rows": rows, "conv_probe": probe, "tuned_conv_probe": tuned}, f, indent=2)
     return 0
 
 

@@ -29,7 +29,10 @@ every alternative is dropped has no Relax pattern and says why (:attr:`RelaxEntr
 
 *Checks.* The Relay entry's own ``check`` runs on a :class:`RelaxMatchContext`, which offers what
 Relay checks use (``get(annotation)``, ``calls``, ``root``) as *views* of the Relax expressions:
-``.op.name`` is the **Relay** op name of the pattern node that matched, ``.checked_type`` has
+``.op.name`` is a **Relay** op name (the Relax op's namesake when Relay has one: a Relax ``add``
+is ``add`` even where the ``nn.bias_add`` branch matched it, since Relay would only match ``add``
+there; else the name of the Relay pattern node that matched, e.g. ``nn.dense`` for
+``relax.matmul``), ``.checked_type`` has
 ``.shape`` (ints, from the struct info) and ``.dtype``, ``.args``, and the class name is
 ``Call`` / ``Constant`` / ``Var`` as in Relay. A check touching anything else (Relay attrs, types
 of non-tensors) raises, which rejects with the error as the reason: such a check cannot be
