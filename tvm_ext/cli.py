@@ -73,9 +73,50 @@ def _resolve_target(text: str | None):
         raise UsageError(f"bad --target {text!r}: {str(err).splitlines()[-1]}") from None
 
 
+def _report_relax(args) -> int:
+    """``report --ir relax``: import with the Relax ONNX frontend, build with tvm_ext.relax.build."""
+    from .patterns import get_table
+    from .relax import FuseByPattern, build, from_onnx
+
+    if args.passes:
+        raise UsageError("--passes names Relay passes; with --ir relax use --tables (pattern tables for FuseByPattern)")
+    if args.at != "before_fuse" or args.opt_level != 3:
+        raise UsageError("--at and --opt-level apply to --ir relay only")
+    passes, names = [], [n.strip() for n in (args.tables or "").split(",") if n.strip()]
+    for name in names:
+        try:
+            passes.append(FuseByPattern(get_table(name)))
+        except (KeyError, ValueError) as err:
+            raise UsageError(str(err).strip("'\"")) from None
+    p = Path(args.model)
+    if not p.exists() or p.is_dir():
+        raise UsageError(f"no such file: {args.model}" if not p.exists() else f"{args.model} is a directory, not an ONNX model")
+    try:
+        mod = from_onnx(p, shape=_parse_shapes(args.shape) or None)
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+    target = _resolve_target(args.target)
+    report = build(mod, target=target, passes=passes).kernel_report
+    if args.json:
+        print(json.dumps({"model": str(args.model), "ir": "relax", "target": str(target), "tables": names,
+                          **report.to_dict()}, indent=2))
+    else:
+        print(f"model:  {args.model}")
+        print("ir:     relax (tvm_ext.relax.build)")
+        print(f"target: {target}")
+        print(f"tables: {', '.join(names) or '(none)'}")
+        print()
+        print(report.table(max_kernels=None if args.all else 40))
+    return 0
+
+
 def cmd_report(args) -> int:
     from .build import build
 
+    if getattr(args, "ir", "relay") == "relax":
+        return _report_relax(args)
+    if getattr(args, "tables", None):
+        raise UsageError("--tables applies to --ir relax; on Relay use the Python API (FuseByPattern(table))")
     passes = parse_pass_list(args.passes)
     mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
     target = _resolve_target(args.target)
@@ -214,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--all", action="store_true", help="list every kernel (default: the first 40)")
+    p.add_argument("--ir", choices=["relay", "relax"], default="relay",
+                   help="import and build with Relay (default) or Relax (tvm_ext.relax.build)")
+    p.add_argument("--tables", help="with --ir relax: comma-separated pattern tables for FuseByPattern (e.g. generic)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("passes", help="list registered tvm-ext passes", description="List registered tvm-ext passes with one-line docs.")
