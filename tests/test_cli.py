@@ -30,7 +30,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "tvm_ext.cli", *args], capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("cmd", [[], ["report"], ["passes"], ["patterns"], ["zoo"], ["bench"]])
+@pytest.mark.parametrize("cmd", [[], ["report"], ["passes"], ["patterns"], ["zoo"], ["bench"], ["tune"]])
 def test_help(cmd):
     r = run_cli(*cmd, "--help")
     assert r.returncode == 0 and "usage: tvm-ext" in r.stdout
@@ -80,3 +80,19 @@ def test_bad_shape_flag(tmp_path):
 def test_passes_lists_registered():
     r = run_cli("passes")
     assert r.returncode == 0
+
+
+def test_tune_usage_errors(tmp_path):
+    _one_line_error(run_cli("tune"), "give one ONNX model, or --zoo")
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    _one_line_error(run_cli("tune", str(model), "--budget", "0"), "--budget")
+    _one_line_error(run_cli("tune", str(model), "--target", "llvm -mtriple=aarch64-linux-gnu"), "not an x86 CPU target")
+
+
+def test_tune_a_float_model_writes_no_records(tmp_path):
+    """A model without int8 convs or denses: nothing to tune, said plainly, exit 0."""
+    model = tiny_onnx(tmp_path / "tiny.onnx")
+    out = tmp_path / "records.log"
+    r = run_cli("tune", str(model), "--budget", "1", "--no-layouts", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "0 conv layouts, 0 conv schedules, 0 dense" in r.stdout and "wrote 0 records" in r.stdout

@@ -56,7 +56,7 @@ def test_tuned_is_never_slower_than_tvms_rule_as_measured(small, records):
     _, _, wls = small
     lines, rows, hit = records
     assert not hit and len(rows) == 2
-    for kind, _desc, base, best, _cfg in rows:
+    for kind, _desc, base, best, _cfg, _wl in rows:
         assert kind == "conv" and 0 < best <= base
     for line in lines:  # a record only where a candidate beat TVM's rule, in the workload's layout
         inp, res = autotvm.record.decode(line)

@@ -200,6 +200,9 @@ def _numerics(outputs: dict, integer_graph: bool) -> dict:
         # differences between the two targets themselves (vpmaddubsw saturation vs exact VNNI)
         res["same_target_vs_stock_bit_exact"] = all(np.array_equal(a, b) for a, b in zip(same, stock))
         res["same_target_vs_stock_diff_fraction"] = float(np.mean([np.mean(a != b) for a, b in zip(same, stock)]))
+    unt = outputs.get("tvm_ext_untuned")
+    if unt and ext:  # tuning records change schedules and layouts, never results
+        res["tuned_vs_untuned_bit_exact"] = all(np.array_equal(a, b) for a, b in zip(unt, ext))
     res["inputs"] = len(stock or ext or [])
     res["integer_graph"] = integer_graph
     return res
@@ -317,12 +320,13 @@ def _run_builds(jobs, parallel: bool):
 
 
 def bench_variant(key, *, target, small, model_path, repeat, threads, progress, workdir, parallel=True,
-                  ext_target=None, tuned: bool = True) -> dict:
+                  ext_target=None, tuned: bool = True, compare_untuned: bool = False) -> dict:
     """Build, check and time one variant; returns its results dict (errors recorded, not raised).
 
     ``target`` is stock TVM's target (what plain relay.build survives); ``ext_target`` is
     tvm-ext's (default: the same). When they differ, stock TVM is also built at ``ext_target``
     (``tvm_same``, with only the VNNI operand types fixed) as the bit-exactness reference.
+    ``compare_untuned`` adds tvm-ext without tuning records (``tvm_ext_untuned``) to the same run.
     """
     ext_target = target if ext_target is None else ext_target
     progress.step(f"{key}: loading")
@@ -336,8 +340,11 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     pipes = {"tvm": target, "tvm_ext": ext_target}
     if str(ext_target) != str(target):
         pipes["tvm_same"] = ext_target
-    jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir), tuned=tuned,
-                 log_level=logging.getLogger().level) for p, t in pipes.items()]
+    if compare_untuned and tuned:
+        pipes["tvm_ext_untuned"] = ext_target
+    jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir),
+                 tuned=tuned and p != "tvm_ext_untuned", log_level=logging.getLogger().level)
+            for p, t in pipes.items()]
     built = _run_builds(jobs, parallel)
     engines = []
     for name in pipes:
@@ -370,8 +377,10 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         ratios["tvm_ext/tvm"] = lat["tvm_ext"] / lat["tvm"]
     if lat.get("tvm_ext") and lat.get("tvm_same"):
         ratios["tvm_ext/tvm_same"] = lat["tvm_ext"] / lat["tvm_same"]
+    if lat.get("tvm_ext_untuned") and lat.get("tvm"):
+        ratios["tvm_ext_untuned/tvm"] = lat["tvm_ext_untuned"] / lat["tvm"]
     if lat.get("onnxruntime"):
-        for k in ("tvm", "tvm_ext"):
+        for k in ("tvm", "tvm_ext", "tvm_ext_untuned"):
             if lat.get(k):
                 ratios[f"{k}/onnxruntime"] = lat[k] / lat["onnxruntime"]
     res["ratios"] = ratios
@@ -457,7 +466,8 @@ def render_markdown(results: dict) -> str:
         lat_ort = ((v["pipelines"].get("onnxruntime") or {}).get("latency") or {}).get("median_ms")
         lat_stock = ((v["pipelines"].get("tvm") or {}).get("latency") or {}).get("median_ms")
         for key, label in (("tvm", "TVM stock"), ("tvm_same", "TVM stock @ tvm-ext target"),
-                           ("tvm_ext", "TVM + tvm-ext"), ("onnxruntime", "ONNX Runtime")):
+                           ("tvm_ext_untuned", "TVM + tvm-ext, untuned"), ("tvm_ext", "TVM + tvm-ext"),
+                           ("onnxruntime", "ONNX Runtime")):
             p = v["pipelines"].get(key)
             if p is None:
                 continue
@@ -495,6 +505,10 @@ def render_markdown(results: dict) -> str:
         if "same_target_vs_stock_diff_fraction" in n and not n.get("ext_vs_stock_bit_exact"):
             exact += f" ({100 * n['same_target_vs_stock_diff_fraction']:.1f}% of outputs differ between the two targets in stock TVM too)"
         lines.append(f"| {v['label']} | {same} | {exact} | {s_ort} | {e_ort} | {top1} |")
+    tuned_exact = [(v["label"], v.get("numerics", {}).get("tuned_vs_untuned_bit_exact")) for v in results["variants"]]
+    if any(e is not None for _, e in tuned_exact):
+        lines += ["", "tvm-ext tuned vs untuned: " + "; ".join(
+            f"{label} {'bit-exact' if e else 'DIFFERENT'}" for label, e in tuned_exact if e is not None)]
     return "\n".join(lines) + "\n"
 
 
@@ -543,7 +557,7 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
 # --- entry points ----------------------------------------------------------------------------
 def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, target=None, repeat: int = 30,
         threads: int = 2, out="bench-results", small: bool = False, stream=None, parallel: bool = True,
-        tuned: bool = True) -> dict:
+        tuned: bool = True, compare_untuned: bool = False) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``.
 
     Stock TVM builds for ``safe_target(target)`` (VNNI masked: plain relay.build aborts on it
@@ -581,7 +595,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
             results["variants"].append(
                 bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
                               progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt,
-                              tuned=tuned))
+                              tuned=tuned, compare_untuned=compare_untuned))
     (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (outdir / "results.md").write_text(render_markdown(results))
     _chart(results, outdir / "chart.png")

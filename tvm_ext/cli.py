@@ -191,7 +191,8 @@ def cmd_bench(args) -> int:
     print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op), repeat {args.repeat}", flush=True)
     try:
         results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
-                      out=args.out, small=args.small, tuned=not args.untuned)
+                      out=args.out, small=args.small, tuned=not args.untuned,
+                      compare_untuned=args.compare_untuned)
     except ValueError as err:
         raise UsageError(str(err).splitlines()[0]) from None
     print()
@@ -223,16 +224,18 @@ def cmd_tune(args) -> int:
         mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
         models = [(args.model, mod, params)]
     print(f"tuning for {target} ({len(models)} model(s), budget {args.budget:g} min)", flush=True)
-    lines, written = [], None
+    lines, written, done = [], None, []
     for i, (name, mod, params) in enumerate(models):
         print(f"== {name}", flush=True)
         try:
             res = tune_model(mod, params, target, passes, budget_s=args.budget * 60 / len(models),
-                             layouts=not args.no_layouts, progress=lambda msg: print("  " + msg, flush=True))
+                             layouts=not args.no_layouts, progress=lambda msg: print("  " + msg, flush=True),
+                             skip=done)
         except ValueError as err:
             raise UsageError(str(err).splitlines()[0]) from None
         print(res.table(), flush=True)
         lines += res.records
+        done += [r[5] for r in res.rows]
         written = write_records(lines, target, args.out)  # after each model: an interrupted run keeps its work
     print(f"wrote {len(lines)} records to {written}; tvm_ext.build applies them on this CPU", flush=True)
     return 0
@@ -284,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="output folder (default ./bench-results)")
     p.add_argument("--small", action="store_true", help="small ResNet variants (smoke test)")
     p.add_argument("--untuned", action="store_true", help="tvm-ext without tuning records (TVM's schedule rules)")
+    p.add_argument("--compare-untuned", action="store_true",
+                   help="also build and time tvm-ext without tuning records, in the same run")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("tune", help="tune int8 convs and denses of a model on this CPU",

@@ -56,7 +56,7 @@ class TuneResult:
 
     target: str
     records: list  # AutoTVM record lines
-    rows: list  # (kind, workload summary, untuned ms, tuned ms, config)
+    rows: list  # (kind, workload summary, untuned ms, tuned ms, config, workload)
     layout: str  # "TVM's rule" or "block B"
     layout_ms: dict  # candidate -> model ms
     model_ms_untuned: Optional[float] = None
@@ -68,7 +68,7 @@ class TuneResult:
         lines = [f"target: {self.target}", f"layout: {self.layout}  (model ms per candidate: "
                  + ", ".join(f"{k}: {v:.2f}" for k, v in self.layout_ms.items()) + ")",
                  "| kind | workload | untuned ms | tuned ms | tuned / untuned | config |", "|---|---|---|---|---|---|"]
-        for kind, desc, base, best, cfg in self.rows:
+        for kind, desc, base, best, cfg, _wl in self.rows:
             lines.append(f"| {kind} | {desc} | {base:.4f} | {best:.4f} | {best / base:.2f} | {cfg} |")
         if self.rows:
             b, t = sum(r[2] for r in self.rows), sum(r[3] for r in self.rows)
@@ -130,7 +130,8 @@ def time_config(task, cfg, target, number: int = 10, repeat: int = 3) -> float:
         shape = [int(d) for d in b.shape]
         arr = rng.integers(0, 100, shape).astype(b.dtype) if "int" in b.dtype else np.zeros(shape, b.dtype)
         arrs.append(tvm.nd.array(arr, dev))
-    timer = func.time_evaluator(func.entry_name, dev, number=number, repeat=repeat, min_repeat_ms=5)
+    timer = func.time_evaluator(func.entry_name, dev, number=number, repeat=repeat,
+                                min_repeat_ms=5 if number > 1 else 0)
     return float(np.median(timer(*arrs).results))
 
 
@@ -159,7 +160,7 @@ def _conv_candidates(task) -> list:
     return out
 
 
-def _dense_candidates(task, n: int = 24, seed: int = 0) -> list:
+def _dense_candidates(task, n: int = 16, seed: int = 0) -> list:
     space = task.config_space
     idx = np.random.default_rng(seed).permutation(len(space))[:n]
     return [space.get(int(i)) for i in idx]
@@ -197,6 +198,9 @@ def tune_workloads(workloads, target, *, deadline: float = float("inf"), progres
             if time.monotonic() > deadline:
                 break
             try:
+                # one run first: a candidate far slower than the best so far is not worth timing
+                if time_config(task, cfg, target, 1, 1) > 2 * best[0]:
+                    continue
                 cost = time_config(task, cfg, target, number, repeat)
             except Exception as err:  # an invalid point of TVM's space: skip it, say why
                 logger.debug("config %s of %s failed: %s", cfg, wl[0], err)
@@ -207,7 +211,7 @@ def tune_workloads(workloads, target, *, deadline: float = float("inf"), progres
             inp = autotvm.MeasureInput(target, task, best[1])
             lines.append(autotvm.record.encode(inp, autotvm.MeasureResult((best[0],), 0, 0.0, time.time())))
         kind = "conv" if wl[0] == tuning.TASK else "dense"
-        rows.append((kind, _describe(wl), base * 1e3, best[0] * 1e3, _knobs(best[1]) if best[1] else "TVM's rule"))
+        rows.append((kind, _describe(wl), base * 1e3, best[0] * 1e3, _knobs(best[1]) if best[1] else "TVM's rule", wl))
         if progress:
             progress(n + 1, len(workloads), rows[-1])
     return lines, rows, False
@@ -262,7 +266,7 @@ def _model_ms(mod, params, target, passes, records, repeat: int = 20) -> float:
 
 def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 600.0,
                layouts: bool = True, progress: Optional[Callable] = None, number: int = 10,
-               repeat: int = 3) -> TuneResult:
+               repeat: int = 3, skip=()) -> TuneResult:
     """Tune ``mod``'s int8 convs and denses as ``tvm_ext.build(mod, target, params, passes)`` compiles them.
 
     Parameters
@@ -275,6 +279,8 @@ def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 60
         Run the channel-blocking stage (three or four full-model builds).
     progress : callable, optional
         ``progress(message)`` for each step.
+    skip : collection of workloads
+        Already tuned (e.g. by an earlier model of the same run): not tuned again.
 
     Raises
     ------
@@ -333,7 +339,10 @@ def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 60
 
     # keep one build's time for the final check when the layout stage measured a baseline
     reserve = t_build * 1.2 if base_ms is not None else 0.0
-    lines, rows, hit = tune_workloads(found.conv + found.dense, tgt, deadline=deadline - reserve, progress=step,
+    todo = [w for w in found.conv + found.dense if w not in set(skip)]
+    if len(todo) < len(found.conv) + len(found.dense):
+        say(f"{len(found.conv) + len(found.dense) - len(todo)} workloads already tuned in this run")
+    lines, rows, hit = tune_workloads(todo, tgt, deadline=deadline - reserve, progress=step,
                                       number=number, repeat=repeat)
     from tvm import autotvm
 
