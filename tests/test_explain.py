@@ -293,3 +293,31 @@ def test_pipeline_int8_leaves_fewer_boundaries():
     assert ours.verified is True
     assert ours.num_kernels < stock.num_kernels and ours.crossing_bytes < stock.crossing_bytes
     assert not by_kind(ours, "stop_fusion") or len(by_kind(ours, "stop_fusion")) < len(by_kind(stock, "stop_fusion"))
+
+
+def test_fuse_ops_input_of_plain_relay_build():
+    """The module FuseOps sees inside a plain relay.build, explained without re-running anything."""
+    from tvm_ext.explain import FuseOpsInput, explain_prefused
+
+    mod = quantized_pair()
+    cap = FuseOpsInput()
+    with tvm.transform.PassContext(opt_level=3, instruments=[cap.make()]):
+        fac = relay.build(mod, target="llvm")
+    ex = explain_prefused(cap.module, "llvm")
+    assert ex.verified is True
+    assert ex.num_kernels == tvm_ext.KernelReport.from_factory(fac).num_kernels
+    assert [b.kind for b in by_kind(ex, "stop_fusion")] == ["stop_fusion"]
+
+
+def test_bench_markdown_has_the_explainer_summary():
+    from tvm_ext import bench
+
+    ex = explain(quantized_pair())
+    summary = tvm_ext.explain.summary_dict(ex)
+    assert json.loads(json.dumps(summary)) == summary
+    results = {"environment": {"versions": {"tvm": "0.19.0"}, "date": "d", "cpu": "c", "cores": 2, "threads": 2,
+                               "target": "llvm", "repeat": 1},
+               "variants": [{"label": "(c) seed", "numerics": {},
+                             "pipelines": {"tvm": {"explain": summary, "build_s": 1.0}}}]}
+    md = bench.render_markdown(results)
+    assert "| (c) seed / TVM stock | 5 | prologue_into_anchor 2, graph_output 1 |" in md and "stop_fusion 0.00" in md

@@ -45,8 +45,8 @@ from ._fusion_sim import (K_BROADCAST, K_COMM_REDUCE, K_ELEMWISE, K_INJECTIVE, K
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["explain", "Explanation", "Kernel", "Boundary", "RemedyResult", "REASONS", "REMEDIES",
-           "summary_markdown"]
+__all__ = ["explain", "explain_prefused", "FuseOpsInput", "Explanation", "Kernel", "Boundary", "RemedyResult",
+           "REASONS", "REMEDIES", "summary_markdown", "summary_dict"]
 
 #: Reason kinds, in report order: (kind, one-line meaning in FuseOps' terms).
 REASONS = (
@@ -185,7 +185,7 @@ def _apply_remedy(ex, remedy) -> Optional["Explanation"]:
     if remedy.config is not None:
         cfg2 = remedy.config(dict(cfg))
         return _explain_prefused(pre, tgt, cfg2, opt_level, ex.inserted_by, ex.settings, ex._request)
-    if remedy.apply is None:
+    if remedy.apply is None or "mod" not in ex._request:
         return None
     kw = remedy.apply(dict(ex._request))
     if kw is None:
@@ -461,23 +461,74 @@ def _table(rows) -> list:
     return ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in rows]
 
 
+def summary_dict(ex: "Explanation") -> dict:
+    """JSON-able summary: kernels, non-anchor kernels by reason, boundaries and bytes by reason."""
+    return {
+        "num_kernels": ex.num_kernels,
+        "verified": ex.verified,
+        "non_anchor_by_reason": ex.non_anchor_kernels_by_reason(),
+        "by_reason": {k: {"boundaries": n, "bytes": nb} for k, (n, nb) in ex.by_reason().items()},
+    }
+
+
 def summary_markdown(explanations: dict) -> str:
     """Markdown table of non-anchor kernels and crossing bytes by reason, one row per variant.
 
     Parameters
     ----------
-    explanations : dict of str to Explanation
+    explanations : dict of str to Explanation or to :func:`summary_dict` output
         Variant name -> explanation (e.g. the benchmark's variants).
     """
-    kinds = [k for k, _ in REASONS]
     lines = ["| variant | kernels | non-anchor kernels by reason | crossing MB by reason |", "|---|---|---|---|"]
     for name, ex in explanations.items():
-        na = ex.non_anchor_kernels_by_reason()
+        d = summary_dict(ex) if isinstance(ex, Explanation) else ex
+        na = d["non_anchor_by_reason"]
         na_txt = ", ".join(f"{k} {v}" for k, v in sorted(na.items(), key=lambda kv: _REASON_ORDER.get(kv[0], 99))) or "none"
-        br = ex.by_reason()
-        mb = ", ".join(f"{k} {br[k][1] / 1e6:.2f}" for k in kinds if k in br) or "none"
-        lines.append(f"| {name} | {ex.num_kernels} | {na_txt} | {mb} |")
+        br = d["by_reason"]
+        mb = ", ".join(f"{k} {v['bytes'] / 1e6:.2f}" for k, v in sorted(br.items(), key=lambda kv: _REASON_ORDER.get(kv[0], 99))) or "none"
+        lines.append(f"| {name} | {d['num_kernels']} | {na_txt} | {mb} |")
     return "\n".join(lines) + "\n"
+
+
+class FuseOpsInput:
+    """PassInstrument factory capturing the module FuseOps receives inside any ``relay.build``.
+
+    ``cap = FuseOpsInput(); PassContext(instruments=[cap.make()])`` around ``relay.build`` (or
+    ``tvm_ext.build(..., instruments=[cap.make()])``), then ``explain_prefused(cap.module, target)``.
+    """
+
+    def __init__(self):
+        self.module = None
+
+    def make(self):
+        import tvm
+
+        cap = self
+
+        @tvm.instrument.pass_instrument
+        class _Capture:  # pylint: disable=too-few-public-methods
+            def run_before_pass(self, mod, info):
+                if info.name == "FuseOps" and cap.module is None:
+                    cap.module = _copy(mod)
+
+        return _Capture()
+
+
+def explain_prefused(mod, target=None, opt_level: int = 3, config: Optional[dict] = None) -> "Explanation":
+    """Explain a module exactly as FuseOps receives it (e.g. captured by :class:`FuseOpsInput`).
+
+    No pass runs first, so ops created earlier are not attributed and remedies that re-run the
+    pipeline are not applied; pass remedies and the max_depth config still are.
+    """
+    import tvm
+
+    from .target import build_target
+
+    tgt = build_target(target) if not isinstance(target, tvm.target.Target) else target
+    cfg = dict(config or {})
+    settings = {"target": str(tgt), "opt_level": opt_level, "at": "FuseOps input", "passes": [],
+                "disabled_pass": [], "config": {k: str(v) for k, v in cfg.items()}}
+    return _explain_prefused(_copy(mod), tgt, cfg, opt_level, {}, settings, {"tuned": False})
 
 
 # -- the pipeline up to FuseOps ------------------------------------------------------------------
