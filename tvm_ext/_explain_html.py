@@ -69,7 +69,7 @@ def _layout(n, edges):
         off = (width - len(ks)) * (BOX_W + GAP_X) / 2
         for j, k in enumerate(ks):
             coords[k] = (20 + off + j * (BOX_W + GAP_X), 20 + lv * (BOX_H + GAP_Y))
-    return coords, 40 + width * (BOX_W + GAP_X), 40 + (max(layers, default=0) + 1) * (BOX_H + GAP_Y)
+    return coords, 40 + width * (BOX_W + GAP_X) + 80, 40 + (max(layers, default=0) + 1) * (BOX_H + GAP_Y)
 
 
 def _kb(n: int) -> str:
@@ -93,6 +93,17 @@ def render(ex, title: str) -> str:
             sx, sy, tx, ty = x1 + BOX_W / 2, y1 + BOX_H, x2 + BOX_W / 2, y2
             my = (sy + ty) / 2
             label = f"{b.dtype} {_kb(b.nbytes)}"
+            if ty - sy > BOX_H + GAP_Y and abs(tx - sx) < BOX_W:
+                # an edge skipping layers (a residual): leave from the right side, bow out past the column
+                sx, sy, tx, ty = x1 + BOX_W, y1 + BOX_H / 2, x2 + BOX_W, y2 + BOX_H / 2
+                bow = sx + GAP_X * 0.8 + min(ty - sy, 600) / 30
+                tip = f"#{b.producer} -> #{c}: {b.dtype}{list(b.shape)} {_kb(b.nbytes)}\n{b.kind}: {b.detail}\nremedy: {b.remedy}"
+                svg.append(f'<g class="edge" data-kind="{esc(b.kind)}" data-b="{bi}">'
+                           f'<title>{esc(tip)}</title>'
+                           f'<path d="M {sx:.0f} {sy:.0f} C {bow:.0f} {sy:.0f}, {bow:.0f} {ty:.0f}, {tx:.0f} {ty:.0f}" '
+                           f'stroke="{colour}" stroke-width="2" fill="none" marker-end="url(#arrow)"/>'
+                           f'<text x="{bow - 10:.0f}" y="{my:.0f}" font-size="9" fill="{colour}">{esc(label)}</text></g>')
+                continue
             tip = f"#{b.producer} -> #{c}: {b.dtype}{list(b.shape)} {_kb(b.nbytes)}\n{b.kind}: {b.detail}\nremedy: {b.remedy}"
             svg.append(f'<g class="edge" data-kind="{esc(b.kind)}" data-b="{bi}">'
                        f'<title>{esc(tip)}</title>'

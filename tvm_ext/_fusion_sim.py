@@ -459,7 +459,14 @@ def function_label(fn) -> str:
         for key in ("tvm_ext.pattern", "Composite", "Compiler", "global_symbol"):
             if key in attrs:
                 return str(attrs[key])
-        if "Primitive" in attrs:
-            return "Primitive"
+        if "Primitive" in attrs:  # made by a pass, not by a pattern table: name it by its ops
+            import tvm
+            from tvm import relay
+
+            ops = []
+            relay.analysis.post_order_visit(fn.body, lambda x: ops.append(x.op.name) if isinstance(x, relay.Call)
+                                            and isinstance(x.op, tvm.ir.Op) else None)
+            shown = ",".join(ops[:4]) + (",..." if len(ops) > 4 else "")
+            return f"Primitive[{shown}]"
     name = getattr(fn, "name_hint", None)
     return str(name) if name else "function"

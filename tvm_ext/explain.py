@@ -36,12 +36,12 @@ import contextlib
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional, Sequence
 
 from . import _compat  # noqa: F401
-from ._fusion_sim import (K_BROADCAST, K_COMM_REDUCE, K_ELEMWISE, K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE,
-                          K_TUPLE, MAX_FUSED_OPS, PATTERN_NAMES, FusionGraph)
+from ._fusion_sim import (K_COMM_REDUCE, K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE, MAX_FUSED_OPS,
+                          PATTERN_NAMES, FusionGraph)
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,9 @@ class Boundary:
     entry: Optional[str] = None  # pattern-table entry / function name
     inserted_by: tuple = ()  # ((op, (pass, ...)), ...) for ops relay.build's prefix or user passes created
     remedy: Optional[str] = None
-    producer_ops: tuple = ()
+    producer_ops: tuple = ()  # ops of the producer kernel
+    reader_casts: tuple = ()  # target dtypes of the readers that are casts
+    pad_value: Optional[float] = None  # the constant pad value when the producer root is nn.pad
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -134,7 +136,8 @@ class Remedy:
     matches: Callable
     text: str
     apply: Optional[Callable] = None  # (explain kwargs) -> explain kwargs, or None if not applicable
-    pass_name: Optional[str] = None  # a tvm-ext pass run last before FuseOps
+    pass_name: Optional[str] = None  # a tvm-ext pass run last before FuseOps (stage "before_fuse")
+    stage: str = "before_fuse"  # "start": the pass runs first, the whole pipeline is re-run
     config: Optional[Callable] = None  # (FuseOps PassContext config) -> config
 
 
@@ -163,6 +166,10 @@ def _apply_remedy(ex, remedy) -> Optional["Explanation"]:
     (it would run last among the before_fuse passes: the same module); a FuseOps config re-runs
     the replay; anything else re-runs the whole pipeline."""
     pre, tgt, cfg, opt_level = ex._prefused
+    if remedy.pass_name is not None and remedy.stage == "start":
+        if "mod" not in ex._request:
+            return None
+        return explain(**_with_start_pass(dict(ex._request), remedy.pass_name))
     if remedy.pass_name is not None:
         import importlib
 
@@ -193,6 +200,25 @@ def _apply_remedy(ex, remedy) -> Optional["Explanation"]:
     return explain(**kw)
 
 
+def _with_start_pass(kw, name):
+    """``kw`` (explain's arguments) with pass ``name`` added first in the ``start`` stage."""
+    from collections.abc import Mapping
+
+    import tvm
+
+    from .registry import create_pass
+
+    passes, at = kw.get("passes", ()), kw.get("at", "before_fuse")
+    if isinstance(passes, Mapping):
+        stages = {k: list(passes[k]) for k in ("start", "before_fuse")}
+    else:
+        plist = [passes] if isinstance(passes, tvm.transform.Pass) else list(passes)
+        stages = {"start": [], "before_fuse": []}
+        stages[at] = plist
+    stages["start"] = [create_pass(name)] + stages["start"]
+    return {**kw, "passes": stages}
+
+
 def _raise_max_depth(cfg):
     return {**cfg, "relay.FuseOps.max_depth": max(int(cfg.get("relay.FuseOps.max_depth", MAX_FUSED_OPS)) * 4, 1024)}
 
@@ -218,6 +244,15 @@ def _drop_fuse_by_pattern(kw):
 _QUANT_OPS = ("cast", "fixed_point_multiply", "qnn.requantize", "qnn.dequantize", "clip", "round")
 
 
+def _bits(dtype: str) -> int:
+    import tvm
+
+    try:
+        return tvm.DataType(dtype).bits
+    except Exception:  # "tuple" or unknown
+        return 0
+
+
 def _wide(dtype: str) -> bool:
     return dtype in ("float32", "float16", "int32", "int16", "float64", "int64")
 
@@ -231,11 +266,14 @@ REMEDIES = (
     Remedy("RemoveStopFusion", "pass", lambda b: b.kind == "stop_fusion",
            "tvm-ext pass RemoveStopFusion: removes relay.quantize's stop_fusion where fusing keeps bits and one "
            "anchor per kernel", pass_name="RemoveStopFusion"),
-    Remedy("FoldPadIntoConv", "pass", lambda b: b.kind == "prologue_into_anchor" and b.op == "nn.pad",
+    Remedy("FoldPadIntoConv", "pass",
+           lambda b: b.kind == "prologue_into_anchor" and b.op == "nn.pad"
+           and (b.pad_value == 0 or any(r == "qnn.conv2d" for r in b.readers)),
            "tvm-ext pass FoldPadIntoConv: folds the explicit pad into the convolution's padding",
            pass_name="FoldPadIntoConv"),
     Remedy("CombineParallelCast", "pass",
-           lambda b: b.kind == "multiple_readers" and len(b.readers) > 1 and all(r == "cast" for r in b.readers),
+           lambda b: b.kind == "multiple_readers" and len(b.readers) > 1 and all(r == "cast" for r in b.readers)
+           and len(set(b.reader_casts)) == 1 and _bits(b.reader_casts[0]) < _bits(b.dtype),
            "tvm-ext pass CombineParallelCast: one narrowing cast per value, fused into the producer",
            pass_name="CombineParallelCast"),
     Remedy("FuseWideningIntoPool", "pass",
@@ -247,6 +285,12 @@ REMEDIES = (
            and b.join.startswith("add") and any(o in _QUANT_OPS for o in b.producer_ops),
            "tvm-ext pass NarrowKernelBoundaries: at the residual join, the 8-bit value crosses instead",
            pass_name="NarrowKernelBoundaries"),
+    Remedy("NonNegativeConvInputToUint8", "pass",
+           lambda b: b.kind == "prologue_into_anchor" and "nn.pad" in b.producer_ops
+           and any(o == "nn.pad" and "Legalize" in ps for o, ps in b.inserted_by)
+           or (b.kind == "prologue_into_anchor" and b.op == "nn.pad" and b.pad_value == 128),
+           "tvm-ext pass NonNegativeConvInputToUint8 (start stage): an int8 conv input proven >= 0 is read as "
+           "uint8, so x86 legalisation adds no +128 shift and no explicit pad", stage="start"),
     Remedy("relay.FuseOps.max_depth", "config", lambda b: b.kind == "max_depth",
            "config: raise PassContext(config={'relay.FuseOps.max_depth': N})", config=_raise_max_depth),
     Remedy("disabled_pass=AlterOpLayout", "config",
@@ -254,7 +298,8 @@ REMEDIES = (
            and (_inserted(b, b.op, "AlterOpLayout") or any(_inserted(b, r, "AlterOpLayout") for r in b.readers)),
            "config: PassContext(disabled_pass=['AlterOpLayout']) keeps the layout (changes the conv schedules)",
            _disable_alter_layout),
-    Remedy("pattern entry", "pattern", lambda b: b.kind == "function_boundary",
+    Remedy("pattern entry", "pattern", lambda b: b.kind == "function_boundary" and b.entry is not None
+           and not b.entry.startswith("Primitive"),
            "pattern table: the named entry makes this group one kernel; drop or widen the entry "
            "(FuseByPattern / MergeComposite)", _drop_fuse_by_pattern),
     Remedy("none", "none", lambda b: True,
@@ -701,6 +746,12 @@ class _Analysis:
             self.kernel_of_group[r] = len(kernels)
             kernels.append(r)
         self.kernel_roots = kernels
+        from tvm import relay
+
+        self.let_values = {}
+        for n in nodes:
+            if isinstance(n.expr, relay.Let) and n.expr.value in fg.index_of:
+                self.let_values[n.expr.var] = n.expr.value
 
     def kernel_list(self) -> list:
         out = []
@@ -739,6 +790,8 @@ class _Analysis:
         r = self.root[idx]
         if r in self.kernel_of_group:
             return [(self.kernel_of_group[r], None)]
+        if n.kind == "var" and n.expr in self.let_values:  # a Let-bound value: its producer
+            return self.resolve(self.fg.index_of[self.let_values[n.expr]])
         if n.kind in ("var", "const"):
             return []
         if n.kind == "tuple":
@@ -766,7 +819,12 @@ class _Analysis:
                     for src in self.resolve(ci):
                         if src[0] == ki:
                             continue
-                        edges.setdefault(src, set()).add(ki)
+                        ty = self.fg.nodes[self.kernel_roots[src[0]]].expr.checked_type
+                        if src[1] is None and hasattr(ty, "fields"):  # a tuple read whole: every field crosses
+                            for f in range(len(ty.fields)):
+                                edges.setdefault((src[0], f), set()).add(ki)
+                        else:
+                            edges.setdefault(src, set()).add(ki)
         return edges
 
     # -- reasons ---------------------------------------------------------------------------
@@ -811,7 +869,8 @@ class _Analysis:
             return out
         if d.code == "no_dom":
             if n.extern:
-                detail = f"{what} is also a graph output, so it has no post-dominator"
+                detail = (f"{what} is a graph output (or a Let/If operand: FuseOps does not fuse through them), "
+                          "so it has no post-dominator")
             else:
                 detail = f"{what} has {len(readers)} readers whose paths never join again"
             out.update(kind="no_post_dominator", detail=detail, rule=f"{phase}: post-dominator is null")
@@ -855,9 +914,14 @@ class _Analysis:
                 out.update(kind=kind, detail=f"{what} is read by {bnode.op} (kOpaque)")
                 return out
         if len(readers) > 1:
+            if blocker == dom:
+                why = (f"the join itself is in the kernel of {self.group_anchor(dom)}" if self.group_anchor(dom)
+                       else f"the join breaks the {PATTERN_NAMES.get(fg.g_pattern[r])} rule")
+            else:
+                why = f"the path passes {bdesc}"
             out.update(kind="multiple_readers",
                        detail=f"{what} has {len(readers)} readers ({', '.join(sorted(set(out['readers'])))}); its "
-                              f"post-dominator is the join {self.describe(dom)} and the path passes {bdesc}")
+                              f"post-dominator is the join {self.describe(dom)} and {why}")
             return out
         if bnode is not None and bnode.op == "annotation.stop_fusion":
             out.update(kind="stop_fusion", detail=f"{what} reaches annotation.stop_fusion")
@@ -886,6 +950,22 @@ class _Analysis:
             return out
         out.update(kind="other", detail=f"{what}: {d.code} toward {self.describe(dom)} (blocker {bdesc})")
         return out
+
+    def reader_casts(self, r: int) -> tuple:
+        out = []
+        for x in self.direct_readers(r):
+            n = self.fg.nodes[x]
+            if n.op == "cast":
+                out.append(str(n.expr.attrs.dtype))
+        return tuple(out)
+
+    def pad_value(self, r: int):
+        from tvm import relay
+
+        n = self.fg.nodes[r]
+        if n.op != "nn.pad" or len(n.expr.args) < 2 or not isinstance(n.expr.args[1], relay.Constant):
+            return None
+        return float(n.expr.args[1].data.numpy())
 
     def direct_readers(self, r: int) -> list:
         """Distinct graph nodes reading ``r`` (through tuples/no-op nodes they are themselves)."""
@@ -1055,8 +1135,6 @@ def explain(
     TypeError, ValueError
         Bad module, passes or ``at`` (from the build stages, naming ``tvm_ext.build``).
     """
-    import tvm
-
     request = dict(mod=mod, target=target, params=params, passes=passes, at=at, opt_level=opt_level,
                    config=config, disabled_pass=list(disabled_pass), allow_vnni=allow_vnni, tuned=tuned)
     counter = _OpCounter()
@@ -1122,7 +1200,8 @@ def _explain_prefused(pre, tgt, cfg, opt_level, created, settings, request) -> "
                          if op in created and _pattern_of(op) <= K_INJECTIVE)
         b = Boundary(ki, tuple(sorted(consumers)), field_, fg.nodes[r].op or fg.nodes[r].kind, info["readers"],
                      dtype, shape, nbytes, info["kind"], info["detail"], info["rule"], info["join"],
-                     info["blocker"], info["entry"], inserted, None, kernels[ki].ops)
+                     info["blocker"], info["entry"], inserted, None, kernels[ki].ops,
+                     an.reader_casts(r), an.pad_value(r))
         if inserted:
             b = replace(b, detail=b.detail + "; created by " + ", ".join(f"{op}: {'/'.join(ps)}" for op, ps in inserted))
         remedy = next(rm for rm in REMEDIES if rm.matches(b))
