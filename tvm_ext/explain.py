@@ -263,7 +263,8 @@ def _inserted(b: Boundary, op: str, pass_name: str) -> bool:
 
 #: Ordered remedy table: the first entry whose predicate holds names a boundary's remedy.
 REMEDIES = (
-    Remedy("RemoveStopFusion", "pass", lambda b: b.kind == "stop_fusion",
+    Remedy("RemoveStopFusion", "pass",
+           lambda b: b.kind == "stop_fusion" and not any(o == "annotation.stop_fusion" for o, _ in b.inserted_by),
            "tvm-ext pass RemoveStopFusion: removes relay.quantize's stop_fusion where fusing keeps bits and one "
            "anchor per kernel", pass_name="RemoveStopFusion"),
     Remedy("FoldPadIntoConv", "pass",
@@ -290,7 +291,8 @@ REMEDIES = (
            and any(o == "nn.pad" and "Legalize" in ps for o, ps in b.inserted_by)
            or (b.kind == "prologue_into_anchor" and b.op == "nn.pad" and b.pad_value == 128),
            "tvm-ext pass NonNegativeConvInputToUint8 (start stage): an int8 conv input proven >= 0 is read as "
-           "uint8, so x86 legalisation adds no +128 shift and no explicit pad", stage="start"),
+           "uint8, so x86 legalisation adds no +128 shift and no explicit pad",
+           pass_name="NonNegativeConvInputToUint8", stage="start"),
     Remedy("relay.FuseOps.max_depth", "config", lambda b: b.kind == "max_depth",
            "config: raise PassContext(config={'relay.FuseOps.max_depth': N})", config=_raise_max_depth),
     Remedy("disabled_pass=AlterOpLayout", "config",
@@ -902,7 +904,9 @@ class _Analysis:
         # barriers on a direct reader take precedence
         if bnode is not None and blocker in readers:
             if bnode.op == "annotation.stop_fusion":
-                out.update(kind="stop_fusion", detail=f"{what} is read by annotation.stop_fusion (a fusion barrier)")
+                by = self.inserted.get("annotation.stop_fusion")
+                note = f"; placed by {', '.join(by)}" if by else ""
+                out.update(kind="stop_fusion", detail=f"{what} is read by annotation.stop_fusion (a fusion barrier){note}")
                 return out
             if bnode.op and bnode.op.startswith("fn:"):
                 out.update(kind="function_boundary", entry=bnode.op[3:],
@@ -1197,7 +1201,7 @@ def _explain_prefused(pre, tgt, cfg, opt_level, created, settings, request) -> "
         # ops a pass created, among the producer and its readers (layout_transform, pad, cast, ...; not anchors)
         ops_involved = {fg.nodes[r].op, *info["readers"]}
         inserted = tuple((op, tuple(created[op])) for op in sorted(o for o in ops_involved if o)
-                         if op in created and _pattern_of(op) <= K_INJECTIVE)
+                         if op in created and (_pattern_of(op) <= K_INJECTIVE or op == "annotation.stop_fusion"))
         b = Boundary(ki, tuple(sorted(consumers)), field_, fg.nodes[r].op or fg.nodes[r].kind, info["readers"],
                      dtype, shape, nbytes, info["kind"], info["detail"], info["rule"], info["join"],
                      info["blocker"], info["entry"], inserted, None, kernels[ki].ops,
