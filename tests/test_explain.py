@@ -180,6 +180,13 @@ def test_tuple_concat_and_opt_level_0():
     ex = explain(mod_of(y), disabled_pass=["AlterOpLayout"])
     assert ex.verified is True
     assert len(by_kind(ex, "tuple")) == 2
+    assert all("tuple of concatenate" in b.detail for b in by_kind(ex, "tuple"))
+    # inception-style: one value read by two branches that meet only at the concatenate's tuple
+    a = relay.nn.relu(conv(x, 8, 8))
+    ex = explain(mod_of(relay.concatenate([conv(a, 8, 8), conv(a, 8, 8)], axis=1)), disabled_pass=["AlterOpLayout"])
+    assert ex.verified is True
+    (mr,) = by_kind(ex, "multiple_readers")
+    assert "join only at the tuple feeding concatenate" in mr.detail and "post-dominator is a tuple" in mr.rule
     ex0 = explain(dense_bias_relu(), opt_level=0)
     assert ex0.verified is True and ex0.num_kernels == 3
     assert {b.kind for b in ex0.boundaries} == {"fusion_disabled"}
@@ -234,9 +241,7 @@ def _chromium():
     return None
 
 
-@pytest.mark.skipif(_chromium() is None, reason="no Chromium on this machine")
-def test_html_in_headless_chromium(tmp_path):
-    ex = explain(residual())
+def _open_in_chromium(ex, tmp_path):
     page = tmp_path / "explain.html"
     page.write_text(ex.to_html())
     r = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -249,6 +254,24 @@ def test_html_in_headless_chromium(tmp_path):
     assert r.stdout.count('class="kernel"') == ex.num_kernels
     errors = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
     assert not errors, errors
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium on this machine")
+def test_html_in_headless_chromium(tmp_path):
+    _open_in_chromium(explain(residual()), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium on this machine")
+def test_html_branchy_network_in_chromium(tmp_path):
+    """Inception v3 (relay.testing; a stand-in for a detector's branches): 123 kernels, all drawn."""
+    from tvm.relay import testing
+
+    mod, params = testing.inception_v3.get_workload(batch_size=1)
+    ex = explain(mod, params=params)
+    assert ex.verified is True and ex.num_kernels > 100
+    assert by_kind(ex, "tuple") and by_kind(ex, "multiple_readers")
+    _open_in_chromium(ex, tmp_path)
 
 
 def test_cli_explain(tmp_path):

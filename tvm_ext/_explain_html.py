@@ -26,7 +26,7 @@ COLOURS = {
     "function_boundary": "#9467bd",
     "opaque_op": "#e377c2",
     "dynamic_shape": "#2ca02c",
-    "tuple": "#aec7e8",
+    "tuple": "#393b79",
     "max_depth": "#000000",
     "fusion_disabled": "#c49c94",
     "other": "#c7c7c7",

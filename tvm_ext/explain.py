@@ -882,8 +882,16 @@ class _Analysis:
                                                 f"{d.count} ops > relay.FuseOps.max_depth={fg.max_depth}",
                        rule=f"{phase}: CountFusedNodesWithNewChild > max_fuse_depth")
             return out
+        if d.code == "dom_tuple" and len(readers) > 1:
+            blocker = self.max_edge(r, dom)
+            out.update(kind="multiple_readers", blocker=self.describe(blocker),
+                       detail=f"{what} has {len(readers)} readers ({', '.join(sorted(set(out['readers'])))}); their "
+                              f"paths join only at the tuple feeding {self.tuple_reader(dom)}, and FuseOps does not "
+                              f"fuse into a tuple (the paths also pass {self.describe(blocker)})",
+                       rule=f"{phase}: post-dominator is a tuple")
+            return out
         if d.code in ("dom_tuple", "p2_tuple_root"):
-            out.update(kind="tuple", detail=f"{what} goes into a tuple ({self.describe(dom)}); FuseOps does not fuse "
+            out.update(kind="tuple", detail=f"{what} goes into the tuple of {self.tuple_reader(dom)}; FuseOps does not fuse "
                                             "into a tuple unless the producer is injective and the tuple joins "
                                             "an injective group", rule=f"{phase}: {d.code}")
             return out
@@ -954,6 +962,10 @@ class _Analysis:
             return out
         out.update(kind="other", detail=f"{what}: {d.code} toward {self.describe(dom)} (blocker {bdesc})")
         return out
+
+    def tuple_reader(self, t: int) -> str:
+        outs = [o for o, _ in self.fg.nodes[t].outputs]
+        return self.describe(outs[0]) if outs else "the graph output"
 
     def reader_casts(self, r: int) -> tuple:
         out = []
