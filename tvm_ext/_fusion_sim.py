@@ -432,10 +432,7 @@ def _children(e) -> list:
     from tvm import relay
 
     if isinstance(e, relay.Call):
-        out = list(e.args)
-        if not isinstance(e.op, relay.Function):
-            pass
-        return out
+        return list(e.args)
     if isinstance(e, relay.Tuple):
         return list(e.fields)
     if isinstance(e, relay.TupleGetItem):
