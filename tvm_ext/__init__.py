@@ -11,7 +11,7 @@ from .target import build_target, host_target, safe_target
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("bench", "cli", "frontend", "passes", "patterns", "pipelines", "report", "target", "testing",
+_SUBMODULES = ("bench", "cli", "explain", "frontend", "passes", "patterns", "pipelines", "report", "target", "testing",
                "tuning", "x86_int8", "zoo")
 
 

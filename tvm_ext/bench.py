@@ -247,25 +247,43 @@ def _build_job(job: dict) -> dict:
     v = _load_variant(job["key"], job["small"], job["model_path"])
     target = tvm.target.Target(job["target"])  # already resolved by run(): stock or tvm-ext target
     t0 = time.perf_counter()
+    from .explain import FuseOpsInput
+
+    fuse_input = FuseOpsInput()  # the module FuseOps sees, for the explainer summary
     if job["pipeline"] in ("tvm", "tvm_same"):
         # "tvm_same": stock relay.build at tvm-ext's target, with only the VNNI operand types fixed
         # (without that fix it aborts): the bit-exactness reference for a VNNI build
         fix = x86_int8.kernels(schedule=False) if job["pipeline"] == "tvm_same" else contextlib.nullcontext()
-        with fix, tvm.transform.PassContext(opt_level=3):
+        with fix, tvm.transform.PassContext(opt_level=3, instruments=[fuse_input.make()]):
             fac = relay.build(copy_module(v["mod"]), target=target, params=v["params"])
         report, passes = KernelReport.from_factory(fac).to_dict(), None
     else:
         pipe = pipelines.int8()
-        fac = build(v["mod"], target=target, params=v["params"], passes=pipe, tuned=job.get("tuned", True))
+        fac = build(v["mod"], target=target, params=v["params"], passes=pipe, tuned=job.get("tuned", True),
+                    instruments=[fuse_input.make()])
         report, passes = fac.kernel_report.to_dict(), pipe.pass_names()
     build_s = time.perf_counter() - t0
+    explained = _explain_summary(fuse_input, target)
     out = Path(job["dir"])
     lib_path = out / f"{job['pipeline']}.so"
     fac.get_lib().export_library(str(lib_path))
     (out / f"{job['pipeline']}.json").write_text(fac.get_graph_json())
     (out / f"{job['pipeline']}.params").write_bytes(relay.save_param_dict(fac.get_params()))
-    return {"build_s": build_s, "report": report, "passes": passes, "lib": str(lib_path),
+    return {"build_s": build_s, "report": report, "passes": passes, "explain": explained, "lib": str(lib_path),
             "graph": str(out / f"{job['pipeline']}.json"), "params": str(out / f"{job['pipeline']}.params")}
+
+
+def _explain_summary(fuse_input, target):
+    """Non-anchor kernels and crossing bytes by reason (tvm_ext.explain) of the module FuseOps saw."""
+    from .explain import explain_prefused, summary_dict
+
+    if fuse_input.module is None:
+        return None
+    try:
+        return summary_dict(explain_prefused(fuse_input.module, target))
+    except Exception as err:  # the benchmark must not fail on its explanation
+        logger.warning("explain summary failed: %s", err)
+        return None
 
 
 class _Loaded:
@@ -355,6 +373,8 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         res["pipelines"][name] = {"build_s": b["build_s"], "report": b["report"], "target": str(pipes[name])}
         if b.get("passes"):
             res["pipelines"][name]["passes"] = b["passes"]
+        if b.get("explain"):
+            res["pipelines"][name]["explain"] = b["explain"]
         engines.append(_Loaded(b).engine(name, v["input_name"]))
     if v["onnx_path"] is not None:
         try:
@@ -509,6 +529,14 @@ def render_markdown(results: dict) -> str:
     if any(e is not None for _, e in tuned_exact):
         lines += ["", "tvm-ext tuned vs untuned: " + "; ".join(
             f"{label} {'bit-exact' if e else 'DIFFERENT'}" for label, e in tuned_exact if e is not None)]
+    explained = {f"{v['label']} / {label}": v["pipelines"][key]["explain"] for v in results["variants"]
+                 for key, label in (("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"))
+                 if (v["pipelines"].get(key) or {}).get("explain")}
+    if explained:
+        from .explain import summary_markdown
+
+        lines += ["", "Why the kernel boundaries are there (`tvm_ext.explain`: FuseOps' reason per crossing tensor):", "",
+                  summary_markdown(explained).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

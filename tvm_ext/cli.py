@@ -2,7 +2,8 @@
 
 Sub-commands: ``report`` (kernel report of an ONNX model), ``passes`` (registered passes),
 ``patterns`` (pattern tables), ``zoo`` (write the built-in model zoo), ``bench`` (the int8
-ResNet-50 benchmark), ``tune`` (tune a model's int8 kernels on this CPU). User errors (missing file, non-ONNX file, unknown pass, bad option) print
+ResNet-50 benchmark), ``tune`` (tune a model's int8 kernels on this CPU), ``explain`` (why each kernel
+boundary exists). User errors (missing file, non-ONNX file, unknown pass, bad option) print
 one line on stderr and exit with code 2. Printing happens here only; the library logs.
 """
 from __future__ import annotations
@@ -241,6 +242,42 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_explain(args) -> int:
+    from .explain import explain
+
+    if args.pipeline and args.passes:
+        raise UsageError("--pipeline and --passes cannot be combined")
+    if args.pipeline:
+        from . import pipelines
+
+        if args.pipeline != "int8":
+            raise UsageError(f"unknown --pipeline {args.pipeline!r}; available: int8")
+        passes = pipelines.int8()
+    else:
+        passes = parse_pass_list(args.passes)
+    if args.html:
+        html_dir = Path(args.html).parent
+        if not html_dir.is_dir():
+            raise UsageError(f"--html: no such directory: {html_dir}")
+    config = {"relay.FuseOps.max_depth": args.max_depth} if args.max_depth is not None else None
+    mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
+    target = _resolve_target(args.target)
+    ex = explain(mod, target=target, params=params, passes=passes, at=args.at, opt_level=args.opt_level,
+                 config=config, compile=args.compile, check_remedies=args.check)
+    if args.html:
+        Path(args.html).write_text(ex.to_html(title=f"tvm-ext explain {Path(args.model).name}"))
+    if args.json:
+        print(ex.to_json())
+    else:
+        print(f"model:  {args.model}")
+        print(f"target: {target}")
+        print()
+        print(ex.table(max_rows=None if args.all else 40))
+        if args.html:
+            print(f"\nwrote {args.html}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-ext", description="Relay passes, pattern tables and kernel reports on TVM 0.19.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
@@ -306,6 +343,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--out", help="records file (default: $TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log)")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("explain", help="why every kernel boundary exists, and what would remove it",
+                       description="Replay TVM's FuseOps on the graph relay.build fuses and give, for every tensor "
+                                   "crossing kernels, the producer and readers, dtype, shape, bytes, the reason in "
+                                   "FuseOps' terms and the tvm-ext pass / pattern entry / config that would remove it.")
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--pipeline", help="a tvm-ext pipeline (int8)")
+    p.add_argument("--passes", help="comma-separated tvm-ext passes to run (see `tvm-ext passes`)")
+    p.add_argument("--at", choices=["before_fuse", "start"], default="before_fuse", help="where --passes run")
+    p.add_argument("--target", help="TVM target (default: the host CPU)")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N", help="PassContext opt_level (default 3)")
+    p.add_argument("--max-depth", type=int, metavar="N", help="relay.FuseOps.max_depth (default 256)")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
+    p.add_argument("--check", action="store_true", help="apply each suggested remedy and measure what it removes")
+    p.add_argument("--compile", action="store_true", help="also build, and name kernels as the graph executor does")
+    p.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    p.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page with the kernel graph")
+    p.add_argument("--all", action="store_true", help="list every boundary and kernel (default: the first 40)")
+    p.set_defaults(func=cmd_explain)
     return parser
 
 

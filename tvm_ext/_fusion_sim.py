@@ -1,0 +1,469 @@
+"""FuseOps, replayed in Python with a decision log (used by :mod:`tvm_ext.explain`).
+
+Design note
+-----------
+This module re-implements, step for step, what TVM 0.19's ``FuseOps`` decides
+(``src/relay/transforms/fuse_ops.cc``: ``IndexedForwardGraphCreator``;
+``src/relay/analysis/graph_partitioner.cc``: ``DominatorTree::PostDom``,
+``GraphPartitioner::RunFuse``), on the same post-DFS order (TVM's own ``post_order_visit``), with
+the same op patterns (``TOpPattern``), edge patterns (broadcast edges of equal shape count as
+elementwise), post-dominator tree (LCA of the outputs, patterns combined by max), three phases,
+``CheckPath`` conditions, ``relay.FuseOps.max_depth`` and union-find merging. Each refusal is
+recorded per node and phase, with the node where ``CheckPath`` failed, so the explainer can say
+*which rule* kept a value out of its reader's kernel. It never decides anything by kernel name.
+
+It is checked, not trusted: :func:`tvm_ext.explain.explain` runs TVM's real ``FuseOps`` on the
+same module and compares the kernels op for op (``Explanation.verified``).
+
+Not replayed: the ``max_function_args`` limit (0, i.e. off, on CPU targets) and the postponed
+fusing it drives; Let/If/Match/Ref nodes are treated as TVM does (their operands are external).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+K_ELEMWISE, K_BROADCAST, K_INJECTIVE, K_COMM_REDUCE, K_OUT_EWISE_FUSABLE, K_TUPLE, K_OPAQUE = 0, 1, 2, 3, 4, 7, 8
+PATTERN_NAMES = {0: "kElemWise", 1: "kBroadcast", 2: "kInjective", 3: "kCommReduce", 4: "kOutEWiseFusable",
+                 7: "kTuple", 8: "kOpaque"}
+_SIMPLE_CONST = {"int32", "int64", "float32", "float64", "bool"}
+MAX_FUSED_OPS = 256  # kMaxFusedOps, the default of relay.FuseOps.max_depth
+
+
+@dataclass
+class Node:
+    """One node of FuseOps' indexed forward graph."""
+
+    index: int
+    expr: object
+    kind: str  # call | var | const | tuple | getitem | other
+    op: Optional[str]  # op name, "fn:<name>" for a function call, None otherwise
+    pattern: int = K_OPAQUE
+    extern: bool = False
+    outputs: list = field(default_factory=list)  # [(node index, edge pattern)]
+    outer: bool = True  # False: inside a nested (Primitive/Composite) function body
+    noncomputational: bool = False  # stop_fusion and TNonComputational ops: no kernel
+
+
+@dataclass
+class DomNode:
+    parent: Optional[int]
+    depth: int
+    pattern: int
+
+
+@dataclass
+class Decision:
+    """Why node ``index`` was or was not fused into its post-dominator in ``phase``."""
+
+    phase: int
+    code: str
+    group_pattern: int
+    dom: Optional[int] = None
+    dom_pattern: Optional[int] = None
+    failed_at: Optional[int] = None  # node where CheckPath's condition failed
+    count: Optional[int] = None  # nodes the fused group would have (max_depth)
+
+
+def _op_attr(op, name):
+    try:
+        return op.get_attr(name)
+    except Exception:  # unknown attribute registry
+        return None
+
+
+def _is_dynamic(ty) -> bool:
+    from tvm import relay, tir
+
+    if isinstance(ty, relay.TensorType):
+        return any(not isinstance(d, tir.IntImm) for d in ty.shape)
+    if isinstance(ty, relay.TupleType):
+        return any(_is_dynamic(f) for f in ty.fields)
+    return False
+
+
+def _shape_key(ty):
+    from tvm import tir
+
+    return tuple(int(d) if isinstance(d, tir.IntImm) else str(d) for d in ty.shape)
+
+
+class FusionGraph:
+    """FuseOps' graph of one Relay function, its post-dominator tree and the fusion outcome."""
+
+    def __init__(self, func, opt_level: int = 3, max_depth: int = MAX_FUSED_OPS):
+        self.func = func
+        self.opt_level = int(opt_level)
+        self.max_depth = int(max_depth)
+        self.nodes: list[Node] = []
+        self.index_of: dict = {}
+        self.decisions: dict[int, list[Decision]] = {}
+        self._build_graph()
+        self._post_dom()
+        self._partition()
+
+    # -- IndexedForwardGraphCreator ---------------------------------------------------------
+    def _build_graph(self):
+        import tvm
+        from tvm import relay
+
+        order = []
+        nested = []
+
+        def visit(e):
+            if isinstance(e, relay.Function):
+                if not e.same_as(self.func):
+                    nested.append(e)
+                return
+            if isinstance(e, (tvm.ir.Op, relay.GlobalVar)) or type(e).__name__ == "Constructor":
+                return
+            order.append(e)
+
+        relay.analysis.post_order_visit(self.func, visit)
+        # Functions handled by external codegen are skipped by TVM's creator.
+        skipped = set()
+        for fn in nested:
+            if fn.attrs is not None and "Compiler" in fn.attrs:
+                relay.analysis.post_order_visit(fn, lambda e: skipped.add(e))
+        order = [e for e in order if e not in skipped]
+        for i, e in enumerate(order):
+            self.index_of[e] = i
+            self.nodes.append(Node(i, e, *self._kind_op(e)))
+        outer = self._outer_nodes()
+        for n in self.nodes:
+            n.outer = n.expr in outer
+
+        def update(child, parent: Optional[Node], pattern: int):
+            idx = self.index_of.get(child)
+            if idx is None:  # an Op, a function, a skipped external function
+                return
+            if parent is None:
+                self.nodes[idx].extern = True
+            else:
+                self.nodes[idx].outputs.append((parent.index, pattern))
+
+        funcs = [self.func] + [fn for fn in nested if not (fn.attrs is not None and "Compiler" in fn.attrs)]
+        for fn in funcs:
+            for p in fn.params:
+                update(p, None, K_OPAQUE)
+            update(fn.body, None, K_OPAQUE)
+        for n in self.nodes:
+            e = n.expr
+            if isinstance(e, relay.Constant):
+                scalar = len(e.data.shape) == 0 and e.data.dtype in _SIMPLE_CONST
+                n.pattern = K_ELEMWISE if scalar else K_OPAQUE
+            elif isinstance(e, relay.Call):
+                pat = K_OPAQUE
+                if isinstance(e.op, tvm.ir.Op):
+                    dep = _op_attr(e.op, "TShapeDataDependent")
+                    data_dep = bool(dep) and any(bool(x) for x in dep)
+                    if _is_dynamic(e.checked_type) and (data_dep or e.op.name.startswith("dyn.")):
+                        pat = K_OPAQUE
+                    else:
+                        p = _op_attr(e.op, "TOpPattern")
+                        pat = K_OPAQUE if p is None else int(p)
+                n.pattern = pat
+                rtype = e.checked_type
+                for a in e.args:
+                    ep = pat
+                    if ep == K_BROADCAST and isinstance(rtype, relay.TensorType):
+                        at = a.checked_type
+                        if isinstance(at, relay.TensorType) and _shape_key(at) == _shape_key(rtype):
+                            ep = K_ELEMWISE
+                    update(a, n, ep)
+            elif isinstance(e, relay.Tuple):
+                n.pattern = K_TUPLE
+                for f in e.fields:
+                    if isinstance(f.checked_type, relay.TensorType):
+                        update(f, n, K_INJECTIVE)
+                    else:
+                        update(f, None, K_OPAQUE)
+            elif isinstance(e, relay.TupleGetItem):
+                tt = e.tuple_value.checked_type
+                if all(isinstance(t, relay.TensorType) for t in tt.fields):
+                    n.pattern = K_INJECTIVE
+                    update(e.tuple_value, n, K_INJECTIVE)
+                else:
+                    update(e.tuple_value, None, K_OPAQUE)
+            elif isinstance(e, relay.Var):
+                pass
+            else:  # Let, If, RefCreate/Read/Write, Match: TVM fuses nothing through them
+                for child in _children(e):
+                    update(child, None, K_OPAQUE)
+
+    def _kind_op(self, e):
+        import tvm
+        from tvm import relay
+
+        if isinstance(e, relay.Call):
+            if isinstance(e.op, tvm.ir.Op):
+                return "call", e.op.name
+            return "call", "fn:" + function_label(e.op)
+        if isinstance(e, relay.Var):
+            return "var", None
+        if isinstance(e, relay.Constant):
+            return "const", None
+        if isinstance(e, relay.Tuple):
+            return "tuple", None
+        if isinstance(e, relay.TupleGetItem):
+            return "getitem", None
+        return "other", None
+
+    def _outer_nodes(self) -> set:
+        """Nodes of the function itself, not inside nested functions (iterative walk)."""
+        from tvm import relay
+
+        seen = set()
+        stack = [self.func.body, *self.func.params]
+        while stack:
+            e = stack.pop()
+            if e in seen or isinstance(e, relay.Function):
+                continue
+            seen.add(e)
+            stack.extend(_children(e))
+        return seen
+
+    # -- DominatorTree::PostDom --------------------------------------------------------------
+    def _post_dom(self):
+        n = len(self.nodes)
+        self.dom: list[Optional[DomNode]] = [None] * n
+        for idx in range(n - 1, -1, -1):
+            g = self.nodes[idx]
+            if g.extern:
+                self.dom[idx] = DomNode(None, 1, K_OPAQUE)
+                continue
+            pattern = K_ELEMWISE
+            parent = None
+            if g.outputs:
+                first, epat = g.outputs[0]
+                parent = first
+                pattern = max(pattern, epat)
+                for onode, epat in g.outputs[1:]:
+                    parent, pattern = self._lca(parent, onode, pattern)
+                    pattern = max(pattern, epat)
+            # parent indexes are tree nodes: the dom node of graph node `parent`
+            depth = self.dom[parent].depth + 1 if parent is not None else 1
+            self.dom[idx] = DomNode(parent, depth, pattern)
+
+    def _lca(self, lhs, rhs, pattern):
+        while lhs != rhs:
+            if lhs is None or rhs is None:
+                return None, pattern
+            dl, dr = self.dom[lhs], self.dom[rhs]
+            if dl.depth < dr.depth:
+                pattern = max(pattern, dr.pattern)
+                rhs = dr.parent
+            elif dr.depth < dl.depth:
+                pattern = max(pattern, dl.pattern)
+                lhs = dl.parent
+            else:
+                pattern = max(pattern, dl.pattern, dr.pattern)
+                lhs, rhs = dl.parent, dr.parent
+        return lhs, pattern
+
+    # -- GraphPartitioner ----------------------------------------------------------------------
+    def find_root(self, i: int) -> int:
+        parent = self.g_parent
+        root = i
+        while parent[root] is not None:
+            root = parent[root]
+        while parent[i] is not None and parent[i] != root:
+            parent[i], i = root, parent[i]
+        return root
+
+    def _merge(self, child: int, parent: int):
+        child, parent = self.find_root(child), self.find_root(parent)
+        if child == parent:
+            return
+        self.g_num[parent] += self.g_num[child]
+        self.g_parent[child] = parent
+        if self.g_anchor[child] is not None:
+            self.g_anchor[parent] = self.g_anchor[child]
+            self.g_pattern[parent] = max(self.g_pattern[child], self.g_pattern[parent])
+
+    def _check_path(self, src: int, sink: int, fcond):
+        """(ok, node where the condition failed)."""
+        visited = set()
+        stack = [o for o, _ in self.nodes[src].outputs]
+        while stack:
+            i = stack.pop()
+            if i in visited:
+                continue
+            visited.add(i)
+            if not fcond(self.g_pattern[self.find_root(i)], i == sink):
+                return False, i
+            if i == sink:
+                continue
+            stack.extend(o for o, _ in self.nodes[i].outputs)
+        return True, None
+
+    def _commit(self, src: int, sink: int):
+        target = sink
+        visited = set()
+        stack = [src]
+        while stack:
+            i = stack.pop()
+            if i == sink or i in visited:
+                continue
+            visited.add(i)
+            self._merge(i, target)
+            stack.extend(o for o, _ in self.nodes[i].outputs)
+
+    def _count_with_child(self, child: int, dom_parent: int) -> int:
+        visited = set()
+        total = self.g_num[self.find_root(dom_parent)]
+        stack = [child]
+        while stack:
+            i = stack.pop()
+            if i == dom_parent or i in visited:
+                continue
+            visited.add(i)
+            total += self.g_num[i]
+            stack.extend(o for o, _ in self.nodes[i].outputs)
+        return total
+
+    def _log(self, nid, phase, code, **kw):
+        self.decisions.setdefault(nid, []).append(Decision(phase, code, self.g_pattern[nid], **kw))
+
+    def _partition(self):
+        n = len(self.nodes)
+        self.g_parent: list = [None] * n
+        self.g_pattern = [nd.pattern for nd in self.nodes]
+        self.g_anchor = [i if nd.pattern == K_OUT_EWISE_FUSABLE else None for i, nd in enumerate(self.nodes)]
+        self.g_num = [1] * n
+        if self.opt_level == 0:
+            for i in range(n):
+                self._log(i, 0, "opt_level_0")
+            return
+        for phase in range(3):
+            self._run_fuse(phase)
+
+    def _run_fuse(self, phase: int):
+        for nid in range(len(self.nodes)):
+            dom = self.dom[nid]
+            gpat = self.g_pattern[nid]
+            if gpat == K_OPAQUE:
+                self._log(nid, phase, "opaque")
+                continue
+            if dom.parent is None:
+                self._log(nid, phase, "no_dom")
+                continue
+            dp = dom.parent
+            cnt = self._count_with_child(nid, dp)
+            if cnt > self.max_depth:
+                # FuseOps stops here; say whether the pattern rules would have fused it at all
+                would = self._step(nid, phase, commit=False)
+                if would is None:
+                    continue
+                if would[0] == "fused":
+                    self._log(nid, phase, "max_depth", dom=dp, dom_pattern=dom.pattern, count=cnt)
+                else:
+                    code, kw = would
+                    self._log(nid, phase, code, **kw, count=cnt)
+                continue
+            res = self._step(nid, phase, commit=True)
+            if res is not None:
+                code, kw = res
+                self._log(nid, phase, code, **kw)
+
+    def _step(self, nid: int, phase: int, commit: bool):
+        """RunFuse's branch logic for one node: (code, details), or None when the phase skips it."""
+        dom = self.dom[nid]
+        gpat = self.g_pattern[nid]
+        dp = dom.parent
+
+        def attempt(fcond):
+            ok, bad = self._check_path(nid, dp, fcond)
+            if ok:
+                if commit:
+                    self._commit(nid, dp)
+                return "fused", {"dom": dp}
+            return "path", {"dom": dp, "dom_pattern": dom.pattern, "failed_at": bad}
+
+        if phase == 2:
+            if gpat > K_INJECTIVE:
+                return None
+            dom_root = self.find_root(dp)
+            if self.g_pattern[dom_root] == K_TUPLE:
+                return "p2_tuple_root", {"dom": dp}
+            if self.g_pattern[dp] == K_TUPLE and self.g_pattern[dom_root] <= K_INJECTIVE:
+                return attempt(lambda k, s: k <= K_INJECTIVE)
+            return None
+        if self.find_root(nid) == self.find_root(dp):
+            return "same_group", {"dom": dp}
+        if self.g_pattern[dp] == K_TUPLE:
+            return "dom_tuple", {"dom": dp, "dom_pattern": dom.pattern}
+        if gpat == K_OUT_EWISE_FUSABLE:
+            if phase != 0:
+                return None
+            if dom.pattern == K_ELEMWISE:
+                return attempt(lambda k, s: k <= K_BROADCAST)
+            return "dom_pattern", {"dom": dp, "dom_pattern": dom.pattern}
+        if gpat <= K_BROADCAST:
+            if dom.pattern <= K_INJECTIVE or dom.pattern == K_COMM_REDUCE:
+                def fcond(k, is_sink):
+                    if not is_sink:
+                        return k <= K_INJECTIVE
+                    return k <= K_BROADCAST or k in (K_COMM_REDUCE, K_INJECTIVE, K_OUT_EWISE_FUSABLE)
+
+                return attempt(fcond)
+            return "dom_pattern", {"dom": dp, "dom_pattern": dom.pattern}
+        if gpat in (K_INJECTIVE, K_TUPLE):
+            if phase != 1:
+                return None
+            return attempt(lambda k, s: k <= K_INJECTIVE)
+        return "reduce", {"dom": dp, "dom_pattern": dom.pattern}
+
+    # -- results -------------------------------------------------------------------------------
+    def final_decision(self, nid: int) -> Optional[Decision]:
+        """The refusal that decided ``nid``'s fate (the last informative one)."""
+        ds = [d for d in self.decisions.get(nid, []) if d.code not in ("same_group",)]
+        if not ds:
+            return None
+        # phase 2 only concerns tuples; prefer phases 0/1 unless phase 2 is about a tuple
+        main = [d for d in ds if d.phase < 2]
+        p2 = [d for d in ds if d.phase == 2]
+        if p2 and p2[-1].code in ("p2_tuple_root",) and (not main or main[-1].code == "dom_tuple"):
+            return p2[-1]
+        return (main or ds)[-1]
+
+
+def _children(e) -> list:
+    from tvm import relay
+
+    if isinstance(e, relay.Call):
+        return list(e.args)
+    if isinstance(e, relay.Tuple):
+        return list(e.fields)
+    if isinstance(e, relay.TupleGetItem):
+        return [e.tuple_value]
+    if isinstance(e, relay.Let):
+        return [e.var, e.value, e.body]
+    if isinstance(e, relay.If):
+        return [e.cond, e.true_branch, e.false_branch]
+    for attr in ("value", "ref", "data"):
+        if hasattr(e, attr):
+            v = getattr(e, attr)
+            if isinstance(v, relay.Expr):
+                return [v]
+    return []
+
+
+def function_label(fn) -> str:
+    """A function's name for messages: its pattern-table entry, Composite or Compiler name."""
+    attrs = getattr(fn, "attrs", None)
+    if attrs is not None:
+        for key in ("tvm_ext.pattern", "Composite", "Compiler", "global_symbol"):
+            if key in attrs:
+                return str(attrs[key])
+        if "Primitive" in attrs:  # made by a pass, not by a pattern table: name it by its ops
+            import tvm
+            from tvm import relay
+
+            ops = []
+            relay.analysis.post_order_visit(fn.body, lambda x: ops.append(x.op.name) if isinstance(x, relay.Call)
+                                            and isinstance(x.op, tvm.ir.Op) else None)
+            shown = ",".join(ops[:4]) + (",..." if len(ops) > 4 else "")
+            return f"Primitive[{shown}]"
+    name = getattr(fn, "name_hint", None)
+    return str(name) if name else "function"
