@@ -66,8 +66,9 @@ class TuneResult:
     budget_hit: bool = False
 
     def table(self) -> str:
-        lines = [f"target: {self.target}", f"layout: {self.layout}  (model ms per candidate: "
-                 + ", ".join(f"{k}: {v:.2f}" for k, v in self.layout_ms.items()) + ")",
+        measured = ", ".join(f"{k}: {v:.2f}" for k, v in self.layout_ms.items())
+        lines = [f"target: {self.target}",
+                 f"layout: {self.layout}" + (f"  (model ms per candidate: {measured})" if measured else ""),
                  "| kind | workload | untuned ms | tuned ms | tuned / untuned | config |", "|---|---|---|---|---|---|"]
         for kind, desc, base, best, cfg, _wl in self.rows:
             lines.append(f"| {kind} | {desc} | {base:.4f} | {best:.4f} | {best / base:.2f} | {cfg} |")
