@@ -263,6 +263,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     import tvm
     from tvm import relay
 
+    from . import tvm_bugs
     from .report import KernelReport
 
     cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
@@ -274,6 +275,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     prefix_names: list[str] = []
     if stages["start"]:
         mod = _run_user_passes(mod, stages["start"], tgt, opt_level, cfg, disabled, instr)
+    tvm_bugs.check_module(relay.transform.InferType()(mod), tgt)  # known TVM bugs: a clear error
     if split:
         mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, disabled, instr)
         logger.debug("relay.build prefix ran: %s", prefix_names)
