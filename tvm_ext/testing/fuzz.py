@@ -865,10 +865,11 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
     from tvm_ext.pipelines import int8
 
     t0 = time.time()
+    variant = _actual_variant(mod, variant)
     res = GraphResult(variant=variant)
     factories = _make_passes()
     text0 = mod.astext()
-    control = variant in ("if", "let", "closure")
+    control = variant in ("if", "let", "closure", "control")
     runnable = numeric and variant == "static"
     float_graph = _is_float_graph(mod)
     tgt, masked = _host_targets()
@@ -986,6 +987,23 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
                 res.skips.append(f"relay.build fails: {_short(err)}")
     res.seconds = time.time() - t0
     return res
+
+
+def _actual_variant(mod, variant: str) -> str:
+    """What ``main`` really contains (a spec's If/Let/closure may be dead code, left out of the graph)."""
+    import tvm
+    from tvm import relay
+
+    from tvm_ext.passes._util import unsupported_construct
+
+    main = mod["main"]
+    if not unsupported_construct(main):
+        return variant if variant in ("if", "let", "closure") else "control"
+    for p in main.params:
+        ty = p.checked_type
+        if isinstance(ty, relay.TensorType) and not all(isinstance(d, tvm.tir.IntImm) for d in ty.shape):
+            return "dynamic"
+    return "static"
 
 
 def _short(err) -> str:
@@ -1225,7 +1243,7 @@ class Summary:
 
     def add(self, spec: Spec, res: GraphResult):
         self.graphs += 1
-        self.variants[spec.variant] = self.variants.get(spec.variant, 0) + 1
+        self.variants[res.variant] = self.variants.get(res.variant, 0) + 1
         for k in res.rewrites:
             self.rewrites[k] = self.rewrites.get(k, 0) + 1
         self.builds += res.builds
