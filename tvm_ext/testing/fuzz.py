@@ -166,7 +166,7 @@ class Spec:
 
 STEP_KINDS = (
     "conv", "requant", "widen", "ewise", "parallel_cast", "join", "pool", "stop", "layout", "tuple",
-    "dense_head", "ewise_head", "qdq_add", "pad",
+    "dense_head", "ewise_head", "qdq_add", "pad", "pool_quant", "nonneg_conv",
 )
 
 
@@ -197,6 +197,9 @@ def graph_specs(max_steps: int = 6, variants=VARIANTS):
         st.tuples(st.just("ewise_head"), small, st.sampled_from(["add", "multiply"]), st.integers(2, 3)),
         st.tuples(st.just("qdq_add"), small, small),
         st.tuples(st.just("pad"), small, st.sampled_from(["zero", "one"])),
+        # motifs: the exact chains NarrowBeforeMaxPool and NonNegativeConvInputToUint8 look for
+        st.tuples(st.just("pool_quant"), small, st.sampled_from(["int8", "uint8"]), st.booleans()),
+        st.tuples(st.just("nonneg_conv"), small, st.sampled_from([1, 3]), st.booleans()),
     )
     variant = st.sampled_from(list(variants)) if len(variants) > 1 else st.just(variants[0])
     if len(variants) > 1:
@@ -544,6 +547,31 @@ class _Builder:
             y = relay.nn.avg_pool2d(v.expr, (k, k), (stride, stride), padding=(pad, pad), layout=self.layout,
                                     count_include_pad=kind == "avg_pad")
         self.push(y, v.dtype, (c, ho, wo))
+
+    def s_pool_quant(self, i, dtype, relu):
+        """float -> max_pool -> [relu] -> multiply(c >= 0) -> round -> clip -> cast 8-bit"""
+        relay = self.relay
+        v = self.to_float(self.pick(i))
+        self.values.append(v)
+        self.s_pool(len(self.values) - 1, "max", 2, 2, 0)
+        p = self.values[-1]
+        if relu:
+            p = _V(relay.nn.relu(p.expr), p.dtype, p.shape)
+        q = self.requant_float(p, dtype)
+        self.push(q.expr, q.dtype, q.shape)
+
+    def s_nonneg_conv(self, i, k, stop):
+        """int -> relu -> add -> right_shift -> clip(-127, 127) -> cast i8 -> [stop_fusion] -> conv2d"""
+        relay = self.relay
+        v = self.pick(i)
+        x = v.expr if v.dtype == "int32" else relay.cast(relay.clip(v.expr, -1000.0, 1000.0) if v.dtype == "float32"
+                                                         else v.expr, "int32")
+        y = relay.right_shift(relay.add(relay.nn.relu(x), relay.const(4, "int32")), relay.const(3, "int32"))
+        y = relay.cast(relay.clip(y, -127, 127), "int8")
+        if stop:
+            y = relay.annotation.stop_fusion(y)
+        self.values.append(_V(y, "int8", v.shape))
+        self.s_conv(len(self.values) - 1, 8, k, 1, 1, 0, "plain", "none", False)
 
     def s_stop(self, i):
         v = self.pick(i)
