@@ -41,7 +41,7 @@ def test_grammar_covers_the_constructs_of_the_issue():
         elif isinstance(node, (relay.If, relay.Let, relay.TupleGetItem)):
             ops.add(type(node).__name__)
 
-    for spec in fuzz.generate(300, seed=2):
+    for spec in fuzz.generate(300, seed=2) + fuzz.generate(300, seed=3) + fuzz.generate(100, seed=4, variants=("if", "let")):
         relay.analysis.post_order_visit(fuzz.build_graph(spec)["main"], visit)
     for op in ["nn.conv2d", "qnn.conv2d", "qnn.dense", "nn.dense", "qnn.requantize", "qnn.quantize", "qnn.dequantize",
                "qnn.add", "cast", "nn.pad", "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "clip",
