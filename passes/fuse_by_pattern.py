@@ -80,6 +80,12 @@ def tvm_fusible(ctx):
             # canonicalization then fails ("Expr must be a constant expr"); lowered forms match at before_fuse
             return Reject(f"{c.op.name} is not lowered yet (QNN ops need constant scales at canonicalization): "
                           f"run FuseByPattern at stage before_fuse")
+        if c.op.name in ("nn.conv2d", "nn.dense") and str(c.args[0].checked_type.dtype) == "int8" \
+                and str(c.args[1].checked_type.dtype) == "int8":
+            # x86 Legalize (relay.build's prefix) rewrites int8 x int8 into a +128 shift, the op and a
+            # `sum` compensation: two anchors in one Primitive fn, which TVM cannot schedule (fuzz find)
+            return Reject(f"{c.op.name} with int8 data and int8 weight is legalized into two anchors on x86: "
+                          f"run FuseByPattern at stage before_fuse")
         kinds.append((c.op.name, _op_pattern(c.op)))
     if not isinstance(ctx.root.checked_type, relay.TensorType):
         return Reject("the group's output is not a single tensor")

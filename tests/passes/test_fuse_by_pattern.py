@@ -304,3 +304,22 @@ def test_unlowered_qnn_ops_are_not_grouped(caplog):
     with caplog.at_level(logging.DEBUG):
         assert_unchanged(FuseByPattern("qnn"), infer(y))
     assert "is not lowered yet" in caplog.text
+
+
+def test_int8_int8_conv_not_grouped_before_legalization(caplog):
+    """Found by the fuzzer (issue 12): FuseByPattern(qnn) at stage start grouped an int8 x int8 conv2d
+    with its requantize; x86 Legalize then put conv + sum (two anchors) into that Primitive function
+    and relay.build failed ("Cannot apply TOPI schedule ... two complicated ops")."""
+    import numpy as np
+    from tvm import relay
+
+    from tvm_ext.testing import assert_unchanged, infer
+
+    x = relay.var("x", shape=(1, 8, 4, 3), dtype="int8")
+    y = relay.nn.conv2d(x, relay.const(np.ones((8, 8, 1, 1), "int8")), kernel_size=(1, 1), channels=8,
+                        out_dtype="int32")
+    y = relay.right_shift(relay.add(relay.nn.relu(y), relay.const(4)), relay.const(3))
+    y = relay.cast(relay.clip(y, -127, 127), "int8")
+    with caplog.at_level(logging.DEBUG):
+        assert_unchanged(FuseByPattern("qnn"), infer(y))
+    assert "legalized into two anchors" in caplog.text
