@@ -73,10 +73,11 @@ def is_primitive(func) -> bool:
 
 
 def op_name(call) -> str | None:
-    """Name of the op a Call calls, or None when it calls a function or a global."""
+    """Name of the op a Call calls, or None when it calls a function or a global (or is no Call)."""
     import tvm
 
-    return call.op.name if isinstance(call.op, tvm.ir.Op) else None
+    op = getattr(call, "op", None)  # a Tuple user, e.g.: None (fuzz find: AttributeError before)
+    return op.name if isinstance(op, tvm.ir.Op) else None
 
 
 def static_tensor_type(expr) -> Check:

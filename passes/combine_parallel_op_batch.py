@@ -233,7 +233,7 @@ def _plan(func, op, rule, min_num_branches):
 
     nodes = post_order(func.body)
     users = consumers(nodes)
-    plans = []
+    plans, dependent = [], []
     for root in nodes:
         groups: list = []
         for user, idx in users.get(root, ()):
@@ -266,8 +266,42 @@ def _plan(func, op, rule, min_num_branches):
                     depth = d
                     break
                 pidxs.append(ok)
-            plans.append(([b[:depth] for b in branches], pidxs))
-    return plans
+            cut = [b[:depth] for b in branches]
+            ok = _independent(cut, nodes)
+            if not ok:
+                _log.debug("%s: group of %d %s not combined: %s", rule.name, len(cut), op, ok)
+                dependent.append(ok)
+                continue
+            plans.append((cut, pidxs))
+    return plans, dependent
+
+
+def _independent(branches, nodes) -> Check:
+    """No stacked argument depends on a call of the group (else stacking would need its own output).
+
+    # add(x, y1), add(x, f(add(x, y1)))   -> not combined: branch 2's argument reads branch 1
+    """
+    from tvm import relay
+
+    members = {n for b in branches for n in b}
+    reaches: dict = {}
+    for n in nodes:  # post order: children first
+        kids = []
+        if isinstance(n, relay.Call):
+            kids = list(n.args)
+        elif isinstance(n, relay.Tuple):
+            kids = list(n.fields)
+        elif isinstance(n, relay.TupleGetItem):
+            kids = [n.tuple_value]
+        reaches[n] = any(k in members or reaches.get(k, False) for k in kids)
+    for b in branches:
+        for d, call in enumerate(b):
+            for i, arg in enumerate(call.args):
+                if (d == 0 and i == 0) or (d > 0 and arg.same_as(b[d - 1])):
+                    continue
+                if arg in members or reaches.get(arg, False):
+                    return Reject(f"argument {i} of {op_name(call)} depends on another branch of the group")
+    return True
 
 
 def _rewrite(func, plans, rule, batch_op):
@@ -353,11 +387,11 @@ def _combine(func, op, batch_op, rule, min_num_branches):
     if not ok:
         _log.debug("skipped function: %s", ok)
         return func
-    plans = _plan(func, op, rule, min_num_branches)
+    plans, dependent = _plan(func, op, rule, min_num_branches)
     if not plans:
         return func
     if rule.delegate:
-        ok = _cpp_safe(func, op)
+        ok = dependent[0] if dependent else _cpp_safe(func, op)  # C++ does not check dependences
         if ok:
             _log.info("%s: delegating to relay._transform.CombineParallelOpBatch (checked safe)", rule.name)
             return _run_cpp(func, op, batch_op, min_num_branches)

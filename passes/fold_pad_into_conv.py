@@ -136,11 +136,11 @@ RULES = (
     Rule(f"{PASS_NAME}.qnn_conv2d", "qnn.conv2d", _input_zero_point),
 )
 _RULE_BY_OP = {r.op: r for r in RULES}
+_MAX_CHAIN = 16  # pads folded into one convolution at most (a chain longer than that is left)
 
 
-def _fold(rule: Rule, conv):
-    """The new padding [t, l, b, r] for ``conv`` with its pad folded in, or a Reject."""
-    pad = conv.args[0]
+def _fold(rule: Rule, conv, pad, old=None):
+    """The padding [t, l, b, r] of ``conv`` (or ``old``) with ``pad`` folded in, or a Reject."""
     attrs = pad.attrs
     if str(attrs.pad_mode) != "constant":
         return Reject(f"pad mode {attrs.pad_mode!r} (only 'constant' folds)")
@@ -169,19 +169,18 @@ def _fold(rule: Rule, conv):
     for i, p in enumerate(widths):
         if i not in (h, w) and p != [0, 0]:
             return Reject(f"pads non-spatial axis {i} of {layout!r} by {p}")
-    old = _conv_padding(conv.attrs)
+    old = _conv_padding(conv.attrs) if old is None else old
     if old is None:
         return Reject(f"conv padding {list(conv.attrs.padding)} is not 1, 2 or 4 constants")
     # (t, l, b, r) + (pad_H.before, pad_W.before, pad_H.after, pad_W.after)
     return [old[0] + widths[h][0], old[1] + widths[w][0], old[2] + widths[h][1], old[3] + widths[w][1]]
 
 
-def _with_padding(conv, padding):
-    """``conv`` reading the pad's input, with ``padding``; every other attribute kept."""
+def _with_padding(conv, padding, data):
+    """``conv`` reading ``data`` (below its pads), with ``padding``; every other attribute kept."""
     from tvm import relay
 
     a = conv.attrs
-    data = conv.args[0].args[0]
     common = dict(strides=a.strides, padding=padding, dilation=a.dilation, groups=a.groups,
                   channels=a.channels, kernel_size=a.kernel_size, data_layout=str(a.data_layout),
                   kernel_layout=str(a.kernel_layout), out_layout=str(a.out_layout),
@@ -209,15 +208,20 @@ def _run(func):
         rule = _RULE_BY_OP.get(op_name(node))
         if rule is None or not node.args:
             continue
-        data = node.args[0]
-        if not (isinstance(data, relay.Call) and op_name(data) == "nn.pad"):
-            continue
-        padding = _fold(rule, node)
-        if isinstance(padding, Reject):
-            _log.debug("%s: pad not folded: %s", rule.name, padding)
+        # conv(pad(pad(x))) -> conv(x): every foldable pad of a chain at once (idempotence)
+        data, padding = node.args[0], None
+        for _ in range(_MAX_CHAIN):
+            if not (isinstance(data, relay.Call) and op_name(data) == "nn.pad"):
+                break
+            folded = _fold(rule, node, data, padding)
+            if isinstance(folded, Reject):
+                _log.debug("%s: pad not folded: %s", rule.name, folded)
+                break
+            padding, data = folded, data.args[0]
+        if padding is None:
             continue
         _log.info("%s: folded pad into %s padding=%s", rule.name, rule.op, padding)
-        subst[node] = _with_padding(node, padding)
+        subst[node] = _with_padding(node, padding, data)
     return with_body(func, rebuild(func.body, subst))
 
 

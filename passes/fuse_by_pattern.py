@@ -10,7 +10,9 @@ relay.build lowers each group with TVM's own schedules as one kernel and fuses e
 as usual.
 
 *Only groups TVM can compile as one kernel* are made: on top of each entry's check, a built-in
-check (:func:`tvm_fusible`) rejects, with the reason, groups that mix two anchors
+check (:func:`tvm_fusible`) rejects, with the reason, groups with QNN ops that are not lowered yet
+(their scales would become parameters, which relay.build's QNN canonicalization cannot read), groups
+that mix two anchors
 (TOpPattern >= kCommReduce, e.g. conv2d and dense), that put an injective op (layout_transform,
 reshape, ...) or an opaque op next to an anchor, that call functions, or that have dynamic shapes.
 A rejected match leaves its nodes free for lower-priority entries and for FuseOps.
@@ -73,6 +75,17 @@ def tvm_fusible(ctx):
             return Reject("the match calls a function, not an op")
         if not _static(c.checked_type) or not all(_static(a.checked_type) for a in c.args):
             return Reject(f"{c.op.name} has a dynamic or non-tensor shape")
+        if c.op.name.startswith("qnn."):
+            # qnn.conv2d(...) inside a Primitive fn: its scales become parameters, and relay.build's QNN
+            # canonicalization then fails ("Expr must be a constant expr"); lowered forms match at before_fuse
+            return Reject(f"{c.op.name} is not lowered yet (QNN ops need constant scales at canonicalization): "
+                          f"run FuseByPattern at stage before_fuse")
+        if c.op.name in ("nn.conv2d", "nn.dense") and str(c.args[0].checked_type.dtype) == "int8" \
+                and str(c.args[1].checked_type.dtype) == "int8":
+            # x86 Legalize (relay.build's prefix) rewrites int8 x int8 into a +128 shift, the op and a
+            # `sum` compensation: two anchors in one Primitive fn, which TVM cannot schedule (fuzz find)
+            return Reject(f"{c.op.name} with int8 data and int8 weight is legalized into two anchors on x86: "
+                          f"run FuseByPattern at stage before_fuse")
         kinds.append((c.op.name, _op_pattern(c.op)))
     if not isinstance(ctx.root.checked_type, relay.TensorType):
         return Reject("the group's output is not a single tensor")

@@ -242,7 +242,7 @@ def build(
     """
     import tvm
 
-    from . import tuning, x86_int8
+    from . import tuning, tvm_bugs, x86_int8
     from .target import build_target
 
     if at not in AT_CHOICES:
@@ -250,6 +250,8 @@ def build(
     stages = _stage_passes(passes, at)
     split = at == "before_fuse" or bool(stages["before_fuse"])
     mod = copy_module(_as_module(mod))
+    if target is not None:
+        tvm_bugs.check_target(target)  # an unknown -mtriple segfaults LLVM's feature query
     tgt = build_target(target, allow_vnni)
     if tgt.kind.name == "llvm" and tgt.host is None:
         tgt = tvm.target.Target(tgt, host=tgt)
@@ -269,6 +271,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     import tvm
     from tvm import relay
 
+    from . import tvm_bugs
     from .report import KernelReport
 
     cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
@@ -280,6 +283,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     prefix_names: list[str] = []
     if stages["start"]:
         mod = _run_user_passes(mod, stages["start"], tgt, opt_level, cfg, disabled, instr)
+    tvm_bugs.check_module(relay.transform.InferType()(mod), tgt, executor is None)  # known TVM bugs: clear error
     if split:
         mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, disabled, instr)
         logger.debug("relay.build prefix ran: %s", prefix_names)

@@ -66,10 +66,15 @@ def _load_onnx_module(path: str, shapes: dict):
 def _resolve_target(text: str | None):
     from .target import host_target, safe_target
 
+    from .tvm_bugs import UnsupportedByTVM, check_target
+
     if not text:
         return host_target()
     try:
+        check_target(text)  # before safe_target: an unknown -mtriple crashes LLVM's feature query
         return safe_target(text)
+    except UnsupportedByTVM as err:
+        raise UsageError(f"bad --target {text!r}: {err}") from None
     except Exception as err:  # TVM raises TVMError/ValueError for malformed targets
         raise UsageError(f"bad --target {text!r}: {str(err).splitlines()[-1]}") from None
 
@@ -121,7 +126,12 @@ def cmd_report(args) -> int:
     passes = parse_pass_list(args.passes)
     mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
     target = _resolve_target(args.target)
-    factory = build(mod, target=target, params=params, passes=passes, at=args.at, opt_level=args.opt_level)
+    from .tvm_bugs import UnsupportedByTVM
+
+    try:
+        factory = build(mod, target=target, params=params, passes=passes, at=args.at, opt_level=args.opt_level)
+    except UnsupportedByTVM as err:
+        raise UsageError(str(err)) from None
     report = factory.kernel_report
     if args.json:
         out = {"model": str(args.model), "target": str(target), "opt_level": args.opt_level,

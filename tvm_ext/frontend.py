@@ -21,6 +21,7 @@ Importing this module installs the ``onnx.mapping`` shim (see
 from __future__ import annotations
 
 import logging
+import warnings
 import os
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
@@ -221,9 +222,11 @@ def from_onnx(
     FileNotFoundError, ValueError
         See :func:`load_onnx` and :func:`input_info`.
     """
+    import tvm
     from tvm import relay
 
     model = load_onnx(model_or_path)
+    _check_opset(model)
     info = input_info(model, shape)
     shapes = {name: s for name, (s, _) in info.items()}
     if dtype is None:
@@ -234,7 +237,34 @@ def from_onnx(
         dtypes = {name: dt for name, (_, dt) in info.items()}
         dtypes.update(dtype)
     logger.info("relay.frontend.from_onnx: inputs %s", {k: (shapes[k], dtypes[k]) for k in shapes})
-    mod, params = relay.frontend.from_onnx(
-        model, shape=shapes, dtype=dtypes, freeze_params=freeze_params
-    )
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # onnx.checker complaints: logged, not printed
+            warnings.simplefilter("always")
+            mod, params = relay.frontend.from_onnx(
+                model, shape=shapes, dtype=dtypes, freeze_params=freeze_params
+            )
+        for w in caught:
+            logger.info("relay.frontend.from_onnx: %s", str(w.message).strip().splitlines()[0])
+    except tvm.error.OpError as err:  # unsupported op, bad or missing attribute
+        raise ValueError(f"TVM's ONNX importer cannot import this model: {_last_line(err)}") from None
     return mod, params
+
+
+def _last_line(err) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def _check_opset(model: onnx.ModelProto) -> None:
+    """ValueError for an opset of the default ONNX domain that onnx itself does not define.
+
+    TVM's importer picks, per op, the newest converter not newer than the model's opset; for an
+    opset beyond every known one that silently applies older semantics.
+    """
+    known = onnx.defs.onnx_opset_version()
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and not 1 <= imp.version <= known:
+            raise ValueError(
+                f"the model declares ONNX opset {imp.version}; the installed onnx {onnx.__version__} knows "
+                f"opsets 1..{known} (TVM 0.19 would import it with older op semantics)"
+            )

@@ -329,3 +329,22 @@ def test_registered():
 
     assert get_pass("CombineParallelCast").factory is CombineParallelCast
     assert CombineParallelCast().info.name == "CombineParallelCast"
+
+
+def test_casts_of_a_value_also_returned_in_a_tuple():
+    """Found by the fuzzer (issue 12): a producer whose other user is the output Tuple raised
+    AttributeError (``op_name`` of a Tuple) instead of being left alone.
+
+    ::
+
+        x -> clip -> cast i32 ---+-> add -> 3 x cast u8 --> (c1, a, c2, c3)
+                 \\-> cast i32 --+
+    """
+    x = relay.var("x", shape=(1, 2, 2, 2))
+    c = relay.clip(x, -100.0, 100.0)
+    a = relay.add(relay.cast(c, "int32"), relay.cast(c, "int32"))
+    casts = [relay.cast(a, "uint8") for _ in range(3)]
+    mod = infer(relay.Tuple([casts[0], a, casts[1], casts[2]]))
+    out = CombineParallelCast()(mod)
+    tvm.ir.assert_structural_equal(CombineParallelCast()(out)["main"], out["main"])  # idempotent
+    assert_same_outputs(mod, out, random_inputs(mod))

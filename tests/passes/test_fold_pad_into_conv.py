@@ -189,3 +189,20 @@ def test_small_qoperator_resnet_no_lone_pad_kernels():
     lone_pads = [k for k in rep.kernels if k.ops == ("nn.pad",)]
     assert not lone_pads
     assert rep.num_kernels == rep.num_anchor_kernels + 2  # stock: + 6 (4 lone pads)
+
+
+@pytest.mark.parametrize("qnn", [False, True])
+def test_nested_pads_fold_at_once(qnn):
+    """Found by the fuzzer (issue 12): conv(pad(pad(x))) folded one pad per run (not idempotent).
+
+    ::
+
+        x -> pad(1) -> pad(1) -> conv(padding 0)   =>   x -> conv(padding 2)
+    """
+    zp = 3
+    val = relay.const(zp if qnn else 0, "uint8")
+    conv = (lambda d, p: _qconv(d, p, zp)) if qnn else _conv
+    before = infer(conv(relay.nn.pad(relay.nn.pad(_x(), HW1, pad_value=val), HW1, pad_value=val), (0, 0)))
+    after = check(FoldPadIntoConv(), before, infer(conv(_x(), (2, 2))))
+    assert_unchanged(FoldPadIntoConv(), after)
+    assert_same_outputs(before, after, random_inputs(before))

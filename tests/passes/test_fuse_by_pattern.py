@@ -283,3 +283,43 @@ def test_shared_producer_stays_outside():
     fused = tvm_ext.build(_conv_add_chain(extra_user=True), passes=[FuseByPattern(table)], opt_level=2)
     group_ops = [k.ops for k in fused.kernel_report.kernels if any("conv2d" in op for op in k.ops)][0]
     assert "cast" not in group_ops
+
+
+def test_unlowered_qnn_ops_are_not_grouped(caplog):
+    """Found by the fuzzer (issue 12): FuseByPattern(qnn) at stage start made a Primitive function of
+    qnn.conv2d -> bias_add -> qnn.requantize whose scales were parameters; relay.build's QNN
+    canonicalization then failed ("Expr must be a constant expr"). Now rejected with the reason."""
+    import numpy as np
+    from tvm import relay
+
+    from tvm_ext.testing import assert_unchanged, infer
+
+    x = relay.var("x", shape=(1, 2, 2, 2), dtype="int8")
+    zp, s = relay.const(0, "int32"), relay.const(np.float32(0.05))
+    y = relay.qnn.op.conv2d(x, relay.const(np.ones((8, 1, 1, 1), "int8")), zp, zp, s, s, kernel_size=(1, 1),
+                            channels=8, groups=2, out_dtype="int32")
+    y = relay.nn.bias_add(y, relay.const(np.arange(8, dtype="int32")))
+    y = relay.qnn.op.requantize(y, relay.const(np.full(8, 0.01, "float32")), zp, relay.const(np.float32(0.5)), zp,
+                                axis=1, out_dtype="uint8")
+    with caplog.at_level(logging.DEBUG):
+        assert_unchanged(FuseByPattern("qnn"), infer(y))
+    assert "is not lowered yet" in caplog.text
+
+
+def test_int8_int8_conv_not_grouped_before_legalization(caplog):
+    """Found by the fuzzer (issue 12): FuseByPattern(qnn) at stage start grouped an int8 x int8 conv2d
+    with its requantize; x86 Legalize then put conv + sum (two anchors) into that Primitive function
+    and relay.build failed ("Cannot apply TOPI schedule ... two complicated ops")."""
+    import numpy as np
+    from tvm import relay
+
+    from tvm_ext.testing import assert_unchanged, infer
+
+    x = relay.var("x", shape=(1, 8, 4, 3), dtype="int8")
+    y = relay.nn.conv2d(x, relay.const(np.ones((8, 8, 1, 1), "int8")), kernel_size=(1, 1), channels=8,
+                        out_dtype="int32")
+    y = relay.right_shift(relay.add(relay.nn.relu(y), relay.const(4)), relay.const(3))
+    y = relay.cast(relay.clip(y, -127, 127), "int8")
+    with caplog.at_level(logging.DEBUG):
+        assert_unchanged(FuseByPattern("qnn"), infer(y))
+    assert "legalized into two anchors" in caplog.text

@@ -1,0 +1,55 @@
+"""Tests of tvm_ext.tvm_bugs: known TVM 0.19 bugs are refused with a clear error (issue 12)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.testing import infer
+from tvm_ext.tvm_bugs import UnsupportedByTVM, check_module
+
+
+def dense(units, k=8, dtype="int8", qnn=False):
+    """x:int8[1, k] -> dense(W:int8[units, k]) (found by the fuzzer: units=8 fails inside relay.build)"""
+    x = relay.var("x", shape=(1, k), dtype=dtype)
+    w = relay.const(np.ones((units, k), "int8"))
+    if qnn:
+        zp, s = relay.const(0, "int32"), relay.const(np.float32(0.1))
+        return infer(relay.qnn.op.dense(x, w, zp, zp, s, s, units=units, out_dtype="int32"))
+    return infer(relay.nn.dense(x, w, units=units, out_dtype="int32"))
+
+
+AVX512 = tvm.target.Target("llvm -mcpu=skylake-avx512")
+AVX2 = tvm.target.Target("llvm -mcpu=haswell")
+
+
+@pytest.mark.parametrize("qnn", [False, True])
+def test_int8_dense_units_not_multiple_of_16_refused_on_avx512(qnn):
+    with pytest.raises(UnsupportedByTVM, match=r"dense with int8 data and int8 weight \[8, 8\].*units divisible by 16"):
+        check_module(dense(8, qnn=qnn), AVX512)
+
+
+@pytest.mark.parametrize("mod", [dense(16), dense(8, dtype="uint8"), dense(32, k=4)], ids=["units16", "uint8", "units32"])
+def test_buildable_dense_accepted(mod):
+    check_module(mod, AVX512)
+
+
+def test_avx2_target_not_affected():
+    check_module(dense(8), AVX2)  # the legalization only pads on AVX-512BW / AMX targets
+
+
+def test_build_raises_clear_error_instead_of_tvm_diagnostic():
+    host = tvm_ext.build_target()
+    mod = dense(8)
+    if not check_avx512(host):
+        pytest.skip("host has no AVX-512BW: TVM builds this dense")
+    with pytest.raises(UnsupportedByTVM, match="TVM 0.19 cannot build it"):
+        tvm_ext.build(mod)
+
+
+def check_avx512(target) -> bool:
+    from tvm_ext.tvm_bugs import _x86_int8_gemm
+
+    return _x86_int8_gemm(target)

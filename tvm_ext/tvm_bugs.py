@@ -1,0 +1,148 @@
+"""Graphs TVM 0.19 mis-handles, detected up front so the user gets a clear error instead.
+
+Design note
+-----------
+Each entry is a TVM bug found by differential fuzzing (``tvm_ext.testing.fuzz``) that tvm-ext
+cannot route around without changing TVM itself. :func:`check_module` looks for the triggering
+construct in a typed module for a given target and raises :class:`UnsupportedByTVM` (a
+``ValueError``) naming the op, the shapes, the TVM source at fault and a workaround. It is called
+by :func:`tvm_ext.build` before relay.build's prefix (after the ``start`` passes).
+
+Known bugs::
+
+    # llvm -mtriple=<arch LLVM has no back end for>   -> segfault (exit 139) while building
+    # llvm -mcpu=<name LLVM does not know>             -> LLVM warns, TVM builds for a generic CPU
+    # a target kind whose codegen is not in this TVM   -> InternalError deep in relay.build
+
+    # int8 x int8 nn.dense / qnn.dense, units % 16 != 0, x86 target with AVX-512BW (or AMX-INT8)
+    #   topi/x86/dense_alter_op.py::int8_int8_legalize pads the weight to a multiple of 16 rows
+    #   but re-creates the dense with the old ``units`` attribute: the type checker rejects it
+    #   ("Tensor[(16, K), int8] does not match Tensor[(N, K), int8]") deep inside relay.build.
+"""
+from __future__ import annotations
+
+__all__ = ["UnsupportedByTVM", "check_module", "check_target"]
+
+
+class UnsupportedByTVM(ValueError):
+    """The module hits a known TVM 0.19 bug for this target; the message says which and what to do."""
+
+
+def _x86_int8_gemm(target) -> bool:
+    from tvm.target.codegen import target_has_features
+
+    if target is None or target.kind.name != "llvm":
+        return False
+    with target:
+        return bool(target_has_features(["avx512bw", "avx512f"]) or target_has_features("amx-int8"))
+
+
+def check_module(mod, target, graph_executor: bool = True) -> None:
+    """Raise :class:`UnsupportedByTVM` when ``mod`` (typed) would trip a known TVM bug on ``target``.
+
+    With ``graph_executor`` (relay.build's default executor), also what that executor cannot run:
+    dynamic shapes, ``If``, ``match`` and references (TVM fails on them deep in its codegen).
+    """
+    import tvm
+    from tvm import relay
+
+    check_target(target)
+    if graph_executor:
+        _check_graph_executor(mod)
+    if not _x86_int8_gemm(target):
+        return
+    found: list = []
+
+    def visit(node):
+        if found or not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op):
+            return
+        if node.op.name not in ("nn.dense", "qnn.dense"):
+            return
+        data, weight = node.args[0].checked_type, node.args[1].checked_type
+        if str(data.dtype) != "int8" or str(weight.dtype) != "int8":
+            return
+        units = weight.shape[0]
+        if isinstance(units, tvm.tir.IntImm) and int(units) % 16:
+            found.append((node.op.name, [int(d) if isinstance(d, tvm.tir.IntImm) else str(d) for d in weight.shape]))
+
+    for gv in mod.get_global_vars():
+        func = mod[gv]
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(func, visit)
+    if found:
+        op, wshape = found[0]
+        raise UnsupportedByTVM(
+            f"{op} with int8 data and int8 weight {wshape}: TVM 0.19 cannot build it for {target.attrs.get('mcpu', 'this CPU')} "
+            f"with AVX-512 (x86 int8 dense legalization pads the weight to a multiple of 16 rows but keeps "
+            f"units={wshape[0]}, topi/x86/dense_alter_op.py); use uint8 data, units divisible by 16, "
+            f"or a target with -mattr=-avx512bw"
+        )
+
+
+def _arch_known(arch: str, backends) -> bool:
+    import re
+
+    if re.fullmatch(r"i[3-6]86|amd64", arch):
+        return True
+    return any(arch == b or (arch.startswith(b) and b in ("arm", "armeb", "thumb", "thumbeb", "aarch64")) for b in backends)
+
+
+def check_target(target) -> None:
+    """Raise :class:`UnsupportedByTVM` for targets TVM 0.19 + LLVM would crash on or silently ignore.
+
+    Safe to call in the user's process: it only reads the target's attributes and LLVM's lists
+    of back ends and CPU names (never LLVM code generation).
+    """
+    import tvm
+    from tvm.target import codegen
+
+    if isinstance(target, str):
+        target = tvm.target.Target(target)
+    kind = target.kind.name
+    if kind != "llvm":
+        if kind not in ("c", "ext_dev", "hybrid") and tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is None:
+            raise UnsupportedByTVM(f"target kind {kind!r} is not enabled in this TVM build (no target.build.{kind})")
+        return
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if triple:
+        backends = [str(b) for b in codegen.llvm_get_targets()]
+        arch = triple.split("-")[0]
+        if not _arch_known(arch, backends):
+            raise UnsupportedByTVM(
+                f"-mtriple={triple}: LLVM in this TVM has no back end for {arch!r} (it has {', '.join(backends)}); "
+                f"TVM 0.19 would crash building for it"
+            )
+    mcpu = str(target.attrs.get("mcpu", "") or "")
+    if mcpu and mcpu not in ("native", "generic"):
+        plain = tvm.target.Target(f"llvm -mtriple={triple}" if triple else "llvm")  # no LLVM warning about mcpu
+        cpus = [str(c) for c in codegen.llvm_get_cpu_archlist(plain)]
+        if cpus and mcpu not in cpus:
+            raise UnsupportedByTVM(
+                f"-mcpu={mcpu}: LLVM does not know this CPU (TVM 0.19 would silently build for a generic CPU); "
+                f"e.g. {', '.join(c for c in cpus if c.startswith(mcpu[:2])) or ', '.join(cpus[:8])}"
+            )
+
+
+def _check_graph_executor(mod) -> None:
+    import tvm
+    from tvm import relay
+
+    main = mod["main"]
+    for p in main.params:
+        ty = p.checked_type
+        if isinstance(ty, relay.TensorType) and not all(isinstance(d, tvm.tir.IntImm) for d in ty.shape):
+            raise UnsupportedByTVM(
+                f"input {p.name_hint!r} has the dynamic shape {[str(d) for d in ty.shape]}: relay.build's graph "
+                f"executor needs static shapes (give static shapes, e.g. tvm-ext report --shape, or use relay.vm)"
+            )
+    found: list = []
+    banned = (relay.If, relay.adt.Match, relay.RefCreate, relay.RefRead, relay.RefWrite)
+
+    def visit(node):
+        if not found and isinstance(node, banned):
+            found.append(type(node).__name__)
+
+    relay.analysis.post_order_visit(main, visit)
+    if found:
+        raise UnsupportedByTVM(f"main contains {found[0]}: relay.build's graph executor cannot run control flow or "
+                               f"references (use relay.vm.compile)")
