@@ -74,6 +74,7 @@ def test_cli_errors(capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a second full benchmark run (2-3 min); the CLI's own checks are tested above
 def test_cli_bench_any_onnx_model(tmp_path, capsys):
     """`tvm-ext bench --model X.onnx`: an int8 ONNX file passed by path (renamed, outside the zoo)."""
     import shutil
