@@ -31,7 +31,7 @@ bench-small: $(STAMP)
 	$(PY) benchmarks/resnet50_int8.py --small --repeat 5
 
 # Differential fuzzing of every pass, pipelines.int8() and tvm_ext.build (child processes, table on stdout).
-# N=400 takes about 28 min on 2 shared cores (0.24 graphs/s measured); the issue's N=10000 about 12 h.
+# N=400 takes about 28 min on 2 shared cores (0.24 graphs/s measured); N=10000 about 12 h.
 N    ?= 400
 SEED ?= 0
 fuzz: $(STAMP)
