@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Two pytest workers (pytest-xdist): the suite is mostly single-threaded LLVM code generation.
+JOBS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" --durations=25
+	$(PY) -m pytest -q -m "not slow" -n $(JOBS) --durations=25
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(JOBS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/resnet50_int8.py

@@ -186,6 +186,7 @@ def test_function_input_and_inputs_helper():
     np.testing.assert_array_equal(out, (inputs["x"] + 1).astype("int8"))
 
 
+@pytest.mark.slow
 def test_no_passes_equals_relay_build_full_resnet50_int8():
     """Full-size int8 ResNet-50 (QOperator, from the zoo): same kernels, bit-identical outputs."""
     from tvm_ext import zoo
