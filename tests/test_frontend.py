@@ -85,6 +85,19 @@ def test_shim_leaves_real_mapping_alone(monkeypatch):
     assert sys.modules["onnx.mapping"] is real
 
 
+def test_libinfo_cache_returns_tvms_build_info_and_is_idempotent():
+    import tvm.support
+    from tvm.relay.backend import te_compiler
+
+    assert _compat.install_libinfo_cache() is True
+    first = te_compiler.libinfo
+    assert _compat.install_libinfo_cache() is True
+    assert te_compiler.libinfo is first  # not wrapped twice
+    assert first() == dict(tvm.support.libinfo())
+    first()["INDEX_DEFAULT_I64"] = "changed"  # a caller mutating its copy changes nothing
+    assert first()["INDEX_DEFAULT_I64"] == tvm.support.libinfo()["INDEX_DEFAULT_I64"]
+
+
 def test_tophub_env_default():
     import os
 

@@ -13,6 +13,13 @@ Design note
   a small replacement module built from the public ``onnx.helper`` dtype
   functions.  It is idempotent and does nothing when onnx still ships
   ``onnx.mapping`` or when onnx is not installed.
+* TVM 0.19's ``relay.backend.te_compiler.get_shape`` calls ``tvm.support.libinfo()`` once per
+  dimension of every lowered call's output type; each call converts the ~100-entry build-info
+  map into a fresh dict over the FFI (milliseconds). On small graphs this was 25 % of a
+  ``relay.build`` (profiled on the fuzzer's graphs). :func:`install_libinfo_cache` makes the
+  name ``libinfo`` inside ``te_compiler`` return a copy of a dict read once (the build info of a
+  loaded ``libtvm`` cannot change). ``tvm.support.libinfo`` itself is untouched. Called by
+  :mod:`tvm_ext.build` on import; idempotent.
 """
 from __future__ import annotations
 
@@ -101,6 +108,35 @@ def install_onnx_mapping_shim() -> bool:
     sys.modules["onnx.mapping"] = mod
     onnx.mapping = mod  # type: ignore[attr-defined]
     logger.debug("installed onnx.mapping compatibility shim (onnx %s)", onnx.__version__)
+    return True
+
+
+def install_libinfo_cache() -> bool:
+    """Let TVM's ``te_compiler`` read ``libinfo()`` once per process (see the design note).
+
+    Returns
+    -------
+    bool
+        True when the cached function is (now or already) installed, False when TVM is not
+        importable or ``te_compiler`` has no ``libinfo`` name to replace.
+    """
+    try:
+        from tvm.relay.backend import te_compiler
+    except ImportError:
+        return False
+    current = getattr(te_compiler, "libinfo", None)
+    if current is None:
+        return False
+    if getattr(current, _SHIM_MARKER, False):
+        return True
+    info = dict(current())
+
+    def libinfo() -> dict:
+        return dict(info)
+
+    setattr(libinfo, _SHIM_MARKER, True)
+    libinfo.__doc__ = current.__doc__
+    te_compiler.libinfo = libinfo
     return True
 
 

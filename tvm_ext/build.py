@@ -28,7 +28,7 @@ import contextlib
 import logging
 from typing import Iterable, Mapping, Sequence
 
-from . import _compat  # noqa: F401
+from . import _compat
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +274,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     from . import tvm_bugs
     from .report import KernelReport
 
+    _compat.install_libinfo_cache()
     cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
     cfg = {**cur_config, **(config or {})}
     disabled = list(dict.fromkeys([*cur_disabled, *disabled_pass]))

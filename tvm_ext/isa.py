@@ -60,6 +60,10 @@ def _as_target(target):
     return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
 
 
+#: target string -> its LLVM features (a build asks for them hundreds of times, once per schedule).
+_FEATURES: dict = {}
+
+
 def llvm_features(target) -> frozenset:
     """The LLVM features enabled for ``target`` (empty for non-LLVM targets)."""
     from tvm.target import codegen
@@ -68,7 +72,11 @@ def llvm_features(target) -> frozenset:
         tgt = _as_target(target)
         if tgt.kind.name != "llvm":
             return frozenset()
-        return frozenset(str(k) for k in codegen.llvm_get_cpu_features(tgt))
+        key = str(tgt)
+        feats = _FEATURES.get(key)
+        if feats is None:
+            feats = _FEATURES[key] = frozenset(str(k) for k in codegen.llvm_get_cpu_features(tgt))
+        return feats
     except Exception as err:  # LLVM cannot parse it: no features to report
         logger.debug("cannot query LLVM features of %s: %s", target, err)
         return frozenset()

@@ -75,17 +75,30 @@ def user_path(target) -> Path:
     return user_dir() / records_name(target)
 
 
+#: (path, mtime_ns, size, key) -> records: a file is parsed again only when it changes.
+_READ_CACHE: dict = {}
+
+
 def _read(path: Path, key) -> list:
     from tvm import autotvm
 
+    try:
+        st = path.stat()
+    except OSError:
+        return []
     if not path.is_file():
         return []
+    ck = (str(path), st.st_mtime_ns, st.st_size, key)
+    if ck in _READ_CACHE:
+        return list(_READ_CACHE[ck])
     try:
         recs = list(autotvm.record.load_from_file(str(path)))
     except Exception as err:  # a corrupt user file must not break builds: say so, use none of it
         logger.warning("ignoring tuning records %s: %s", path, err)
         return []
-    return [(inp, res) for inp, res in recs if res.error_no == 0 and target_key(inp.target) == key]
+    out = [(inp, res) for inp, res in recs if res.error_no == 0 and target_key(inp.target) == key]
+    _READ_CACHE[ck] = tuple(out)
+    return out
 
 
 def load_records(target, *, user: bool = True, shipped: bool = True) -> list:

@@ -814,13 +814,29 @@ def _host_targets():
 
 
 def _prefixed(mod, tgt):
-    """The module ``tvm_ext.build`` hands to ``before_fuse`` passes (relay.build's prefix applied)."""
+    """The module ``tvm_ext.build`` hands to ``before_fuse`` passes (relay.build's prefix applied),
+    and the names of the prefix passes that ran."""
     from tvm_ext import tuning, x86_int8
     from tvm_ext.build import _run_prefix, copy_module
 
     with x86_int8.kernels(), tuning.apply(tgt):
-        out, _ = _run_prefix(copy_module(mod), tgt, 3)
-    return out
+        return _run_prefix(copy_module(mod), tgt, 3)
+
+
+def _build_prefixed(pre, tgt, prefix_names):
+    """What ``tvm_ext.build`` does after its prefix and ``before_fuse`` passes: relay.build with the
+    prefix's passes disabled, inside the same kernel and tuning contexts. The oracle uses it to
+    build modules whose prefix it already ran (the prefix is deterministic), instead of running
+    the prefix again for every pass."""
+    import tvm
+    from tvm import relay
+
+    from tvm_ext import tuning, x86_int8
+    from tvm_ext.build import copy_module
+
+    with x86_int8.kernels(), tuning.apply(tgt), tvm.transform.PassContext(
+            opt_level=3, disabled_pass=list(prefix_names)):
+        return relay.build(copy_module(pre), target=tgt)
 
 
 def _run_factory(factory, inputs_list):
@@ -890,6 +906,7 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
     from tvm import relay
 
     import tvm_ext
+    from tvm_ext import tvm_bugs
     from tvm_ext.pipelines import int8
 
     t0 = time.time()
@@ -902,23 +919,49 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
     float_graph = _is_float_graph(mod)
     tgt, masked = _host_targets()
     cache: dict = {}
+    built: dict = {}  # (stage, structural hash) -> [(module, outputs)]
+    pre, prefix_names = None, []
 
     def reference():
+        """Outputs of ``tvm_ext.build(mod)`` (from the prefixed module when there is one)."""
         if "ref" not in cache:
             cache["inputs"] = _inputs(mod)
             res.builds += 1
-            cache["ref"] = _run_factory(tvm_ext.build(mod), cache["inputs"])
+            if pre is not None:
+                tvm_bugs.check_module(mod, tgt)  # what tvm_ext.build checks before its prefix
+                factory = _build_prefixed(pre, tgt, prefix_names)
+                built[("before_fuse", tvm.ir.structural_hash(pre))] = [(pre, "ref")]
+            else:
+                factory = tvm_ext.build(mod)
+            cache["ref"] = _run_factory(factory, cache["inputs"])
         return cache["ref"]
 
-    def compare(subject, stage, passes_arg, at, steps=0):
+    def outputs_of(stage, rewritten, build):
+        """Outputs of a build of ``rewritten`` (the module after the pass at ``stage``); graphs
+        that several passes rewrite to the same module are built once."""
+        key = (stage, tvm.ir.structural_hash(rewritten))
+        for other, outs in built.get(key, ()):
+            if tvm.ir.structural_equal(other, rewritten):
+                return cache["ref"] if isinstance(outs, str) else outs
+        res.builds += 1
+        outs = _run_factory(build(), cache["inputs"])
+        built.setdefault(key, []).append((rewritten, outs))
+        return outs
+
+    def compare(subject, stage, passes_arg, at, steps=0, rewritten=None):
         try:
             ref = reference()
         except Exception as err:  # noqa: BLE001  (the unrewritten graph itself does not build)
             res.skips.append(f"reference does not build: {_short(err)}")
             return
         try:
-            res.builds += 1
-            got = _run_factory(tvm_ext.build(mod, passes=passes_arg, at=at), cache["inputs"])
+            if rewritten is None:  # the whole pipeline: through tvm_ext.build's own stages
+                res.builds += 1
+                got = _run_factory(tvm_ext.build(mod, passes=passes_arg, at=at), cache["inputs"])
+            elif at == "before_fuse":
+                got = outputs_of(at, rewritten, lambda: _build_prefixed(rewritten, tgt, prefix_names))
+            else:  # tvm_ext.build(mod, passes, at="start") == the prefix and relay.build on the output
+                got = outputs_of(at, rewritten, lambda: tvm_ext.build(rewritten, at="start"))
         except Exception as err:  # noqa: BLE001
             res.failures.append(Failure(subject, stage, "build_error", _short(err)))
             return
@@ -960,10 +1003,9 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
             res.failures.append(Failure(subject, stage, "exception", f"second run: {type(err).__name__}: {_short(err)}"))
         return out if changed else None
 
-    pre = None
     if "before_fuse" in stages and variant == "static":
         try:
-            pre = _prefixed(mod, tgt)
+            pre, prefix_names = _prefixed(mod, tgt)
         except Exception as err:  # noqa: BLE001
             res.skips.append(f"relay.build prefix fails: {_short(err)}")
     elif "before_fuse" in stages:
@@ -981,7 +1023,7 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
                 continue
             res.rewrites[f"{label}@{stage}"] = 1
             if runnable:
-                compare(label, stage, [make()], stage, QDQ_STEPS if label == "QDQToInteger" else 0)
+                compare(label, stage, [make()], stage, QDQ_STEPS if label == "QDQToInteger" else 0, rewritten=out)
             elif variant == "dynamic":
                 res.skips.append("rewrite of a dynamic graph not run (graph executor)")
     if pipeline:
@@ -995,7 +1037,9 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
             changed |= out2 is not None
         if changed:
             res.rewrites["int8()"] = 1
-            if runnable:
+            if runnable and out is None:  # start stage unchanged: the build is that of out2 (deduplicated)
+                compare("int8()", "build", pl, "before_fuse", QDQ_STEPS if qdq else 0, rewritten=out2)
+            elif runnable:
                 compare("int8()", "build", pl, "before_fuse", QDQ_STEPS if qdq else 0)
     if build_check and runnable:
         try:
