@@ -135,6 +135,7 @@ class Kernel:
         d["ops"] = list(self.ops)
         d["outputs"] = [{"shape": list(s), "dtype": t} for s, t in self.outputs]
         d["inputs"] = [{"shape": list(s), "dtype": t} for s, t in self.inputs]
+        d["input_uses"], d["output_kinds"] = list(self.input_uses), list(self.output_kinds)
         return d
 
 
@@ -424,8 +425,7 @@ class KernelReport:
         lines.append(self.summary())
         if self.num_tuned_kernels:
             lines.append(f"{self.num_tuned_kernels} kernels use tuned schedules (tvm_ext.tuning)")
-        if self._crossings:
-            lines.append(self.crossing_reasons_table())
+        lines.append(self.crossing_reasons_table())
         return "\n".join(lines)
 
     def __repr__(self) -> str:
