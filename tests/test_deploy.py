@@ -143,6 +143,23 @@ def test_refuses_features_the_host_lacks(compiled, capsys, monkeypatch):
     assert loaded == []  # never loaded, let alone executed
 
 
+@pytest.mark.parametrize("target, text", [
+    ("llvm -mtriple=aarch64-linux-gnu", "architecture aarch64"),
+    ("c", "runs LLVM CPU libraries only"),
+])
+def test_refuses_other_architectures_and_kinds(tmp_path, compiled, capsys, monkeypatch, target, text):
+    """isa.missing_on_host compares x86 feature names: an aarch64 library must be refused by its triple.
+    (The sidecar is edited; nothing is compiled for, or loaded from, another architecture.)"""
+    d, _, lib, _ = compiled
+    copy = tmp_path / "m.tar"
+    copy.write_bytes(lib.read_bytes())
+    meta = json.loads(deploy.sidecar_path(lib).read_text())
+    meta["target"] = target
+    deploy.sidecar_path(copy).write_text(json.dumps(meta))
+    monkeypatch.setattr("tvm.runtime.load_module", lambda *a, **k: pytest.fail("loaded"))
+    _one_line_error(capsys, main(["run", str(copy), "--input", str(d / "x.npy")]), text)
+
+
 def test_compile_warns_for_features_the_host_lacks(tmp_path, compiled, capsys, monkeypatch):
     """Compiling for a CPU this host is not is allowed (one warning line); the default target never
     needs more than the host has, so the target is given explicitly (the real host's)."""

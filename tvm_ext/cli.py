@@ -352,9 +352,9 @@ def cmd_compile(args) -> int:
     except (DeployError, UnsupportedByTVM) as err:
         raise UsageError(str(err)) from None
     print(res.summary())
-    if res.missing_on_host:
-        print(f"tvm-ext compile: warning: {res.target} uses CPU features this host lacks "
-              f"({', '.join(res.missing_on_host)}): the library cannot run here", file=sys.stderr)
+    if res.cannot_run_here:
+        print(f"tvm-ext compile: warning: {res.target}: {res.cannot_run_here}; the library cannot run here",
+              file=sys.stderr)
     return 0
 
 

@@ -66,6 +66,7 @@ class Compiled:
     num_kernels: int
     nbytes: int
     missing_on_host: tuple  # CPU features the target uses and this host lacks (cannot run here)
+    cannot_run_here: Optional[str] = None  # why the library cannot run on this host (None: it can)
     report: object = field(repr=False, default=None)  # tvm_ext.report.KernelReport
     meta: dict = field(repr=False, default_factory=dict)
 
@@ -175,11 +176,10 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     tmp = side.with_name(side.name + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, side)
-    missing = tuple(isa.missing_on_host(host))
-    if missing:
-        logger.info("%s is compiled for CPU features this host lacks (%s): it cannot run here",
-                       out, ", ".join(missing))
-    return Compiled(out, side, str(host), report.num_kernels, out.stat().st_size, missing, report, meta)
+    why, missing = _cannot_run(host)
+    if why:
+        logger.info("%s cannot run on this host: %s", out, why)
+    return Compiled(out, side, str(host), report.num_kernels, out.stat().st_size, missing, why, report, meta)
 
 
 def read_sidecar(lib_path) -> dict:
@@ -210,15 +210,52 @@ def read_sidecar(lib_path) -> dict:
     return meta
 
 
-def check_runs_here(meta: dict) -> None:
-    """Raise :class:`DeployError` when the library's target needs CPU features this host lacks."""
+def foreign_arch(target) -> Optional[str]:
+    """The target's architecture when it is not this host's (``-mtriple``), else None.
+
+    :func:`tvm_ext.isa.missing_on_host` compares x86 feature names only: an aarch64 target has
+    none of them missing, so the architecture is checked first.
+    """
+    import tvm
+    from tvm.target import codegen
+
+    tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(str(target))
+    triple = tgt.attrs.get("mtriple") if tgt.kind.name == "llvm" else None
+    if not triple:
+        return None
+    arch, host = str(triple).split("-")[0], str(codegen.llvm_get_system_triple()).split("-")[0]
+    return None if arch == host else str(triple)
+
+
+def _cannot_run(target) -> tuple[Optional[str], tuple]:
+    """``(why, missing features)``: why code for ``target`` cannot run on this host, or ``(None, ())``."""
+    import tvm
+    from tvm.target import codegen
+
     from . import isa
 
-    missing = isa.missing_on_host(meta["target"])
+    tgt = tvm.target.Target(str(target))
+    if tgt.kind.name != "llvm":
+        return f"target kind {tgt.kind.name!r}: tvm-ext run runs LLVM CPU libraries only", ()
+    arch = foreign_arch(tgt)
+    if arch:
+        host = str(codegen.llvm_get_system_triple()).split("-")[0]
+        return f"architecture {arch.split('-')[0]}, this host is {host}", ()
+    missing = tuple(isa.missing_on_host(tgt))
     if missing:
-        raise DeployError(f"compiled for {meta['target']}, which needs CPU features this host lacks "
-                          f"({', '.join(missing)}); running it would die with SIGILL. Compile for this host "
-                          f"(omit --target)")
+        return (f"needs CPU features this host lacks ({', '.join(missing)}); running it would die with "
+                f"SIGILL"), missing
+    return None, ()
+
+
+def check_runs_here(meta: dict) -> None:
+    """Raise :class:`DeployError` when the library's target needs CPU features this host lacks."""
+    try:
+        why, _missing = _cannot_run(meta["target"])
+    except Exception as err:  # a sidecar target TVM cannot parse
+        raise DeployError(f"sidecar target {meta.get('target')!r} is not a valid TVM target ({err})") from None
+    if why:
+        raise DeployError(f"compiled for {meta['target']}: {why}. Compile for this host (omit --target)")
 
 
 def match_inputs(meta: dict, arrays: Mapping[str, np.ndarray] | None = None,
