@@ -194,3 +194,10 @@ def test_report_pipeline(compiled, capsys):
     assert "float_crossings" in out
     _one_line_error(capsys, main(["report", str(model), "--pipeline", "int8", "--passes", "FoldPadIntoConv"]),
                     "--pipeline and --passes cannot be combined")
+
+
+@pytest.mark.parametrize("cmd", ["compile", "run"])
+def test_help(cmd, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([cmd, "--help"])
+    assert exc.value.code == 0 and f"usage: tvm-ext {cmd}" in capsys.readouterr().out
