@@ -13,9 +13,10 @@ Two local facts per kernel, read from the fused Relay ``Primitive`` function the
   nothing); ``"param:i"`` when the output only moves input ``i`` (layout_transform, reshape,
   ...) -- the graph then looks at that input's producer.
 * **What a reader does with an input** (walking forward): float inputs are ``"quantize"``d
-  (reach ``round`` or a cast to an integer through data movement and affine ops with
+  (reach ``round``/``floor`` or a cast to an integer through data movement and affine ops with
   constants; max-pooling and ReLU keep a quantized value on its grid), or used by ``"float"``
-  compute; integer inputs are narrowed to 8 bits (``"narrow"``: a requantize), turned into float
+  compute; integer inputs are narrowed to 8 bits (``"narrow"``: a requantize, also one computed
+  in float arithmetic: cast to float, scale, round, cast back), turned into float for float use
   (``"dequantize"``), or used by integer compute (``"int"``); ``"out:k"`` when they only move to
   the kernel's output ``k`` (the graph then follows that output's readers).
 
@@ -32,6 +33,8 @@ MOVE_OPS = frozenset({
     "nn.adaptive_max_pool2d", "nn.relu", "clip", "copy", "reverse", "tile", "repeat", "broadcast_to",
     "nn.space_to_depth", "nn.depth_to_space", "contrib_reverse_reshape", "nn.upsampling",
 })
+#: Float ops that put a value on an integer grid (quantization's rounding step).
+_ROUNDING = frozenset({"round", "floor", "ceil", "trunc"})
 #: Elementwise ops that are affine (or shift) in one operand when the others are constants.
 AFFINE_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "negative",
                         "right_shift", "left_shift", "fixed_point_multiply", "fixed_point_multiply_per_axis"})
@@ -131,7 +134,7 @@ class _Func:
                 if is_int(_dtype(src)):
                     return "q8" if self._int_chain_8bit(src) else "float"
                 e = src
-            elif op == "round":
+            elif op in _ROUNDING:
                 return "q8" if clip8 else "float"
             elif op in MOVE_OPS:
                 if op == "clip" and _clip_levels(e) <= 256:
@@ -173,7 +176,7 @@ class _Func:
                         uses.add("quantize")
                     else:
                         self._uses(u, uses, depth + 1)
-                elif op == "round":
+                elif op in _ROUNDING:
                     uses.add("quantize")
                 elif op in MOVE_OPS and u.args[0].same_as(e):
                     self._uses(u, uses, depth + 1)
@@ -183,8 +186,10 @@ class _Func:
                     uses.add("float")
             else:
                 if op == "cast":
-                    if is_float(to):
-                        uses.add("dequantize")
+                    if is_float(to):  # a requantize computed in float arithmetic narrows in the end
+                        sub: set = set()
+                        self._uses(u, sub, depth + 1)
+                        uses.add("narrow" if sub and sub <= {"quantize"} else "dequantize")
                     elif is_int(to) and _bits(to) <= 8:
                         uses.add("narrow")
                     else:
