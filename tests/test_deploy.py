@@ -211,6 +211,10 @@ def test_report_pipeline(compiled, capsys):
     assert "float_crossings" in out
     _one_line_error(capsys, main(["report", str(model), "--pipeline", "int8", "--passes", "FoldPadIntoConv"]),
                     "--pipeline and --passes cannot be combined")
+    _one_line_error(capsys, main(["report", str(model), "--pipeline", "int8", "--ir", "relax"]),
+                    "--pipeline int8 is a Relay pipeline")
+    _one_line_error(capsys, main(["report", str(model), "--pipeline", "int8", "--at", "start"]),
+                    "--at applies to --passes")
 
 
 @pytest.mark.parametrize("cmd", ["compile", "run"])

@@ -87,6 +87,8 @@ def _report_relax(args) -> int:
 
     if args.passes:
         raise UsageError("--passes names Relay passes; with --ir relax use --tables (pattern tables for FuseByPattern)")
+    if getattr(args, "pipeline", "none") not in (None, "none"):
+        raise UsageError("--pipeline int8 is a Relay pipeline; with --ir relax use --tables")
     if args.at != "before_fuse" or args.opt_level != 3:
         raise UsageError("--at and --opt-level apply to --ir relay only")
     passes, names = [], [n.strip() for n in (args.tables or "").split(",") if n.strip()]
@@ -346,6 +348,9 @@ def cmd_compile(args) -> int:
     passes = _pipeline_or_passes(args)
     mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
     target = _compile_target(args.target)
+    print(f"compiling {args.model} (pipeline {args.pipeline}"
+          f"{', passes ' + ','.join(_pass_names(passes)) if args.pipeline == 'none' and args.passes else ''}) for "
+          f"{target or 'this CPU'}: tvm_ext.build, then export_library", flush=True)
     try:
         res = compile_library(mod, params, out, target=target, passes=passes, opt_level=args.opt_level,
                               source=str(args.model), pipeline=args.pipeline)
