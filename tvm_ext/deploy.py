@@ -38,8 +38,8 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DeployError", "Compiled", "RunResult", "compile_library", "read_sidecar", "run_library",
-           "sidecar_path", "SIDECAR_FORMAT"]
+__all__ = ["DeployError", "Compiled", "RunResult", "compile_library", "run_library", "read_sidecar",
+           "check_runs_here", "match_inputs", "foreign_arch", "sidecar_path", "SIDECAR_FORMAT"]
 
 #: Version of the sidecar layout (bumped on incompatible changes).
 SIDECAR_FORMAT = 1
