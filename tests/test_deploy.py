@@ -57,10 +57,14 @@ def test_run_is_bit_exact_to_in_process_build(compiled, capsys):
     text = capsys.readouterr().out
     assert "output 0: float32[1, 4, 8, 8]" in text and "median of 3 runs" in text
     mod, params = from_onnx(model)
-    gm = graph_executor.GraphModule(tvm_ext.build(mod, params=params)["default"](__import__("tvm").cpu()))
+    fac = tvm_ext.build(mod, params=params)
+    gm = graph_executor.GraphModule(fac["default"](__import__("tvm").cpu()))
     gm.set_input("x", x)
     gm.run()
     np.testing.assert_array_equal(np.load(out)["output_0"], gm.get_output(0).numpy())
+    # the float model's crossings: x -> [layout_transform] -> conv -> [layout_transform] -> y
+    reasons = [(c.reason, c.holds) for c in fac.kernel_report.float_crossings()]
+    assert reasons == [("graph_input", "input"), ("graph_output", "float")], fac.kernel_report.table()
 
 
 def test_plain_tvm_loads_it_without_tvm_ext(compiled):

@@ -155,6 +155,8 @@ def _relay_ops(func) -> list:
 
 #: reason -> (on purpose, explanation). Float reasons first, then wide-integer ones.
 CROSSING_REASONS = {
+    "graph_input": (True, "graph input: the model's float input, only moved or scaled (layout_transform, "
+                          "normalization) and read by float compute"),
     "graph_output": (True, "graph output: the model returns this tensor (and another kernel reads it)"),
     "float_compute": (True, "float compute: the producer computes it in float and a reader computes in float "
                             "(e.g. a float first layer, a detector head, softmax)"),
@@ -449,8 +451,8 @@ def _crossing_reasons(nodes, row_ptr, shapes, dtypes, readers, kernel_of, kernel
     """A :class:`Crossing` for every float or >8-bit integer kernel output read by another kernel."""
 
     def kind(nid, idx, depth=0) -> str:  # what (nid, idx) holds, following pure data movement
-        if nodes[nid]["op"] != "tvm_op":
-            return "float" if _crossings.is_float(dtypes[row_ptr[nid] + idx]) else "int"
+        if nodes[nid]["op"] != "tvm_op":  # a graph input (weights are never moved by a kernel alone)
+            return "input" if _crossings.is_float(dtypes[row_ptr[nid] + idx]) else "int"
         k = kernels[kernel_of[nid]]
         if not k.output_kinds:
             return "unknown"
@@ -503,6 +505,8 @@ def _crossing_reasons(nodes, row_ptr, shapes, dtypes, readers, kernel_of, kernel
             elif _crossings.is_float(dtype):
                 if used and used <= {"quantize"}:
                     reason = "dq_q_round_trip" if holds == "q8" else "quantize_late"
+                elif holds == "input":
+                    reason = "graph_input"
                 else:
                     reason = "dequantize_early" if holds == "q8" else "float_compute"
             elif used and used <= {"narrow"}:
