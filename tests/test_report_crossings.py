@@ -166,6 +166,14 @@ def test_without_metadata_reason_is_unknown(float_graph):
     assert {c.reason for c in rep.float_crossings()} == {"graph_output", "unknown"}
 
 
+def test_report_without_analysis_says_so(float_graph):
+    """A report constructed without crossings (as Relax reports are) does not claim 'none cross'."""
+    rep = float_graph.kernel_report
+    bare = KernelReport(rep.kernels, rep.crossing, rep.inputs, rep.outputs)
+    assert bare.float_crossings() == [] and bare.to_dict()["float_crossings"] is None
+    assert "no float or wide-integer" not in bare.table() and "crossing kernels" in bare.table()
+
+
 @pytest.mark.slow
 def test_small_qdq_zoo_model_stock_vs_pipeline():
     """Stock TVM on the small QDQ ResNet: every float32 crossing is avoidable (8-bit values in float);

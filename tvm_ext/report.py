@@ -245,7 +245,8 @@ class KernelReport:
         self.crossing = crossing
         self.inputs = inputs
         self.outputs = outputs
-        self._crossings: list = list(crossings or [])
+        # None: not analysed (e.g. a Relax report); a list: every float / wide-integer crossing
+        self._crossings: Optional[list] = None if crossings is None else list(crossings)
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -333,23 +334,28 @@ class KernelReport:
 
     # -- why tensors cross ----------------------------------------------------------------
     def float_crossings(self) -> list:
-        """Every float (float32/float16/bfloat16) tensor crossing kernels, with its :class:`Crossing` reason."""
-        return [c for c in self._crossings if _crossings.is_float(c.dtype)]
+        """Every float (float32/float16/bfloat16) tensor crossing kernels, with its :class:`Crossing` reason.
+
+        Empty for reports built without the analysis (Relax reports: ``to_dict()`` gives None there).
+        """
+        return [c for c in self._crossings or () if _crossings.is_float(c.dtype)]
 
     def int_crossings(self) -> list:
         """Every integer tensor wider than 8 bits (int32, int64) crossing kernels, with its reason."""
-        return [c for c in self._crossings if not _crossings.is_float(c.dtype)]
+        return [c for c in self._crossings or () if not _crossings.is_float(c.dtype)]
 
     def avoidable_bytes(self) -> dict:
         """Bytes per dtype of the float/wide-integer crossings that are not on purpose."""
         out: dict = {}
-        for c in self._crossings:
+        for c in self._crossings or ():
             if not c.on_purpose:
                 out[c.dtype] = out.get(c.dtype, 0) + c.nbytes
         return out
 
     def crossing_reasons_table(self) -> str:
         """Text: float and wide-integer crossings grouped by reason (bytes, count, kernels)."""
+        if self._crossings is None:
+            return "why tensors cross: not analysed for this report"
         if not self._crossings:
             return "no float or wide-integer tensor crosses kernels"
         groups: dict = {}
@@ -398,8 +404,8 @@ class KernelReport:
             "inputs": self.inputs.to_dict(),
             "outputs": self.outputs.to_dict(),
             "kernels": [k.to_dict() for k in self.kernels],
-            "float_crossings": [c.to_dict() for c in self.float_crossings()],
-            "int_crossings": [c.to_dict() for c in self.int_crossings()],
+            "float_crossings": None if self._crossings is None else [c.to_dict() for c in self.float_crossings()],
+            "int_crossings": None if self._crossings is None else [c.to_dict() for c in self.int_crossings()],
         }
 
     def summary(self) -> str:
@@ -427,7 +433,8 @@ class KernelReport:
         lines.append(self.summary())
         if self.num_tuned_kernels:
             lines.append(f"{self.num_tuned_kernels} kernels use tuned schedules (tvm_ext.tuning)")
-        lines.append(self.crossing_reasons_table())
+        if self._crossings is not None:
+            lines.append(self.crossing_reasons_table())
         return "\n".join(lines)
 
     def __repr__(self) -> str:
