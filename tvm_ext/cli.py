@@ -3,7 +3,8 @@
 Sub-commands: ``report`` (kernel report of an ONNX model), ``passes`` (registered passes),
 ``patterns`` (pattern tables), ``zoo`` (write the built-in model zoo), ``bench`` (the int8
 ResNet-50 benchmark), ``tune`` (tune a model's int8 kernels on this CPU), ``explain`` (why each kernel
-boundary exists). User errors (missing file, non-ONNX file, unknown pass, bad option) print
+boundary exists), ``compile`` / ``run`` (deploy a model as a library plain TVM loads; logic in
+:mod:`tvm_ext.deploy`). User errors (missing file, non-ONNX file, unknown pass, bad option) print
 one line on stderr and exit with code 2. Printing happens here only; the library logs.
 """
 from __future__ import annotations
@@ -86,6 +87,8 @@ def _report_relax(args) -> int:
 
     if args.passes:
         raise UsageError("--passes names Relay passes; with --ir relax use --tables (pattern tables for FuseByPattern)")
+    if getattr(args, "pipeline", "none") not in (None, "none"):
+        raise UsageError("--pipeline int8 is a Relay pipeline; with --ir relax use --tables")
     if args.at != "before_fuse" or args.opt_level != 3:
         raise UsageError("--at and --opt-level apply to --ir relay only")
     passes, names = [], [n.strip() for n in (args.tables or "").split(",") if n.strip()]
@@ -123,7 +126,7 @@ def cmd_report(args) -> int:
         return _report_relax(args)
     if getattr(args, "tables", None):
         raise UsageError("--tables applies to --ir relax; on Relay use the Python API (FuseByPattern(table))")
-    passes = parse_pass_list(args.passes)
+    passes = _pipeline_or_passes(args)
     mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
     target = _resolve_target(args.target)
     from .tvm_bugs import UnsupportedByTVM
@@ -135,15 +138,42 @@ def cmd_report(args) -> int:
     report = factory.kernel_report
     if args.json:
         out = {"model": str(args.model), "target": str(target), "opt_level": args.opt_level,
-               "passes": [p.info.name for p in passes], **report.to_dict()}
+               "pipeline": getattr(args, "pipeline", None) or "none", "passes": _pass_names(passes),
+               **report.to_dict()}
         print(json.dumps(out, indent=2))
     else:
         print(f"model:  {args.model}")
         print(f"target: {target}")
-        print(f"passes: {', '.join(p.info.name for p in passes) or '(none)'} (at {args.at}), opt_level {args.opt_level}")
+        if getattr(args, "pipeline", None) == "int8":
+            names = passes.pass_names()
+            print(f"pipeline: int8 (start: {', '.join(names['start'])}; before_fuse: {', '.join(names['before_fuse'])}),"
+                  f" opt_level {args.opt_level}")
+        else:
+            print(f"passes: {', '.join(_pass_names(passes)) or '(none)'} (at {args.at}), opt_level {args.opt_level}")
         print()
         print(report.table(max_kernels=None if args.all else 40))
     return 0
+
+
+def _pass_names(passes) -> list:
+    if hasattr(passes, "pass_names"):  # a tvm_ext.pipelines.Pipeline
+        return [n for stage in passes.pass_names().values() for n in stage]
+    return [p.info.name for p in passes]
+
+
+def _pipeline_or_passes(args):
+    """``--pipeline int8|none`` and ``--passes A,B``: one or the other (a pipeline fixes its own order)."""
+    pipeline = getattr(args, "pipeline", None) or "none"
+    if pipeline != "none" and args.passes:
+        raise UsageError("--pipeline and --passes cannot be combined (the pipeline fixes its passes and their "
+                         "order); use --pipeline none --passes A,B")
+    if pipeline == "int8":
+        if getattr(args, "at", "before_fuse") != "before_fuse":
+            raise UsageError("--at applies to --passes; the int8 pipeline places its own passes")
+        from . import pipelines
+
+        return pipelines.int8()
+    return parse_pass_list(args.passes)
 
 
 def cmd_passes(args) -> int:
@@ -288,6 +318,103 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def _compile_target(text: str | None):
+    """``--target`` for compile: any valid LLVM target (also one this host cannot run)."""
+    if not text:
+        return None
+    from .tvm_bugs import UnsupportedByTVM, check_target
+
+    try:
+        import tvm
+
+        check_target(text)  # an unknown -mtriple crashes LLVM's feature query
+        tvm.target.Target(text)
+    except UnsupportedByTVM as err:
+        raise UsageError(f"bad --target {text!r}: {err}") from None
+    except Exception as err:  # TVMError / ValueError for malformed targets
+        raise UsageError(f"bad --target {text!r}: {str(err).splitlines()[-1]}") from None
+    return text
+
+
+def cmd_compile(args) -> int:
+    from .deploy import DeployError, compile_library
+    from .tvm_bugs import UnsupportedByTVM
+
+    out = Path(args.output)
+    if out.suffix not in (".tar", ".so"):
+        raise UsageError(f"-o {args.output}: the library must end in .tar or .so")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {args.output}: no such directory: {out.parent}")
+    passes = _pipeline_or_passes(args)
+    mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
+    target = _compile_target(args.target)
+    print(f"compiling {args.model} (pipeline {args.pipeline}"
+          f"{', passes ' + ','.join(_pass_names(passes)) if args.pipeline == 'none' and args.passes else ''}) for "
+          f"{target or 'this CPU'}: tvm_ext.build, then export_library", flush=True)
+    try:
+        res = compile_library(mod, params, out, target=target, passes=passes, opt_level=args.opt_level,
+                              source=str(args.model), pipeline=args.pipeline)
+    except (DeployError, UnsupportedByTVM) as err:
+        raise UsageError(str(err)) from None
+    print(res.summary())
+    if res.cannot_run_here:
+        print(f"tvm-ext compile: warning: {res.target}: {res.cannot_run_here}; the library cannot run here",
+              file=sys.stderr)
+    return 0
+
+
+def _load_npy(text: str):
+    import numpy as np
+
+    name, path = (text.split("=", 1) if "=" in text and not Path(text).exists() else (None, text))
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--input {text}: no such file: {path}")
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except Exception as err:  # ValueError, OSError, pickle refusals
+        raise UsageError(f"--input {text}: not a .npy array ({str(err).splitlines()[0]})") from None
+    if not isinstance(arr, np.ndarray):
+        raise UsageError(f"--input {text}: {path} holds several arrays (.npz); give one .npy per input")
+    return name, arr
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from .deploy import DeployError, run_library
+
+    if args.repeat < 0:
+        raise UsageError("--repeat must be >= 0")
+    named, positional = {}, []
+    for item in args.input or []:
+        name, arr = _load_npy(item)
+        if name is None:
+            positional.append(arr)
+        elif name in named:
+            raise UsageError(f"--input {name}= given twice")
+        else:
+            named[name] = arr
+    if args.output and Path(args.output).suffix != ".npz":
+        raise UsageError(f"--output {args.output}: must end in .npz")
+    try:
+        res = run_library(args.library, named, positional, repeat=args.repeat)
+    except DeployError as err:
+        raise UsageError(str(err)) from None
+    print(f"library: {args.library} (target {res.meta['target']}, {res.meta.get('num_kernels', '?')} kernels)")
+    for i, out in enumerate(res.outputs):
+        flat = out.reshape(-1)
+        head = np.array2string(flat[:6], precision=4, separator=", ", max_line_width=200)
+        more = " ..." if flat.size > 6 else ""
+        print(f"output {i}: {out.dtype}{list(out.shape)}  {head}{more}")
+    if res.latency_ms is not None:
+        print(f"latency: {res.latency_ms:.3f} ms (median of {res.repeat} runs)")
+    if args.output:
+        np.savez(args.output, **{f"output_{i}": o for i, o in enumerate(res.outputs)})
+        print(f"wrote {args.output} (output_0..output_{len(res.outputs) - 1})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-ext", description="Relay passes, pattern tables and kernel reports on TVM 0.19.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
@@ -308,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ir", choices=["relay", "relax"], default="relay",
                    help="import and build with Relay (default) or Relax (tvm_ext.relax.build)")
     p.add_argument("--tables", help="with --ir relax: comma-separated pattern tables for FuseByPattern (e.g. generic)")
+    p.add_argument("--pipeline", choices=["int8", "none"], default="none",
+                   help="build with a tvm-ext pipeline (int8: tvm_ext.pipelines.int8()); not with --passes")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("passes", help="list registered tvm-ext passes", description="List registered tvm-ext passes with one-line docs.")
@@ -372,6 +501,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page with the kernel graph")
     p.add_argument("--all", action="store_true", help="list every boundary and kernel (default: the first 40)")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("compile", help="compile an ONNX model into a library plain TVM loads",
+                       description="Build an ONNX model with tvm_ext.build and write export_library's output (.tar or "
+                                   ".so, by the suffix) plus a sidecar <library>.json with its inputs, outputs and "
+                                   "target, which `tvm-ext run` reads.")
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("-o", "--output", required=True, metavar="LIB.tar", help="library to write (.tar or .so)")
+    p.add_argument("--pipeline", choices=["int8", "none"], default="none", help="tvm-ext pipeline (default none)")
+    p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes (run before FuseOps)")
+    p.add_argument("--target", help="LLVM target (default: the host CPU); may be another CPU, then it cannot run here")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N", help="PassContext opt_level (default 3)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a library written by `tvm-ext compile`",
+                       description="Load a library with plain TVM (load_module + graph_executor), feed .npy inputs, "
+                                   "print the outputs. Refuses libraries compiled for CPU features this host lacks.")
+    p.add_argument("library", help="the .tar or .so (its <library>.json must be next to it)")
+    p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy",
+                   help="an input array; without NAME= it fills the next unnamed input (repeatable)")
+    p.add_argument("--output", metavar="OUT.npz", help="save the outputs (output_0, output_1, ...)")
+    p.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs and print the median")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

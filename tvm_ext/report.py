@@ -15,6 +15,13 @@ kernels a better fusion could remove.
 *Crossing tensors*: a kernel output read by at least one other kernel, counted once whatever the
 number of readers; bytes = elements x dtype width. The graph's inputs, weights and outputs are
 reported apart (``inputs``, ``outputs``) and are not crossings.
+
+*Why a float or int32 tensor crosses* (:meth:`KernelReport.float_crossings`,
+:meth:`KernelReport.int_crossings`): each such crossing gets one reason from the closed set
+:data:`CROSSING_REASONS`, computed from the fused Relay functions (what the producer's output
+holds, what each reader does with it first; see :mod:`tvm_ext._crossings`) and marked *on
+purpose* or *avoidable*, so that "float32 crosses only where the graph computes in float on
+purpose" can be checked and the rest is a to-do list.
 """
 from __future__ import annotations
 
@@ -23,7 +30,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-__all__ = ["Kernel", "TensorTraffic", "KernelReport", "dtype_bytes", "op_pattern", "anchor_of"]
+from . import _crossings
+
+__all__ = ["Kernel", "TensorTraffic", "KernelReport", "Crossing", "CROSSING_REASONS", "dtype_bytes", "op_pattern",
+           "anchor_of"]
 
 #: TOpPattern values (include/tvm/relay/op_attr_types.h).
 PATTERN_NAMES = {
@@ -115,12 +125,17 @@ class Kernel:
     outputs: tuple  # ((shape, dtype), ...)
     inputs: tuple = ()  # ((shape, dtype), ...), weights included
     tuned: bool = False  # compiled with a tuning record (tvm_ext.tuning), not TVM's rule
+    #: Per input: what the kernel does with it first (tvm_ext._crossings), () when unknown.
+    input_uses: tuple = ()
+    #: Per output: "q8" (8-bit levels in float), "float", "int", "param:i" (moves input i), ...
+    output_kinds: tuple = ()
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ops"] = list(self.ops)
         d["outputs"] = [{"shape": list(s), "dtype": t} for s, t in self.outputs]
         d["inputs"] = [{"shape": list(s), "dtype": t} for s, t in self.inputs]
+        d["input_uses"], d["output_kinds"] = list(self.input_uses), list(self.output_kinds)
         return d
 
 
@@ -136,6 +151,72 @@ def _relay_ops(func) -> list:
 
     relay.analysis.post_order_visit(func, visit)
     return ops
+
+
+#: reason -> (on purpose, explanation). Float reasons first, then wide-integer ones.
+CROSSING_REASONS = {
+    "graph_input": (True, "graph input: the model's float input, only moved or scaled (layout_transform, "
+                          "normalization) and read by float compute"),
+    "graph_output": (True, "graph output: the model returns this tensor (and another kernel reads it)"),
+    "float_compute": (True, "float compute: the producer computes it in float and a reader computes in float "
+                            "(e.g. a float first layer, a detector head, softmax)"),
+    "dequantize_early": (False, "dequantized too early: it holds 8-bit levels and a reader computes in float; "
+                                "crossing as 8-bit and dequantizing in the reader moves 1/4 of the bytes"),
+    "dq_q_round_trip": (False, "dequantize -> quantize round trip: it holds 8-bit levels and every reader "
+                               "quantizes it again"),
+    "quantize_late": (False, "quantized too late: computed in float, every reader quantizes it first; "
+                             "quantizing in the producer would cross 8-bit"),
+    "requantize_not_fused": (False, "requantize not fused: int32 accumulators cross, every reader narrows "
+                                    "them to 8 bits first"),
+    "dequantize_not_fused": (False, "dequantize not fused: integers cross and a reader converts them to float "
+                                    "first"),
+    "int_compute": (False, "integer compute: a reader computes on the wide integers (e.g. a pool or an add "
+                           "in int32)"),
+    "unknown": (False, "not analysed: no Relay function for the producer or a reader (external codegen)"),
+}
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """One float or wide-integer tensor crossing a kernel boundary, with the reason."""
+
+    producer: int  # kernel index
+    output: int  # output index of the producer
+    readers: tuple  # kernel indices
+    shape: tuple
+    dtype: str
+    nbytes: int
+    reason: str  # a key of CROSSING_REASONS
+    holds: str  # what the producer's output holds ("q8", "float", "int", ...)
+    uses: tuple  # what the readers do with it first ("quantize", "float", "narrow", ...)
+
+    @property
+    def on_purpose(self) -> bool:
+        return CROSSING_REASONS[self.reason][0]
+
+    @property
+    def why(self) -> str:
+        return CROSSING_REASONS[self.reason][1]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(shape=list(self.shape), readers=list(self.readers), uses=list(self.uses),
+                 on_purpose=self.on_purpose, why=self.why)
+        return d
+
+
+def _funcs_from_metadata(function_metadata) -> dict:
+    out = {}
+    if not function_metadata:
+        return out
+    for name, info in function_metadata.items():
+        prims = getattr(info, "relay_primfuncs", None)
+        if not prims:
+            continue
+        for _target, func in prims.items():
+            out[str(name)] = func
+            break
+    return out
 
 
 def _ops_from_metadata(function_metadata) -> dict:
@@ -158,11 +239,14 @@ class KernelReport:
     Build it with :meth:`from_factory` (``relay.build``'s result) or :meth:`from_graph_json`.
     """
 
-    def __init__(self, kernels, crossing: TensorTraffic, inputs: TensorTraffic, outputs: TensorTraffic):
+    def __init__(self, kernels, crossing: TensorTraffic, inputs: TensorTraffic, outputs: TensorTraffic,
+                 crossings=None):
         self.kernels: list[Kernel] = list(kernels)
         self.crossing = crossing
         self.inputs = inputs
         self.outputs = outputs
+        # None: not analysed (e.g. a Relax report); a list: every float / wide-integer crossing
+        self._crossings: Optional[list] = None if crossings is None else list(crossings)
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -191,7 +275,9 @@ class KernelReport:
             for src, idx, *_ in node["inputs"]:
                 readers.setdefault((src, idx), set()).add(nid)
 
+        funcs = _funcs_from_metadata(function_metadata)
         kernels, crossing, graph_inputs = [], [], []
+        kernel_of: dict = {}
         for nid, node in enumerate(nodes):
             n_out = row_ptr[nid + 1] - row_ptr[nid]
             outs = tuple((tuple(shapes[row_ptr[nid] + i]), dtypes[row_ptr[nid] + i]) for i in range(n_out))
@@ -204,12 +290,26 @@ class KernelReport:
             func_name = node.get("attrs", {}).get("func_name", node["name"])
             ops = tuple(ops_by_func.get(func_name, _ops_from_name(func_name)))
             ins = tuple((tuple(shapes[row_ptr[src] + idx]), dtypes[row_ptr[src] + idx]) for src, idx, *_ in node["inputs"])
-            kernels.append(Kernel(len(kernels), node["name"], func_name, ops, anchor_of(ops), outs, ins))
+            uses, kinds = (), ()
+            if func_name in funcs:
+                const_in = [j for j, (src, *_r) in enumerate(node["inputs"])
+                            if nodes[src]["op"] == "null" and nodes[src]["name"] in param_names]
+                try:
+                    uses, kinds = _crossings.analyse(funcs[func_name], const_in)
+                except Exception:  # the analysis is advisory: never fail a report on it
+                    uses, kinds = (), ()
+                if len(uses) != len(node["inputs"]) or len(kinds) != n_out:
+                    uses, kinds = (), ()
+            kernel_of[nid] = len(kernels)
+            kernels.append(Kernel(len(kernels), node["name"], func_name, ops, anchor_of(ops), outs, ins,
+                                  input_uses=uses, output_kinds=kinds))
             for i, out in enumerate(outs):
                 if readers.get((nid, i)):
                     crossing.append(out)
         heads = [(tuple(shapes[row_ptr[h[0]] + h[1]]), dtypes[row_ptr[h[0]] + h[1]]) for h in graph["heads"]]
-        return cls(kernels, _traffic(crossing), _traffic(graph_inputs), _traffic(heads))
+        reasons = _crossing_reasons(nodes, row_ptr, shapes, dtypes, readers, kernel_of, kernels,
+                                    {(h[0], h[1]) for h in graph["heads"]})
+        return cls(kernels, _traffic(crossing), _traffic(graph_inputs), _traffic(heads), reasons)
 
     def with_tuned(self, workloads) -> "KernelReport":
         """This report with ``Kernel.tuned`` set where a tuned AutoTVM workload was compiled.
@@ -226,11 +326,51 @@ class KernelReport:
                 keys.append(tensors[:2])
         kernels = [dataclasses.replace(k, tuned=any(d in k.inputs and w in k.inputs for d, w in keys))
                    for k in self.kernels]
-        return KernelReport(kernels, self.crossing, self.inputs, self.outputs)
+        return KernelReport(kernels, self.crossing, self.inputs, self.outputs, self._crossings)
 
     @property
     def num_tuned_kernels(self) -> int:
         return sum(1 for k in self.kernels if k.tuned)
+
+    # -- why tensors cross ----------------------------------------------------------------
+    def float_crossings(self) -> list:
+        """Every float (float32/float16/bfloat16) tensor crossing kernels, with its :class:`Crossing` reason.
+
+        Empty for reports built without the analysis (Relax reports: ``to_dict()`` gives None there).
+        """
+        return [c for c in self._crossings or () if _crossings.is_float(c.dtype)]
+
+    def int_crossings(self) -> list:
+        """Every integer tensor wider than 8 bits (int32, int64) crossing kernels, with its reason."""
+        return [c for c in self._crossings or () if not _crossings.is_float(c.dtype)]
+
+    def avoidable_bytes(self) -> dict:
+        """Bytes per dtype of the float/wide-integer crossings that are not on purpose."""
+        out: dict = {}
+        for c in self._crossings or ():
+            if not c.on_purpose:
+                out[c.dtype] = out.get(c.dtype, 0) + c.nbytes
+        return out
+
+    def crossing_reasons_table(self) -> str:
+        """Text: float and wide-integer crossings grouped by reason (bytes, count, kernels)."""
+        if self._crossings is None:
+            return "why tensors cross: not analysed for this report"
+        if not self._crossings:
+            return "no float or wide-integer tensor crosses kernels"
+        groups: dict = {}
+        for c in self._crossings:
+            groups.setdefault((c.dtype, c.reason), []).append(c)
+        lines = ["float / wide-integer tensors crossing kernels, by reason:"]
+        for (dtype, reason), cs in sorted(groups.items(), key=lambda kv: (-sum(c.nbytes for c in kv[1]), kv[0])):
+            on = "on purpose" if CROSSING_REASONS[reason][0] else "AVOIDABLE"
+            where = ", ".join(f"{c.producer}->{'/'.join(map(str, c.readers))}" for c in cs[:6])
+            more = f", ... ({len(cs) - 6} more)" if len(cs) > 6 else ""
+            lines.append(f"  {dtype:<8} {sum(c.nbytes for c in cs) / 1e6:7.3f} MB  {len(cs):3d}x  {reason:<21} "
+                         f"[{on}] kernels {where}{more}")
+        lines.append("  reasons: " + "; ".join(f"{r}: {CROSSING_REASONS[r][1]}" for r in
+                                                 sorted({c.reason for c in self._crossings})))
+        return "\n".join(lines)
 
     # -- summary ------------------------------------------------------------------------
     @property
@@ -264,6 +404,8 @@ class KernelReport:
             "inputs": self.inputs.to_dict(),
             "outputs": self.outputs.to_dict(),
             "kernels": [k.to_dict() for k in self.kernels],
+            "float_crossings": None if self._crossings is None else [c.to_dict() for c in self.float_crossings()],
+            "int_crossings": None if self._crossings is None else [c.to_dict() for c in self.int_crossings()],
         }
 
     def summary(self) -> str:
@@ -291,6 +433,8 @@ class KernelReport:
         lines.append(self.summary())
         if self.num_tuned_kernels:
             lines.append(f"{self.num_tuned_kernels} kernels use tuned schedules (tvm_ext.tuning)")
+        if self._crossings is not None:
+            lines.append(self.crossing_reasons_table())
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -308,3 +452,78 @@ def _row_ptr(nodes) -> list:
 def _ops_from_name(func_name: str) -> list:
     """Fallback when no Relay function is known (external codegen): the name itself."""
     return [func_name]
+
+
+def _crossing_reasons(nodes, row_ptr, shapes, dtypes, readers, kernel_of, kernels, heads) -> list:
+    """A :class:`Crossing` for every float or >8-bit integer kernel output read by another kernel."""
+
+    def kind(nid, idx, depth=0) -> str:  # what (nid, idx) holds, following pure data movement
+        if nodes[nid]["op"] != "tvm_op":  # a graph input (weights are never moved by a kernel alone)
+            return "input" if _crossings.is_float(dtypes[row_ptr[nid] + idx]) else "int"
+        k = kernels[kernel_of[nid]]
+        if not k.output_kinds:
+            return "unknown"
+        kd = k.output_kinds[idx]
+        if kd.startswith("param:") and depth < 64:
+            j = int(kd.split(":")[1])
+            if 0 <= j < len(nodes[nid]["inputs"]):
+                src, sidx, *_ = nodes[nid]["inputs"][j]
+                return kind(src, sidx, depth + 1)
+            return "unknown"
+        return kd
+
+    def uses(nid, idx, depth=0) -> set:  # what the readers of (nid, idx) do with it first
+        out: set = set()
+        for r in sorted(readers.get((nid, idx), ())):
+            k = kernels[kernel_of[r]]
+            for j, (src, sidx, *_) in enumerate(nodes[r]["inputs"]):
+                if (src, sidx) != (nid, idx):
+                    continue
+                if not k.input_uses:
+                    out.add("unknown")
+                    continue
+                for u in k.input_uses[j].split("|"):
+                    if u.startswith("out:"):
+                        o = int(u.split(":")[1])
+                        if (r, o) in heads:
+                            out.add("output")
+                        if depth < 64:
+                            out |= uses(r, o, depth + 1)
+                    elif u != "unused":
+                        out.add(u)
+        return out
+
+    result = []
+    for nid, node in enumerate(nodes):
+        if node["op"] != "tvm_op":
+            continue
+        n_out = row_ptr[nid + 1] - row_ptr[nid]
+        for i in range(n_out):
+            rs = readers.get((nid, i))
+            dtype = dtypes[row_ptr[nid] + i]
+            wide_int = _crossings.is_int(dtype) and _crossings._bits(dtype) > 8
+            if not rs or not (_crossings.is_float(dtype) or wide_int):
+                continue
+            holds, used = kind(nid, i), uses(nid, i)
+            if (nid, i) in heads or "output" in used:
+                reason = "graph_output"
+            elif "unknown" in used or holds == "unknown":
+                reason = "unknown"
+            elif _crossings.is_float(dtype):
+                if used and used <= {"quantize"}:
+                    reason = "dq_q_round_trip" if holds == "q8" else "quantize_late"
+                elif holds == "input":
+                    reason = "graph_input"
+                else:
+                    reason = "dequantize_early" if holds == "q8" else "float_compute"
+            elif used and used <= {"narrow"}:
+                reason = "requantize_not_fused"
+            elif "dequantize" in used and used <= {"dequantize", "narrow"}:
+                reason = "dequantize_not_fused"
+            else:
+                reason = "int_compute"
+            shape = tuple(shapes[row_ptr[nid] + i])
+            result.append(Crossing(kernel_of[nid], i, tuple(sorted(kernel_of[r] for r in rs)), shape, dtype,
+                                   int(math.prod(shape) * dtype_bytes(dtype)), reason, holds,
+                                   tuple(sorted(used - {"output"}))))
+    return result

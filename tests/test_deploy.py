@@ -1,0 +1,228 @@
+"""tvm-ext compile / run (tvm_ext.deploy): round trip, sidecar, plain-TVM loading, every refusal.
+
+Everything is built for the host target; "features the host lacks" is faked by shrinking
+``tvm_ext.isa.host_features``, never by executing code compiled for another CPU.
+"""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tvm.contrib import graph_executor
+
+import tvm_ext
+from tvm_ext import deploy, isa
+from tvm_ext.cli import main
+from tvm_ext.frontend import from_onnx
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+from test_cli import tiny_onnx  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """tiny.onnx compiled by the CLI into tiny.tar (+ tiny.tar.json), and an input."""
+    d = tmp_path_factory.mktemp("deploy")
+    model = tiny_onnx(d / "tiny.onnx")
+    lib = d / "tiny.tar"
+    assert main(["compile", str(model), "-o", str(lib)]) == 0
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype("float32")
+    np.save(d / "x.npy", x)
+    return d, model, lib, x
+
+
+def _one_line_error(capsys, rc, text):
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and text in lines[0], err
+
+
+def test_compile_writes_library_and_sidecar(compiled):
+    d, model, lib, _ = compiled
+    meta = json.loads(deploy.sidecar_path(lib).read_text())
+    assert deploy.sidecar_path(lib).name == "tiny.tar.json"
+    assert meta["inputs"] == [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32"}]
+    assert meta["outputs"] == [{"shape": [1, 4, 8, 8], "dtype": "float32"}]
+    assert meta["format"] == deploy.SIDECAR_FORMAT and meta["pipeline"] == "none"
+    assert meta["target"] == str(tvm_ext.build_target()) and isa.runs_on_host(meta["target"])
+    assert deploy.read_sidecar(lib) == meta  # sha256 matches the library
+
+
+def test_run_is_bit_exact_to_in_process_build(compiled, capsys):
+    d, model, lib, x = compiled
+    out = d / "out.npz"
+    assert main(["run", str(lib), "--input", str(d / "x.npy"), "--output", str(out), "--repeat", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "output 0: float32[1, 4, 8, 8]" in text and "median of 3 runs" in text
+    mod, params = from_onnx(model)
+    fac = tvm_ext.build(mod, params=params)
+    gm = graph_executor.GraphModule(fac["default"](__import__("tvm").cpu()))
+    gm.set_input("x", x)
+    gm.run()
+    np.testing.assert_array_equal(np.load(out)["output_0"], gm.get_output(0).numpy())
+    # the float model's crossings: x -> [layout_transform] -> conv -> [layout_transform] -> y
+    reasons = [(c.reason, c.holds) for c in fac.kernel_report.float_crossings()]
+    assert reasons == [("graph_input", "input"), ("graph_output", "float")], fac.kernel_report.table()
+
+
+def test_plain_tvm_loads_it_without_tvm_ext(compiled):
+    d, model, lib, x = compiled
+    code = (
+        "import sys, numpy as np, tvm\n"
+        "from tvm.contrib import graph_executor\n"
+        f"gm = graph_executor.GraphModule(tvm.runtime.load_module({str(lib)!r})['default'](tvm.cpu()))\n"
+        f"gm.set_input('x', np.load({str(d / 'x.npy')!r})); gm.run()\n"
+        f"np.save({str(d / 'plain.npy')!r}, gm.get_output(0).numpy())\n"
+        "assert not any(m.startswith('tvm_ext') for m in sys.modules), 'tvm_ext was imported'\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = deploy.run_library(lib, positional=[x])
+    np.testing.assert_array_equal(np.load(d / "plain.npy"), res.outputs[0])
+
+
+def test_int8_pipeline_so_round_trip_on_a_qdq_model(tmp_path, compiled, capsys):
+    """A QDQ model (ONNX Runtime's quantize_static), --pipeline int8, .so, a named input: bit-exact
+    to tvm_ext.build(..., passes=pipelines.int8()) run in-process."""
+    from tvm_ext import pipelines, zoo
+
+    _, fp32, _, x = compiled
+    model = zoo.quantize_onnx(fp32, tmp_path / "tiny_qdq.onnx", "qdq")
+    lib = tmp_path / "tiny.so"
+    assert main(["compile", str(model), "-o", str(lib), "--pipeline", "int8"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert json.loads((tmp_path / "tiny.so.json").read_text())["pipeline"] == "int8"
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out.npz"
+    assert main(["run", str(lib), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(out)]) == 0
+    assert "output 0: float32[1, 4, 8, 8]" in capsys.readouterr().out
+    mod, params = from_onnx(model)
+    fac = tvm_ext.build(mod, params=params, passes=pipelines.int8())
+    gm = graph_executor.GraphModule(fac["default"](__import__("tvm").cpu()))
+    gm.set_input("x", x)
+    gm.run()
+    np.testing.assert_array_equal(np.load(out)["output_0"], gm.get_output(0).numpy())
+    # what is left crossing on this model: the conv's int32 accumulators, requantized by the reader
+    # (the output channels are padded 4 -> 16 for NCHW16c and sliced back in the next kernel)
+    assert fac.kernel_report.float_crossings() == []
+    assert [c.reason for c in fac.kernel_report.int_crossings()] == ["requantize_not_fused"]
+
+
+def test_refuses_missing_file_and_not_a_library(tmp_path, compiled, capsys):
+    d, _, _, _ = compiled
+    _one_line_error(capsys, main(["run", str(tmp_path / "nope.tar"), "--input", str(d / "x.npy")]), "no such file")
+    _one_line_error(capsys, main(["run", str(d / "x.npy"), "--input", str(d / "x.npy")]),
+                    "not a library written by `tvm-ext compile`")
+    # a sidecar that describes the file, but the file is not a library: TVM's loader refuses it
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"\x00not a tar archive" * 64)
+    meta = json.loads(deploy.sidecar_path(d / "tiny.tar").read_text())
+    meta["sha256"] = deploy._sha256(junk)
+    deploy.sidecar_path(junk).write_text(json.dumps(meta))
+    _one_line_error(capsys, main(["run", str(junk), "--input", str(d / "x.npy")]), "not a TVM library")
+
+
+def test_refuses_sidecar_of_another_file(tmp_path, compiled, capsys):
+    d, _, lib, _ = compiled
+    other = tmp_path / "tiny.tar"
+    other.write_bytes(lib.read_bytes() + b"\x00")
+    deploy.sidecar_path(other).write_text(deploy.sidecar_path(lib).read_text())
+    _one_line_error(capsys, main(["run", str(other), "--input", str(d / "x.npy")]), "describes another file")
+
+
+@pytest.mark.parametrize("arr, text", [
+    (np.zeros((1, 3, 8, 9), "float32"), "got float32[1, 3, 8, 9], the library takes float32[1, 3, 8, 8]"),
+    (np.zeros((1, 3, 8, 8), "float64"), "got float64[1, 3, 8, 8]"),
+])
+def test_refuses_wrong_shape_or_dtype(tmp_path, compiled, capsys, arr, text):
+    _, _, lib, _ = compiled
+    np.save(tmp_path / "bad.npy", arr)
+    _one_line_error(capsys, main(["run", str(lib), "--input", str(tmp_path / "bad.npy")]), text)
+
+
+def test_refuses_bad_input_names(tmp_path, compiled, capsys):
+    d, _, lib, _ = compiled
+    _one_line_error(capsys, main(["run", str(lib), "--input", f"y={d / 'x.npy'}"]), "unknown input name(s) ['y']")
+    _one_line_error(capsys, main(["run", str(lib)]), "missing input(s) ['x']")
+    _one_line_error(capsys, main(["run", str(lib), "--input", str(d / "x.npy"), "--input", str(d / "x.npy")]),
+                    "2 unnamed input(s) for 1 remaining input(s)")
+
+
+def test_refuses_features_the_host_lacks(compiled, capsys, monkeypatch):
+    """The library needs avx2 (and more) and the host 'lacks' them: refused before loading."""
+    d, _, lib, _ = compiled
+    needs = isa.llvm_features(json.loads(deploy.sidecar_path(lib).read_text())["target"])
+    assert "avx2" in needs or "sse2" in needs
+    fake = frozenset(isa.host_features() - {"avx2", "sse2"})
+    monkeypatch.setattr(isa, "host_features", lambda: fake)
+    loaded = []
+    monkeypatch.setattr("tvm.runtime.load_module", lambda *a, **k: loaded.append(a))
+    rc = main(["run", str(lib), "--input", str(d / "x.npy")])
+    _one_line_error(capsys, rc, "needs CPU features this host lacks")
+    assert loaded == []  # never loaded, let alone executed
+
+
+@pytest.mark.parametrize("target, text", [
+    ("llvm -mtriple=aarch64-linux-gnu", "architecture aarch64"),
+    ("c", "runs LLVM CPU libraries only"),
+])
+def test_refuses_other_architectures_and_kinds(tmp_path, compiled, capsys, monkeypatch, target, text):
+    """isa.missing_on_host compares x86 feature names: an aarch64 library must be refused by its triple.
+    (The sidecar is edited; nothing is compiled for, or loaded from, another architecture.)"""
+    d, _, lib, _ = compiled
+    copy = tmp_path / "m.tar"
+    copy.write_bytes(lib.read_bytes())
+    meta = json.loads(deploy.sidecar_path(lib).read_text())
+    meta["target"] = target
+    deploy.sidecar_path(copy).write_text(json.dumps(meta))
+    monkeypatch.setattr("tvm.runtime.load_module", lambda *a, **k: pytest.fail("loaded"))
+    _one_line_error(capsys, main(["run", str(copy), "--input", str(d / "x.npy")]), text)
+
+
+def test_compile_warns_for_features_the_host_lacks(tmp_path, compiled, capsys, monkeypatch):
+    """Compiling for a CPU this host is not is allowed (one warning line); the default target never
+    needs more than the host has, so the target is given explicitly (the real host's)."""
+    _, model, _, _ = compiled
+    target = str(tvm_ext.build_target())
+    fake = frozenset(isa.host_features() - {"avx2"})
+    monkeypatch.setattr(isa, "host_features", lambda: fake)
+    assert main(["compile", str(model), "-o", str(tmp_path / "m.tar"), "--opt-level", "1", "--target", target]) == 0
+    cap = capsys.readouterr()
+    assert "wrote" in cap.out
+    warn = [ln for ln in cap.err.splitlines() if "warning" in ln]
+    assert len(warn) == 1 and "avx2" in warn[0] and "cannot run here" in warn[0]
+
+
+def test_compile_usage_errors(tmp_path, compiled, capsys):
+    _, model, _, _ = compiled
+    _one_line_error(capsys, main(["compile", str(model), "-o", str(tmp_path / "m.zip")]), "must end in .tar or .so")
+    _one_line_error(capsys, main(["compile", str(model), "-o", str(tmp_path / "no" / "m.tar")]), "no such directory")
+    _one_line_error(capsys, main(["compile", str(tmp_path / "x.onnx"), "-o", str(tmp_path / "m.tar")]),
+                    "no such file")
+    _one_line_error(capsys, main(["compile", str(model), "-o", str(tmp_path / "m.tar"), "--pipeline", "int8",
+                                  "--passes", "FoldPadIntoConv"]), "cannot be combined")
+    _one_line_error(capsys, main(["compile", str(model), "-o", str(tmp_path / "m.tar"), "--target", "cuda -foo=1"]),
+                    "bad --target")
+
+
+def test_report_pipeline(compiled, capsys):
+    _, model, _, _ = compiled
+    assert main(["report", str(model), "--pipeline", "int8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pipeline"] == "int8" and "QDQToInteger" in out["passes"] and "FoldPadIntoConv" in out["passes"]
+    assert "float_crossings" in out
+    _one_line_error(capsys, main(["report", str(model), "--pipeline", "int8", "--passes", "FoldPadIntoConv"]),
+                    "--pipeline and --passes cannot be combined")
+    _one_line_error(capsys, main(["report", str(model), "--pipeline", "int8", "--ir", "relax"]),
+                    "--pipeline int8 is a Relay pipeline")
+    _one_line_error(capsys, main(["report", str(model), "--pipeline", "int8", "--at", "start"]),
+                    "--at applies to --passes")
+
+
+@pytest.mark.parametrize("cmd", ["compile", "run"])
+def test_help(cmd, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([cmd, "--help"])
+    assert exc.value.code == 0 and f"usage: tvm-ext {cmd}" in capsys.readouterr().out

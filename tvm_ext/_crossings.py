@@ -1,0 +1,228 @@
+"""Why a float or wide-integer tensor crosses a kernel boundary (used by :mod:`tvm_ext.report`).
+
+Design note
+-----------
+Two local facts per kernel, read from the fused Relay ``Primitive`` function the build lowered
+(``function_metadata[...].relay_primfuncs``), then joined along the graph executor's edges:
+
+* **What an output holds** (walking back from the output): ``"q8"`` when the float value is an
+  affine image of 8-bit integers: a ``cast`` to float of an integer chain that starts at an
+  8-bit value (a lowered ``qnn.dequantize``), or ``clip(round(.))`` with at most 256 levels (a
+  fake-quantized QDQ value); ``"float"`` when real float compute produced it (a conv, a sigmoid,
+  an add of two tensors, a dequantize of int32 accumulators: crossing as int32 would save
+  nothing); ``"param:i"`` when the output only moves input ``i`` (layout_transform, reshape,
+  ...) -- the graph then looks at that input's producer.
+* **What a reader does with an input** (walking forward): float inputs are ``"quantize"``d
+  (reach ``round``/``floor`` or a cast to an integer through data movement and affine ops with
+  constants; max-pooling and ReLU keep a quantized value on its grid), or used by ``"float"``
+  compute; integer inputs are narrowed to 8 bits (``"narrow"``: a requantize, also one computed
+  in float arithmetic: cast to float, scale, round, cast back), turned into float for float use
+  (``"dequantize"``), or used by integer compute (``"int"``); ``"out:k"`` when they only move to
+  the kernel's output ``k`` (the graph then follows that output's readers).
+
+Only ops listed below are looked through; anything else counts as compute, so an unknown op
+makes a crossing "float compute" (on purpose) rather than "avoidable": the report never claims
+waste it cannot show. Operands are constant when they are Relay constants or graph parameters.
+"""
+from __future__ import annotations
+
+#: Ops that move data or keep a quantized value on its grid (unary in their first argument).
+MOVE_OPS = frozenset({
+    "layout_transform", "reshape", "transpose", "squeeze", "expand_dims", "nn.batch_flatten",
+    "strided_slice", "nn.pad", "nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d",
+    "nn.adaptive_max_pool2d", "nn.relu", "clip", "copy", "reverse", "tile", "repeat", "broadcast_to",
+    "nn.space_to_depth", "nn.depth_to_space", "contrib_reverse_reshape", "nn.upsampling",
+})
+#: Float ops that put a value on an integer grid (quantization's rounding step).
+_ROUNDING = frozenset({"round", "floor", "ceil", "trunc"})
+#: Elementwise ops that are affine (or shift) in one operand when the others are constants.
+AFFINE_OPS = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "negative",
+                        "right_shift", "left_shift", "fixed_point_multiply", "fixed_point_multiply_per_axis"})
+
+
+def _dtype(expr) -> str:
+    try:
+        return str(expr.checked_type.dtype)
+    except Exception:  # tuple-typed or untyped
+        return ""
+
+
+def is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
+def is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
+def _bits(dtype: str) -> int:
+    digits = "".join(c for c in dtype if c.isdigit())
+    return int(digits) if digits else 0
+
+
+class _Func:
+    def __init__(self, func, const_params):
+        from tvm import relay
+
+        self.relay = relay
+        self.params = list(func.params)
+        self.index = {p: i for i, p in enumerate(self.params)}
+        self.const = {self.params[i] for i in const_params if i < len(self.params)}
+        body = func.body
+        self.outputs = list(body.fields) if isinstance(body, relay.Tuple) else [body]
+        self.users: dict = {}
+
+        def visit(node):
+            if isinstance(node, relay.Call):
+                for a in node.args:
+                    self.users.setdefault(a, []).append(node)
+            elif isinstance(node, relay.Tuple):
+                for a in node.fields:
+                    self.users.setdefault(a, []).append(node)
+            elif isinstance(node, relay.TupleGetItem):
+                self.users.setdefault(node.tuple_value, []).append(node)
+
+        relay.analysis.post_order_visit(func, visit)
+
+    def is_const(self, e) -> bool:
+        return isinstance(e, self.relay.Constant) or e in self.const
+
+    def _op(self, e):
+        if isinstance(e, self.relay.Call) and hasattr(e.op, "name"):
+            return str(e.op.name)
+        return None
+
+    def _affine_arg(self, call):
+        """The one non-constant argument of an affine call, or None."""
+        live = [a for a in call.args if not self.is_const(a)]
+        return live[0] if len(live) == 1 else None
+
+    # -- backward: what an output holds --------------------------------------------------
+    def _int_chain_8bit(self, e, depth=0) -> bool:
+        while depth < 64:
+            depth += 1
+            dt = _dtype(e)
+            if is_int(dt) and _bits(dt) <= 8:
+                return True
+            op = self._op(e)
+            if op == "cast" or op in MOVE_OPS:
+                if op == "clip" and _clip_levels(e) <= 256:
+                    return True
+                e = e.args[0]
+            elif op in AFFINE_OPS:
+                e = self._affine_arg(e)
+                if e is None:
+                    return False
+            else:
+                return False
+        return False
+
+    def output_kind(self, e) -> str:
+        clip8 = False
+        for _ in range(256):
+            if isinstance(e, self.relay.Var):
+                return "const" if e in self.const else f"param:{self.index.get(e, -1)}"
+            if isinstance(e, self.relay.Constant):
+                return "const"
+            op = self._op(e)
+            if op is None:
+                return "float" if is_float(_dtype(e)) else "int"
+            if not is_float(_dtype(e)):
+                return "int"
+            if op == "cast":
+                src = e.args[0]
+                if is_int(_dtype(src)):
+                    return "q8" if self._int_chain_8bit(src) else "float"
+                e = src
+            elif op in _ROUNDING:
+                return "q8" if clip8 else "float"
+            elif op in MOVE_OPS:
+                if op == "clip" and _clip_levels(e) <= 256:
+                    clip8 = True
+                e = e.args[0]
+            elif op in AFFINE_OPS:
+                e = self._affine_arg(e)
+                if e is None:
+                    return "float"
+            else:
+                return "float"
+        return "float"
+
+    # -- forward: what a reader does with an input -------------------------------------
+    def input_use(self, var) -> str:
+        if var in self.const:
+            return "const"
+        uses: set = set()
+        self._uses(var, uses, 0)
+        return "|".join(sorted(uses)) if uses else "unused"
+
+    def _uses(self, e, uses: set, depth: int) -> None:
+        if depth > 64:
+            uses.add("float" if is_float(_dtype(e)) else "int")
+            return
+        for k, out in enumerate(self.outputs):
+            if out.same_as(e):
+                uses.add(f"out:{k}")
+        dt = _dtype(e)
+        for u in self.users.get(e, []):
+            op = self._op(u)
+            if op is None:  # Tuple / TupleGetItem: concatenate, split, ... treated as compute
+                uses.add("float" if is_float(dt) else "int")
+                continue
+            to = _dtype(u)
+            if is_float(dt):
+                if op == "cast":
+                    if is_int(to):
+                        uses.add("quantize")
+                    else:
+                        self._uses(u, uses, depth + 1)
+                elif op in _ROUNDING:
+                    uses.add("quantize")
+                elif op in MOVE_OPS and u.args[0].same_as(e):
+                    self._uses(u, uses, depth + 1)
+                elif op in AFFINE_OPS and self._affine_arg(u) is not None and self._affine_arg(u).same_as(e):
+                    self._uses(u, uses, depth + 1)
+                else:
+                    uses.add("float")
+            else:
+                if op == "cast":
+                    if is_float(to):  # a requantize computed in float arithmetic narrows in the end
+                        sub: set = set()
+                        self._uses(u, sub, depth + 1)
+                        uses.add("narrow" if sub and sub <= {"quantize"} else "dequantize")
+                    elif is_int(to) and _bits(to) <= 8:
+                        uses.add("narrow")
+                    else:
+                        self._uses(u, uses, depth + 1)
+                elif (op in MOVE_OPS and u.args[0].same_as(e)) or (
+                        op in AFFINE_OPS and self._affine_arg(u) is not None and self._affine_arg(u).same_as(e)):
+                    self._uses(u, uses, depth + 1)
+                else:
+                    uses.add("int")
+
+
+def _clip_levels(call) -> float:
+    try:
+        return float(call.attrs.a_max) - float(call.attrs.a_min) + 1
+    except Exception:
+        return float("inf")
+
+
+def _flat_param_count(param) -> int:
+    from tvm import relay
+
+    ty = getattr(param, "checked_type", None) or param.type_annotation
+    return len(ty.fields) if isinstance(ty, relay.TupleType) else 1
+
+
+def analyse(func, const_inputs) -> tuple[tuple, tuple]:
+    """``(input_uses, output_kinds)`` of one fused Relay function.
+
+    ``const_inputs``: indices (in the graph node's flattened input list) of weights/constants.
+    Returns two empty tuples when the function's params do not map one-to-one to node inputs.
+    """
+    params = list(func.params)
+    if any(_flat_param_count(p) != 1 for p in params):
+        return (), ()
+    f = _Func(func, const_inputs)
+    return (tuple(f.input_use(p) for p in params), tuple(f.output_kind(o) for o in f.outputs))

@@ -1,0 +1,336 @@
+"""Deployment: compile a Relay/ONNX model into a library plain TVM loads, and run such a library.
+
+Design note
+-----------
+:func:`compile_library` builds with :func:`tvm_ext.build` (optionally a pipeline or passes) and
+writes ``GraphExecutorFactoryModule.export_library`` output: ``.tar`` (object files; TVM links
+them with the system C compiler when it loads the file, writing ``<lib>.so`` next to it) or
+``.so``. What the library is, is plain TVM: ``tvm.runtime.load_module(path)`` then
+``graph_executor.GraphModule(lib["default"](dev))`` runs it without tvm-ext.
+
+What :func:`run_library` needs besides the library goes into a **sidecar** ``<lib>.json``
+(``model.tar`` -> ``model.tar.json``): the inputs (name, shape, dtype), the outputs, the target,
+the LLVM features it enables and the library's sha256. It cannot go inside the ``.tar``: TVM's
+``load_module`` hands *every* member of the tar to the linker, so an extra JSON member breaks
+loading. The sidecar is written after the library, atomically.
+
+Refusals (``DeployError``, a ``ValueError``; the CLI prints one line, exit 2) happen *before*
+anything is loaded: missing library or sidecar, a sidecar that does not describe this file
+(sha256), a library compiled for CPU features this host lacks (loading could work, executing
+would die with SIGILL, taking the process with it), inputs whose names, shapes or dtypes do not
+match. A file that TVM cannot load is refused after the attempt ("not a TVM library").
+
+Nothing here prints; the CLI (:mod:`tvm_ext.cli`) does.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DeployError", "Compiled", "RunResult", "compile_library", "run_library", "read_sidecar",
+           "check_runs_here", "match_inputs", "foreign_arch", "sidecar_path", "SIDECAR_FORMAT"]
+
+#: Version of the sidecar layout (bumped on incompatible changes).
+SIDECAR_FORMAT = 1
+_SUFFIXES = (".tar", ".so")
+
+
+class DeployError(ValueError):
+    """A deployment request that cannot be honoured (the message is one line, naming the cause)."""
+
+
+def sidecar_path(lib_path) -> Path:
+    """``model.tar`` -> ``model.tar.json``."""
+    p = Path(lib_path)
+    return p.with_name(p.name + ".json")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What :func:`compile_library` wrote."""
+
+    path: Path
+    sidecar: Path
+    target: str
+    num_kernels: int
+    nbytes: int
+    missing_on_host: tuple  # CPU features the target uses and this host lacks (cannot run here)
+    cannot_run_here: Optional[str] = None  # why the library cannot run on this host (None: it can)
+    report: object = field(repr=False, default=None)  # tvm_ext.report.KernelReport
+    meta: dict = field(repr=False, default_factory=dict)
+
+    def summary(self) -> str:
+        """One line: file, kernels, target, size."""
+        return (f"wrote {self.path}: {self.num_kernels} kernels, target {self.target}, "
+                f"{self.nbytes / 1e6:.2f} MB (+ {self.sidecar.name})")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Outputs of :func:`run_library` and, with ``repeat``, the latency of ``run()`` in ms."""
+
+    outputs: list
+    latency_ms: Optional[float] = None
+    repeat: int = 0
+    meta: dict = field(repr=False, default_factory=dict)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _io_from_graph(graph_json: str, param_names) -> tuple[list, list]:
+    graph = json.loads(graph_json)
+    nodes, row_ptr = graph["nodes"], graph["node_row_ptr"]
+    shapes, dtypes = graph["attrs"]["shape"][1], graph["attrs"]["dltype"][1]
+    params = set(param_names)
+    inputs = []
+    for nid in graph["arg_nodes"]:
+        name = nodes[nid]["name"]
+        if name in params:
+            continue
+        e = row_ptr[nid]
+        inputs.append({"name": name, "shape": list(shapes[e]), "dtype": dtypes[e]})
+    outputs = [{"shape": list(shapes[row_ptr[h[0]] + h[1]]), "dtype": dtypes[row_ptr[h[0]] + h[1]]}
+               for h in graph["heads"]]
+    return inputs, outputs
+
+
+def compile_library(mod, params, out, *, target=None, passes=(), at: str = "before_fuse", opt_level: int = 3,
+                    source: Optional[str] = None, pipeline: str = "none") -> Compiled:
+    """Build ``mod`` with :func:`tvm_ext.build` and export a library plus its sidecar.
+
+    Parameters
+    ----------
+    mod, params
+        The Relay module and its parameters (e.g. from :func:`tvm_ext.frontend.from_onnx`).
+    out : str or os.PathLike
+        ``.tar`` or ``.so``; the sidecar goes to ``<out>.json``.
+    target : str or tvm.target.Target, optional
+        Any LLVM target, also one this host cannot run (``Compiled.missing_on_host`` says so).
+        Default: the host CPU (:func:`tvm_ext.target.build_target`).
+    passes, at, opt_level
+        Forwarded to :func:`tvm_ext.build` (a pipeline such as :func:`tvm_ext.pipelines.int8`
+        is a valid ``passes``).
+    source, pipeline
+        Recorded in the sidecar (model path, pipeline name).
+
+    Returns
+    -------
+    Compiled
+
+    Raises
+    ------
+    DeployError
+        Bad suffix, missing output folder.
+    """
+    import tvm
+
+    from . import __version__, isa
+    from .build import build
+    from .target import build_target
+
+    out = Path(out)
+    if out.suffix not in _SUFFIXES:
+        raise DeployError(f"compile_library: output must end in .tar or .so (export_library decides by suffix); got {out.name}")
+    if not out.parent.is_dir():
+        raise DeployError(f"compile_library: no such directory: {out.parent}")
+    tgt = build_target(target)
+    factory = build(mod, target=tgt, params=params, passes=passes, at=at, opt_level=opt_level)
+    factory.export_library(str(out))
+    inputs, outputs = _io_from_graph(factory.get_graph_json(), factory.get_params())
+    report = factory.kernel_report
+    host = tvm.target.Target(str(tgt))
+    meta = {
+        "format": SIDECAR_FORMAT,
+        "library": out.name,
+        "sha256": _sha256(out),
+        "source": source,
+        "target": str(host),
+        "features": sorted(isa.llvm_features(host)),
+        "isa_class": isa.isa_class(host),
+        "pipeline": pipeline,
+        "opt_level": opt_level,
+        "inputs": inputs,
+        "outputs": outputs,
+        "num_kernels": report.num_kernels,
+        "tvm_ext": __version__,
+        "tvm": tvm.__version__,
+    }
+    side = sidecar_path(out)
+    tmp = side.with_name(side.name + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, side)
+    why, missing = _cannot_run(host)
+    if why:
+        logger.info("%s cannot run on this host: %s", out, why)
+    return Compiled(out, side, str(host), report.num_kernels, out.stat().st_size, missing, why, report, meta)
+
+
+def read_sidecar(lib_path) -> dict:
+    """The sidecar of ``lib_path``, checked against the library (exists, format, sha256).
+
+    Raises
+    ------
+    DeployError
+        Missing library or sidecar, malformed sidecar, sidecar of another file.
+    """
+    lib = Path(lib_path)
+    if not lib.exists():
+        raise DeployError(f"no such file: {lib}")
+    if lib.is_dir():
+        raise DeployError(f"{lib} is a directory, not a TVM library")
+    side = sidecar_path(lib)
+    if not side.exists():
+        raise DeployError(f"{lib}: not a library written by `tvm-ext compile` (no {side.name} next to it, which "
+                          f"says the inputs and CPU features the library needs)")
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DeployError(f"{side}: not a tvm-ext sidecar ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != SIDECAR_FORMAT or not isinstance(meta.get("inputs"), list):
+        raise DeployError(f"{side}: not a tvm-ext sidecar of format {SIDECAR_FORMAT}")
+    if meta.get("sha256") != _sha256(lib):
+        raise DeployError(f"{side} describes another file (sha256 differs from {lib.name}); compile again")
+    return meta
+
+
+def foreign_arch(target) -> Optional[str]:
+    """The target's architecture when it is not this host's (``-mtriple``), else None.
+
+    :func:`tvm_ext.isa.missing_on_host` compares x86 feature names only: an aarch64 target has
+    none of them missing, so the architecture is checked first.
+    """
+    import tvm
+    from tvm.target import codegen
+
+    tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(str(target))
+    triple = tgt.attrs.get("mtriple") if tgt.kind.name == "llvm" else None
+    if not triple:
+        return None
+    arch, host = str(triple).split("-")[0], str(codegen.llvm_get_system_triple()).split("-")[0]
+    return None if arch == host else str(triple)
+
+
+def _cannot_run(target) -> tuple[Optional[str], tuple]:
+    """``(why, missing features)``: why code for ``target`` cannot run on this host, or ``(None, ())``."""
+    import tvm
+    from tvm.target import codegen
+
+    from . import isa
+
+    tgt = tvm.target.Target(str(target))
+    if tgt.kind.name != "llvm":
+        return f"target kind {tgt.kind.name!r}: tvm-ext run runs LLVM CPU libraries only", ()
+    arch = foreign_arch(tgt)
+    if arch:
+        host = str(codegen.llvm_get_system_triple()).split("-")[0]
+        return f"architecture {arch.split('-')[0]}, this host is {host}", ()
+    missing = tuple(isa.missing_on_host(tgt))
+    if missing:
+        return (f"needs CPU features this host lacks ({', '.join(missing)}); running it would die with "
+                f"SIGILL"), missing
+    return None, ()
+
+
+def check_runs_here(meta: dict) -> None:
+    """Raise :class:`DeployError` when the library's target needs CPU features this host lacks."""
+    try:
+        why, _missing = _cannot_run(meta["target"])
+    except Exception as err:  # a sidecar target TVM cannot parse
+        raise DeployError(f"sidecar target {meta.get('target')!r} is not a valid TVM target ({err})") from None
+    if why:
+        raise DeployError(f"compiled for {meta['target']}: {why}. Compile for this host (omit --target)")
+
+
+def match_inputs(meta: dict, arrays: Mapping[str, np.ndarray] | None = None,
+                 positional: Sequence[np.ndarray] = ()) -> dict:
+    """Assign arrays to the library's inputs and check shape and dtype.
+
+    Named arrays go to their input; positional ones fill the remaining inputs in order.
+    """
+    specs = meta["inputs"]
+    names = [s["name"] for s in specs]
+    arrays = dict(arrays or {})
+    unknown = [n for n in arrays if n not in names]
+    if unknown:
+        raise DeployError(f"unknown input name(s) {unknown}; the library's inputs are {names}")
+    rest = [n for n in names if n not in arrays]
+    if len(positional) > len(rest):
+        raise DeployError(f"{len(positional)} unnamed input(s) for {len(rest)} remaining input(s) {rest}")
+    arrays.update(zip(rest, positional))
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise DeployError(f"missing input(s) {missing}; give --input NAME=FILE.npy")
+    for s in specs:
+        a = np.asarray(arrays[s["name"]])
+        if list(a.shape) != list(s["shape"]) or str(a.dtype) != s["dtype"]:
+            raise DeployError(f"input {s['name']!r}: got {a.dtype}{list(a.shape)}, the library takes "
+                              f"{s['dtype']}{list(s['shape'])}")
+    return {s["name"]: np.asarray(arrays[s["name"]]) for s in specs}
+
+
+def run_library(lib_path, inputs: Mapping[str, np.ndarray] | None = None, positional: Sequence[np.ndarray] = (),
+                repeat: int = 0) -> RunResult:
+    """Load a library written by :func:`compile_library` with plain TVM and run it once.
+
+    Parameters
+    ----------
+    lib_path : str or os.PathLike
+    inputs : mapping of str to array, optional
+        Inputs by name.
+    positional : sequence of arrays
+        Inputs for the names not given, in the library's order.
+    repeat : int
+        When > 0, time ``repeat`` further runs (after the first) and return the median in ms.
+
+    Raises
+    ------
+    DeployError
+        See :func:`read_sidecar`, :func:`check_runs_here`, :func:`match_inputs`; or TVM cannot
+        load the file.
+    """
+    import tvm
+    from tvm.contrib import graph_executor
+
+    if repeat < 0:
+        raise DeployError(f"run_library: repeat must be >= 0, got {repeat}")
+    meta = read_sidecar(lib_path)
+    check_runs_here(meta)  # before loading: code for missing features must never execute
+    feed = match_inputs(meta, inputs, positional)
+    try:
+        lib = tvm.runtime.load_module(str(lib_path))
+        factory = lib["default"]
+    except Exception as err:  # TVMError, tar/linker errors
+        last = [ln for ln in str(err).splitlines() if ln.strip()]
+        raise DeployError(f"{lib_path}: not a TVM library ({last[-1] if last else type(err).__name__})") from None
+    dev = tvm.cpu(0)
+    gm = graph_executor.GraphModule(factory(dev))
+    for name, arr in feed.items():
+        gm.set_input(name, arr)
+    gm.run()
+    outputs = [gm.get_output(i).numpy() for i in range(gm.get_num_outputs())]
+    latency = None
+    if repeat:
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            gm.run()
+            times.append((time.perf_counter() - t0) * 1e3)
+        latency = statistics.median(times)
+    return RunResult(outputs, latency, repeat, meta)
