@@ -57,24 +57,27 @@ def int8() -> Pipeline:
 
     Stage ``start`` (QNN ops still present, before relay.build's prefix):
 
-    1. ``QDQToInteger``: QDQ graphs become integer QNN graphs (TVM's FakeQuantizationToInteger),
+    1. ``UniformZeroPointsToScalar``: per-channel zero-point vectors whose entries are equal (ONNX
+       Runtime's per-channel weights: all 0) become scalars, so TVM's QNN canonicalization drops
+       the zero-point terms (three kernels and an int32 tensor per conv otherwise).
+    2. ``QDQToInteger``: QDQ graphs become integer QNN graphs (TVM's FakeQuantizationToInteger),
        keeping residual adds in float with one rounding, as ONNX Runtime computes them. uint8
        instead of float32 then flows between kernels. No-op on QOperator / relay.quantize graphs.
-    2. ``NonNegativeConvInputToUint8``: int8 conv inputs proven to lie in [0, 127] are read as
+    3. ``NonNegativeConvInputToUint8``: int8 conv inputs proven to lie in [0, 127] are read as
        uint8, so x86 legalisation adds no +128 shift kernel, no explicit pad and no
        compensation (relay.quantize graphs; exact, and it avoids the saturating shifted path).
 
     Stage ``before_fuse`` (after Legalize, CanonicalizeOps, AlterOpLayout, FoldConstant):
 
-    3. ``RemoveStopFusion``: relay.quantize's fusion barriers are removed where fusing across
+    4. ``RemoveStopFusion``: relay.quantize's fusion barriers are removed where fusing across
        them keeps bits and anchors apart, else moved so the narrowest tensor crosses.
-    4. ``NarrowBeforeMaxPool``: a monotone quantizing chain after a max pool moves in front of
+    5. ``NarrowBeforeMaxPool``: a monotone quantizing chain after a max pool moves in front of
        it (``f(max_pool(x)) == max_pool(f(x))``), so the producer writes int8, not float32.
-    5. ``CombineParallelCast``: one narrowing cast per value, fused into its producer.
-    6. ``FoldPadIntoConv``: explicit zero / zero-point pads fold into the (NCHWc) convolution.
-    7. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
+    6. ``CombineParallelCast``: one narrowing cast per value, fused into its producer.
+    7. ``FoldPadIntoConv``: explicit zero / zero-point pads fold into the (NCHWc) convolution.
+    8. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
        boundary and the widening (dequantize) chain fuses into the consumer.
-    8. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
+    9. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
        the pool's kernel, so the pool reads uint8.
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
@@ -92,9 +95,10 @@ def int8() -> Pipeline:
         NonNegativeConvInputToUint8,
         QDQToInteger,
         RemoveStopFusion,
+        UniformZeroPointsToScalar,
     )
 
-    start = [QDQToInteger(), NonNegativeConvInputToUint8()]
+    start = [UniformZeroPointsToScalar(), QDQToInteger(), NonNegativeConvInputToUint8()]
     before_fuse = [
         RemoveStopFusion(),
         NarrowBeforeMaxPool(),

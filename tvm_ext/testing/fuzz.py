@@ -114,6 +114,7 @@ def _make_passes():
         "NonNegativeConvInputToUint8": (lambda: P.NonNegativeConvInputToUint8(), ("start",)),
         "QDQToInteger": (lambda: P.QDQToInteger(), ("start",)),
         "RemoveStopFusion": (lambda: P.RemoveStopFusion(), both),
+        "UniformZeroPointsToScalar": (lambda: P.UniformZeroPointsToScalar(), ("start",)),
     }
 
 
@@ -132,6 +133,7 @@ PASSES = (
     "NonNegativeConvInputToUint8",
     "QDQToInteger",
     "RemoveStopFusion",
+    "UniformZeroPointsToScalar",
 )
 
 

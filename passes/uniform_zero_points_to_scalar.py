@@ -1,0 +1,140 @@
+"""UniformZeroPointsToScalar: a QNN zero-point vector whose entries are all equal becomes a scalar.
+
+Design note
+-----------
+One rule, tried on every zero-point operand of the QNN ops in :data:`ZERO_POINT_ARGS`::
+
+    # op(..., zp = const([c, c, ..., c]), ...)  ->  op(..., zp = const(c), ...)
+    #     (the op broadcasts a scalar zero point over the axis: same numbers, same result)
+
+Why. ONNX Runtime's per-channel quantization writes one weight zero point per output channel,
+all 0 (symmetric int8 weights), and TVM's ONNX importer keeps the vector. TVM 0.19's QNN
+canonicalization reads the zero points as integers only when *both* are scalar constants
+(``QnnConv2DCanonicalize`` in ``src/relay/qnn/op/convolution.cc`` tests ``IsConstScalar``);
+otherwise it treats them as dynamic and keeps all four terms of the expansion. With a vector
+it emits, for every conv, the input's
+channel sum (a ``cast -> sum`` kernel), its window average (``avg_pool2d``) and a per-channel
+multiply by the zero vector, each an extra kernel with an int32 tensor crossing it: the small
+per-channel ResNet-50 of the zoo had 72 kernels instead of 26 (0.47 MB of int32 crossing), and
+the QDQ form after ``QDQToInteger`` too. A scalar 0 removes the term at the source.
+
+Exactness: a QNN op broadcasts a scalar zero point over the quantization axis, so a vector of
+identical entries and the scalar denote the same operand; every output bit is unchanged
+(scales are untouched). Vectors with different entries, non-constant zero points and zero
+points that are already scalars are left alone; each rejection is logged at DEBUG on
+``tvm_ext.passes.UniformZeroPointsToScalar`` with the reason.
+
+Run it at stage ``"start"`` (QNN ops exist only before relay.build's prefix canonicalizes
+them); :func:`tvm_ext.pipelines.int8` runs it first, so ``QDQToInteger`` propagates scalar
+zero points from ``qnn.dequantize`` into the integer ops it creates.
+"""
+from __future__ import annotations
+
+from tvm_ext.registry import register_pass
+
+from ._util import Check, Reject, dataflow_nodes, op_name, pass_logger, rebuild, with_body
+
+__all__ = ["UniformZeroPointsToScalar", "ZERO_POINT_ARGS"]
+
+PASS_NAME = "UniformZeroPointsToScalar"
+RULE = f"{PASS_NAME}.zero_point"
+_log = pass_logger(PASS_NAME)
+
+#: QNN op -> positions of its zero-point arguments (TVM 0.19 argument order).
+ZERO_POINT_ARGS = {
+    "qnn.conv2d": (2, 3),  # data, kernel, input_zp, kernel_zp, input_scale, kernel_scale
+    "qnn.conv2d_transpose": (2, 3),
+    "qnn.dense": (2, 3),
+    "qnn.batch_matmul": (2, 3),
+    "qnn.requantize": (2, 4),  # data, input_scale, input_zp, output_scale, output_zp
+    "qnn.quantize": (2,),  # data, output_scale, output_zp
+    "qnn.dequantize": (2,),  # data, input_scale, input_zp
+    "qnn.add": (3, 5, 7),  # lhs, rhs, lhs_scale, lhs_zp, rhs_scale, rhs_zp, out_scale, out_zp
+    "qnn.subtract": (3, 5, 7),
+    "qnn.mul": (3, 5, 7),
+}
+
+
+def _check(zp) -> Check:
+    from tvm import relay
+
+    if not isinstance(zp, relay.Constant):
+        return Reject(f"zero point is a {type(zp).__name__}, not a constant")
+    value = zp.data.numpy()
+    if value.ndim == 0:
+        return Reject("zero point is already a scalar")
+    if value.size == 0:
+        return Reject("zero point is an empty tensor")
+    flat = value.reshape(-1)
+    if not (flat == flat[0]).all():
+        return Reject(f"zero points differ across the axis ({int(flat.min())} .. {int(flat.max())})")
+    return True
+
+
+def _rewrite(func):
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    subst: dict = {}
+    for node in nodes:
+        if not isinstance(node, relay.Call):
+            continue
+        positions = ZERO_POINT_ARGS.get(op_name(node))
+        if positions is None or len(node.args) <= max(positions):
+            continue
+        args = list(node.args)
+        changed = []
+        for i in positions:
+            ok = _check(args[i])
+            if not ok:
+                _log.debug("%s: %s arg %d not rewritten: %s", RULE, op_name(node), i, ok)
+                continue
+            value = args[i].data.numpy()
+            args[i] = relay.const(value.reshape(-1)[0], dtype=str(value.dtype))
+            changed.append(i)
+        if changed:
+            subst[node] = relay.Call(node.op, args, node.attrs, node.type_args, node.span)
+            _log.info("%s: %s zero point(s) at %s are uniform vectors: now scalars", RULE, op_name(node), changed)
+    if not subst:
+        return func
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def UniformZeroPointsToScalar():  # pylint: disable=invalid-name
+    """Replace QNN zero-point vectors whose entries are all equal by the scalar.
+
+    ``qnn.conv2d(x, w, zp_x, const([0, 0, ..., 0]), s_x, s_w)`` becomes
+    ``qnn.conv2d(x, w, zp_x, const(0), s_x, s_w)``; likewise the zero points of ``qnn.dense``,
+    ``qnn.batch_matmul``, ``qnn.conv2d_transpose``, ``qnn.requantize``, ``qnn.quantize``,
+    ``qnn.dequantize``, ``qnn.add``, ``qnn.subtract`` and ``qnn.mul``
+    (:data:`ZERO_POINT_ARGS`). Bit-exact: a scalar zero point is broadcast over the axis. With
+    a scalar zero weight point TVM's QNN canonicalization drops the ``zp_w * sum(x)`` term, so
+    per-channel quantized convs lose three kernels each (channel sum, window average, multiply).
+
+    Run it before relay.build's prefix: stage ``"start"`` of :func:`tvm_ext.build`.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"UniformZeroPointsToScalar"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Zero points that are not constants, already scalar, or differ across the axis are left
+    unchanged, as are functions with ``If``/``Let``/``Match``/references/closures; each reason is
+    logged at DEBUG on ``tvm_ext.passes.UniformZeroPointsToScalar``.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _rewrite(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
