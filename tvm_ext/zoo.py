@@ -335,6 +335,22 @@ def _calibration_reader(input_name, shape, num_images, seed, calibration=None):
 _QTYPES = {"uint8": "QUInt8", "int8": "QInt8"}
 
 
+def _downstream_nodes(model: onnx.ModelProto, tensors: Sequence[str]) -> list:
+    """Names of the nodes that read ``tensors`` or anything computed from them (ValueError if unknown)."""
+    known = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    missing = [t for t in tensors if t not in known]
+    if missing:
+        raise ValueError(f"quantize_onnx: float_after names tensors the model does not have: {missing}")
+    live, names = set(tensors), []
+    for n in model.graph.node:  # ONNX graphs are topologically sorted
+        if any(i in live for i in n.input):
+            if not n.name:
+                raise ValueError(f"quantize_onnx: float_after reaches an unnamed {n.op_type} node")
+            names.append(n.name)
+            live.update(n.output)
+    return names
+
+
 def _check_loads_in_ort(path, name) -> None:
     import onnxruntime as ort
 
@@ -357,6 +373,7 @@ def quantize_onnx(
     per_channel: bool = False,
     calibration: Optional[Sequence[np.ndarray]] = None,
     preprocess: bool = False,
+    float_after: Sequence[str] = (),
 ) -> Path:
     """Statically quantize an fp32 ONNX model with ONNX Runtime.
 
@@ -387,6 +404,9 @@ def quantize_onnx(
         such as constant folding of shape computations and BatchNormalization folding, and
         ONNX shape inference; symbolic shape inference is skipped, the input shape must be
         static).
+    float_after : sequence of str, optional
+        Tensor names: every node downstream of them stays float (ORT's ``nodes_to_exclude``),
+        e.g. a detector's box-decoding head.
 
     Returns
     -------
@@ -429,6 +449,7 @@ def quantize_onnx(
             pre = str(Path(work) / "preprocessed.onnx")
             quant_pre_process(src, pre, skip_symbolic_shape=True)
             src = pre
+        exclude = _downstream_nodes(onnx.load(src, load_external_data=False), float_after) if float_after else []
         quantize_static(
             src,
             str(tmp),
@@ -438,6 +459,7 @@ def quantize_onnx(
             reduce_range=False,
             activation_type=getattr(QuantType, _QTYPES[activation_type]),
             weight_type=getattr(QuantType, _QTYPES[weight_type]),
+            nodes_to_exclude=exclude,
         )
         _check_loads_in_ort(tmp, out_path.name)  # before the file is moved into place
     logger.info("quantized %s -> %s (%s, a=%s w=%s%s) in %.1fs", Path(fp32_path).name, out_path.name, fmt,
@@ -877,7 +899,8 @@ def _real_onnx_path(name: str, small: bool, cache_dir) -> Path:
     t0 = time.perf_counter()
     logger.info("zoo: quantizing %s with onnxruntime (first use, cached in %s)", name, d)
     calib = zoo_real.images(v.model, _REAL_CALIB["num_images"], _REAL_CALIB["seed"])
-    quantize_onnx(fp32, path, v.fmt, calibration=calib, preprocess=True, **v.setting.quantize_kwargs())
+    quantize_onnx(fp32, path, v.fmt, calibration=calib, preprocess=True, float_after=v.model.float_head,
+                  **v.setting.quantize_kwargs())
     logger.info("zoo: %s ready (%.1f MB, %.1fs)", path.name, path.stat().st_size / 1e6, time.perf_counter() - t0)
     return path
 

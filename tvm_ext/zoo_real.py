@@ -121,6 +121,11 @@ class RealModel:
         Per-channel normalisation of the model's package: ``(pixel / 255 - mean) / std``.
     licence : str
         Licence of the shipped file, as far as the wheel says.
+    float_head : tuple of str
+        Tensors after which the graph stays float when quantized (every node downstream of them
+        is passed to ``quantize_static(nodes_to_exclude=...)``); empty: quantize everything.
+    float_head_reason : str
+        Why (shown in reports).
     """
 
     name: str
@@ -135,6 +140,8 @@ class RealModel:
     mean: tuple
     std: tuple
     licence: str
+    float_head: tuple = ()
+    float_head_reason: str = ""
 
     @property
     def wheel_filename_prefix(self) -> str:
@@ -184,6 +191,12 @@ CATALOGUE: tuple = (
         mean=(0.0, 0.0, 0.0),
         std=(1.0, 1.0, 1.0),
         licence="nudenet declares MIT but ships the AGPL-3.0 text; YOLOv8 is Ultralytics' AGPL-3.0 model",
+        float_head=("/model.22/Reshape_output_0", "/model.22/Reshape_1_output_0", "/model.22/Reshape_2_output_0"),
+        float_head_reason=(
+            "box decoding (DFL softmax expectation, anchor grid arithmetic, stride scaling) and class "
+            "sigmoids stay float, as Ultralytics' own int8 exports do: quantized, box coordinates "
+            "(0-320 px) and class scores (0-1) share the output Concat's one scale (1.25 px per step), "
+            "so every class score rounds to 0 or 1.25"),
     ),
 )
 
