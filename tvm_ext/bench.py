@@ -353,8 +353,16 @@ def _job_main(job: dict) -> None:
         res = _build_job(job)
     except Exception as err:
         logging.getLogger(__name__).exception("%s build failed", job["pipeline"])
-        res = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
+        res = {"error": _error_line(err), "error_detail": str(err)[:4000]}
     out.write_text(json.dumps(res, default=str))
+
+
+def _error_line(err: Exception) -> str:
+    """One line for the table: the first line naming the error (TVM puts it first, LLVM's IR dump last)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    named = [ln for ln in lines if any(w in ln for w in ("Error", "error:", "Check failed", "Assert", "failed"))]
+    text = (named or lines or [""])[0]
+    return f"{type(err).__name__}: {text[:300]}"
 
 
 def _crash_text(exitcode: int) -> str:
@@ -878,6 +886,9 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
                 results["variants"].append({"variant": key, "label": key, "unavailable": str(err), "pipelines": {},
                                             "real": {"kind": zoo_real.variant(key).model.kind}})
                 progress.step(f"{key}: unavailable", advance=3)
+            if len(keys) > 1:  # a long run keeps what it measured so far
+                (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+                (outdir / "results.md").write_text(render_markdown(results))
     (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (outdir / "results.md").write_text(render_markdown(results))
     _chart(results, outdir / "chart.png")
