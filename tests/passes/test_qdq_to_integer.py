@@ -144,3 +144,77 @@ def test_small_zoo_qdq_integer_between_kernels_and_close_to_ort():
         ours, ref = run_module(fac, {m.input_name: x})[0], sess.run(None, {m.input_name: x})[0]
         assert ours.argmax() == ref.argmax()
         assert np.abs(ours - ref).max() < 0.2  # a few output quantization steps
+
+
+# -- float constant operands (hard-sigmoid, hard-swish): FQ2I quantizes the constant with the
+#    other operand's scale / zero point, which saturates (PP-OCR mobile cls: 0.2 became 0.0) ------
+HS_IN = (relay.const(0.0121487), relay.const(255, "int32"))    # the cls model's SE logits
+HS_OUT = (relay.const(0.00063703), relay.const(0, "int32"))
+
+
+def _conv_region(a):
+    w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
+    return _q(relay.nn.conv2d(_dq(a), w, channels=4, kernel_size=1), *HS_IN)
+
+
+def _hard_sigmoid(v):
+    return relay.clip(relay.add(relay.multiply(v, relay.const(0.2)), relay.const(0.5)), 0.0, 1.0)
+
+
+def hard_sigmoid_block():
+    """a -> dq -> conv(dq(w)) -> q -> dq -> x*0.2 + 0.5 -> clip(0, 1) -> q   (ONNX HardSigmoid, QDQ)"""
+    a = relay.var("a", shape=(1, 4, 4, 4), dtype="uint8")
+    return infer(_q(_hard_sigmoid(_dq(_conv_region(a), *HS_IN)), *HS_OUT))
+
+
+def hard_sigmoid_expected():
+    """The conv region as FQ2I makes it; the hard-sigmoid region stays float."""
+    a = relay.var("a", shape=(1, 4, 4, 4), dtype="uint8")
+    conv_fn = relay.transform.FakeQuantizationToInteger()(infer(relay.Function([a], _conv_region(a))))["main"]
+    assert "qnn.conv2d" in conv_fn.astext()
+    return infer(relay.Function(conv_fn.params, _q(_hard_sigmoid(_dq(conv_fn.body, *HS_IN)), *HS_OUT)))
+
+
+def test_structure_float_constant_region_stays_float():
+    check(QDQToInteger(), hard_sigmoid_block(), hard_sigmoid_expected())
+
+
+def test_plain_fq2i_saturates_the_constant():
+    """The bug being routed around: plain FQ2I quantizes 0.2 at scale 0.0121, zero point 255."""
+    plain = relay.transform.FakeQuantizationToInteger()(hard_sigmoid_block()).astext()
+    assert "qnn.mul" in plain and "qnn.mul" not in QDQToInteger()(hard_sigmoid_block()).astext()
+
+
+def test_float_constant_region_numerics():
+    """Bit-exact with the float QDQ graph on all uint8 inputs; plain FQ2I is many steps off."""
+    before, ours = hard_sigmoid_block(), QDQToInteger()(hard_sigmoid_block())
+    plain = relay.transform.FakeQuantizationToInteger()(hard_sigmoid_block())
+    for seed in range(3):
+        inputs = {"a": np.random.default_rng(seed).integers(0, 256, (1, 4, 4, 4)).astype("uint8")}
+        ref = run_module(before, inputs)[0].astype(int)
+        np.testing.assert_array_equal(run_module(ours, inputs)[0].astype(int), ref)
+        assert np.abs(run_module(plain, inputs)[0].astype(int) - ref).max() > 10
+
+
+def test_bias_constant_still_converted():
+    """conv -> add(c) -> q: the constant is a bias at the accumulator's scale; FQ2I keeps it integer."""
+    a = relay.var("a", shape=(1, 4, 4, 4), dtype="uint8")
+    w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
+    bias = relay.const(np.full((1, 4, 1, 1), 0.3, "float32"))
+    mod = infer(_q(relay.add(relay.nn.conv2d(_dq(a), w, channels=4, kernel_size=1), bias)))
+    out = QDQToInteger()(mod).astext()
+    assert "qnn.conv2d" in out and "stop_fusion" not in out
+
+
+def test_float_constant_idempotent_and_no_marker_left():
+    once = QDQToInteger()(hard_sigmoid_block())
+    assert "stop_fusion" not in once.astext()
+    assert_unchanged(QDQToInteger(), once)
+
+
+def test_existing_stop_fusion_is_skipped_with_reason(caplog):
+    a = relay.var("a", shape=(1, 4, 4, 4), dtype="uint8")
+    mod = infer(relay.annotation.stop_fusion(_q(_hard_sigmoid(_dq(_conv_region(a), *HS_IN)), *HS_OUT)))
+    with caplog.at_level("INFO", logger="tvm_ext.passes.QDQToInteger"):
+        assert_unchanged(QDQToInteger(), mod)
+    assert "stop_fusion" in caplog.text
