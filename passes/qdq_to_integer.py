@@ -20,11 +20,16 @@ gets the constant quantized with the *other* operand's scale and zero point
 (``fake_quantization_to_integer.py::get_binary_types``), which can saturate: on PP-OCR's mobile
 classifier ``0.2`` at scale 0.0121, zero point 255 became uint8 255, i.e. ``0.0``, so its SE
 gates were constant; and the lowered ``qnn.add``/``qnn.mul`` chains cost extra kernels
-(QDQ classifier: 107 kernels against 85 stock). Regions holding such an op stay in float::
+(QDQ classifier: 107 kernels against 85 stock). Likewise FQ2I turns ``quantize(sigmoid(dequantize(x)))`` (and tanh, exp, erf, sqrt, rsqrt,
+log, abs) into ``qnn.sigmoid``, lowered to a table lookup ``take``: a kInjective op that FuseOps
+never fuses into the convolution producing ``x`` (only elementwise epilogues join an anchor), so
+every SiLU of a YOLO costs one kernel more than stock TVM, which fuses the float sigmoid into the
+convolution. Regions holding such an op stay in float::
 
     # quantize(add(dequantize(a), dequantize(b)))        -> unchanged (float add, one rounding)
     # quantize(...op(v, c)...),  c a float constant, v not an anchor's output
     #                                                    -> unchanged (float, as stock TVM)
+    # quantize(...sigmoid(v)...)  (tanh, exp, ...)        -> unchanged (float, fuses into the conv)
     # quantize(f(dequantize(x), dequantize(w), ...))     -> qnn form of f       (TVM's FQ2I rules)
 
 It marks every such op, runs FQ2I (which leaves a region alone when it meets an op it has no
@@ -83,6 +88,10 @@ _CONST_BINOPS = ("add", "multiply", "subtract")
 _BIAS_PRODUCERS = _ANCHORS + ("nn.bias_add",)
 
 
+#: unary ops FQ2I turns into a table lookup (``take``, which does not fuse into a conv epilogue)
+_TABLE_UNARY = ("sigmoid", "tanh", "exp", "erf", "sqrt", "rsqrt", "log", "abs")
+
+
 def _const_binop_pattern():
     from tvm.relay.dataflow_pattern import is_constant, is_op, wildcard
 
@@ -90,13 +99,17 @@ def _const_binop_pattern():
     for name in _CONST_BINOPS:
         p = is_op(name)(wildcard(), is_constant()) | is_op(name)(is_constant(), wildcard())
         pat = p if pat is None else pat | p
+    for name in _TABLE_UNARY:
+        pat = pat | is_op(name)(wildcard())
     return pat
 
 
 def _float_const_operand(call):
-    """True when ``call`` has exactly one float Constant operand and the other is no anchor's output."""
+    """True for a table-lookup unary op, or exactly one float Constant operand and the other no anchor's output."""
     from tvm import relay
 
+    if op_name(call) in _TABLE_UNARY:
+        return True
     consts = [a for a in call.args if isinstance(a, relay.Constant)]
     others = [a for a in call.args if not isinstance(a, relay.Constant)]
     if len(consts) != 1 or len(others) != 1 or not str(consts[0].data.dtype).startswith("float"):
@@ -105,7 +118,10 @@ def _float_const_operand(call):
 
 
 def _mark_const_binops(expr):
-    """op(v, c) -> stop_fusion(op(v, c)) for a float constant c: FQ2I then leaves the region in float."""
+    """op(v, c) -> stop_fusion(op(v, c)) (c a float constant), sigmoid(v) -> stop_fusion(sigmoid(v)), ...
+
+    FQ2I has no rule for the marker, so it leaves the region in float.
+    """
     from tvm import relay
     from tvm.relay.dataflow_pattern import DFPatternCallback, rewrite
 

@@ -218,3 +218,26 @@ def test_existing_stop_fusion_is_skipped_with_reason(caplog):
     with caplog.at_level("INFO", logger="tvm_ext.passes.QDQToInteger"):
         assert_unchanged(QDQToInteger(), mod)
     assert "stop_fusion" in caplog.text
+
+
+def silu_block():
+    """a -> dq -> conv(dq(w)) -> q -> dq -> sigmoid -> q -> dq \\
+                                  \\-> dq ------------------- multiply -> q     (YOLO's SiLU, QDQ)"""
+    a = relay.var("a", shape=(1, 4, 4, 4), dtype="uint8")
+    c = _conv_region(a)
+    sig = _q(relay.sigmoid(_dq(c, *HS_IN)), relay.const(1 / 255.0), relay.const(0, "int32"))
+    return infer(_q(relay.multiply(_dq(c, *HS_IN), _dq(sig, relay.const(1 / 255.0), relay.const(0, "int32"))),
+                    relay.const(0.01), relay.const(0, "int32")))
+
+
+def test_sigmoid_region_stays_float_and_fuses_into_the_conv():
+    """Plain FQ2I makes qnn.sigmoid (a take after the conv: one kernel more); ours keeps stock's kernels."""
+    plain = relay.transform.FakeQuantizationToInteger()(silu_block())
+    ours = QDQToInteger()(silu_block())
+    assert "qnn.sigmoid" in plain.astext()
+    assert "qnn.sigmoid" not in ours.astext() and "sigmoid(" in ours.astext() and "qnn.conv2d" in ours.astext()
+    n_stock = tvm_ext.build(silu_block()).kernel_report.num_kernels
+    assert tvm_ext.build(ours).kernel_report.num_kernels <= n_stock
+    assert tvm_ext.build(plain).kernel_report.num_kernels > n_stock  # what the marker avoids
+    x = {"a": np.arange(64).astype("uint8").reshape(1, 4, 4, 4) * 4}
+    np.testing.assert_array_equal(run_module(ours, x)[0], run_module(silu_block(), x)[0])
