@@ -24,12 +24,15 @@ gates were constant; and the lowered ``qnn.add``/``qnn.mul`` chains cost extra k
 log, abs) into ``qnn.sigmoid``, lowered to a table lookup ``take``: a kInjective op that FuseOps
 never fuses into the convolution producing ``x`` (only elementwise epilogues join an anchor), so
 every SiLU of a YOLO costs one kernel more than stock TVM, which fuses the float sigmoid into the
-convolution. Regions holding such an op stay in float::
+convolution. And x86's int8 legalization pads a conv's output channels to a multiple of 16
+and slices them back (``strided_slice``: one kernel and an int32 crossing more per conv).
+Regions holding such an op stay in float::
 
     # quantize(add(dequantize(a), dequantize(b)))        -> unchanged (float add, one rounding)
     # quantize(...op(v, c)...),  c a float constant, v not an anchor's output
     #                                                    -> unchanged (float, as stock TVM)
     # quantize(...sigmoid(v)...)  (tanh, exp, ...)        -> unchanged (float, fuses into the conv)
+    # quantize(conv2d(...)), groups 1, channels % 16 != 0 -> unchanged (float, as stock TVM)
     # quantize(f(dequantize(x), dequantize(w), ...))     -> qnn form of f       (TVM's FQ2I rules)
 
 It marks every such op, runs FQ2I (which leaves a region alone when it meets an op it has no
@@ -101,7 +104,22 @@ def _const_binop_pattern():
         pat = p if pat is None else pat | p
     for name in _TABLE_UNARY:
         pat = pat | is_op(name)(wildcard())
-    return pat
+    return pat | is_op("nn.conv2d")(wildcard(), wildcard())
+
+
+def _padded_int8_conv(call):
+    """A conv x86's int8 legalization pads to a multiple of 16 output channels and slices back.
+
+    ``topi/generic/conv2d.py::conv2d_alter_int8_common``: the ``strided_slice`` after the conv is
+    injective, so it does not fuse into the conv: one kernel more and an int32 tensor crossing per
+    conv (PP-OCR mobile cls: 8, 24 and 2-channel convs). Stock TVM keeps the QDQ conv in float.
+    """
+    attrs = call.attrs
+    if int(attrs.groups) != 1:
+        return False
+    shape = call.checked_type.shape
+    axis = str(attrs.out_layout or attrs.data_layout).find("C")
+    return axis >= 0 and int(shape[axis]) % 16 != 0
 
 
 def _float_const_operand(call):
@@ -110,6 +128,8 @@ def _float_const_operand(call):
 
     if op_name(call) in _TABLE_UNARY:
         return True
+    if op_name(call) == "nn.conv2d":
+        return _padded_int8_conv(call)
     consts = [a for a in call.args if isinstance(a, relay.Constant)]
     others = [a for a in call.args if not isinstance(a, relay.Constant)]
     if len(consts) != 1 or len(others) != 1 or not str(consts[0].data.dtype).startswith("float"):
@@ -132,7 +152,7 @@ def _mark_const_binops(expr):
             self.count = 0
 
         def callback(self, pre, post, node_map):
-            if not _float_const_operand(post):
+            if not _float_const_operand(pre):
                 return post
             self.count += 1
             return relay.annotation.stop_fusion(post)
@@ -224,8 +244,8 @@ def QDQToInteger(hard_fail: bool = False):
             return mod
         if any(op_name(n) == "annotation.stop_fusion" for n in post_order(main.body)):
             return _skip(mod, Reject("the graph already has annotation.stop_fusion (the pass's marker)"))
-        body, n_marked = _mark_adds(main.body)
-        body, n_const = _mark_const_binops(body)
+        body, n_const = _mark_const_binops(main.body)  # first: its checks read the (typed) input's types
+        body, n_marked = _mark_adds(body)
         work = tvm.IRModule.from_expr(relay.Function(main.params, body, main.ret_type, main.type_params, main.attrs))
         work = relay.transform.InferType()(work)
         work = relay.transform.FakeQuantizationToInteger(hard_fail=hard_fail, use_qat=False)(work)
