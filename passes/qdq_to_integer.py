@@ -12,13 +12,33 @@ One of its rewrites changes results more than quantization needs to: a residual 
 to the output scale and then adds, rounding twice; ONNX Runtime (and TVM's own import of
 ``QLinearAdd``) add in float and round once. On the zoo's QDQ ResNet-50 that moved outputs by up
 to 6 quantization steps and flipped top-1 on 1 of 8 inputs. This pass therefore keeps those add
-regions as they are::
+regions as they are.
+
+A second FQ2I rule is wrong, not only inexact: a binary op with a float *constant* operand
+(``add``/``multiply``/``subtract``; hard-sigmoid's ``x * 0.2 + 0.5``, hard-swish's ``x + 3``)
+gets the constant quantized with the *other* operand's scale and zero point
+(``fake_quantization_to_integer.py::get_binary_types``), which can saturate: on PP-OCR's mobile
+classifier ``0.2`` at scale 0.0121, zero point 255 became uint8 255, i.e. ``0.0``, so its SE
+gates were constant; and the lowered ``qnn.add``/``qnn.mul`` chains cost extra kernels
+(QDQ classifier: 107 kernels against 85 stock). Likewise FQ2I turns ``quantize(sigmoid(dequantize(x)))`` (and tanh, exp, erf, sqrt, rsqrt,
+log, abs) into ``qnn.sigmoid``, lowered to a table lookup ``take``: a kInjective op that FuseOps
+never fuses into the convolution producing ``x`` (only elementwise epilogues join an anchor), so
+every SiLU of a YOLO costs one kernel more than stock TVM, which fuses the float sigmoid into the
+convolution. And x86's int8 legalization pads a conv's output channels to a multiple of 16
+and slices them back (``strided_slice``: one kernel and an int32 crossing more per conv).
+Regions holding such an op stay in float::
 
     # quantize(add(dequantize(a), dequantize(b)))        -> unchanged (float add, one rounding)
+    # quantize(...op(v, c)...),  c a float constant, v not an anchor's output
+    #                                                    -> unchanged (float, as stock TVM)
+    # quantize(...sigmoid(v)...)  (tanh, exp, ...)        -> unchanged (float, fuses into the conv)
+    # quantize(conv2d(...)), groups 1, channels % 16 != 0 -> unchanged (float, as stock TVM)
     # quantize(f(dequantize(x), dequantize(w), ...))     -> qnn form of f       (TVM's FQ2I rules)
 
-It marks every such add, runs FQ2I (which leaves a region alone when it meets an op it has no
+It marks every such op, runs FQ2I (which leaves a region alone when it meets an op it has no
 rule for: the marker), and removes its markers again; nothing else of the graph changes.
+(``op(anchor(...), c)``, a conv/dense bias, is left to FQ2I: the constant is quantized to int32
+at the accumulator's scale, which is exact enough and what makes QDQ convs integer.)
 
 It only acts on QDQ-style graphs, where a float ``nn.conv2d``/``nn.dense`` reads a
 ``qnn.dequantize``. A QOperator graph (already ``qnn.conv2d``) is returned unchanged, so its
@@ -65,6 +85,96 @@ def _marked_add_pattern(marked: bool):
     return is_op("qnn.quantize")(add, wildcard(), wildcard())
 
 
+#: binary ops whose float-constant operand FQ2I quantizes with the other operand's parameters
+_CONST_BINOPS = ("add", "multiply", "subtract")
+#: producers whose constant operand FQ2I handles well (a bias at the accumulator's scale)
+_BIAS_PRODUCERS = _ANCHORS + ("nn.bias_add",)
+
+
+#: unary ops FQ2I turns into a table lookup (``take``, which does not fuse into a conv epilogue)
+_TABLE_UNARY = ("sigmoid", "tanh", "exp", "erf", "sqrt", "rsqrt", "log", "abs")
+
+
+def _const_binop_pattern():
+    from tvm.relay.dataflow_pattern import is_constant, is_op, wildcard
+
+    pat = None
+    for name in _CONST_BINOPS:
+        p = is_op(name)(wildcard(), is_constant()) | is_op(name)(is_constant(), wildcard())
+        pat = p if pat is None else pat | p
+    for name in _TABLE_UNARY:
+        pat = pat | is_op(name)(wildcard())
+    return pat | is_op("nn.conv2d")(wildcard(), wildcard())
+
+
+def _padded_int8_conv(call):
+    """A conv x86's int8 legalization pads to a multiple of 16 output channels and slices back.
+
+    ``topi/generic/conv2d.py::conv2d_alter_int8_common``: the ``strided_slice`` after the conv is
+    injective, so it does not fuse into the conv: one kernel more and an int32 tensor crossing per
+    conv (PP-OCR mobile cls: 8, 24 and 2-channel convs). Stock TVM keeps the QDQ conv in float.
+    """
+    attrs = call.attrs
+    if int(attrs.groups) != 1:
+        return False
+    shape = call.checked_type.shape
+    axis = str(attrs.out_layout or attrs.data_layout).find("C")
+    return axis >= 0 and int(shape[axis]) % 16 != 0
+
+
+def _float_const_operand(call):
+    """True for a table-lookup unary op, or exactly one float Constant operand and the other no anchor's output."""
+    from tvm import relay
+
+    if op_name(call) in _TABLE_UNARY:
+        return True
+    if op_name(call) == "nn.conv2d":
+        return _padded_int8_conv(call)
+    consts = [a for a in call.args if isinstance(a, relay.Constant)]
+    others = [a for a in call.args if not isinstance(a, relay.Constant)]
+    if len(consts) != 1 or len(others) != 1 or not str(consts[0].data.dtype).startswith("float"):
+        return False
+    return op_name(others[0]) not in _BIAS_PRODUCERS
+
+
+def _mark_const_binops(expr):
+    """op(v, c) -> stop_fusion(op(v, c)) (c a float constant), sigmoid(v) -> stop_fusion(sigmoid(v)), ...
+
+    FQ2I has no rule for the marker, so it leaves the region in float.
+    """
+    from tvm import relay
+    from tvm.relay.dataflow_pattern import DFPatternCallback, rewrite
+
+    class Mark(DFPatternCallback):
+        def __init__(self):
+            super().__init__(require_type=False, rewrite_once=True)
+            self.pattern = _const_binop_pattern()
+            self.count = 0
+
+        def callback(self, pre, post, node_map):
+            if not _float_const_operand(pre):
+                return post
+            self.count += 1
+            return relay.annotation.stop_fusion(post)
+
+    cb = Mark()
+    return rewrite(cb, expr), cb.count
+
+
+def _unmark_const_binops(expr):
+    from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite
+
+    class Unmark(DFPatternCallback):
+        def __init__(self):
+            super().__init__(require_type=False, rewrite_once=True)
+            self.pattern = is_op("annotation.stop_fusion")(_const_binop_pattern())
+
+        def callback(self, pre, post, node_map):
+            return post.args[0]
+
+    return rewrite(Unmark(), expr)
+
+
 def _mark_adds(expr):
     """quantize(add(dq, dq)) -> quantize(stop_fusion(add(dq, dq))): FQ2I has no rule for the marker."""
     from tvm import relay
@@ -98,6 +208,11 @@ def _unmark_adds(expr):
     return rewrite(Unmark(), expr)
 
 
+def _skip(mod, reason):
+    _log.info("skipped: %s", reason)
+    return mod
+
+
 def QDQToInteger(hard_fail: bool = False):
     """FakeQuantizationToInteger for QDQ graphs that keeps residual adds at one rounding.
 
@@ -127,16 +242,20 @@ def QDQToInteger(hard_fail: bool = False):
         if not qdq:
             _log.info("skipped: %s", qdq)
             return mod
-        body, n_marked = _mark_adds(main.body)
+        if any(op_name(n) == "annotation.stop_fusion" for n in post_order(main.body)):
+            return _skip(mod, Reject("the graph already has annotation.stop_fusion (the pass's marker)"))
+        body, n_const = _mark_const_binops(main.body)  # first: its checks read the (typed) input's types
+        body, n_marked = _mark_adds(body)
         work = tvm.IRModule.from_expr(relay.Function(main.params, body, main.ret_type, main.type_params, main.attrs))
         work = relay.transform.InferType()(work)
         work = relay.transform.FakeQuantizationToInteger(hard_fail=hard_fail, use_qat=False)(work)
         new_main = work["main"]
-        new_main = relay.Function(new_main.params, _unmark_adds(new_main.body), None, new_main.type_params,
-                                  new_main.attrs)
+        new_body = _unmark_const_binops(_unmark_adds(new_main.body))
+        new_main = relay.Function(new_main.params, new_body, None, new_main.type_params, new_main.attrs)
         out = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions)
         out["main"] = new_main
-        _log.info("QDQ graph converted to integer; %d residual add(s) kept in float", n_marked)
+        _log.info("QDQ graph converted to integer; %d residual add(s) and %d region(s) with a float "
+                  "constant operand kept in float", n_marked, n_const)
         return relay.transform.InferType()(out)
 
     return _pass

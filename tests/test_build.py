@@ -200,3 +200,52 @@ def test_no_passes_equals_relay_build_full_resnet50_int8():
     x = {m.input_name: zoo.sample_input(m, seed=3)}
     for a, b in zip(run_module(stock, x), run_module(ext, x)):
         np.testing.assert_array_equal(a, b)
+
+
+# -- issue 11: YOLOv8n QDQ segfaulted in relay.build ---------------------------------------------
+def qnn_sigmoid_module():
+    """x: u8 -> qnn.sigmoid -> u8: QNN legalization computes the lookup table with a nested VM build.
+
+    The shrunken form of YOLOv8n QDQ after FakeQuantizationToInteger (58 of them there).
+    """
+    x = relay.var("x", shape=(1, 4, 8, 8), dtype="uint8")
+    y = relay.qnn.op.sigmoid(x, relay.const(0.1), relay.const(3, "int32"), relay.const(1 / 255.0),
+                             relay.const(0, "int32"))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
+def test_nested_compilation_passes_are_not_prefix_passes():
+    """The table's VM build inside QNN Legalize ran PlanDevices, FuseOps, ... under the prefix's
+    PassContext; recorded as prefix passes, they were disabled in the final relay.build."""
+    names = prefix_pass_names(qnn_sigmoid_module(), TARGET)
+    assert "Legalize" in names or "QnnLegalize" in names or "CanonicalizeOps" in names, names
+    for nested in ("PlanDevices", "FuseOps", "LowerTE", "AnnotateMemoryScope", "ManifestAlloc"):
+        assert nested not in names, (nested, names)
+
+
+_CHILD = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+import tvm, tvm_ext
+from tvm import relay
+from test_build import qnn_sigmoid_module, TARGET
+from tvm_ext.testing import run_module
+mod = qnn_sigmoid_module()
+x = {{"x": np.arange(256).astype("uint8").reshape(1, 4, 8, 8)}}
+ext = run_module(tvm_ext.build(mod, TARGET), x)[0]
+with tvm.transform.PassContext(opt_level=3):
+    stock = run_module(relay.build(tvm_ext.copy_module(mod), target=TARGET), x)[0]
+np.testing.assert_array_equal(ext, stock)
+print("OK")
+"""
+
+
+def test_qnn_lookup_op_builds_and_equals_relay_build():
+    """In a child process: it segfaulted (AnnotateMemoryScope with PlanDevices disabled)."""
+    import os
+    import subprocess
+    import sys
+
+    code = _CHILD.format(tests=os.path.dirname(__file__))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "OK" in res.stdout, (res.returncode, res.stderr[-2000:])

@@ -382,3 +382,20 @@ def test_split_fields_and_let_are_resolved():
     assert ex.verified is True and ex.num_kernels == 2
     (b,) = ex.boundaries
     assert b.kind == "no_post_dominator" and "Let/If" in b.detail
+
+
+def test_fuse_ops_input_ignores_nested_builds():
+    """QNN legalization of qnn.sigmoid builds its lookup table with a nested VM executor (its own
+    FuseOps); the instrument captures relay.build's FuseOps input, not the table's."""
+    from tvm import relay as _relay
+
+    from tvm_ext.explain import FuseOpsInput
+
+    x = _relay.var("x", shape=(1, 4, 8, 8), dtype="uint8")
+    y = _relay.qnn.op.sigmoid(x, _relay.const(0.1), _relay.const(3, "int32"), _relay.const(1 / 255.0),
+                              _relay.const(0, "int32"))
+    cap = FuseOpsInput()
+    with tvm.transform.PassContext(opt_level=3, instruments=[cap.make()]):
+        _relay.build(tvm.IRModule.from_expr(_relay.Function([x], y)), target="llvm")
+    main = cap.module["main"]
+    assert [p.name_hint for p in main.params] == ["x"] and "take" in main.astext()

@@ -49,10 +49,20 @@ def copy_module(mod):
 
 
 class _PassRecorder:
-    """PassInstrument collecting the names of the passes that run (in order)."""
+    """PassInstrument collecting the names of the passes that run (in order) in its own PassContext.
+
+    Passes run by a compilation *nested* inside a pass are not recorded: QNN legalization of
+    ``qnn.sigmoid`` & co. computes its lookup table with a VM executor inside a new PassContext
+    that inherits the instruments (``relay/qnn/op/canonicalizations.py::run_const_expr``), so
+    PlanDevices, FuseOps, LowerTE, AnnotateMemoryScope... ran "during the prefix". Recorded, they
+    were disabled in the final relay.build, which then segfaulted in AnnotateMemoryScope
+    (unplanned devices; YOLOv8n QDQ, issue 11). The instrument's ``enter_pass_ctx`` sees those
+    nested contexts.
+    """
 
     def __init__(self):
         self.names: list[str] = []
+        self._depth = 0
 
     def make(self):
         import tvm
@@ -61,8 +71,15 @@ class _PassRecorder:
 
         @tvm.instrument.pass_instrument
         class _Record:  # pylint: disable=too-few-public-methods
+            def enter_pass_ctx(self):
+                recorder._depth += 1
+
+            def exit_pass_ctx(self):
+                recorder._depth -= 1
+
             def run_before_pass(self, mod, info):  # noqa: D401
-                recorder.names.append(info.name)
+                if recorder._depth <= 1:
+                    recorder.names.append(info.name)
 
         return _Record()
 

@@ -552,10 +552,19 @@ class FuseOpsInput:
 
         cap = self
 
+        depth = [0]  # PassContexts entered with this instrument: >1 is a nested compilation
+
         @tvm.instrument.pass_instrument
         class _Capture:  # pylint: disable=too-few-public-methods
+            def enter_pass_ctx(self):
+                depth[0] += 1
+
+            def exit_pass_ctx(self):
+                depth[0] -= 1
+
             def run_before_pass(self, mod, info):
-                if info.name == "FuseOps" and cap.module is None:
+                # not the FuseOps of a nested build (QNN legalization's lookup-table VM build)
+                if info.name == "FuseOps" and cap.module is None and depth[0] <= 1:
                     cap.module = _copy(mod)
 
         return _Capture()
@@ -609,9 +618,19 @@ class _OpCounter:
 
         rec = self
 
+        depth = [0]  # PassContexts entered with this instrument: >1 is a nested compilation
+
         @tvm.instrument.pass_instrument
         class _Count:  # pylint: disable=too-few-public-methods
+            def enter_pass_ctx(self):
+                depth[0] += 1
+
+            def exit_pass_ctx(self):
+                depth[0] -= 1
+
             def run_before_pass(self, mod, info):
+                if depth[0] > 1:  # a nested build (QNN legalization's lookup table): not the pipeline
+                    return
                 if info.name == "FuseOps":
                     rec.stopped = True
                 if rec.stopped or rec._last is not None:
@@ -619,7 +638,7 @@ class _OpCounter:
                 rec._last = rec.counts(mod)
 
             def run_after_pass(self, mod, info):
-                if rec.stopped or info.name in ("sequential", "InferType") or info.name.startswith("tvm_ext.") \
+                if depth[0] > 1 or rec.stopped or info.name in ("sequential", "InferType") or info.name.startswith("tvm_ext.") \
                         or info.name == "tvm_ext.user_passes":
                     return
                 now = rec.counts(mod)

@@ -13,7 +13,7 @@ from tvm_ext.passes.qdq_to_integer import QDQToInteger, is_qdq_graph
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
 S, ZP = relay.const(0.05), relay.const(0, "int32")
-W = np.random.default_rng(0).integers(-20, 20, (4, 4, 1, 1)).astype("int8")
+W = np.random.default_rng(0).integers(-20, 20, (16, 16, 1, 1)).astype("int8")
 
 
 def _dq(x, scale=S, zp=ZP):
@@ -25,7 +25,7 @@ def _q(x, scale=S, zp=ZP):
 
 
 def _xs():
-    return relay.var("a", shape=(1, 4, 4, 4), dtype="uint8"), relay.var("b", shape=(1, 4, 4, 4), dtype="uint8")
+    return relay.var("a", shape=(1, 16, 4, 4), dtype="uint8"), relay.var("b", shape=(1, 16, 4, 4), dtype="uint8")
 
 
 def qdq_block():
@@ -35,7 +35,7 @@ def qdq_block():
     """
     a, b = _xs()
     w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
-    conv = _q(relay.nn.conv2d(_dq(a), w, channels=4, kernel_size=1))
+    conv = _q(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1))
     return infer(_q(relay.add(_dq(conv), _dq(b))))
 
 
@@ -43,7 +43,7 @@ def qdq_block_expected():
     """The conv region becomes what TVM's FQ2I makes of it alone; the add stays float."""
     a, b = _xs()
     w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
-    conv_region = infer(relay.Function([a], _q(relay.nn.conv2d(_dq(a), w, channels=4, kernel_size=1))))
+    conv_region = infer(relay.Function([a], _q(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1))))
     conv_fn = relay.transform.FakeQuantizationToInteger()(conv_region)["main"]
     assert "qnn.conv2d" in conv_fn.astext()
     return infer(relay.Function([conv_fn.params[0], b], _q(relay.add(_dq(conv_fn.body), _dq(b)))))
@@ -66,8 +66,8 @@ def test_numerics_against_the_float_qdq_graph():
     rng = np.random.default_rng(3)
     err_ours = err_plain = 0
     for _ in range(4):
-        inputs = {"a": rng.integers(0, 256, (1, 4, 4, 4)).astype("uint8"),
-                  "b": rng.integers(0, 256, (1, 4, 4, 4)).astype("uint8")}
+        inputs = {"a": rng.integers(0, 256, (1, 16, 4, 4)).astype("uint8"),
+                  "b": rng.integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
         ref = run_module(before, inputs)[0].astype(int)
         out = run_module(ours, inputs)[0]
         assert out.dtype == np.uint8
@@ -79,8 +79,8 @@ def test_numerics_against_the_float_qdq_graph():
 
 def test_numerics_bit_exact_with_expected():
     rng = np.random.default_rng(4)
-    inputs = {"a": rng.integers(0, 256, (1, 4, 4, 4)).astype("uint8"),
-              "b": rng.integers(0, 256, (1, 4, 4, 4)).astype("uint8")}
+    inputs = {"a": rng.integers(0, 256, (1, 16, 4, 4)).astype("uint8"),
+              "b": rng.integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
     np.testing.assert_array_equal(run_module(QDQToInteger()(qdq_block()), inputs)[0],
                                   run_module(qdq_block_expected(), inputs)[0])
 
@@ -91,11 +91,11 @@ def test_idempotent():
 
 
 def test_unchanged_on_qoperator_and_float_graphs():
-    x = relay.var("x", shape=(1, 4, 4, 4), dtype="uint8")
+    x = relay.var("x", shape=(1, 16, 4, 4), dtype="uint8")
     qconv = relay.qnn.op.conv2d(x, relay.const(W), relay.const(0), relay.const(0), relay.const(0.1),
-                                relay.const(0.02), kernel_size=(1, 1), channels=4)
+                                relay.const(0.02), kernel_size=(1, 1), channels=16)
     assert_unchanged(QDQToInteger(), infer(qconv))
-    f = relay.var("f", shape=(1, 4, 4, 4))
+    f = relay.var("f", shape=(1, 16, 4, 4))
     assert_unchanged(QDQToInteger(), infer(relay.nn.relu(f)))
     assert not is_qdq_graph(infer(relay.nn.relu(f))["main"])
 
@@ -144,3 +144,113 @@ def test_small_zoo_qdq_integer_between_kernels_and_close_to_ort():
         ours, ref = run_module(fac, {m.input_name: x})[0], sess.run(None, {m.input_name: x})[0]
         assert ours.argmax() == ref.argmax()
         assert np.abs(ours - ref).max() < 0.2  # a few output quantization steps
+
+
+# -- float constant operands (hard-sigmoid, hard-swish): FQ2I quantizes the constant with the
+#    other operand's scale / zero point, which saturates (PP-OCR mobile cls: 0.2 became 0.0) ------
+HS_IN = (relay.const(0.0121487), relay.const(255, "int32"))    # the cls model's SE logits
+HS_OUT = (relay.const(0.00063703), relay.const(0, "int32"))
+
+
+def _conv_region(a):
+    w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
+    return _q(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1), *HS_IN)
+
+
+def _hard_sigmoid(v):
+    return relay.clip(relay.add(relay.multiply(v, relay.const(0.2)), relay.const(0.5)), 0.0, 1.0)
+
+
+def hard_sigmoid_block():
+    """a -> dq -> conv(dq(w)) -> q -> dq -> x*0.2 + 0.5 -> clip(0, 1) -> q   (ONNX HardSigmoid, QDQ)"""
+    a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+    return infer(_q(_hard_sigmoid(_dq(_conv_region(a), *HS_IN)), *HS_OUT))
+
+
+def hard_sigmoid_expected():
+    """The conv region as FQ2I makes it; the hard-sigmoid region stays float."""
+    a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+    conv_fn = relay.transform.FakeQuantizationToInteger()(infer(relay.Function([a], _conv_region(a))))["main"]
+    assert "qnn.conv2d" in conv_fn.astext()
+    return infer(relay.Function(conv_fn.params, _q(_hard_sigmoid(_dq(conv_fn.body, *HS_IN)), *HS_OUT)))
+
+
+def test_structure_float_constant_region_stays_float():
+    check(QDQToInteger(), hard_sigmoid_block(), hard_sigmoid_expected())
+
+
+def test_plain_fq2i_saturates_the_constant():
+    """The bug being routed around: plain FQ2I quantizes 0.2 at scale 0.0121, zero point 255."""
+    plain = relay.transform.FakeQuantizationToInteger()(hard_sigmoid_block()).astext()
+    assert "qnn.mul" in plain and "qnn.mul" not in QDQToInteger()(hard_sigmoid_block()).astext()
+
+
+def test_float_constant_region_numerics():
+    """Bit-exact with the float QDQ graph on all uint8 inputs; plain FQ2I is many steps off."""
+    before, ours = hard_sigmoid_block(), QDQToInteger()(hard_sigmoid_block())
+    plain = relay.transform.FakeQuantizationToInteger()(hard_sigmoid_block())
+    for seed in range(3):
+        inputs = {"a": np.random.default_rng(seed).integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
+        ref = run_module(before, inputs)[0].astype(int)
+        np.testing.assert_array_equal(run_module(ours, inputs)[0].astype(int), ref)
+        assert np.abs(run_module(plain, inputs)[0].astype(int) - ref).max() > 10
+
+
+def test_bias_constant_still_converted():
+    """conv -> add(c) -> q: the constant is a bias at the accumulator's scale; FQ2I keeps it integer."""
+    a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+    w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
+    bias = relay.const(np.full((1, 16, 1, 1), 0.3, "float32"))
+    mod = infer(_q(relay.add(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1), bias)))
+    out = QDQToInteger()(mod).astext()
+    assert "qnn.conv2d" in out and "stop_fusion" not in out
+
+
+def test_float_constant_idempotent_and_no_marker_left():
+    once = QDQToInteger()(hard_sigmoid_block())
+    assert "stop_fusion" not in once.astext()
+    assert_unchanged(QDQToInteger(), once)
+
+
+def test_existing_stop_fusion_is_skipped_with_reason(caplog):
+    a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+    mod = infer(relay.annotation.stop_fusion(_q(_hard_sigmoid(_dq(_conv_region(a), *HS_IN)), *HS_OUT)))
+    with caplog.at_level("INFO", logger="tvm_ext.passes.QDQToInteger"):
+        assert_unchanged(QDQToInteger(), mod)
+    assert "stop_fusion" in caplog.text
+
+
+def silu_block():
+    """a -> dq -> conv(dq(w)) -> q -> dq -> sigmoid -> q -> dq \\
+                                  \\-> dq ------------------- multiply -> q     (YOLO's SiLU, QDQ)"""
+    a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+    c = _conv_region(a)
+    sig = _q(relay.sigmoid(_dq(c, *HS_IN)), relay.const(1 / 255.0), relay.const(0, "int32"))
+    return infer(_q(relay.multiply(_dq(c, *HS_IN), _dq(sig, relay.const(1 / 255.0), relay.const(0, "int32"))),
+                    relay.const(0.01), relay.const(0, "int32")))
+
+
+def test_sigmoid_region_stays_float_and_fuses_into_the_conv():
+    """Plain FQ2I makes qnn.sigmoid (a table lookup ``take``); ours keeps stock's float sigmoid."""
+    plain = relay.transform.FakeQuantizationToInteger()(silu_block())
+    ours = QDQToInteger()(silu_block())
+    assert "qnn.sigmoid" in plain.astext()
+    assert "qnn.sigmoid" not in ours.astext() and "sigmoid(" in ours.astext() and "qnn.conv2d" in ours.astext()
+    n_stock = tvm_ext.build(silu_block()).kernel_report.num_kernels
+    assert tvm_ext.build(ours).kernel_report.num_kernels <= n_stock
+    x = {"a": np.arange(256).astype("uint8").reshape(1, 16, 4, 4)}
+    np.testing.assert_array_equal(run_module(ours, x)[0], run_module(silu_block(), x)[0])
+
+
+def test_conv_padded_by_x86_int8_legalization_stays_float():
+    """8 output channels: x86 int8 legalization would pad to 16 and slice (a kernel and an int32
+    crossing more); the region stays float, as stock TVM has it. 16 channels convert."""
+    def block(oc):
+        a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+        w = _dq(relay.const(np.ones((oc, 16, 1, 1), "int8")), relay.const(0.02), relay.const(0, "int32"))
+        return infer(_q(relay.nn.conv2d(_dq(a), w, channels=oc, kernel_size=1)))
+
+    assert_unchanged(QDQToInteger(), block(8))
+    assert "qnn.conv2d" in QDQToInteger()(block(16)).astext()
+    x = {"a": np.arange(256).astype("uint8").reshape(1, 16, 4, 4)}
+    np.testing.assert_array_equal(run_module(QDQToInteger()(block(8)), x)[0], run_module(block(8), x)[0])
