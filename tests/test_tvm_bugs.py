@@ -65,3 +65,46 @@ def check_avx512(target) -> bool:
     from tvm_ext.tvm_bugs import _x86_int8_gemm
 
     return _x86_int8_gemm(target)
+
+
+def test_llvm_debug_info_error_is_retried_without_tir_cse(monkeypatch, caplog):
+    """TVM 0.19 + LLVM 22 reject debug info for vector let variables made by TIR CSE (PP-OCR cls on
+    znver4): tvm_ext.build builds again with tir.disable_cse_tir (the relay.build failure is faked
+    here; the real model needs a download)."""
+    import logging
+
+    from tvm_ext.tvm_bugs import NO_TIR_CSE, is_llvm_debug_info_error
+
+    real_build = relay.build
+    seen = []
+
+    def flaky_build(*args, **kwargs):
+        cse_off = bool(tvm.transform.PassContext.current().config.get(NO_TIR_CSE, False))
+        seen.append(cse_off)
+        if not cse_off:
+            raise tvm.TVMError("LLVM module verification failed with the following errors: \n"
+                               "location of #dbg_declare must be a pointer or int")
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(relay, "build", flaky_build)
+    mod = dense(16, dtype="uint8")
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.build"):
+        fac = tvm_ext.build(mod)
+    assert seen == [False, True]
+    assert "tir.disable_cse_tir" in caplog.text
+    assert fac.kernel_report.num_kernels >= 1
+    assert is_llvm_debug_info_error(RuntimeError("x: location of #dbg_declare must be a pointer or int"))
+    assert not is_llvm_debug_info_error(RuntimeError("another LLVM verification error"))
+
+
+def test_other_build_errors_are_not_retried(monkeypatch):
+    calls = []
+
+    def failing_build(*args, **kwargs):
+        calls.append(1)
+        raise tvm.TVMError("something else entirely")
+
+    monkeypatch.setattr(relay, "build", failing_build)
+    with pytest.raises(tvm.TVMError, match="something else"):
+        tvm_ext.build(dense(16, dtype="uint8"))
+    assert calls == [1]

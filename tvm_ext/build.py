@@ -314,13 +314,26 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     if runtime is not None:
         build_kwargs["runtime"] = runtime
     handed = mod
-    with tvm.transform.PassContext(
-        opt_level=opt_level,
-        config=cfg,
-        disabled_pass=list(dict.fromkeys([*disabled, *prefix_names])),
-        instruments=instr,
-    ):
-        factory = relay.build(copy_module(mod), target=tgt, **build_kwargs)
+
+    def final_build(config):
+        with tvm.transform.PassContext(
+            opt_level=opt_level,
+            config=config,
+            disabled_pass=list(dict.fromkeys([*disabled, *prefix_names])),
+            instruments=instr,
+        ):
+            return relay.build(copy_module(mod), target=tgt, **build_kwargs)
+
+    try:
+        factory = final_build(cfg)
+    except tvm.TVMError as err:
+        if not tvm_bugs.is_llvm_debug_info_error(err) or cfg.get(tvm_bugs.NO_TIR_CSE):
+            raise
+        # TVM 0.19 + LLVM 22: debug info for a vector let variable that TIR CSE created fails LLVM's
+        # verifier (tvm_bugs.is_llvm_debug_info_error); without TIR CSE no such variable exists.
+        logger.warning("tvm_ext.build: LLVM rejected TVM's debug info for a vector variable (TVM 0.19 with "
+                       "LLVM 22); building again with %s=True", tvm_bugs.NO_TIR_CSE)
+        factory = final_build({**cfg, tvm_bugs.NO_TIR_CSE: True})
     factory.tvm_ext_module = handed
     factory.kernel_report = KernelReport.from_factory(factory)
     return factory

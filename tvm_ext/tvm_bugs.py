@@ -14,6 +14,13 @@ Known bugs::
     # llvm -mcpu=<name LLVM does not know>             -> LLVM warns, TVM builds for a generic CPU
     # a target kind whose codegen is not in this TVM   -> InternalError deep in relay.build
 
+    # LLVM 22 verifier: "location of #dbg_declare must be a pointer or int"   -> build fails
+    #   TVM 0.19's CodeGenLLVM::AddDebugInformation declares debug info for every let variable;
+    #   a vector-typed one (e.g. <11 x i32> cse_var_1, made by TIR's CommonSubexprElimTIR in an
+    #   AVX-512 schedule) is rejected by LLVM 22's module verifier. Seen: PP-OCR mobile v2 cls
+    #   (QOperator) on znver4, stock relay.build included. tvm_ext.build detects the error
+    #   (is_llvm_debug_info_error) and builds again with tir.disable_cse_tir=True (which built it).
+
     # int8 x int8 nn.dense, units % 16 != 0, x86 target with AVX-512BW (or AMX-INT8)
     #   topi/x86/dense_alter_op.py::int8_int8_legalize pads the weight to a multiple of 16 rows
     #   but re-creates the dense with the old ``units`` attribute: the type checker rejects it
@@ -25,11 +32,19 @@ Known bugs::
 """
 from __future__ import annotations
 
-__all__ = ["UnsupportedByTVM", "check_module", "check_target"]
+__all__ = ["UnsupportedByTVM", "check_module", "check_target", "is_llvm_debug_info_error", "NO_TIR_CSE"]
+
+#: PassContext option that turns TIR's common-subexpression elimination off.
+NO_TIR_CSE = "tir.disable_cse_tir"
 
 
 class UnsupportedByTVM(ValueError):
     """The module hits a known TVM 0.19 bug for this target; the message says which and what to do."""
+
+
+def is_llvm_debug_info_error(err) -> bool:
+    """True when ``err`` is LLVM 22 rejecting TVM 0.19's debug info for a non-pointer, non-int value."""
+    return "#dbg_declare must be a pointer or int" in str(err)
 
 
 def _x86_int8_gemm(target) -> bool:
