@@ -219,20 +219,6 @@ def _funcs_from_metadata(function_metadata) -> dict:
     return out
 
 
-def _ops_from_metadata(function_metadata) -> dict:
-    out = {}
-    if not function_metadata:
-        return out
-    for name, info in function_metadata.items():
-        prims = getattr(info, "relay_primfuncs", None)
-        if not prims:
-            continue
-        for _target, func in prims.items():
-            out[str(name)] = _relay_ops(func)
-            break
-    return out
-
-
 class KernelReport:
     """What a built graph-executor module runs.
 
@@ -265,7 +251,8 @@ class KernelReport:
         row_ptr = graph.get("node_row_ptr") or _row_ptr(nodes)
         shapes = graph["attrs"]["shape"][1]
         dtypes = graph["attrs"]["dltype"][1]
-        ops_by_func = _ops_from_metadata(function_metadata)
+        funcs = _funcs_from_metadata(function_metadata)
+        ops_by_func = {name: _relay_ops(func) for name, func in funcs.items()}
         param_names = set(param_names)
 
         readers: dict = {}
@@ -275,7 +262,6 @@ class KernelReport:
             for src, idx, *_ in node["inputs"]:
                 readers.setdefault((src, idx), set()).add(nid)
 
-        funcs = _funcs_from_metadata(function_metadata)
         kernels, crossing, graph_inputs = [], [], []
         kernel_of: dict = {}
         for nid, node in enumerate(nodes):
