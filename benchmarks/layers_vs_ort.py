@@ -1,0 +1,223 @@
+#!/usr/bin/env python
+"""Per convolution: TVM's kernel time (stock and tvm-ext) next to ONNX Runtime's time for the same layer.
+
+Issue 10 asks, where tvm-ext cannot reach ONNX Runtime on a CPU class, for the per-kernel profile:
+which convolutions, and how far each is from ONNX Runtime's time for the same layer. This script
+builds an int8 ONNX model with plain ``relay.build`` and with ``tvm_ext.build(...,
+passes=pipelines.int8())`` for a target, times every kernel with TVM's debug executor, times every
+ONNX Runtime node with its profiler, matches convolutions by geometry (out channels, in channels,
+kernel, output size; layers of equal geometry are summed) and prints a markdown table.
+
+ONNX Runtime picks its kernels from the *host's* CPUID (MLAS has no switch to restrict them), so on
+an AVX-512 VNNI host it runs VNNI code whatever TVM's target is: the table says which ISA each side
+ran. Builds run in child processes (a crash is reported, not fatal).
+
+    python benchmarks/layers_vs_ort.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=znver3"]
+                                       [--threads 2] [--repeat 7] [--out layers.json]
+"""
+import argparse
+import collections
+import json
+import logging
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+
+logger = logging.getLogger("layers_vs_ort")
+
+
+def _build(args):
+    """Child process: build ``pipeline`` ("stock" | "tvm-ext") and export lib/graph/params into ``out``."""
+    path, pipeline, target, out = args
+    import tvm
+    from tvm import relay
+
+    from tvm_ext import pipelines
+    from tvm_ext.build import build, copy_module
+    from tvm_ext.frontend import from_onnx, input_info
+
+    logging.getLogger("autotvm").setLevel(logging.ERROR)
+    (name, (shape, _)), = input_info(path).items()
+    mod, params = from_onnx(path, shape={name: shape})
+    tgt = tvm.target.Target(target)
+    if pipeline == "stock":
+        with tvm.transform.PassContext(opt_level=3):
+            fac = relay.build(copy_module(mod), target=tgt, params=params)
+    else:
+        fac = build(mod, target=tgt, params=params, passes=pipelines.int8())
+    fac.get_lib().export_library(f"{out}/{pipeline}.so")
+    Path(f"{out}/{pipeline}.json").write_text(fac.get_graph_json())
+    Path(f"{out}/{pipeline}.params").write_bytes(relay.save_param_dict(fac.get_params()))
+
+
+def tvm_kernel_times(folder, pipelines_, repeat):
+    """Median ms per kernel (debug executor; pipelines timed in alternation), with shapes."""
+    import numpy as np
+    import tvm
+    from tvm import relay
+    from tvm.contrib.debugger import debug_executor
+
+    mods = {}
+    for p in pipelines_:
+        graph = Path(f"{folder}/{p}.json").read_text()
+        params = Path(f"{folder}/{p}.params").read_bytes()
+        m = debug_executor.create(graph, tvm.runtime.load_module(f"{folder}/{p}.so"), tvm.cpu(),
+                                  dump_root=tempfile.mkdtemp(prefix="tvm_ext_dbg_"))
+        m.load_params(params)
+        g = json.loads(graph)
+        names = set(relay.load_param_dict(params))
+        for i in g["arg_nodes"]:
+            n = g["nodes"][i]["name"]
+            if n not in names:
+                a = m.get_input(n)
+                m.set_input(n, np.random.default_rng(0).uniform(-1, 1, a.shape).astype(a.dtype))
+        mods[p] = (m, g)
+    samples = {p: [] for p in pipelines_}
+    for r in range(repeat):
+        logger.info("TVM kernel timing round %d/%d", r + 1, repeat)
+        for p, (m, g) in mods.items():
+            samples[p].append(np.array(m.run_individual(number=3, repeat=1))[:, 0])
+    out = {}
+    for p, (m, g) in mods.items():
+        t = np.median(np.stack(samples[p]), axis=0) * 1e3
+        full = len(t) == len(g["nodes"])
+        shapes, rows, k = g["attrs"]["shape"][1], [], 0
+        for i, nd in enumerate(g["nodes"]):
+            if nd["op"] != "tvm_op":
+                continue
+            ins = [shapes[g["node_row_ptr"][a[0]] + a[1]] for a in nd["inputs"]]
+            rows.append({"name": nd["attrs"]["func_name"], "ms": float(t[i if full else k]),
+                         "out": shapes[g["node_row_ptr"][i]], "ins": ins})
+            k += 1
+        out[p] = rows
+    return out
+
+
+def ort_node_times(path, threads, runs=40):
+    """Median ms per ONNX Runtime node (its profiler), first 5 runs dropped."""
+    import numpy as np
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.intra_op_num_threads = threads
+    so.profile_file_prefix = str(Path(tempfile.mkdtemp(prefix="tvm_ext_ort_")) / "prof")
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    x = np.random.default_rng(0).uniform(-1, 1, [d if isinstance(d, int) else 1 for d in inp.shape])
+    for _ in range(runs):
+        sess.run(None, {inp.name: x.astype(np.float32)})
+    per = collections.defaultdict(list)
+    for e in json.loads(Path(sess.end_profiling()).read_text()):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per[e["name"][: -len("_kernel_time")]].append(e["dur"])
+    return {n: float(np.median(v[5:])) / 1e3 for n, v in per.items()}
+
+
+def _geometry_tvm(row):
+    """(out ch, in ch, kh, kw, out h, out w) of a conv kernel from its graph shapes (NCHW or NCHWc)."""
+    o, i, w = row["out"], row["ins"][0], row["ins"][1]
+    co = o[1] * o[4] if len(o) == 5 else o[1]
+    ci = i[1] * i[4] if len(i) == 5 else i[1]
+    return (co, ci, w[2], w[3], o[2], o[3])
+
+
+def _ort_conv_geometry(path):
+    """{ORT node name: geometry} for the model's convolutions (QLinearConv / ConvInteger / Conv)."""
+    import onnx
+    from onnx import shape_inference
+
+    m = shape_inference.infer_shapes(onnx.load(path))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in [*m.graph.value_info, *m.graph.output, *m.graph.input]}
+    inits = {t.name: list(t.dims) for t in m.graph.initializer}
+    geo = {}
+    for n in m.graph.node:
+        w = {"QLinearConv": 3, "ConvInteger": 1, "Conv": 1}.get(n.op_type)
+        if w is None or n.input[w] not in inits or n.output[0] not in shapes:
+            continue
+        W, o = inits[n.input[w]], shapes[n.output[0]]
+        group = next((a.i for a in n.attribute if a.name == "group"), 1)
+        geo[n.name] = (o[1], W[1] * group, W[2], W[3], o[2], o[3])
+    return geo
+
+
+def table(tvm_rows, ort_times, geometry):
+    """Markdown rows per conv geometry: count, TVM ms per pipeline, ORT ms, ratios; and totals."""
+    per = {p: collections.defaultdict(list) for p in tvm_rows}
+    for p, rows in tvm_rows.items():
+        for r in rows:
+            if "conv2d" in r["name"]:
+                per[p][_geometry_tvm(r)].append(r["ms"])
+    ort = collections.defaultdict(list)
+    for name, g in geometry.items():
+        if name in ort_times:
+            ort[g].append(ort_times[name])
+    pipes = list(tvm_rows)
+    keys = sorted(set(ort).union(*[set(v) for v in per.values()]), key=lambda k: -sum(ort.get(k, [0])))
+    head = ["conv (out, in, kh, kw, oh, ow)", "n"] + [f"{p} ms" for p in pipes] + ["ORT ms"] + [
+        f"{p} / ORT" for p in pipes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    tot = collections.Counter()
+    for k in keys:
+        t = {p: sum(per[p].get(k, [])) for p in pipes}
+        o = sum(ort.get(k, []))
+        for p in pipes:
+            tot[p] += t[p]
+        tot["ort"] += o
+        lines.append("| " + " | ".join([str(k), str(len(ort.get(k, [])))] + [f"{t[p]:.3f}" for p in pipes]
+                                       + [f"{o:.3f}"] + [f"{t[p] / o:.2f}" if o else "-" for p in pipes]) + " |")
+    lines.append("| all convolutions | | " + " | ".join(f"{tot[p]:.2f}" for p in pipes) + f" | {tot['ort']:.2f} | "
+                 + " | ".join(f"{tot[p] / tot['ort']:.2f}" if tot["ort"] else "-" for p in pipes) + " |")
+    other = {p: sum(r["ms"] for r in rows if "conv2d" not in r["name"]) for p, rows in tvm_rows.items()}
+    other_ort = sum(v for n, v in ort_times.items() if n not in geometry)
+    lines.append("| everything else | | " + " | ".join(f"{other[p]:.2f}" for p in pipes) + f" | {other_ort:.2f} |"
+                 + " |" * len(pipes))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variant", default="qoperator", help="qoperator | qdq | path to an int8 ONNX model")
+    ap.add_argument("--target", default=None, help="TVM target (default: the host, VNNI masked)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=7, help="debug-executor rounds per pipeline")
+    ap.add_argument("--out", default=None, help="also write the raw times as JSON here")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    os.environ["TVM_NUM_THREADS"] = str(a.threads)
+    from tvm_ext import zoo
+    from tvm_ext.isa import isa_class, host_features
+    from tvm_ext.target import build_target, host_target
+
+    path = a.variant if a.variant.endswith(".onnx") else str(zoo.onnx_path(f"resnet50_int8_{a.variant}"))
+    target = str(build_target(a.target) if a.target else host_target())
+    folder = tempfile.mkdtemp(prefix="tvm_ext_layers_")
+    ctx = mp.get_context("spawn")
+    for p in ("stock", "tvm-ext"):
+        logger.info("building %s for %s", p, target)
+        proc = ctx.Process(target=_build, args=((path, p, target, folder),))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            sys.exit(f"layers_vs_ort: the {p} build failed (exit code {proc.exitcode})")
+    rows = tvm_kernel_times(folder, ["stock", "tvm-ext"], a.repeat)
+    logger.info("ONNX Runtime node timing")
+    ort = ort_node_times(path, a.threads)
+    import tvm
+
+    feats = host_features()
+    host_isa = "avx512_vnni" if {"avx512vnni", "avx512bw"} <= feats else ("avx512" if "avx512bw" in feats else "avx2")
+    print(f"model: {Path(path).name}; TVM target `{target}` (ISA {isa_class(tvm.target.Target(target))}); "
+          f"ONNX Runtime runs the host's ISA ({host_isa}); {a.threads} threads; medians of {a.repeat} rounds\n")
+    print(table(rows, ort, _ort_conv_geometry(path)))
+    if a.out:
+        Path(a.out).write_text(json.dumps({"target": target, "tvm": rows, "ort": ort}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
