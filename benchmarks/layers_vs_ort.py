@@ -21,6 +21,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -114,36 +115,64 @@ def ort_node_times(path, threads, runs=40):
     per = collections.defaultdict(list)
     for e in json.loads(Path(sess.end_profiling()).read_text()):
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            per[e["name"][: -len("_kernel_time")]].append(e["dur"])
+            per[_onnx_name(e["name"][: -len("_kernel_time")])].append(e["dur"])
     return {n: float(np.median(v[5:])) / 1e3 for n, v in per.items()}
 
 
+def _onnx_name(ort_name: str) -> str:
+    """The ONNX node name behind an ONNX Runtime node: its NHWC transformer renames ``conv1_quant``
+    to ``conv1_quant_token_1``."""
+    return re.sub(r"_token_\d+$", "", ort_name)
+
+
 def _geometry_tvm(row):
-    """(out ch, in ch, kh, kw, out h, out w) of a conv kernel from its graph shapes (NCHW or NCHWc)."""
-    o, i, w = row["out"], row["ins"][0], row["ins"][1]
+    """(out ch, kh, kw, out h, out w) of a conv kernel from its graph shapes (NCHW or NCHWc).
+
+    The weight is the kernel's rank-6/7 input (NCHWc: ``OIHW..``) or, for a plain NCHW conv, the
+    rank-4 input after the data; a fused kernel may list a residual operand before either.
+    """
+    o = row["out"]
     co = o[1] * o[4] if len(o) == 5 else o[1]
-    ci = i[1] * i[4] if len(i) == 5 else i[1]
-    return (co, ci, w[2], w[3], o[2], o[3])
+    ins = row["ins"]
+    w = next((s for s in ins if len(s) in (6, 7)), None)
+    if w is None:
+        four = [s for s in ins if len(s) == 4]
+        w = four[1] if len(four) > 1 else None
+    if w is None:
+        return None
+    return (co, w[2], w[3], o[2], o[3])
 
 
 def _ort_conv_geometry(path):
-    """{ORT node name: geometry} for the model's convolutions (QLinearConv / ConvInteger / Conv)."""
-    import onnx
-    from onnx import shape_inference
+    """{ONNX node name: (out ch, kh, kw, out h, out w)} for the model's convolutions.
 
-    m = shape_inference.infer_shapes(onnx.load(path))
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in [*m.graph.value_info, *m.graph.output, *m.graph.input]}
-    inits = {t.name: list(t.dims) for t in m.graph.initializer}
-    geo = {}
+    Output shapes come from one ONNX Runtime run with every conv output added as a graph output
+    (ONNX shape inference stops at the first com.microsoft contrib op of a QOperator model).
+    """
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.load(path)
+    inits = {t.name: t for t in m.graph.initializer}
+    convs = {}
     for n in m.graph.node:
         w = {"QLinearConv": 3, "ConvInteger": 1, "Conv": 1}.get(n.op_type)
-        if w is None or n.input[w] not in inits or n.output[0] not in shapes:
-            continue
-        W, o = inits[n.input[w]], shapes[n.output[0]]
-        group = next((a.i for a in n.attribute if a.name == "group"), 1)
-        geo[n.name] = (o[1], W[1] * group, W[2], W[3], o[2], o[3])
-    return geo
+        if w is not None and n.input[w] in inits:
+            convs[n.name] = (n, list(inits[n.input[w]].dims))
+    existing = {o.name for o in m.graph.output}
+    for n, _ in convs.values():
+        if n.output[0] not in existing:
+            if n.op_type == "QLinearConv":
+                elem = inits[n.input[7]].data_type if len(n.input) > 7 and n.input[7] in inits else onnx.TensorProto.UINT8
+            else:
+                elem = onnx.TensorProto.INT32 if n.op_type == "ConvInteger" else onnx.TensorProto.FLOAT
+            m.graph.output.append(onnx.helper.make_tensor_value_info(n.output[0], elem, None))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    x = np.zeros([d if isinstance(d, int) else 1 for d in inp.shape], np.float32)
+    outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {inp.name: x})))
+    return {name: (W[0], W[2], W[3], *outs[n.output[0]].shape[2:4]) for name, (n, W) in convs.items()}
 
 
 def table(tvm_rows, ort_times, geometry):
@@ -151,15 +180,16 @@ def table(tvm_rows, ort_times, geometry):
     per = {p: collections.defaultdict(list) for p in tvm_rows}
     for p, rows in tvm_rows.items():
         for r in rows:
-            if "conv2d" in r["name"]:
+            if "conv2d" in r["name"] and _geometry_tvm(r) is not None:
                 per[p][_geometry_tvm(r)].append(r["ms"])
     ort = collections.defaultdict(list)
+    ort_times = {_onnx_name(n): v for n, v in ort_times.items()}
     for name, g in geometry.items():
         if name in ort_times:
             ort[g].append(ort_times[name])
     pipes = list(tvm_rows)
     keys = sorted(set(ort).union(*[set(v) for v in per.values()]), key=lambda k: -sum(ort.get(k, [0])))
-    head = ["conv (out, in, kh, kw, oh, ow)", "n"] + [f"{p} ms" for p in pipes] + ["ORT ms"] + [
+    head = ["conv (out, kh, kw, oh, ow)", "n"] + [f"{p} ms" for p in pipes] + ["ORT ms"] + [
         f"{p} / ORT" for p in pipes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tot = collections.Counter()
@@ -187,7 +217,15 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=7, help="debug-executor rounds per pipeline")
     ap.add_argument("--out", default=None, help="also write the raw times as JSON here")
+    ap.add_argument("--table-from", default=None, help="print the table of an earlier --out JSON (no builds)")
     a = ap.parse_args(argv)
+    if a.table_from:
+        from tvm_ext import zoo
+
+        raw = json.loads(Path(a.table_from).read_text())
+        path = raw.get("model") or str(zoo.onnx_path(f"resnet50_int8_{a.variant}"))
+        print(table(raw["tvm"], raw["ort"], _ort_conv_geometry(path)))
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ["TVM_NUM_THREADS"] = str(a.threads)
     from tvm_ext import zoo
@@ -216,7 +254,7 @@ def main(argv=None):
           f"ONNX Runtime runs the host's ISA ({host_isa}); {a.threads} threads; medians of {a.repeat} rounds\n")
     print(table(rows, ort, _ort_conv_geometry(path)))
     if a.out:
-        Path(a.out).write_text(json.dumps({"target": target, "tvm": rows, "ort": ort}, indent=1))
+        Path(a.out).write_text(json.dumps({"model": path, "target": target, "tvm": rows, "ort": ort}, indent=1))
 
 
 if __name__ == "__main__":
