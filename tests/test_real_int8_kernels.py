@@ -58,6 +58,7 @@ def test_ppocr_cls_qdq_no_more_kernels_than_stock(tmp_path):
     proc = subprocess.run([sys.executable, str(script), name], capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, f"child exited with {proc.returncode}: {proc.stderr[-3000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(name, res)  # kernels and differences, shown with pytest -rP
     # stock keeps the QDQ convs in float with their zero pads folded; the pipeline folds the
     # zero-point pads of its integer convs (11 pad kernels before FoldZeroPointPadIntoConv and the
     # depthwise rule of FoldPadIntoConv)
