@@ -217,7 +217,10 @@ def _match(conv, users):
         return Reject(f"not an integer conv ({xdt} x {wdt})")
     if conv.checked_type.dtype != "int32":
         return Reject(f"conv output {conv.checked_type.dtype}, not int32")
-    info = np.iinfo(xdt)
+    try:
+        info = np.iinfo(xdt)
+    except (TypeError, ValueError):
+        return Reject(f"input dtype {xdt} has no numpy integer type")
     if not info.min <= value <= info.max:
         return Reject(f"pad value {value} does not fit {xdt}")
     if not isinstance(conv.args[1], relay.Constant):
@@ -251,6 +254,15 @@ def _constant(conv, pad_hw, value):
     a = conv.attrs
     data_layout = str(a.data_layout)
     out_layout = str(a.out_layout) or data_layout
+    # only the layouts whose primal axes are in the order NCHW / OIHW (ONNX's and TVM's x86 NCHWc
+    # forms): other kernel layouts (depthwise HWOI...) give I and O other meanings
+    for layout, order in ((data_layout, "NCHW"), (out_layout, "NCHW"), (str(a.kernel_layout), "OIHW")):
+        try:
+            primal = "".join(x for x, f in _axes(layout) if not f)
+        except ValueError as err:
+            return Reject(str(err))
+        if primal != order:
+            return Reject(f"layout {layout!r}: only {order} (blocked or not) is supported")
     try:
         w = unblock(conv.args[1].data.numpy(), str(a.kernel_layout), "OIHW")
     except ValueError as err:
@@ -316,6 +328,8 @@ def _fold(conv, users):
     lo, hi = int(full.min()), int(full.max())
     if lo == hi == 0:
         return new, "int8", 0
+    if lo < _NARROW[-1][1] or hi > _NARROW[-1][2]:
+        return Reject(f"border constant [{lo}, {hi}] exceeds int32")
     dtype = next(name for name, tlo, thi in _NARROW if tlo <= lo and hi <= thi)
     const = relay.const(tvm.nd.array(full.astype(dtype)))
     corr = const if dtype == "int32" else relay.cast(const, "int32")

@@ -176,6 +176,7 @@ def test_numerics_nchw_conv2d_interpreter_reference():
     ("channel_pad", "pads non-spatial axis 1"),
     ("other_reader", "readers other than convolutions"),
     ("edge_mode", "pad mode 'edge'"),
+    ("nhwc", "only NCHW (blocked or not) is supported"),
 ])
 def test_unchanged_on_no_match(case, reason, caplog):
     x = _x()
@@ -190,6 +191,12 @@ def test_unchanged_on_no_match(case, reason, caplog):
     elif case == "other_reader":
         p = relay.nn.pad(x, HW1, 3)
         mod = infer(relay.Tuple([_conv(p), relay.max(p)]))
+    elif case == "nhwc":
+        xh = _x((1, 6, 7, 4))
+        wh = np.transpose(W, (2, 3, 1, 0)).copy()  # HWIO
+        mod = infer(relay.nn.conv2d(relay.nn.pad(xh, [[0, 0], [1, 1], [1, 1], [0, 0]], 3), relay.const(wh),
+                                    kernel_size=(3, 3), channels=8, data_layout="NHWC", kernel_layout="HWIO",
+                                    out_dtype="int32"))
     else:
         mod = infer(_conv(relay.nn.pad(x, HW1, pad_mode="edge")))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
