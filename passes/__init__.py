@@ -7,6 +7,7 @@ all key on it. Each pass lives in its own module with a mirrored test module.
 from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
 from .fold_pad_into_conv import FoldPadIntoConv
+from .fold_zero_point_pad_into_conv import FoldZeroPointPadIntoConv
 from .fuse_by_pattern import FuseByPattern
 from .fuse_widening_into_pool import FuseWideningIntoPool
 from .narrow_before_max_pool import NarrowBeforeMaxPool
@@ -20,6 +21,7 @@ __all__ = [
     "CombineParallelCast",
     "CombineParallelOpBatch",
     "FoldPadIntoConv",
+    "FoldZeroPointPadIntoConv",
     "FuseByPattern",
     "FuseWideningIntoPool",
     "NarrowBeforeMaxPool",

@@ -7,9 +7,10 @@ One rule per convolution op, tried on every convolution whose data argument is a
     # conv(pad(x, 0, [.., (t, b) on H, (l, r) on W, ..]), w, padding=p)      -> conv(x, w, padding=p + (t, l, b, r))
     # qnn.conv2d(pad(x, zp_x, ...), w, zp_x, zp_w, s_x, s_w, padding=p)      -> qnn.conv2d(x, w, zp_x, ..., padding=p + ...)
 
-``nn.conv2d`` and ``nn.contrib_conv2d_NCHWc`` pad with 0, so only a zero pad value folds into
-them; ``qnn.conv2d`` pads with the input zero point, so the pad value must equal it. Either way
-every element the convolution reads is the same as before: the rewrite is exact (bit for bit).
+``nn.conv2d``, ``nn.contrib_conv2d_NCHWc`` and ``nn.contrib_depthwise_conv2d_NCHWc`` pad with 0,
+so only a zero pad value folds into them (a non-zero one:
+:mod:`~tvm_ext.passes.fold_zero_point_pad_into_conv`); ``qnn.conv2d`` pads with the input zero
+point, so the pad value must equal it. Either way every element the convolution reads is the same as before: the rewrite is exact (bit for bit).
 
 Why. The QNN conv lowering (``src/relay/qnn/op/convolution.cc``, ``Conv2DPadInput``) pads the
 input with its zero point *explicitly* and calls ``nn.conv2d`` with ``padding=0``. When that
@@ -132,6 +133,8 @@ RULES = (
     Rule(f"{PASS_NAME}.conv2d", "nn.conv2d", _zero),
     # conv_NCHWc(pad(x, 0), w)                   -> conv_NCHWc(x, w, padding += pad)
     Rule(f"{PASS_NAME}.conv2d_NCHWc", "nn.contrib_conv2d_NCHWc", _zero),
+    # depthwise_conv_NCHWc(pad(x, 0), w)         -> depthwise_conv_NCHWc(x, w, padding += pad)
+    Rule(f"{PASS_NAME}.depthwise_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc", _zero),
     # qnn.conv2d(pad(x, zp_x), w, zp_x, ...)     -> qnn.conv2d(x, w, zp_x, ..., padding += pad)
     Rule(f"{PASS_NAME}.qnn_conv2d", "qnn.conv2d", _input_zero_point),
 )
@@ -190,6 +193,8 @@ def _with_padding(conv, padding, data):
         new = relay.nn.conv2d(data, conv.args[1], **common)
     elif name == "nn.contrib_conv2d_NCHWc":
         new = relay.nn.contrib_conv2d_nchwc(data, conv.args[1], **common)
+    elif name == "nn.contrib_depthwise_conv2d_NCHWc":
+        new = relay.nn.contrib_depthwise_conv2d_nchwc(data, conv.args[1], **common)
     else:  # qnn.conv2d
         new = relay.qnn.op.conv2d(data, *conv.args[1:], **common)
     return relay.Call(new.op, new.args, new.attrs, conv.type_args, conv.span)
@@ -230,7 +235,8 @@ def FoldPadIntoConv():  # pylint: disable=invalid-name
     """Fold an explicit ``nn.pad`` into the padding of the convolution that reads it.
 
     ``conv(pad(x, v), w)`` becomes ``conv(x, w)`` with the pad widths added to the conv's
-    ``padding``, for ``nn.conv2d`` and ``nn.contrib_conv2d_NCHWc`` when ``v == 0`` and for
+    ``padding``, for ``nn.conv2d``, ``nn.contrib_conv2d_NCHWc`` and
+    ``nn.contrib_depthwise_conv2d_NCHWc`` when ``v == 0`` and for
     ``qnn.conv2d`` when ``v`` equals its input zero point, padding only on the H and W axes (blocked
     layouts such as ``NCHW16c`` understood). Exact. Removes the lone pad kernels the QNN conv
     lowering leaves in front of 3x3 convolutions; the pad stays when another consumer reads it.

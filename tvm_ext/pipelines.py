@@ -75,6 +75,9 @@ def int8() -> Pipeline:
        it (``f(max_pool(x)) == max_pool(f(x))``), so the producer writes int8, not float32.
     6. ``CombineParallelCast``: one narrowing cast per value, fused into its producer.
     7. ``FoldPadIntoConv``: explicit zero / zero-point pads fold into the (NCHWc) convolution.
+       ``FoldZeroPointPadIntoConv``: a non-zero pad (an asymmetric input zero point, which the
+       conv cannot pad with) folds too; its border contribution, a constant, is added in the
+       conv's epilogue (exact).
     8. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
        boundary and the widening (dequantize) chain fuses into the consumer.
     9. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
@@ -89,6 +92,7 @@ def int8() -> Pipeline:
     from .passes import (
         CombineParallelCast,
         FoldPadIntoConv,
+        FoldZeroPointPadIntoConv,
         FuseWideningIntoPool,
         NarrowBeforeMaxPool,
         NarrowKernelBoundaries,
@@ -104,6 +108,7 @@ def int8() -> Pipeline:
         NarrowBeforeMaxPool(),
         CombineParallelCast(),
         FoldPadIntoConv(),
+        FoldZeroPointPadIntoConv(),
         NarrowKernelBoundaries(),
         FuseWideningIntoPool(),
     ]

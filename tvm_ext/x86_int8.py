@@ -2,9 +2,10 @@
 
 Design note
 -----------
-TVM 0.19's x86 int8 path has two defects on AVX-512 VNNI CPUs (Zen 4/5, Ice Lake and later);
-:func:`kernels` fixes both, only while it is entered (``tvm_ext.build`` enters it), so a plain
-``relay.build`` in the same process keeps TVM's own behaviour.
+TVM 0.19's x86 int8 path has two defects on AVX-512 VNNI CPUs (Zen 4/5, Ice Lake and later),
+and its pool schedules one on every x86 CPU (3.); :func:`kernels` fixes them, only while it is
+entered (``tvm_ext.build`` enters it), so a plain ``relay.build`` in the same process keeps
+TVM's own behaviour.
 
 1. **Operand types.** ``topi/x86/tensor_intrin.py`` calls ``llvm.x86.avx512.vpdpbusd.512`` with
    three ``<16 x i32>`` operands. LLVM 22 changed the intrinsic to take the byte operands as
@@ -35,7 +36,17 @@ TVM 0.19's x86 int8 path has two defects on AVX-512 VNNI CPUs (Zen 4/5, Ice Lake
    epilogue's registers), so AVX2 keeps TVM's schedule. The table behind each choice is in
    ``_POLICY`` and comes from ``benchmarks/int8_conv_schedules.py``.
 
-Neither change alters results: integer accumulation is exact in both schedules, and the
+3. **Pool prologues.** ``FuseWideningIntoPool`` makes a pool's kernel read the 8-bit value and
+   widen it (``cast -> subtract -> multiply -> floor -> cast``) itself. TVM's x86 pool schedules
+   (``topi/x86/pooling.py``) inline only the pool's injective *consumers* (and the pad of
+   ``avg_pool2d``); every producer stage stays a separate, serial, unvectorized loop nest with
+   its own temporary buffer. Stock TVM never fuses producers into a pool, so it never meets this.
+   Measured on the PP-OCR classifier's SE pools (1x20x2x96x10 uint8 -> int32, Zen 4): 500 us
+   per pool with TVM's schedule, 65 us inlined, 63 us for the unfused pair. :func:`kernels`
+   wraps ``schedule_pool`` / ``schedule_adaptive_pool`` to also inline the injective producers
+   of the pool (:func:`_inline_pool_producers`).
+
+No change alters results (3. only inlines elementwise stages): integer accumulation is exact in both schedules, and the
 epilogue's arithmetic is the same per element (tests check bit-equality against TVM's own
 schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
 its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
@@ -184,25 +195,62 @@ def _schedule_common_int8_per_row(s, cfg, data_vec, kernel_vec, conv_out, last):
     )
 
 
+def _inline_pool_producers(schedule_fn):
+    """``schedule_fn`` (a TVM x86 pool schedule), then every injective producer of the pool inlined.
+
+    Inlining an elementwise/injective stage into its reader never changes a value (the same
+    expression is evaluated per element); it only removes the stage's own loop nest and buffer.
+    """
+    import functools
+
+    from tvm import te
+    from tvm.topi import tag
+
+    @functools.wraps(schedule_fn)
+    def wrapped(outs, *args, **kwargs):
+        s = schedule_fn(outs, *args, **kwargs)
+        outs = [outs] if isinstance(outs, te.tensor.Tensor) else list(outs)
+        out_ops = {o.op for o in outs}
+        seen, stack = set(), [t for o in outs for t in o.op.input_tensors]
+        while stack:
+            op = stack.pop().op
+            if op in seen or not isinstance(op, te.tensor.ComputeOp):
+                continue
+            seen.add(op)
+            if tag.is_injective(op.tag) and op not in out_ops:
+                s[op].compute_inline()
+            stack.extend(op.input_tensors)
+        return s
+
+    wrapped._tvm_ext_pool_fix = True  # pylint: disable=protected-access
+    return wrapped
+
+
 def _install(schedule):
+    import tvm.topi.x86 as x86
     import tvm.topi.x86.conv2d_avx_common as common
     import tvm.topi.x86.tensor_intrin as intrin
 
     _SAVED["intrin"] = intrin.dot_16x1x16_uint8_int8_int32_cascadelake
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
+    _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
     if needs_operand_fix():
         intrin.dot_16x1x16_uint8_int8_int32_cascadelake = dot_u8s8_vnni
     _SAVED["mode"] = schedule
     if schedule:
         common._schedule_conv_NCHWc_int8 = _schedule_common_int8_per_row
+        x86.schedule_pool = _inline_pool_producers(x86.schedule_pool)
+        x86.schedule_adaptive_pool = _inline_pool_producers(x86.schedule_adaptive_pool)
 
 
 def _uninstall():
+    import tvm.topi.x86 as x86
     import tvm.topi.x86.conv2d_avx_common as common
     import tvm.topi.x86.tensor_intrin as intrin
 
     intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
     common._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule")
+    x86.schedule_pool, x86.schedule_adaptive_pool = _SAVED.pop("pools")
     _SAVED.pop("mode", None)
 
 

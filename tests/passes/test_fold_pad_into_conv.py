@@ -206,3 +206,21 @@ def test_nested_pads_fold_at_once(qnn):
     after = check(FoldPadIntoConv(), before, infer(conv(_x(), (2, 2))))
     assert_unchanged(FoldPadIntoConv(), after)
     assert_same_outputs(before, after, random_inputs(before))
+
+
+def _dw_nchwc(data, w, padding):
+    return relay.nn.contrib_depthwise_conv2d_nchwc(data, relay.const(w), padding=padding, groups=8, channels=8,
+                                                   kernel_size=(3, 3), data_layout="NCHW4c", kernel_layout="OIHW1i4o",
+                                                   out_layout="NCHW4c", out_dtype="float32")
+
+
+def test_fold_depthwise_conv2d_nchwc():
+    """x NCHW4c -> pad(0) -> contrib_depthwise_conv2d_NCHWc (MobileNet after AlterOpLayout, ReLU input)."""
+    x = _x((1, 2, 8, 8, 4), "float32")
+    w = np.random.default_rng(3).standard_normal((2, 1, 3, 3, 1, 4)).astype("float32")
+    before = infer(_dw_nchwc(relay.nn.pad(x, [[0, 0], [0, 0], [1, 1], [1, 1], [0, 0]], 0), w, (0, 0, 0, 0)))
+    expected = infer(_dw_nchwc(_x((1, 2, 8, 8, 4), "float32"), w, (1, 1, 1, 1)))
+    after = check(FoldPadIntoConv(), before, expected)
+    assert_unchanged(FoldPadIntoConv(), after)
+    out_b, out_a = assert_same_outputs(before, after, random_inputs(before))
+    np.testing.assert_allclose(out_b[0], out_a[0], rtol=1e-6, atol=1e-6)

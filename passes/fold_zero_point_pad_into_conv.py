@@ -1,0 +1,398 @@
+"""FoldZeroPointPadIntoConv: a non-zero (zero-point) pad in front of an integer conv folds into it.
+
+Design note
+-----------
+TVM's QNN conv lowering (``src/relay/qnn/op/convolution.cc``, ``Conv2DPadInput``) pads the input
+*explicitly* with its zero point ``z`` and calls the conv with ``padding=0``. With ``z == 0``
+:mod:`~tvm_ext.passes.fold_pad_into_conv` folds that pad into the conv. ONNX Runtime's U8S8
+models have asymmetric activations (hard-swish, SiLU outputs: ``z != 0``), so the pad stays a
+kernel of its own (``nn.pad`` is injective and FuseOps fuses neither into the conv nor after the
+producer's anchor): 11 extra kernels on the PP-OCR mobile classifier, where stock TVM keeps the
+conv in float and folds a zero pad.
+
+The convolution is linear in its (padded) input, and ``pad(x, z) == pad(x, 0) + pad(0, z)``::
+
+    # conv(pad(x, z), w)  ->  add(conv(x, w, padding += pad), cast(C, int32))
+    #     C = conv(pad(zeros_like(x), z), w)       (a compile-time constant, zero off the border)
+    # conv(layout_transform(pad(x, z)), w) -> add(conv(layout_transform(x), w, padding += pad), ...)
+
+for ``nn.conv2d``, ``nn.contrib_conv2d_NCHWc`` and ``nn.contrib_depthwise_conv2d_NCHWc`` with an
+integer input, an integer constant weight and an ``int32`` output: integer sums are exact and
+associative (two's complement), so the result equals the original bit for bit on every schedule
+that computes the conv exactly (VNNI ``vpdpbusd``, scalar, ARM). ``C`` is computed here in numpy
+(``int64``) from the weights and the geometry, for any stride, dilation, group count, existing
+conv padding and (blocked) layout: ``C[o, y, x] = z * sum of Wsum[o, kh, kw]`` over the taps of
+output ``(y, x)`` that land in the pad region, ``Wsum`` the weights summed over input channels.
+It is stored in the narrowest of int8/int16/int32 holding it; the ``cast`` and the ``add`` are
+elementwise on the conv's output, so FuseOps fuses them into the conv's kernel (its epilogue
+reads ``C``): the pad kernel disappears, and no kernel is added.
+
+Not exact on x86 targets without VNNI: their ``vpmaddubsw`` saturates int16 pair sums, so stock
+TVM's conv is not the exact integer conv to begin with, and which pairs saturate changes at the
+border (``pad(x, 0)`` holds zeros where ``pad(x, z)`` held ``z``: less saturation). The
+differences are confined to border outputs where the original saturated.
+
+Folded only when every reader of the pad is a conv this pass folds (else the pad kernel stays and
+the constant read would be paid for nothing). Rejected with a logged reason: pad value 0 (that is
+:mod:`~tvm_ext.passes.fold_pad_into_conv`'s case) or not a constant scalar, pad mode other than
+``constant``, padding of non-spatial axes, float convs or outputs other than int32, non-constant
+weights, layouts without plain ``H``/``W`` axes, a ``layout_transform`` that splits ``H``/``W``,
+dynamic shapes, pads with other readers. Functions with ``If``/``Let``/``Match``/references/
+closures are skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
+Run it at stage ``before_fuse`` (after QNN lowering and AlterOpLayout). Idempotent: the folded
+conv reads ``x``, not a pad.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from tvm_ext.registry import register_pass
+
+from ._util import Reject, consumers, dataflow_nodes, op_name, pass_logger, rebuild, static_tensor_type, with_body
+
+__all__ = ["FoldZeroPointPadIntoConv", "CONV_OPS", "border_constant", "unblock", "block"]
+
+PASS_NAME = "FoldZeroPointPadIntoConv"
+_log = pass_logger(PASS_NAME)
+
+#: conv op -> builder of the same conv with another data argument and padding
+CONV_OPS = ("nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc")
+_NARROW = (("int8", -128, 127), ("int16", -32768, 32767), ("int32", -(2**31), 2**31 - 1))
+
+
+# --- layouts ----------------------------------------------------------------------------------
+def _axes(layout: str):
+    """``"OIHW4i16o4i"`` -> [("O", 0), ("I", 0), ("H", 0), ("W", 0), ("I", 4), ("O", 16), ("I", 4)]."""
+    parts = re.findall(r"(\d*)([A-Za-z])", layout)
+    if "".join(n + a for n, a in parts) != layout:
+        raise ValueError(f"cannot parse layout {layout!r}")
+    out = []
+    for num, letter in parts:
+        if letter.isupper():
+            if num:
+                raise ValueError(f"layout {layout!r}: a primal axis with a factor")
+            out.append((letter, 0))
+        else:
+            if not num:
+                raise ValueError(f"layout {layout!r}: sub-axis {letter!r} without a factor")
+            out.append((letter.upper(), int(num)))
+    return out
+
+
+def _groups(layout: str, primal: str):
+    """Per primal axis of ``primal`` its positions in ``layout``: the primal axis first, then its
+    sub-axes outer to inner (TVM's layout convention: ``X = (X_o * f1 + x1) * f2 + x2``)."""
+    axes = _axes(layout)
+    letters = [a for a, f in axes if f == 0]
+    if sorted(letters) != sorted(primal):
+        raise ValueError(f"layout {layout!r} does not have exactly the axes {primal!r}")
+    return [[i for i, (a, f) in enumerate(axes) if a == p and f == 0] + [i for i, (a, f) in enumerate(axes) if a == p and f]
+            for p in primal]
+
+
+def unblock(arr: np.ndarray, layout: str, primal: str) -> np.ndarray:
+    """``arr`` stored in (blocked) ``layout`` as an array of axes ``primal`` (e.g. "OIHW")."""
+    groups = _groups(layout, primal)
+    perm = [i for g in groups for i in g]
+    moved = np.transpose(arr, perm)
+    sizes, k = [], 0
+    for g in groups:
+        sizes.append(int(np.prod(moved.shape[k:k + len(g)])))
+        k += len(g)
+    return moved.reshape(sizes)
+
+
+def block(arr: np.ndarray, primal: str, layout: str) -> np.ndarray:
+    """The inverse of :func:`unblock`: ``arr`` of axes ``primal`` stored in ``layout``."""
+    axes = _axes(layout)
+    groups = _groups(layout, primal)
+    split_shape, perm_src = [], []
+    for p, g in zip(primal, groups):
+        factors = [axes[i][1] for i in g[1:]]
+        total = arr.shape[primal.index(p)]
+        inner = int(np.prod(factors)) if factors else 1
+        if total % inner:
+            raise ValueError(f"axis {p} of size {total} does not split by {factors} ({layout!r})")
+        split_shape += [total // inner, *factors]
+        perm_src += g
+    split = arr.reshape(split_shape)
+    # split's axis j holds layout position perm_src[j]; put them in layout order
+    inverse = [perm_src.index(pos) for pos in range(len(axes))]
+    return np.ascontiguousarray(np.transpose(split, inverse))
+
+
+# --- the constant -----------------------------------------------------------------------------
+def border_constant(weight_oihw: np.ndarray, value: int, in_hw, pad_hw, conv_padding, strides, dilation,
+                    out_hw) -> np.ndarray:
+    """``conv(pad(zeros, value), w)`` in NCHW without batch: an int64 array (O, OH, OW).
+
+    ``in_hw``: the padded tensor's (H, W) as the conv reads it; ``pad_hw``: ((top, bottom),
+    (left, right)) of the value-pad inside it; ``conv_padding``: the conv's own zero padding
+    (top, left, bottom, right); ``weight_oihw``: (O, I/groups, KH, KW).
+    """
+    wsum = weight_oihw.astype(np.int64).sum(axis=1)  # (O, KH, KW): every input channel holds `value`
+
+    def band(n_out, size, before_after, q_before, stride, dil, k):
+        o = np.arange(n_out)[:, None]
+        r = o * stride + np.arange(k)[None, :] * dil - q_before  # row of the padded tensor
+        inside = (r >= 0) & (r < size)
+        core = (r >= before_after[0]) & (r < size - before_after[1])
+        return inside.astype(np.int64), core.astype(np.int64)
+
+    kh, kw = wsum.shape[1:]
+    th, xh = band(out_hw[0], in_hw[0], pad_hw[0], conv_padding[0], strides[0], dilation[0], kh)
+    tw, xw = band(out_hw[1], in_hw[1], pad_hw[1], conv_padding[1], strides[1], dilation[1], kw)
+    # taps inside the padded tensor minus taps inside x = taps in the value-pad region
+    taps = np.einsum("okl,yk,xl->oyx", wsum, th, tw) - np.einsum("okl,yk,xl->oyx", wsum, xh, xw)
+    return value * taps
+
+
+# --- matching ---------------------------------------------------------------------------------
+def _ints(values):
+    import tvm
+
+    out = []
+    for v in values:
+        if not isinstance(v, tvm.tir.IntImm):
+            return None
+        out.append(int(v))
+    return out
+
+
+def _scalar(expr):
+    from tvm import relay
+
+    if not isinstance(expr, relay.Constant) or expr.data.numpy().size != 1:
+        return None
+    return expr.data.numpy().reshape(()).item()
+
+
+def _hw(layout: str):
+    """Positions of the plain H and W axes of ``layout``, or a Reject (H/W split, missing)."""
+    try:
+        axes = _axes(layout)
+    except ValueError as err:
+        return Reject(str(err))
+    if any(a in "HW" and f for a, f in axes):
+        return Reject(f"layout {layout!r} splits H or W")
+    pos = [i for i, (a, f) in enumerate(axes) if a in "HW" and not f]
+    if len(pos) != 2:
+        return Reject(f"layout {layout!r} has no H and W axes")
+    return tuple(sorted(pos, key=lambda i: axes[i][0]))  # (H, W)
+
+
+def _padding4(attrs):
+    pad = _ints(attrs.padding)
+    if pad is None:
+        return None
+    return {1: pad * 4, 2: pad + pad, 4: pad}.get(len(pad))
+
+
+def _match(conv, users):
+    """(pad, layout_transform or None, x, (pad_h, pad_w), value) for ``conv``, or a Reject."""
+    from tvm import relay
+
+    data = conv.args[0]
+    lt = None
+    if isinstance(data, relay.Call) and op_name(data) == "layout_transform":
+        lt, data = data, data.args[0]
+    if not (isinstance(data, relay.Call) and op_name(data) == "nn.pad"):
+        return Reject("the conv does not read an nn.pad")
+    pad = data
+    if str(pad.attrs.pad_mode) != "constant":
+        return Reject(f"pad mode {pad.attrs.pad_mode!r} (only 'constant' folds)")
+    value = _scalar(pad.args[1])
+    if value is None or value != int(value):
+        return Reject("pad value is not a constant integer scalar")
+    if value == 0:
+        return Reject("pad value 0: FoldPadIntoConv's case")
+    for e in (pad.args[0], pad, conv, conv.args[1]) + ((lt,) if lt is not None else ()):
+        ok = static_tensor_type(e)
+        if not ok:
+            return ok
+    xdt, wdt = pad.args[0].checked_type.dtype, conv.args[1].checked_type.dtype
+    if not (xdt.startswith(("int", "uint")) and wdt.startswith(("int", "uint"))):
+        return Reject(f"not an integer conv ({xdt} x {wdt})")
+    if conv.checked_type.dtype != "int32":
+        return Reject(f"conv output {conv.checked_type.dtype}, not int32")
+    try:
+        info = np.iinfo(xdt)
+    except (TypeError, ValueError):
+        return Reject(f"input dtype {xdt} has no numpy integer type")
+    if not info.min <= value <= info.max:
+        return Reject(f"pad value {value} does not fit {xdt}")
+    if not isinstance(conv.args[1], relay.Constant):
+        return Reject("the weight is not a constant")
+    pad_layout = str(lt.attrs.src_layout) if lt is not None else str(conv.attrs.data_layout)
+    if lt is not None:
+        for layout in (str(lt.attrs.src_layout), str(lt.attrs.dst_layout)):
+            hw = _hw(layout)
+            if not hw:
+                return Reject(f"layout_transform between pad and conv: {hw}")
+        if str(lt.attrs.dst_layout) != str(conv.attrs.data_layout):
+            return Reject("layout_transform's destination is not the conv's data layout")
+    hw = _hw(pad_layout)
+    if not hw:
+        return hw
+    widths = [_ints(p) for p in pad.attrs.pad_width]
+    if any(p is None or len(p) != 2 for p in widths) or len(widths) != len(_axes(pad_layout)):
+        return Reject("pad widths are not constant (before, after) pairs, one per axis")
+    for i, p in enumerate(widths):
+        if i not in hw and p != [0, 0]:
+            return Reject(f"pads non-spatial axis {i} of {pad_layout!r} by {p}")
+    for node in (pad, lt) if lt is not None else (pad,):
+        readers = users.get(node, [])
+        if any(op_name(r) not in CONV_OPS and not (lt is not None and r.same_as(lt)) for r, _ in readers):
+            return Reject("the pad has readers other than convolutions: its kernel would stay")
+    return pad, lt, (tuple(widths[hw[0]]), tuple(widths[hw[1]])), int(value)
+
+
+def _constant(conv, pad_hw, value):
+    """The int32 correction C in the conv's output layout (numpy), or a Reject."""
+    a = conv.attrs
+    data_layout = str(a.data_layout)
+    out_layout = str(a.out_layout) or data_layout
+    # only the layouts whose primal axes are in the order NCHW / OIHW (ONNX's and TVM's x86 NCHWc
+    # forms): other kernel layouts (depthwise HWOI...) give I and O other meanings
+    for layout, order in ((data_layout, "NCHW"), (out_layout, "NCHW"), (str(a.kernel_layout), "OIHW")):
+        try:
+            primal = "".join(x for x, f in _axes(layout) if not f)
+        except ValueError as err:
+            return Reject(str(err))
+        if primal != order:
+            return Reject(f"layout {layout!r}: only {order} (blocked or not) is supported")
+    try:
+        w = unblock(conv.args[1].data.numpy(), str(a.kernel_layout), "OIHW")
+    except ValueError as err:
+        return Reject(f"kernel layout: {err}")
+    in_shape = [int(d) for d in conv.args[0].checked_type.shape]
+    out_shape = [int(d) for d in conv.checked_type.shape]
+    hin, hout = _hw(data_layout), _hw(out_layout)
+    if not hin or not hout:
+        return Reject(f"conv layouts {data_layout!r} / {out_layout!r} lack plain H and W")
+    q = _padding4(a)
+    strides, dilation = _ints(a.strides), _ints(a.dilation)
+    if q is None or strides is None or dilation is None or len(strides) != 2 or len(dilation) != 2:
+        return Reject("conv strides / dilation / padding are not constants")
+    kh, kw = (int(k) for k in a.kernel_size) if a.kernel_size else w.shape[2:]
+    if (kh, kw) != tuple(w.shape[2:]):
+        return Reject(f"kernel_size {(kh, kw)} does not match the weights {w.shape}")
+    c = border_constant(w, value, (in_shape[hin[0]], in_shape[hin[1]]), pad_hw, (q[0], q[1]), strides, dilation,
+                        (out_shape[hout[0]], out_shape[hout[1]]))
+    try:
+        # (O, OH, OW) -> NCHW -> the output layout
+        full = block(c[None], "NCHW", out_layout)
+    except ValueError as err:
+        return Reject(f"output layout: {err}")
+    if list(full.shape) != out_shape:
+        return Reject(f"constant shape {list(full.shape)} does not match the conv output {out_shape}")
+    return full
+
+
+def _rebuilt_conv(conv, data, padding):
+    from tvm import relay
+
+    a = conv.attrs
+    common = dict(strides=a.strides, padding=padding, dilation=a.dilation, groups=a.groups, channels=a.channels,
+                  kernel_size=a.kernel_size, data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
+                  out_layout=str(a.out_layout), out_dtype=str(a.out_dtype))
+    name = op_name(conv)
+    if name == "nn.conv2d":
+        new = relay.nn.conv2d(data, conv.args[1], **common)
+    elif name == "nn.contrib_conv2d_NCHWc":
+        new = relay.nn.contrib_conv2d_nchwc(data, conv.args[1], **common)
+    else:
+        new = relay.nn.contrib_depthwise_conv2d_nchwc(data, conv.args[1], **common)
+    return relay.Call(new.op, new.args, new.attrs, conv.type_args, conv.span)
+
+
+def _fold(conv, users):
+    """The replacement of ``conv``, or a Reject."""
+    import tvm
+    from tvm import relay
+
+    m = _match(conv, users)
+    if not m:
+        return m
+    pad, lt, pad_hw, value = m
+    full = _constant(conv, pad_hw, value)
+    if isinstance(full, Reject):
+        return full
+    q = _padding4(conv.attrs)
+    padding = [q[0] + pad_hw[0][0], q[1] + pad_hw[1][0], q[2] + pad_hw[0][1], q[3] + pad_hw[1][1]]
+    x = pad.args[0]
+    data = relay.Call(lt.op, [x], lt.attrs, lt.type_args, lt.span) if lt is not None else x
+    new = _rebuilt_conv(conv, data, padding)
+    lo, hi = int(full.min()), int(full.max())
+    if lo == hi == 0:
+        return new, "int8", 0
+    if lo < _NARROW[-1][1] or hi > _NARROW[-1][2]:
+        return Reject(f"border constant [{lo}, {hi}] exceeds int32")
+    dtype = next(name for name, tlo, thi in _NARROW if tlo <= lo and hi <= thi)
+    const = relay.const(tvm.nd.array(full.astype(dtype)))
+    corr = const if dtype == "int32" else relay.cast(const, "int32")
+    # conv(pad(x, z), w) -> conv(x, w, padding += pad) + cast(C, int32)
+    return relay.add(new, corr), dtype, full.size
+
+
+def _run(func):
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    users = consumers(nodes)
+    subst: dict = {}
+    for node in nodes:
+        if not (isinstance(node, relay.Call) and op_name(node) in CONV_OPS and len(node.args) == 2):
+            continue
+        folded = _fold(node, users)
+        if isinstance(folded, Reject):
+            _log.debug("%s: not folded: %s", op_name(node), folded)
+            continue
+        new, dtype, size = folded
+        _log.info("%s %s: zero-point pad folded; border constant %s x %d added in the epilogue",
+                  op_name(node), [int(d) for d in node.checked_type.shape], dtype, size)
+        subst[node] = new
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def FoldZeroPointPadIntoConv():  # pylint: disable=invalid-name
+    """Fold a non-zero constant pad (the input zero point) into the integer convolution reading it.
+
+    ``conv(pad(x, z), w)`` becomes ``conv(x, w, padding += pad) + cast(C, int32)`` with
+    ``C = conv(pad(zeros_like(x), z), w)`` computed at compile time (non-zero only on the output
+    border, stored as int8/int16/int32, whichever holds it), for ``nn.conv2d``,
+    ``nn.contrib_conv2d_NCHWc`` and ``nn.contrib_depthwise_conv2d_NCHWc`` with integer input and
+    weights and int32 output, any stride, dilation, groups and (blocked) layout, also through a
+    ``layout_transform`` between pad and conv. The addition fuses into the conv's kernel: the
+    pad kernel QNN lowering leaves for an input zero point ``z != 0`` disappears. Exact for exact
+    integer convs (see the module note for x86 without VNNI).
+
+    Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN).
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"FoldZeroPointPadIntoConv"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Rejections (zero or non-constant pad values, float convs, pads with other readers, layouts
+    splitting H/W, dynamic shapes) are logged at DEBUG on ``tvm_ext.passes.FoldZeroPointPadIntoConv``,
+    folds at INFO.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _run(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
