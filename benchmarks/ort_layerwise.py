@@ -21,6 +21,8 @@ or an ONNX file. Engines:
   benchmark's stock column; VNNI masked, ``vpmaddubsw`` int16 pair sums can saturate);
 - ``tvm-ext``: :func:`tvm_ext.build` without passes (VNNI where the host has it);
 - ``tvm-ext-int8``: :func:`tvm_ext.build` with ``pipelines.int8()``;
+- ``stock-llvm-rhe`` / ``tvm-ext-rhe``: as ``stock-llvm`` / ``tvm-ext``, with the pass
+  ``RoundHalfToEven`` at ``before_fuse``;
 - ``tvm-ext-int8-ort``: :func:`tvm_ext.build` with ``pipelines.int8(numerics="onnxruntime")``.
 
 An engine name may carry ``+ort`` to build with ``tvm_ext.numerics.onnxruntime_numerics()``'s
@@ -201,6 +203,14 @@ def run_engine(engine: str, model_path: str, xs_path: str, out_path: str, config
                 lib = relay.build(mod, target=tgt, params=params)
         elif base == "tvm-ext":
             lib = tvm_ext.build(mod, params=params, config=cfg)
+        elif base == "stock-llvm-rhe":  # tvm_ext.build with no passes is plain relay.build (tested)
+            from tvm_ext.passes import RoundHalfToEven
+
+            lib = tvm_ext.build(mod, target="llvm", params=params, passes=[RoundHalfToEven()], config=cfg)
+        elif base == "tvm-ext-rhe":
+            from tvm_ext.passes import RoundHalfToEven
+
+            lib = tvm_ext.build(mod, params=params, passes=[RoundHalfToEven()], config=cfg)
         elif base == "tvm-ext-int8":
             lib = tvm_ext.build(mod, params=params, passes=pipelines.int8(), config=cfg)
         elif base == "tvm-ext-int8-ort":

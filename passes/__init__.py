@@ -14,6 +14,7 @@ from .narrow_kernel_boundaries import NarrowKernelBoundaries
 from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
 from .qdq_to_integer import QDQToInteger
 from .remove_stop_fusion import RemoveStopFusion
+from .round_half_to_even import RoundHalfToEven
 from .uniform_zero_points_to_scalar import UniformZeroPointsToScalar
 
 __all__ = [
@@ -27,5 +28,6 @@ __all__ = [
     "NonNegativeConvInputToUint8",
     "QDQToInteger",
     "RemoveStopFusion",
+    "RoundHalfToEven",
     "UniformZeroPointsToScalar",
 ]

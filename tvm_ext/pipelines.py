@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Pipeline", "int8"]
+__all__ = ["Pipeline", "int8", "NUMERICS"]
+
+#: ``numerics=`` choices of :func:`int8`: whose rounding the built model follows.
+NUMERICS = ("tvm", "onnxruntime")
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ def _sequential(passes, name):
     return seq
 
 
-def int8() -> Pipeline:
+def int8(numerics: str = "tvm") -> Pipeline:
     """tvm-ext's recommended pipeline for quantized CNNs (the benchmark's "tvm-ext" column).
 
     Stage ``start`` (QNN ops still present, before relay.build's prefix):
@@ -82,10 +85,31 @@ def int8() -> Pipeline:
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
 
+    With ``numerics="onnxruntime"``, stage ``before_fuse`` ends with
+
+    10. ``RoundHalfToEven``: every ``round`` (TVM's lowered ``qnn.quantize`` rounds
+        ``x / scale`` with it) rounds halfway cases to even, as ONNX's ``QuantizeLinear`` and
+        ONNX Runtime do, instead of away from zero. This changes the outputs (on exact ties
+        only): it is not the default, so that the default pipeline stays bit-exact to stock TVM.
+
+    Parameters
+    ----------
+    numerics : {"tvm", "onnxruntime"}
+        ``"tvm"`` (default): results bit-exact to stock ``relay.build`` at the same target.
+        ``"onnxruntime"``: round as ONNX Runtime does (see above); the pipeline is then named
+        ``tvm_ext.int8_ort``.
+
     Returns
     -------
     Pipeline
+
+    Raises
+    ------
+    ValueError
+        An unknown ``numerics``.
     """
+    if numerics not in NUMERICS:
+        raise ValueError(f"pipelines.int8: numerics={numerics!r}; expected one of {NUMERICS}")
     from .passes import (
         CombineParallelCast,
         FoldPadIntoConv,
@@ -95,6 +119,7 @@ def int8() -> Pipeline:
         NonNegativeConvInputToUint8,
         QDQToInteger,
         RemoveStopFusion,
+        RoundHalfToEven,
         UniformZeroPointsToScalar,
     )
 
@@ -107,9 +132,13 @@ def int8() -> Pipeline:
         NarrowKernelBoundaries(),
         FuseWideningIntoPool(),
     ]
+    name = "tvm_ext.int8"
+    if numerics == "onnxruntime":
+        before_fuse.append(RoundHalfToEven())
+        name = "tvm_ext.int8_ort"
     return Pipeline(
-        name="tvm_ext.int8",
-        start=_sequential(start, "tvm_ext.int8.start"),
-        before_fuse=_sequential(before_fuse, "tvm_ext.int8.before_fuse"),
+        name=name,
+        start=_sequential(start, f"{name}.start"),
+        before_fuse=_sequential(before_fuse, f"{name}.before_fuse"),
         doc=int8.__doc__ or "",
     )

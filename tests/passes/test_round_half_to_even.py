@@ -1,0 +1,200 @@
+"""Tests of tvm_ext.passes.round_half_to_even (and pipelines.int8(numerics="onnxruntime"))."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper
+from tvm import relay
+
+import tvm_ext
+from tvm_ext import pipelines
+from tvm_ext.passes import RoundHalfToEven
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.passes.round_half_to_even import round_half_to_even
+from tvm_ext.testing import assert_unchanged, check, infer, run_module
+
+LOGGER = "tvm_ext.passes.RoundHalfToEven"
+TIES = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 3.0, -4.0, 0.49999997, -0.49999997,
+                 2.5000002, -2.4999998, 1e9 + 0.0, -0.0], "float32")
+
+
+def _round_graph(shape=(16,), dtype="float32"):
+    x = relay.var("x", shape=shape, dtype=dtype)
+    return infer(relay.Function([x], relay.multiply(relay.round(relay.add(x, relay.const(0.0, dtype))),
+                                                    relay.const(2.0, dtype))))
+
+
+def test_rewrites_round_to_floor_form():
+    """round(v) -> f + where(d > 0.5, 1, where(d == 0.5, f - 2 floor(f/2), 0)), f = floor(v), d = v - f."""
+    x = relay.var("x", shape=(16,), dtype="float32")
+    v = relay.add(x, relay.const(0.0))
+    expected = infer(relay.Function([x], relay.multiply(round_half_to_even(v), relay.const(2.0))))
+    after = check(RoundHalfToEven(), _round_graph(), expected)
+    assert "round(" not in after.astext()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_ties_to_even_and_equal_elsewhere(dtype):
+    """Differential: the rewritten graph equals numpy's rint (ties to even) bit for bit, and the
+    original graph everywhere but on exact ties."""
+    before = _round_graph(dtype=dtype)
+    after = RoundHalfToEven()(before)
+    rng = np.random.default_rng(5)
+    xs = [TIES.astype(dtype), (rng.standard_normal(16) * 300).astype(dtype),
+          np.array([np.inf, -np.inf, np.nan, 2.0**23 + 1, -(2.0**23) - 1, 2.0**30, 0.25, -0.75] * 2, dtype)]
+    for x in xs:
+        got = run_module(after, {"x": x})[0]
+        ref = run_module(before, {"x": x})[0]
+        np.testing.assert_array_equal(got, np.rint(x) * 2)
+        with np.errstate(invalid="ignore"):
+            tie = (x - np.floor(x)) == 0.5
+        np.testing.assert_array_equal(got[~tie], ref[~tie])
+    assert (run_module(before, {"x": TIES.astype(dtype)})[0] != np.rint(TIES) * 2).any()  # stock differs on ties
+
+
+def _quantize_graph():
+    x = relay.var("x", shape=(1, 4, 8, 8), dtype="float32")
+    q = relay.qnn.op.quantize(x, relay.const(np.float32(2 / 255)), relay.const(127), out_dtype="uint8")
+    return infer(relay.Function([x], q))
+
+
+def _ort_quantize(x):
+    import onnxruntime as ort
+
+    node = helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["y"])
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, list(x.shape))],
+                              [helper.make_tensor("s", TensorProto.FLOAT, [], [np.float32(2 / 255)]),
+                               helper.make_tensor("zp", TensorProto.UINT8, [], [127])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def _pixels(seed):
+    """Images normalised as PP-OCR does: (p / 255 - 0.5) / 0.5 lands on x / (2/255) = p - 127.5 (ties)."""
+    p = np.random.default_rng(seed).integers(0, 256, (1, 4, 8, 8)).astype("float32")
+    return ((p / 255 - 0.5) / 0.5).astype("float32")
+
+
+def test_lowered_quantize_matches_onnxruntime_on_ties():
+    """What the pass is for: qnn.quantize of normalised pixels, stock TVM vs ORT vs the rewrite."""
+    mod = _quantize_graph()
+    target = tvm_ext.host_target()
+    stock = tvm_ext.build(mod, target)
+    ext = tvm_ext.build(mod, target, passes=[RoundHalfToEven()])
+    assert ext.kernel_report.num_kernels == stock.kernel_report.num_kernels
+    x = _pixels(0)
+    ort_y = _ort_quantize(x)
+    stock_y, ext_y = run_module(stock, {"x": x})[0], run_module(ext, {"x": x})[0]
+    assert (stock_y != ort_y).mean() > 0.1  # many exact ties: stock is one level off on each tie with odd floor
+    np.testing.assert_array_equal(ext_y, ort_y)
+    r = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype("float32")  # no ties: all agree
+    np.testing.assert_array_equal(run_module(ext, {"x": r})[0], run_module(stock, {"x": r})[0])
+
+
+def test_idempotent():
+    once = RoundHalfToEven()(_round_graph())
+    assert_unchanged(RoundHalfToEven(), once)
+
+
+def test_unchanged_on_no_match():
+    x = relay.var("x", shape=(8,), dtype="float32")
+    assert_unchanged(RoundHalfToEven(), infer(relay.Function([x], relay.floor(relay.sqrt(x)))))
+
+
+def test_float16_round_left_alone_says_why(caplog):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(RoundHalfToEven(), _round_graph(dtype="float16"))
+    assert "round of float16" in caplog.text
+
+
+def test_if_graph_left_alone_says_why(caplog):
+    x = relay.var("x", shape=(4,), dtype="float32")
+    c = relay.var("c", shape=(), dtype="bool")
+    mod = infer(relay.Function([x, c], relay.If(c, relay.round(x), x)))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(RoundHalfToEven(), mod)
+    assert "If" in caplog.text
+
+
+def test_untyped_module_raises_naming_the_pass():
+    x = relay.var("x", shape=(4,), dtype="float32")
+    untyped = tvm.IRModule.from_expr(relay.Function([x], relay.round(x)))
+    with pytest.raises(UntypedModuleError, match="RoundHalfToEven"):
+        RoundHalfToEven()(untyped)
+
+
+def test_caller_module_not_mutated_and_disabled_by_name():
+    mod = _round_graph()
+    text = mod.astext()
+    seq = tvm.transform.Sequential([RoundHalfToEven(), relay.transform.InferType()])
+    with tvm.transform.PassContext(opt_level=3):
+        out = seq(mod)
+    assert mod.astext() == text and "round(" not in out.astext()
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=["RoundHalfToEven"]):
+        tvm.ir.assert_structural_equal(seq(mod)["main"], mod["main"])
+
+
+# --- pipelines.int8(numerics="onnxruntime") ------------------------------------------------------
+def test_pipeline_numerics_option():
+    default, ort = pipelines.int8(), pipelines.int8(numerics="onnxruntime")
+    assert "RoundHalfToEven" not in default.pass_names()["before_fuse"]
+    assert ort.pass_names()["before_fuse"] == [*default.pass_names()["before_fuse"], "RoundHalfToEven"]
+    assert ort.pass_names()["start"] == default.pass_names()["start"]
+    assert ort.name == "tvm_ext.int8_ort" and default.name == "tvm_ext.int8"
+    with pytest.raises(ValueError, match="numerics='mlas'"):
+        pipelines.int8(numerics="mlas")
+
+
+def _qdq_conv_model():
+    """Input QuantizeLinear of normalised pixels -> QDQ conv (16 channels) -> output; opset 13."""
+    rng = np.random.default_rng(3)
+    w = rng.integers(-127, 128, (16, 4, 3, 3)).astype("int8")
+    inits = [helper.make_tensor("s_x", TensorProto.FLOAT, [], [2 / 255]),
+             helper.make_tensor("z_x", TensorProto.UINT8, [], [127]),
+             helper.make_tensor("w", TensorProto.INT8, list(w.shape), w.ravel().tolist()),
+             helper.make_tensor("s_w", TensorProto.FLOAT, [], [0.004]),
+             helper.make_tensor("z_w", TensorProto.INT8, [], [0]),
+             helper.make_tensor("s_y", TensorProto.FLOAT, [], [0.05]),
+             helper.make_tensor("z_y", TensorProto.UINT8, [], [128])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s_x", "z_x"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s_x", "z_x"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "s_w", "z_w"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["y"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["y", "s_y", "z_y"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "s_y", "z_y"], ["out"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 16, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_pipeline_onnxruntime_numerics_on_a_qdq_conv():
+    """The int8 pipeline with numerics="onnxruntime" agrees with ORT where the default does not,
+    with the same kernels."""
+    import onnxruntime as ort
+
+    from tvm_ext.frontend import from_onnx
+
+    model = _qdq_conv_model()
+    mod, params = from_onnx(model)
+    default = tvm_ext.build(mod, params=params, passes=pipelines.int8())
+    ortnum = tvm_ext.build(mod, params=params, passes=pipelines.int8(numerics="onnxruntime"))
+    assert ortnum.kernel_report.num_kernels == default.kernel_report.num_kernels
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    diffs_default, diffs_ort = [], []
+    for seed in range(3):
+        x = _pixels(10 + seed)
+        ref = sess.run(None, {"x": x})[0]
+        diffs_default.append(np.abs(run_module(default, {"x": x})[0] - ref).max() / 0.05)
+        diffs_ort.append(np.abs(run_module(ortnum, {"x": x})[0] - ref).max() / 0.05)
+    assert max(diffs_default) >= 1.0  # the input's ties move conv outputs by whole steps
+    assert max(diffs_ort) == 0.0, diffs_ort
