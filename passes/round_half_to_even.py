@@ -2,10 +2,12 @@
 
 Design note
 -----------
-One rule, on every float ``round`` call of a dataflow function::
+Two rules, on every float ``round`` call of a dataflow function::
 
     # round(v) -> f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(0.5 * f), 0))
     #     with f = floor(v), d = v - f          (ties go to the even neighbour)
+    # round(divide(x, c)) -> the above of divide(x, const([c]))     (c a float scalar constant)
+    #     (a true division, as ONNX's QuantizeLinear defines x / y_scale)
 
 Why. TVM 0.19 lowers ``round`` to LLVM's ``llvm.round``: halfway cases go *away from zero*
 (``round(0.5) = 1``, ``round(2.5) = 3``). ONNX defines ``Round`` and ``QuantizeLinear`` with
@@ -17,6 +19,14 @@ Exact ties are common where it matters most: images normalised as ``(p / 255 - 0
 and quantized with the calibrated scale ``2 / 255`` give ``x / s = p - 127.5`` for every pixel;
 on PP-OCR's text classifier 31 % of the input levels differed from ONNX Runtime's, and the
 network amplified that to 28 output steps (``benchmarks/ort_layerwise.py``).
+
+The second rule: TVM's TIR simplifier rewrites a division by a float *scalar constant* into a
+multiplication by its reciprocal (``x / 0.00784314`` becomes ``x * 127.49996``), which rounds
+differently: PP-OCR's normalised pixel ``0.01176471`` gives ``1.5`` divided and ``1.4999999``
+multiplied, one level apart after rounding (1.6 % of the classifier's input levels). A
+one-element tensor divisor is a kernel argument, not a constant TIR can fold, so the kernel
+divides (``fdiv``) as ONNX Runtime's MLAS does. Only divisions whose result is rounded are
+changed, and only when ``x`` has rank >= 1 (broadcasting keeps its shape).
 
 Exactness of the replacement (float32 and float64): ``floor`` is exact; ``v - floor(v)`` is
 exact for every finite ``v`` whose fractional part matters (``|v| < 2**23`` for float32; above
@@ -67,6 +77,19 @@ def round_half_to_even(v, dtype: str = "float32"):
     return relay.add(f, relay.where(relay.greater(d, c(0.5)), c(1.0), tie))
 
 
+def _true_divide(v):
+    """``divide(x, c)`` with a scalar float constant ``c`` -> ``divide(x, const([c]))`` (module note)."""
+    from tvm import relay
+
+    if not (isinstance(v, relay.Call) and op_name(v) == "divide" and isinstance(v.args[1], relay.Constant)):
+        return v
+    c = v.args[1].data.numpy()
+    if c.ndim != 0 or len(v.args[0].checked_type.shape) == 0:
+        return v
+    _log.debug("%s: divide by the scalar constant %r kept a true division", RULE, float(c))
+    return relay.divide(v.args[0], relay.const(c.reshape(1)))
+
+
 def _rewrite(func):
     from tvm import relay
 
@@ -81,7 +104,7 @@ def _rewrite(func):
         if not ok:
             _log.debug("%s: not rewritten: %s", RULE, ok)
             continue
-        subst[node] = round_half_to_even(node.args[0], node.checked_type.dtype)
+        subst[node] = round_half_to_even(_true_divide(node.args[0]), node.checked_type.dtype)
     if not subst:
         return func
     _log.info("%s: %d round(s) now round half to even", RULE, len(subst))
@@ -96,7 +119,9 @@ def RoundHalfToEven():  # pylint: disable=invalid-name
     ties away from zero; ONNX's ``Round`` and ``QuantizeLinear`` round them to even. Each
     ``round(v)`` becomes ``f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(f / 2), 0))`` with
     ``f = floor(v)``, ``d = v - f``: equal to ``round(v)`` except on exact ties, elementwise
-    (it fuses with its neighbours). Part of ``tvm_ext.pipelines.int8(numerics="onnxruntime")``.
+    (it fuses with its neighbours). A rounded ``divide(x, c)`` by a scalar float constant gets
+    the divisor as a one-element tensor, so TIR keeps a true division instead of multiplying by
+    ``1 / c`` (ONNX's ``QuantizeLinear`` divides). Part of ``tvm_ext.pipelines.int8(numerics="onnxruntime")``.
 
     Run it after QNN ops are lowered: stage ``"before_fuse"`` of :func:`tvm_ext.build`.
 
