@@ -145,7 +145,29 @@ def expose(model, which: str = "auto"):
     m.CopyFrom(model)
     for o, *_ in order:
         m.graph.output.append(onnx.helper.make_tensor_value_info(o, types[o], None))
-    meta = [dict(name=o, op=op, node=node, index=idx, scale=scales.get(o)) for o, op, node, idx in order]
+    # the exposed tensors each exposed tensor is computed from (through unexposed float tensors)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    exposed = {o for o, *_ in order} | {i.name for i in model.graph.input}
+
+    def sources(name):
+        found, stack, seen = set(), [name], set()
+        while stack:
+            t = stack.pop()
+            n = producer.get(t)
+            if n is None:
+                continue
+            for i in n.input:
+                if not i or i in seen:
+                    continue
+                seen.add(i)
+                if i in exposed:
+                    found.add(i)
+                elif i in producer:
+                    stack.append(i)
+        return sorted(found)
+
+    meta = [dict(name=o, op=op, node=node, index=idx, scale=scales.get(o), sources=sources(o))
+            for o, op, node, idx in order]
     return m, meta
 
 
@@ -256,7 +278,9 @@ def compare(meta, final_name, final_step, ref: dict, got: dict) -> list:
         else:
             d = np.abs(a.astype(np.float64) - b.astype(np.float64))
             steps = float(d.max() / m["scale"]) if m.get("scale") else None
-        rows.append(dict(name=name, op=m["op"], node=m["node"], scale=m.get("scale"), dtype=str(a.dtype),
+        srcs = m.get("sources", [])
+        local = all(np.array_equal(ref[t], got[t]) for t in srcs if t in ref and t in got)
+        rows.append(dict(name=name, op=m["op"], node=m["node"], scale=m.get("scale"), dtype=str(a.dtype), local=local,
                          max_steps=steps, max_abs=float(d.max()) if a.dtype.kind == "f" else None,
                          frac_differ=float((d > 0).mean()), mean_abs=float(d.mean())))
     return rows
@@ -332,6 +356,10 @@ def main(argv=None):
         print(f"\n== {e} vs ORT: output max {fin['max_steps']:.1f} steps (abs {fin['max_abs']}), top-1 {t1}/{len(xs)}")
         first = next((r for r in rows if r["max_steps"]), None)
         print(f"   first tensor that differs: {first['name'] if first else None} ({first['op'] if first else ''})")
+        local = [r for r in rows if r["max_steps"] and r.get("local")]
+        print(f"   tensors that differ although every input they are computed from equals ORT's (local): "
+              + (", ".join(f"{r['name']} ({r['op']}, {r['max_steps']:.0f} steps, {100 * r['frac_differ']:.3f}%)"
+                           for r in local) or "none"))
         print(f"   {'#':>3} {'op':<26} {'tensor':<40} {'max':>6} {'%diff':>7} {'mean':>7}")
         shown = 0
         for i, row in enumerate(rows):
@@ -340,7 +368,7 @@ def main(argv=None):
             if row["max_steps"] or i == len(rows) - 1:
                 ms = "-" if row["max_steps"] is None else f"{row['max_steps']:.1f}"
                 print(f"   {i:>3} {row['op']:<26} {row['name'][:40]:<40} {ms:>6} {100 * row['frac_differ']:>6.2f}% "
-                      f"{row['mean_abs']:>7.4f}")
+                      f"{row['mean_abs']:>7.4f}{'  local' if row.get('local') else ''}")
                 shown += 1
         summary["engines"][e] = {"rows": rows, "top1": t1, "output_max_steps": fin["max_steps"]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

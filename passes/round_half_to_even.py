@@ -2,12 +2,14 @@
 
 Design note
 -----------
-Two rules, on every float ``round`` call of a dataflow function::
+Three rules, on every float ``round`` call of a dataflow function::
 
     # round(v) -> f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(0.5 * f), 0))
     #     with f = floor(v), d = v - f          (ties go to the even neighbour)
     # round(divide(x, c)) -> the above of divide(x, const([c]))     (c a float scalar constant)
     #     (a true division, as ONNX's QuantizeLinear defines x / y_scale)
+    # round(add(v, z)) -> add(<the above of v>, z)       (z an integer-valued float scalar constant)
+    #     (a zero point added after rounding, as ONNX Runtime's requantize does)
 
 Why. TVM 0.19 lowers ``round`` to LLVM's ``llvm.round``: halfway cases go *away from zero*
 (``round(0.5) = 1``, ``round(2.5) = 3``). ONNX defines ``Round`` and ``QuantizeLinear`` with
@@ -27,6 +29,11 @@ multiplied, one level apart after rounding (1.6 % of the classifier's input leve
 one-element tensor divisor is a kernel argument, not a constant TIR can fold, so the kernel
 divides (``fdiv``) as ONNX Runtime's MLAS does. Only divisions whose result is rounded are
 changed, and only when ``x`` has rank >= 1 (broadcasting keeps its shape).
+
+The third rule: TVM lowers ``qnn.requantize`` with a float compute dtype and
+``rounding="TONEAREST"`` to ``round(acc * m + zp)``; ONNX Runtime's MLAS computes
+``rne(acc * m) + zp``. With an odd zero point the two differ on ties (``rne(92.5) + 1 = 93``,
+``rne(93.5) = 94``), and adding ``zp`` in float can itself round a large ``acc * m``.
 
 Exactness of the replacement (float32 and float64): ``floor`` is exact; ``v - floor(v)`` is
 exact for every finite ``v`` whose fractional part matters (``|v| < 2**23`` for float32; above
@@ -90,6 +97,30 @@ def _true_divide(v):
     return relay.divide(v.args[0], relay.const(c.reshape(1)))
 
 
+def _zero_point_after(v):
+    """``add(v, z)`` / ``add(z, v)`` with an integer-valued float scalar constant ``z`` -> (v, z), else (v, None)."""
+    from tvm import relay
+
+    if not (isinstance(v, relay.Call) and op_name(v) == "add"):
+        return v, None
+    for i in (1, 0):
+        z = v.args[i]
+        if isinstance(z, relay.Constant) and z.data.numpy().ndim == 0:
+            value = float(z.data.numpy())
+            if value == int(value):
+                return v.args[1 - i], z
+    return v, None
+
+
+def _replacement(call):
+    from tvm import relay
+
+    dtype = call.checked_type.dtype
+    v, zp = _zero_point_after(call.args[0])
+    out = round_half_to_even(_true_divide(v), dtype)
+    return out if zp is None else relay.add(out, zp)
+
+
 def _rewrite(func):
     from tvm import relay
 
@@ -104,7 +135,7 @@ def _rewrite(func):
         if not ok:
             _log.debug("%s: not rewritten: %s", RULE, ok)
             continue
-        subst[node] = round_half_to_even(_true_divide(node.args[0]), node.checked_type.dtype)
+        subst[node] = _replacement(node)
     if not subst:
         return func
     _log.info("%s: %d round(s) now round half to even", RULE, len(subst))
@@ -121,7 +152,9 @@ def RoundHalfToEven():  # pylint: disable=invalid-name
     ``f = floor(v)``, ``d = v - f``: equal to ``round(v)`` except on exact ties, elementwise
     (it fuses with its neighbours). A rounded ``divide(x, c)`` by a scalar float constant gets
     the divisor as a one-element tensor, so TIR keeps a true division instead of multiplying by
-    ``1 / c`` (ONNX's ``QuantizeLinear`` divides). Part of ``tvm_ext.pipelines.int8(numerics="onnxruntime")``.
+    ``1 / c`` (ONNX's ``QuantizeLinear`` divides); ``round(v + zp)`` with an integer scalar
+    constant ``zp`` (TVM's float requantize) becomes ``rne(v) + zp``, as ONNX Runtime adds the
+    zero point after rounding. Part of ``tvm_ext.pipelines.int8(numerics="onnxruntime")``.
 
     Run it after QNN ops are lowered: stage ``"before_fuse"`` of :func:`tvm_ext.build`.
 

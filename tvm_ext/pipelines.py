@@ -10,10 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Pipeline", "int8", "NUMERICS"]
+__all__ = ["Pipeline", "int8", "onnxruntime_numerics", "NUMERICS", "ORT_REQUANTIZE"]
 
 #: ``numerics=`` choices of :func:`int8`: whose rounding the built model follows.
 NUMERICS = ("tvm", "onnxruntime")
+
+#: How ONNX Runtime (MLAS) requantizes: ``acc * float32 scale``, rounded to nearest (and
+#: :func:`~tvm_ext.passes.RoundHalfToEven` makes TVM's nearest ties-to-even, as MLAS's).
+#: TVM's default is ``rounding="UPWARD"``, and ``compute_dtype="int64"`` (fixed point) on
+#: targets without SSE4.1 (plain ``llvm``), ``float32`` on the others.
+ORT_REQUANTIZE = (("rounding", "TONEAREST"), ("compute_dtype", "float32"))
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,9 @@ class Pipeline(Mapping):
     start: object
     before_fuse: object
     doc: str = ""
+    #: ``relay.qnn.op.requantize_config`` settings :func:`tvm_ext.build` compiles under, as
+    #: ``(key, value)`` pairs (empty: TVM's defaults). QNN canonicalization reads them.
+    requantize: tuple = ()
 
     def __getitem__(self, key):
         if key == "start":
@@ -89,8 +98,12 @@ def int8(numerics: str = "tvm") -> Pipeline:
 
     10. ``RoundHalfToEven``: every ``round`` (TVM's lowered ``qnn.quantize`` rounds
         ``x / scale`` with it) rounds halfway cases to even, as ONNX's ``QuantizeLinear`` and
-        ONNX Runtime do, instead of away from zero. This changes the outputs (on exact ties
-        only): it is not the default, so that the default pipeline stays bit-exact to stock TVM.
+        ONNX Runtime do, instead of away from zero; a rounded division by a scalar constant
+        stays a true division; a requantize's zero point is added after rounding.
+
+    and QNN requantize is lowered with :data:`ORT_REQUANTIZE` (float32 scale, round to nearest,
+    where TVM rounds ``UPWARD``). This changes outputs (near rounding ties only): it is not the
+    default, so that the default pipeline stays bit-exact to stock TVM.
 
     Parameters
     ----------
@@ -132,13 +145,37 @@ def int8(numerics: str = "tvm") -> Pipeline:
         NarrowKernelBoundaries(),
         FuseWideningIntoPool(),
     ]
-    name = "tvm_ext.int8"
+    name, requantize = "tvm_ext.int8", ()
     if numerics == "onnxruntime":
         before_fuse.append(RoundHalfToEven())
-        name = "tvm_ext.int8_ort"
+        name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
     return Pipeline(
         name=name,
         start=_sequential(start, f"{name}.start"),
         before_fuse=_sequential(before_fuse, f"{name}.before_fuse"),
         doc=int8.__doc__ or "",
+        requantize=requantize,
     )
+
+
+def onnxruntime_numerics() -> Pipeline:
+    """Round as ONNX Runtime does, and nothing else: for a build without the int8 pipeline.
+
+    ``tvm_ext.build(mod, params=params, passes=pipelines.onnxruntime_numerics())`` compiles the
+    graph stock ``relay.build`` compiles, except that (1) QNN requantize is lowered with
+    :data:`ORT_REQUANTIZE` (float32 scale, round to nearest) instead of TVM's ``UPWARD`` rounding,
+    and (2) ``RoundHalfToEven`` runs at ``before_fuse``: ``round`` (so ``qnn.quantize``) rounds
+    ties to even, a rounded division by a scalar constant stays a true division, and a requantize's
+    output zero point is added after rounding, as ONNX Runtime's kernels do.
+
+    Returns
+    -------
+    Pipeline
+        Named ``tvm_ext.onnxruntime_numerics``; stage ``start`` is empty.
+    """
+    from .passes import RoundHalfToEven
+
+    name = "tvm_ext.onnxruntime_numerics"
+    return Pipeline(name=name, start=_sequential([], f"{name}.start"),
+                    before_fuse=_sequential([RoundHalfToEven()], f"{name}.before_fuse"),
+                    doc=onnxruntime_numerics.__doc__ or "", requantize=ORT_REQUANTIZE)

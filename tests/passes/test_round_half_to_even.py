@@ -24,14 +24,14 @@ TIES = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 3.0, -4.0, 0.49
 
 def _round_graph(shape=(16,), dtype="float32"):
     x = relay.var("x", shape=shape, dtype=dtype)
-    return infer(relay.Function([x], relay.multiply(relay.round(relay.add(x, relay.const(0.0, dtype))),
+    return infer(relay.Function([x], relay.multiply(relay.round(relay.multiply(x, relay.const(1.0, dtype))),
                                                     relay.const(2.0, dtype))))
 
 
 def test_rewrites_round_to_floor_form():
     """round(v) -> f + where(d > 0.5, 1, where(d == 0.5, f - 2 floor(f/2), 0)), f = floor(v), d = v - f."""
     x = relay.var("x", shape=(16,), dtype="float32")
-    v = relay.add(x, relay.const(0.0))
+    v = relay.multiply(x, relay.const(1.0))
     expected = infer(relay.Function([x], relay.multiply(round_half_to_even(v), relay.const(2.0))))
     after = check(RoundHalfToEven(), _round_graph(), expected)
     assert "round(" not in after.astext()
@@ -157,11 +157,13 @@ def test_caller_module_not_mutated_and_disabled_by_name():
 
 # --- pipelines.int8(numerics="onnxruntime") ------------------------------------------------------
 def test_pipeline_numerics_option():
+    """int8(numerics="onnxruntime") = int8() + RoundHalfToEven + ORT requantize settings; default unchanged."""
     default, ort = pipelines.int8(), pipelines.int8(numerics="onnxruntime")
     assert "RoundHalfToEven" not in default.pass_names()["before_fuse"]
     assert ort.pass_names()["before_fuse"] == [*default.pass_names()["before_fuse"], "RoundHalfToEven"]
     assert ort.pass_names()["start"] == default.pass_names()["start"]
     assert ort.name == "tvm_ext.int8_ort" and default.name == "tvm_ext.int8"
+    assert default.requantize == () and dict(ort.requantize) == dict(pipelines.ORT_REQUANTIZE)
     with pytest.raises(ValueError, match="numerics='mlas'"):
         pipelines.int8(numerics="mlas")
 
@@ -212,3 +214,52 @@ def test_pipeline_onnxruntime_numerics_on_a_qdq_conv():
         diffs_ort.append(np.abs(run_module(ortnum, {"x": x})[0] - ref).max() / 0.05)
     assert max(diffs_default) >= 1.0  # the input's ties move conv outputs by whole steps
     assert max(diffs_ort) == 0.0, diffs_ort
+
+
+def test_zero_point_added_after_rounding():
+    """round(v + 3.0) -> rne(v) + 3.0 (ONNX Runtime requantizes as rne(acc * m) + zp)."""
+    x = relay.var("x", shape=(16,), dtype="float32")
+    before = infer(relay.Function([x], relay.round(relay.add(relay.multiply(x, relay.const(np.float32(0.5))),
+                                                             relay.const(np.float32(3.0))))))
+    v = relay.multiply(x, relay.const(np.float32(0.5)))
+    expected = infer(relay.Function([x], relay.add(round_half_to_even(v), relay.const(np.float32(3.0)))))
+    after = check(RoundHalfToEven(), before, expected)
+    xv = np.arange(-8, 8).astype("float32") * 2 + 1  # v = odd / 2: every element a tie
+    np.testing.assert_array_equal(run_module(after, {"x": xv})[0], np.rint(xv * 0.5) + 3)
+    assert (run_module(before, {"x": xv})[0] != np.rint(xv * 0.5) + 3).any()
+
+
+def test_non_integer_offset_stays_inside():
+    x = relay.var("x", shape=(4,), dtype="float32")
+    v = relay.add(x, relay.const(np.float32(0.25)))
+    before = infer(relay.Function([x], relay.round(v)))
+    check(RoundHalfToEven(), before, infer(relay.Function([x], round_half_to_even(v))))
+
+
+def _requantize_graph(zp_out):
+    x = relay.var("x", shape=(1, 64), dtype="int32")
+    y = relay.qnn.op.requantize(x, relay.const(np.float32(0.25)), relay.const(0), relay.const(np.float32(1.0)),
+                                relay.const(zp_out), out_dtype="uint8")
+    return infer(relay.Function([x], y))
+
+
+def _mlas_requantize(acc, m, zp):
+    """ONNX Runtime (MLAS): clamp(acc * m) in float, round half to even, then + zp."""
+    v = np.clip(acc.astype(np.float32) * np.float32(m), 0 - zp, 255 - zp)
+    return (np.rint(v) + zp).astype("uint8")
+
+
+@pytest.mark.parametrize("zp_out", [0, 7])
+def test_onnxruntime_numerics_pipeline_requantizes_as_mlas(zp_out):
+    """pipelines.onnxruntime_numerics(): requantize_config(TONEAREST, float32) + RoundHalfToEven
+    gives MLAS's requantize bit for bit (ties included); stock rounds ties up."""
+    mod = _requantize_graph(zp_out)
+    pipe = pipelines.onnxruntime_numerics()
+    assert dict(pipe.requantize) == {"rounding": "TONEAREST", "compute_dtype": "float32"}
+    stock = tvm_ext.build(mod)
+    ext = tvm_ext.build(mod, passes=pipe)
+    acc = np.arange(-28, 36).reshape(1, 64).astype("int32")  # acc * 0.25 = k + 0.5 for every acc = 2 mod 4
+    want = _mlas_requantize(acc, 0.25, zp_out)
+    np.testing.assert_array_equal(run_module(ext, {"x": acc})[0], want)
+    assert (run_module(stock, {"x": acc})[0] != want).any()
+    assert ext.kernel_report.num_kernels == stock.kernel_report.num_kernels
