@@ -309,3 +309,16 @@ def test_real_classifier_within_two_steps_of_onnxruntime(name, tmp_path):
     step = bench._output_step(path)["output_step"]  # pylint: disable=protected-access
     assert np.abs(got - ref).max() / step <= 2.0
     assert (got.reshape(8, -1).argmax(1) == ref.reshape(8, -1).argmax(1)).all()
+
+
+def test_onnxruntime_numerics_per_channel_requantize():
+    """Per-channel scales (ORT's per-channel weights): same MLAS rounding, per output channel."""
+    x = relay.var("x", shape=(1, 4, 16), dtype="int32")
+    scales = np.array([0.25, 0.5, 0.125, 0.75], "float32")
+    y = relay.qnn.op.requantize(x, relay.const(scales), relay.const(0), relay.const(np.float32(1.0)),
+                                relay.const(5), axis=1, out_dtype="uint8")
+    mod = infer(relay.Function([x], y))
+    ext = tvm_ext.build(mod, passes=pipelines.onnxruntime_numerics())
+    acc = np.arange(-20, 44).reshape(1, 4, 16).astype("int32")
+    want = np.stack([_mlas_requantize(acc[:, c], scales[c], 5) for c in range(4)], axis=1)
+    np.testing.assert_array_equal(run_module(ext, {"x": acc})[0], want)
