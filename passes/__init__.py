@@ -4,6 +4,7 @@ Every factory returns a ``tvm.transform.Pass`` registered with an explicit name 
 factory's name, so ``PassContext(disabled_pass=[...])``, instruments, the CLI and the benchmarks
 all key on it. Each pass lives in its own module with a mirrored test module.
 """
+from .add_as_onnxruntime import AddAsOnnxRuntime
 from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
 from .fold_pad_into_conv import FoldPadIntoConv
@@ -18,6 +19,7 @@ from .round_half_to_even import RoundHalfToEven
 from .uniform_zero_points_to_scalar import UniformZeroPointsToScalar
 
 __all__ = [
+    "AddAsOnnxRuntime",
     "CombineParallelCast",
     "CombineParallelOpBatch",
     "FoldPadIntoConv",

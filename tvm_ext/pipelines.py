@@ -94,7 +94,12 @@ def int8(numerics: str = "tvm") -> Pipeline:
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
 
-    With ``numerics="onnxruntime"``, stage ``before_fuse`` ends with
+    With ``numerics="onnxruntime"``, stage ``start`` gets, after ``QDQToInteger``,
+
+    3b. ``AddAsOnnxRuntime``: quantized adds (``QLinearAdd``, and the ``qnn.add`` of QDQ adds)
+        computed with ONNX Runtime's MLAS arithmetic (fused multiply-adds, one rounding);
+
+    and stage ``before_fuse`` ends with
 
     10. ``RoundHalfToEven``: every ``round`` (TVM's lowered ``qnn.quantize`` rounds
         ``x / scale`` with it) rounds halfway cases to even, as ONNX's ``QuantizeLinear`` and
@@ -124,6 +129,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
     if numerics not in NUMERICS:
         raise ValueError(f"pipelines.int8: numerics={numerics!r}; expected one of {NUMERICS}")
     from .passes import (
+        AddAsOnnxRuntime,
         CombineParallelCast,
         FoldPadIntoConv,
         FuseWideningIntoPool,
@@ -147,6 +153,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
     ]
     name, requantize = "tvm_ext.int8", ()
     if numerics == "onnxruntime":
+        start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
         before_fuse.append(RoundHalfToEven())
         name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
     return Pipeline(
@@ -164,18 +171,19 @@ def onnxruntime_numerics() -> Pipeline:
     ``tvm_ext.build(mod, params=params, passes=pipelines.onnxruntime_numerics())`` compiles the
     graph stock ``relay.build`` compiles, except that (1) QNN requantize is lowered with
     :data:`ORT_REQUANTIZE` (float32 scale, round to nearest) instead of TVM's ``UPWARD`` rounding,
-    and (2) ``RoundHalfToEven`` runs at ``before_fuse``: ``round`` (so ``qnn.quantize``) rounds
+    and (2) ``AddAsOnnxRuntime`` runs at ``start`` (quantized adds as MLAS computes them), and
+    (3) ``RoundHalfToEven`` runs at ``before_fuse``: ``round`` (so ``qnn.quantize``) rounds
     ties to even, a rounded division by a scalar constant stays a true division, and a requantize's
     output zero point is added after rounding, as ONNX Runtime's kernels do.
 
     Returns
     -------
     Pipeline
-        Named ``tvm_ext.onnxruntime_numerics``; stage ``start`` is empty.
+        Named ``tvm_ext.onnxruntime_numerics``.
     """
-    from .passes import RoundHalfToEven
+    from .passes import AddAsOnnxRuntime, RoundHalfToEven
 
     name = "tvm_ext.onnxruntime_numerics"
-    return Pipeline(name=name, start=_sequential([], f"{name}.start"),
+    return Pipeline(name=name, start=_sequential([AddAsOnnxRuntime()], f"{name}.start"),
                     before_fuse=_sequential([RoundHalfToEven()], f"{name}.before_fuse"),
                     doc=onnxruntime_numerics.__doc__ or "", requantize=ORT_REQUANTIZE)

@@ -157,11 +157,12 @@ def test_caller_module_not_mutated_and_disabled_by_name():
 
 # --- pipelines.int8(numerics="onnxruntime") ------------------------------------------------------
 def test_pipeline_numerics_option():
-    """int8(numerics="onnxruntime") = int8() + RoundHalfToEven + ORT requantize settings; default unchanged."""
+    """int8(numerics="onnxruntime") = int8() + AddAsOnnxRuntime + RoundHalfToEven + ORT requantize settings."""
     default, ort = pipelines.int8(), pipelines.int8(numerics="onnxruntime")
     assert "RoundHalfToEven" not in default.pass_names()["before_fuse"]
     assert ort.pass_names()["before_fuse"] == [*default.pass_names()["before_fuse"], "RoundHalfToEven"]
-    assert ort.pass_names()["start"] == default.pass_names()["start"]
+    start = default.pass_names()["start"]
+    assert ort.pass_names()["start"] == [*start[:2], "AddAsOnnxRuntime", *start[2:]]  # after QDQToInteger
     assert ort.name == "tvm_ext.int8_ort" and default.name == "tvm_ext.int8"
     assert default.requantize == () and dict(ort.requantize) == dict(pipelines.ORT_REQUANTIZE)
     with pytest.raises(ValueError, match="numerics='mlas'"):
