@@ -350,7 +350,9 @@ def main(argv=None):
         rows = compare(meta, final, final_step, ref, got)
         fin = rows[-1]
         t1 = top1(plain[final].reshape(len(xs), -1), got[final].reshape(len(xs), -1))
-        print(f"\n== {e} vs ORT: output max {fin['max_steps']:.1f} steps (abs {fin['max_abs']}), top-1 {t1}/{len(xs)}")
+        steps = "-" if fin["max_steps"] is None else f"{fin['max_steps']:.1f}"
+        print(f"\n== {e} vs ORT: output max {steps} steps (abs {fin['max_abs']}), top-1 {t1}/{len(xs)} "
+              "(top-1: classifiers only)")
         first = next((r for r in rows if r["max_steps"]), None)
         print(f"   first tensor that differs: {first['name'] if first else None} ({first['op'] if first else ''})")
         local = [r for r in rows if r["max_steps"] and r.get("local")]
