@@ -4,6 +4,7 @@ Every factory returns a ``tvm.transform.Pass`` registered with an explicit name 
 factory's name, so ``PassContext(disabled_pass=[...])``, instruments, the CLI and the benchmarks
 all key on it. Each pass lives in its own module with a mirrored test module.
 """
+from .add_as_onnxruntime import AddAsOnnxRuntime
 from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
 from .fold_pad_into_conv import FoldPadIntoConv
@@ -15,9 +16,11 @@ from .narrow_kernel_boundaries import NarrowKernelBoundaries
 from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
 from .qdq_to_integer import QDQToInteger
 from .remove_stop_fusion import RemoveStopFusion
+from .round_half_to_even import RoundHalfToEven
 from .uniform_zero_points_to_scalar import UniformZeroPointsToScalar
 
 __all__ = [
+    "AddAsOnnxRuntime",
     "CombineParallelCast",
     "CombineParallelOpBatch",
     "FoldPadIntoConv",
@@ -29,5 +32,6 @@ __all__ = [
     "NonNegativeConvInputToUint8",
     "QDQToInteger",
     "RemoveStopFusion",
+    "RoundHalfToEven",
     "UniformZeroPointsToScalar",
 ]

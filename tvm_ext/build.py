@@ -222,6 +222,8 @@ def build(
         User passes, run in order as one ``tvm.transform.Sequential`` at ``at``. A mapping
         ``{"start": [...], "before_fuse": [...]}`` (such as :func:`tvm_ext.pipelines.int8`) runs
         each list at its own stage, and ``at`` only decides whether the prefix is split off.
+        A :class:`tvm_ext.pipelines.Pipeline` with ``requantize`` settings is built inside
+        ``relay.qnn.op.requantize_config(**settings)`` (e.g. ``pipelines.int8(numerics="onnxruntime")``).
     at : {"before_fuse", "start"}
         ``"before_fuse"``: passes see the module after relay.build's optimisation prefix
         (layouts altered, constants folded, CSE done) and their output reaches FuseOps without
@@ -274,7 +276,14 @@ def build(
         tgt = tvm.target.Target(tgt, host=tgt)
     kernels = x86_int8.kernels() if tgt.kind.name == "llvm" else contextlib.nullcontext()
     schedules = tuning.apply(tgt) if tuned else contextlib.nullcontext()
-    with kernels, schedules:
+    requantize = dict(getattr(passes, "requantize", ()) or ())  # a Pipeline may fix QNN requantize's lowering
+    if requantize:
+        from tvm.relay.qnn.op import requantize_config
+
+        rq = requantize_config(**requantize)
+    else:
+        rq = contextlib.nullcontext()
+    with kernels, schedules, rq:
         factory = _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,
                          runtime, mod_name)
     hits = getattr(schedules, "hits", None)

@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Pipeline", "int8"]
+__all__ = ["Pipeline", "int8", "onnxruntime_numerics", "NUMERICS", "ORT_REQUANTIZE"]
+
+#: ``numerics=`` choices of :func:`int8`: whose rounding the built model follows.
+NUMERICS = ("tvm", "onnxruntime")
+
+#: How ONNX Runtime (MLAS) requantizes: ``acc * float32 scale``, rounded to nearest (and
+#: :func:`~tvm_ext.passes.RoundHalfToEven` makes TVM's nearest ties-to-even, as MLAS's).
+#: TVM's default is ``rounding="UPWARD"``, and ``compute_dtype="int64"`` (fixed point) on
+#: targets without SSE4.1 (plain ``llvm``), ``float32`` on the others.
+ORT_REQUANTIZE = (("rounding", "TONEAREST"), ("compute_dtype", "float32"))
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,9 @@ class Pipeline(Mapping):
     start: object
     before_fuse: object
     doc: str = ""
+    #: ``relay.qnn.op.requantize_config`` settings :func:`tvm_ext.build` compiles under, as
+    #: ``(key, value)`` pairs (empty: TVM's defaults). QNN canonicalization reads them.
+    requantize: tuple = ()
 
     def __getitem__(self, key):
         if key == "start":
@@ -52,7 +64,7 @@ def _sequential(passes, name):
     return seq
 
 
-def int8() -> Pipeline:
+def int8(numerics: str = "tvm") -> Pipeline:
     """tvm-ext's recommended pipeline for quantized CNNs (the benchmark's "tvm-ext" column).
 
     Stage ``start`` (QNN ops still present, before relay.build's prefix):
@@ -85,11 +97,42 @@ def int8() -> Pipeline:
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
 
+    With ``numerics="onnxruntime"``, stage ``start`` gets, after ``QDQToInteger``,
+
+    3b. ``AddAsOnnxRuntime``: quantized adds (``QLinearAdd``, and the ``qnn.add`` of QDQ adds)
+        computed with ONNX Runtime's MLAS arithmetic (fused multiply-adds, one rounding);
+
+    and stage ``before_fuse`` ends with
+
+    10. ``RoundHalfToEven``: every ``round`` (TVM's lowered ``qnn.quantize`` rounds
+        ``x / scale`` with it) rounds halfway cases to even, as ONNX's ``QuantizeLinear`` and
+        ONNX Runtime do, instead of away from zero; a rounded division by a scalar constant
+        stays a true division; a requantize's zero point is added after rounding.
+
+    and QNN requantize is lowered with :data:`ORT_REQUANTIZE` (float32 scale, round to nearest,
+    where TVM rounds ``UPWARD``). This changes outputs (near rounding ties only): it is not the
+    default, so that the default pipeline stays bit-exact to stock TVM.
+
+    Parameters
+    ----------
+    numerics : {"tvm", "onnxruntime"}
+        ``"tvm"`` (default): results bit-exact to stock ``relay.build`` at the same target.
+        ``"onnxruntime"``: round as ONNX Runtime does (see above); the pipeline is then named
+        ``tvm_ext.int8_ort``.
+
     Returns
     -------
     Pipeline
+
+    Raises
+    ------
+    ValueError
+        An unknown ``numerics``.
     """
+    if numerics not in NUMERICS:
+        raise ValueError(f"pipelines.int8: numerics={numerics!r}; expected one of {NUMERICS}")
     from .passes import (
+        AddAsOnnxRuntime,
         CombineParallelCast,
         FoldPadIntoConv,
         FoldZeroPointPadIntoConv,
@@ -99,6 +142,7 @@ def int8() -> Pipeline:
         NonNegativeConvInputToUint8,
         QDQToInteger,
         RemoveStopFusion,
+        RoundHalfToEven,
         UniformZeroPointsToScalar,
     )
 
@@ -112,9 +156,39 @@ def int8() -> Pipeline:
         NarrowKernelBoundaries(),
         FuseWideningIntoPool(),
     ]
+    name, requantize = "tvm_ext.int8", ()
+    if numerics == "onnxruntime":
+        start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
+        before_fuse.append(RoundHalfToEven())
+        name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
     return Pipeline(
-        name="tvm_ext.int8",
-        start=_sequential(start, "tvm_ext.int8.start"),
-        before_fuse=_sequential(before_fuse, "tvm_ext.int8.before_fuse"),
+        name=name,
+        start=_sequential(start, f"{name}.start"),
+        before_fuse=_sequential(before_fuse, f"{name}.before_fuse"),
         doc=int8.__doc__ or "",
+        requantize=requantize,
     )
+
+
+def onnxruntime_numerics() -> Pipeline:
+    """Round as ONNX Runtime does, and nothing else: for a build without the int8 pipeline.
+
+    ``tvm_ext.build(mod, params=params, passes=pipelines.onnxruntime_numerics())`` compiles the
+    graph stock ``relay.build`` compiles, except that (1) QNN requantize is lowered with
+    :data:`ORT_REQUANTIZE` (float32 scale, round to nearest) instead of TVM's ``UPWARD`` rounding,
+    and (2) ``AddAsOnnxRuntime`` runs at ``start`` (quantized adds as MLAS computes them), and
+    (3) ``RoundHalfToEven`` runs at ``before_fuse``: ``round`` (so ``qnn.quantize``) rounds
+    ties to even, a rounded division by a scalar constant stays a true division, and a requantize's
+    output zero point is added after rounding, as ONNX Runtime's kernels do.
+
+    Returns
+    -------
+    Pipeline
+        Named ``tvm_ext.onnxruntime_numerics``.
+    """
+    from .passes import AddAsOnnxRuntime, RoundHalfToEven
+
+    name = "tvm_ext.onnxruntime_numerics"
+    return Pipeline(name=name, start=_sequential([AddAsOnnxRuntime()], f"{name}.start"),
+                    before_fuse=_sequential([RoundHalfToEven()], f"{name}.before_fuse"),
+                    doc=onnxruntime_numerics.__doc__ or "", requantize=ORT_REQUANTIZE)

@@ -1,0 +1,225 @@
+"""AddAsOnnxRuntime: a quantized add computed the way ONNX Runtime's MLAS kernel computes it.
+
+Design note
+-----------
+Two forms of one quantized add ``c = a + b`` (8-bit ``a``, ``b``, ``c``; scalar constant scales
+and zero points) become MLAS's arithmetic::
+
+    # quantize(add(dequantize(a, sa, za), dequantize(b, sb, zb)), sc, zc)    (QLinearAdd import)
+    # quantize(clip(add(...), lo, hi), sc, zc)     (QDQ Add -> Clip -> Q; when the clip is implied
+    #                                               by the 8-bit range, as ORT's ClipQuantFusion drops it)
+    # qnn.add(a, b, sa, za, sb, zb, sc, zc)                                  (QDQToInteger / FQ2I)
+    #   -> clip(rne(fma(a, rA, fma(b, rB, k))), qmin, qmax)
+    #      with rA = f32(sa / sc), rB = f32(sb / sc), k = f32(zc - f32(f32(rA * za) + f32(rB * zb)))
+
+Why. ONNX Runtime runs ``QLinearAdd`` (and the ``DQ -> Add -> Q`` groups it fuses into it) with
+MLAS's ``MlasQLinearAddKernel``; on x86 with AVX2 it folds both zero points and the output zero
+point into one float constant ``k`` and evaluates ``a * rA + (b * rB + k)`` with two fused
+multiply-adds, then rounds half to even (``cvtps2dq``). A one-element operand (``x + 3`` in
+hard-swish) is folded into ``k`` with a plain multiply and add. TVM computes
+``(a - za) * sa + (b - zb) * sb``, divides by ``sc`` and rounds: a different float rounding,
+one level apart near halfway values (3.2 % of a hard-swish ``x + 3`` of PP-OCR's classifier
+lands exactly there), and TVM's own ``qnn.add`` (what FakeQuantizationToInteger makes of a
+QDQ add) requantizes each operand before adding: two roundings, 47 % of the levels one off on
+the same ``x + 3`` (``benchmarks/ort_layerwise.py``).
+
+The fused multiply-add is evaluated in float64 and rounded to float32: the 8-bit times float32
+product is exact in float64, so only the sum is rounded twice (float64, then float32), which
+differs from one rounding only when the float64 sum lies exactly halfway between two float32
+values (not observed on the models measured). ``rne`` is
+:func:`tvm_ext.passes.round_half_to_even.round_half_to_even`; the float64 arithmetic is
+elementwise and fuses with its neighbours.
+
+Scope. Scales and zero points must be scalar constants (per-tensor quantization, as
+``QLinearAdd`` requires); other adds, and functions with ``If``/``Let``/..., are left alone with
+the reason logged at DEBUG on ``tvm_ext.passes.AddAsOnnxRuntime``. This reproduces MLAS's x86
+AVX2/AVX-512 kernel; other CPUs' kernels (ARM NEON, pre-AVX2 x86) round differently. Run it at
+stage ``start`` after ``QDQToInteger`` (``pipelines.int8(numerics="onnxruntime")`` does).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_ext.registry import register_pass
+
+from ._util import Check, Reject, dataflow_nodes, op_name, pass_logger, rebuild, with_body
+from .round_half_to_even import round_half_to_even
+
+__all__ = ["AddAsOnnxRuntime"]
+
+PASS_NAME = "AddAsOnnxRuntime"
+_log = pass_logger(PASS_NAME)
+_EIGHT_BIT = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def _scalar(expr, dtype_kind: str):
+    """The Python value of a scalar (or one-element) constant of kind 'f'/'i', else None."""
+    from tvm import relay
+
+    if not isinstance(expr, relay.Constant):
+        return None
+    v = expr.data.numpy()
+    if v.size != 1 or v.dtype.kind != dtype_kind:
+        return None
+    return v.reshape(()).item()
+
+
+def _dtype(expr) -> str:
+    return str(getattr(expr.checked_type, "dtype", ""))
+
+
+def _check(a, b, consts, out_dtype) -> Check:
+    for name, x in (("lhs", a), ("rhs", b)):
+        if _dtype(x) not in _EIGHT_BIT:
+            return Reject(f"{name} is {_dtype(x)}, not 8-bit")
+    if out_dtype not in _EIGHT_BIT:
+        return Reject(f"output is {out_dtype}, not 8-bit")
+    names = ("lhs scale", "lhs zero point", "rhs scale", "rhs zero point", "output scale", "output zero point")
+    for name, v in zip(names, consts):
+        if v is None:
+            return Reject(f"{name} is not a scalar constant (per-tensor quantization only)")
+    if consts[4] == 0:
+        return Reject("output scale is 0")
+    return True
+
+
+def _one_element_value(x):
+    """The 8-bit value of a one-element constant operand (MLAS's scalar path), else None."""
+    from tvm import relay
+
+    if isinstance(x, relay.Constant) and x.data.numpy().size == 1:
+        return int(x.data.numpy().reshape(()))
+    return None
+
+
+def mlas_add(a, b, sa, za, sb, zb, sc, zc, out_dtype):
+    """Relay expression of MLAS's quantized add (see the module note); ``a``, ``b`` 8-bit."""
+    from tvm import relay
+
+    f32 = np.float32
+    ra, rb = f32(f32(sa) / f32(sc)), f32(f32(sb) / f32(sc))
+    k = f32(f32(zc) - f32(f32(ra * f32(za)) + f32(rb * f32(zb))))
+    lo, hi = _EIGHT_BIT[out_dtype]
+
+    def fma(x, r, c):  # f32(x * r + c) with one rounding of the product (exact in float64)
+        prod = relay.multiply(relay.cast(x, "float64"), relay.const(float(r), "float64"))
+        return relay.cast(relay.add(prod, relay.cast(c, "float64") if not isinstance(c, float) else
+                                    relay.const(c, "float64")), "float32")
+
+    a_val, b_val = _one_element_value(a), _one_element_value(b)
+    if b_val is not None:  # scalar B: k += b * rB (no fma), then fma(a, rA, k)
+        v = fma(a, ra, float(f32(k + f32(f32(b_val) * rb))))
+    elif a_val is not None:
+        v = fma(b, rb, float(f32(k + f32(f32(a_val) * ra))))
+    else:
+        v = fma(a, ra, fma(b, rb, float(k)))
+    q = relay.clip(round_half_to_even(v, "float32"), lo, hi)
+    return relay.cast(q, out_dtype)
+
+
+def _match(node):
+    """(a, b, consts, out_dtype) for the two add forms of the module note, else a Reject/None."""
+    from tvm import relay
+
+    name = op_name(node)
+    if name == "qnn.add" and len(node.args) == 8:
+        a, b = node.args[0], node.args[1]
+        consts = (_scalar(node.args[2], "f"), _scalar(node.args[3], "i"), _scalar(node.args[4], "f"),
+                  _scalar(node.args[5], "i"), _scalar(node.args[6], "f"), _scalar(node.args[7], "i"))
+        return a, b, consts, _dtype(node)
+    if name != "qnn.quantize":
+        return None
+    add = node.args[0]
+    clip = None
+    if isinstance(add, relay.Call) and op_name(add) == "clip":
+        clip, add = add, add.args[0]
+    if not (isinstance(add, relay.Call) and op_name(add) == "add"):
+        return None
+    deq = add.args
+    if not all(isinstance(d, relay.Call) and op_name(d) == "qnn.dequantize" for d in deq):
+        return Reject("add of a value that is not dequantized (float compute)")
+    (a, sa, za), (b, sb, zb) = deq[0].args[:3], deq[1].args[:3]
+    consts = (_scalar(sa, "f"), _scalar(za, "i"), _scalar(sb, "f"), _scalar(zb, "i"),
+              _scalar(node.args[1], "f"), _scalar(node.args[2], "i"))
+    if clip is not None:
+        ok = _clip_implied(clip, consts[4], consts[5], _dtype(node))
+        if not ok:
+            return ok
+    return a, b, consts, _dtype(node)
+
+
+def _clip_implied(clip, sc, zc, out_dtype) -> Check:
+    """``quantize(clip(v, lo, hi))`` == ``quantize(v)`` when lo and hi quantize to (or past) the 8-bit ends."""
+    if sc is None or zc is None or out_dtype not in _EIGHT_BIT or sc == 0:
+        return Reject("clip before a quantize without scalar constant scale / zero point")
+    qmin, qmax = _EIGHT_BIT[out_dtype]
+    lo, hi = float(clip.attrs.a_min), float(clip.attrs.a_max)
+    f32 = np.float32
+    if np.rint(f32(lo) / f32(sc)) + zc > qmin or np.rint(f32(hi) / f32(sc)) + zc < qmax:
+        return Reject(f"clip [{lo}, {hi}] is narrower than the 8-bit range of the output (it computes)")
+    return True
+
+
+def _rewrite(func):
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    subst: dict = {}
+    for node in nodes:
+        if not isinstance(node, relay.Call):
+            continue
+        m = _match(node)
+        if m is None:
+            continue
+        if isinstance(m, Reject):
+            _log.debug("%s.%s: not rewritten: %s", PASS_NAME, op_name(node), m)
+            continue
+        a, b, consts, out_dtype = m
+        ok = _check(a, b, consts, out_dtype)
+        if not ok:
+            _log.debug("%s.%s: not rewritten: %s", PASS_NAME, op_name(node), ok)
+            continue
+        subst[node] = mlas_add(a, b, *consts, out_dtype)
+    if not subst:
+        return func
+    _log.info("%s: %d quantized add(s) now computed as ONNX Runtime's MLAS does", PASS_NAME, len(subst))
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def AddAsOnnxRuntime():  # pylint: disable=invalid-name
+    """Compute quantized adds as ONNX Runtime's MLAS ``QLinearAdd`` kernel does (x86 AVX2+).
+
+    ``quantize(add(dequantize(a), dequantize(b)))`` (TVM's import of ``QLinearAdd``) and
+    ``qnn.add`` (FakeQuantizationToInteger's form of a QDQ add) with scalar constant scales and
+    zero points become ``clip(rne(fma(a, rA, fma(b, rB, k))))``, MLAS's arithmetic (module note):
+    bit-exact to ONNX Runtime's QLinearAdd on the tested models, where TVM's forms differ on up to
+    47 % of the levels of an add. Changes outputs: part of
+    ``tvm_ext.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.
+
+    Run it before relay.build's prefix (stage ``"start"``), after ``QDQToInteger``.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"AddAsOnnxRuntime"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Adds with non-8-bit operands or output, non-scalar or non-constant scales or zero points, a
+    float (not dequantized) operand, and functions with ``If``/``Let``/``Match``/references/closures
+    are left unchanged; each reason is logged at DEBUG on ``tvm_ext.passes.AddAsOnnxRuntime``.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _rewrite(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
