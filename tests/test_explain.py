@@ -161,7 +161,8 @@ def test_qnn_pad_and_fold_pad_into_conv():
 def test_nonzero_pad_value_is_not_folded():
     """A pad of the input zero point (3) in front of an NCHWc conv: outside FoldPadIntoConv's scope.
 
-    The table does not name it, and applying the pass anyway (the check) indeed leaves it.
+    The table names FoldZeroPointPadIntoConv instead, and applying FoldPadIntoConv anyway (the
+    check) indeed leaves the pad, while FoldZeroPointPadIntoConv removes it and its kernel.
     """
     from tvm_ext.explain import _REMEDY_BY_NAME, _apply_remedy
 
@@ -172,6 +173,10 @@ def test_nonzero_pad_value_is_not_folded():
     after = _apply_remedy(ex, _REMEDY_BY_NAME["FoldPadIntoConv"])
     assert [b.pad_value for b in after.boundaries if b.op == "nn.pad"] == [3.0]
     assert after.num_kernels == ex.num_kernels
+    assert pad.remedy == "FoldZeroPointPadIntoConv"
+    folded = _apply_remedy(ex, _REMEDY_BY_NAME["FoldZeroPointPadIntoConv"])
+    assert [b for b in folded.boundaries if b.op == "nn.pad"] == []
+    assert folded.num_kernels == ex.num_kernels - 1
 
 
 def test_tuple_concat_and_opt_level_0():

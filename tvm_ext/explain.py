@@ -241,6 +241,7 @@ def _drop_fuse_by_pattern(kw):
     return {**kw, "passes": kept}
 
 
+_ZP_FOLD_CONVS = ("nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc")
 _QUANT_OPS = ("cast", "fixed_point_multiply", "qnn.requantize", "qnn.dequantize", "clip", "round")
 
 
@@ -293,6 +294,11 @@ REMEDIES = (
            "tvm-ext pass NonNegativeConvInputToUint8 (start stage): an int8 conv input proven >= 0 is read as "
            "uint8, so x86 legalisation adds no +128 shift and no explicit pad",
            pass_name="NonNegativeConvInputToUint8", stage="start"),
+    Remedy("FoldZeroPointPadIntoConv", "pass",
+           lambda b: b.kind == "prologue_into_anchor" and b.op == "nn.pad" and b.pad_value not in (None, 0)
+           and bool(b.readers) and all(r in _ZP_FOLD_CONVS for r in b.readers),
+           "tvm-ext pass FoldZeroPointPadIntoConv: the zero-point pad folds into the integer convolution, its "
+           "border contribution added as a constant in the conv's epilogue", pass_name="FoldZeroPointPadIntoConv"),
     Remedy("relay.FuseOps.max_depth", "config", lambda b: b.kind == "max_depth",
            "config: raise PassContext(config={'relay.FuseOps.max_depth': N})", config=_raise_max_depth),
     Remedy("disabled_pass=AlterOpLayout", "config",
