@@ -260,3 +260,35 @@ def with_body(func, body):
     if body.same_as(func.body):
         return func
     return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
+
+
+def int_list(values) -> list | None:
+    """``[int(v) ...]`` of an attribute array whose entries are all ``IntImm``; else None."""
+    import tvm
+
+    out = []
+    for v in values:
+        if not isinstance(v, tvm.tir.IntImm):
+            return None
+        out.append(int(v))
+    return out
+
+
+def constant_scalar(expr):
+    """The Python value of a one-element ``relay.Constant``; else None."""
+    from tvm import relay
+
+    if not isinstance(expr, relay.Constant):
+        return None
+    arr = expr.data.numpy()
+    if arr.size != 1:
+        return None
+    return arr.reshape(()).item()
+
+
+def conv_padding(attrs) -> list | None:
+    """Conv2d padding attribute as [top, left, bottom, right] (1, 2 or 4 entries), or None."""
+    pad = int_list(attrs.padding)
+    if pad is None:
+        return None
+    return {1: pad * 4, 2: pad + pad, 4: pad}.get(len(pad))

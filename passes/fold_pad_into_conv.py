@@ -44,8 +44,11 @@ from typing import Callable
 from tvm_ext.registry import register_pass
 
 from ._util import (
-    dataflow_nodes,
     Reject,
+    constant_scalar,
+    conv_padding,
+    dataflow_nodes,
+    int_list,
     op_name,
     pass_logger,
     rebuild,
@@ -74,41 +77,6 @@ def spatial_axes(layout: str):
         return Reject(f"layout {layout!r} has no H and W axes")
 
 
-def _scalar(expr):
-    """Python value of a scalar Constant, or None."""
-    from tvm import relay
-
-    if not isinstance(expr, relay.Constant):
-        return None
-    arr = expr.data.numpy()
-    if arr.size != 1:
-        return None
-    return arr.reshape(()).item()
-
-
-def _int_list(values):
-    import tvm
-
-    out = []
-    for v in values:
-        if not isinstance(v, tvm.tir.IntImm):
-            return None
-        out.append(int(v))
-    return out
-
-
-def _conv_padding(attrs):
-    """Conv2d padding as [top, left, bottom, right], or None."""
-    pad = _int_list(attrs.padding)
-    if pad is None:
-        return None
-    if len(pad) == 1:
-        return pad * 4
-    if len(pad) == 2:
-        return pad + pad
-    return pad if len(pad) == 4 else None
-
-
 @dataclass(frozen=True)
 class Rule:
     """Fold rule for one convolution op: ``pad_value(conv)`` is the value the conv pads with."""
@@ -123,7 +91,7 @@ def _zero(conv):  # nn.conv2d / nn.contrib_conv2d_NCHWc pad with 0
 
 
 def _input_zero_point(conv):  # qnn.conv2d pads with its input zero point (args[2])
-    zp = _scalar(conv.args[2])
+    zp = constant_scalar(conv.args[2])
     return Reject("input zero point is not a constant scalar") if zp is None else zp
 
 
@@ -147,7 +115,7 @@ def _fold(rule: Rule, conv, pad, old=None):
     attrs = pad.attrs
     if str(attrs.pad_mode) != "constant":
         return Reject(f"pad mode {attrs.pad_mode!r} (only 'constant' folds)")
-    value = _scalar(pad.args[1])
+    value = constant_scalar(pad.args[1])
     if value is None:
         return Reject("pad value is not a constant scalar")
     expected = rule.pad_value(conv)
@@ -164,7 +132,7 @@ def _fold(rule: Rule, conv, pad, old=None):
     if not axes:
         return axes
     (h, w), rank = axes
-    widths = [_int_list(p) for p in attrs.pad_width]
+    widths = [int_list(p) for p in attrs.pad_width]
     if any(p is None or len(p) != 2 for p in widths):
         return Reject("pad widths are not constant (before, after) pairs")
     if len(widths) != rank:
@@ -172,7 +140,7 @@ def _fold(rule: Rule, conv, pad, old=None):
     for i, p in enumerate(widths):
         if i not in (h, w) and p != [0, 0]:
             return Reject(f"pads non-spatial axis {i} of {layout!r} by {p}")
-    old = _conv_padding(conv.attrs) if old is None else old
+    old = conv_padding(conv.attrs) if old is None else old
     if old is None:
         return Reject(f"conv padding {list(conv.attrs.padding)} is not 1, 2 or 4 constants")
     # (t, l, b, r) + (pad_H.before, pad_W.before, pad_H.after, pad_W.after)

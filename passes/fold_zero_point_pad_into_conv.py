@@ -50,7 +50,19 @@ import numpy as np
 
 from tvm_ext.registry import register_pass
 
-from ._util import Reject, consumers, dataflow_nodes, op_name, pass_logger, rebuild, static_tensor_type, with_body
+from ._util import (
+    Reject,
+    consumers,
+    constant_scalar,
+    conv_padding,
+    dataflow_nodes,
+    int_list,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    with_body,
+)
 
 __all__ = ["FoldZeroPointPadIntoConv", "CONV_OPS", "border_constant", "unblock", "block"]
 
@@ -150,25 +162,6 @@ def border_constant(weight_oihw: np.ndarray, value: int, in_hw, pad_hw, conv_pad
 
 
 # --- matching ---------------------------------------------------------------------------------
-def _ints(values):
-    import tvm
-
-    out = []
-    for v in values:
-        if not isinstance(v, tvm.tir.IntImm):
-            return None
-        out.append(int(v))
-    return out
-
-
-def _scalar(expr):
-    from tvm import relay
-
-    if not isinstance(expr, relay.Constant) or expr.data.numpy().size != 1:
-        return None
-    return expr.data.numpy().reshape(()).item()
-
-
 def _hw(layout: str):
     """Positions of the plain H and W axes of ``layout``, or a Reject (H/W split, missing)."""
     try:
@@ -181,13 +174,6 @@ def _hw(layout: str):
     if len(pos) != 2:
         return Reject(f"layout {layout!r} has no H and W axes")
     return tuple(sorted(pos, key=lambda i: axes[i][0]))  # (H, W)
-
-
-def _padding4(attrs):
-    pad = _ints(attrs.padding)
-    if pad is None:
-        return None
-    return {1: pad * 4, 2: pad + pad, 4: pad}.get(len(pad))
 
 
 def _match(conv, users):
@@ -203,7 +189,7 @@ def _match(conv, users):
     pad = data
     if str(pad.attrs.pad_mode) != "constant":
         return Reject(f"pad mode {pad.attrs.pad_mode!r} (only 'constant' folds)")
-    value = _scalar(pad.args[1])
+    value = constant_scalar(pad.args[1])
     if value is None or value != int(value):
         return Reject("pad value is not a constant integer scalar")
     if value == 0:
@@ -236,7 +222,7 @@ def _match(conv, users):
     hw = _hw(pad_layout)
     if not hw:
         return hw
-    widths = [_ints(p) for p in pad.attrs.pad_width]
+    widths = [int_list(p) for p in pad.attrs.pad_width]
     if any(p is None or len(p) != 2 for p in widths) or len(widths) != len(_axes(pad_layout)):
         return Reject("pad widths are not constant (before, after) pairs, one per axis")
     for i, p in enumerate(widths):
@@ -272,8 +258,8 @@ def _constant(conv, pad_hw, value):
     hin, hout = _hw(data_layout), _hw(out_layout)
     if not hin or not hout:
         return Reject(f"conv layouts {data_layout!r} / {out_layout!r} lack plain H and W")
-    q = _padding4(a)
-    strides, dilation = _ints(a.strides), _ints(a.dilation)
+    q = conv_padding(a)
+    strides, dilation = int_list(a.strides), int_list(a.dilation)
     if q is None or strides is None or dilation is None or len(strides) != 2 or len(dilation) != 2:
         return Reject("conv strides / dilation / padding are not constants")
     kh, kw = (int(k) for k in a.kernel_size) if a.kernel_size else w.shape[2:]
@@ -320,7 +306,7 @@ def _fold(conv, users):
     full = _constant(conv, pad_hw, value)
     if isinstance(full, Reject):
         return full
-    q = _padding4(conv.attrs)
+    q = conv_padding(conv.attrs)
     padding = [q[0] + pad_hw[0][0], q[1] + pad_hw[1][0], q[2] + pad_hw[0][1], q[3] + pad_hw[1][1]]
     x = pad.args[0]
     data = relay.Call(lt.op, [x], lt.attrs, lt.type_args, lt.span) if lt is not None else x
