@@ -17,6 +17,7 @@ from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
 from .qdq_to_integer import QDQToInteger
 from .remove_stop_fusion import RemoveStopFusion
 from .round_half_to_even import RoundHalfToEven
+from .tabulate_eight_bit import TabulateEightBit
 from .uniform_zero_points_to_scalar import UniformZeroPointsToScalar
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "QDQToInteger",
     "RemoveStopFusion",
     "RoundHalfToEven",
+    "TabulateEightBit",
     "UniformZeroPointsToScalar",
 ]

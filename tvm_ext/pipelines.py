@@ -94,6 +94,9 @@ def int8(numerics: str = "tvm") -> Pipeline:
        boundary and the widening (dequantize) chain fuses into the consumer.
     9. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
        the pool's kernel, so the pool reads uint8.
+    10. ``TabulateEightBit``: an elementwise float function of one 8-bit value (quantized
+        sigmoid, SiLU, tanh, GELU) becomes a table lookup computed by TVM at compile time (exact),
+        fused where the chain was: one table read per element instead of a scalar ``expf`` call.
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
 
@@ -102,9 +105,9 @@ def int8(numerics: str = "tvm") -> Pipeline:
     3b. ``AddAsOnnxRuntime``: quantized adds (``QLinearAdd``, and the ``qnn.add`` of QDQ adds)
         computed with ONNX Runtime's MLAS arithmetic (fused multiply-adds, one rounding);
 
-    and stage ``before_fuse`` ends with
+    and stage ``before_fuse`` gets, before ``TabulateEightBit`` (so tables round as ONNX does),
 
-    10. ``RoundHalfToEven``: every ``round`` (TVM's lowered ``qnn.quantize`` rounds
+    11. ``RoundHalfToEven``: every ``round`` (TVM's lowered ``qnn.quantize`` rounds
         ``x / scale`` with it) rounds halfway cases to even, as ONNX's ``QuantizeLinear`` and
         ONNX Runtime do, instead of away from zero; a rounded division by a scalar constant
         stays a true division; a requantize's zero point is added after rounding.
@@ -143,6 +146,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         QDQToInteger,
         RemoveStopFusion,
         RoundHalfToEven,
+        TabulateEightBit,
         UniformZeroPointsToScalar,
     )
 
@@ -155,11 +159,12 @@ def int8(numerics: str = "tvm") -> Pipeline:
         FoldZeroPointPadIntoConv(),
         NarrowKernelBoundaries(),
         FuseWideningIntoPool(),
+        TabulateEightBit(),
     ]
     name, requantize = "tvm_ext.int8", ()
     if numerics == "onnxruntime":
         start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
-        before_fuse.append(RoundHalfToEven())
+        before_fuse.insert(-1, RoundHalfToEven())  # before TabulateEightBit: tables round as ONNX does
         name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
     return Pipeline(
         name=name,

@@ -1,0 +1,364 @@
+"""TabulateEightBit: an elementwise function of one 8-bit tensor becomes a 256-entry table lookup.
+
+Design note
+-----------
+*Why.* A quantized sigmoid, SiLU (``x * sigmoid(x)``), tanh, GELU... computes in float between a
+dequantize and a quantize. TVM fuses that chain into the producer's kernel (the convolution's
+epilogue), but LLVM has no vector ``exp``: every ``sigmoid`` becomes one scalar ``expf`` call per
+element. On YOLOv8n (SiLU after every convolution) the kernels spend most of their time there.
+ONNX Runtime evaluates ``QLinearSigmoid`` and friends through a 256-entry table; on 8-bit inputs a
+table is exact. This pass does the same, inside TVM's fused kernels.
+
+*Rule* (equation)::
+
+    y = f(x), x: int8/uint8 tensor, f: elementwise ops and size-1 constants only,
+               f contains a transcendental op (sigmoid, exp, tanh, erf, log, sqrt, ...)
+    ->  y = tvm_ext.table_lookup(x, T),   T[i] = f(i) for the 256 values i of x's dtype
+
+*Which chains.* A dataflow analysis gives every node its *source*: an elementwise call (TOpPattern
+``kElemWise``/``kBroadcast``) whose non-constant arguments have its own shape and all have the same
+source, inherits it; constants must hold one element (a per-channel vector makes ``f`` differ per
+channel: rejected); every other 8-bit node is its own source. A *root* is a node with a source other
+than itself that is an output or has a consumer with another source. Each root whose chain contains
+a transcendental op is tabulated; chains of cheap arithmetic (requantize, hard-swish) are left
+alone, where a table read costs more than the arithmetic it replaces.
+
+*Exact by construction.* ``T`` is computed by TVM itself: all roots' chains are rebuilt on a
+``(256,)`` input of every value, compiled with ``relay.build`` for the target being built (when
+the host can run it; otherwise for plain ``llvm`` on the host, logged) and run. The table holds
+what the fused kernel would have computed: same ops, same rounding. (One residual risk: LLVM
+contracts ``a * b + c`` into a fused multiply-add at its own discretion; code generated around a
+convolution and around the table's small kernel could contract differently, changing a float
+result in its last bit and, at an exact rounding tie, an 8-bit result by one level. The tests
+compare bit for bit; the YOLOv8n and PP-OCR measurements in the README were bit-identical.)
+
+*The op.* ``tvm_ext.table_lookup(data, table)`` is registered here (Python type relation,
+``kElemWise`` pattern, ``te.compute`` reading ``table[data + offset]``, injective schedule). Being
+elementwise in its data, FuseOps fuses it into the producer's kernel exactly where the float chain
+was, and TVM's schedules inline it like any elementwise epilogue. It has no layout rule: run the
+pass at ``before_fuse`` (after AlterOpLayout), as :func:`tvm_ext.pipelines.int8` does.
+
+*Idempotent:* a lookup is a source of its own (its table has 256 elements), so a second run finds
+nothing new. *No match* (no transcendental op on an 8-bit chain) returns the module unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_ext.registry import register_pass
+
+from ._util import (Reject, consumers, dataflow_nodes, op_name, pass_logger, rebuild, static_tensor_type,
+                    with_body)
+
+PASS_NAME = "TabulateEightBit"
+RULE = "f(x: 8-bit) -> table_lookup(x, [f(i) for i in 0..255])"
+OP_NAME = "tvm_ext.table_lookup"
+_log = pass_logger(PASS_NAME)
+
+#: Ops whose presence makes a chain worth a table (LLVM calls libm for them, one element at a time).
+TRANSCENDENTAL = frozenset({
+    "sigmoid", "exp", "fast_exp", "tanh", "fast_tanh", "erf", "fast_erf", "log", "log2", "log10",
+    "sqrt", "rsqrt", "power", "sin", "cos", "tan", "sinh", "cosh", "asin", "acos", "atan", "asinh",
+    "acosh", "atanh",
+})
+_EIGHT_BIT = {"uint8": 0, "int8": 128}  # dtype -> index offset of value 0
+_K_BROADCAST = 1
+
+
+def _register_op():
+    """Register ``tvm_ext.table_lookup`` once per process (Relay ops are global)."""
+    import tvm
+    from tvm import relay, te
+    from tvm.relay.op import op as _op
+
+    if OP_NAME in tvm.ir.Op.list_op_names():
+        return tvm.ir.Op.get(OP_NAME)
+    _op.register(OP_NAME, "table[data]: a 256-entry table indexed by an 8-bit tensor (elementwise)")
+    op = tvm.ir.Op.get(OP_NAME)
+    op.set_num_inputs(2)
+    op.add_argument("data", "Tensor", "integer indices (int8: entry i is value i - 128)")
+    op.add_argument("table", "Tensor", "1-D table")
+    op.set_support_level(10)
+
+    def rel(arg_types, attrs):  # pylint: disable=unused-argument
+        data, table = arg_types
+        if not isinstance(data, relay.TensorType) or not isinstance(table, relay.TensorType):
+            return None
+        if not str(data.dtype).startswith(("int", "uint")):
+            raise tvm.error.TVMError(f"{OP_NAME}: data must be an integer tensor, got {data.dtype}")
+        if len(table.shape) != 1 or int(table.shape[0]) < 1:
+            raise tvm.error.TVMError(f"{OP_NAME}: table must be 1-D and non-empty, got {list(table.shape)}")
+        return relay.TensorType(data.shape, table.dtype)
+
+    op.add_type_rel("TableLookupRel", rel)
+    _op.register_pattern(OP_NAME, _op.OpPattern.ELEMWISE)
+
+    def compute(attrs, inputs, out_type):  # pylint: disable=unused-argument
+        data, table = inputs
+        off, last = _EIGHT_BIT.get(str(data.dtype), 0), int(table.shape[0]) - 1
+
+        def read(*i):  # clamped: an index outside the table reads its end, never outside memory
+            idx = data(*i).astype("int32") + off
+            return table[te.max(te.min(idx, last), 0)]
+
+        return [te.compute(data.shape, read, name="table_lookup", tag="elemwise")]
+
+    _op.register_compute(OP_NAME, compute)
+    _op.register_injective_schedule(OP_NAME)
+    return op
+
+
+def table_lookup(data, table):
+    """``tvm_ext.table_lookup(data, table)``: ``table[data]`` (``table[data + 128]`` for int8 data).
+
+    Indices outside the table are clamped to its ends (never a read outside it).
+
+    Parameters
+    ----------
+    data : tvm.relay.Expr
+        An integer tensor.
+    table : tvm.relay.Expr
+        A 1-D tensor of any dtype; the result has ``data``'s shape and ``table``'s dtype.
+    """
+    from tvm import relay
+
+    return relay.Call(_register_op(), [data, table])
+
+
+def table_index(dtype: str) -> np.ndarray:
+    """The 256 values of an 8-bit ``dtype`` in table order (entry i holds f of this value)."""
+    off = _EIGHT_BIT[dtype]
+    return (np.arange(256) - off).astype(dtype)
+
+
+def _domain(node, ranges):
+    """``(dtype, lo, n)``: the values a source takes, in table order; None if not a source.
+
+    8-bit tensors: their whole dtype (256 values). Wider integers: ``[lo, lo + n)`` when the
+    interval analysis proves at most 256 values (e.g. a requantize's ``clip`` before TVM's
+    simplifier dropped its narrowing cast).
+    """
+    if not static_tensor_type(node):
+        return None
+    dtype = str(node.checked_type.dtype)
+    if dtype in _EIGHT_BIT:
+        return (dtype, -_EIGHT_BIT[dtype], 256)
+    if not dtype.startswith(("int", "uint")) or node not in ranges:
+        return None
+    lo, hi = ranges[node]
+    return (dtype, int(lo), int(hi - lo + 1)) if hi - lo + 1 <= 256 else None
+
+
+def _shape(node) -> tuple:
+    return tuple(int(d) for d in node.checked_type.shape)
+
+
+def _small_constant(node) -> bool:
+    from tvm import relay
+
+    return isinstance(node, relay.Constant) and int(np.prod(node.data.shape)) == 1
+
+
+def _elementwise(node) -> bool:
+    import tvm
+    from tvm import relay
+
+    if not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op) or node.op.name == OP_NAME:
+        return False
+    pat = node.op.get_attr("TOpPattern")
+    return pat is not None and int(pat) <= _K_BROADCAST
+
+
+_CONST = "const"
+
+
+def _sources(nodes):
+    """node -> its source (see the design note), ``_CONST`` or None (depends on no single 8-bit tensor)."""
+    from tvm import relay
+
+    from ._intervals import value_ranges
+
+    ranges = value_ranges(nodes)
+    src: dict = {}
+    for node in nodes:
+        if isinstance(node, relay.Constant):
+            src[node] = _CONST if _small_constant(node) else None
+            continue
+        inherited = None
+        if _elementwise(node) and static_tensor_type(node):
+            seen, ok = set(), True
+            for arg in node.args:
+                s = src.get(arg)
+                if s is _CONST:
+                    continue
+                if s is None or _shape(arg) != _shape(node):
+                    ok = False
+                    break
+                seen.add(s)
+            if ok and len(seen) == 1:
+                inherited = seen.pop()
+        if inherited is not None:
+            src[node] = inherited
+        else:
+            src[node] = node if _domain(node, ranges) is not None else None
+    return src, ranges
+
+
+def _chain_ops(root, source) -> set:
+    """Names of the ops between ``source`` and ``root``."""
+    from tvm import relay
+
+    ops, stack, seen = set(), [root], set()
+    while stack:
+        node = stack.pop()
+        if node in seen or node.same_as(source) or not isinstance(node, relay.Call):
+            continue
+        seen.add(node)
+        ops.add(op_name(node))
+        stack.extend(node.args)
+    return ops
+
+
+def _roots(nodes, body, src):
+    """[(root, source)] of every maximal chain, in post-order."""
+    users = consumers(nodes)
+    found = []
+    for node in nodes:
+        s = src.get(node)
+        if s is None or s is _CONST or s is node:
+            continue
+        outside = node.same_as(body) or any(src.get(u) is not s for u, _ in users.get(node, []))
+        if outside:
+            found.append((node, s))
+    return found
+
+
+def _eval_target():
+    """The target the tables are computed with: the one being built if this host runs it, else llvm."""
+    import tvm
+
+    from tvm_ext.isa import runs_on_host
+
+    tgt = tvm.target.Target.current(allow_none=True)
+    if tgt is not None and tgt.kind.name == "llvm" and runs_on_host(tgt):
+        return tgt
+    if tgt is not None:
+        _log.info("%s: tables computed for the host's llvm, not %s (this host cannot run it)", PASS_NAME, tgt)
+    return tvm.target.Target("llvm")
+
+
+def _tables(chains, ranges) -> list:
+    """Evaluate every ``(root, source)`` chain on all values of its source with TVM; one build for all."""
+    import tvm
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    inputs: dict = {}  # domain -> (var, values)
+    outs, unique, index = [], {}, []
+    for root, source in chains:
+        dom = _domain(source, ranges)
+        if dom not in inputs:
+            dtype, lo, n = dom
+            inputs[dom] = (relay.var(f"values{len(inputs)}", shape=(n,), dtype=dtype),
+                           np.arange(lo, lo + n).astype(dtype))
+        expr = relay.reshape(rebuild(root, {source: inputs[dom][0]}), (dom[2],))
+        key = tvm.ir.structural_hash(expr)
+        if key not in unique:  # the same chain with the same constants: one table
+            unique[key] = len(outs)
+            outs.append(expr)
+        index.append(unique[key])
+    params = [v for v, _ in inputs.values()]
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(params, relay.Tuple(outs))))
+    target = _eval_target()
+    with tvm.transform.PassContext(opt_level=3), target:
+        lib = relay.build(mod, target=target)
+    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    for v, values in inputs.values():
+        gm.set_input(v.name_hint, values)
+    gm.run()
+    values = [gm.get_output(i).numpy() for i in range(len(outs))]
+    _log.debug("%s: %d distinct tables computed for %s", PASS_NAME, len(outs), target)
+    return [values[i] for i in index]
+
+
+def _lookup(source, table, ranges):
+    """``table_lookup`` of ``source``, shifted to index 0 when its domain starts elsewhere."""
+    from tvm import relay
+
+    dtype, lo, _ = _domain(source, ranges)
+    if dtype in _EIGHT_BIT or lo == 0:
+        return table_lookup(source, relay.const(table))
+    return table_lookup(relay.subtract(source, relay.const(lo, dtype)), relay.const(table))
+
+
+def _rewrite(func, ops: frozenset):
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    src, ranges = _sources(nodes)
+    chains = []
+    for root, source in _roots(nodes, func.body, src):
+        used = _chain_ops(root, source)
+        if not used & ops:
+            _log.debug("%s: not tabulated (%s): %s", RULE,
+                       Reject(f"no op of {sorted(ops)[:4]}... in the chain {sorted(used)}"), op_name(root))
+            continue
+        chains.append((root, source))
+    if not chains:
+        return func
+    subst = {root: _lookup(source, tab, ranges) for (root, source), tab in zip(chains, _tables(chains, ranges))}
+    _log.info("%s: %d chain(s) tabulated (%s)", RULE, len(subst),
+              ", ".join(sorted({o for r, s in chains for o in _chain_ops(r, s) & ops})))
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
+    """Replace every elementwise function of one 8-bit tensor that calls a transcendental op by a
+    256-entry table lookup (``tvm_ext.table_lookup``), computed exactly by TVM at compile time.
+
+    ``quantize(sigmoid(dequantize(x)))``, SiLU ``quantize(dequantize(x) * sigmoid(dequantize(x)))``,
+    tanh, GELU (erf)...: on an 8-bit ``x`` each is a function of 256 values. The lookup is
+    elementwise, so it fuses into the producer's kernel where the float chain was, and replaces one
+    scalar ``expf`` call per element (LLVM has no vector exp) by one table read. Part of
+    :func:`tvm_ext.pipelines.int8`; run at ``before_fuse``.
+
+    Parameters
+    ----------
+    ops : frozenset of str, optional
+        Op names that make a chain worth a table (default :data:`TRANSCENDENTAL`). Chains without
+        any are left alone: a table read costs more than a few vectorized arithmetic ops.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"TabulateEightBit"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+    TypeError
+        ``ops`` is not a collection of op names.
+
+    Notes
+    -----
+    Skipped (left unchanged, reason logged at DEBUG on ``tvm_ext.passes.TabulateEightBit``):
+    chains with a per-channel (more than one element) constant, chains of two different tensors
+    (``x * y``), broadcasting of a tensor inside the chain, dynamic shapes, functions with
+    ``If``/``Let``/``Match``/references/closures. The tables are computed by building the chains
+    with ``relay.build`` for the current target when this host can run it, else for ``llvm``.
+    """
+    from tvm import relay
+
+    if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
+        raise TypeError(f"{PASS_NAME}: ops must be a collection of op names, got {ops!r}")
+    ops = frozenset(ops)
+    _register_op()
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _rewrite(func, ops)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)

@@ -1,0 +1,233 @@
+"""Tests of tvm_ext.passes.tabulate_eight_bit (TabulateEightBit and the tvm_ext.table_lookup op)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper
+from tvm import relay
+
+import tvm_ext
+from tvm_ext import KernelReport, pipelines
+from tvm_ext.passes import TabulateEightBit
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.passes.tabulate_eight_bit import table_lookup
+from tvm_ext.testing import assert_unchanged, check, infer, run_module
+
+SHAPE = (1, 16, 4, 4)  # 256 elements: one of each 8-bit value fits
+
+
+def _dequantize(x, zp, scale):
+    return relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(zp)), "float32"),
+                          relay.const(scale))
+
+
+def _quantize(v, scale, zp, dtype):
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    q = relay.add(relay.round(relay.divide(v, relay.const(scale))), relay.const(float(zp)))
+    return relay.cast(relay.clip(q, lo, hi), dtype)
+
+
+def _silu(x, dtype="uint8", zp=3):
+    """Lowered QDQ SiLU: q(dq(x) * dq(q(sigmoid(dq(x)))))."""
+    d = _dequantize(x, zp, 0.05)
+    s = _quantize(relay.sigmoid(d), 1 / 256, 0 if dtype == "uint8" else -128, dtype)
+    return _quantize(relay.multiply(d, _dequantize(s, 0 if dtype == "uint8" else -128, 1 / 256)), 0.04, zp, dtype)
+
+
+def _all_values(dtype):
+    info = np.iinfo(dtype)
+    return np.arange(info.min, info.max + 1).astype(dtype).reshape(SHAPE)
+
+
+def _fn(body_of, dtype="uint8", shape=SHAPE):
+    x = relay.var("x", shape=shape, dtype=dtype)
+    return infer(relay.Function([x], body_of(x)))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_silu_becomes_one_lookup_of_what_tvm_computes(dtype):
+    """q(dq(x) * dq(q(sigmoid(dq(x))))) -> table_lookup(x, T), T = the chain on every 8-bit value."""
+    before = _fn(lambda x: _silu(x, dtype), dtype)
+    table = run_module(before, {"x": _all_values(dtype)})[0].reshape(-1)  # entry i: value i (- 128 for int8)
+    expected = _fn(lambda x: table_lookup(x, relay.const(table)), dtype)
+    after = check(TabulateEightBit(), before, expected)
+    assert "sigmoid" not in after.astext()
+    # sanity of T against the formula in float64 (it is TVM's float32 result: within one level)
+    v = _all_values(dtype).reshape(-1).astype(np.int64)
+    d = (v - 3) * 0.05
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    szp = 0 if dtype == "uint8" else -128
+    sig = np.clip(np.round(1 / (1 + np.exp(-d)) * 256) + szp, lo, hi)
+    ref = np.clip(np.round(d * ((sig - szp) / 256) / 0.04) + 3, lo, hi)
+    assert np.abs(table.astype(np.int64) - ref).max() <= 1
+
+
+def test_lookup_of_a_wide_integer_source_with_a_proven_range():
+    """TVM's simplifier drops a requantize's narrowing cast: clip(int32, -10, 200) is the source;
+    the lookup indexes x - (-10) into a 211-entry table."""
+    def body(x):
+        src = relay.clip(relay.cast(x, "int32"), -10, 200)
+        return _quantize(relay.sigmoid(relay.multiply(relay.cast(src, "float32"), relay.const(0.1))), 1 / 256, 0,
+                         "uint8")
+
+    before = _fn(body, "int16")
+    xs = np.arange(-20, 236).astype("int16").reshape(SHAPE)  # the whole domain and beyond
+    want = run_module(before, {"x": xs})[0]
+    after = TabulateEightBit()(before)
+    text = after.astext()
+    assert "tvm_ext.table_lookup" in text and "sigmoid" not in text and "Tensor[(211), uint8]" in text
+    np.testing.assert_array_equal(run_module(after, {"x": xs})[0], want)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_differential_conv_silu_bit_exact_and_fused(dtype):
+    """Built with TVM (host target, the pass at before_fuse): same kernels, the lookup inside the
+    convolution's kernel, outputs bit-exact on every input value."""
+    zp = 3 if dtype == "uint8" else -3
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype=dtype)
+    rng = np.random.default_rng(0)
+    w = relay.const(rng.integers(-100, 100, (16, 16, 3, 3)).astype("int8"))
+    c = relay.qnn.op.conv2d(x, w, relay.const(zp), relay.const(0), relay.const(0.1), relay.const(0.02),
+                            kernel_size=(3, 3), channels=16, padding=(1, 1))
+    r = relay.qnn.op.requantize(c, relay.const(0.002), relay.const(0), relay.const(0.05), relay.const(zp),
+                                out_dtype=dtype)
+    d = relay.qnn.op.dequantize(r, relay.const(0.05), relay.const(zp))
+    szp = 0 if dtype == "uint8" else -128
+    s = relay.qnn.op.quantize(relay.sigmoid(d), relay.const(1 / 256), relay.const(szp), out_dtype=dtype)
+    m = relay.multiply(d, relay.qnn.op.dequantize(s, relay.const(1 / 256), relay.const(szp)))
+    q = relay.qnn.op.quantize(m, relay.const(0.04), relay.const(zp), out_dtype=dtype)
+    w2 = relay.const(rng.integers(-100, 100, (16, 16, 1, 1)).astype("int8"))
+    out = relay.qnn.op.conv2d(q, w2, relay.const(zp), relay.const(0), relay.const(0.04), relay.const(0.02),
+                              kernel_size=(1, 1), channels=16)
+    mod = infer(relay.Function([x], out))
+    xs = [_all_values(dtype).reshape(1, 16, 4, 4).repeat(2, 2).repeat(2, 3),
+          rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, (1, 16, 8, 8)).astype(dtype)]
+    plain, tab = (tvm_ext.build(mod, passes=p) for p in ([], [TabulateEightBit()]))
+    kernels = [KernelReport.from_factory(f).kernels for f in (plain, tab)]
+    assert len(kernels[0]) == len(kernels[1])
+    assert any("nn.contrib_conv2d_NCHWc" in k.ops and "tvm_ext.table_lookup" in k.ops for k in kernels[1]), \
+        [k.ops for k in kernels[1]]
+    assert not any("sigmoid" in k.ops for k in kernels[1])
+    for xv in xs:
+        np.testing.assert_array_equal(run_module(tab, {"x": xv})[0], run_module(plain, {"x": xv})[0])
+
+
+def test_idempotent():
+    before = _fn(lambda x: relay.nn.max_pool2d(_silu(x), (2, 2)))
+    once = TabulateEightBit()(before)
+    assert "tvm_ext.table_lookup" in once.astext()
+    check(TabulateEightBit(), once, once)
+
+
+def test_two_tensors_only_the_single_source_part_is_tabulated():
+    """q(dq(x) * sigmoid(dq(y))): the product depends on two tensors (no table); sigmoid(dq(y)) is a
+    float function of y alone and becomes a float32 table."""
+    x, y = (relay.var(n, shape=SHAPE, dtype="uint8") for n in "xy")
+    before = infer(relay.Function([x, y], _quantize(relay.multiply(_dequantize(x, 3, 0.05),
+                                                                   relay.sigmoid(_dequantize(y, 3, 0.05))),
+                                                    0.04, 3, "uint8")))
+    table = run_module(infer(relay.Function([y], relay.sigmoid(_dequantize(y, 3, 0.05)))),
+                       {"y": _all_values("uint8")})[0].reshape(-1)
+    expected = infer(relay.Function([x, y], _quantize(relay.multiply(_dequantize(x, 3, 0.05),
+                                                                     table_lookup(y, relay.const(table))),
+                                                      0.04, 3, "uint8")))
+    after = check(TabulateEightBit(), before, expected)
+    rng = np.random.default_rng(2)
+    feed = {n: rng.integers(0, 256, SHAPE).astype("uint8") for n in "xy"}
+    np.testing.assert_array_equal(run_module(after, feed)[0], run_module(before, feed)[0])
+
+
+@pytest.mark.parametrize("case", ["hard_swish", "per_channel_constant", "float_input"])
+def test_unchanged_on_no_match(case, caplog):
+    """No transcendental op; a per-channel scale; a float source: left alone."""
+    def hard_swish(x):  # cheap arithmetic: the vector code beats a table read
+        d = _dequantize(x, 3, 0.05)
+        return _quantize(relay.divide(relay.multiply(d, relay.clip(relay.add(d, relay.const(3.0)), 0, 6)),
+                                      relay.const(6.0)), 0.04, 3, "uint8")
+
+    if case == "hard_swish":
+        mod = _fn(hard_swish)
+    elif case == "per_channel_constant":
+        scale = np.linspace(0.01, 0.1, 16).astype("float32").reshape(1, 16, 1, 1)
+        mod = _fn(lambda x: _quantize(relay.sigmoid(relay.multiply(relay.cast(x, "float32"), relay.const(scale))),
+                                      1 / 256, 0, "uint8"))
+    else:
+        mod = _fn(lambda x: _quantize(relay.sigmoid(x), 1 / 256, 0, "uint8"), "float32")
+    with caplog.at_level("DEBUG", logger="tvm_ext.passes.TabulateEightBit"):
+        assert_unchanged(TabulateEightBit(), mod)
+    if case == "hard_swish":
+        assert "no op of" in caplog.text
+
+
+def test_untyped_module_raises():
+    x = relay.var("x", shape=SHAPE, dtype="uint8")
+    mod = tvm.IRModule.from_expr(relay.Function([x], _silu(x)))
+    with pytest.raises(UntypedModuleError, match="TabulateEightBit"):
+        TabulateEightBit()(mod)
+
+
+def test_if_and_dynamic_shapes_are_skipped():
+    x = relay.var("x", shape=SHAPE, dtype="uint8")
+    c = relay.var("c", shape=(), dtype="bool")
+    with_if = infer(relay.Function([x, c], relay.If(c, _silu(x), x)))
+    assert_unchanged(TabulateEightBit(), with_if)
+    dyn = relay.var("x", shape=(relay.Any(), 16), dtype="uint8")
+    assert_unchanged(TabulateEightBit(), infer(relay.Function([dyn], _silu(dyn))))
+
+
+def test_bad_ops_argument():
+    with pytest.raises(TypeError, match="TabulateEightBit"):
+        TabulateEightBit(ops="sigmoid")
+
+
+def test_lookup_op_clamps_and_types():
+    """Out-of-table indices read the table's ends; float indices are a type error."""
+    table = np.arange(10, 20).astype("float32")
+    mod = _fn(lambda x: table_lookup(x, relay.const(table)), "int32", (6,))
+    got = run_module(mod, {"x": np.array([-5, 0, 3, 9, 10, 1000], "int32")})[0]
+    np.testing.assert_array_equal(got, [10, 10, 13, 19, 19, 19])
+    i8 = _fn(lambda x: table_lookup(x, relay.const(np.arange(256).astype("int32"))), "int8", (3,))
+    np.testing.assert_array_equal(run_module(i8, {"x": np.array([-128, 0, 127], "int8")})[0], [0, 128, 255])
+    with pytest.raises(tvm.error.TVMError, match="integer"):
+        _fn(lambda x: table_lookup(x, relay.const(table)), "float32", (6,))
+
+
+def _qdq_silu_onnx(path):
+    """A QDQ conv + SiLU (Sigmoid, Mul) as ONNX Runtime's quantizer writes it, 1x8x12x12."""
+    rng = np.random.default_rng(3)
+    init = [helper.make_tensor("w", TensorProto.INT8, [8, 8, 3, 3], rng.integers(-90, 90, 576).tolist()),
+            helper.make_tensor("ws", TensorProto.FLOAT, [], [0.01]), helper.make_tensor("wz", TensorProto.INT8, [], [0])]
+    for n, s, z in [("i", 0.02, 128), ("c", 0.05, 100), ("s", 1 / 256, 0), ("o", 0.03, 10)]:
+        init += [helper.make_tensor(n + "s", TensorProto.FLOAT, [], [s]), helper.make_tensor(n + "z", TensorProto.UINT8, [], [z])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "is", "iz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "is", "iz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "cs", "cz"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "cs", "cz"], ["cd"]),
+             helper.make_node("Sigmoid", ["cd"], ["sg"]),
+             helper.make_node("QuantizeLinear", ["sg", "ss", "sz"], ["sq"]),
+             helper.make_node("DequantizeLinear", ["sq", "ss", "sz"], ["sd"]),
+             helper.make_node("Mul", ["cd", "sd"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "os", "oz"], ["mq"]),
+             helper.make_node("DequantizeLinear", ["mq", "os", "oz"], ["y"])]
+    g = helper.make_graph(nodes, "qdq_silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])], init)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def test_int8_pipeline_tabulates_qdq_silu_bit_exact_to_stock(tmp_path):
+    """pipelines.int8() on an ONNX QDQ SiLU: the sigmoid becomes a table, outputs equal stock TVM's."""
+    from tvm_ext.frontend import from_onnx
+
+    path = str(tmp_path / "silu.onnx")
+    _qdq_silu_onnx(path)
+    mod, params = from_onnx(path, shape={"x": (1, 8, 12, 12)})
+    with tvm.transform.PassContext(opt_level=3):
+        stock = relay.build(mod, target=tvm_ext.build_target(), params=params)
+    ours = tvm_ext.build(mod, params=params, passes=pipelines.int8())
+    assert "table_lookup" in ours.get_graph_json() and "sigmoid" not in ours.get_graph_json()
+    xv = np.random.default_rng(1).uniform(-2.6, 2.6, (1, 8, 12, 12)).astype("float32")
+    np.testing.assert_array_equal(run_module(ours, {"x": xv})[0], run_module(stock, {"x": xv})[0])
