@@ -32,7 +32,7 @@ convolution and around the table's small kernel could contract differently, chan
 result in its last bit and, at an exact rounding tie, an 8-bit result by one level. The tests
 compare bit for bit; the YOLOv8n and PP-OCR measurements in the README were bit-identical.)
 
-*The op.* ``tvm_ext.table_lookup(data, table)`` is registered here (Python type relation,
+*The op.* ``tvm_ext.table_lookup(data, table)`` (:mod:`tvm_ext.ops`: Python type relation,
 ``kElemWise`` pattern, ``te.compute`` reading ``table[data + offset]``, injective schedule). Being
 elementwise in its data, FuseOps fuses it into the producer's kernel exactly where the float chain
 was, and TVM's schedules inline it like any elementwise epilogue. It has no layout rule: run the
@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
+from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
 from tvm_ext.registry import register_pass
 
 from ._util import (Reject, consumers, dataflow_nodes, op_name, pass_logger, rebuild, static_tensor_type,
@@ -52,7 +54,6 @@ from ._util import (Reject, consumers, dataflow_nodes, op_name, pass_logger, reb
 
 PASS_NAME = "TabulateEightBit"
 RULE = "f(x: 8-bit) -> table_lookup(x, [f(i) for i in 0..255])"
-OP_NAME = "tvm_ext.table_lookup"
 _log = pass_logger(PASS_NAME)
 
 #: Ops whose presence makes a chain worth a table (LLVM calls libm for them, one element at a time).
@@ -61,68 +62,7 @@ TRANSCENDENTAL = frozenset({
     "sqrt", "rsqrt", "power", "sin", "cos", "tan", "sinh", "cosh", "asin", "acos", "atan", "asinh",
     "acosh", "atanh",
 })
-_EIGHT_BIT = {"uint8": 0, "int8": 128}  # dtype -> index offset of value 0
 _K_BROADCAST = 1
-
-
-def _register_op():
-    """Register ``tvm_ext.table_lookup`` once per process (Relay ops are global)."""
-    import tvm
-    from tvm import relay, te
-    from tvm.relay.op import op as _op
-
-    if OP_NAME in tvm.ir.Op.list_op_names():
-        return tvm.ir.Op.get(OP_NAME)
-    _op.register(OP_NAME, "table[data]: a 256-entry table indexed by an 8-bit tensor (elementwise)")
-    op = tvm.ir.Op.get(OP_NAME)
-    op.set_num_inputs(2)
-    op.add_argument("data", "Tensor", "integer indices (int8: entry i is value i - 128)")
-    op.add_argument("table", "Tensor", "1-D table")
-    op.set_support_level(10)
-
-    def rel(arg_types, attrs):  # pylint: disable=unused-argument
-        data, table = arg_types
-        if not isinstance(data, relay.TensorType) or not isinstance(table, relay.TensorType):
-            return None
-        if not str(data.dtype).startswith(("int", "uint")):
-            raise tvm.error.TVMError(f"{OP_NAME}: data must be an integer tensor, got {data.dtype}")
-        if len(table.shape) != 1 or int(table.shape[0]) < 1:
-            raise tvm.error.TVMError(f"{OP_NAME}: table must be 1-D and non-empty, got {list(table.shape)}")
-        return relay.TensorType(data.shape, table.dtype)
-
-    op.add_type_rel("TableLookupRel", rel)
-    _op.register_pattern(OP_NAME, _op.OpPattern.ELEMWISE)
-
-    def compute(attrs, inputs, out_type):  # pylint: disable=unused-argument
-        data, table = inputs
-        off, last = _EIGHT_BIT.get(str(data.dtype), 0), int(table.shape[0]) - 1
-
-        def read(*i):  # clamped: an index outside the table reads its end, never outside memory
-            idx = data(*i).astype("int32") + off
-            return table[te.max(te.min(idx, last), 0)]
-
-        return [te.compute(data.shape, read, name="table_lookup", tag="elemwise")]
-
-    _op.register_compute(OP_NAME, compute)
-    _op.register_injective_schedule(OP_NAME)
-    return op
-
-
-def table_lookup(data, table):
-    """``tvm_ext.table_lookup(data, table)``: ``table[data]`` (``table[data + 128]`` for int8 data).
-
-    Indices outside the table are clamped to its ends (never a read outside it).
-
-    Parameters
-    ----------
-    data : tvm.relay.Expr
-        An integer tensor.
-    table : tvm.relay.Expr
-        A 1-D tensor of any dtype; the result has ``data``'s shape and ``table``'s dtype.
-    """
-    from tvm import relay
-
-    return relay.Call(_register_op(), [data, table])
 
 
 def table_index(dtype: str) -> np.ndarray:
@@ -163,7 +103,7 @@ def _elementwise(node) -> bool:
     import tvm
     from tvm import relay
 
-    if not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op) or node.op.name == OP_NAME:
+    if not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op) or node.op.name == TABLE_LOOKUP:
         return False
     pat = node.op.get_attr("TOpPattern")
     return pat is not None and int(pat) <= _K_BROADCAST
@@ -356,7 +296,7 @@ def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
     if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
         raise TypeError(f"{PASS_NAME}: ops must be a collection of op names, got {ops!r}")
     ops = frozenset(ops)
-    _register_op()
+    register_ops()
 
     def transform(func, mod, ctx):  # pylint: disable=unused-argument
         return _rewrite(func, ops)

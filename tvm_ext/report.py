@@ -63,6 +63,9 @@ def op_pattern(op_name: str) -> int:
     """TOpPattern of a Relay op (8, opaque, when unknown)."""
     import tvm
 
+    from .ops import register_ops
+
+    register_ops()  # tvm-ext's own ops (tvm_ext.table_lookup) have a pattern too
     try:
         pat = tvm.ir.Op.get(op_name).get_attr("TOpPattern")
     except Exception:  # unknown op

@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext import KernelReport, pipelines
 from tvm_ext.passes import TabulateEightBit
 from tvm_ext.passes._util import UntypedModuleError
-from tvm_ext.passes.tabulate_eight_bit import table_lookup
+from tvm_ext.ops import table_lookup
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
 SHAPE = (1, 16, 4, 4)  # 256 elements: one of each 8-bit value fits
@@ -192,6 +192,17 @@ def test_lookup_op_clamps_and_types():
     np.testing.assert_array_equal(run_module(i8, {"x": np.array([-128, 0, 127], "int8")})[0], [0, 128, 255])
     with pytest.raises(tvm.error.TVMError, match="integer"):
         _fn(lambda x: table_lookup(x, relay.const(table)), "float32", (6,))
+
+
+def test_kernel_reports_know_the_op_in_a_fresh_process():
+    """report.op_pattern registers tvm-ext's ops first: the lookup is elementwise (0), never an anchor."""
+    import subprocess
+    import sys
+
+    code = ("from tvm_ext.report import op_pattern, anchor_of; "
+            "print(op_pattern('tvm_ext.table_lookup'), anchor_of(['tvm_ext.table_lookup', 'image.resize2d']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["0", "None"]
 
 
 def _qdq_silu_onnx(path):
