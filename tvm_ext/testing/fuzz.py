@@ -115,6 +115,7 @@ def _make_passes():
         "NonNegativeConvInputToUint8": (lambda: P.NonNegativeConvInputToUint8(), ("start",)),
         "QDQToInteger": (lambda: P.QDQToInteger(), ("start",)),
         "RemoveStopFusion": (lambda: P.RemoveStopFusion(), both),
+        "TabulateEightBit": (lambda: P.TabulateEightBit(), ("before_fuse",)),
         "UniformZeroPointsToScalar": (lambda: P.UniformZeroPointsToScalar(), ("start",)),
     }
 
@@ -135,6 +136,7 @@ PASSES = (
     "NonNegativeConvInputToUint8",
     "QDQToInteger",
     "RemoveStopFusion",
+    "TabulateEightBit",
     "UniformZeroPointsToScalar",
 )
 
