@@ -254,3 +254,24 @@ def test_conv_padded_by_x86_int8_legalization_stays_float():
     assert "qnn.conv2d" in QDQToInteger()(block(16)).astext()
     x = {"a": np.arange(256).astype("uint8").reshape(1, 16, 4, 4)}
     np.testing.assert_array_equal(run_module(QDQToInteger()(block(8)), x)[0], run_module(block(8), x)[0])
+
+
+def test_large_padded_conv_becomes_integer():
+    """From PADDED_INT8_MIN_MACS on, a conv with channels % 16 != 0 converts (int8 wins over the
+    slice kernel: PP-OCRv4 det); one MAC-row less and it stays float. Outputs: the integer conv is
+    the QLinearConv ONNX Runtime runs, within one output step of the float region."""
+    from tvm_ext.passes.qdq_to_integer import PADDED_INT8_MIN_MACS
+
+    def block(hw):
+        a = relay.var("a", shape=(1, 64, hw, hw), dtype="uint8")
+        w = _dq(relay.const(np.random.default_rng(0).integers(-5, 5, (24, 64, 3, 3)).astype("int8")),
+                relay.const(0.02), relay.const(0, "int32"))
+        return infer(_q(relay.nn.conv2d(_dq(a), w, channels=24, kernel_size=3, padding=1)))
+
+    macs = lambda hw: hw * hw * 24 * 64 * 9  # noqa: E731
+    big = next(hw for hw in range(8, 200) if macs(hw) >= PADDED_INT8_MIN_MACS)
+    assert "qnn.conv2d" in QDQToInteger()(block(big)).astext()
+    assert_unchanged(QDQToInteger(), block(big - 1))
+    x = {"a": np.random.default_rng(1).integers(0, 256, (1, 64, big, big)).astype("uint8")}
+    got, want = (run_module(m, x)[0].astype(np.int64) for m in (QDQToInteger()(block(big)), block(big)))
+    assert np.abs(got - want).max() <= 1
