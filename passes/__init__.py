@@ -11,6 +11,7 @@ from .fold_pad_into_conv import FoldPadIntoConv
 from .fold_zero_point_pad_into_conv import FoldZeroPointPadIntoConv
 from .fuse_by_pattern import FuseByPattern
 from .fuse_widening_into_pool import FuseWideningIntoPool
+from .hoist_uint8_shift import HoistUint8Shift
 from .narrow_before_max_pool import NarrowBeforeMaxPool
 from .narrow_kernel_boundaries import NarrowKernelBoundaries
 from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
@@ -27,6 +28,7 @@ __all__ = [
     "FoldZeroPointPadIntoConv",
     "FuseByPattern",
     "FuseWideningIntoPool",
+    "HoistUint8Shift",
     "NarrowBeforeMaxPool",
     "NarrowKernelBoundaries",
     "NonNegativeConvInputToUint8",

@@ -86,6 +86,9 @@ def int8(numerics: str = "tvm") -> Pipeline:
     5. ``NarrowBeforeMaxPool``: a monotone quantizing chain after a max pool moves in front of
        it (``f(max_pool(x)) == max_pool(f(x))``), so the producer writes int8, not float32.
     6. ``CombineParallelCast``: one narrowing cast per value, fused into its producer.
+       ``HoistUint8Shift``: x86's ``+128`` shift in front of an int8-input (S8S8) conv moves
+       into the producer of a value that also has other readers (a residual's block input):
+       the producer writes uint8, the others read ``cast(s, int32) - 128`` (exact).
     7. ``FoldPadIntoConv``: explicit zero / zero-point pads fold into the (NCHWc) convolution.
        ``FoldZeroPointPadIntoConv``: a non-zero pad (an asymmetric input zero point, which the
        conv cannot pad with) folds too; its border contribution, a constant, is added in the
@@ -137,6 +140,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         FoldPadIntoConv,
         FoldZeroPointPadIntoConv,
         FuseWideningIntoPool,
+        HoistUint8Shift,
         NarrowBeforeMaxPool,
         NarrowKernelBoundaries,
         NonNegativeConvInputToUint8,
@@ -151,6 +155,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         RemoveStopFusion(),
         NarrowBeforeMaxPool(),
         CombineParallelCast(),
+        HoistUint8Shift(),
         FoldPadIntoConv(),
         FoldZeroPointPadIntoConv(),
         NarrowKernelBoundaries(),
