@@ -93,6 +93,10 @@ def int8(numerics: str = "tvm") -> Pipeline:
        ``FoldZeroPointPadIntoConv``: a non-zero pad (an asymmetric input zero point, which the
        conv cannot pad with) folds too; its border contribution, a constant, is added in the
        conv's epilogue (exact).
+    7b. ``EpilogueBeforeChannelSlice``: x86 pads integer convs' output channels to a multiple of
+       16 and slices them back after the conv's kernel; the requantize epilogue moves in front
+       of the slice (per-channel constants blocked and padded), so the conv writes 8 bits, not
+       int32 accumulators (exact).
     8. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
        boundary and the widening (dequantize) chain fuses into the consumer.
     9. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
@@ -137,6 +141,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
     from .passes import (
         AddAsOnnxRuntime,
         CombineParallelCast,
+        EpilogueBeforeChannelSlice,
         FoldPadIntoConv,
         FoldZeroPointPadIntoConv,
         FuseWideningIntoPool,
@@ -158,6 +163,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         HoistUint8Shift(),
         FoldPadIntoConv(),
         FoldZeroPointPadIntoConv(),
+        EpilogueBeforeChannelSlice(),
         NarrowKernelBoundaries(),
         FuseWideningIntoPool(),
     ]

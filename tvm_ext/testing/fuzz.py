@@ -110,6 +110,7 @@ def _make_passes():
         "FuseByPattern(generic)": (lambda: P.FuseByPattern("generic"), ("before_fuse",)),
         "FuseByPattern(qnn)": (lambda: P.FuseByPattern("qnn"), both),
         "FuseWideningIntoPool": (lambda: P.FuseWideningIntoPool(), both),
+        "HoistUint8Shift": (lambda: P.HoistUint8Shift(), ("before_fuse",)),  # x86 legalization's shift
         "NarrowBeforeMaxPool": (lambda: P.NarrowBeforeMaxPool(), both),
         "NarrowKernelBoundaries": (lambda: P.NarrowKernelBoundaries(), both),
         "NonNegativeConvInputToUint8": (lambda: P.NonNegativeConvInputToUint8(), ("start",)),
@@ -130,6 +131,7 @@ PASSES = (
     "FuseByPattern(generic)",
     "FuseByPattern(qnn)",
     "FuseWideningIntoPool",
+    "HoistUint8Shift",
     "NarrowBeforeMaxPool",
     "NarrowKernelBoundaries",
     "NonNegativeConvInputToUint8",
