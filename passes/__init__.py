@@ -20,6 +20,7 @@ from .qdq_to_integer import QDQToInteger
 from .remove_stop_fusion import RemoveStopFusion
 from .round_half_to_even import RoundHalfToEven
 from .uniform_zero_points_to_scalar import UniformZeroPointsToScalar
+from .widen_in_each_reader import WidenInEachReader
 
 __all__ = [
     "AddAsOnnxRuntime",
@@ -38,4 +39,5 @@ __all__ = [
     "RemoveStopFusion",
     "RoundHalfToEven",
     "UniformZeroPointsToScalar",
+    "WidenInEachReader",
 ]

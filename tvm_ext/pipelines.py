@@ -99,6 +99,8 @@ def int8(numerics: str = "tvm") -> Pipeline:
        int32 accumulators (exact).
     8. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
        boundary and the widening (dequantize) chain fuses into the consumer.
+    8b. ``WidenInEachReader``: a dequantized value read by several ops (the SE block's input:
+       pool and gating multiply) crosses as its 8-bit source, and each reader widens it (exact).
     9. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
        the pool's kernel, so the pool reads uint8.
 
@@ -153,6 +155,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         RemoveStopFusion,
         RoundHalfToEven,
         UniformZeroPointsToScalar,
+        WidenInEachReader,
     )
 
     start = [UniformZeroPointsToScalar(), QDQToInteger(), NonNegativeConvInputToUint8()]
@@ -165,6 +168,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         FoldZeroPointPadIntoConv(),
         EpilogueBeforeChannelSlice(),
         NarrowKernelBoundaries(),
+        WidenInEachReader(),
         FuseWideningIntoPool(),
     ]
     name, requantize = "tvm_ext.int8", ()

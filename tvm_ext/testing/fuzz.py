@@ -105,6 +105,7 @@ def _make_passes():
         "CombineParallelOpBatch(nn.dense)": (lambda: P.CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 2), both),
         "CombineParallelOpBatch(add)": (lambda: P.CombineParallelOpBatch("add", "add", 2), both),
         "CombineParallelOpBatch(multiply)": (lambda: P.CombineParallelOpBatch("multiply", "multiply", 2), both),
+        "EpilogueBeforeChannelSlice": (lambda: P.EpilogueBeforeChannelSlice(), ("before_fuse",)),
         "FoldPadIntoConv": (lambda: P.FoldPadIntoConv(), both),
         "FoldZeroPointPadIntoConv": (lambda: P.FoldZeroPointPadIntoConv(), both),
         "FuseByPattern(generic)": (lambda: P.FuseByPattern("generic"), ("before_fuse",)),
@@ -117,6 +118,7 @@ def _make_passes():
         "QDQToInteger": (lambda: P.QDQToInteger(), ("start",)),
         "RemoveStopFusion": (lambda: P.RemoveStopFusion(), both),
         "UniformZeroPointsToScalar": (lambda: P.UniformZeroPointsToScalar(), ("start",)),
+        "WidenInEachReader": (lambda: P.WidenInEachReader(), ("before_fuse",)),
     }
 
 
@@ -126,6 +128,7 @@ PASSES = (
     "CombineParallelOpBatch(nn.dense)",
     "CombineParallelOpBatch(add)",
     "CombineParallelOpBatch(multiply)",
+    "EpilogueBeforeChannelSlice",
     "FoldPadIntoConv",
     "FoldZeroPointPadIntoConv",
     "FuseByPattern(generic)",
@@ -138,6 +141,7 @@ PASSES = (
     "QDQToInteger",
     "RemoveStopFusion",
     "UniformZeroPointsToScalar",
+    "WidenInEachReader",
 )
 
 
