@@ -139,8 +139,13 @@ def _summary(report: dict) -> dict:
             "int_crossings": report.get("int_crossings"), "float_crossings": report.get("float_crossings")}
 
 
-def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target=None, ext_target=None) -> dict:
-    """Build stock and tvm-ext for one variant (child processes), run numerics, check the targets."""
+def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target=None, ext_target=None,
+            stock_from: dict | None = None) -> dict:
+    """Build stock and tvm-ext for one variant (child processes), run numerics, check the targets.
+
+    ``stock_from``: this variant's result of an earlier run; its stock build and stock numerics are
+    kept (stock TVM does not change with tvm-ext's passes) and only tvm-ext is built again.
+    """
     from tvm_ext import bench, zoo
     from tvm_ext.target import build_target, host_target
 
@@ -154,11 +159,17 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
     vdir.mkdir(parents=True, exist_ok=True)
     res = {"variant": key, "real": real, "onnx": str(onnx_path), "stock_target": stock_target,
            "ext_target": ext_target, "builds": {}}
+    pipes = (("tvm", stock_target), ("tvm_ext", ext_target)) if stock_from is None else (("tvm_ext", ext_target),)
     jobs = [dict(key=key, small=False, model_path=None, target=t, pipeline=p, dir=str(vdir), tuned=True,
-                 log_level=logging.WARNING) for p, t in (("tvm", stock_target), ("tvm_ext", ext_target))]
-    logger.info("%s: building stock and tvm-ext (two child processes)", key)
+                 log_level=logging.WARNING) for p, t in pipes]
+    logger.info("%s: building %s (child processes)", key, " and ".join(p for p, _ in pipes))
     built = bench._run_builds(jobs, parallel=True, _child=_child_build)
-    if "error" in built["tvm"]:
+    if stock_from is not None:
+        res["stock_kept_from"] = stock_from.get("measured_at", "an earlier run")
+        res["stock_relay_build_error"] = stock_from.get("stock_relay_build_error")
+        res["builds"].update({n: b for n, b in stock_from["builds"].items() if n != "tvm_ext"})
+        stock_name = stock_from["stock"]
+    elif "error" in built["tvm"]:
         logger.warning("%s: stock relay.build failed (%s); stock = tvm_ext.build without passes, VNNI masked",
                        key, built["tvm"]["error"])
         res["stock_relay_build_error"] = built["tvm"]["error"]
@@ -168,7 +179,8 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
         res["builds"][name] = ({"error": b["error"]} if "error" in b else
                                {"build_s": b["build_s"], **_summary(b["report"]), "passes": b.get("passes"),
                                 "report": b["report"]})
-    stock_name = "tvm" if "error" not in built["tvm"] else "tvm_nopass"
+    if stock_from is None:
+        stock_name = "tvm" if "error" not in built["tvm"] else "tvm_nopass"
     res["stock"] = stock_name
     ok = {n: b for n, b in built.items() if "error" not in b}
     if ok:
@@ -181,6 +193,8 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
         if step:
             for k in [k for k in num if k.endswith("_max_abs")]:
                 num[k.replace("_max_abs", "_max_steps")] = num[k] / step
+        if stock_from is not None:  # stock's numerics from the earlier run (same inputs)
+            num.update({k: v for k, v in stock_from.get("numerics", {}).items() if k.startswith("tvm_vs_ort")})
         res["numerics"] = num
     st, ex = res["builds"].get(stock_name, {}), res["builds"].get("tvm_ext", {})
     if "kernels" in st and "kernels" in ex:
@@ -188,6 +202,7 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
         res["kernel_diff"] = {"ext_only": dict((b - a).most_common()), "stock_only": dict((a - b).most_common())}
     res["targets"] = check_targets(res)
     res["wall_s"] = time.perf_counter() - t0
+    res["measured_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="minutes")
     return res
 
 
@@ -285,6 +300,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="matrix-results", help="output directory (matrix.json, matrix.md)")
     ap.add_argument("--inputs", type=int, default=NUM_INPUTS)
     ap.add_argument("--resume", action="store_true", help="keep variants already in DIR/matrix.json")
+    ap.add_argument("--stock-from", help="an earlier matrix.json: keep its stock builds, build only tvm-ext")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -309,6 +325,10 @@ def main(argv=None) -> int:
     done = {}
     if args.resume and (out / "matrix.json").is_file():
         done = {r["variant"]: r for r in json.loads((out / "matrix.json").read_text())["variants"]}
+    stock_from = {}
+    if args.stock_from:
+        stock_from = {r["variant"]: r for r in json.loads(Path(args.stock_from).read_text())["variants"]
+                      if "builds" in r}
     with tempfile.TemporaryDirectory(prefix="real_matrix_") as wd:
         for i, key in enumerate(keys):
             if key in done:
@@ -317,7 +337,8 @@ def main(argv=None) -> int:
                 continue
             logger.info("[%d/%d] %s", i + 1, len(keys), key)
             try:
-                r = measure(key, workdir=Path(wd), n_inputs=args.inputs, stock_target=stock_t, ext_target=ext_t)
+                r = measure(key, workdir=Path(wd), n_inputs=args.inputs, stock_target=stock_t, ext_target=ext_t,
+                            stock_from=stock_from.get(key))
             except zoo_real.ModelUnavailable as err:
                 r = {"variant": key, "unavailable": str(err)}
             except Exception as err:  # one variant failing must not lose the others
