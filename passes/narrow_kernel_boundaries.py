@@ -79,12 +79,34 @@ def _pattern(call) -> int:
     return 8 if name is None else op_pattern(name)
 
 
+def _integral_float(expr, depth: int = 0) -> bool:
+    """True when the float ``expr`` holds integral values: ``round``/``floor``/``ceil``/``trunc``,
+    or such a value plus or minus an integral constant (a quantize's zero point, ``round(x/s) + zp``:
+    below 2**24 the sum is exact, above it every float is an integer)."""
+    import numpy as np
+    from tvm import relay
+
+    if depth > 8 or not isinstance(expr, relay.Call):
+        return False
+    name = op_name(expr)
+    if name in _INTEGRAL_FLOAT_OPS:
+        return True
+    if name in ("add", "subtract") and len(expr.args) == 2:
+        a, b = list(expr.args)
+        for x, c in ((a, b), (b, a)):
+            if isinstance(c, relay.Constant) and np.all(np.mod(c.data.numpy(), 1) == 0) \
+                    and _integral_float(x, depth + 1):
+                return True
+    return False
+
+
 def narrow_type(node):
     """The 8-bit dtype ``node``'s value fits in and how, or a Reject.
 
     Returns ``(dtype, "typed")`` for a uint8/int8 tensor, ``(dtype, "clip")`` for a ``clip`` with
     integral bounds within uint8 (preferred) or int8, on an integer tensor or on a float tensor of
-    integral values (the clip reads ``round``/``floor``/``ceil``/``trunc``: a quantize).
+    integral values (the clip reads ``round``/``floor``/``ceil``/``trunc``, possibly plus an
+    integral constant: a quantize ``clip(round(x / s) + zp)``).
     """
     from tvm import relay
 
@@ -97,8 +119,7 @@ def narrow_type(node):
     if not (isinstance(node, relay.Call) and op_name(node) == "clip"):
         return Reject(f"{dtype} value, not a clip")
     if dtype.startswith("float"):
-        src = node.args[0]
-        if not (isinstance(src, relay.Call) and op_name(src) in _INTEGRAL_FLOAT_OPS):
+        if not _integral_float(node.args[0]):
             return Reject(f"clip on {dtype} values not known to be integral")
         if int(dtype[5:] or 32) < 16:
             return Reject(f"clip on {dtype}: cannot hold every 8-bit integer exactly")

@@ -109,6 +109,11 @@ def test_float_quantize_clip_is_a_narrow_point():
         (lambda v: relay.cast(v, "int8"), ("int8", "typed")),
         (lambda v: relay.clip(relay.cast(v, "float32"), 0.0, 255.0), None),  # floats not known integral
         (lambda v: relay.clip(relay.round(relay.cast(v, "float32")), 0.0, 255.0), ("uint8", "clip")),
+        # a quantize with its zero point: clip(round(x) + 16) is integral (issue 11: QOperator hard-swish)
+        (lambda v: relay.clip(relay.add(relay.round(relay.cast(v, "float32")), relay.const(16.0)), 0.0, 255.0),
+         ("uint8", "clip")),
+        (lambda v: relay.clip(relay.add(relay.round(relay.cast(v, "float32")), relay.const(0.5)), 0.0, 255.0), None),
+        (lambda v: relay.clip(relay.add(relay.cast(v, "float32"), relay.const(16.0)), 0.0, 255.0), None),
     ],
 )
 def test_narrow_type(expr, expected):

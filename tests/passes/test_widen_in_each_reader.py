@@ -126,3 +126,24 @@ def test_untyped_module_raises():
 def test_in_int8_pipeline():
     names = tvm_ext.pipelines.int8().pass_names()["before_fuse"]
     assert names.index("WidenInEachReader") == names.index("FuseWideningIntoPool") - 1
+
+
+
+def test_float_quantize_with_zero_point_is_the_8bit_point():
+    """QOperator hard-swish: v = dequantize(clip(round(x) + 16, 0, 255)) / 6, read by the SE pool and the
+    next quantize: the float clip of round + zero point is the 8-bit value that crosses."""
+    xf = relay.var("xf", shape=(1, 4, 6, 6), dtype="float32")
+    n = relay.clip(relay.add(relay.round(xf), relay.const(16.0)), 0.0, 255.0)
+
+    def chain(p):  # dequantize (zero point 16, scale 0.14), then hard-swish's / 6
+        d = relay.cast(relay.subtract(relay.cast(p, "int32"), relay.const(16)), "float32")
+        return relay.divide(relay.multiply(d, relay.const(0.14)), relay.const(6.0))
+
+    def graph(v1, v2):  # the next quantize's divide and the SE pool read it
+        return infer(relay.Tuple([relay.round(relay.divide(v1, relay.const(0.02))), relay.nn.global_avg_pool2d(v2)]))
+
+    v = chain(n)
+    c = relay.cast(n, "uint8")
+    after = check(WidenInEachReader(), graph(v, v),
+                  graph(chain(relay.cast(c, "float32")), chain(relay.cast(c, "float32"))))
+    assert_unchanged(WidenInEachReader(), after)
