@@ -32,8 +32,9 @@ shift, which fuses into ``b``'s producer: that kernel writes ``s`` (uint8), the 
 disappears and no int32 crosses. Exact: ``b`` in ``[-128, 127]`` makes ``b + 128`` fit uint8
 (no wrap) and ``cast(s, int32) - 128 == b`` element for element.
 
-Rewritten only when every other reader is elementwise or broadcast (``TOpPattern`` <= 1: the
-widening copy fuses into it; a pool or conv reading ``b`` directly would get a kernel more) and
+Rewritten only when every other reader is elementwise, broadcast or injective (``TOpPattern`` <= 2,
+e.g. YOLO's ``concatenate`` of a C2f block's branches: the widening copy fuses into it; a pool or
+conv reading ``b`` directly would get a kernel more) and
 ``b`` is computed by an op FuseOps fuses an elementwise consumer into (not a parameter, constant,
 reduction or opaque op) and is not the function's result. Rejected with a logged reason
 otherwise, and for dynamic shapes. Functions with ``If``/``Let``/``Match``/references/closures are
@@ -64,7 +65,7 @@ PASS_NAME = "HoistUint8Shift"
 _log = pass_logger(PASS_NAME)
 
 # TOpPattern values (include/tvm/relay/op_attr_types.h)
-_K_BROADCAST, _K_OUT_EWISE_FUSABLE = 1, 4
+_K_INJECTIVE, _K_OUT_EWISE_FUSABLE = 2, 4
 
 
 def _pattern(call) -> int:
@@ -126,9 +127,12 @@ def _match(add, users, ranges, body):
     if _pattern(v) > _K_OUT_EWISE_FUSABLE:
         return Reject(f"producer {op_name(v)} does not fuse an elementwise consumer")
     for r, _ in others:
-        if not isinstance(r, relay.Call) or op_name(r) is None or _pattern(r) > _K_BROADCAST:
-            name = op_name(r) if isinstance(r, relay.Call) else type(r).__name__
-            return Reject(f"reader {name} is not elementwise/broadcast (the widening would be a kernel)")
+        # a Tuple field is read by the tuple's users (concatenate): those must be injective too
+        calls = [u for u, _ in users.get(r, [])] if isinstance(r, relay.Tuple) else [r]
+        for c in calls:
+            if not isinstance(c, relay.Call) or op_name(c) is None or _pattern(c) > _K_INJECTIVE:
+                name = op_name(c) if isinstance(c, relay.Call) else type(c).__name__
+                return Reject(f"reader {name} is not elementwise/broadcast/injective (the widening would be a kernel)")
     return v, s, vdtype, others
 
 
@@ -152,6 +156,9 @@ def _run(func):
         for r, _ in others:
             r_new = subst.get(r, r)  # a reader of two hoisted values: rewrite the rewritten call
             # v -> subtract(cast(s, int32), 128) [-> cast int8], a copy per reader (fuses into it)
+            if isinstance(r_new, relay.Tuple):
+                subst[r] = relay.Tuple([_unshift(s, vdtype) if a.same_as(v) else a for a in r_new.fields], r_new.span)
+                continue
             args = [_unshift(s, vdtype) if a.same_as(v) else a for a in r_new.args]
             subst[r] = relay.Call(r_new.op, args, r_new.attrs, r_new.type_args, r_new.span)
         _log.info("%s %s %s: +128 uint8 shift hoisted into the producer; %d other reader(s) read the shifted value",

@@ -65,6 +65,22 @@ def test_structure_int8_form():
     assert_unchanged(HoistUint8Shift(), after)
 
 
+def test_structure_concatenate_reader():
+    """YOLO's C2f: a branch read by the next conv (shifted) and by the block's concatenate (injective)."""
+    def graph(other):
+        b = relay.clip(relay.add(_x(), relay.const(3, "int32")), -128, 127)
+        s = relay.cast(relay.add(b, relay.const(128, "int32")), "uint8")
+        return infer(relay.concatenate([_conv(s), other(b, s)], axis=1))
+
+    unshift = lambda b, s: relay.subtract(relay.cast(s, "int32"), relay.const(128, "int32"))  # noqa: E731
+    before = graph(lambda b, s: b)
+    after = check(HoistUint8Shift(), before, graph(unshift))
+    assert_unchanged(HoistUint8Shift(), after)
+    x = {"x": np.random.default_rng(2).integers(-400, 400, (1, 4, 6, 6)).astype("int32")}
+    out_b, out_a = assert_same_outputs(before, after, x)
+    np.testing.assert_array_equal(out_b[0], out_a[0])
+
+
 def test_idempotent():
     assert_unchanged(HoistUint8Shift(), expected())
 
@@ -127,7 +143,7 @@ def test_build_removes_shift_kernel_bit_exact(join, caplog):
 @pytest.mark.parametrize("case,reason", [
     ("no_clip", "not proven inside [-128, 127]"),
     ("only_reader", "the shift is its only reader"),
-    ("pool_reader", "reader nn.max_pool2d is not elementwise"),
+    ("pool_reader", "reader nn.max_pool2d is not elementwise/broadcast/injective"),
 ])
 def test_unchanged_on_no_match(case, reason, caplog):
     if case == "no_clip":
