@@ -24,6 +24,10 @@ kernels tvm-ext has and stock has not, and the reverse), which names the pass re
 Usage::
 
     nice -n 10 .venv/bin/python benchmarks/real_matrix.py [--variants a,b,...] [--out DIR] [--resume]
+    .venv/bin/python benchmarks/real_matrix.py --variants a,b --stock-from DIR/matrix.json --out DIR2
+
+(``--stock-from``: keep an earlier run's stock builds and numerics, build only tvm-ext: stock TVM
+does not change with tvm-ext's passes.)
 
 Writes ``DIR/matrix.json`` (after every variant) and ``DIR/matrix.md``; progress through logging.
 """
