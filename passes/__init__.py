@@ -7,10 +7,12 @@ all key on it. Each pass lives in its own module with a mirrored test module.
 from .add_as_onnxruntime import AddAsOnnxRuntime
 from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
+from .epilogue_before_channel_slice import EpilogueBeforeChannelSlice
 from .fold_pad_into_conv import FoldPadIntoConv
 from .fold_zero_point_pad_into_conv import FoldZeroPointPadIntoConv
 from .fuse_by_pattern import FuseByPattern
 from .fuse_widening_into_pool import FuseWideningIntoPool
+from .hoist_uint8_shift import HoistUint8Shift
 from .narrow_before_max_pool import NarrowBeforeMaxPool
 from .narrow_kernel_boundaries import NarrowKernelBoundaries
 from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
@@ -19,15 +21,18 @@ from .remove_stop_fusion import RemoveStopFusion
 from .round_half_to_even import RoundHalfToEven
 from .tabulate_eight_bit import TabulateEightBit
 from .uniform_zero_points_to_scalar import UniformZeroPointsToScalar
+from .widen_in_each_reader import WidenInEachReader
 
 __all__ = [
     "AddAsOnnxRuntime",
     "CombineParallelCast",
     "CombineParallelOpBatch",
+    "EpilogueBeforeChannelSlice",
     "FoldPadIntoConv",
     "FoldZeroPointPadIntoConv",
     "FuseByPattern",
     "FuseWideningIntoPool",
+    "HoistUint8Shift",
     "NarrowBeforeMaxPool",
     "NarrowKernelBoundaries",
     "NonNegativeConvInputToUint8",
@@ -36,4 +41,5 @@ __all__ = [
     "RoundHalfToEven",
     "TabulateEightBit",
     "UniformZeroPointsToScalar",
+    "WidenInEachReader",
 ]

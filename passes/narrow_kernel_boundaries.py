@@ -31,6 +31,12 @@ anchor (FuseOps never merges two), and the arithmetic is unchanged: ``clip`` to 
 ``round``/``floor``/``ceil``/``trunc`` in front of the clip guarantee). The narrow point nearest to the join is used, so the
 least work moves to the consumer.
 
+A chain that reaches the join through a *broadcast* edge (its shape differs from the join's:
+the squeeze-and-excitation gate ``[1, C, 1, 1]`` of ``x * gate``) never fuses through the join
+(FuseOps fuses an anchor only through elementwise edges), so it is cut at its 8-bit point
+whether or not the other side starts at an anchor, and the other side's anchor is left to fuse
+through the join.
+
 Left alone, with a logged reason: joins where fewer than two chains start at an anchor (the
 argument that does not is already a kernel boundary: e.g. the identity shortcut, an 8-bit value
 also read by a convolution), chains without a narrow point, dynamic shapes. Run it at stage
@@ -73,12 +79,34 @@ def _pattern(call) -> int:
     return 8 if name is None else op_pattern(name)
 
 
+def _integral_float(expr, depth: int = 0) -> bool:
+    """True when the float ``expr`` holds integral values: ``round``/``floor``/``ceil``/``trunc``,
+    or such a value plus or minus an integral constant (a quantize's zero point, ``round(x/s) + zp``:
+    below 2**24 the sum is exact, above it every float is an integer)."""
+    import numpy as np
+    from tvm import relay
+
+    if depth > 8 or not isinstance(expr, relay.Call):
+        return False
+    name = op_name(expr)
+    if name in _INTEGRAL_FLOAT_OPS:
+        return True
+    if name in ("add", "subtract") and len(expr.args) == 2:
+        a, b = list(expr.args)
+        for x, c in ((a, b), (b, a)):
+            if isinstance(c, relay.Constant) and np.all(np.mod(c.data.numpy(), 1) == 0) \
+                    and _integral_float(x, depth + 1):
+                return True
+    return False
+
+
 def narrow_type(node):
     """The 8-bit dtype ``node``'s value fits in and how, or a Reject.
 
     Returns ``(dtype, "typed")`` for a uint8/int8 tensor, ``(dtype, "clip")`` for a ``clip`` with
     integral bounds within uint8 (preferred) or int8, on an integer tensor or on a float tensor of
-    integral values (the clip reads ``round``/``floor``/``ceil``/``trunc``: a quantize).
+    integral values (the clip reads ``round``/``floor``/``ceil``/``trunc``, possibly plus an
+    integral constant: a quantize ``clip(round(x / s) + zp)``).
     """
     from tvm import relay
 
@@ -91,8 +119,7 @@ def narrow_type(node):
     if not (isinstance(node, relay.Call) and op_name(node) == "clip"):
         return Reject(f"{dtype} value, not a clip")
     if dtype.startswith("float"):
-        src = node.args[0]
-        if not (isinstance(src, relay.Call) and op_name(src) in _INTEGRAL_FLOAT_OPS):
+        if not _integral_float(node.args[0]):
             return Reject(f"clip on {dtype} values not known to be integral")
         if int(dtype[5:] or 32) < 16:
             return Reject(f"clip on {dtype}: cannot hold every 8-bit integer exactly")
@@ -156,6 +183,13 @@ def _cut(node, dtype, kind):
     return relay.cast(relay.annotation.stop_fusion(relay.cast(node, dtype)), wide)
 
 
+def _broadcast_edge(arg, join) -> bool:
+    """True when ``arg`` is broadcast into ``join`` (static shapes that differ)."""
+    if not (static_tensor_type(arg) and static_tensor_type(join)):
+        return False
+    return [int(d) for d in arg.checked_type.shape] != [int(d) for d in join.checked_type.shape]
+
+
 def _describe(node) -> str:
     from tvm import relay
 
@@ -184,6 +218,22 @@ def _run(func):
         anchored = [(src, nar) for src, nar in sides
                     if isinstance(src, relay.Call) and _pattern(src) == _K_OUT_EWISE_FUSABLE]
         name = op_name(join)
+        # a side whose shape is not the join's reaches it through a broadcast edge, and FuseOps
+        # fuses an anchor only through elementwise edges: that side's kernel ends before the join
+        # in any case, so its chain is cut at its 8-bit point whatever the other side is
+        bcast = [(src, nar) for (src, nar), a in zip(sides, live)
+                 if isinstance(src, relay.Call) and _pattern(src) == _K_OUT_EWISE_FUSABLE
+                 and _broadcast_edge(a, join)]
+        if bcast:
+            for src, nar in bcast:
+                if nar is None or nar[0] in subst:
+                    _log.debug("%s join: broadcast chain from %s has no 8-bit point", name, _describe(src))
+                    continue
+                node, dtype, kind = nar
+                _log.info("%s join: broadcast chain from %s cut after its %s value (a %s %s); the widening "
+                          "ops fuse into the consumer", name, _describe(src), dtype, kind, _describe(node))
+                subst[node] = _cut(node, dtype, kind)
+            continue
         if len(anchored) < 2:
             others = ", ".join(_describe(src) for src, _ in sides)
             _log.debug("%s join: chains start at %s: at most one anchor fuses into it, the other "

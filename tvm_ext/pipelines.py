@@ -86,12 +86,21 @@ def int8(numerics: str = "tvm") -> Pipeline:
     5. ``NarrowBeforeMaxPool``: a monotone quantizing chain after a max pool moves in front of
        it (``f(max_pool(x)) == max_pool(f(x))``), so the producer writes int8, not float32.
     6. ``CombineParallelCast``: one narrowing cast per value, fused into its producer.
+       ``HoistUint8Shift``: x86's ``+128`` shift in front of an int8-input (S8S8) conv moves
+       into the producer of a value that also has other readers (a residual's block input):
+       the producer writes uint8, the others read ``cast(s, int32) - 128`` (exact).
     7. ``FoldPadIntoConv``: explicit zero / zero-point pads fold into the (NCHWc) convolution.
        ``FoldZeroPointPadIntoConv``: a non-zero pad (an asymmetric input zero point, which the
        conv cannot pad with) folds too; its border contribution, a constant, is added in the
        conv's epilogue (exact).
+    7b. ``EpilogueBeforeChannelSlice``: x86 pads integer convs' output channels to a multiple of
+       16 and slices them back after the conv's kernel; the requantize epilogue moves in front
+       of the slice (per-channel constants blocked and padded), so the conv writes 8 bits, not
+       int32 accumulators (exact).
     8. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
        boundary and the widening (dequantize) chain fuses into the consumer.
+    8b. ``WidenInEachReader``: a dequantized value read by several ops (the SE block's input:
+       pool and gating multiply) crosses as its 8-bit source, and each reader widens it (exact).
     9. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
        the pool's kernel, so the pool reads uint8.
     10. ``TabulateEightBit``: an elementwise float function of one 8-bit value (quantized
@@ -137,9 +146,11 @@ def int8(numerics: str = "tvm") -> Pipeline:
     from .passes import (
         AddAsOnnxRuntime,
         CombineParallelCast,
+        EpilogueBeforeChannelSlice,
         FoldPadIntoConv,
         FoldZeroPointPadIntoConv,
         FuseWideningIntoPool,
+        HoistUint8Shift,
         NarrowBeforeMaxPool,
         NarrowKernelBoundaries,
         NonNegativeConvInputToUint8,
@@ -148,6 +159,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         RoundHalfToEven,
         TabulateEightBit,
         UniformZeroPointsToScalar,
+        WidenInEachReader,
     )
 
     start = [UniformZeroPointsToScalar(), QDQToInteger(), NonNegativeConvInputToUint8()]
@@ -155,9 +167,12 @@ def int8(numerics: str = "tvm") -> Pipeline:
         RemoveStopFusion(),
         NarrowBeforeMaxPool(),
         CombineParallelCast(),
+        HoistUint8Shift(),
         FoldPadIntoConv(),
         FoldZeroPointPadIntoConv(),
+        EpilogueBeforeChannelSlice(),
         NarrowKernelBoundaries(),
+        WidenInEachReader(),
         FuseWideningIntoPool(),
         TabulateEightBit(),
     ]

@@ -109,6 +109,11 @@ def test_float_quantize_clip_is_a_narrow_point():
         (lambda v: relay.cast(v, "int8"), ("int8", "typed")),
         (lambda v: relay.clip(relay.cast(v, "float32"), 0.0, 255.0), None),  # floats not known integral
         (lambda v: relay.clip(relay.round(relay.cast(v, "float32")), 0.0, 255.0), ("uint8", "clip")),
+        # a quantize with its zero point: clip(round(x) + 16) is integral (issue 11: QOperator hard-swish)
+        (lambda v: relay.clip(relay.add(relay.round(relay.cast(v, "float32")), relay.const(16.0)), 0.0, 255.0),
+         ("uint8", "clip")),
+        (lambda v: relay.clip(relay.add(relay.round(relay.cast(v, "float32")), relay.const(0.5)), 0.0, 255.0), None),
+        (lambda v: relay.clip(relay.add(relay.cast(v, "float32"), relay.const(16.0)), 0.0, 255.0), None),
     ],
 )
 def test_narrow_type(expr, expected):
@@ -194,3 +199,52 @@ def test_small_qoperator_resnet_only_8bit_crosses_bit_exact():
     for seed in range(2):
         data = {"data": tvm_ext.zoo.sample_input(m, seed)}
         np.testing.assert_array_equal(run_module(ref, data)[0], run_module(f, data)[0])
+
+
+# -- broadcast joins (issue 11: the squeeze-and-excitation gate of QDQ MobileNets) ---------------
+W16 = [np.random.default_rng(s).integers(-3, 4, (16, 16, 1, 1)).astype("int8") for s in (3, 4)]
+
+
+def _conv16(x, w):  # 16 channels: x86 legalization neither pads nor slices them
+    return relay.nn.conv2d(x, relay.const(w), kernel_size=(1, 1), channels=16, out_dtype="int32")
+
+
+def se_join(cut=False, other_anchor=True):
+    """x * gate with a per-channel gate from its own conv::
+
+        x (1x16x6x6) -> conv  -> requant -> clip ----------------+-> multiply -> clip -> cast u8
+        g (1x16x1x1) -> conv  -> requant -> n = clip -> requant -+   (broadcast edge)
+
+    The gate's conv can never fuse through the broadcast edge: ``cut=True`` is the pass's result,
+    the gate crossing as uint8. ``other_anchor=False``: x is a graph input (no anchor).
+    """
+    x = relay.var("x", shape=(1, 16, 6, 6), dtype="uint8")
+    g = relay.var("g", shape=(1, 16, 1, 1), dtype="uint8")
+    lhs = _clip8(_requant(_conv16(x, W16[0]), 0.01)) if other_anchor else relay.cast(x, "int32")
+    n = _clip8(_requant(_conv16(g, W16[1]), 0.02))
+    if cut:
+        n = relay.cast(relay.annotation.stop_fusion(relay.cast(n, "uint8")), "int32")
+    gate = _requant(n, 0.5)
+    return infer(relay.cast(_clip8(relay.multiply(lhs, gate)), "uint8"))
+
+
+@pytest.mark.parametrize("other_anchor", [True, False])
+def test_broadcast_join_structure(other_anchor, caplog):
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        after = check(NarrowKernelBoundaries(), se_join(other_anchor=other_anchor),
+                      se_join(cut=True, other_anchor=other_anchor))
+    assert "broadcast chain from nn.conv2d cut" in caplog.text
+    assert_unchanged(NarrowKernelBoundaries(), after)  # idempotent
+
+
+def test_broadcast_join_gate_crosses_as_uint8_bit_exact():
+    before = tvm_ext.build(se_join())
+    after = tvm_ext.build(se_join(), passes=[NarrowKernelBoundaries()])
+    rb, ra = before.kernel_report, after.kernel_report
+    assert rb.num_kernels == ra.num_kernels and rb.num_anchor_kernels == ra.num_anchor_kernels == 2
+    assert rb.crossing.nbytes.get("int32", 0) > 0 and ra.crossing.nbytes.get("int32", 0) == 0, (rb.table(), ra.table())
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.integers(0, 256, (1, 16, 6, 6)).astype("uint8"),
+              "g": rng.integers(0, 256, (1, 16, 1, 1)).astype("uint8")}
+    out_b, out_a = assert_same_outputs(before, after, inputs)
+    assert out_b[0].std() > 0

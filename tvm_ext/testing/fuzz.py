@@ -105,11 +105,13 @@ def _make_passes():
         "CombineParallelOpBatch(nn.dense)": (lambda: P.CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 2), both),
         "CombineParallelOpBatch(add)": (lambda: P.CombineParallelOpBatch("add", "add", 2), both),
         "CombineParallelOpBatch(multiply)": (lambda: P.CombineParallelOpBatch("multiply", "multiply", 2), both),
+        "EpilogueBeforeChannelSlice": (lambda: P.EpilogueBeforeChannelSlice(), ("before_fuse",)),
         "FoldPadIntoConv": (lambda: P.FoldPadIntoConv(), both),
         "FoldZeroPointPadIntoConv": (lambda: P.FoldZeroPointPadIntoConv(), both),
         "FuseByPattern(generic)": (lambda: P.FuseByPattern("generic"), ("before_fuse",)),
         "FuseByPattern(qnn)": (lambda: P.FuseByPattern("qnn"), both),
         "FuseWideningIntoPool": (lambda: P.FuseWideningIntoPool(), both),
+        "HoistUint8Shift": (lambda: P.HoistUint8Shift(), ("before_fuse",)),  # x86 legalization's shift
         "NarrowBeforeMaxPool": (lambda: P.NarrowBeforeMaxPool(), both),
         "NarrowKernelBoundaries": (lambda: P.NarrowKernelBoundaries(), both),
         "NonNegativeConvInputToUint8": (lambda: P.NonNegativeConvInputToUint8(), ("start",)),
@@ -117,6 +119,7 @@ def _make_passes():
         "RemoveStopFusion": (lambda: P.RemoveStopFusion(), both),
         "TabulateEightBit": (lambda: P.TabulateEightBit(), ("before_fuse",)),
         "UniformZeroPointsToScalar": (lambda: P.UniformZeroPointsToScalar(), ("start",)),
+        "WidenInEachReader": (lambda: P.WidenInEachReader(), ("before_fuse",)),
     }
 
 
@@ -126,11 +129,13 @@ PASSES = (
     "CombineParallelOpBatch(nn.dense)",
     "CombineParallelOpBatch(add)",
     "CombineParallelOpBatch(multiply)",
+    "EpilogueBeforeChannelSlice",
     "FoldPadIntoConv",
     "FoldZeroPointPadIntoConv",
     "FuseByPattern(generic)",
     "FuseByPattern(qnn)",
     "FuseWideningIntoPool",
+    "HoistUint8Shift",
     "NarrowBeforeMaxPool",
     "NarrowKernelBoundaries",
     "NonNegativeConvInputToUint8",
@@ -138,6 +143,7 @@ PASSES = (
     "RemoveStopFusion",
     "TabulateEightBit",
     "UniformZeroPointsToScalar",
+    "WidenInEachReader",
 )
 
 

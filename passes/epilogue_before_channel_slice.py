@@ -1,0 +1,258 @@
+"""EpilogueBeforeChannelSlice: a conv's elementwise epilogue moves in front of x86's channel slice.
+
+Design note
+-----------
+TVM's x86 legalization of integer convolutions (``python/tvm/topi/x86/conv2d_alter_op.py``,
+``_conv2d_legalize``) pads the output channels to a multiple of 16 and slices them back:
+``strided_slice(layout_transform(conv(x), "NCHW16c", "NCHW"), channels [0, C))``. Both are
+injective, and FuseOps fuses nothing injective after an out-elemwise-fusable anchor, so the
+conv's kernel ends at its *int32* accumulators; the requantize (and hard-swish, the next
+quantize, ...) that follows is computed in the next kernel, after the slice. On ONNX Runtime's
+QOperator PP-OCR classifier (16, 8, 40, 72, 120, 200, 480 channels: many not a multiple of 16)
+that is 1.48 MB of int32 crossing kernels per inference, 29 tensors, in every quantization setting.
+
+The epilogue is elementwise, so it commutes with the layout transform and the slice::
+
+    # E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C))
+    #     -> strided_slice(layout_transform(E'(y), "NCHWkc", "NCHW"), C)
+    # E: elementwise/broadcast ops on the slice, constants scalar or per channel (1, C, 1, 1)
+    # E': the same ops on the blocked tensor, per-channel constants padded to the blocked channel
+    #     count (with their last value) and blocked to (1, C'/k, 1, 1, k)
+
+``E`` is the largest region of elementwise/broadcast calls computed from the slice alone (their
+other arguments constants) that ends in one value ``e`` holding 8 bits (a uint8/int8 tensor, or a
+``clip`` to an 8-bit range, which is then cast to 8 bits before the slice and back after it): no
+value inside the region is read from outside it. The conv's kernel then computes ``E'`` in its
+epilogue and writes 8 bits; the layout transform and slice read uint8/int8, in the kernel they
+were in before. Kernels: the same number; bytes crossing: a quarter (the padded channels cross too,
+as 8 bits). Exact: the same operations on the same values (per-channel constants follow their
+channel); the padded channels are computed and discarded.
+
+Rejected with a logged reason: other layout transforms than ``NCHW<k>c -> NCHW``, slices of other
+axes or with steps, regions without an 8-bit end value, constants broadcast over other axes,
+integer division by a value of the region (a padded channel could divide by zero), values of the
+region read from outside it. Functions with ``If``/``Let``/``Match``/references/closures are
+skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage
+``before_fuse`` (after AlterOpLayout blocked the conv). Idempotent: afterwards the slice's reader
+is a (narrowing) cast or not elementwise.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from tvm_ext.registry import register_pass
+
+from ._util import (
+    Reject,
+    consumers,
+    dataflow_nodes,
+    int_list,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    with_body,
+)
+from .narrow_kernel_boundaries import narrow_type
+
+__all__ = ["EpilogueBeforeChannelSlice"]
+
+PASS_NAME = "EpilogueBeforeChannelSlice"
+_log = pass_logger(PASS_NAME)
+
+_K_BROADCAST = 1  # TOpPattern (include/tvm/relay/op_attr_types.h)
+_INT_DIVISIONS = ("divide", "floor_divide", "trunc_divide", "mod", "floor_mod", "trunc_mod", "right_shift",
+                  "left_shift")
+
+
+def _pattern(call) -> int:
+    from tvm_ext.report import op_pattern
+
+    return op_pattern(op_name(call) or "")
+
+
+def _shape(e):
+    return tuple(int(d) for d in e.checked_type.shape)
+
+
+def _match_slice(sl, users):
+    """(layout_transform, blocked input y, block k, channels C) for a channel slice, or a Reject."""
+    from tvm import relay
+
+    lt = sl.args[0]
+    if not (isinstance(lt, relay.Call) and op_name(lt) == "layout_transform"):
+        return Reject("the slice does not read a layout_transform")
+    for e in (sl, lt, lt.args[0]):
+        ok = static_tensor_type(e)
+        if not ok:
+            return ok
+    m = re.fullmatch(r"NCHW(\d+)c", str(lt.attrs.src_layout))
+    if not m or str(lt.attrs.dst_layout) != "NCHW":
+        return Reject(f"layout_transform {lt.attrs.src_layout} -> {lt.attrs.dst_layout}, not NCHW<k>c -> NCHW")
+    if len(users.get(lt, [])) != 1:
+        return Reject("the layout_transform has other readers")
+    full, out = _shape(lt), _shape(sl)
+    if len(out) != 4 or [a for i, (a, b) in enumerate(zip(full, out)) if i != 1 and a != b]:
+        return Reject(f"slices other axes than channels: {list(full)} -> {list(out)}")
+    a = sl.attrs
+    begin = int_list(a.begin)
+    strides = [1] if a.strides is None else int_list(a.strides)
+    if a.axes is not None or begin is None or any(b != 0 for b in begin) or strides is None \
+            or any(s != 1 for s in strides):
+        return Reject("the slice does not start at 0 with step 1 on every axis")
+    return lt, lt.args[0], int(m.group(1)), out[1]
+
+
+def _constant_ok(c, channels):
+    shape = (1,) * (4 - len(c.data.shape)) + tuple(c.data.shape) if len(c.data.shape) <= 4 else None
+    if shape is None or any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return Reject(f"constant of shape {list(c.data.shape)} is not scalar or per channel")
+    return True
+
+
+def _region(sl, nodes, users, channels):
+    """The elementwise region computed from ``sl`` alone, in topological order (``sl`` first)."""
+    from tvm import relay
+
+    region = [sl]
+    inside = {sl}
+    shape = _shape(sl)
+    for n in nodes[nodes.index(sl) + 1:]:
+        if not isinstance(n, relay.Call) or op_name(n) is None or not any(a in inside for a in n.args):
+            continue
+        if _pattern(n) > _K_BROADCAST or not static_tensor_type(n) or _shape(n) != shape:
+            continue
+        ok = all(a in inside or (isinstance(a, relay.Constant) and _constant_ok(a, channels)) for a in n.args)
+        if ok and op_name(n) in _INT_DIVISIONS and not str(n.checked_type.dtype).startswith("float") \
+                and n.args[1] in inside:
+            ok = False  # integer division by a region value: a padded channel might divide by zero
+        if ok:
+            region.append(n)
+            inside.add(n)
+    return region
+
+
+def _ancestors(e, inside):
+    out, todo = set(), [e]
+    while todo:
+        n = todo.pop()
+        if n in out:
+            continue
+        out.add(n)
+        todo.extend(a for a in getattr(n, "args", []) if a in inside)
+    return out
+
+
+def _end(sl, region, users, body):
+    """(e, its ancestors in the region, narrow dtype, how) for the last closed 8-bit end, or a Reject."""
+    inside = set(region)
+    best = None
+    for e in region[1:]:
+        nt = narrow_type(e)
+        if not nt:
+            continue
+        anc = _ancestors(e, inside)
+        if sl not in anc:
+            continue
+        if any(u.same_as(body) or any(r not in anc for r, _ in users.get(u, [])) for u in anc - {e}):
+            continue
+        best = (e, anc, nt[0], nt[1])
+    if best is None:
+        return Reject("no 8-bit value ends a closed elementwise region after the slice")
+    return best
+
+
+def _blocked_constant(c, k, full_channels):
+    """A scalar or per-channel (1, C, 1, 1) constant in the blocked layout (1, C'/k, 1, 1, k)."""
+    from tvm import relay
+
+    a = c.data.numpy()
+    if a.ndim == 0:
+        return c
+    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)
+    if a4.shape[1] == 1:
+        return relay.const(a4.reshape(1, 1, 1, 1, 1))
+    padded = np.pad(a4, ((0, 0), (0, full_channels - a4.shape[1]), (0, 0), (0, 0)), mode="edge")
+    return relay.const(np.ascontiguousarray(padded.reshape(1, full_channels // k, k, 1, 1).transpose(0, 1, 3, 4, 2)))
+
+
+def _rewrite(sl, lt, y, k, e, anc, region, dtype, how):
+    from tvm import relay
+
+    full = _shape(lt)[1]
+    new = {sl: y}
+    for n in region:
+        if n.same_as(sl) or n not in anc:
+            continue
+        args = [new[a] if a in new else (_blocked_constant(a, k, full) if isinstance(a, relay.Constant) else a)
+                for a in n.args]
+        new[n] = relay.Call(n.op, args, n.attrs, n.type_args, n.span)
+    out = new[e] if how == "typed" else relay.cast(new[e], dtype)
+    out = relay.Call(lt.op, [out], lt.attrs, lt.type_args, lt.span)
+    out = relay.Call(sl.op, [out], sl.attrs, sl.type_args, sl.span)
+    # E(slice(lt(y))) -> slice(lt(E'(y)))   [clip end: cast to 8 bits before, back after]
+    return out if how == "typed" else relay.cast(out, str(e.checked_type.dtype))
+
+
+def _run(func):
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    users = consumers(nodes)
+    subst: dict = {}
+    for sl in nodes:
+        if not (isinstance(sl, relay.Call) and op_name(sl) == "strided_slice"):
+            continue
+        m = _match_slice(sl, users)
+        if isinstance(m, Reject):
+            _log.debug("strided_slice: not moved: %s", m)
+            continue
+        lt, y, k, channels = m
+        region = _region(sl, nodes, users, channels)
+        end = _end(sl, region, users, func.body)
+        if isinstance(end, Reject):
+            _log.debug("strided_slice %s: not moved: %s", list(_shape(sl)), end)
+            continue
+        e, anc, dtype, how = end
+        subst[e] = _rewrite(sl, lt, y, k, e, anc, region, dtype, how)
+        _log.info("strided_slice %s: %d elementwise ops moved in front of it; %s crosses instead of %s",
+                  list(_shape(sl)), len(anc) - 1, dtype, sl.checked_type.dtype)
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def EpilogueBeforeChannelSlice():  # pylint: disable=invalid-name
+    """Move a conv's elementwise epilogue in front of the channel slice x86 legalization adds.
+
+    ``E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C))`` becomes
+    ``strided_slice(layout_transform(E'(y), ...), C)`` when ``E`` is an elementwise region
+    computed from the slice alone (constants scalar or per channel) ending in an 8-bit value:
+    the conv's kernel computes the requantize in its epilogue and writes 8 bits instead of int32
+    accumulators. Exact; no kernel is added.
+
+    Use at stage ``before_fuse`` (after relay.build's prefix has legalized and blocked the convs).
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"EpilogueBeforeChannelSlice"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Rejections are logged at DEBUG on ``tvm_ext.passes.EpilogueBeforeChannelSlice``, moves at INFO.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _run(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)

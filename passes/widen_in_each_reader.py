@@ -1,0 +1,164 @@
+"""WidenInEachReader: a dequantized value with several readers crosses as 8 bits; each reader widens it.
+
+Design note
+-----------
+Where. A value ``v`` at the end of a private chain of elementwise calls (constants as other
+arguments, one user each) that starts at an 8-bit point ``n`` (a uint8/int8 tensor, or an integer
+``clip`` within 8-bit bounds; :func:`~tvm_ext.passes.narrow_kernel_boundaries.narrow_type`), read
+by two or more calls. ONNX Runtime's QOperator squeeze-and-excitation blocks have it: the
+requantized conv output is dequantized once (``cast f32 -> multiply``: TVM's import of
+``QLinearGlobalAveragePool`` and ``QLinearMul``) and read by the SE pool and by the gating
+multiply. FuseOps fuses the chain into the producer's kernel (``v``'s post-dominator lies past
+both readers), which then writes ``v`` as float32: on the PP-OCR classifier 0.96 MB per inference,
+four times the 8-bit bytes.
+
+Rule::
+
+    # v = w_k(...w_1(n)...), readers r_1(v), ..., r_m(v)  (m >= 2; each r_i elementwise/broadcast
+    #                                                      or a pool FuseWideningIntoPool takes)
+    #   -> c = n (8-bit typed) or cast(n, u8|i8) (clip);  r_i(w_k(...w_1(widen(c))...)), a copy each
+    #      widen(c) = c, or cast(c, dtype(n)) for the clip form
+
+The producer's kernel then ends at ``c`` and writes 8 bits; each copy of the chain is elementwise
+and fuses into its reader's kernel (an elementwise/broadcast reader), or is taken into the pool's
+kernel by :mod:`~tvm_ext.passes.fuse_widening_into_pool`, which runs next. No kernel is added (the
+chain is recomputed per reader: a few elementwise operations per element). Exact: the same
+operations on the same values; ``clip`` to 8-bit bounds makes ``cast(cast(n, u8), dtype(n)) == n``.
+
+Left alone, with a logged reason: values without such a chain, chains whose intermediate values
+have other readers, readers that are neither elementwise/broadcast nor such a pool (a conv would
+get the widening as an unfusable producer: a kernel more), the function's result, dynamic shapes.
+Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
+:class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage ``before_fuse``, before
+``FuseWideningIntoPool``. Idempotent: afterwards ``c`` is read by chains, each with one reader.
+"""
+from __future__ import annotations
+
+from tvm_ext.registry import register_pass
+
+from ._util import Reject, consumers, dataflow_nodes, op_name, pass_logger, rebuild, static_tensor_type, with_body
+from .fuse_widening_into_pool import POOLS
+from .narrow_kernel_boundaries import _chain_arg, narrow_type
+
+__all__ = ["WidenInEachReader"]
+
+PASS_NAME = "WidenInEachReader"
+_log = pass_logger(PASS_NAME)
+_K_BROADCAST = 1
+_MAX_CHAIN = 64
+
+
+def _pattern(call) -> int:
+    from tvm_ext.report import op_pattern
+
+    return op_pattern(op_name(call) or "")
+
+
+def _match(v, users, body):
+    """(n, narrow dtype, kind, readers) for a shared widened value ``v``, or a Reject."""
+    from tvm import relay
+
+    readers = users.get(v, [])
+    if len(readers) < 2:
+        return Reject("fewer than two readers")
+    if v.same_as(body):
+        return Reject("the value is also the function's result")
+    if narrow_type(v):
+        return Reject("the value is 8-bit already")
+    ok = static_tensor_type(v)
+    if not ok:
+        return ok
+    node, chain = v, []
+    for _ in range(_MAX_CHAIN):
+        chain.append(node)
+        prev = _chain_arg(node)
+        if prev is None:
+            return Reject("no 8-bit point on its private elementwise chain")
+        nt = narrow_type(prev)
+        if nt:
+            if nt[1] == "clip" and len(users.get(prev, [])) != 1:
+                return Reject("the 8-bit clip has other readers")
+            break
+        if len(users.get(prev, [])) != 1:
+            return Reject("an intermediate value of the chain has other readers")
+        node = prev
+    else:
+        return Reject(f"chain longer than {_MAX_CHAIN} calls")
+    for r, _ in readers:
+        name = op_name(r) if isinstance(r, relay.Call) else None
+        if name is None or not (_pattern(r) <= _K_BROADCAST or name in POOLS):
+            return Reject(f"reader {name or type(r).__name__} is neither elementwise/broadcast nor a pool")
+    return prev, nt[0], nt[1], chain, readers
+
+
+def _copy(chain, x):
+    """A fresh copy of ``chain`` (``v`` first, down to the call reading the 8-bit point) on ``x``."""
+    from tvm import relay
+
+    for node in reversed(chain):
+        prev = _chain_arg(node)
+        x = relay.Call(node.op, [x if a.same_as(prev) else a for a in node.args], node.attrs, node.type_args,
+                       node.span)
+    return x
+
+
+def _run(func):
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    users = consumers(nodes)
+    subst: dict = {}
+    for v in nodes:
+        if not (isinstance(v, relay.Call) and len(users.get(v, [])) >= 2):
+            continue
+        m = _match(v, users, func.body)
+        if isinstance(m, Reject):
+            _log.debug("%s: not rewritten: %s", op_name(v), m)
+            continue
+        n, dtype, kind, chain, readers = m
+        c = n if kind == "typed" else relay.cast(n, dtype)  # the value crossing: 8 bits
+        for r in dict.fromkeys(r for r, _ in readers):
+            r_new = subst.get(r, r)
+            # a fresh copy of the chain per reader: w_k(...w_1(widen(c))...)
+            copy = _copy(chain, c if kind == "typed" else relay.cast(c, str(n.checked_type.dtype)))
+            args = [copy if a.same_as(v) else a for a in r_new.args]
+            subst[r] = relay.Call(r_new.op, args, r_new.attrs, r_new.type_args, r_new.span)
+        _log.info("%s %s %s: crosses as %s; each of its %d readers widens it", op_name(v), v.checked_type.dtype,
+                  [int(d) for d in v.checked_type.shape], dtype, len(readers))
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def WidenInEachReader():  # pylint: disable=invalid-name
+    """Let a widened (dequantized) value with several readers cross kernels as its 8-bit source.
+
+    ``v = w(n)``, a private elementwise chain from an 8-bit value ``n``, read by several
+    elementwise/broadcast calls or pools, becomes one copy of ``w`` per reader on the 8-bit ``n``
+    (``cast(n, u8)`` for a ``clip`` to 8-bit bounds): the producer's kernel writes 8 bits, each
+    reader's kernel widens. Exact; no kernel added (with ``FuseWideningIntoPool`` after it for
+    pool readers).
+
+    Use at stage ``before_fuse``, before ``FuseWideningIntoPool``.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"WidenInEachReader"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Rejections are logged at DEBUG on ``tvm_ext.passes.WidenInEachReader``, rewrites at INFO.
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return _run(func)
+
+    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)

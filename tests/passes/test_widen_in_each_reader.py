@@ -1,0 +1,149 @@
+"""Tests of tvm_ext.passes.widen_in_each_reader (issue 11: float32 SE-block inputs of QOperator models)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.passes import FuseWideningIntoPool, WidenInEachReader
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+LOGGER = "tvm_ext.passes.WidenInEachReader"
+RNG = np.random.default_rng(3)
+
+
+def _x():
+    return relay.var("x", shape=(1, 4, 6, 6), dtype="int32")
+
+
+def _g():
+    return relay.var("g", shape=(1, 4, 6, 6), dtype="float32")
+
+
+def _widen(n):
+    return relay.multiply(relay.cast(n, "float32"), relay.const(0.5))
+
+
+def before(second=lambda v, g: relay.multiply(v, g)):
+    """x -> clip[0, 255] = n -> cast f32 -> multiply 0.5 = v -+-> global_avg_pool2d -+-> multiply
+                                                              +-> second(v, g) -------+
+    """
+    v = _widen(relay.clip(_x(), 0, 255))
+    return infer(relay.multiply(second(v, _g()), relay.nn.global_avg_pool2d(v)))
+
+
+def expected():
+    c = relay.cast(relay.clip(_x(), 0, 255), "uint8")
+
+    def copy():
+        return _widen(relay.cast(c, "int32"))
+
+    return infer(relay.multiply(relay.multiply(copy(), _g()), relay.nn.global_avg_pool2d(copy())))
+
+
+def test_structure():
+    check(WidenInEachReader(), before(), expected())
+
+
+def test_idempotent():
+    assert_unchanged(WidenInEachReader(), expected())
+
+
+def test_numerics_bit_exact():
+    mod = before()
+    inputs = {"x": RNG.integers(-100, 400, (1, 4, 6, 6)).astype("int32"),
+              "g": RNG.standard_normal((1, 4, 6, 6)).astype("float32")}
+    out_b, out_a = assert_same_outputs(mod, WidenInEachReader()(mod), inputs, rtol=0, atol=0)
+    np.testing.assert_array_equal(out_b[0], out_a[0])
+
+
+def qnn_se_block():
+    """QOperator-style squeeze-and-excitation after an integer conv::
+
+        x(u8) -> qconv -> requantize u8 -> dequantize = v -+-> global_avg_pool2d -> sigmoid -+-> multiply -> quantize
+                                                           +-----------------------------------+
+    """
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    w = RNG.integers(-3, 4, (16, 16, 3, 3)).astype("int8")
+    c = relay.qnn.op.conv2d(x, relay.const(w), relay.const(3), relay.const(0), relay.const(0.1), relay.const(0.05),
+                            kernel_size=(3, 3), channels=16, padding=(1, 1), out_dtype="int32")
+    y = relay.qnn.op.requantize(c, relay.const(0.005), relay.const(0), relay.const(0.1), relay.const(3),
+                                out_dtype="uint8")
+    v = relay.qnn.op.dequantize(y, relay.const(0.1), relay.const(3))
+    m = relay.multiply(v, relay.sigmoid(relay.nn.global_avg_pool2d(v)))
+    return infer(relay.qnn.op.quantize(m, relay.const(0.05), relay.const(0), out_dtype="uint8"))
+
+
+def test_build_conv_writes_uint8_bit_exact(caplog):
+    mod = qnn_se_block()
+    x = np.random.default_rng(1).integers(0, 256, (1, 16, 8, 8)).astype("uint8")
+    base = tvm_ext.build(mod, passes={"before_fuse": [FuseWideningIntoPool()]})
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        new = tvm_ext.build(mod, passes={"before_fuse": [WidenInEachReader(), FuseWideningIntoPool()]})
+    assert "crosses as uint8; each of its 2 readers widens it" in caplog.text
+    rb, rn = base.kernel_report, new.kernel_report
+    assert rn.num_kernels == rb.num_kernels and rn.num_anchor_kernels == rb.num_anchor_kernels
+    conv = lambda r: next(k for k in r.kernels if k.anchor == "nn.contrib_conv2d_NCHWc")  # noqa: E731
+    assert conv(rb).outputs[0][1] == "float32" and conv(rn).outputs[0][1] == "uint8", (rb.table(), rn.table())
+    assert rn.crossing.nbytes.get("float32", 0) < rb.crossing.nbytes["float32"] / 10
+    assert_same_outputs(base, new, {"x": x})
+
+
+# -- no match: unchanged, with the reason logged ----------------------------------------------
+@pytest.mark.parametrize("case,reason", [
+    ("conv_reader", "reader nn.conv2d is neither elementwise/broadcast nor a pool"),
+    ("no_narrow", "no 8-bit point on its private elementwise chain"),
+    ("shared_middle", "an intermediate value of the chain has other readers"),
+])
+def test_unchanged_on_no_match(case, reason, caplog):
+    if case == "conv_reader":
+        w = relay.const(RNG.standard_normal((4, 4, 1, 1)).astype("float32"))
+        mod = before(second=lambda v, g: relay.nn.conv2d(v, w, kernel_size=(1, 1)))
+    elif case == "no_narrow":
+        v = _widen(relay.clip(_x(), 0, 1000))
+        mod = infer(relay.multiply(relay.multiply(v, _g()), relay.nn.global_avg_pool2d(v)))
+    else:
+        f = relay.cast(relay.clip(_x(), 0, 255), "float32")
+        v = relay.multiply(f, relay.const(0.5))
+        mod = infer(relay.Tuple([relay.multiply(v, _g()), relay.nn.global_avg_pool2d(v), f]))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(WidenInEachReader(), mod)
+    assert reason in caplog.text
+
+
+def test_untyped_module_raises():
+    v = _widen(relay.clip(_x(), 0, 255))
+    mod = tvm.IRModule.from_expr(relay.multiply(relay.multiply(v, _g()), relay.nn.global_avg_pool2d(v)))
+    with pytest.raises(UntypedModuleError, match="WidenInEachReader"):
+        WidenInEachReader()(mod)
+
+
+def test_in_int8_pipeline():
+    names = tvm_ext.pipelines.int8().pass_names()["before_fuse"]
+    assert names.index("WidenInEachReader") == names.index("FuseWideningIntoPool") - 1
+
+
+
+def test_float_quantize_with_zero_point_is_the_8bit_point():
+    """QOperator hard-swish: v = dequantize(clip(round(x) + 16, 0, 255)) / 6, read by the SE pool and the
+    next quantize: the float clip of round + zero point is the 8-bit value that crosses."""
+    xf = relay.var("xf", shape=(1, 4, 6, 6), dtype="float32")
+    n = relay.clip(relay.add(relay.round(xf), relay.const(16.0)), 0.0, 255.0)
+
+    def chain(p):  # dequantize (zero point 16, scale 0.14), then hard-swish's / 6
+        d = relay.cast(relay.subtract(relay.cast(p, "int32"), relay.const(16)), "float32")
+        return relay.divide(relay.multiply(d, relay.const(0.14)), relay.const(6.0))
+
+    def graph(v1, v2):  # the next quantize's divide and the SE pool read it
+        return infer(relay.Tuple([relay.round(relay.divide(v1, relay.const(0.02))), relay.nn.global_avg_pool2d(v2)]))
+
+    v = chain(n)
+    c = relay.cast(n, "uint8")
+    after = check(WidenInEachReader(), graph(v, v),
+                  graph(chain(relay.cast(c, "float32")), chain(relay.cast(c, "float32"))))
+    assert_unchanged(WidenInEachReader(), after)
