@@ -38,6 +38,7 @@ __all__ = [
     "with_body",
     "static_tensor_type",
     "op_name",
+    "function_pass",
 ]
 
 
@@ -248,6 +249,20 @@ def rebuild(expr, subst: dict):
             if not tup.same_as(node.tuple_value):
                 new[node] = relay.TupleGetItem(tup, node.index)
     return get(expr)
+
+
+def function_pass(pass_name: str, rewrite, opt_level: int = 1):
+    """The Relay function pass named ``pass_name`` that maps every function through ``rewrite(func)``.
+
+    The one way the passes of this package are made, so each registers under its explicit name and
+    ``rewrite`` stays a plain function of a function (pure: it returns a new function or its input).
+    """
+    from tvm import relay
+
+    def transform(func, mod, ctx):  # pylint: disable=unused-argument
+        return rewrite(func)
+
+    return relay.transform.function_pass(transform, opt_level=opt_level, name=pass_name)
 
 
 def with_body(func, body):

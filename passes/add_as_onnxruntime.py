@@ -42,7 +42,7 @@ import numpy as np
 
 from tvm_ext.registry import register_pass
 
-from ._util import Check, Reject, dataflow_nodes, op_name, pass_logger, rebuild, with_body
+from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
 from .round_half_to_even import round_half_to_even
 
 __all__ = ["AddAsOnnxRuntime"]
@@ -217,9 +217,4 @@ def AddAsOnnxRuntime():  # pylint: disable=invalid-name
     float (not dequantized) operand, and functions with ``If``/``Let``/``Match``/references/closures
     are left unchanged; each reason is logged at DEBUG on ``tvm_ext.passes.AddAsOnnxRuntime``.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _rewrite(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _rewrite)

@@ -61,11 +61,12 @@ from tvm_ext.registry import register_pass
 from ._util import (
     Check,
     Reject,
+    consumers,
+    function_pass,
     is_primitive,
     op_name,
     pass_logger,
     post_order,
-    consumers,
     rebuild,
     require_typed,
     static_tensor_type,
@@ -404,11 +405,6 @@ def CombineParallelCast(min_num_branches: int = 2):  # pylint: disable=invalid-n
     and tuple-typed values are left unchanged; the reason is logged at DEBUG on
     ``tvm_ext.passes.CombineParallelCast`` (merges at INFO).
     """
-    from tvm import relay
-
     n = _check_min(min_num_branches)
 
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _combine(func, n)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, lambda func: _combine(func, n))

@@ -52,11 +52,12 @@ from tvm_ext.registry import register_pass
 from ._util import (
     Check,
     Reject,
+    consumers,
+    function_pass,
     is_primitive,
     op_name,
     pass_logger,
     post_order,
-    consumers,
     rebuild,
     require_typed,
     static_tensor_type,
@@ -459,12 +460,7 @@ def CombineParallelOpBatch(op_name: str, batch_op_name: str, min_num_branches: i
     TypeError
         An op name is not a string.
     """
-    from tvm import relay
-
     _validate(op_name, batch_op_name, min_num_branches)
     rule = SUPPORTED_PAIRS[(op_name, batch_op_name)]
 
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _combine(func, op_name, batch_op_name, rule, min_num_branches)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, lambda func: _combine(func, op_name, batch_op_name, rule, min_num_branches))

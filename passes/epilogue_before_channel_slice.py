@@ -48,6 +48,7 @@ from ._util import (
     Reject,
     consumers,
     dataflow_nodes,
+    function_pass,
     int_list,
     op_name,
     pass_logger,
@@ -250,9 +251,4 @@ def EpilogueBeforeChannelSlice():  # pylint: disable=invalid-name
     -----
     Rejections are logged at DEBUG on ``tvm_ext.passes.EpilogueBeforeChannelSlice``, moves at INFO.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _run(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _run)

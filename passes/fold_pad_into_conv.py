@@ -48,6 +48,7 @@ from ._util import (
     constant_scalar,
     conv_padding,
     dataflow_nodes,
+    function_pass,
     int_list,
     op_name,
     pass_logger,
@@ -227,9 +228,4 @@ def FoldPadIntoConv():  # pylint: disable=invalid-name
     Rejections (non-constant or other pad value, non-spatial padding, other pad modes, dynamic
     shapes) are logged at DEBUG on ``tvm_ext.passes.FoldPadIntoConv``, folds at INFO.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _run(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _run)

@@ -52,10 +52,11 @@ from tvm_ext.registry import register_pass
 
 from ._util import (
     Reject,
-    consumers,
     constant_scalar,
+    consumers,
     conv_padding,
     dataflow_nodes,
+    function_pass,
     int_list,
     op_name,
     pass_logger,
@@ -376,9 +377,4 @@ def FoldZeroPointPadIntoConv():  # pylint: disable=invalid-name
     splitting H/W, dynamic shapes) are logged at DEBUG on ``tvm_ext.passes.FoldZeroPointPadIntoConv``,
     folds at INFO.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _run(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _run)

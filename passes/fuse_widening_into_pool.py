@@ -40,8 +40,9 @@ from __future__ import annotations
 from tvm_ext.registry import register_pass
 
 from ._util import (
-    dataflow_nodes,
     consumers,
+    dataflow_nodes,
+    function_pass,
     op_name,
     pass_logger,
     rebuild,
@@ -182,9 +183,4 @@ def FuseWideningIntoPool():  # pylint: disable=invalid-name
     -----
     Rejections are logged at DEBUG on ``tvm_ext.passes.FuseWideningIntoPool``, rewrites at INFO.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _run(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _run)

@@ -52,6 +52,7 @@ from ._util import (
     constant_scalar,
     consumers,
     dataflow_nodes,
+    function_pass,
     op_name,
     pass_logger,
     rebuild,
@@ -201,9 +202,4 @@ def HoistUint8Shift():  # pylint: disable=invalid-name
     result, dynamic shapes) are logged at DEBUG on ``tvm_ext.passes.HoistUint8Shift``, rewrites
     at INFO.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _run(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _run)

@@ -59,6 +59,7 @@ from ._util import (
     Reject,
     consumers,
     dataflow_nodes,
+    function_pass,
     op_name,
     pass_logger,
     rebuild,
@@ -282,9 +283,4 @@ def NarrowBeforeMaxPool():  # pylint: disable=invalid-name
     -----
     Rejections are logged at DEBUG on ``tvm_ext.passes.NarrowBeforeMaxPool``, rewrites at INFO.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _run(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _run)

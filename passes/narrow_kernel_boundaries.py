@@ -51,9 +51,10 @@ from __future__ import annotations
 from tvm_ext.registry import register_pass
 
 from ._util import (
-    dataflow_nodes,
     Reject,
     consumers,
+    dataflow_nodes,
+    function_pass,
     op_name,
     pass_logger,
     rebuild,
@@ -283,9 +284,4 @@ def NarrowKernelBoundaries():  # pylint: disable=invalid-name
     has a narrow point; the reason is logged at DEBUG on ``tvm_ext.passes.NarrowKernelBoundaries``
     (cuts at INFO).
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _run(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _run)

@@ -33,9 +33,10 @@ from tvm_ext.registry import register_pass
 
 from ._intervals import value_ranges
 from ._util import (
-    dataflow_nodes,
     Check,
     Reject,
+    dataflow_nodes,
+    function_pass,
     op_name,
     pass_logger,
     rebuild,
@@ -148,9 +149,4 @@ def NonNegativeConvInputToUint8():  # pylint: disable=invalid-name
     references/closures; each reason is logged at DEBUG on
     ``tvm_ext.passes.NonNegativeConvInputToUint8``.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _rewrite(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _rewrite)

@@ -44,9 +44,10 @@ from __future__ import annotations
 from tvm_ext.registry import register_pass
 
 from ._util import (
-    dataflow_nodes,
     Reject,
     consumers,
+    dataflow_nodes,
+    function_pass,
     op_name,
     pass_logger,
     rebuild,
@@ -295,9 +296,4 @@ def RemoveStopFusion():  # pylint: disable=invalid-name
     dynamically shaped values are left unchanged; reasons are logged at DEBUG on
     ``tvm_ext.passes.RemoveStopFusion``, removals and moves at INFO.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _rewrite(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _rewrite)

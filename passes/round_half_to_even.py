@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from tvm_ext.registry import register_pass
 
-from ._util import Check, Reject, dataflow_nodes, op_name, pass_logger, rebuild, with_body
+from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
 
 __all__ = ["RoundHalfToEven"]
 
@@ -173,9 +173,4 @@ def RoundHalfToEven():  # pylint: disable=invalid-name
     Non-float ``round`` calls and functions with ``If``/``Let``/``Match``/references/closures are
     left unchanged; each reason is logged at DEBUG on ``tvm_ext.passes.RoundHalfToEven``.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _rewrite(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _rewrite)

@@ -49,8 +49,17 @@ from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
 from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
 from tvm_ext.registry import register_pass
 
-from ._util import (Reject, consumers, dataflow_nodes, op_name, pass_logger, rebuild, static_tensor_type,
-                    with_body)
+from ._util import (
+    Reject,
+    consumers,
+    dataflow_nodes,
+    function_pass,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    with_body,
+)
 
 PASS_NAME = "TabulateEightBit"
 RULE = "f(x: 8-bit) -> table_lookup(x, [f(i) for i in 0..255])"
@@ -291,14 +300,9 @@ def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
     ``If``/``Let``/``Match``/references/closures. The tables are computed by building the chains
     with ``relay.build`` for the current target when this host can run it, else for ``llvm``.
     """
-    from tvm import relay
-
     if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
         raise TypeError(f"{PASS_NAME}: ops must be a collection of op names, got {ops!r}")
     ops = frozenset(ops)
     register_ops()
 
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _rewrite(func, ops)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, lambda func: _rewrite(func, ops))

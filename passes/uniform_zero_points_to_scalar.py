@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from tvm_ext.registry import register_pass
 
-from ._util import Check, Reject, dataflow_nodes, op_name, pass_logger, rebuild, with_body
+from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
 
 __all__ = ["UniformZeroPointsToScalar", "ZERO_POINT_ARGS"]
 
@@ -132,9 +132,4 @@ def UniformZeroPointsToScalar():  # pylint: disable=invalid-name
     unchanged, as are functions with ``If``/``Let``/``Match``/references/closures; each reason is
     logged at DEBUG on ``tvm_ext.passes.UniformZeroPointsToScalar``.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _rewrite(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _rewrite)

@@ -36,7 +36,17 @@ from __future__ import annotations
 
 from tvm_ext.registry import register_pass
 
-from ._util import Reject, consumers, dataflow_nodes, op_name, pass_logger, rebuild, static_tensor_type, with_body
+from ._util import (
+    Reject,
+    consumers,
+    dataflow_nodes,
+    function_pass,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    with_body,
+)
 from .fuse_widening_into_pool import POOLS
 from .narrow_kernel_boundaries import _chain_arg, narrow_type
 
@@ -156,9 +166,4 @@ def WidenInEachReader():  # pylint: disable=invalid-name
     -----
     Rejections are logged at DEBUG on ``tvm_ext.passes.WidenInEachReader``, rewrites at INFO.
     """
-    from tvm import relay
-
-    def transform(func, mod, ctx):  # pylint: disable=unused-argument
-        return _run(func)
-
-    return relay.transform.function_pass(transform, opt_level=1, name=PASS_NAME)
+    return function_pass(PASS_NAME, _run)
