@@ -153,8 +153,13 @@ def _sources(nodes):
     return src, ranges
 
 
+#: Integer ops that trap (SIGFPE) on a zero divisor: evaluating them on *every* value could crash
+#: the compiler on a value the model never sees.
+_TRAPPING = frozenset({"divide", "floor_divide", "trunc_divide", "mod", "floor_mod", "trunc_mod"})
+
+
 def _chain_ops(root, source) -> set:
-    """Names of the ops between ``source`` and ``root``."""
+    """Names of the ops between ``source`` and ``root`` (integer division ops as ``int:<name>``)."""
     from tvm import relay
 
     ops, stack, seen = set(), [root], set()
@@ -163,7 +168,9 @@ def _chain_ops(root, source) -> set:
         if node in seen or node.same_as(source) or not isinstance(node, relay.Call):
             continue
         seen.add(node)
-        ops.add(op_name(node))
+        name = op_name(node)
+        integer = str(node.checked_type.dtype).startswith(("int", "uint"))
+        ops.add(f"int:{name}" if name in _TRAPPING and integer else name)
         stack.extend(node.args)
     return ops
 
@@ -254,6 +261,12 @@ def _rewrite(func, ops: frozenset):
             _log.debug("%s: not tabulated (%s): %s", RULE,
                        Reject(f"no op of {sorted(ops)[:4]}... in the chain {sorted(used)}"), op_name(root))
             continue
+        trapping = sorted(o for o in used if o.startswith("int:"))
+        if trapping:
+            _log.debug("%s: not tabulated (%s): %s", RULE, Reject(
+                f"integer division {trapping} in the chain: evaluating every value could divide by zero"),
+                op_name(root))
+            continue
         chains.append((root, source))
     if not chains:
         return func
@@ -295,7 +308,8 @@ def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
     Notes
     -----
     Skipped (left unchanged, reason logged at DEBUG on ``tvm_ext.passes.TabulateEightBit``):
-    chains with a per-channel (more than one element) constant, chains of two different tensors
+    chains with an integer division or modulo (the table would evaluate it on every value, zero
+    divisors included), chains with a per-channel (more than one element) constant, chains of two different tensors
     (``x * y``), broadcasting of a tensor inside the chain, dynamic shapes, functions with
     ``If``/``Let``/``Match``/references/closures. The tables are computed by building the chains
     with ``relay.build`` for the current target when this host can run it, else for ``llvm``.

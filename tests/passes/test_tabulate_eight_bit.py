@@ -139,9 +139,10 @@ def test_two_tensors_only_the_single_source_part_is_tabulated():
     np.testing.assert_array_equal(run_module(after, feed)[0], run_module(before, feed)[0])
 
 
-@pytest.mark.parametrize("case", ["hard_swish", "per_channel_constant", "float_input"])
+@pytest.mark.parametrize("case", ["hard_swish", "per_channel_constant", "float_input", "integer_division"])
 def test_unchanged_on_no_match(case, caplog):
-    """No transcendental op; a per-channel scale; a float source: left alone."""
+    """No transcendental op; a per-channel scale; a float source; an integer division (its table
+    would divide by zero at x == 0, a value the model may never see): left alone."""
     def hard_swish(x):  # cheap arithmetic: the vector code beats a table read
         d = _dequantize(x, 3, 0.05)
         return _quantize(relay.divide(relay.multiply(d, relay.clip(relay.add(d, relay.const(3.0)), 0, 6)),
@@ -153,12 +154,17 @@ def test_unchanged_on_no_match(case, caplog):
         scale = np.linspace(0.01, 0.1, 16).astype("float32").reshape(1, 16, 1, 1)
         mod = _fn(lambda x: _quantize(relay.sigmoid(relay.multiply(relay.cast(x, "float32"), relay.const(scale))),
                                       1 / 256, 0, "uint8"))
+    elif case == "integer_division":
+        mod = _fn(lambda x: _quantize(relay.sigmoid(relay.cast(
+            relay.floor_divide(relay.const(1000), relay.cast(x, "int32")), "float32")), 1 / 256, 0, "uint8"))
     else:
         mod = _fn(lambda x: _quantize(relay.sigmoid(x), 1 / 256, 0, "uint8"), "float32")
     with caplog.at_level("DEBUG", logger="tvm_ext.passes.TabulateEightBit"):
         assert_unchanged(TabulateEightBit(), mod)
     if case == "hard_swish":
         assert "no op of" in caplog.text
+    if case == "integer_division":
+        assert "integer division" in caplog.text
 
 
 def test_untyped_module_raises():
