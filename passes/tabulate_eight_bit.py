@@ -74,12 +74,6 @@ TRANSCENDENTAL = frozenset({
 _K_BROADCAST = 1
 
 
-def table_index(dtype: str) -> np.ndarray:
-    """The 256 values of an 8-bit ``dtype`` in table order (entry i holds f of this value)."""
-    off = _EIGHT_BIT[dtype]
-    return (np.arange(256) - off).astype(dtype)
-
-
 def _domain(node, ranges):
     """``(dtype, lo, n)``: the values a source takes, in table order; None if not a source.
 
@@ -254,7 +248,7 @@ def _rewrite(func, ops: frozenset):
     if nodes is None:
         return func
     src, ranges = _sources(nodes)
-    chains = []
+    chains, used_ops = [], set()
     for root, source in _roots(nodes, func.body, src):
         used = _chain_ops(root, source)
         if not used & ops:
@@ -268,11 +262,12 @@ def _rewrite(func, ops: frozenset):
                 op_name(root))
             continue
         chains.append((root, source))
+        used_ops |= used & ops
     if not chains:
         return func
     subst = {root: _lookup(source, tab, ranges) for (root, source), tab in zip(chains, _tables(chains, ranges))}
     _log.info("%s: %d chain(s) tabulated (%s)", RULE, len(subst),
-              ", ".join(sorted({o for r, s in chains for o in _chain_ops(r, s) & ops})))
+              ", ".join(sorted(used_ops)))
     return with_body(func, rebuild(func.body, subst))
 
 

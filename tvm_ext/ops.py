@@ -18,7 +18,6 @@ from __future__ import annotations
 __all__ = ["TABLE_LOOKUP", "EIGHT_BIT_OFFSET", "register_ops", "table_lookup"]
 
 TABLE_LOOKUP = "tvm_ext.table_lookup"
-OP_NAME = TABLE_LOOKUP
 #: dtype -> table index of value 0 (8-bit data; other integer data index from 0)
 EIGHT_BIT_OFFSET = {"uint8": 0, "int8": 128}
 _registered: list = []  # the lookup op, once registered in this process
@@ -32,11 +31,11 @@ def register_ops():
     from tvm import relay, te
     from tvm.relay.op import op as _op
 
-    if OP_NAME in tvm.ir.Op.list_op_names():  # registered by another copy of this module
-        _registered.append(tvm.ir.Op.get(OP_NAME))
+    if TABLE_LOOKUP in tvm.ir.Op.list_op_names():  # registered by another copy of this module
+        _registered.append(tvm.ir.Op.get(TABLE_LOOKUP))
         return _registered[0]
-    _op.register(OP_NAME, "table[data]: a 256-entry table indexed by an 8-bit tensor (elementwise)")
-    op = tvm.ir.Op.get(OP_NAME)
+    _op.register(TABLE_LOOKUP, "table[data]: a 256-entry table indexed by an 8-bit tensor (elementwise)")
+    op = tvm.ir.Op.get(TABLE_LOOKUP)
     op.set_num_inputs(2)
     op.add_argument("data", "Tensor", "integer indices (int8: entry i is value i - 128)")
     op.add_argument("table", "Tensor", "1-D table")
@@ -47,13 +46,13 @@ def register_ops():
         if not isinstance(data, relay.TensorType) or not isinstance(table, relay.TensorType):
             return None
         if not str(data.dtype).startswith(("int", "uint")):
-            raise tvm.error.TVMError(f"{OP_NAME}: data must be an integer tensor, got {data.dtype}")
+            raise tvm.error.TVMError(f"{TABLE_LOOKUP}: data must be an integer tensor, got {data.dtype}")
         if len(table.shape) != 1 or int(table.shape[0]) < 1:
-            raise tvm.error.TVMError(f"{OP_NAME}: table must be 1-D and non-empty, got {list(table.shape)}")
+            raise tvm.error.TVMError(f"{TABLE_LOOKUP}: table must be 1-D and non-empty, got {list(table.shape)}")
         return relay.TensorType(data.shape, table.dtype)
 
     op.add_type_rel("TableLookupRel", rel)
-    _op.register_pattern(OP_NAME, _op.OpPattern.ELEMWISE)
+    _op.register_pattern(TABLE_LOOKUP, _op.OpPattern.ELEMWISE)
 
     def compute(attrs, inputs, out_type):  # pylint: disable=unused-argument
         data, table = inputs
@@ -65,8 +64,8 @@ def register_ops():
 
         return [te.compute(data.shape, read, name="table_lookup", tag="elemwise")]
 
-    _op.register_compute(OP_NAME, compute)
-    _op.register_injective_schedule(OP_NAME)
+    _op.register_compute(TABLE_LOOKUP, compute)
+    _op.register_injective_schedule(TABLE_LOOKUP)
     _registered.append(op)
     return op
 
