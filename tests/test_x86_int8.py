@@ -24,17 +24,23 @@ needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="host CPU has no AVX-512 V
 
 def test_kernels_restores_tvm_functions_even_on_error():
     import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
-    before = (intrin.dot_16x1x16_uint8_int8_int32_cascadelake, common._schedule_conv_NCHWc_int8)
+    def now():
+        return (intrin.dot_16x1x16_uint8_int8_int32_cascadelake, common._schedule_conv_NCHWc_int8,
+                depthwise._fallback_schedule)
+
+    before = now()
     with pytest.raises(RuntimeError):
         with x86_int8.kernels():
             with x86_int8.kernels():  # nested: still installed after the inner exit
                 pass
             assert common._schedule_conv_NCHWc_int8 is not before[1]
+            assert depthwise._fallback_schedule is not before[2]
             assert x86_int8.active()
             raise RuntimeError("boom")
-    assert (intrin.dot_16x1x16_uint8_int8_int32_cascadelake, common._schedule_conv_NCHWc_int8) == before
+    assert now() == before
     assert not x86_int8.active()
 
 
@@ -168,3 +174,73 @@ def test_per_row_schedule_follows_the_isa_policy(target):
 
     per_row = x86_int8.policy(tvm.target.Target(target)).per_row
     assert (asm(schedule=True) != asm(schedule=False)) == per_row
+
+
+def _requantize(y, channels, rng):
+    y = relay.cast(y, "float32") * relay.const((rng.random((channels, 1, 1)) * 1e-3).astype("float32"))
+    return relay.cast(relay.clip(relay.cast(relay.floor(y + relay.const(0.5)), "int32"), 0, 255), "uint8")
+
+
+def _conv_depthwise_conv(channels=32, size=14, dtype="uint8", seed=0):
+    """1x1 conv -> 3x3 depthwise conv -> 1x1 conv on 8-bit data (a mobile net's block), or float."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, channels, size, size), dtype=dtype)
+    wdtype, acc = ("int8", "int32") if dtype == "uint8" else ("float32", "float32")
+
+    def weight(shape):
+        return relay.const(rng.integers(-128, 128, shape).astype(wdtype))
+
+    def settle(y):
+        return _requantize(y, channels, rng) if dtype == "uint8" else relay.nn.relu(y)
+
+    y = settle(relay.nn.conv2d(x, weight((channels, channels, 1, 1)), channels=channels, kernel_size=1,
+                               out_dtype=acc))
+    y = settle(relay.nn.conv2d(y, weight((channels, 1, 3, 3)), channels=channels, kernel_size=3, padding=1,
+                               groups=channels, out_dtype=acc))
+    y = relay.nn.conv2d(y, weight((channels, channels, 1, 1)), channels=channels, kernel_size=1, out_dtype=acc)
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _kernel_names(factory):
+    import json
+
+    nodes = json.loads(factory.get_graph_json())["nodes"]
+    return [n["attrs"]["func_name"] for n in nodes if n["op"] == "tvm_op"]
+
+
+@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
+def test_depthwise_int8_conv_takes_the_int8_conv_block(target):
+    """Compiled only (fix 4): no layout_transform kernel around an 8-bit depthwise conv; TVM's own
+    rule puts two there on AVX2 (block 8 between convs blocked by 16), none on AVX-512."""
+    mod = _conv_depthwise_conv()
+
+    def names(**kw):
+        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
+            return _kernel_names(relay.build(mod, target=target))
+
+    fixed, tvms = names(), names(schedule=False)
+    # the only re-blockings left: into the first conv and out of the last one
+    assert sum("layout_transform" in n for n in fixed) == 2, fixed
+    avx2 = x86_int8.policy(tvm.target.Target(target)).vector_bits == 256
+    assert len(tvms) - len(fixed) == (2 if avx2 else 0), (tvms, fixed)
+
+
+def test_depthwise_block_leaves_float_convs_alone():
+    mod = _conv_depthwise_conv(dtype="float32")
+    with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
+        fixed = relay.build(mod, target="llvm -mcpu=znver3")
+    with tvm.transform.PassContext(opt_level=3):
+        stock = relay.build(mod, target="llvm -mcpu=znver3")
+    assert _kernel_names(fixed) == _kernel_names(stock)
+    assert fixed.get_graph_json() == stock.get_graph_json()
+
+
+@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
+def test_depthwise_int8_block_is_bit_identical(target):
+    mod = _conv_depthwise_conv(channels=48, size=10)
+    x = np.random.default_rng(3).integers(0, 256, (1, 48, 10, 10)).astype("uint8")
+    with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
+        stock = relay.build(mod, target=target)
+    with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
+        fixed = relay.build(mod, target=target)
+    assert np.array_equal(_run(fixed, x), _run(stock, x))

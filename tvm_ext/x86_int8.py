@@ -46,7 +46,17 @@ TVM's own behaviour.
    wraps ``schedule_pool`` / ``schedule_adaptive_pool`` to also inline the injective producers
    of the pool (:func:`_inline_pool_producers`).
 
-No change alters results (3. only inlines elementwise stages): integer accumulation is exact in both schedules, and the
+4. **Depthwise channel block.** AlterOpLayout blocks every int8 conv's channels by 16
+   (``conv2d_alter_op.py`` asks the int8 template with ``int32_lanes=16`` on every x86 CPU), but an
+   int8 *depthwise* conv by the SIMD width of 32-bit lanes (``depthwise_conv2d._fallback_schedule``:
+   16 on AVX-512, 8 on AVX2 and 4 on SSE). On AVX2 every depthwise conv of a mobile net therefore
+   sits between two ``layout_transform`` kernels (``NCHW16c -> NCHW8c -> NCHW16c``): PP-OCRv4 det
+   QDQ built for ``-mcpu=znver3`` had 135 kernels, 30 of them such lone re-blockings. While
+   :func:`kernels` is entered, an untuned depthwise conv on 8-bit data takes the int8 conv block
+   (:data:`INT8_CONV_BLOCK`) when its channels divide by it (:func:`_depthwise_int8_block`); float
+   depthwise convs and AVX-512 targets (where the two rules agree) are unchanged.
+
+No change alters results (3. only inlines elementwise stages; 4. only changes a channel blocking): integer accumulation is exact in both schedules, and the
 epilogue's arithmetic is the same per element (tests check bit-equality against TVM's own
 schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
 its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
@@ -66,6 +76,8 @@ __all__ = ["kernels", "active", "policy", "KernelPolicy", "vnni_ready", "needs_o
 
 #: LLVM major version from which vpdpbusd takes <64 x i8> byte operands (llvm-project #155194).
 LLVM_VNNI_I8_OPERANDS = 22
+#: Channel block AlterOpLayout gives an untuned int8 conv on every x86 CPU (TVM's ``int32_lanes=16``).
+INT8_CONV_BLOCK = 16
 
 _LOCK = threading.RLock()
 _DEPTH = 0
@@ -226,14 +238,38 @@ def _inline_pool_producers(schedule_fn):
     return wrapped
 
 
+def _depthwise_int8_block(fallback):
+    """``fallback`` (TVM's x86 depthwise default config), then an 8-bit depthwise conv blocked like
+    the int8 convs around it (fix 4): ``tile_ic = tile_oc = INT8_CONV_BLOCK`` when the channels
+    divide by it. The other knobs (``tile_ow``, ``unroll_kw``) stay TVM's."""
+    import functools
+
+    from tvm.autotvm.task.space import SplitEntity
+
+    @functools.wraps(fallback)
+    def wrapped(cfg, wkl):
+        fallback(cfg, wkl)
+        block = INT8_CONV_BLOCK
+        if (str(wkl.in_dtype) in ("uint8", "int8") and wkl.in_filter == wkl.out_filter
+                and wkl.out_filter % block == 0 and cfg["tile_oc"].size[-1] != block):
+            cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
+            cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
+        return None
+
+    wrapped._tvm_ext_depthwise_fix = True  # pylint: disable=protected-access
+    return wrapped
+
+
 def _install(schedule):
     import tvm.topi.x86 as x86
     import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
     _SAVED["intrin"] = intrin.dot_16x1x16_uint8_int8_int32_cascadelake
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
     _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
+    _SAVED["depthwise"] = depthwise._fallback_schedule
     if needs_operand_fix():
         intrin.dot_16x1x16_uint8_int8_int32_cascadelake = dot_u8s8_vnni
     _SAVED["mode"] = schedule
@@ -241,14 +277,17 @@ def _install(schedule):
         common._schedule_conv_NCHWc_int8 = _schedule_common_int8_per_row
         x86.schedule_pool = _inline_pool_producers(x86.schedule_pool)
         x86.schedule_adaptive_pool = _inline_pool_producers(x86.schedule_adaptive_pool)
+        depthwise._fallback_schedule = _depthwise_int8_block(depthwise._fallback_schedule)
 
 
 def _uninstall():
     import tvm.topi.x86 as x86
     import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
     intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
+    depthwise._fallback_schedule = _SAVED.pop("depthwise")
     common._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule")
     x86.schedule_pool, x86.schedule_adaptive_pool = _SAVED.pop("pools")
     _SAVED.pop("mode", None)
@@ -262,8 +301,9 @@ def kernels(schedule=True):
     ----------
     schedule : bool
         Also compute 3x3/7x7 int8 convs per output row (fix 2) where :func:`policy` chooses it
-        for the target being compiled. ``False`` keeps TVM's schedule everywhere and only makes
-        VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"`` uses the
+        for the target being compiled, inline pool producers (fix 3) and block 8-bit depthwise
+        convs like int8 convs (fix 4). ``False`` keeps TVM's schedules and layouts everywhere and
+        only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"`` uses the
         per-row schedule on every instruction set (for measurements such as
         ``benchmarks/int8_conv_schedules.py``).
 
