@@ -244,3 +244,64 @@ def test_depthwise_int8_block_is_bit_identical(target):
     with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
         fixed = relay.build(mod, target=target)
     assert np.array_equal(_run(fixed, x), _run(stock, x))
+
+
+def _int8_float_int8(seed=0):
+    """int8 conv (16 -> 48 channels) -> dequantize -> float conv (48 -> 24) -> quantize -> int8 conv
+    (24 -> 32): a float conv an int8 pipeline keeps in float, between int8 convs."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, 16, 10, 10), dtype="uint8")
+
+    def conv(y, cin, cout, dtype):
+        w = rng.integers(-128, 128, (cout, cin, 1, 1)).astype(dtype)
+        if dtype == "float32":
+            w = w * np.float32(1e-2)
+        return relay.nn.conv2d(y, relay.const(w), channels=cout, kernel_size=1,
+                               out_dtype="int32" if dtype == "int8" else "float32")
+
+    y = _requantize(conv(x, 16, 48, "int8"), 48, rng)
+    y = relay.cast(y, "float32") * relay.const(np.float32(0.05))  # dequantize
+    y = conv(y, 48, 24, "float32")
+    y = relay.cast(relay.clip(relay.round(y), 0, 255), "uint8")  # quantize
+    y = conv(y, 24, 32, "int8")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4"])
+def test_float_conv_in_an_int8_graph_takes_int8_blocks(target):
+    """Compiled only (fix 5): no re-blocking kernel on either side of the float conv; TVM's rule
+    (and kernels() without int8_graph) has them."""
+    mod = _int8_float_int8()
+
+    def names(**kw):
+        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
+            return _kernel_names(relay.build(mod, target=target))
+
+    fixed, tvms = names(int8_graph=True), names()
+    assert sum("layout_transform" in n for n in fixed) == 2, fixed  # into the first conv, out of the last
+    assert sum("layout_transform" in n for n in tvms) > 2, tvms
+
+
+@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
+def test_float_conv_int8_blocks_are_bit_identical(target):
+    mod = _int8_float_int8(seed=1)
+    x = np.random.default_rng(4).integers(0, 256, (1, 16, 10, 10)).astype("uint8")
+    with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
+        stock = relay.build(mod, target=target)
+    with x86_int8.kernels(int8_graph=True), tvm.transform.PassContext(opt_level=3):
+        fixed = relay.build(mod, target=target)
+    assert np.array_equal(_run(fixed, x), _run(stock, x))
+
+
+def test_int8_block():
+    assert [x86_int8.int8_block(c) for c in (48, 24, 360, 40, 6, 42)] == [16, 12, 12, 8, None, None]
+
+
+def test_build_blocks_float_convs_by_int8_rule_only_in_8bit_graphs():
+    from tvm_ext.build import _has_8bit_tensors
+
+    assert _has_8bit_tensors(_int8_float_int8())
+    assert not _has_8bit_tensors(_conv_depthwise_conv(dtype="float32"))
+    a, b = relay.var("a", shape=(1, 4), dtype="uint8"), relay.var("b", shape=(1, 3), dtype="uint8")
+    ill_typed = tvm.IRModule.from_expr(relay.Function([a, b], a + b))
+    assert not _has_8bit_tensors(ill_typed)  # says False; the build itself reports the type error

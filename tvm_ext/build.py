@@ -274,7 +274,8 @@ def build(
     tgt = build_target(target, allow_vnni)
     if tgt.kind.name == "llvm" and tgt.host is None:
         tgt = tvm.target.Target(tgt, host=tgt)
-    kernels = x86_int8.kernels() if tgt.kind.name == "llvm" else contextlib.nullcontext()
+    kernels = (x86_int8.kernels(int8_graph=_has_8bit_tensors(mod)) if tgt.kind.name == "llvm"
+               else contextlib.nullcontext())
     schedules = tuning.apply(tgt) if tuned else contextlib.nullcontext()
     requantize = dict(getattr(passes, "requantize", ()) or ())  # a Pipeline may fix QNN requantize's lowering
     if requantize:
@@ -290,6 +291,20 @@ def build(
     if hits:
         factory.kernel_report = factory.kernel_report.with_tuned(hits)
     return factory
+
+
+def _has_8bit_tensors(mod) -> bool:
+    """True when ``mod`` holds int8/uint8 tensors (an 8-bit graph: :func:`tvm_ext.x86_int8.kernels`'s
+    ``int8_graph``). A module that does not type-check says False here and fails later, in the build."""
+    import tvm
+    from tvm import relay
+
+    try:
+        typed = relay.transform.InferType()(mod)
+    except tvm.TVMError:
+        return False
+    return any({"int8", "uint8"} & set(relay.analysis.all_dtypes(f))
+               for _, f in typed.functions.items() if isinstance(f, relay.Function))
 
 
 def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor, runtime,

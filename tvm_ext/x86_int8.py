@@ -56,7 +56,18 @@ TVM's own behaviour.
    (:data:`INT8_CONV_BLOCK`) when its channels divide by it (:func:`_depthwise_int8_block`); float
    depthwise convs and AVX-512 targets (where the two rules agree) are unchanged.
 
-No change alters results (3. only inlines elementwise stages; 4. only changes a channel blocking): integer accumulation is exact in both schedules, and the
+5. **Float convs in an 8-bit graph.** Convs an int8 pipeline keeps in float on purpose (SE
+   blocks, channel counts x86's int8 path would pad) read and write 8-bit tensors through
+   dequantize/quantize, between int8 convs. TVM blocks a float conv's output channels by the
+   largest divisor up to the SIMD width and its input channels by the largest divisor up to that,
+   the int8 rule by the largest of 16, 12, 8, 4: the two disagree on most channel counts (360:
+   15 vs 12, AVX2: 8 vs 16), and every disagreement is a ``layout_transform`` kernel. When
+   :func:`kernels` is entered with ``int8_graph=True`` (``tvm_ext.build`` does for modules with
+   8-bit tensors), an untuned float conv takes the int8 rule's block on each side that has one
+   (:func:`_float_conv_int8_blocks`; a side whose channels no such block divides keeps TVM's).
+   PP-OCRv4 det QDQ, Zen 4: 102 -> 96 kernels (stock 98).
+
+No change alters results (3. only inlines elementwise stages; 4. and 5. only change channel blockings): integer accumulation is exact in both schedules, and the
 epilogue's arithmetic is the same per element (tests check bit-equality against TVM's own
 schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
 its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
@@ -72,7 +83,8 @@ from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernels", "active", "policy", "KernelPolicy", "vnni_ready", "needs_operand_fix", "dot_u8s8_vnni"]
+__all__ = ["kernels", "active", "policy", "KernelPolicy", "vnni_ready", "needs_operand_fix", "dot_u8s8_vnni",
+           "int8_block"]
 
 #: LLVM major version from which vpdpbusd takes <64 x i8> byte operands (llvm-project #155194).
 LLVM_VNNI_I8_OPERANDS = 22
@@ -260,8 +272,38 @@ def _depthwise_int8_block(fallback):
     return wrapped
 
 
-def _install(schedule):
+def int8_block(channels: int):
+    """The channel block TVM's x86 int8 rule gives ``channels`` on a conv's input side (the largest
+    of 16, 12, 8, 4 dividing it), or None."""
+    return next((b for b in range(INT8_CONV_BLOCK, 0, -4) if channels % b == 0), None)
+
+
+def _float_conv_int8_blocks(fallback):
+    """``fallback`` (a TVM x86 float conv default config), then ``tile_ic``/``tile_oc`` by the int8
+    rule (:func:`int8_block`) on each side that has such a block, while the graph being built
+    computes in 8 bits (fix 5). Other knobs (``tile_ow``, ``tile_oh``, ``unroll_kw``) stay TVM's."""
+    import functools
+
+    from tvm.autotvm.task.space import SplitEntity
+
+    @functools.wraps(fallback)
+    def wrapped(cfg, wkl):
+        fallback(cfg, wkl)
+        if not _SAVED.get("int8_graph") or str(wkl.in_dtype) not in ("float32", "float16"):
+            return None
+        for knob, channels in (("tile_ic", wkl.in_filter), ("tile_oc", wkl.out_filter)):
+            block = int8_block(channels)
+            if block is not None:
+                cfg[knob] = SplitEntity([channels // block, block])
+        return None
+
+    wrapped._tvm_ext_float_conv_fix = True  # pylint: disable=protected-access
+    return wrapped
+
+
+def _install(schedule, int8_graph=False):
     import tvm.topi.x86 as x86
+    import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
@@ -270,6 +312,8 @@ def _install(schedule):
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
     _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
     _SAVED["depthwise"] = depthwise._fallback_schedule
+    _SAVED["float_convs"] = (one_by_one._fallback_schedule, common._fallback_schedule)
+    _SAVED["int8_graph"] = bool(schedule) and int8_graph
     if needs_operand_fix():
         intrin.dot_16x1x16_uint8_int8_int32_cascadelake = dot_u8s8_vnni
     _SAVED["mode"] = schedule
@@ -278,23 +322,28 @@ def _install(schedule):
         x86.schedule_pool = _inline_pool_producers(x86.schedule_pool)
         x86.schedule_adaptive_pool = _inline_pool_producers(x86.schedule_adaptive_pool)
         depthwise._fallback_schedule = _depthwise_int8_block(depthwise._fallback_schedule)
+        one_by_one._fallback_schedule = _float_conv_int8_blocks(one_by_one._fallback_schedule)
+        common._fallback_schedule = _float_conv_int8_blocks(common._fallback_schedule)
 
 
 def _uninstall():
     import tvm.topi.x86 as x86
+    import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
     intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
     depthwise._fallback_schedule = _SAVED.pop("depthwise")
+    one_by_one._fallback_schedule, common._fallback_schedule = _SAVED.pop("float_convs")
+    _SAVED.pop("int8_graph", None)
     common._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule")
     x86.schedule_pool, x86.schedule_adaptive_pool = _SAVED.pop("pools")
     _SAVED.pop("mode", None)
 
 
 @contextlib.contextmanager
-def kernels(schedule=True):
+def kernels(schedule=True, int8_graph=False):
     """Enter to build x86 int8 kernels with the fixes of this module.
 
     Parameters
@@ -303,7 +352,10 @@ def kernels(schedule=True):
         Also compute 3x3/7x7 int8 convs per output row (fix 2) where :func:`policy` chooses it
         for the target being compiled, inline pool producers (fix 3) and block 8-bit depthwise
         convs like int8 convs (fix 4). ``False`` keeps TVM's schedules and layouts everywhere and
-        only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"`` uses the
+        only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target.
+    int8_graph : bool
+        The graph being built computes in 8 bits: float convs take the int8 channel blocks
+        (fix 5; only with ``schedule``). Float models keep TVM's blocking. ``"per_row"`` uses the
         per-row schedule on every instruction set (for measurements such as
         ``benchmarks/int8_conv_schedules.py``).
 
@@ -314,7 +366,7 @@ def kernels(schedule=True):
     global _DEPTH
     with _LOCK:
         if _DEPTH == 0:
-            _install(schedule)
+            _install(schedule, int8_graph)
             logger.debug("x86 int8 kernels: operand fix %s, per-row schedule %s", needs_operand_fix(), schedule)
         _DEPTH += 1
     try:
