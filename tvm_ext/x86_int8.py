@@ -57,15 +57,17 @@ TVM's own behaviour.
    depthwise convs and AVX-512 targets (where the two rules agree) are unchanged.
 
 5. **Float convs in an 8-bit graph.** Convs an int8 pipeline keeps in float on purpose (SE
-   blocks, channel counts x86's int8 path would pad) read and write 8-bit tensors through
-   dequantize/quantize, between int8 convs. TVM blocks a float conv's output channels by the
-   largest divisor up to the SIMD width and its input channels by the largest divisor up to that,
-   the int8 rule by the largest of 16, 12, 8, 4: the two disagree on most channel counts (360:
-   15 vs 12, AVX2: 8 vs 16), and every disagreement is a ``layout_transform`` kernel. When
-   :func:`kernels` is entered with ``int8_graph=True`` (``tvm_ext.build`` does for modules with
-   8-bit tensors), an untuned float conv takes the int8 rule's block on each side that has one
-   (:func:`_float_conv_int8_blocks`; a side whose channels no such block divides keeps TVM's).
-   PP-OCRv4 det QDQ, Zen 4: 102 -> 96 kernels (stock 98).
+   blocks, channel counts x86's int8 path would pad) read 8-bit tensors, through a dequantize,
+   that int8 convs wrote blocked by 16. TVM blocks a float conv's *input* channels by the largest
+   divisor up to its output block (itself the largest divisor up to the SIMD width): 360 -> 384
+   channels reads ``NCHW12c`` on AVX-512 and ``NCHW8c`` on AVX2, so a ``layout_transform`` kernel
+   re-blocks what the int8 conv wrote. When :func:`kernels` is entered with ``int8_graph=True``
+   (``tvm_ext.build`` does for modules with 8-bit tensors), an untuned float conv blocks its input
+   channels by the int8 rule (:func:`int8_block`, the largest of 16, 12, 8, 4 dividing them), and
+   its output channels too where that block fits one vector register (as TVM's own output block
+   does: the float schedule vectorizes over it). On AVX2 the int8 rule's 12 (for 24 or 360
+   channels) is wider than the 8 lanes, and taking it made those convs 9-13x slower (PP-OCRv4 det,
+   per-kernel debug-executor times): there the output block stays TVM's.
 
 No change alters results (3. only inlines elementwise stages; 4. and 5. only change channel blockings): integer accumulation is exact in both schedules, and the
 epilogue's arithmetic is the same per element (tests check bit-equality against TVM's own
@@ -279,9 +281,10 @@ def int8_block(channels: int):
 
 
 def _float_conv_int8_blocks(fallback):
-    """``fallback`` (a TVM x86 float conv default config), then ``tile_ic``/``tile_oc`` by the int8
-    rule (:func:`int8_block`) on each side that has such a block, while the graph being built
-    computes in 8 bits (fix 5). Other knobs (``tile_ow``, ``tile_oh``, ``unroll_kw``) stay TVM's."""
+    """``fallback`` (a TVM x86 float conv default config), then ``tile_ic`` by the int8 rule
+    (:func:`int8_block`) where it has a block, and ``tile_oc`` where that block is no wider than
+    the target's 32-bit SIMD lanes, while the graph being built computes in 8 bits (fix 5). The
+    other knobs (``tile_ow``, ``tile_oh``, ``unroll_kw``) stay TVM's."""
     import functools
 
     from tvm.autotvm.task.space import SplitEntity
@@ -291,10 +294,14 @@ def _float_conv_int8_blocks(fallback):
         fallback(cfg, wkl)
         if not _SAVED.get("int8_graph") or str(wkl.in_dtype) not in ("float32", "float16"):
             return None
-        for knob, channels in (("tile_ic", wkl.in_filter), ("tile_oc", wkl.out_filter)):
-            block = int8_block(channels)
-            if block is not None:
-                cfg[knob] = SplitEntity([channels // block, block])
+        from tvm.target.x86 import get_simd_32bit_lanes
+
+        block = int8_block(wkl.in_filter)
+        if block is not None:
+            cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
+        block = int8_block(wkl.out_filter)
+        if block is not None and block <= get_simd_32bit_lanes():
+            cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
         return None
 
     wrapped._tvm_ext_float_conv_fix = True  # pylint: disable=protected-access
@@ -352,12 +359,12 @@ def kernels(schedule=True, int8_graph=False):
         Also compute 3x3/7x7 int8 convs per output row (fix 2) where :func:`policy` chooses it
         for the target being compiled, inline pool producers (fix 3) and block 8-bit depthwise
         convs like int8 convs (fix 4). ``False`` keeps TVM's schedules and layouts everywhere and
-        only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target.
-    int8_graph : bool
-        The graph being built computes in 8 bits: float convs take the int8 channel blocks
-        (fix 5; only with ``schedule``). Float models keep TVM's blocking. ``"per_row"`` uses the
-        per-row schedule on every instruction set (for measurements such as
+        only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"``
+        uses the per-row schedule on every instruction set (for measurements such as
         ``benchmarks/int8_conv_schedules.py``).
+    int8_graph : bool
+        The graph being built computes in 8 bits: float convs read their input blocked as the
+        int8 convs write it (fix 5; only with ``schedule``). Float models keep TVM's blocking.
 
     Re-entrant and thread-safe: nested entries share the outermost setting, and TVM's own
     functions are restored when the outermost entry exits. Other threads that call
