@@ -140,6 +140,14 @@ def _kernel_ops(report: dict) -> collections.Counter:
     return collections.Counter(" ".join(k["ops"]) or k["func_name"] for k in report["kernels"])
 
 
+def _kernel_structure(report: dict) -> collections.Counter:
+    """Kernels by their non-elementwise ops: what a numerics option may not change (its arithmetic may)."""
+    from tvm_ext.report import op_pattern
+
+    return collections.Counter(" ".join(o for o in k["ops"] if op_pattern(o) > 1) or "(elementwise only)"
+                               for k in report["kernels"])
+
+
 def _wide_int_bytes(report: dict) -> int:
     return sum(b for d, b in report["crossing"]["bytes"].items() if d.startswith(("int", "uint")) and d not in ("int8", "uint8"))
 
@@ -222,7 +230,7 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
         res["kernel_diff"] = {"ext_only": dict((b - a).most_common()), "stock_only": dict((a - b).most_common())}
     dflt = res["builds"].get("int8_default", {})
     if "kernels" in dflt and "kernels" in ex:
-        a, b = _kernel_ops(dflt["report"]), _kernel_ops(ex["report"])
+        a, b = _kernel_structure(dflt["report"]), _kernel_structure(ex["report"])
         res["kernel_diff_vs_int8"] = {"ext_only": dict((b - a).most_common()), "int8_only": dict((a - b).most_common())}
     res["targets"] = check_targets(res)
     res["wall_s"] = time.perf_counter() - t0
@@ -321,7 +329,8 @@ def render_markdown(results: dict) -> str:
     if any(r.get("stock") == "tvm_nopass" for r in results["variants"]):
         lines += ["", "¹ stock `relay.build` fails (LLVM 22 verifier); stock = `tvm_ext.build` without passes, "
                   "VNNI masked (the same kernels)."]
-    diffs = [r for r in results["variants"] if r.get("kernel_diff") and (r["kernel_diff"]["ext_only"] or r["kernel_diff"]["stock_only"])]
+    diffs = [r for r in results["variants"] if r.get("kernel_diff") and (r["kernel_diff"]["ext_only"] or r["kernel_diff"]["stock_only"])
+             and not with_dflt]  # --numerics: the stock differences are those of the int8() run
     if diffs:
         lines += ["", "Kernel-list differences (ops of each kernel; +: only in tvm-ext, -: only in stock):", ""]
         for r in diffs:
@@ -331,7 +340,8 @@ def render_markdown(results: dict) -> str:
                     lines.append(f"  - {sign}{n} × `{ops}`")
     diffs = [r for r in results["variants"] if any((r.get("kernel_diff_vs_int8") or {}).values())]
     if diffs:
-        lines += ["", f"Kernel-list differences to int8() (+: only in {ext}, -: only in int8()):", ""]
+        lines += ["", f"Kernel-list differences to int8(), by each kernel's non-elementwise ops (+: only in {ext}, "
+                  "-: only in int8()):", ""]
         for r in diffs:
             lines.append(f"- `{r['variant']}`:")
             for sign, part in (("+", "ext_only"), ("-", "int8_only")):
