@@ -29,6 +29,14 @@ Usage::
 (``--stock-from``: keep an earlier run's stock builds and numerics, build only tvm-ext: stock TVM
 does not change with tvm-ext's passes.)
 
+``--numerics onnxruntime`` builds tvm-ext with ``pipelines.int8(numerics="onnxruntime")`` instead of
+``pipelines.int8()``. With ``--stock-from``, the earlier run's tvm-ext build (the default pipeline)
+is kept as the ``int8()`` reference: its kernels and numerics are shown next to the option's, and the
+target ``kernels_le_int8`` checks that the option adds no kernel::
+
+    nice -n 10 .venv/bin/python benchmarks/real_matrix.py --numerics onnxruntime \
+        --stock-from benchmarks/results/real-matrix-znver4/matrix.json --out DIR
+
 Writes ``DIR/matrix.json`` (after every variant) and ``DIR/matrix.md``; progress through logging.
 """
 from __future__ import annotations
@@ -132,6 +140,14 @@ def _kernel_ops(report: dict) -> collections.Counter:
     return collections.Counter(" ".join(k["ops"]) or k["func_name"] for k in report["kernels"])
 
 
+def _kernel_structure(report: dict) -> collections.Counter:
+    """Kernels by their non-elementwise ops: what a numerics option may not change (its arithmetic may)."""
+    from tvm_ext.report import op_pattern
+
+    return collections.Counter(" ".join(o for o in k["ops"] if op_pattern(o) > 1) or "(elementwise only)"
+                               for k in report["kernels"])
+
+
 def _wide_int_bytes(report: dict) -> int:
     return sum(b for d, b in report["crossing"]["bytes"].items() if d.startswith(("int", "uint")) and d not in ("int8", "uint8"))
 
@@ -144,11 +160,13 @@ def _summary(report: dict) -> dict:
 
 
 def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target=None, ext_target=None,
-            stock_from: dict | None = None) -> dict:
+            stock_from: dict | None = None, numerics: str = "tvm") -> dict:
     """Build stock and tvm-ext for one variant (child processes), run numerics, check the targets.
 
     ``stock_from``: this variant's result of an earlier run; its stock build and stock numerics are
     kept (stock TVM does not change with tvm-ext's passes) and only tvm-ext is built again.
+    ``numerics``: :func:`tvm_ext.pipelines.int8`'s option for the tvm-ext build; when it is not
+    ``"tvm"``, the earlier run's tvm-ext build (``stock_from``) is kept as ``int8_default``.
     """
     from tvm_ext import bench, zoo
     from tvm_ext.target import build_target, host_target
@@ -162,10 +180,11 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
     vdir = workdir / key
     vdir.mkdir(parents=True, exist_ok=True)
     res = {"variant": key, "real": real, "onnx": str(onnx_path), "stock_target": stock_target,
-           "ext_target": ext_target, "builds": {}}
+           "ext_target": ext_target, "builds": {}, "numerics_option": numerics}
     pipes = (("tvm", stock_target), ("tvm_ext", ext_target)) if stock_from is None else (("tvm_ext", ext_target),)
     jobs = [dict(key=key, small=False, model_path=None, target=t, pipeline=p, dir=str(vdir), tuned=True,
-                 log_level=logging.WARNING) for p, t in pipes]
+                 log_level=logging.WARNING, **({"numerics": numerics} if p == "tvm_ext" else {}))
+            for p, t in pipes]
     logger.info("%s: building %s (child processes)", key, " and ".join(p for p, _ in pipes))
     built = bench._run_builds(jobs, parallel=True, _child=_child_build)
     if stock_from is not None:
@@ -173,6 +192,8 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
         res["stock_relay_build_error"] = stock_from.get("stock_relay_build_error")
         res["builds"].update({n: b for n, b in stock_from["builds"].items() if n != "tvm_ext"})
         stock_name = stock_from["stock"]
+        if numerics != "tvm" and "tvm_ext" in stock_from["builds"]:  # the default pipeline's build
+            res["builds"]["int8_default"] = stock_from["builds"]["tvm_ext"]
     elif "error" in built["tvm"]:
         logger.warning("%s: stock relay.build failed (%s); stock = tvm_ext.build without passes, VNNI masked",
                        key, built["tvm"]["error"])
@@ -199,11 +220,18 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
                 num[k.replace("_max_abs", "_max_steps")] = num[k] / step
         if stock_from is not None:  # stock's numerics from the earlier run (same inputs)
             num.update({k: v for k, v in stock_from.get("numerics", {}).items() if k.startswith("tvm_vs_ort")})
+            if numerics != "tvm":
+                num.update({k.replace("tvm_ext_", "int8_default_", 1): v
+                            for k, v in stock_from.get("numerics", {}).items() if k.startswith("tvm_ext_vs_ort")})
         res["numerics"] = num
     st, ex = res["builds"].get(stock_name, {}), res["builds"].get("tvm_ext", {})
     if "kernels" in st and "kernels" in ex:
         a, b = _kernel_ops(st["report"]), _kernel_ops(ex["report"])
         res["kernel_diff"] = {"ext_only": dict((b - a).most_common()), "stock_only": dict((a - b).most_common())}
+    dflt = res["builds"].get("int8_default", {})
+    if "kernels" in dflt and "kernels" in ex:
+        a, b = _kernel_structure(dflt["report"]), _kernel_structure(ex["report"])
+        res["kernel_diff_vs_int8"] = {"ext_only": dict((b - a).most_common()), "int8_only": dict((a - b).most_common())}
     res["targets"] = check_targets(res)
     res["wall_s"] = time.perf_counter() - t0
     res["measured_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="minutes")
@@ -225,6 +253,9 @@ def check_targets(res: dict) -> dict:
     out["within_2_steps"] = None if steps is None else steps <= MAX_STEPS
     if (res.get("real") or {}).get("kind") == "classifier" and "tvm_ext_vs_ort_top1" in num:
         out["top1_equal_ort"] = num["tvm_ext_vs_ort_top1"] == num.get("inputs")
+    dflt = res["builds"].get("int8_default", {})
+    if "kernels" in dflt:  # --numerics: the option must not add kernels to the default pipeline's
+        out["kernels_le_int8"] = (ext["kernels"] <= dflt["kernels"]) if "kernels" in ext else None
     return out
 
 
@@ -247,7 +278,8 @@ def _diff_text(res: dict) -> str:
     s = res.get("numerics", {})
     step = (res.get("real") or {}).get("output_step")
     cells = []
-    for name in ("tvm", "tvm_ext"):
+    names = ("tvm", "int8_default", "tvm_ext") if "int8_default" in res["builds"] else ("tvm", "tvm_ext")
+    for name in names:
         if step and f"{name}_vs_ort_max_steps" in s:
             cells.append(f"{s[f'{name}_vs_ort_max_steps']:.0f}")
         elif f"{name}_vs_ort_max_abs" in s:
@@ -260,11 +292,17 @@ def _diff_text(res: dict) -> str:
 def render_markdown(results: dict) -> str:
     """The matrix as a Markdown table, then the targets missed and the kernel-list differences."""
     env = results["environment"]
+    numerics = env.get("numerics", "tvm")
+    ext = "tvm-ext" if numerics == "tvm" else f'tvm-ext `int8(numerics="{numerics}")`'
+    with_dflt = any("int8_default" in r.get("builds", {}) for r in results["variants"])
+    vs = f"stock / int8() / {ext}" if with_dflt else f"stock / {ext}"
     lines = [f"Measured {env['date']} on {env['cpu']} ({env['cores']} cores, shared); stock `relay.build` at "
              f"`{env['stock_target']}`, tvm-ext at `{env['ext_target']}`; {env['n_inputs']} inputs "
-             "(`zoo_real.images(name, n, seed=1000)`); no latency.", "",
-             "| variant | stock kernels / anchors | tvm-ext kernels / anchors | stock MB crossing | tvm-ext MB crossing "
-             "| bytes vs stock | max diff vs ORT, steps: stock / tvm-ext | top-1 vs ORT: stock / tvm-ext | targets missed |",
+             "(`zoo_real.images(name, n, seed=1000)`); no latency."
+             + (" int8(): the tvm-ext build of the `--stock-from` run." if with_dflt else ""), "",
+             f"| variant | stock kernels / anchors | {ext} kernels / anchors{' (int8())' if with_dflt else ''} "
+             f"| stock MB crossing | {ext} MB crossing "
+             f"| bytes vs stock | max diff vs ORT, steps: {vs} | top-1 vs ORT: {vs} | targets missed |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results["variants"]:
         if "unavailable" in r or "failed" in r:
@@ -276,10 +314,14 @@ def render_markdown(results: dict) -> str:
         if r["stock"] == "tvm_nopass" and "error" not in st:
             stock_k += " ¹"
         ext_k = _kernels(ex) if "error" not in ex else f"**{ex['error'][:80]}**"
+        dflt = r["builds"].get("int8_default")
+        if dflt and "kernels" in dflt:
+            ext_k += f" ({dflt['kernels']})"
         ratio = (f"{ex['crossing_total'] / st['crossing_total']:.2f}x"
                  if "crossing_total" in st and "crossing_total" in ex and st["crossing_total"] else "—")
         num = r.get("numerics", {})
-        top1 = (f"{num.get('tvm_vs_ort_top1', '—')} / {num.get('tvm_ext_vs_ort_top1', '—')} of {num.get('inputs')}"
+        names = ("tvm", "int8_default", "tvm_ext") if dflt else ("tvm", "tvm_ext")
+        top1 = (" / ".join(str(num.get(f"{n}_vs_ort_top1", "—")) for n in names) + f" of {num.get('inputs')}"
                 if (r.get("real") or {}).get("kind") == "classifier" else "")
         missed = [k for k, ok in r["targets"].items() if ok is False]
         lines.append(f"| {r['variant']} | {stock_k} | {ext_k} | {_mb_by_dtype(st)} | {_mb_by_dtype(ex)} | {ratio} "
@@ -287,13 +329,23 @@ def render_markdown(results: dict) -> str:
     if any(r.get("stock") == "tvm_nopass" for r in results["variants"]):
         lines += ["", "¹ stock `relay.build` fails (LLVM 22 verifier); stock = `tvm_ext.build` without passes, "
                   "VNNI masked (the same kernels)."]
-    diffs = [r for r in results["variants"] if r.get("kernel_diff") and (r["kernel_diff"]["ext_only"] or r["kernel_diff"]["stock_only"])]
+    diffs = [r for r in results["variants"] if r.get("kernel_diff") and (r["kernel_diff"]["ext_only"] or r["kernel_diff"]["stock_only"])
+             and not with_dflt]  # --numerics: the stock differences are those of the int8() run
     if diffs:
         lines += ["", "Kernel-list differences (ops of each kernel; +: only in tvm-ext, -: only in stock):", ""]
         for r in diffs:
             lines.append(f"- `{r['variant']}`:")
             for sign, part in (("+", "ext_only"), ("-", "stock_only")):
                 for ops, n in r["kernel_diff"][part].items():
+                    lines.append(f"  - {sign}{n} × `{ops}`")
+    diffs = [r for r in results["variants"] if any((r.get("kernel_diff_vs_int8") or {}).values())]
+    if diffs:
+        lines += ["", f"Kernel-list differences to int8(), by each kernel's non-elementwise ops (+: only in {ext}, "
+                  "-: only in int8()):", ""]
+        for r in diffs:
+            lines.append(f"- `{r['variant']}`:")
+            for sign, part in (("+", "ext_only"), ("-", "int8_only")):
+                for ops, n in r["kernel_diff_vs_int8"][part].items():
                     lines.append(f"  - {sign}{n} × `{ops}`")
     return "\n".join(lines) + "\n"
 
@@ -305,6 +357,8 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", type=int, default=NUM_INPUTS)
     ap.add_argument("--resume", action="store_true", help="keep variants already in DIR/matrix.json")
     ap.add_argument("--stock-from", help="an earlier matrix.json: keep its stock builds, build only tvm-ext")
+    ap.add_argument("--numerics", default="tvm", choices=("tvm", "onnxruntime"),
+                    help='tvm-ext = pipelines.int8(numerics=...); with --stock-from, its tvm-ext build is the int8() reference')
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -324,6 +378,7 @@ def main(argv=None) -> int:
     results = {"environment": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="minutes"),
                                "cpu": bench._cpu_name(), "cores": os.cpu_count(), "versions": bench._versions(),
                                "stock_target": str(stock_t), "ext_target": str(ext_t), "n_inputs": args.inputs,
+                               "numerics": args.numerics,
                                "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:]))},
                "variants": []}
     done = {}
@@ -342,7 +397,7 @@ def main(argv=None) -> int:
             logger.info("[%d/%d] %s", i + 1, len(keys), key)
             try:
                 r = measure(key, workdir=Path(wd), n_inputs=args.inputs, stock_target=stock_t, ext_target=ext_t,
-                            stock_from=stock_from.get(key))
+                            stock_from=stock_from.get(key), numerics=args.numerics)
             except zoo_real.ModelUnavailable as err:
                 r = {"variant": key, "unavailable": str(err)}
             except Exception as err:  # one variant failing must not lose the others

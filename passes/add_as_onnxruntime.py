@@ -113,7 +113,7 @@ def mlas_add(a, b, sa, za, sb, zb, sc, zc, out_dtype):
         v = fma(b, rb, float(f32(k + f32(f32(a_val) * ra))))
     else:
         v = fma(a, ra, fma(b, rb, float(k)))
-    q = relay.clip(round_half_to_even(v, "float32"), lo, hi)
+    q = relay.clip(round_half_to_even(v), lo, hi)
     return relay.cast(q, out_dtype)
 
 

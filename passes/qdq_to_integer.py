@@ -47,6 +47,19 @@ It only acts on QDQ-style graphs, where a float ``nn.conv2d``/``nn.dense`` reads
 outputs stay bit-identical to stock TVM (FQ2I would otherwise also rewrite the float regions the
 ONNX frontend creates for ``QLinearAdd``).
 
+*Shared dequantizes* (``shared_dequantize=True``, what ``pipelines.int8(numerics="onnxruntime")``
+uses). The add and pool markers are placed by a dataflow-pattern rewrite whose pattern holds the
+``qnn.dequantize`` nodes; TVM's pattern grouper rejects a match whose root does not post-dominate
+its inner nodes, so an add or pool whose dequantize is also read on a path that bypasses it is
+*not* marked and FQ2I converts it: MobileNetV3's SE pools (the dequantized block output is read by the pool and by the
+gating multiply) became integer pools (``requantize`` to int32, int32 pool, ``requantize``:
+57.8 % of PP-OCR cls QDQ's first SE pool levels one off ONNX Runtime's, 14 output steps), and
+YOLOv8n's residual adds (the block input's dequantize is read by the add and the first conv)
+became ``qnn.add`` (two roundings). With ``shared_dequantize=True`` the pattern's inputs are
+wildcards and the callback checks that they are dequantizes, so those are kept in float as well.
+The default (``False``) keeps the matching ``pipelines.int8()`` has always had (its outputs and
+kernels stay as measured); whether it should change is the lead's decision.
+
 Runs at stage ``start`` (the QNN ops must still exist). Untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`; functions with ``If``/``Let``/... are skipped.
 """
@@ -79,10 +92,13 @@ def is_qdq_graph(func):
     return Reject("no float conv2d/dense reads a qnn.dequantize (not a QDQ graph)")
 
 
-def _marked_add_pattern(marked: bool):
+def _marked_add_pattern(marked: bool, shared_dequantize: bool = False):
     from tvm.relay.dataflow_pattern import is_op, wildcard
 
-    deq = lambda: is_op("qnn.dequantize")(wildcard(), wildcard(), wildcard())  # noqa: E731
+    if shared_dequantize:  # the dequantizes are the match's inputs (checked in the callback), not inner nodes
+        deq = wildcard
+    else:
+        deq = lambda: is_op("qnn.dequantize")(wildcard(), wildcard(), wildcard())  # noqa: E731
     add = is_op("add")(deq(), deq()) | is_op("nn.global_avg_pool2d")(deq()) | is_op("nn.avg_pool2d")(deq())
     if marked:
         return is_op("annotation.stop_fusion")(add)
@@ -192,7 +208,7 @@ def _unmark_const_binops(expr):
     return rewrite(Unmark(), expr)
 
 
-def _mark_adds(expr):
+def _mark_adds(expr, shared_dequantize: bool = False):
     """quantize(add(dq, dq)) -> quantize(stop_fusion(add(dq, dq))): FQ2I has no rule for the marker."""
     from tvm import relay
     from tvm.relay.dataflow_pattern import DFPatternCallback, rewrite
@@ -200,10 +216,13 @@ def _mark_adds(expr):
     class Mark(DFPatternCallback):
         def __init__(self):
             super().__init__(require_type=False, rewrite_once=True)
-            self.pattern = _marked_add_pattern(marked=False)
+            self.pattern = _marked_add_pattern(marked=False, shared_dequantize=shared_dequantize)
             self.count = 0
 
         def callback(self, pre, post, node_map):
+            inputs = pre.args[0].args
+            if not all(isinstance(a, relay.Call) and op_name(a) == "qnn.dequantize" for a in inputs):
+                return post  # (shared_dequantize: the pattern's inputs are wildcards)
             self.count += 1
             return relay.Call(post.op, [relay.annotation.stop_fusion(post.args[0]), *post.args[1:]], post.attrs)
 
@@ -211,13 +230,13 @@ def _mark_adds(expr):
     return rewrite(cb, expr), cb.count
 
 
-def _unmark_adds(expr):
+def _unmark_adds(expr, shared_dequantize: bool = False):
     from tvm.relay.dataflow_pattern import DFPatternCallback, rewrite
 
     class Unmark(DFPatternCallback):
         def __init__(self):
             super().__init__(require_type=False, rewrite_once=True)
-            self.pattern = _marked_add_pattern(marked=True)
+            self.pattern = _marked_add_pattern(marked=True, shared_dequantize=shared_dequantize)
 
         def callback(self, pre, post, node_map):
             return post.args[0]
@@ -230,7 +249,7 @@ def _skip(mod, reason):
     return mod
 
 
-def QDQToInteger(hard_fail: bool = False):
+def QDQToInteger(hard_fail: bool = False, shared_dequantize: bool = False):
     """FakeQuantizationToInteger for QDQ graphs that keeps residual adds at one rounding.
 
     Parameters
@@ -238,6 +257,10 @@ def QDQToInteger(hard_fail: bool = False):
     hard_fail : bool
         Forwarded to TVM's ``FakeQuantizationToInteger``: raise instead of skipping a region it
         cannot convert.
+    shared_dequantize : bool
+        Also keep in float the adds and average pools whose ``qnn.dequantize`` has other readers
+        (module note; ``pipelines.int8(numerics="onnxruntime")`` sets it). Default ``False``: the
+        matching ``pipelines.int8()`` was measured with.
 
     Returns
     -------
@@ -262,12 +285,12 @@ def QDQToInteger(hard_fail: bool = False):
         if any(op_name(n) == "annotation.stop_fusion" for n in post_order(main.body)):
             return _skip(mod, Reject("the graph already has annotation.stop_fusion (the pass's marker)"))
         body, n_const = _mark_const_binops(main.body)  # first: its checks read the (typed) input's types
-        body, n_marked = _mark_adds(body)
+        body, n_marked = _mark_adds(body, shared_dequantize)
         work = tvm.IRModule.from_expr(relay.Function(main.params, body, main.ret_type, main.type_params, main.attrs))
         work = relay.transform.InferType()(work)
         work = relay.transform.FakeQuantizationToInteger(hard_fail=hard_fail, use_qat=False)(work)
         new_main = work["main"]
-        new_body = _unmark_const_binops(_unmark_adds(new_main.body))
+        new_body = _unmark_const_binops(_unmark_adds(new_main.body, shared_dequantize))
         new_main = relay.Function(new_main.params, new_body, None, new_main.type_params, new_main.attrs)
         out = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions)
         out["main"] = new_main

@@ -4,8 +4,7 @@ Design note
 -----------
 Three rules, on every float ``round`` call of a dataflow function::
 
-    # round(v) -> f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(0.5 * f), 0))
-    #     with f = floor(v), d = v - f          (ties go to the even neighbour)
+    # round(v) -> tvm_ext.round_half_to_even(v)     (ties go to the even neighbour)
     # round(divide(x, c)) -> the above of divide(x, const([c]))     (c a float scalar constant)
     #     (a true division, as ONNX's QuantizeLinear defines x / y_scale)
     # round(add(v, z)) -> add(<the above of v>, z)       (z an integer-valued float scalar constant)
@@ -35,13 +34,16 @@ The third rule: TVM lowers ``qnn.requantize`` with a float compute dtype and
 ``rne(acc * m) + zp``. With an odd zero point the two differ on ties (``rne(92.5) + 1 = 93``,
 ``rne(93.5) = 94``), and adding ``zp`` in float can itself round a large ``acc * m``.
 
-Exactness of the replacement (float32 and float64): ``floor`` is exact; ``v - floor(v)`` is
-exact for every finite ``v`` whose fractional part matters (``|v| < 2**23`` for float32; above
-that every float is an integer and ``d = 0``); for ``v`` in ``(-0.5, 0)`` the subtraction may
-round ``d`` up to 0.5, and both branches then give ``0``; the parity term ``f - 2 * floor(f / 2)``
-is exact for integer ``f`` below ``2**24``. ``inf``/``nan`` give ``d = nan``, both comparisons
-are false and the result is ``floor(v)`` = ``v``. The replacement contains no ``round``, so a
-second run changes nothing. Non-float ``round`` calls (none in TVM 0.19) and functions with
+The replacement, :func:`tvm_ext.ops.round_half_to_even`, is one TIR ``nearbyint`` per element
+(LLVM's ``llvm.nearbyint``: round to nearest even under the default rounding mode, which TVM code
+never changes): exact for every float, ``inf`` and ``nan`` included. It used to be the Relay formula
+``f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(0.5 * f), 0))`` (``f = floor(v)``,
+``d = v - f``), equal in value (the formula gives ``+0.0`` where ``nearbyint`` gives ``-0.0``) but
+reading ``v`` seven times: TVM inlines a fused kernel's elementwise chain into one TIR expression, so
+``k`` roundings in one kernel (a requantize feeding a quantized SiLU, TabulateEightBit's table
+build) made ``7**k`` copies and TIR's simplifier ran for minutes (the YOLOv8n QDQ build with
+``pipelines.int8(numerics="onnxruntime")``: > 23 CPU-minutes, 6 without). The replacement contains
+no ``round``, so a second run changes nothing. Non-float ``round`` calls (none in TVM 0.19) and functions with
 ``If``/``Let``/... are left alone, with the reason logged at DEBUG on
 ``tvm_ext.passes.RoundHalfToEven``.
 
@@ -51,6 +53,7 @@ elementwise and fuses with its neighbours (kernel count unchanged on the tested 
 """
 from __future__ import annotations
 
+from tvm_ext.ops import round_half_to_even as _rne_op
 from tvm_ext.registry import register_pass
 
 from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
@@ -70,18 +73,9 @@ def _check(call) -> Check:
     return True
 
 
-def round_half_to_even(v, dtype: str = "float32"):
-    """The Relay expression rounding ``v`` to the nearest integer, ties to even (see module note)."""
-    from tvm import relay
-
-    def c(x):
-        return relay.const(x, dtype)
-
-    f = relay.floor(v)
-    d = relay.subtract(v, f)
-    odd = relay.subtract(f, relay.multiply(c(2.0), relay.floor(relay.multiply(c(0.5), f))))
-    tie = relay.where(relay.equal(d, c(0.5)), odd, c(0.0))
-    return relay.add(f, relay.where(relay.greater(d, c(0.5)), c(1.0), tie))
+def round_half_to_even(v):
+    """The Relay expression rounding float ``v`` to the nearest integer, ties to even (see module note)."""
+    return _rne_op(v)
 
 
 def _true_divide(v):
@@ -94,7 +88,7 @@ def _true_divide(v):
     if c.ndim != 0 or len(v.args[0].checked_type.shape) == 0:
         return v
     _log.debug("%s: divide by the scalar constant %r kept a true division", RULE, float(c))
-    return relay.divide(v.args[0], relay.const(c.reshape(1)))
+    return relay.divide(v.args[0], relay.const(c.reshape(1), str(c.dtype)))  # (float64 stays float64)
 
 
 def _zero_point_after(v):
@@ -115,9 +109,8 @@ def _zero_point_after(v):
 def _replacement(call):
     from tvm import relay
 
-    dtype = call.checked_type.dtype
     v, zp = _zero_point_after(call.args[0])
-    out = round_half_to_even(_true_divide(v), dtype)
+    out = round_half_to_even(_true_divide(v))
     return out if zp is None else relay.add(out, zp)
 
 
@@ -148,8 +141,8 @@ def RoundHalfToEven():  # pylint: disable=invalid-name
 
     TVM's ``round`` (and so its lowered ``qnn.quantize``, ``clip(round(x / s) + zp)``) rounds
     ties away from zero; ONNX's ``Round`` and ``QuantizeLinear`` round them to even. Each
-    ``round(v)`` becomes ``f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(f / 2), 0))`` with
-    ``f = floor(v)``, ``d = v - f``: equal to ``round(v)`` except on exact ties, elementwise
+    ``round(v)`` becomes ``tvm_ext.round_half_to_even(v)`` (one ``nearbyint`` per element, as
+    ``vroundps``): equal to ``round(v)`` except on exact ties, elementwise
     (it fuses with its neighbours). A rounded ``divide(x, c)`` by a scalar float constant gets
     the divisor as a one-element tensor, so TIR keeps a true division instead of multiplying by
     ``1 / c`` (ONNX's ``QuantizeLinear`` divides); ``round(v + zp)`` with an integer scalar

@@ -236,9 +236,10 @@ def _lookup(source, table, ranges):
     from tvm import relay
 
     dtype, lo, _ = _domain(source, ranges)
+    tab = relay.const(table, str(table.dtype))  # relay.const alone makes a float64 table float32
     if dtype in _EIGHT_BIT or lo == 0:
-        return table_lookup(source, relay.const(table))
-    return table_lookup(relay.subtract(source, relay.const(lo, dtype)), relay.const(table))
+        return table_lookup(source, tab)
+    return table_lookup(relay.subtract(source, relay.const(lo, dtype)), tab)
 
 
 def _rewrite(func, ops: frozenset):

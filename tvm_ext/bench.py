@@ -292,7 +292,7 @@ def _build_job(job: dict) -> dict:
             fac = relay.build(copy_module(v["mod"]), target=target, params=v["params"])
         report, passes = KernelReport.from_factory(fac).to_dict(), None
     else:
-        pipe = pipelines.int8()
+        pipe = pipelines.int8(numerics=job.get("numerics", "tvm"))  # "onnxruntime": benchmarks/real_matrix.py
         fac = build(v["mod"], target=target, params=v["params"], passes=pipe, tuned=job.get("tuned", True),
                     instruments=[fuse_input.make()])
         report, passes = fac.kernel_report.to_dict(), pipe.pass_names()

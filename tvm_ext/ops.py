@@ -9,18 +9,34 @@ with the index clamped to the table (never a read outside it) and TVM's injectiv
 :class:`tvm_ext.passes.TabulateEightBit` makes it. It has no layout rule (``FInferCorrectLayout``):
 create it after AlterOpLayout (``tvm_ext.build(..., at="before_fuse")``).
 
+``tvm_ext.round_half_to_even(data)``: float ``data`` rounded to the nearest integer, ties to even
+(ONNX's ``Round`` and ``QuantizeLinear``), as one TIR ``nearbyint`` call (LLVM's
+``llvm.nearbyint``: ``vroundps``/``vrndscaleps`` with the default rounding mode, round to nearest
+even; the floating-point environment is never changed by TVM code). Same shape and dtype, TOpPattern
+``kElemWise``, TVM's injective schedule, and a layout rule (the output takes the input's layout, as
+any elementwise unary op), so it can be created before AlterOpLayout. *Why an op:* the same rounding
+written with Relay's ops (``floor``, ``where``, ...) reads its operand seven times; TVM inlines a fused
+kernel's elementwise chain into one TIR expression, so ``k`` such roundings in one kernel make an
+expression of ``7**k`` copies, and TIR's simplifier took minutes per kernel (the YOLOv8n
+``int8(numerics="onnxruntime")`` build: > 23 CPU-minutes). ``nearbyint`` returns ``-0.0`` for
+``-0.5 <= x < 0`` (and ``-0.0``) where the Relay formula gives ``+0.0``: equal values.
+:class:`tvm_ext.passes.RoundHalfToEven` and :class:`tvm_ext.passes.AddAsOnnxRuntime` make it.
+
 :func:`register_ops` is idempotent and cheap after the first call; everything in tvm-ext that looks
 ops up by name (the pass, :func:`tvm_ext.report.op_pattern`) calls it first, so a kernel report read
 in a fresh process knows the op's pattern. Leaf module: imports only TVM.
 """
 from __future__ import annotations
 
-__all__ = ["TABLE_LOOKUP", "EIGHT_BIT_OFFSET", "register_ops", "table_lookup"]
+__all__ = ["TABLE_LOOKUP", "ROUND_HALF_TO_EVEN", "EIGHT_BIT_OFFSET", "register_ops", "table_lookup",
+           "round_half_to_even"]
 
 TABLE_LOOKUP = "tvm_ext.table_lookup"
+ROUND_HALF_TO_EVEN = "tvm_ext.round_half_to_even"
+_FLOATS = ("float16", "float32", "float64")
 #: dtype -> table index of value 0 (8-bit data; other integer data index from 0)
 EIGHT_BIT_OFFSET = {"uint8": 0, "int8": 128}
-_registered: list = []  # the lookup op, once registered in this process
+_registered: list = []  # the lookup op, once both ops are registered in this process
 
 
 def register_ops():
@@ -28,12 +44,18 @@ def register_ops():
     if _registered:
         return _registered[0]
     import tvm
+
+    names = set(tvm.ir.Op.list_op_names())  # an op may be registered by another copy of this module
+    if ROUND_HALF_TO_EVEN not in names:
+        _register_round_half_to_even()
+    _registered.append(tvm.ir.Op.get(TABLE_LOOKUP) if TABLE_LOOKUP in names else _register_table_lookup())
+    return _registered[0]
+
+
+def _register_table_lookup():
+    import tvm
     from tvm import relay, te
     from tvm.relay.op import op as _op
-
-    if TABLE_LOOKUP in tvm.ir.Op.list_op_names():  # registered by another copy of this module
-        _registered.append(tvm.ir.Op.get(TABLE_LOOKUP))
-        return _registered[0]
     _op.register(TABLE_LOOKUP, "table[data]: a 256-entry table indexed by an 8-bit tensor (elementwise)")
     op = tvm.ir.Op.get(TABLE_LOOKUP)
     op.set_num_inputs(2)
@@ -66,7 +88,46 @@ def register_ops():
 
     _op.register_compute(TABLE_LOOKUP, compute)
     _op.register_injective_schedule(TABLE_LOOKUP)
-    _registered.append(op)
+    return op
+
+
+def _register_round_half_to_even():
+    import tvm
+    from tvm import relay, te
+    from tvm.relay.op import op as _op
+    from tvm.relay.transform.infer_layout_utils import InferCorrectLayoutOutput
+
+    _op.register(ROUND_HALF_TO_EVEN, "round to the nearest integer, ties to even (elementwise)")
+    op = tvm.ir.Op.get(ROUND_HALF_TO_EVEN)
+    op.set_num_inputs(1)
+    op.add_argument("data", "Tensor", "a float tensor")
+    op.set_support_level(10)
+
+    def rel(arg_types, attrs):  # pylint: disable=unused-argument
+        (data,) = arg_types
+        if not isinstance(data, relay.TensorType):
+            return None
+        if str(data.dtype) not in _FLOATS:
+            raise tvm.error.TVMError(f"{ROUND_HALF_TO_EVEN}: data must be a float tensor, got {data.dtype}")
+        return relay.TensorType(data.shape, data.dtype)
+
+    op.add_type_rel("RoundHalfToEvenRel", rel)
+    _op.register_pattern(ROUND_HALF_TO_EVEN, _op.OpPattern.ELEMWISE)
+
+    def compute(attrs, inputs, out_type):  # pylint: disable=unused-argument
+        (data,) = inputs
+        return [te.compute(data.shape, lambda *i: te.nearbyint(data(*i)), name="round_half_to_even",
+                           tag="elemwise")]
+
+    _op.register_compute(ROUND_HALF_TO_EVEN, compute)
+    _op.register_injective_schedule(ROUND_HALF_TO_EVEN)
+
+    def layout(attrs, new_in_layouts, old_in_layouts, old_in_types):  # pylint: disable=unused-argument
+        # elementwise unary: the output has whatever layout the input has (as relay's own unary ops)
+        lay = new_in_layouts[0] if new_in_layouts and new_in_layouts[0].name else old_in_layouts[0]
+        return InferCorrectLayoutOutput([lay], [lay], attrs)
+
+    _op.register_infer_correct_layout(ROUND_HALF_TO_EVEN, layout)
     return op
 
 
@@ -85,3 +146,20 @@ def table_lookup(data, table):
     from tvm import relay
 
     return relay.Call(register_ops(), [data, table])
+
+
+def round_half_to_even(data):
+    """``tvm_ext.round_half_to_even(data)``: ``data`` rounded to the nearest integer, ties to even.
+
+    One ``nearbyint`` per element (module note); ``data`` must be a float tensor.
+
+    Parameters
+    ----------
+    data : tvm.relay.Expr
+        A float16/32/64 tensor; the result has its shape and dtype.
+    """
+    import tvm
+    from tvm import relay
+
+    register_ops()
+    return relay.Call(tvm.ir.Op.get(ROUND_HALF_TO_EVEN), [data])

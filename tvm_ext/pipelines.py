@@ -109,7 +109,9 @@ def int8(numerics: str = "tvm") -> Pipeline:
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
 
-    With ``numerics="onnxruntime"``, stage ``start`` gets, after ``QDQToInteger``,
+    With ``numerics="onnxruntime"``, ``QDQToInteger`` runs with ``shared_dequantize=True`` (average
+    pools and adds whose dequantize has other readers stay float too: MobileNetV3's SE pools,
+    YOLOv8n's C2f residual adds), stage ``start`` gets, after ``QDQToInteger``,
 
     3b. ``AddAsOnnxRuntime``: quantized adds (``QLinearAdd``, and the ``qnn.add`` of QDQ adds)
         computed with ONNX Runtime's MLAS arithmetic (fused multiply-adds, one rounding);
@@ -178,6 +180,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
     ]
     name, requantize = "tvm_ext.int8", ()
     if numerics == "onnxruntime":
+        start[1] = QDQToInteger(shared_dequantize=True)  # SE pools and C2f adds stay float, as ORT computes them
         start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
         before_fuse.insert(-1, RoundHalfToEven())  # before TabulateEightBit: tables round as ONNX does
         name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE

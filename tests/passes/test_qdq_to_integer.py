@@ -275,3 +275,67 @@ def test_large_padded_conv_becomes_integer():
     x = {"a": np.random.default_rng(1).integers(0, 256, (1, 64, big, big)).astype("uint8")}
     got, want = (run_module(m, x)[0].astype(np.int64) for m in (QDQToInteger()(block(big)), block(big)))
     assert np.abs(got - want).max() <= 1
+
+
+# --- shared_dequantize: an add / pool whose dequantize has other readers (SE blocks, residuals) -------
+def se_block(shared=True):
+    """conv -> q -> dq = y; gate = q(global_avg_pool(y)); q(y * dq(gate)) (MobileNetV3's SE, simplified).
+    ``shared``: one dequantize of y read by the pool and the multiply (as ONNX Runtime's quantizer
+    writes it); else each reader has its own copy."""
+    a, _ = _xs()
+    w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
+    conv = _q(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1))
+    y1 = _dq(conv)
+    y2 = y1 if shared else _dq(conv)
+    gate = _q(relay.nn.global_avg_pool2d(y1), relay.const(0.03), relay.const(0, "int32"))
+    return infer(relay.Function([a], _q(relay.multiply(y2, _dq(gate, relay.const(0.03))))))
+
+
+def _pool_input_dtypes(mod):
+    from tvm_ext.passes._util import op_name, post_order
+
+    return [str(n.checked_type.dtype) for n in post_order(mod["main"].body)
+            if isinstance(n, relay.Call) and op_name(n) == "nn.global_avg_pool2d"]
+
+
+def test_shared_dequantize_structure():
+    """Default: the pool whose dequantize the multiply also reads is not marked (TVM's pattern grouper)
+    and FQ2I makes it an int32 pool; shared_dequantize=True keeps it in float, exactly as the default
+    does when the pool has a dequantize of its own."""
+    assert _pool_input_dtypes(QDQToInteger()(se_block())) == ["int32"]  # the default, as measured
+    assert _pool_input_dtypes(QDQToInteger()(se_block(shared=False))) == ["float32"]
+    expected = QDQToInteger()(se_block(shared=False))
+    after = check(QDQToInteger(shared_dequantize=True), se_block(), expected)
+    assert _pool_input_dtypes(after) == ["float32"] and "qnn.conv2d" in after.astext()
+
+
+def test_shared_dequantize_numerics_bit_exact():
+    """Differential: the shared graph with shared_dequantize=True computes what the unshared graph does
+    with the default pass (float pool), bit for bit; the default's integer pool differs."""
+    x = {"a": np.random.default_rng(2).integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
+    want = run_module(QDQToInteger()(se_block(shared=False)), x)[0]
+    np.testing.assert_array_equal(run_module(QDQToInteger(shared_dequantize=True)(se_block()), x)[0], want)
+
+
+def test_shared_dequantize_residual_add_stays_float():
+    """A residual add whose dequantized input is also read past the add (YOLOv8n's C2f: the bottleneck
+    input goes to the add and to a concatenate): float add (one rounding) with shared_dequantize=True;
+    the default makes it qnn.add (the grouper wants the add to post-dominate the dequantize)."""
+    a, _ = _xs()
+    w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
+    da = _dq(a)
+    conv = _q(relay.nn.conv2d(da, w, channels=16, kernel_size=1))
+    mod = infer(relay.Function([a], _q(relay.concatenate([_dq(_q(relay.add(_dq(conv), da))), da], axis=1))))
+    assert "qnn.add" in QDQToInteger()(mod).astext()
+    text = QDQToInteger(shared_dequantize=True)(mod).astext()
+    assert "qnn.add" not in text and "qnn.conv2d" in text
+
+
+def test_shared_dequantize_idempotent_and_no_match():
+    once = QDQToInteger(shared_dequantize=True)(se_block())
+    assert_unchanged(QDQToInteger(shared_dequantize=True), once)
+    assert "stop_fusion" not in once.astext()
+    x = relay.var("x", shape=(1, 16, 4, 4), dtype="uint8")
+    qconv = relay.qnn.op.conv2d(x, relay.const(W), relay.const(0), relay.const(0), relay.const(0.1),
+                                relay.const(0.02), kernel_size=(1, 1), channels=16)
+    assert_unchanged(QDQToInteger(shared_dequantize=True), infer(qconv))

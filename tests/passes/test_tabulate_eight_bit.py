@@ -200,6 +200,22 @@ def test_lookup_op_clamps_and_types():
         _fn(lambda x: table_lookup(x, relay.const(table)), "float32", (6,))
 
 
+def test_float64_chain_gets_a_float64_table():
+    """A chain computing in float64 (AddAsOnnxRuntime's adds) is tabulated with a float64 table:
+    relay.const alone made the table float32 (a type error where the chain's readers expect float64)."""
+    def body(x):
+        v = relay.multiply(relay.cast(x, "float64"), relay.const(0.1, "float64"))
+        return relay.add(relay.sigmoid(v), relay.const(1e-9, "float64"))
+
+    before = _fn(body)
+    after = TabulateEightBit()(before)
+    assert "sigmoid" not in after.astext() and "Tensor[(256), float64]" in after.astext()
+    xs = _all_values("uint8")
+    got = run_module(after, {"x": xs})[0]
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, run_module(before, {"x": xs})[0])
+
+
 def test_kernel_reports_know_the_op_in_a_fresh_process():
     """report.op_pattern registers tvm-ext's ops first: the lookup is elementwise (0), never an anchor."""
     import subprocess
