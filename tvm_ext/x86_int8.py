@@ -53,8 +53,10 @@ TVM's own behaviour.
    sits between two ``layout_transform`` kernels (``NCHW16c -> NCHW8c -> NCHW16c``): PP-OCRv4 det
    QDQ built for ``-mcpu=znver3`` had 135 kernels, 30 of them such lone re-blockings. While
    :func:`kernels` is entered, an untuned depthwise conv on 8-bit data takes the int8 conv block
-   (:data:`INT8_CONV_BLOCK`) when its channels divide by it (:func:`_depthwise_int8_block`); float
-   depthwise convs and AVX-512 targets (where the two rules agree) are unchanged.
+   (:data:`INT8_CONV_BLOCK`) when its channels divide by it, else the int8 rule's block where
+   that fits one vector register (88 channels: 8, where TVM's rule gives 11 on AVX-512 and the
+   int8 convs and SE gates around it use 8) (:func:`_depthwise_int8_block`). Float depthwise
+   convs are unchanged.
 
 5. **Float convs in an 8-bit graph.** Convs an int8 pipeline keeps in float on purpose (SE
    blocks, channel counts x86's int8 path would pad) read 8-bit tensors, through a dequantize,
@@ -255,19 +257,24 @@ def _inline_pool_producers(schedule_fn):
 def _depthwise_int8_block(fallback):
     """``fallback`` (TVM's x86 depthwise default config), then an 8-bit depthwise conv blocked like
     the int8 convs around it (fix 4): ``tile_ic = tile_oc = INT8_CONV_BLOCK`` when the channels
-    divide by it. The other knobs (``tile_ow``, ``unroll_kw``) stay TVM's."""
+    divide by it, else the int8 rule's block (:func:`int8_block`) where it fits one vector
+    register. The other knobs (``tile_ow``, ``unroll_kw``) stay TVM's."""
     import functools
 
     from tvm.autotvm.task.space import SplitEntity
 
     @functools.wraps(fallback)
     def wrapped(cfg, wkl):
+        from tvm.target.x86 import get_simd_32bit_lanes
+
         fallback(cfg, wkl)
-        block = INT8_CONV_BLOCK
-        if (str(wkl.in_dtype) in ("uint8", "int8") and wkl.in_filter == wkl.out_filter
-                and wkl.out_filter % block == 0 and cfg["tile_oc"].size[-1] != block):
-            cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
-            cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
+        if str(wkl.in_dtype) not in ("uint8", "int8") or wkl.in_filter != wkl.out_filter:
+            return None
+        block = int8_block(wkl.out_filter)
+        if block is None or (block != INT8_CONV_BLOCK and block > get_simd_32bit_lanes()):
+            return None
+        cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
+        cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
         return None
 
     wrapped._tvm_ext_depthwise_fix = True  # pylint: disable=protected-access
