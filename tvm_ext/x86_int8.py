@@ -61,9 +61,9 @@ TVM's own behaviour.
 5. **Float convs in an 8-bit graph.** Convs an int8 pipeline keeps in float on purpose (SE
    blocks, channel counts x86's int8 path would pad) read 8-bit tensors, through a dequantize,
    that int8 convs wrote blocked by 16. TVM blocks a float conv's *input* channels by the largest
-   divisor up to its output block (itself the largest divisor up to the SIMD width): 360 -> 384
-   channels reads ``NCHW12c`` on AVX-512 and ``NCHW8c`` on AVX2, so a ``layout_transform`` kernel
-   re-blocks what the int8 conv wrote. When :func:`kernels` is entered with ``int8_graph=True``
+   divisor up to its output block (itself the largest divisor up to the SIMD width): a 384 -> 360
+   channel conv reads ``NCHW12c`` on AVX-512 and ``NCHW8c`` on AVX2, so a ``layout_transform``
+   kernel re-blocks what the int8 conv wrote. When :func:`kernels` is entered with ``int8_graph=True``
    (``tvm_ext.build`` does for modules with 8-bit tensors), an untuned float conv blocks its input
    channels by the int8 rule (:func:`int8_block`, the largest of 16, 12, 8, 4 dividing them), and
    its output channels too where that block fits one vector register (as TVM's own output block
@@ -71,9 +71,9 @@ TVM's own behaviour.
    channels) is wider than the 8 lanes, and taking it made those convs 9-13x slower (PP-OCRv4 det,
    per-kernel debug-executor times): there the output block stays TVM's.
 
-No change alters results (3. only inlines elementwise stages; 4. and 5. only change channel blockings): integer accumulation is exact in both schedules, and the
-epilogue's arithmetic is the same per element (tests check bit-equality against TVM's own
-schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
+No change alters results (3. only inlines elementwise stages; 4. and 5. only change channel
+blockings): integer accumulation is exact in both schedules, and the epilogue's arithmetic is the
+same per element (tests check bit-equality against TVM's own schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
 its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
 """
 from __future__ import annotations
