@@ -69,7 +69,8 @@ TVM's own behaviour.
    its output channels too where that block fits one vector register (as TVM's own output block
    does: the float schedule vectorizes over it). On AVX2 the int8 rule's 12 (for 24 or 360
    channels) is wider than the 8 lanes, and taking it made those convs 9-13x slower (PP-OCRv4 det,
-   per-kernel debug-executor times): there the output block stays TVM's.
+   per-kernel debug-executor times): there the output block stays TVM's, except for convs with
+   one output pixel (SE blocks' convs after a global pool), which have no loop to vectorize.
 
 No change alters results (3. only inlines elementwise stages; 4. and 5. only change channel
 blockings): integer accumulation is exact in both schedules, and the epilogue's arithmetic is the
@@ -287,10 +288,18 @@ def int8_block(channels: int):
     return next((b for b in range(INT8_CONV_BLOCK, 0, -4) if channels % b == 0), None)
 
 
+def _one_output_pixel(wkl) -> bool:
+    """The conv computes one output pixel per channel (an SE block's 1x1 convs after a global
+    pool): no loop to vectorize over, so no block is too wide for it."""
+    out_h = (wkl.height + wkl.padt + wkl.padb - ((wkl.kernel_h - 1) * wkl.dilation_h + 1)) // wkl.stride_h + 1
+    out_w = (wkl.width + wkl.padl + wkl.padr - ((wkl.kernel_w - 1) * wkl.dilation_w + 1)) // wkl.stride_w + 1
+    return out_h * out_w == 1
+
+
 def _float_conv_int8_blocks(fallback):
     """``fallback`` (a TVM x86 float conv default config), then ``tile_ic`` by the int8 rule
     (:func:`int8_block`) where it has a block, and ``tile_oc`` where that block is no wider than
-    the target's 32-bit SIMD lanes, while the graph being built computes in 8 bits (fix 5). The
+    the target's 32-bit SIMD lanes or the conv has one output pixel, while the graph being built computes in 8 bits (fix 5). The
     other knobs (``tile_ow``, ``tile_oh``, ``unroll_kw``) stay TVM's."""
     import functools
 
@@ -307,7 +316,7 @@ def _float_conv_int8_blocks(fallback):
         if block is not None:
             cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
         block = int8_block(wkl.out_filter)
-        if block is not None and block <= get_simd_32bit_lanes():
+        if block is not None and (block <= get_simd_32bit_lanes() or _one_output_pixel(wkl)):
             cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
         return None
 
