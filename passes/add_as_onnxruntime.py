@@ -27,7 +27,7 @@ The fused multiply-add is evaluated in float64 and rounded to float32: the 8-bit
 product is exact in float64, so only the sum is rounded twice (float64, then float32), which
 differs from one rounding only when the float64 sum lies exactly halfway between two float32
 values (not observed on the models measured). ``rne`` is
-:func:`tvm_ext.passes.round_half_to_even.round_half_to_even`; the float64 arithmetic is
+:func:`tvm_ext.ops.round_half_to_even`; the float64 arithmetic is
 elementwise and fuses with its neighbours.
 
 Scope. Scales and zero points must be scalar constants (per-tensor quantization, as
@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm_ext.ops import round_half_to_even
 from tvm_ext.registry import register_pass
 
 from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
-from .round_half_to_even import round_half_to_even
 
 __all__ = ["AddAsOnnxRuntime"]
 

@@ -53,7 +53,7 @@ elementwise and fuses with its neighbours (kernel count unchanged on the tested 
 """
 from __future__ import annotations
 
-from tvm_ext.ops import round_half_to_even as _rne_op
+from tvm_ext.ops import round_half_to_even  # the replacement (re-exported: AddAsOnnxRuntime, tests)
 from tvm_ext.registry import register_pass
 
 from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
@@ -71,11 +71,6 @@ def _check(call) -> Check:
     if dtype not in _FLOATS:
         return Reject(f"round of {dtype} (only {'/'.join(_FLOATS)} are rewritten)")
     return True
-
-
-def round_half_to_even(v):
-    """The Relay expression rounding float ``v`` to the nearest integer, ties to even (see module note)."""
-    return _rne_op(v)
 
 
 def _true_divide(v):

@@ -164,7 +164,9 @@ def int8(numerics: str = "tvm") -> Pipeline:
         WidenInEachReader,
     )
 
-    start = [UniformZeroPointsToScalar(), QDQToInteger(), NonNegativeConvInputToUint8()]
+    ort = numerics == "onnxruntime"
+    # shared_dequantize (onnxruntime): SE pools and C2f adds stay float, as ORT computes them
+    start = [UniformZeroPointsToScalar(), QDQToInteger(shared_dequantize=ort), NonNegativeConvInputToUint8()]
     before_fuse = [
         RemoveStopFusion(),
         NarrowBeforeMaxPool(),
@@ -179,8 +181,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         TabulateEightBit(),
     ]
     name, requantize = "tvm_ext.int8", ()
-    if numerics == "onnxruntime":
-        start[1] = QDQToInteger(shared_dequantize=True)  # SE pools and C2f adds stay float, as ORT computes them
+    if ort:
         start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
         before_fuse.insert(-1, RoundHalfToEven())  # before TabulateEightBit: tables round as ONNX does
         name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
