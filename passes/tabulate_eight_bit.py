@@ -23,6 +23,13 @@ than itself that is an output or has a consumer with another source. Each root w
 a transcendental op is tabulated; chains of cheap arithmetic (requantize, hard-swish) are left
 alone, where a table read costs more than the arithmetic it replaces.
 
+*Wide sources.* TVM's simplifier drops a requantize's narrowing cast, so a lookup's source can be
+an ``int32`` clip the interval analysis proves to take at most 256 values. When those lie inside
+an 8-bit dtype the lookup reads ``cast(source, uint8|int8)`` (one cast per source, shared by its
+lookups): the cast fuses into the source's kernel, and a source read by several lookups (YOLOv8n's
+SiLU before an upsample and a concat) crosses kernels as 8 bits instead of int32. Other ranges
+are shifted to index 0 (``source - lo``).
+
 *Exact by construction.* ``T`` is computed by TVM itself: all roots' chains are rebuilt on a
 ``(256,)`` input of every value, compiled with ``relay.build`` for the target being built (when
 the host can run it; otherwise for plain ``llvm`` on the host, logged) and run. The table holds
@@ -75,21 +82,26 @@ _K_BROADCAST = 1
 
 
 def _domain(node, ranges):
-    """``(dtype, lo, n)``: the values a source takes, in table order; None if not a source.
+    """``(dtype, lo, n, narrow)``: the values a source takes, in table order; None if not a source.
 
     8-bit tensors: their whole dtype (256 values). Wider integers: ``[lo, lo + n)`` when the
     interval analysis proves at most 256 values (e.g. a requantize's ``clip`` before TVM's
-    simplifier dropped its narrowing cast).
+    simplifier dropped its narrowing cast). When that interval lies inside an 8-bit dtype,
+    ``narrow`` names it and the domain is that dtype's whole range: the lookup reads the source
+    cast to 8 bits (see :func:`_lookup`), else ``narrow`` is None.
     """
     if not static_tensor_type(node):
         return None
     dtype = str(node.checked_type.dtype)
     if dtype in _EIGHT_BIT:
-        return (dtype, -_EIGHT_BIT[dtype], 256)
+        return (dtype, -_EIGHT_BIT[dtype], 256, None)
     if not dtype.startswith(("int", "uint")) or node not in ranges:
         return None
-    lo, hi = ranges[node]
-    return (dtype, int(lo), int(hi - lo + 1)) if hi - lo + 1 <= 256 else None
+    lo, hi = (int(v) for v in ranges[node])
+    for narrow, base in _EIGHT_BIT.items():  # uint8 first
+        if -base <= lo and hi <= 255 - base:
+            return (dtype, -base, 256, narrow)
+    return (dtype, lo, hi - lo + 1, None) if hi - lo + 1 <= 256 else None
 
 
 def _shape(node) -> tuple:
@@ -208,7 +220,7 @@ def _tables(chains, ranges) -> list:
     for root, source in chains:
         dom = _domain(source, ranges)
         if dom not in inputs:
-            dtype, lo, n = dom
+            dtype, lo, n, _ = dom
             inputs[dom] = (relay.var(f"values{len(inputs)}", shape=(n,), dtype=dtype),
                            np.arange(lo, lo + n).astype(dtype))
         expr = relay.reshape(rebuild(root, {source: inputs[dom][0]}), (dom[2],))
@@ -231,12 +243,18 @@ def _tables(chains, ranges) -> list:
     return [values[i] for i in index]
 
 
-def _lookup(source, table, ranges):
-    """``table_lookup`` of ``source``, shifted to index 0 when its domain starts elsewhere."""
+def _lookup(source, table, ranges, narrowed):
+    """``table_lookup`` of ``source``: cast to 8 bits when its proven range fits them, else shifted
+    to index 0 where its domain starts elsewhere. One cast per source (``narrowed`` memoizes them),
+    so a source read by several lookups leaves its kernel once, as 8 bits, instead of as int32."""
     from tvm import relay
 
-    dtype, lo, _ = _domain(source, ranges)
+    dtype, lo, _, narrow = _domain(source, ranges)
     tab = relay.const(table, str(table.dtype))  # relay.const alone makes a float64 table float32
+    if narrow is not None:
+        if source not in narrowed:
+            narrowed[source] = relay.cast(source, narrow)
+        return table_lookup(narrowed[source], tab)
     if dtype in _EIGHT_BIT or lo == 0:
         return table_lookup(source, tab)
     return table_lookup(relay.subtract(source, relay.const(lo, dtype)), tab)
@@ -266,7 +284,9 @@ def _rewrite(func, ops: frozenset):
         used_ops |= used & ops
     if not chains:
         return func
-    subst = {root: _lookup(source, tab, ranges) for (root, source), tab in zip(chains, _tables(chains, ranges))}
+    narrowed: dict = {}
+    subst = {root: _lookup(source, tab, ranges, narrowed)
+             for (root, source), tab in zip(chains, _tables(chains, ranges))}
     _log.info("%s: %d chain(s) tabulated (%s)", RULE, len(subst),
               ", ".join(sorted(used_ops)))
     return with_body(func, rebuild(func.body, subst))

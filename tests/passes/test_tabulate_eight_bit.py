@@ -81,6 +81,31 @@ def test_lookup_of_a_wide_integer_source_with_a_proven_range():
     np.testing.assert_array_equal(run_module(after, {"x": xs})[0], want)
 
 
+@pytest.mark.parametrize("lo, hi, narrow", [(0, 255, "uint8"), (-128, 127, "int8"), (3, 200, "uint8")])
+def test_wide_source_inside_eight_bits_is_read_as_eight_bits(lo, hi, narrow):
+    """clip(int32, lo, hi) inside an 8-bit range, read by two sigmoid chains: both lookups read one
+    cast(clip, 8 bits) through 256-entry tables, so the clip's kernel writes 8 bits, not int32."""
+    def chain(src, k):
+        return _quantize(relay.sigmoid(relay.multiply(relay.cast(src, "float32"), relay.const(k))), 1 / 256, 0,
+                         "uint8")
+
+    def body(x):
+        src = relay.clip(relay.add(relay.cast(x, "int32"), relay.const(7)), lo, hi)
+        return relay.Tuple([chain(src, 0.1), relay.nn.max_pool2d(chain(src, -0.03), (2, 2))])
+
+    before = _fn(body, "int16")
+    after = TabulateEightBit()(before)
+    text = after.astext()
+    assert "sigmoid" not in text
+    assert text.count(f'dtype="{narrow}"') == 1 and text.count(f"Tensor[(256), uint8]") == 2, text
+    xs = np.arange(-300, 300, 600 / 256).astype("int16").reshape(SHAPE)  # the whole domain and beyond
+    for want, got in zip(run_module(before, {"x": xs}), run_module(after, {"x": xs})):
+        np.testing.assert_array_equal(got, want)
+    built = tvm_ext.build(before, passes=[TabulateEightBit()])
+    crossing = KernelReport.from_factory(built).crossing.nbytes
+    assert "int32" not in crossing and narrow in crossing, crossing
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 def test_differential_conv_silu_bit_exact_and_fused(dtype):
     """Built with TVM (host target, the pass at before_fuse): same kernels, the lookup inside the
