@@ -19,6 +19,15 @@ Rule::
     #   -> c = n (8-bit typed) or cast(n, u8|i8) (clip);  r_i(w_k(...w_1(widen(c))...)), a copy each
     #      widen(c) = c, or cast(c, dtype(n)) for the clip form
 
+The chain may be empty: ``v`` is itself an integer ``clip`` to 8-bit bounds (typed int32: TVM's
+simplifier drops a requantize's narrowing cast), read by its own ``cast(v, u8)`` and by others
+(MobileNetV3's first SE block under ``int8(numerics="onnxruntime")``: the cast feeds the SE pool,
+the gating multiply reads the clip; the clip crossed as int32 and the cast was a kernel of its
+own)::
+
+    # v = clip(y, lo, hi) (int, [lo, hi] in 8 bits), readers cast(v, u8), r_2(v), ..., r_m(v)
+    #   -> c = cast(v, u8);  cast(v, u8) -> c,  r_i(cast(c, dtype(v)))
+
 The producer's kernel then ends at ``c`` and writes 8 bits; each copy of the chain is elementwise
 and fuses into its reader's kernel (an elementwise/broadcast reader), or is taken into the pool's
 kernel by :mod:`~tvm_ext.passes.fuse_widening_into_pool`, which runs next. No kernel is added (the
@@ -73,11 +82,15 @@ def _match(v, users, body):
         return Reject("fewer than two readers")
     if v.same_as(body):
         return Reject("the value is also the function's result")
-    if narrow_type(v):
-        return Reject("the value is 8-bit already")
     ok = static_tensor_type(v)
     if not ok:
         return ok
+    nv = narrow_type(v)
+    if nv and nv[1] == "typed":
+        return Reject("the value is 8-bit already")
+    if nv:  # v is itself a clip to 8-bit bounds, typed wider: it would cross wide
+        bad = _bad_reader(readers)
+        return bad if bad is not None else (v, nv[0], "clip", [], readers)
     node, chain = v, []
     for _ in range(_MAX_CHAIN):
         chain.append(node)
@@ -94,11 +107,23 @@ def _match(v, users, body):
         node = prev
     else:
         return Reject(f"chain longer than {_MAX_CHAIN} calls")
+    bad = _bad_reader(readers)
+    return bad if bad is not None else (prev, nt[0], nt[1], chain, readers)
+
+
+def _bad_reader(readers):
+    """A Reject naming the first reader that is neither elementwise/broadcast nor a pool, else None."""
+    from tvm import relay
+
     for r, _ in readers:
         name = op_name(r) if isinstance(r, relay.Call) else None
         if name is None or not (_pattern(r) <= _K_BROADCAST or name in POOLS):
             return Reject(f"reader {name or type(r).__name__} is neither elementwise/broadcast nor a pool")
-    return prev, nt[0], nt[1], chain, readers
+    return None
+
+
+def _is_cast_to(node, dtype: str) -> bool:
+    return op_name(node) == "cast" and str(node.checked_type.dtype) == dtype
 
 
 def _copy(chain, x):
@@ -130,6 +155,9 @@ def _run(func):
         n, dtype, kind, chain, readers = m
         c = n if kind == "typed" else relay.cast(n, dtype)  # the value crossing: 8 bits
         for r in dict.fromkeys(r for r, _ in readers):
+            if not chain and _is_cast_to(r, dtype):  # the clip's own narrowing cast: it is c
+                subst[r] = c
+                continue
             r_new = subst.get(r, r)
             # a fresh copy of the chain per reader: w_k(...w_1(widen(c))...)
             copy = _copy(chain, c if kind == "typed" else relay.cast(c, str(n.checked_type.dtype)))

@@ -62,6 +62,36 @@ def test_numerics_bit_exact():
     np.testing.assert_array_equal(out_b[0], out_a[0])
 
 
+def clip_read_twice():
+    """x -> clip[0, 255] = n -+-> cast u8 -> global_avg_pool2d (int)   (n is the value itself: it
+                              +-> multiply(n, g) -> ...                  would cross as int32)"""
+    n = relay.clip(_x(), 0, 255)
+    gate = relay.var("g", shape=(1, 4, 1, 1), dtype="int32")
+    pooled = relay.nn.global_avg_pool2d(relay.cast(relay.cast(n, "uint8"), "float32"))
+    return infer(relay.Tuple([pooled, relay.multiply(n, gate)]))
+
+
+def test_structure_clip_read_twice():
+    """The clip's own narrowing cast becomes the value that crosses; the other reader widens it."""
+    c = relay.cast(relay.clip(_x(), 0, 255), "uint8")
+    gate = relay.var("g", shape=(1, 4, 1, 1), dtype="int32")
+    want = infer(relay.Tuple([relay.nn.global_avg_pool2d(relay.cast(c, "float32")),
+                              relay.multiply(relay.cast(c, "int32"), gate)]))
+    check(WidenInEachReader(), clip_read_twice(), want)
+    assert_unchanged(WidenInEachReader(), want)
+
+
+def test_build_clip_read_twice_crosses_as_uint8_bit_exact():
+    mod = clip_read_twice()
+    inputs = {"x": RNG.integers(-100, 400, (1, 4, 6, 6)).astype("int32"),
+              "g": RNG.integers(-5, 5, (1, 4, 1, 1)).astype("int32")}
+    base, new = tvm_ext.build(mod), tvm_ext.build(mod, passes={"before_fuse": [WidenInEachReader()]})
+    assert new.kernel_report.num_kernels <= base.kernel_report.num_kernels
+    assert "int32" in base.kernel_report.crossing.nbytes, base.kernel_report.table()
+    assert "int32" not in new.kernel_report.crossing.nbytes, new.kernel_report.table()
+    assert_same_outputs(base, new, inputs)
+
+
 def qnn_se_block():
     """QOperator-style squeeze-and-excitation after an integer conv::
 
