@@ -30,6 +30,13 @@ values (not observed on the models measured). ``rne`` is
 :func:`tvm_ext.ops.round_half_to_even`; the float64 arithmetic is
 elementwise and fuses with its neighbours.
 
+Shared dequantizes. When a float conv/dense also reads an operand's dequantize (a QDQ residual
+block whose input feeds a conv ``QDQToInteger`` keeps in float), the operand is recovered from
+that dequantize, ``rne(f64(dq) / s) + z`` (exact: module note of ``_recovered``), instead of
+read as the 8-bit tensor: otherwise the 8-bit tensor has two readers, and its dequantize for the
+anchor becomes a kernel of its own (PP-OCR cls QDQ: five ``cast subtract cast`` kernels). The
+producer's kernel then writes the dequantized float32 value, as in stock TVM and ``int8()``.
+
 Scope. Scales and zero points must be scalar constants (per-tensor quantization, as
 ``QLinearAdd`` requires); other adds, and functions with ``If``/``Let``/..., are left alone with
 the reason logged at DEBUG on ``tvm_ext.passes.AddAsOnnxRuntime``. This reproduces MLAS's x86
@@ -43,13 +50,15 @@ import numpy as np
 from tvm_ext.ops import round_half_to_even
 from tvm_ext.registry import register_pass
 
-from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
+from ._util import Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
 
 __all__ = ["AddAsOnnxRuntime"]
 
 PASS_NAME = "AddAsOnnxRuntime"
 _log = pass_logger(PASS_NAME)
 _EIGHT_BIT = {"uint8": (0, 255), "int8": (-128, 127)}
+#: ops that cannot take a widening of their input into their kernel (FuseOps' anchors)
+_ANCHORS = ("nn.conv2d", "nn.dense", "nn.conv2d_transpose", "nn.batch_matmul", "nn.matmul")
 
 
 def _scalar(expr, dtype_kind: str):
@@ -117,8 +126,24 @@ def mlas_add(a, b, sa, za, sb, zb, sc, zc, out_dtype):
     return relay.cast(q, out_dtype)
 
 
+def _read_by_an_anchor(deq, users) -> bool:
+    """``deq`` (a dequantize) is also read by a conv/dense: that anchor keeps reading it in float."""
+    return deq is not None and any(op_name(u) in _ANCHORS for u, _ in users.get(deq, []))
+
+
+def _recovered(deq, scale: float, zero_point: int):
+    """The 8-bit value ``a`` of ``deq = f32(f32(a - z) * s)`` (TVM's dequantize), exactly, as float64:
+    ``rne(f64(deq) / s) + z``. ``|a - z| <= 255`` and one float32 rounding put ``f64(deq) / s``
+    within ``255 * 2**-24`` of the integer ``a - z``: rounding it to the nearest integer is exact."""
+    from tvm import relay
+
+    q = relay.divide(relay.cast(deq, "float64"), relay.const(float(np.float32(scale)), "float64"))
+    return relay.add(round_half_to_even(q), relay.const(float(zero_point), "float64"))
+
+
 def _match(node):
-    """(a, b, consts, out_dtype) for the two add forms of the module note, else a Reject/None."""
+    """(a, b, consts, out_dtype, dequantizes) for the two add forms of the module note, else a
+    Reject/None (``dequantizes``: the operands' ``qnn.dequantize`` calls, None for ``qnn.add``)."""
     from tvm import relay
 
     name = op_name(node)
@@ -126,7 +151,7 @@ def _match(node):
         a, b = node.args[0], node.args[1]
         consts = (_scalar(node.args[2], "f"), _scalar(node.args[3], "i"), _scalar(node.args[4], "f"),
                   _scalar(node.args[5], "i"), _scalar(node.args[6], "f"), _scalar(node.args[7], "i"))
-        return a, b, consts, _dtype(node)
+        return a, b, consts, _dtype(node), (None, None)
     if name != "qnn.quantize":
         return None
     add = node.args[0]
@@ -145,7 +170,7 @@ def _match(node):
         ok = _clip_implied(clip, consts[4], consts[5], _dtype(node))
         if not ok:
             return ok
-    return a, b, consts, _dtype(node)
+    return a, b, consts, _dtype(node), tuple(deq)
 
 
 def _clip_implied(clip, sc, zc, out_dtype) -> Check:
@@ -166,6 +191,7 @@ def _rewrite(func):
     nodes = dataflow_nodes(func, PASS_NAME)
     if nodes is None:
         return func
+    users = consumers(nodes)
     subst: dict = {}
     for node in nodes:
         if not isinstance(node, relay.Call):
@@ -176,11 +202,18 @@ def _rewrite(func):
         if isinstance(m, Reject):
             _log.debug("%s.%s: not rewritten: %s", PASS_NAME, op_name(node), m)
             continue
-        a, b, consts, out_dtype = m
+        a, b, consts, out_dtype, (deq_a, deq_b) = m
         ok = _check(a, b, consts, out_dtype)
         if not ok:
             _log.debug("%s.%s: not rewritten: %s", PASS_NAME, op_name(node), ok)
             continue
+        # An operand whose dequantize a float conv/dense also reads is recovered from that
+        # dequantize: the 8-bit tensor then has one reader, the dequantize fuses into its
+        # producer's kernel, and no kernel of its own dequantizes it for the anchor.
+        if _read_by_an_anchor(deq_a, users) and _one_element_value(a) is None:
+            a = _recovered(deq_a, consts[0], consts[1])
+        if _read_by_an_anchor(deq_b, users) and _one_element_value(b) is None:
+            b = _recovered(deq_b, consts[2], consts[3])
         subst[node] = mlas_add(a, b, *consts, out_dtype)
     if not subst:
         return func

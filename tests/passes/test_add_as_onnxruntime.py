@@ -120,6 +120,49 @@ def test_tensor_operands_bit_exact_to_onnxruntime(form):
         assert (run_module(before, {"a": a, "b": b})[0] != want).mean() > 0.01
 
 
+def _residual_block(q):
+    """QDQ residual block whose input's dequantize is also read by a float conv::
+
+        p = conv_a(x) (u8) -> dq_p -+-> conv2d (float, kept by QDQToInteger) -> q -> dq ----+-> add -> q
+                                    +----------------------------------------------------+
+    """
+    x = relay.var("x", shape=SHAPE, dtype="float32")
+    w = relay.const(np.random.default_rng(5).uniform(-0.5, 0.5, (8, 8, 1, 1)).astype("float32"))
+    p = relay.qnn.op.quantize(relay.nn.conv2d(x, w, kernel_size=(1, 1)), _c(q["sa"], "float32"),
+                              _c(q["za"], "int32"), out_dtype="uint8")
+    dq_p = relay.qnn.op.dequantize(p, _c(q["sa"], "float32"), _c(q["za"], "int32"))
+    b = relay.qnn.op.quantize(relay.nn.conv2d(dq_p, w, kernel_size=(1, 1)), _c(q["sb"], "float32"),
+                              _c(q["zb"], "int32"), out_dtype="uint8")
+    db = relay.qnn.op.dequantize(b, _c(q["sb"], "float32"), _c(q["zb"], "int32"))
+    y = relay.qnn.op.quantize(relay.add(dq_p, db), _c(q["sc"], "float32"), _c(q["zc"], "int32"), out_dtype="uint8")
+    return infer(relay.Function([x], y)), (x, p, b)
+
+
+def test_operand_whose_dequantize_a_conv_reads_is_recovered_from_it():
+    """The add reads rne(dq_p / s) + z (exact) instead of p: p keeps one reader, its dequantize
+    fuses into p's kernel; no kernel of its own dequantizes p for the conv. Same outputs."""
+    before, (x, p, b) = _residual_block(RES)
+    after = AddAsOnnxRuntime()(before)
+    text = after.astext()
+    assert "tvm_ext.round_half_to_even" in text and "qnn.quantize(%" in text
+    # p (the first quantize) is read once: by its dequantize
+    from tvm_ext.passes._util import consumers, dataflow_nodes
+    nodes = dataflow_nodes(after["main"], "test")
+    users = consumers(nodes)
+    p_after = [n for n in nodes if getattr(n, "op", None) is not None and getattr(n.op, "name", "") == "qnn.quantize"
+               and str(n.checked_type.dtype) == "uint8" and len(users.get(n, [])) and
+               all(getattr(u.op, "name", "") == "qnn.dequantize" for u, _ in users[n])]
+    assert len(p_after) == 1, text  # p, read by its dequantize only (b's only reader is the add)
+    direct = infer(relay.Function([x], mlas_add(p, b, *RES.values(), "uint8")))
+    xs = np.random.default_rng(2).uniform(-40, 40, SHAPE).astype("float32")
+    np.testing.assert_array_equal(run_module(after, {"x": xs})[0], run_module(direct, {"x": xs})[0])
+    built = [tvm_ext.build(m) for m in (direct, after)]
+    assert built[1].kernel_report.num_kernels == built[0].kernel_report.num_kernels - 1, \
+        [r.kernel_report.table() for r in built]
+    np.testing.assert_array_equal(run_module(built[1], {"x": xs})[0], run_module(built[0], {"x": xs})[0])
+    assert_unchanged(AddAsOnnxRuntime(), after)
+
+
 def test_implied_clip_is_looked_through_and_narrow_clip_is_kept(caplog):
     """QDQ Add -> Clip(0, 6) -> Q with output scale 6/255: the clip is implied by the 8-bit range."""
     a = relay.var("a", shape=SHAPE, dtype="uint8")
