@@ -118,6 +118,14 @@ class KernelPolicy:
         Compute 3x3/7x7 int8 convs per output row (fix 2 above) instead of TVM's per-pixel form.
     evidence : str
         The measurement behind ``per_row`` (``benchmarks/int8_conv_schedules.py``).
+    channel_blocks : tuple of int
+        The channel blocks of 8-bit tensors in order of preference (:func:`int8_block` takes the
+        first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 8 before 12
+        (fix 6: a full 8-lane register, not one and a half).
+    int8_out_blocks : tuple of int
+        The output blocks an int8 conv may take, largest first; output channels no block divides
+        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 (16, 8)
+        (fix 6).
     """
 
     isa: str
@@ -125,6 +133,8 @@ class KernelPolicy:
     dot: str
     per_row: bool
     evidence: str
+    channel_blocks: tuple = (16, 12, 8, 4)
+    int8_out_blocks: tuple = (16,)
 
 
 # Per-ISA choices; sums of ResNet-50's int8 convs with a requantize epilogue, one thread, Zen 4
@@ -138,11 +148,15 @@ _POLICY = {
 }
 
 
+#: Channel blocks per class where they differ from TVM's int8 rule (fix 6): (8-bit tensors, int8 conv outputs).
+_NARROW_BLOCKS = {"avx2": ((16, 8, 12, 4), (16, 8))}
+
+
 def policy(target) -> KernelPolicy:
     """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
     cls = isa_class(target)
     bits, dot, per_row, evidence = _POLICY[cls]
-    return KernelPolicy(cls, bits, dot, per_row, evidence)
+    return KernelPolicy(cls, bits, dot, per_row, evidence, *_NARROW_BLOCKS.get(cls, ()))
 
 
 def needs_operand_fix() -> bool:
@@ -271,7 +285,7 @@ def _depthwise_int8_block(fallback):
         fallback(cfg, wkl)
         if str(wkl.in_dtype) not in ("uint8", "int8") or wkl.in_filter != wkl.out_filter:
             return None
-        block = int8_block(wkl.out_filter)
+        block = _block_here(wkl.out_filter)
         if block is None or (block != INT8_CONV_BLOCK and block > get_simd_32bit_lanes()):
             return None
         cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
@@ -282,10 +296,115 @@ def _depthwise_int8_block(fallback):
     return wrapped
 
 
-def int8_block(channels: int):
-    """The channel block TVM's x86 int8 rule gives ``channels`` on a conv's input side (the largest
-    of 16, 12, 8, 4 dividing it), or None."""
-    return next((b for b in range(INT8_CONV_BLOCK, 0, -4) if channels % b == 0), None)
+def int8_block(channels: int, target=None):
+    """The channel block of an 8-bit tensor with ``channels`` channels, or None.
+
+    Without ``target``: the block TVM's x86 int8 rule gives ``channels`` on a conv's input side
+    (the largest of 16, 12, 8, 4 dividing it). With ``target`` (a target or its string): the
+    first of that target's :attr:`KernelPolicy.channel_blocks` dividing it (fix 6: on AVX2 8
+    comes before 12, so 24 and 360 channels take 8; 12 and 36 keep 12).
+    """
+    blocks = policy(target).channel_blocks if target is not None else KernelPolicy.channel_blocks
+    return next((b for b in blocks if channels % b == 0), None)
+
+
+def _current_target():
+    import tvm
+
+    return tvm.target.Target.current(allow_none=True)
+
+
+def _block_here(channels: int):
+    """:func:`int8_block` for the target being compiled (TVM's rule when none is current)."""
+    return int8_block(channels, _current_target())
+
+
+def _int8_out_block(out_channels: int):
+    """The output block an int8 conv with ``out_channels`` channels takes for the target being
+    compiled (fix 6), or None where TVM's (pad to 16) stays."""
+    target = _current_target()
+    if target is None:
+        return None
+    blocks = policy(target).int8_out_blocks
+    if blocks == KernelPolicy.int8_out_blocks:
+        return None
+    return next((b for b in blocks if out_channels % b == 0 and b != INT8_CONV_BLOCK), None)
+
+
+def _int8_legalize_out_block(alter):
+    """``alter`` (TVM's ``conv2d_alter_int8_common`` as x86's conv2d legalization calls it, padding
+    output channels to 16 and slicing them off again), with the output channels padded to the
+    policy's narrower int8 output block where that divides them (fix 6: on AVX2 24 channels are not
+    padded to 32; 8 lanes are one ``vpmaddubsw`` tensorize step)."""
+    import functools
+
+    @functools.wraps(alter)
+    def wrapped(data, data_tensor, kernel, kernel_tensor, output_tensor, attrs, data_dtype,
+                in_channel_vector_length, out_channel_vector_length):
+        layout = str(attrs["data_layout"])
+        if out_channel_vector_length == INT8_CONV_BLOCK and layout in ("NCHW", "NHWC"):
+            channels = int(output_tensor.shape[layout.index("C")])
+            block = _int8_out_block(channels) if channels % INT8_CONV_BLOCK else None
+            if block is not None:
+                out_channel_vector_length = block
+        return alter(data, data_tensor, kernel, kernel_tensor, output_tensor, attrs, data_dtype,
+                     in_channel_vector_length, out_channel_vector_length)
+
+    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    return wrapped
+
+
+def _int8_conv_compute(compute):
+    """``compute`` (TVM's x86 ``conv2d_NCHWc_int8``), able to take an output block narrower than 16
+    (fix 6). Its AutoTVM space admits only output blocks that 16 divides (``define_split("tile_oc",
+    filter=...% 16 == 0)``): for 24 channels the space is empty and defining it raises. A fallback
+    config that already holds ``tile_oc`` skips that definition, so the config is given the
+    policy's block first; :func:`_int8_conv_blocks` then fills in the rest as for any fallback."""
+    import functools
+
+    from tvm.autotvm.task import DispatchContext
+    from tvm.autotvm.task.space import SplitEntity
+    from tvm.autotvm.task.topi_integration import args_to_workload
+    from tvm.topi.utils import get_const_tuple
+
+    @functools.wraps(compute)
+    def wrapped(*args):
+        kernel_shape = get_const_tuple(args[1].shape)
+        channels = kernel_shape[0] * (kernel_shape[5] if len(kernel_shape) == 7 else 1)
+        block = _int8_out_block(channels) if channels % INT8_CONV_BLOCK else None
+        if block is not None:
+            cfg = DispatchContext.current.query(_current_target(), args_to_workload(args, "conv2d_NCHWc_int8.x86"))
+            if cfg.is_fallback and "tile_oc" not in cfg._entity_map:  # pylint: disable=protected-access
+                cfg._entity_map["tile_oc"] = SplitEntity([channels // block, block])  # pylint: disable=protected-access
+        return compute(*args)
+
+    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    return wrapped
+
+
+def _int8_conv_blocks(fallback):
+    """``fallback`` (TVM's generic int8 conv default config, which x86 calls with ``int32_lanes=16``),
+    with the policy's blocks for the target being compiled (fix 6): the output block the legalization
+    above kept (8 for 24 channels on AVX2) and the input block of :func:`int8_block`. Elsewhere, and
+    for other callers (other ``int32_lanes``), TVM's own config."""
+    import functools
+
+    from tvm.autotvm.task.space import SplitEntity
+
+    @functools.wraps(fallback)
+    def wrapped(cfg, wkl, int32_lanes, num_int8_elements):
+        target = _current_target()
+        if int32_lanes != INT8_CONV_BLOCK or target is None or policy(target).channel_blocks == KernelPolicy.channel_blocks:
+            return fallback(cfg, wkl, int32_lanes, num_int8_elements)
+        out_block = _int8_out_block(wkl.out_filter) if wkl.out_filter % INT8_CONV_BLOCK else None
+        fallback(cfg, wkl, out_block or int32_lanes, num_int8_elements)
+        block = int8_block(wkl.in_filter, target)
+        if block is not None:
+            cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
+        return None
+
+    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    return wrapped
 
 
 def _one_output_pixel(wkl) -> bool:
@@ -312,10 +431,10 @@ def _float_conv_int8_blocks(fallback):
             return None
         from tvm.target.x86 import get_simd_32bit_lanes
 
-        block = int8_block(wkl.in_filter)
+        block = _block_here(wkl.in_filter)
         if block is not None:
             cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
-        block = int8_block(wkl.out_filter)
+        block = _block_here(wkl.out_filter)
         if block is not None and (block <= get_simd_32bit_lanes() or _one_output_pixel(wkl)):
             cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
         return None
@@ -325,13 +444,19 @@ def _float_conv_int8_blocks(fallback):
 
 
 def _install(schedule, int8_graph=False):
+    import tvm.topi.generic.conv2d as generic
     import tvm.topi.x86 as x86
+    import tvm.topi.x86.conv2d_alter_op as alter_op
     import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.conv2d_int8 as conv2d_int8
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
     _SAVED["intrin"] = intrin.dot_16x1x16_uint8_int8_int32_cascadelake
+    _SAVED["int8_blocks"] = (alter_op.conv2d_alter_int8_common, generic.fallback_schedule_cpu_1x1_int8,
+                             generic.fallback_schedule_cpu_common_int8, x86.conv2d_NCHWc_int8,
+                             conv2d_int8.conv2d_NCHWc_int8)
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
     _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
     _SAVED["depthwise"] = depthwise._fallback_schedule
@@ -347,16 +472,26 @@ def _install(schedule, int8_graph=False):
         depthwise._fallback_schedule = _depthwise_int8_block(depthwise._fallback_schedule)
         one_by_one._fallback_schedule = _float_conv_int8_blocks(one_by_one._fallback_schedule)
         common._fallback_schedule = _float_conv_int8_blocks(common._fallback_schedule)
+        alter_op.conv2d_alter_int8_common = _int8_legalize_out_block(alter_op.conv2d_alter_int8_common)
+        generic.fallback_schedule_cpu_1x1_int8 = _int8_conv_blocks(generic.fallback_schedule_cpu_1x1_int8)
+        generic.fallback_schedule_cpu_common_int8 = _int8_conv_blocks(generic.fallback_schedule_cpu_common_int8)
+        x86.conv2d_NCHWc_int8 = conv2d_int8.conv2d_NCHWc_int8 = _int8_conv_compute(conv2d_int8.conv2d_NCHWc_int8)
 
 
 def _uninstall():
+    import tvm.topi.generic.conv2d as generic
     import tvm.topi.x86 as x86
+    import tvm.topi.x86.conv2d_alter_op as alter_op
     import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.conv2d_int8 as conv2d_int8
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
     intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
+    (alter_op.conv2d_alter_int8_common, generic.fallback_schedule_cpu_1x1_int8,
+     generic.fallback_schedule_cpu_common_int8, x86.conv2d_NCHWc_int8,
+     conv2d_int8.conv2d_NCHWc_int8) = _SAVED.pop("int8_blocks")
     depthwise._fallback_schedule = _SAVED.pop("depthwise")
     one_by_one._fallback_schedule, common._fallback_schedule = _SAVED.pop("float_convs")
     _SAVED.pop("int8_graph", None)
