@@ -353,32 +353,43 @@ def _narrow_blocks_graph(seed=0, size=8):
     return tvm.IRModule.from_expr(relay.Function([x], conv(c, 24, 32, "int8")))
 
 
+def _layout_kernels(names):
+    return [n for n in names if "layout_transform" in n or "strided_slice" in n]
+
+
 @pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4"])
 def test_narrow_channel_blocks_on_avx2_only(target, monkeypatch):
-    """Fix 6, compiled for AVX2 and AVX-512: on AVX2 the 24-channel tensors are blocked by 8 on
-    both sides (no pad-and-slice after the int8 conv, no re-blocking in front of the SE conv or
-    after the float conv: only the graph's input and output are re-blocked); the same build
-    without fix 6 has those 3 kernels more. On AVX-512 fix 6 changes nothing. Where the host runs
-    the AVX2 code: the same bits as without fix 6."""
+    """Fix 6, compiled for AVX2 and AVX-512. On AVX2 the float conv's 24 output channels are read
+    by the int8 conv blocked by 8, as the float conv writes them (fixes 1-5: 12, a re-blocking
+    kernel); with the opt-in output block 8, the 24-channel int8 conv is neither padded nor sliced
+    and the SE conv reads the pool's NCHW8c output as it is: only the graph's input and output are
+    re-blocked. On AVX-512 fix 6 (opt-in included) changes nothing. Where the host runs the AVX2
+    code: the same bits in all three builds."""
     mod = _narrow_blocks_graph()
+    narrow_blocks = x86_int8._NARROW_BLOCKS
 
-    def build():
+    def build(narrow=True, outputs=False):
+        monkeypatch.setattr(x86_int8, "_NARROW_BLOCKS", narrow_blocks if narrow else {})
+        monkeypatch.setattr(x86_int8, "AVX2_NARROW_INT8_OUTPUTS", outputs)
         with x86_int8.kernels(int8_graph=True), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target)
 
-    fixed = build()
-    monkeypatch.setattr(x86_int8, "_NARROW_BLOCKS", {})  # fixes 1-5 only
-    before = build()
+    before, opt_in = build(narrow=False), build(outputs=True)
     if x86_int8.policy(tvm.target.Target(target)).isa != "avx2":
-        assert fixed.get_graph_json() == before.get_graph_json()
+        assert opt_in.get_graph_json() == before.get_graph_json()
         return
-    names, old = _kernel_names(fixed), _kernel_names(before)
-    assert [n for n in names if "layout_transform" in n or "strided_slice" in n] == [
-        "tvmgen_default_fused_layout_transform", "tvmgen_default_fused_layout_transform_1"], names
-    assert len(old) - len(names) == 3, (old, names)
+    fixed = build()
+    names, old, all_in = _kernel_names(fixed), _kernel_names(before), _kernel_names(opt_in)
+    assert len(old) - len(names) == 1, (old, names)
+    assert len(_layout_kernels(old)) - len(_layout_kernels(names)) == 1, (old, names)
+    assert _layout_kernels(all_in) == ["tvmgen_default_fused_layout_transform",
+                                       "tvmgen_default_fused_layout_transform_1"], all_in
+    assert len(old) - len(all_in) == 3, (old, all_in)
     if runs_on_host(target):
         x = np.random.default_rng(5).integers(0, 256, (1, 32, 8, 8)).astype("uint8")
-        assert np.array_equal(_run(fixed, x), _run(before, x))
+        want = _run(before, x)
+        assert np.array_equal(_run(fixed, x), want)
+        assert np.array_equal(_run(opt_in, x), want)
 
 
 def test_build_blocks_float_convs_by_int8_rule_only_in_8bit_graphs():

@@ -72,7 +72,41 @@ TVM's own behaviour.
    per-kernel debug-executor times): there the output block stays TVM's, except for convs with
    one output pixel (SE blocks' convs after a global pool), which have no loop to vectorize.
 
-No change alters results (3. only inlines elementwise stages; 4. and 5. only change channel
+6. **Channel blocks wider than an AVX2 register.** TVM's x86 int8 rule blocks an 8-bit tensor's
+   channels by the largest of 16, 12, 8, 4 dividing them where an int8 conv (and, fix 5, a float
+   conv) reads it. On AVX2 a 24- or 360-channel tensor that a float conv writes is blocked by 8
+   (TVM's float output block is at most the 8 lanes, and fix 5 keeps it: 12 made those convs 9-13x
+   slower) but read by 12: a re-blocking kernel in front of each reader. While :func:`kernels` is
+   entered, on AVX2 only (:attr:`KernelPolicy.channel_blocks`), 8 comes before 12 in the int8 rule
+   (:func:`int8_block`): 24 and 360 channels take 8 on every side, in int8, float (fix 5) and
+   depthwise (fix 4) convs alike; channel counts 8 does not divide keep TVM's choice. PP-OCRv4 det
+   QDQ at ``-mcpu=znver3``: 98 -> 95 kernels (stock 90), 12.02 -> 11.99 MB, bit-identical; the
+   three re-blocking kernels removed took 0.023 ms together; of the convs whose blocks changed, the
+   SE convs (one pixel) take the same time and the int8 conv 360 -> 96 (10x10, input block 12 -> 8)
+   0.0417 vs 0.0425 ms alone (median of 15 interleaved rounds) and 0.068 vs 0.065 ms in the model
+   (median of 12 rounds, 200 runs each; min 0.0598 vs 0.0589): within noise, not faster. PP-OCR
+   cls QDQ: 78 -> 77 kernels, 1.30 -> 1.24 MB (its 24 -> 8 float conv 0.0058 vs 0.0059 ms).
+
+   Measured, opt-in (:data:`AVX2_NARROW_INT8_OUTPUTS`): ``_conv2d_legalize`` pads an int8 conv's
+   *output* channels to a multiple of 16 (``conv2d_alter_int8_common``: 32 computed for 24, then a
+   ``layout_transform + strided_slice`` kernel back to NCHW). With the opt-in, on AVX2 an int8 conv
+   whose output channels 8 divides but 16 does not takes output block 8 (one 8-lane
+   ``vpmaddubsw`` tensorize step): the legalization pads to 8 (:func:`_int8_legalize_out_block`),
+   the fallback config gets ``tile_oc`` 8 (:func:`_int8_conv_blocks`; TVM's AutoTVM space for the
+   template admits only multiples of 16, so the fallback config is given ``tile_oc`` before the
+   space would be defined, :func:`_int8_conv_compute`). On det: 95 -> 91 kernels, 11.83 MB, bit-
+   identical, and its three 3x3 int8 convs 96 -> 24 run 17-27 % faster (0.41 -> 0.33, 1.64 -> 1.36,
+   1.64 -> 1.36 ms; debug executor, one thread, min of 7 interleaved rounds), but the kernels
+   reading their NCHW8c output instead of the sliced NCHW one are slower: two global pools 0.0075
+   -> 0.021 and 0.020 -> 0.072 ms (TVM's x86 adaptive-pool schedule does not vectorize a channel
+   block; the slices they replace took 0.009 and 0.023 ms) and the neck's upsample-and-concat
+   kernel 0.67 -> 0.76 ms. Hence off. Also measured and rejected: 12 channels (a 48 -> 12 float
+   conv at 80x80 in front of an int8 conv) blocked by 4 would remove det's last re-blocking kernel
+   there (0.03 ms), but the float conv at 4 lanes took 0.23 -> 0.32 ms with TVM's register tile and
+   0.25-0.28 ms with 5 or 10 output columns per tile (median of 12 rounds): it keeps TVM's 6 and
+   the int8 rule's 12. AVX-512 and SSE keep TVM's blocks.
+
+No change alters results (3. only inlines elementwise stages; 4., 5. and 6. only change channel
 blockings): integer accumulation is exact in both schedules, and the epilogue's arithmetic is the
 same per element (tests check bit-equality against TVM's own schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
 its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
@@ -125,7 +159,7 @@ class KernelPolicy:
     int8_out_blocks : tuple of int
         The output blocks an int8 conv may take, largest first; output channels no block divides
         are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 (16, 8)
-        (fix 6).
+        with :data:`AVX2_NARROW_INT8_OUTPUTS` (fix 6, opt-in).
     """
 
     isa: str
@@ -148,15 +182,23 @@ _POLICY = {
 }
 
 
-#: Channel blocks per class where they differ from TVM's int8 rule (fix 6): (8-bit tensors, int8 conv outputs).
-_NARROW_BLOCKS = {"avx2": ((16, 8, 12, 4), (16, 8))}
+#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule (fix 6).
+_NARROW_BLOCKS = {"avx2": (16, 8, 12, 4)}
+#: Opt-in (fix 6, off): AVX2 int8 convs whose output channels 8 divides but 16 does not take output
+#: block 8 instead of TVM's padding to 16 and slicing. On PP-OCRv4 det at ``-mcpu=znver3`` it removes
+#: 4 more kernels and makes the three int8 convs with 24 outputs 17-27 % faster, but the kernels that
+#: read their NCHW8c result instead of the sliced NCHW one got slower (two global pools 2.8-3.6x,
+#: the neck's concat kernel +13 %): module note, 6.
+AVX2_NARROW_INT8_OUTPUTS = False
 
 
 def policy(target) -> KernelPolicy:
     """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
     cls = isa_class(target)
     bits, dot, per_row, evidence = _POLICY[cls]
-    return KernelPolicy(cls, bits, dot, per_row, evidence, *_NARROW_BLOCKS.get(cls, ()))
+    blocks = _NARROW_BLOCKS.get(cls, KernelPolicy.channel_blocks)
+    out_blocks = (INT8_CONV_BLOCK, 8) if cls == "avx2" and AVX2_NARROW_INT8_OUTPUTS else KernelPolicy.int8_out_blocks
+    return KernelPolicy(cls, bits, dot, per_row, evidence, blocks, out_blocks)
 
 
 def needs_operand_fix() -> bool:
@@ -394,7 +436,9 @@ def _int8_conv_blocks(fallback):
     @functools.wraps(fallback)
     def wrapped(cfg, wkl, int32_lanes, num_int8_elements):
         target = _current_target()
-        if int32_lanes != INT8_CONV_BLOCK or target is None or policy(target).channel_blocks == KernelPolicy.channel_blocks:
+        pol = policy(target) if target is not None else None
+        if int32_lanes != INT8_CONV_BLOCK or pol is None or (
+                pol.channel_blocks == KernelPolicy.channel_blocks and pol.int8_out_blocks == KernelPolicy.int8_out_blocks):
             return fallback(cfg, wkl, int32_lanes, num_int8_elements)
         out_block = _int8_out_block(wkl.out_filter) if wkl.out_filter % INT8_CONV_BLOCK else None
         fallback(cfg, wkl, out_block or int32_lanes, num_int8_elements)
@@ -508,8 +552,9 @@ def kernels(schedule=True, int8_graph=False):
     ----------
     schedule : bool
         Also compute 3x3/7x7 int8 convs per output row (fix 2) where :func:`policy` chooses it
-        for the target being compiled, inline pool producers (fix 3) and block 8-bit depthwise
-        convs like int8 convs (fix 4). ``False`` keeps TVM's schedules and layouts everywhere and
+        for the target being compiled, inline pool producers (fix 3), block 8-bit depthwise
+        convs like int8 convs (fix 4) and, on AVX2, block 8-bit tensors by at most one register
+        where 8 divides their channels (fix 6). ``False`` keeps TVM's schedules and layouts everywhere and
         only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"``
         uses the per-row schedule on every instruction set (for measurements such as
         ``benchmarks/int8_conv_schedules.py``).
