@@ -197,7 +197,9 @@ def policy(target) -> KernelPolicy:
     cls = isa_class(target)
     bits, dot, per_row, evidence = _POLICY[cls]
     blocks = _NARROW_BLOCKS.get(cls, KernelPolicy.channel_blocks)
-    out_blocks = (INT8_CONV_BLOCK, 8) if cls == "avx2" and AVX2_NARROW_INT8_OUTPUTS else KernelPolicy.int8_out_blocks
+    out_blocks = KernelPolicy.int8_out_blocks
+    if cls == "avx2" and AVX2_NARROW_INT8_OUTPUTS:
+        out_blocks = (INT8_CONV_BLOCK, 8)
     return KernelPolicy(cls, bits, dot, per_row, evidence, blocks, out_blocks)
 
 
@@ -361,14 +363,21 @@ def _block_here(channels: int):
     return int8_block(channels, _current_target())
 
 
-def _int8_out_block(out_channels: int):
+def _int8_out_block(out_channels):
     """The output block an int8 conv with ``out_channels`` channels takes for the target being
-    compiled (fix 6), or None where TVM's (pad to 16) stays."""
+    compiled (fix 6, opt-in), or None where TVM's (a multiple of 16, padded) stays, also for
+    channel counts that are not compile-time integers."""
     target = _current_target()
     if target is None:
         return None
     blocks = policy(target).int8_out_blocks
     if blocks == KernelPolicy.int8_out_blocks:
+        return None
+    try:
+        out_channels = int(out_channels)
+    except (TypeError, ValueError):  # a symbolic dimension: TVM's handling
+        return None
+    if out_channels % INT8_CONV_BLOCK == 0:
         return None
     return next((b for b in blocks if out_channels % b == 0 and b != INT8_CONV_BLOCK), None)
 
@@ -376,8 +385,8 @@ def _int8_out_block(out_channels: int):
 def _int8_legalize_out_block(alter):
     """``alter`` (TVM's ``conv2d_alter_int8_common`` as x86's conv2d legalization calls it, padding
     output channels to 16 and slicing them off again), with the output channels padded to the
-    policy's narrower int8 output block where that divides them (fix 6: on AVX2 24 channels are not
-    padded to 32; 8 lanes are one ``vpmaddubsw`` tensorize step)."""
+    policy's narrower int8 output block where that divides them (fix 6, opt-in: on AVX2 24 channels
+    are not padded to 32; 8 lanes are one ``vpmaddubsw`` tensorize step)."""
     import functools
 
     @functools.wraps(alter)
@@ -385,8 +394,7 @@ def _int8_legalize_out_block(alter):
                 in_channel_vector_length, out_channel_vector_length):
         layout = str(attrs["data_layout"])
         if out_channel_vector_length == INT8_CONV_BLOCK and layout in ("NCHW", "NHWC"):
-            channels = int(output_tensor.shape[layout.index("C")])
-            block = _int8_out_block(channels) if channels % INT8_CONV_BLOCK else None
+            block = _int8_out_block(output_tensor.shape[layout.index("C")])
             if block is not None:
                 out_channel_vector_length = block
         return alter(data, data_tensor, kernel, kernel_tensor, output_tensor, attrs, data_dtype,
@@ -412,12 +420,14 @@ def _int8_conv_compute(compute):
     @functools.wraps(compute)
     def wrapped(*args):
         kernel_shape = get_const_tuple(args[1].shape)
-        channels = kernel_shape[0] * (kernel_shape[5] if len(kernel_shape) == 7 else 1)
-        block = _int8_out_block(channels) if channels % INT8_CONV_BLOCK else None
+        channels = kernel_shape[0] * kernel_shape[5] if len(kernel_shape) == 7 else kernel_shape[0]
+        block = _int8_out_block(channels)
         if block is not None:
-            cfg = DispatchContext.current.query(_current_target(), args_to_workload(args, "conv2d_NCHWc_int8.x86"))
-            if cfg.is_fallback and "tile_oc" not in cfg._entity_map:  # pylint: disable=protected-access
-                cfg._entity_map["tile_oc"] = SplitEntity([channels // block, block])  # pylint: disable=protected-access
+            workload = args_to_workload(args, "conv2d_NCHWc_int8.x86")
+            cfg = DispatchContext.current.query(_current_target(), workload)
+            entities = cfg._entity_map  # pylint: disable=protected-access
+            if cfg.is_fallback and "tile_oc" not in entities:
+                entities["tile_oc"] = SplitEntity([channels // block, block])
         return compute(*args)
 
     wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
@@ -426,9 +436,9 @@ def _int8_conv_compute(compute):
 
 def _int8_conv_blocks(fallback):
     """``fallback`` (TVM's generic int8 conv default config, which x86 calls with ``int32_lanes=16``),
-    with the policy's blocks for the target being compiled (fix 6): the output block the legalization
-    above kept (8 for 24 channels on AVX2) and the input block of :func:`int8_block`. Elsewhere, and
-    for other callers (other ``int32_lanes``), TVM's own config."""
+    with the policy's blocks for the target being compiled (fix 6): the input block of
+    :func:`int8_block` and, opted in, the output block the legalization above kept (8 for 24
+    channels on AVX2). Elsewhere, and for other callers (other ``int32_lanes``), TVM's own config."""
     import functools
 
     from tvm.autotvm.task.space import SplitEntity
@@ -437,11 +447,11 @@ def _int8_conv_blocks(fallback):
     def wrapped(cfg, wkl, int32_lanes, num_int8_elements):
         target = _current_target()
         pol = policy(target) if target is not None else None
-        if int32_lanes != INT8_CONV_BLOCK or pol is None or (
-                pol.channel_blocks == KernelPolicy.channel_blocks and pol.int8_out_blocks == KernelPolicy.int8_out_blocks):
+        tvms = pol is None or (pol.channel_blocks, pol.int8_out_blocks) == (KernelPolicy.channel_blocks,
+                                                                          KernelPolicy.int8_out_blocks)
+        if int32_lanes != INT8_CONV_BLOCK or tvms:
             return fallback(cfg, wkl, int32_lanes, num_int8_elements)
-        out_block = _int8_out_block(wkl.out_filter) if wkl.out_filter % INT8_CONV_BLOCK else None
-        fallback(cfg, wkl, out_block or int32_lanes, num_int8_elements)
+        fallback(cfg, wkl, _int8_out_block(wkl.out_filter) or int32_lanes, num_int8_elements)
         block = int8_block(wkl.in_filter, target)
         if block is not None:
             cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
@@ -518,8 +528,10 @@ def _install(schedule, int8_graph=False):
         common._fallback_schedule = _float_conv_int8_blocks(common._fallback_schedule)
         alter_op.conv2d_alter_int8_common = _int8_legalize_out_block(alter_op.conv2d_alter_int8_common)
         generic.fallback_schedule_cpu_1x1_int8 = _int8_conv_blocks(generic.fallback_schedule_cpu_1x1_int8)
-        generic.fallback_schedule_cpu_common_int8 = _int8_conv_blocks(generic.fallback_schedule_cpu_common_int8)
-        x86.conv2d_NCHWc_int8 = conv2d_int8.conv2d_NCHWc_int8 = _int8_conv_compute(conv2d_int8.conv2d_NCHWc_int8)
+        generic.fallback_schedule_cpu_common_int8 = _int8_conv_blocks(
+            generic.fallback_schedule_cpu_common_int8)
+        compute = _int8_conv_compute(conv2d_int8.conv2d_NCHWc_int8)
+        x86.conv2d_NCHWc_int8 = conv2d_int8.conv2d_NCHWc_int8 = compute
 
 
 def _uninstall():
