@@ -95,8 +95,8 @@ TVM's own behaviour.
    the fallback config gets ``tile_oc`` 8 (:func:`_int8_conv_blocks`; TVM's AutoTVM space for the
    template admits only multiples of 16, so the fallback config is given ``tile_oc`` before the
    space would be defined, :func:`_int8_conv_compute`). On det: 95 -> 91 kernels, 11.83 MB, bit-
-   identical, and its three 3x3 int8 convs 96 -> 24 run 17-27 % faster (0.41 -> 0.33, 1.64 -> 1.36,
-   1.64 -> 1.36 ms; debug executor, one thread, min of 7 interleaved rounds), but the kernels
+   identical, and its three 3x3 int8 convs 96 -> 24 run 17-18 % faster (0.41 -> 0.33, 1.64 -> 1.36,
+   1.64 -> 1.35 ms; debug executor, one thread, min of 7 interleaved rounds), but the kernels
    reading their NCHW8c output instead of the sliced NCHW one are slower: two global pools 0.0075
    -> 0.021 and 0.020 -> 0.072 ms (TVM's x86 adaptive-pool schedule does not vectorize a channel
    block; the slices they replace took 0.009 and 0.023 ms) and the neck's upsample-and-concat
@@ -186,7 +186,7 @@ _POLICY = {
 _NARROW_BLOCKS = {"avx2": (16, 8, 12, 4)}
 #: Opt-in (fix 6, off): AVX2 int8 convs whose output channels 8 divides but 16 does not take output
 #: block 8 instead of TVM's padding to 16 and slicing. On PP-OCRv4 det at ``-mcpu=znver3`` it removes
-#: 4 more kernels and makes the three int8 convs with 24 outputs 17-27 % faster, but the kernels that
+#: 4 more kernels and makes the three int8 convs with 24 outputs 17-18 % faster, but the kernels that
 #: read their NCHW8c result instead of the sliced NCHW one got slower (two global pools 2.8-3.6x,
 #: the neck's concat kernel +13 %): module note, 6.
 AVX2_NARROW_INT8_OUTPUTS = False
