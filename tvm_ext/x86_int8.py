@@ -72,7 +72,38 @@ TVM's own behaviour.
    per-kernel debug-executor times): there the output block stays TVM's, except for convs with
    one output pixel (SE blocks' convs after a global pool), which have no loop to vectorize.
 
-No change alters results (3. only inlines elementwise stages; 4. and 5. only change channel
+6. **Channel blocks wider than an AVX2 register.** TVM's x86 int8 rule blocks an 8-bit tensor's
+   channels by the largest of 16, 12, 8, 4 dividing them where an int8 conv (and, fix 5, a float
+   conv) reads it. On AVX2 a 24- or 360-channel tensor that a float conv writes is blocked by 8
+   (TVM's float output block is at most the 8 lanes, and fix 5 keeps it: 12 made those convs 9-13x
+   slower) but read by 12: a re-blocking kernel in front of each reader. While :func:`kernels` is
+   entered, on AVX2 only (:attr:`KernelPolicy.channel_blocks`), 8 comes before 12 in the int8 rule
+   (:func:`int8_block`): 24 and 360 channels take 8 on every side, in int8, float (fix 5) and
+   depthwise (fix 4) convs alike; channel counts 8 does not divide keep TVM's choice. PP-OCRv4 det
+   QDQ at ``-mcpu=znver3``: 98 -> 95 kernels (stock 90), 12.02 -> 11.99 MB, bit-identical; the
+   three re-blocking kernels removed took 0.023 ms together; of the convs whose blocks changed, the
+   SE convs (one pixel) take the same time and the int8 conv 360 -> 96 (10x10, input block 12 -> 8)
+   0.0417 vs 0.0425 ms alone (median of 15 interleaved rounds) and 0.068 vs 0.065 ms in the model
+   (median of 12 rounds, 200 runs each; min 0.0598 vs 0.0589): within noise, not faster. PP-OCR
+   cls QDQ: 78 -> 77 kernels, 1.30 -> 1.24 MB (its 24 -> 8 float conv 0.0058 vs 0.0059 ms).
+
+   Measured and not kept: ``_conv2d_legalize`` pads an int8 conv's *output* channels to a
+   multiple of 16 (32 computed for 24, then a ``layout_transform + strided_slice`` kernel back to
+   NCHW). Letting such convs take output block 8 on AVX2 (legalization padding to 8, the fallback
+   config's ``tile_oc`` set before TVM's AutoTVM space, which admits only multiples of 16, is
+   defined) gave det 91 kernels, 11.83 MB, bit-identical, and its three 3x3 int8 convs 96 -> 24
+   ran 17-18 % faster (0.41 -> 0.33, 1.64 -> 1.36, 1.64 -> 1.35 ms; debug executor, one thread,
+   min of 7 interleaved rounds), but the kernels reading their NCHW8c output instead of the sliced
+   NCHW one were slower: two global pools 0.0075 -> 0.021 and 0.020 -> 0.072 ms (TVM's x86
+   adaptive-pool schedule does not vectorize a channel block; the slices they replace took 0.009
+   and 0.023 ms) and the neck's upsample-and-concat kernel 0.67 -> 0.76 ms; so it is not part of
+   fix 6. Also measured and rejected: 12 channels (a 48 -> 12 float conv at 80x80 in front of an
+   int8 conv) blocked by 4 would remove det's last re-blocking kernel
+   there (0.03 ms), but the float conv at 4 lanes took 0.23 -> 0.32 ms with TVM's register tile and
+   0.25-0.28 ms with 5 or 10 output columns per tile (median of 12 rounds): it keeps TVM's 6 and
+   the int8 rule's 12. AVX-512 and SSE keep TVM's blocks.
+
+No change alters results (3. only inlines elementwise stages; 4., 5. and 6. only change channel
 blockings): integer accumulation is exact in both schedules, and the epilogue's arithmetic is the
 same per element (tests check bit-equality against TVM's own schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
 its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
@@ -118,6 +149,10 @@ class KernelPolicy:
         Compute 3x3/7x7 int8 convs per output row (fix 2 above) instead of TVM's per-pixel form.
     evidence : str
         The measurement behind ``per_row`` (``benchmarks/int8_conv_schedules.py``).
+    channel_blocks : tuple of int
+        The channel blocks of 8-bit tensors in order of preference (:func:`int8_block` takes the
+        first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 8 before 12
+        (fix 6: a full 8-lane register, not one and a half).
     """
 
     isa: str
@@ -125,6 +160,7 @@ class KernelPolicy:
     dot: str
     per_row: bool
     evidence: str
+    channel_blocks: tuple = (16, 12, 8, 4)
 
 
 # Per-ISA choices; sums of ResNet-50's int8 convs with a requantize epilogue, one thread, Zen 4
@@ -138,11 +174,15 @@ _POLICY = {
 }
 
 
+#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule (fix 6).
+_NARROW_BLOCKS = {"avx2": (16, 8, 12, 4)}
+
+
 def policy(target) -> KernelPolicy:
     """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
     cls = isa_class(target)
     bits, dot, per_row, evidence = _POLICY[cls]
-    return KernelPolicy(cls, bits, dot, per_row, evidence)
+    return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(cls, KernelPolicy.channel_blocks))
 
 
 def needs_operand_fix() -> bool:
@@ -271,7 +311,7 @@ def _depthwise_int8_block(fallback):
         fallback(cfg, wkl)
         if str(wkl.in_dtype) not in ("uint8", "int8") or wkl.in_filter != wkl.out_filter:
             return None
-        block = int8_block(wkl.out_filter)
+        block = _block_here(wkl.out_filter)
         if block is None or (block != INT8_CONV_BLOCK and block > get_simd_32bit_lanes()):
             return None
         cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
@@ -282,10 +322,51 @@ def _depthwise_int8_block(fallback):
     return wrapped
 
 
-def int8_block(channels: int):
-    """The channel block TVM's x86 int8 rule gives ``channels`` on a conv's input side (the largest
-    of 16, 12, 8, 4 dividing it), or None."""
-    return next((b for b in range(INT8_CONV_BLOCK, 0, -4) if channels % b == 0), None)
+def int8_block(channels: int, target=None):
+    """The channel block of an 8-bit tensor with ``channels`` channels, or None.
+
+    Without ``target``: the block TVM's x86 int8 rule gives ``channels`` on a conv's input side
+    (the largest of 16, 12, 8, 4 dividing it). With ``target`` (a target or its string): the
+    first of that target's :attr:`KernelPolicy.channel_blocks` dividing it (fix 6: on AVX2 8
+    comes before 12, so 24 and 360 channels take 8; 12 and 36 keep 12).
+    """
+    blocks = policy(target).channel_blocks if target is not None else KernelPolicy.channel_blocks
+    return next((b for b in blocks if channels % b == 0), None)
+
+
+def _current_target():
+    import tvm
+
+    return tvm.target.Target.current(allow_none=True)
+
+
+def _block_here(channels: int):
+    """:func:`int8_block` for the target being compiled (TVM's rule when none is current)."""
+    return int8_block(channels, _current_target())
+
+
+def _int8_conv_blocks(fallback):
+    """``fallback`` (TVM's generic int8 conv default config, which x86 calls with ``int32_lanes=16``),
+    with the input block of :func:`int8_block` for the target being compiled (fix 6). Elsewhere,
+    and for other callers (other ``int32_lanes``), TVM's own config."""
+    import functools
+
+    from tvm.autotvm.task.space import SplitEntity
+
+    @functools.wraps(fallback)
+    def wrapped(cfg, wkl, int32_lanes, num_int8_elements):
+        target = _current_target()
+        pol = policy(target) if target is not None else None
+        if int32_lanes != INT8_CONV_BLOCK or pol is None or pol.channel_blocks == KernelPolicy.channel_blocks:
+            return fallback(cfg, wkl, int32_lanes, num_int8_elements)
+        fallback(cfg, wkl, int32_lanes, num_int8_elements)
+        block = int8_block(wkl.in_filter, target)
+        if block is not None:
+            cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
+        return None
+
+    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    return wrapped
 
 
 def _one_output_pixel(wkl) -> bool:
@@ -312,10 +393,10 @@ def _float_conv_int8_blocks(fallback):
             return None
         from tvm.target.x86 import get_simd_32bit_lanes
 
-        block = int8_block(wkl.in_filter)
+        block = _block_here(wkl.in_filter)
         if block is not None:
             cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
-        block = int8_block(wkl.out_filter)
+        block = _block_here(wkl.out_filter)
         if block is not None and (block <= get_simd_32bit_lanes() or _one_output_pixel(wkl)):
             cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
         return None
@@ -325,6 +406,7 @@ def _float_conv_int8_blocks(fallback):
 
 
 def _install(schedule, int8_graph=False):
+    import tvm.topi.generic.conv2d as generic
     import tvm.topi.x86 as x86
     import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
@@ -332,6 +414,7 @@ def _install(schedule, int8_graph=False):
     import tvm.topi.x86.tensor_intrin as intrin
 
     _SAVED["intrin"] = intrin.dot_16x1x16_uint8_int8_int32_cascadelake
+    _SAVED["int8_blocks"] = (generic.fallback_schedule_cpu_1x1_int8, generic.fallback_schedule_cpu_common_int8)
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
     _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
     _SAVED["depthwise"] = depthwise._fallback_schedule
@@ -347,9 +430,13 @@ def _install(schedule, int8_graph=False):
         depthwise._fallback_schedule = _depthwise_int8_block(depthwise._fallback_schedule)
         one_by_one._fallback_schedule = _float_conv_int8_blocks(one_by_one._fallback_schedule)
         common._fallback_schedule = _float_conv_int8_blocks(common._fallback_schedule)
+        generic.fallback_schedule_cpu_1x1_int8 = _int8_conv_blocks(generic.fallback_schedule_cpu_1x1_int8)
+        generic.fallback_schedule_cpu_common_int8 = _int8_conv_blocks(
+            generic.fallback_schedule_cpu_common_int8)
 
 
 def _uninstall():
+    import tvm.topi.generic.conv2d as generic
     import tvm.topi.x86 as x86
     import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
@@ -357,6 +444,7 @@ def _uninstall():
     import tvm.topi.x86.tensor_intrin as intrin
 
     intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
+    generic.fallback_schedule_cpu_1x1_int8, generic.fallback_schedule_cpu_common_int8 = _SAVED.pop("int8_blocks")
     depthwise._fallback_schedule = _SAVED.pop("depthwise")
     one_by_one._fallback_schedule, common._fallback_schedule = _SAVED.pop("float_convs")
     _SAVED.pop("int8_graph", None)
@@ -373,8 +461,9 @@ def kernels(schedule=True, int8_graph=False):
     ----------
     schedule : bool
         Also compute 3x3/7x7 int8 convs per output row (fix 2) where :func:`policy` chooses it
-        for the target being compiled, inline pool producers (fix 3) and block 8-bit depthwise
-        convs like int8 convs (fix 4). ``False`` keeps TVM's schedules and layouts everywhere and
+        for the target being compiled, inline pool producers (fix 3), block 8-bit depthwise
+        convs like int8 convs (fix 4) and, on AVX2, block 8-bit tensors by at most one register
+        where 8 divides their channels (fix 6). ``False`` keeps TVM's schedules and layouts everywhere and
         only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"``
         uses the per-row schedule on every instruction set (for measurements such as
         ``benchmarks/int8_conv_schedules.py``).
