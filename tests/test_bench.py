@@ -103,3 +103,24 @@ def test_top1_flips_within_tolerance_are_counted():
     assert n["tvm_ext_vs_ort_top1"] == 1
     assert n["tvm_ext_vs_ort_top1_within_tolerance"] == 1  # the 0.1-margin flip, not the 3.0-margin one (max diff 2.0)
     assert bench._top1_text(n, "tvm_ext", 3) == "1/3 (1 flip within tolerance)"
+
+
+def test_numerics_option_reaches_the_tvm_ext_builds(monkeypatch, tmp_path, capsys):
+    """`tvm-ext bench --numerics onnxruntime`: every tvm-ext build job gets it (stock ones ignore
+    it), the environment records it; an unknown value is a ValueError from run()."""
+    seen = []
+
+    def fake_builds(jobs, parallel, _child=None):
+        seen.extend(jobs)
+        return {j["pipeline"]: {"error": "not built (test)"} for j in jobs}
+
+    monkeypatch.setattr(bench, "_run_builds", fake_builds)
+    monkeypatch.setattr(bench, "_chart", lambda results, path: None)
+    assert main(["bench", "--variants", "qdq", "--small", "--numerics", "onnxruntime", "--repeat", "1",
+                 "--out", str(tmp_path)]) == 0
+    assert seen and all(j["numerics"] == "onnxruntime" for j in seen)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["environment"]["numerics"] == "onnxruntime"
+    assert 'int8(numerics="onnxruntime")' in (tmp_path / "results.md").read_text()
+    with pytest.raises(ValueError, match="numerics"):
+        bench.run(["qdq"], small=True, numerics="ort", out=str(tmp_path / "x"))

@@ -417,13 +417,15 @@ def _run_builds(jobs, parallel: bool, _child=None):
 
 
 def bench_variant(key, *, target, small, model_path, repeat, threads, progress, workdir, parallel=True,
-                  ext_target=None, tuned: bool = True, compare_untuned: bool = False) -> dict:
+                  ext_target=None, tuned: bool = True, compare_untuned: bool = False,
+                  numerics: str = "tvm") -> dict:
     """Build, check and time one variant; returns its results dict (errors recorded, not raised).
 
     ``target`` is stock TVM's target (what plain relay.build survives); ``ext_target`` is
     tvm-ext's (default: the same). When they differ, stock TVM is also built at ``ext_target``
     (``tvm_same``, with only the VNNI operand types fixed) as the bit-exactness reference.
     ``compare_untuned`` adds tvm-ext without tuning records (``tvm_ext_untuned``) to the same run.
+    ``numerics`` is :func:`tvm_ext.pipelines.int8`'s (``"onnxruntime"``: round as ONNX Runtime does).
     """
     ext_target = target if ext_target is None else ext_target
     progress.step(f"{key}: loading")
@@ -440,7 +442,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     if compare_untuned and tuned:
         pipes["tvm_ext_untuned"] = ext_target
     jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir),
-                 tuned=tuned and p != "tvm_ext_untuned", log_level=logging.getLogger().level)
+                 tuned=tuned and p != "tvm_ext_untuned", log_level=logging.getLogger().level, numerics=numerics)
             for p, t in pipes.items()]
     built = _run_builds(jobs, parallel)
     engines = []
@@ -662,6 +664,7 @@ def render_markdown(results: dict) -> str:
            "reference `TVM stock @ tvm-ext target`)" if env.get("ext_target", env["target"]) != env["target"] else ""),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
         f"- latency: median (IQR) of {env['repeat']} interleaved timed runs after warm-up",
+        f"- tvm-ext pipeline: `pipelines.int8(numerics=\"{env.get('numerics', 'tvm')}\")`",
         f"- int8 ISA: stock `{(env.get('target_info') or {}).get('isa', '?')}`, "
         f"tvm-ext `{(env.get('ext_target_info') or {}).get('isa', '?')}`; " + _tuning_text(env, results),
         "",
@@ -829,7 +832,7 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
 # --- entry points ----------------------------------------------------------------------------
 def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, target=None, repeat: int = 30,
         threads: int = 2, out="bench-results", small: bool = False, stream=None, parallel: bool = True,
-        tuned: bool = True, compare_untuned: bool = False) -> dict:
+        tuned: bool = True, compare_untuned: bool = False, numerics: str = "tvm") -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``.
 
     ``variants`` are keys of :data:`VARIANTS` (the ResNet-50 benchmark) or any zoo model name
@@ -839,9 +842,13 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
 
     Stock TVM builds for ``safe_target(target)`` (VNNI masked: plain relay.build aborts on it
     with LLVM 22); tvm-ext for ``build_target(target)`` (VNNI kept where tvm-ext can build it),
-    with the tuning records for that target (user's, then shipped) unless ``tuned=False``.
+    with the tuning records for that target (user's, then shipped) unless ``tuned=False``, and
+    ``pipelines.int8(numerics=numerics)``.
     """
-    from . import tuning, zoo_real
+    from . import pipelines, tuning, zoo_real
+
+    if numerics not in pipelines.NUMERICS:
+        raise ValueError(f"numerics must be one of {sorted(pipelines.NUMERICS)}, not {numerics!r}")
     from .target import build_target, describe_target, host_target, safe_target
 
     tgt = safe_target(target) if target else host_target()
@@ -859,7 +866,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
             "user": {"path": str(tuning.user_path(ext_tgt)), "count": len(tuning.load_records(ext_tgt, shipped=False))},
             "shipped": {"path": str(tuning.shipped_path(ext_tgt)),
                         "count": len(tuning.load_records(ext_tgt, user=False))}} if tuned else {}},
-        "versions": _versions(), "repeat": repeat,
+        "versions": _versions(), "repeat": repeat, "numerics": numerics,
         "small": small, "platform": platform.platform(),
     }
     results = {"environment": env, "variants": []}
@@ -880,7 +887,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
                 results["variants"].append(
                     bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
                                   progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt,
-                                  tuned=tuned, compare_untuned=compare_untuned))
+                                  tuned=tuned, compare_untuned=compare_untuned, numerics=numerics))
             except zoo_real.ModelUnavailable as err:  # pip cannot reach the registry: say so, go on
                 logger.error("%s: %s", key, err)
                 results["variants"].append({"variant": key, "label": key, "unavailable": str(err), "pipelines": {},

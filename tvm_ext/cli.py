@@ -254,7 +254,7 @@ def cmd_bench(args) -> int:
     try:
         results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
                       out=args.out, small=args.small, tuned=not args.untuned,
-                      compare_untuned=args.compare_untuned)
+                      compare_untuned=args.compare_untuned, numerics=args.numerics)
     except ValueError as err:
         raise UsageError(str(err).splitlines()[0]) from None
     print()
@@ -492,6 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--untuned", action="store_true", help="tvm-ext without tuning records (TVM's schedule rules)")
     p.add_argument("--compare-untuned", action="store_true",
                    help="also build and time tvm-ext without tuning records, in the same run")
+    p.add_argument("--numerics", choices=["tvm", "onnxruntime"], default="tvm",
+                   help="tvm-ext's pipeline: int8(numerics=...); tvm (default): bit-exact to stock TVM; "
+                        "onnxruntime: rounds as ONNX Runtime does (closer to ORT's outputs)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("tune", help="tune int8 convs and denses of a model on this CPU",
