@@ -387,3 +387,54 @@ def test_build_blocks_float_convs_by_int8_rule_only_in_8bit_graphs():
     a, b = relay.var("a", shape=(1, 4), dtype="uint8"), relay.var("b", shape=(1, 3), dtype="uint8")
     ill_typed = tvm.IRModule.from_expr(relay.Function([a, b], a + b))
     assert not _has_8bit_tensors(ill_typed)  # says False; the build itself reports the type error
+
+
+# -- fix 7: global pools vectorized over their channel block -----------------------------------
+def _blocked_global_pool(shape, dtype="uint8", out_dtype="float32"):
+    """SE-style global pool over an NCHW[x]c tensor: cast -> multiply -> global_avg_pool2d."""
+    x = relay.var("x", shape=shape, dtype=dtype)
+    v = relay.multiply(relay.cast(x, "float32"), relay.const(0.0173, "float32"))
+    y = relay.nn.global_avg_pool2d(v, layout=f"NCHW{shape[-1]}c")
+    return tvm.IRModule.from_expr(relay.Function([x], relay.cast(relay.round(y), out_dtype)))
+
+
+@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4"])
+def test_global_pool_is_vectorized_over_its_channel_block(target):
+    """Compile-only: the pool's kernel adds a vector of 16 channels per window position with fix 7
+    and none with TVM's schedule (strided scalar sums)."""
+    mod = _blocked_global_pool((1, 6, 20, 20, 16))
+
+    def source(schedule):
+        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
+            lib = relay.build(mod, target=target)
+        return lib.get_lib().get_source("ll")
+
+    import re
+
+    vector_adds = lambda ll: re.findall(r"fadd (?:fast )?<16 x float>", ll)  # noqa: E731
+    scalar_adds = lambda ll: re.findall(r"fadd (?:fast )?float ", ll)  # noqa: E731
+    ours, tvms = source(True), source(False)
+    assert vector_adds(ours) and not scalar_adds(ours)
+    assert scalar_adds(tvms) and not vector_adds(tvms)
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 20, 20, 16), (1, 3, 10, 10, 8), (1, 128, 7, 7, 16), (1, 2, 5, 5, 4)])
+def test_global_pool_vectorized_is_bit_identical(shape):
+    """Host target: the same bits as TVM's pool schedule (each channel sums the same positions in
+    the same order)."""
+    mod = _blocked_global_pool(shape, out_dtype="int32")
+    x = np.random.default_rng(3).integers(0, 256, shape).astype("uint8")
+    outs = []
+    for schedule in (False, True):
+        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
+            outs.append(_run(relay.build(mod, target=host_target()), x))
+    np.testing.assert_array_equal(outs[1], outs[0])
+    # and the float pool itself, before rounding
+    x2 = relay.var("x", shape=shape, dtype="uint8")
+    fmod = tvm.IRModule.from_expr(relay.Function([x2], relay.nn.global_avg_pool2d(
+        relay.multiply(relay.cast(x2, "float32"), relay.const(0.0173, "float32")), layout=f"NCHW{shape[-1]}c")))
+    fouts = []
+    for schedule in (False, True):
+        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
+            fouts.append(_run(relay.build(fmod, target=host_target()), x))
+    assert fouts[1].tobytes() == fouts[0].tobytes()
