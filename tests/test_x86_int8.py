@@ -25,14 +25,17 @@ needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="host CPU has no AVX-512 V
 def test_kernels_restores_tvm_functions_even_on_error():
     import tvm.topi.generic.conv2d as generic
     import tvm.topi.x86 as x86
+    import tvm.topi.x86.conv2d_alter_op as alter_op
     import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.conv2d_int8 as conv2d_int8
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
     def now():
         return (intrin.dot_16x1x16_uint8_int8_int32_cascadelake, common._schedule_conv_NCHWc_int8,
                 depthwise._fallback_schedule, generic.fallback_schedule_cpu_1x1_int8,
-                generic.fallback_schedule_cpu_common_int8, x86.schedule_pool)
+                generic.fallback_schedule_cpu_common_int8, x86.schedule_pool, alter_op.conv2d_alter_int8_common,
+                x86.conv2d_NCHWc_int8, conv2d_int8.conv2d_NCHWc_int8)
 
     before = now()
     with pytest.raises(RuntimeError):
@@ -358,25 +361,33 @@ def _layout_kernels(names):
 def test_narrow_channel_blocks_on_avx2_only(target, monkeypatch):
     """Fix 6, compiled for AVX2 and AVX-512. On AVX2 the float conv's 24 output channels are read
     by the int8 conv blocked by 8, as the float conv writes them (fixes 1-5: 12, a re-blocking
-    kernel). On AVX-512 fix 6 changes nothing. Where the host runs the AVX2 code: the same bits."""
+    kernel), and the 24-channel int8 conv takes output block 8 (neither padded to 32 nor sliced),
+    so the SE conv reads the pool's NCHW8c output as it is: only the graph's input and output are
+    re-blocked. On AVX-512 fix 6 changes nothing. Where the host runs the AVX2 code: the same bits."""
     mod = _narrow_blocks_graph()
-    narrow_blocks = x86_int8._NARROW_BLOCKS
+    blocks, out_blocks = x86_int8._NARROW_BLOCKS, x86_int8._NARROW_OUT_BLOCKS
 
-    def build(narrow=True):
-        monkeypatch.setattr(x86_int8, "_NARROW_BLOCKS", narrow_blocks if narrow else {})
+    def build(narrow=True, outputs=True):
+        monkeypatch.setattr(x86_int8, "_NARROW_BLOCKS", blocks if narrow else {})
+        monkeypatch.setattr(x86_int8, "_NARROW_OUT_BLOCKS", out_blocks if outputs else {})
         with x86_int8.kernels(int8_graph=True), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target)
 
-    before, fixed = build(narrow=False), build()
+    before, fixed = build(narrow=False, outputs=False), build()
     if x86_int8.policy(tvm.target.Target(target)).isa != "avx2":
         assert fixed.get_graph_json() == before.get_graph_json()
         return
-    names, old = _kernel_names(fixed), _kernel_names(before)
-    assert len(old) - len(names) == 1, (old, names)
-    assert len(_layout_kernels(old)) - len(_layout_kernels(names)) == 1, (old, names)
+    blocks_only = build(outputs=False)
+    names, old, mid = _kernel_names(fixed), _kernel_names(before), _kernel_names(blocks_only)
+    assert len(old) - len(mid) == 1, (old, mid)
+    assert _layout_kernels(names) == ["tvmgen_default_fused_layout_transform",
+                                      "tvmgen_default_fused_layout_transform_1"], names
+    assert len(old) - len(names) == 3, (old, names)
     if runs_on_host(target):
         x = np.random.default_rng(5).integers(0, 256, (1, 32, 8, 8)).astype("uint8")
-        assert np.array_equal(_run(fixed, x), _run(before, x))
+        want = _run(before, x)
+        assert np.array_equal(_run(fixed, x), want)
+        assert np.array_equal(_run(blocks_only, x), want)
 
 
 def test_build_blocks_float_convs_by_int8_rule_only_in_8bit_graphs():

@@ -87,17 +87,20 @@ TVM's own behaviour.
    (median of 12 rounds, 200 runs each; min 0.0598 vs 0.0589): within noise, not faster. PP-OCR
    cls QDQ: 78 -> 77 kernels, 1.30 -> 1.24 MB (its 24 -> 8 float conv 0.0058 vs 0.0059 ms).
 
-   Measured and not kept: ``_conv2d_legalize`` pads an int8 conv's *output* channels to a
-   multiple of 16 (32 computed for 24, then a ``layout_transform + strided_slice`` kernel back to
-   NCHW). Letting such convs take output block 8 on AVX2 (legalization padding to 8, the fallback
-   config's ``tile_oc`` set before TVM's AutoTVM space, which admits only multiples of 16, is
-   defined) gave det 91 kernels, 11.83 MB, bit-identical, and its three 3x3 int8 convs 96 -> 24
-   ran 17-18 % faster (0.41 -> 0.33, 1.64 -> 1.36, 1.64 -> 1.35 ms; debug executor, one thread,
-   min of 7 interleaved rounds), but the kernels reading their NCHW8c output instead of the sliced
-   NCHW one were slower: two global pools 0.0075 -> 0.021 and 0.020 -> 0.072 ms (TVM's x86
-   adaptive-pool schedule does not vectorize a channel block; the slices they replace took 0.009
-   and 0.023 ms) and the neck's upsample-and-concat kernel 0.67 -> 0.76 ms; so it is not part of
-   fix 6. Also measured and rejected: 12 channels (a 48 -> 12 float conv at 80x80 in front of an
+   Output channels too: ``_conv2d_legalize`` pads an int8 conv's *output* channels to a multiple
+   of 16 (32 computed for 24, then a ``layout_transform + strided_slice`` kernel back to NCHW). On
+   AVX2 an int8 conv whose output channels 8 divides but 16 does not takes output block 8 (one
+   8-lane ``vpmaddubsw`` tensorize step): the legalization pads to 8
+   (:func:`_int8_legalize_out_block`) and the fallback config gets ``tile_oc`` 8
+   (:func:`_int8_conv_blocks`; TVM's AutoTVM space for the template admits only multiples of 16,
+   so the config is given ``tile_oc`` before the space would be defined,
+   :func:`_int8_conv_compute`). det QDQ at ``-mcpu=znver3``: 95 -> 91 kernels, 11.99 -> 11.83 MB,
+   bit-identical; its three 3x3 int8 convs 96 -> 24 run 17-18 % faster (0.41 -> 0.33, 1.64 ->
+   1.36, 1.64 -> 1.35 ms; debug executor, one thread). The global pools reading their NCHW8c
+   output were 2.8-3.6x slower with TVM's pool schedule; with fix 7 they are not (10 pools 0.117
+   vs 0.112 ms), and end to end det runs 19.68 vs 19.91 ms (median of 60 interleaved runs, quiet,
+   Zen 4 running the AVX2 code; the neck's upsample-and-concat kernel measured 0.67 -> 0.76 ms on
+   its own). Also measured and rejected: 12 channels (a 48 -> 12 float conv at 80x80 in front of an
    int8 conv) blocked by 4 would remove det's last re-blocking kernel
    there (0.03 ms), but the float conv at 4 lanes took 0.23 -> 0.32 ms with TVM's register tile and
    0.25-0.28 ms with 5 or 10 output columns per tile (median of 12 rounds): it keeps TVM's 6 and
@@ -164,6 +167,10 @@ class KernelPolicy:
         The channel blocks of 8-bit tensors in order of preference (:func:`int8_block` takes the
         first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 8 before 12
         (fix 6: a full 8-lane register, not one and a half).
+    int8_out_blocks : tuple of int
+        The output blocks an int8 conv may take, largest first; output channels no block divides
+        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 (16, 8)
+        (fix 6: 24 output channels are not padded to 32 and sliced).
     """
 
     isa: str
@@ -172,6 +179,7 @@ class KernelPolicy:
     per_row: bool
     evidence: str
     channel_blocks: tuple = (16, 12, 8, 4)
+    int8_out_blocks: tuple = (16,)
 
 
 # Per-ISA choices; sums of ResNet-50's int8 convs with a requantize epilogue, one thread, Zen 4
@@ -187,13 +195,16 @@ _POLICY = {
 
 #: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule (fix 6).
 _NARROW_BLOCKS = {"avx2": (16, 8, 12, 4)}
+#: Int8 conv output blocks per class where they differ from TVM's (fix 6).
+_NARROW_OUT_BLOCKS = {"avx2": (16, 8)}
 
 
 def policy(target) -> KernelPolicy:
     """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
     cls = isa_class(target)
     bits, dot, per_row, evidence = _POLICY[cls]
-    return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(cls, KernelPolicy.channel_blocks))
+    return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(cls, KernelPolicy.channel_blocks),
+                        _NARROW_OUT_BLOCKS.get(cls, KernelPolicy.int8_out_blocks))
 
 
 def needs_operand_fix() -> bool:
@@ -387,10 +398,82 @@ def _block_here(channels: int):
     return int8_block(channels, _current_target())
 
 
+def _int8_out_block(out_channels):
+    """The output block an int8 conv with ``out_channels`` channels takes for the target being
+    compiled (fix 6), or None where TVM's (a multiple of 16, padded) stays, also for
+    channel counts that are not compile-time integers."""
+    target = _current_target()
+    if target is None:
+        return None
+    blocks = policy(target).int8_out_blocks
+    if blocks == KernelPolicy.int8_out_blocks:
+        return None
+    try:
+        out_channels = int(out_channels)
+    except (TypeError, ValueError):  # a symbolic dimension: TVM's handling
+        return None
+    if out_channels % INT8_CONV_BLOCK == 0:
+        return None
+    return next((b for b in blocks if out_channels % b == 0 and b != INT8_CONV_BLOCK), None)
+
+
+def _int8_legalize_out_block(alter):
+    """``alter`` (TVM's ``conv2d_alter_int8_common`` as x86's conv2d legalization calls it, padding
+    output channels to 16 and slicing them off again), with the output channels padded to the
+    policy's narrower int8 output block where that divides them (fix 6: on AVX2 24 channels
+    are not padded to 32; 8 lanes are one ``vpmaddubsw`` tensorize step)."""
+    import functools
+
+    @functools.wraps(alter)
+    def wrapped(data, data_tensor, kernel, kernel_tensor, output_tensor, attrs, data_dtype,
+                in_channel_vector_length, out_channel_vector_length):
+        layout = str(attrs["data_layout"])
+        if out_channel_vector_length == INT8_CONV_BLOCK and layout in ("NCHW", "NHWC"):
+            block = _int8_out_block(output_tensor.shape[layout.index("C")])
+            if block is not None:
+                out_channel_vector_length = block
+        return alter(data, data_tensor, kernel, kernel_tensor, output_tensor, attrs, data_dtype,
+                     in_channel_vector_length, out_channel_vector_length)
+
+    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    return wrapped
+
+
+def _int8_conv_compute(compute):
+    """``compute`` (TVM's x86 ``conv2d_NCHWc_int8``), able to take an output block narrower than 16
+    (fix 6). Its AutoTVM space admits only output blocks that 16 divides (``define_split("tile_oc",
+    filter=...% 16 == 0)``): for 24 channels the space is empty and defining it raises. A fallback
+    config that already holds ``tile_oc`` skips that definition, so the config is given the
+    policy's block first; :func:`_int8_conv_blocks` then fills in the rest as for any fallback."""
+    import functools
+
+    from tvm.autotvm.task import DispatchContext
+    from tvm.autotvm.task.space import SplitEntity
+    from tvm.autotvm.task.topi_integration import args_to_workload
+    from tvm.topi.utils import get_const_tuple
+
+    @functools.wraps(compute)
+    def wrapped(*args):
+        kernel_shape = get_const_tuple(args[1].shape)
+        channels = kernel_shape[0] * kernel_shape[5] if len(kernel_shape) == 7 else kernel_shape[0]
+        block = _int8_out_block(channels)
+        if block is not None:
+            workload = args_to_workload(args, "conv2d_NCHWc_int8.x86")
+            cfg = DispatchContext.current.query(_current_target(), workload)
+            entities = cfg._entity_map  # pylint: disable=protected-access
+            if cfg.is_fallback and "tile_oc" not in entities:
+                entities["tile_oc"] = SplitEntity([channels // block, block])
+        return compute(*args)
+
+    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    return wrapped
+
+
 def _int8_conv_blocks(fallback):
     """``fallback`` (TVM's generic int8 conv default config, which x86 calls with ``int32_lanes=16``),
-    with the input block of :func:`int8_block` for the target being compiled (fix 6). Elsewhere,
-    and for other callers (other ``int32_lanes``), TVM's own config."""
+    with the policy's blocks for the target being compiled (fix 6): the input block of
+    :func:`int8_block` and, opted in, the output block the legalization above kept (8 for 24
+    channels on AVX2). Elsewhere, and for other callers (other ``int32_lanes``), TVM's own config."""
     import functools
 
     from tvm.autotvm.task.space import SplitEntity
@@ -399,9 +482,11 @@ def _int8_conv_blocks(fallback):
     def wrapped(cfg, wkl, int32_lanes, num_int8_elements):
         target = _current_target()
         pol = policy(target) if target is not None else None
-        if int32_lanes != INT8_CONV_BLOCK or pol is None or pol.channel_blocks == KernelPolicy.channel_blocks:
+        tvms = pol is None or (pol.channel_blocks, pol.int8_out_blocks) == (KernelPolicy.channel_blocks,
+                                                                          KernelPolicy.int8_out_blocks)
+        if int32_lanes != INT8_CONV_BLOCK or tvms:
             return fallback(cfg, wkl, int32_lanes, num_int8_elements)
-        fallback(cfg, wkl, int32_lanes, num_int8_elements)
+        fallback(cfg, wkl, _int8_out_block(wkl.out_filter) or int32_lanes, num_int8_elements)
         block = int8_block(wkl.in_filter, target)
         if block is not None:
             cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
@@ -450,13 +535,17 @@ def _float_conv_int8_blocks(fallback):
 def _install(schedule, int8_graph=False):
     import tvm.topi.generic.conv2d as generic
     import tvm.topi.x86 as x86
+    import tvm.topi.x86.conv2d_alter_op as alter_op
     import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.conv2d_int8 as conv2d_int8
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
     _SAVED["intrin"] = intrin.dot_16x1x16_uint8_int8_int32_cascadelake
-    _SAVED["int8_blocks"] = (generic.fallback_schedule_cpu_1x1_int8, generic.fallback_schedule_cpu_common_int8)
+    _SAVED["int8_blocks"] = (alter_op.conv2d_alter_int8_common, generic.fallback_schedule_cpu_1x1_int8,
+                             generic.fallback_schedule_cpu_common_int8, x86.conv2d_NCHWc_int8,
+                             conv2d_int8.conv2d_NCHWc_int8)
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
     _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
     _SAVED["depthwise"] = depthwise._fallback_schedule
@@ -472,21 +561,28 @@ def _install(schedule, int8_graph=False):
         depthwise._fallback_schedule = _depthwise_int8_block(depthwise._fallback_schedule)
         one_by_one._fallback_schedule = _float_conv_int8_blocks(one_by_one._fallback_schedule)
         common._fallback_schedule = _float_conv_int8_blocks(common._fallback_schedule)
+        alter_op.conv2d_alter_int8_common = _int8_legalize_out_block(alter_op.conv2d_alter_int8_common)
         generic.fallback_schedule_cpu_1x1_int8 = _int8_conv_blocks(generic.fallback_schedule_cpu_1x1_int8)
         generic.fallback_schedule_cpu_common_int8 = _int8_conv_blocks(
             generic.fallback_schedule_cpu_common_int8)
+        compute = _int8_conv_compute(conv2d_int8.conv2d_NCHWc_int8)
+        x86.conv2d_NCHWc_int8 = conv2d_int8.conv2d_NCHWc_int8 = compute
 
 
 def _uninstall():
     import tvm.topi.generic.conv2d as generic
     import tvm.topi.x86 as x86
+    import tvm.topi.x86.conv2d_alter_op as alter_op
     import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
+    import tvm.topi.x86.conv2d_int8 as conv2d_int8
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
     intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
-    generic.fallback_schedule_cpu_1x1_int8, generic.fallback_schedule_cpu_common_int8 = _SAVED.pop("int8_blocks")
+    (alter_op.conv2d_alter_int8_common, generic.fallback_schedule_cpu_1x1_int8,
+     generic.fallback_schedule_cpu_common_int8, x86.conv2d_NCHWc_int8,
+     conv2d_int8.conv2d_NCHWc_int8) = _SAVED.pop("int8_blocks")
     depthwise._fallback_schedule = _SAVED.pop("depthwise")
     one_by_one._fallback_schedule, common._fallback_schedule = _SAVED.pop("float_convs")
     _SAVED.pop("int8_graph", None)
