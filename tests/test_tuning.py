@@ -155,3 +155,27 @@ def test_tune_refuses_targets_that_do_not_run_here(small):
     m, _, _ = small
     with pytest.raises(ValueError, match="not an x86 CPU target"):
         tune.tune_model(m.mod, m.params, "llvm -mtriple=aarch64-linux-gnu", budget_s=1)
+
+
+def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
+    """x86 fix 6 gives an AVX2 int8 conv with 24 output channels output block 8, which AutoTVM's
+    int8 conv space (multiples of 16) cannot hold: tuning says so and goes on (it used to raise)."""
+    import logging
+    import sys
+    from pathlib import Path
+
+    import tvm
+
+    from tvm_ext.isa import runs_on_host
+    from tvm_ext.tune import tune_model
+
+    target = tvm.target.Target("llvm -mcpu=znver3")
+    if not runs_on_host(target):
+        pytest.skip("host lacks AVX2")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_x86_int8 import _narrow_blocks_graph
+
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.tune"):
+        result = tune_model(_narrow_blocks_graph(), target=target, budget_s=120, layouts=False, number=1, repeat=1)
+    assert "not tuned (TVM's rule kept)" in caplog.text and "kernel [3, 2, 3, 3, 4, 8, 4]" in caplog.text
+    assert result.rows  # the other int8 conv was tuned (or kept TVM's rule after timing)
