@@ -39,7 +39,12 @@ __all__ = [
     "static_tensor_type",
     "op_name",
     "function_pass",
+    "ANCHOR_OPS",
 ]
+
+#: Relay ops (before layout alteration) FuseOps makes a kernel's anchor: they take elementwise
+#: epilogues but never a producer into their kernel.
+ANCHOR_OPS = ("nn.conv2d", "nn.dense", "nn.conv2d_transpose", "nn.batch_matmul", "nn.matmul")
 
 
 @dataclass(frozen=True)

@@ -50,15 +50,24 @@ import numpy as np
 from tvm_ext.ops import round_half_to_even
 from tvm_ext.registry import register_pass
 
-from ._util import Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
+from ._util import (
+    ANCHOR_OPS,
+    Check,
+    Reject,
+    consumers,
+    dataflow_nodes,
+    function_pass,
+    op_name,
+    pass_logger,
+    rebuild,
+    with_body,
+)
 
 __all__ = ["AddAsOnnxRuntime"]
 
 PASS_NAME = "AddAsOnnxRuntime"
 _log = pass_logger(PASS_NAME)
 _EIGHT_BIT = {"uint8": (0, 255), "int8": (-128, 127)}
-#: ops that cannot take a widening of their input into their kernel (FuseOps' anchors)
-_ANCHORS = ("nn.conv2d", "nn.dense", "nn.conv2d_transpose", "nn.batch_matmul", "nn.matmul")
 
 
 def _scalar(expr, dtype_kind: str):
@@ -128,7 +137,7 @@ def mlas_add(a, b, sa, za, sb, zb, sc, zc, out_dtype):
 
 def _read_by_an_anchor(deq, users) -> bool:
     """``deq`` (a dequantize) is also read by a conv/dense: that anchor keeps reading it in float."""
-    return deq is not None and any(op_name(u) in _ANCHORS for u, _ in users.get(deq, []))
+    return deq is not None and any(op_name(u) in ANCHOR_OPS for u, _ in users.get(deq, []))
 
 
 def _recovered(deq, scale: float, zero_point: int):

@@ -69,13 +69,12 @@ import numpy as np
 
 from tvm_ext.registry import register_pass
 
-from ._util import Reject, op_name, pass_logger, post_order, require_typed, unsupported_construct
+from ._util import ANCHOR_OPS, Reject, op_name, pass_logger, post_order, require_typed, unsupported_construct
 
 __all__ = ["QDQToInteger", "is_qdq_graph"]
 
 PASS_NAME = "QDQToInteger"
 _log = pass_logger(PASS_NAME)
-_ANCHORS = ("nn.conv2d", "nn.dense", "nn.conv2d_transpose", "nn.batch_matmul", "nn.matmul")
 
 
 def is_qdq_graph(func):
@@ -86,7 +85,7 @@ def is_qdq_graph(func):
         return op_name(node) if isinstance(node, relay.Call) else None
 
     for node in post_order(func.body):
-        if name(node) in _ANCHORS and str(node.checked_type.dtype).startswith("float"):
+        if name(node) in ANCHOR_OPS and str(node.checked_type.dtype).startswith("float"):
             if any(name(arg) == "qnn.dequantize" for arg in node.args):
                 return True
     return Reject("no float conv2d/dense reads a qnn.dequantize (not a QDQ graph)")
@@ -108,7 +107,7 @@ def _marked_add_pattern(marked: bool, shared_dequantize: bool = False):
 #: binary ops whose float-constant operand FQ2I quantizes with the other operand's parameters
 _CONST_BINOPS = ("add", "multiply", "subtract")
 #: producers whose constant operand FQ2I handles well (a bias at the accumulator's scale)
-_BIAS_PRODUCERS = _ANCHORS + ("nn.bias_add",)
+_BIAS_PRODUCERS = ANCHOR_OPS + ("nn.bias_add",)
 
 
 #: unary ops FQ2I turns into a table lookup (``take``, which does not fuse into a conv epilogue)

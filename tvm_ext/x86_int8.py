@@ -472,8 +472,8 @@ def _int8_conv_compute(compute):
 def _int8_conv_blocks(fallback):
     """``fallback`` (TVM's generic int8 conv default config, which x86 calls with ``int32_lanes=16``),
     with the policy's blocks for the target being compiled (fix 6): the input block of
-    :func:`int8_block` and, opted in, the output block the legalization above kept (8 for 24
-    channels on AVX2). Elsewhere, and for other callers (other ``int32_lanes``), TVM's own config."""
+    :func:`int8_block` and the output block the legalization above kept (8 for 24 channels on
+    AVX2). Elsewhere, and for other callers (other ``int32_lanes``), TVM's own config."""
     import functools
 
     from tvm.autotvm.task.space import SplitEntity
