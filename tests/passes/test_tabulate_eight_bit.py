@@ -98,6 +98,7 @@ def test_wide_source_inside_eight_bits_is_read_as_eight_bits(lo, hi, narrow):
     text = after.astext()
     assert "sigmoid" not in text
     assert text.count(f'dtype="{narrow}"') == 1 and text.count(f"Tensor[(256), uint8]") == 2, text
+    assert_unchanged(TabulateEightBit(), after)  # idempotent on the narrowed form
     xs = np.arange(-300, 300, 600 / 256).astype("int16").reshape(SHAPE)  # the whole domain and beyond
     for want, got in zip(run_module(before, {"x": xs}), run_module(after, {"x": xs})):
         np.testing.assert_array_equal(got, want)
