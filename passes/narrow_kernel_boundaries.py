@@ -35,7 +35,12 @@ A chain that reaches the join through a *broadcast* edge (its shape differs from
 the squeeze-and-excitation gate ``[1, C, 1, 1]`` of ``x * gate``) never fuses through the join
 (FuseOps fuses an anchor only through elementwise edges), so it is cut at its 8-bit point
 whether or not the other side starts at an anchor, and the other side's anchor is left to fuse
-through the join.
+through the join. Such a chain may also pass through one-argument injective calls on its way
+(the gate's ``layout_transform`` back to the join's layout after AlterOpLayout, a ``reshape``);
+the anchor's kernel ends in front of the first of them, so the cut is made upstream of it::
+
+    # chain: anchor -> ... -> n -> w1 -> layout_transform -> ... -> join (broadcast edge)
+    #   n                                -> (as above)   only n upstream of every injective call
 
 Left alone, with a logged reason: joins where fewer than two chains start at an anchor (the
 argument that does not is already a kernel boundary: e.g. the identity shortcut, an 8-bit value
@@ -68,7 +73,7 @@ PASS_NAME = "NarrowKernelBoundaries"
 _log = pass_logger(PASS_NAME)
 
 # TOpPattern values (include/tvm/relay/op_attr_types.h)
-_K_BROADCAST, _K_OUT_EWISE_FUSABLE = 1, 4
+_K_BROADCAST, _K_INJECTIVE, _K_OUT_EWISE_FUSABLE = 1, 2, 4
 _NARROW = {"uint8": (0, 255), "int8": (-128, 127)}
 _INTEGRAL_FLOAT_OPS = ("round", "floor", "ceil", "trunc")
 
@@ -135,22 +140,39 @@ def narrow_type(node):
     return Reject(f"clip bounds [{lo:g}, {hi:g}] exceed 8 bits")
 
 
-def _chain_arg(call):
-    """The one non-constant argument of an elemwise/broadcast call, else None."""
+def _chain_arg(call, injective: bool = False):
+    """The one non-constant argument of an elemwise/broadcast call, else None.
+
+    With ``injective``, also the one argument of a one-argument injective call (``layout_transform``,
+    ``reshape``, ``squeeze``, ``transpose``, ...).
+    """
     from tvm import relay
 
-    if not isinstance(call, relay.Call) or _pattern(call) > _K_BROADCAST:
+    if not isinstance(call, relay.Call):
+        return None
+    kind = _pattern(call)
+    if kind > (_K_INJECTIVE if injective else _K_BROADCAST):
+        return None
+    if kind == _K_INJECTIVE and len(call.args) != 1:
         return None
     live = [a for a in call.args if not isinstance(a, relay.Constant)]
     return live[0] if len(live) == 1 else None
 
 
-def walk_chain(arg, users, body):
+def walk_chain(arg, users, body, injective: bool = False):
     """Follow a private chain back from a join argument.
 
     Returns (source, narrow) where ``source`` is the first node that is not a private chain
     call and ``narrow`` the (node, dtype, kind) narrow point nearest to the join (or None).
+
+    With ``injective``, the chain may also pass through one-argument injective calls
+    (``layout_transform``, ``reshape``, ...). FuseOps fuses an anchor only through elemwise and
+    broadcast calls, so the anchor's kernel ends in front of the first of them: ``narrow`` is then
+    the narrow point nearest to the join *upstream* of every injective call (a cut further down
+    would start a kernel of its own).
     """
+    from tvm import relay
+
     node, narrow, steps = arg, None, 0
     while True:
         steps += 1
@@ -160,7 +182,9 @@ def walk_chain(arg, users, body):
             nt = narrow_type(node)
             if nt:
                 narrow = (node, *nt)
-        prev = _chain_arg(node)
+        if injective and isinstance(node, relay.Call) and _pattern(node) == _K_INJECTIVE:
+            narrow = None  # points at or below an injective call are outside the anchor's kernel
+        prev = _chain_arg(node, injective)
         if prev is None or len(users.get(node, ())) != 1 or node.same_as(body):
             return node, narrow
         node = prev
@@ -222,9 +246,10 @@ def _run(func):
         # a side whose shape is not the join's reaches it through a broadcast edge, and FuseOps
         # fuses an anchor only through elementwise edges: that side's kernel ends before the join
         # in any case, so its chain is cut at its 8-bit point whatever the other side is
-        bcast = [(src, nar) for (src, nar), a in zip(sides, live)
-                 if isinstance(src, relay.Call) and _pattern(src) == _K_OUT_EWISE_FUSABLE
-                 and _broadcast_edge(a, join)]
+        # (the gate may reach the join through a layout_transform or reshape: walked through)
+        bcast = [(src, nar) for src, nar in (walk_chain(a, users, func.body, injective=True)
+                                             for a in live if _broadcast_edge(a, join))
+                 if isinstance(src, relay.Call) and _pattern(src) == _K_OUT_EWISE_FUSABLE]
         if bcast:
             for src, nar in bcast:
                 if nar is None or nar[0] in subst:

@@ -209,7 +209,7 @@ def _conv16(x, w):  # 16 channels: x86 legalization neither pads nor slices them
     return relay.nn.conv2d(x, relay.const(w), kernel_size=(1, 1), channels=16, out_dtype="int32")
 
 
-def se_join(cut=False, other_anchor=True):
+def se_join(cut=False, other_anchor=True, reshape=None):
     """x * gate with a per-channel gate from its own conv::
 
         x (1x16x6x6) -> conv  -> requant -> clip ----------------+-> multiply -> clip -> cast u8
@@ -217,14 +217,22 @@ def se_join(cut=False, other_anchor=True):
 
     The gate's conv can never fuse through the broadcast edge: ``cut=True`` is the pass's result,
     the gate crossing as uint8. ``other_anchor=False``: x is a graph input (no anchor).
+    ``reshape="after"``: the gate reaches the join through a reshape to ``(16, 1, 1)`` (an injective
+    call, as the ``layout_transform`` back to NCHW after AlterOpLayout); ``reshape="before"``: the
+    reshape comes before the 8-bit point, which is then outside the gate conv's kernel.
     """
     x = relay.var("x", shape=(1, 16, 6, 6), dtype="uint8")
     g = relay.var("g", shape=(1, 16, 1, 1), dtype="uint8")
     lhs = _clip8(_requant(_conv16(x, W16[0]), 0.01)) if other_anchor else relay.cast(x, "int32")
-    n = _clip8(_requant(_conv16(g, W16[1]), 0.02))
+    wide = _requant(_conv16(g, W16[1]), 0.02)
+    if reshape == "before":
+        wide = relay.reshape(wide, (16, 1, 1))
+    n = _clip8(wide)
     if cut:
         n = relay.cast(relay.annotation.stop_fusion(relay.cast(n, "uint8")), "int32")
     gate = _requant(n, 0.5)
+    if reshape == "after":
+        gate = relay.reshape(gate, (16, 1, 1))
     return infer(relay.cast(_clip8(relay.multiply(lhs, gate)), "uint8"))
 
 
@@ -247,4 +255,32 @@ def test_broadcast_join_gate_crosses_as_uint8_bit_exact():
     inputs = {"x": rng.integers(0, 256, (1, 16, 6, 6)).astype("uint8"),
               "g": rng.integers(0, 256, (1, 16, 1, 1)).astype("uint8")}
     out_b, out_a = assert_same_outputs(before, after, inputs)
+    assert out_b[0].std() > 0
+
+
+def test_broadcast_join_through_injective_call_structure(caplog):
+    # PP-OCRv4 det QDQ's SE gates (NCHW12c) reach the NCHW join through a layout_transform
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        after = check(NarrowKernelBoundaries(), se_join(reshape="after"), se_join(cut=True, reshape="after"))
+    assert "broadcast chain from nn.conv2d cut" in caplog.text
+    assert_unchanged(NarrowKernelBoundaries(), after)  # idempotent
+
+
+def test_broadcast_join_narrow_point_below_injective_call_unchanged():
+    # the clip after the reshape is not in the gate conv's kernel: a cut there would add a kernel
+    assert_unchanged(NarrowKernelBoundaries(), se_join(reshape="before"))
+
+
+def test_broadcast_join_through_injective_call_kernels_and_outputs():
+    # x without an anchor (det's SE multiply reads a value with other readers): the join's kernel
+    # is elementwise and takes the reshape, so nothing wide crosses
+    before = tvm_ext.build(se_join(reshape="after", other_anchor=False))
+    after = tvm_ext.build(se_join(reshape="after", other_anchor=False), passes=[NarrowKernelBoundaries()])
+    rb, ra = before.kernel_report, after.kernel_report
+    assert rb.num_kernels == ra.num_kernels and rb.num_anchor_kernels == ra.num_anchor_kernels == 1
+    assert rb.crossing.nbytes.get("int32", 0) > 0 and ra.crossing.nbytes.get("int32", 0) == 0, (rb.table(), ra.table())
+    rng = np.random.default_rng(1)
+    inputs = {"x": rng.integers(0, 256, (1, 16, 6, 6)).astype("uint8"),
+              "g": rng.integers(0, 256, (1, 16, 1, 1)).astype("uint8")}
+    out_b, _ = assert_same_outputs(before, after, inputs)
     assert out_b[0].std() > 0
