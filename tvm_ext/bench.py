@@ -272,7 +272,7 @@ def _build_job(job: dict) -> dict:
     import tvm
     from tvm import relay
 
-    from . import pipelines, x86_int8
+    from . import pipelines, tvm_bugs, x86_int8
     from .build import build, copy_module
     from .report import KernelReport
 
@@ -281,15 +281,29 @@ def _build_job(job: dict) -> dict:
     v = _load_variant(job["key"], job["small"], job["model_path"])
     target = tvm.target.Target(job["target"])  # already resolved by run(): stock or tvm-ext target
     t0 = time.perf_counter()
+    workaround = None
     from .explain import FuseOpsInput
 
     fuse_input = FuseOpsInput()  # the module FuseOps sees, for the explainer summary
     if job["pipeline"] in ("tvm", "tvm_same"):
         # "tvm_same": stock relay.build at tvm-ext's target, with only the VNNI operand types fixed
         # (without that fix it aborts): the bit-exactness reference for a VNNI build
-        fix = x86_int8.kernels(schedule=False) if job["pipeline"] == "tvm_same" else contextlib.nullcontext()
-        with fix, tvm.transform.PassContext(opt_level=3, instruments=[fuse_input.make()]):
-            fac = relay.build(copy_module(v["mod"]), target=target, params=v["params"])
+        def stock_build(config):
+            fix = x86_int8.kernels(schedule=False) if job["pipeline"] == "tvm_same" else contextlib.nullcontext()
+            with fix, tvm.transform.PassContext(opt_level=3, config=config, instruments=[fuse_input.make()]):
+                return relay.build(copy_module(v["mod"]), target=target, params=v["params"])
+
+        try:
+            fac = stock_build({})
+        except tvm.TVMError as err:
+            if not tvm_bugs.is_llvm_debug_info_error(err):
+                raise
+            # TVM 0.19 + LLVM 22 (tvm_bugs.is_llvm_debug_info_error): the same workaround as
+            # tvm_ext.build's, TIR CSE off; the kernels and their schedules stay stock TVM's
+            workaround = f"{tvm_bugs.NO_TIR_CSE}=True"
+            logging.getLogger(__name__).warning("%s: stock relay.build failed LLVM's verifier (TVM 0.19 debug "
+                                                "info with LLVM 22); building again with %s", job["key"], workaround)
+            fac = stock_build({tvm_bugs.NO_TIR_CSE: True})
         report, passes = KernelReport.from_factory(fac).to_dict(), None
     else:
         pipe = pipelines.int8(numerics=job.get("numerics", "tvm"))  # "onnxruntime": benchmarks/real_matrix.py
@@ -304,7 +318,8 @@ def _build_job(job: dict) -> dict:
     (out / f"{job['pipeline']}.json").write_text(fac.get_graph_json())
     (out / f"{job['pipeline']}.params").write_bytes(relay.save_param_dict(fac.get_params()))
     return {"build_s": build_s, "report": report, "passes": passes, "explain": explained, "lib": str(lib_path),
-            "graph": str(out / f"{job['pipeline']}.json"), "params": str(out / f"{job['pipeline']}.params")}
+            "graph": str(out / f"{job['pipeline']}.json"), "params": str(out / f"{job['pipeline']}.params"),
+            "workaround": workaround}
 
 
 def _explain_summary(fuse_input, target):
@@ -456,6 +471,8 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
             res["pipelines"][name]["passes"] = b["passes"]
         if b.get("explain"):
             res["pipelines"][name]["explain"] = b["explain"]
+        if b.get("workaround"):
+            res["pipelines"][name]["workaround"] = b["workaround"]
         engines.append(_Loaded(b).engine(name, v["input_name"]))
     if v["onnx_path"] is not None:
         try:
@@ -694,6 +711,8 @@ def render_markdown(results: dict) -> str:
             vs_stock = f"{med / lat_stock:.2f}×" if med and lat_stock and key != "tvm" else ""
             vs_ort = f"{med / lat_ort:.2f}×" if med and lat_ort and key != "onnxruntime" else ""
             rep = p.get("report")
+            if p.get("workaround"):  # stock failed LLVM's verifier and was built again (see _build_job)
+                label += f" (`{p['workaround']}`)"
             if rep:
                 lines.append(
                     f"| {v['label']} | {label} | {rep['num_kernels']} | {rep['num_anchor_kernels']} | "
