@@ -35,7 +35,8 @@ def test_kernels_restores_tvm_functions_even_on_error():
         return (intrin.dot_16x1x16_uint8_int8_int32_cascadelake, common._schedule_conv_NCHWc_int8,
                 depthwise._fallback_schedule, generic.fallback_schedule_cpu_1x1_int8,
                 generic.fallback_schedule_cpu_common_int8, x86.schedule_pool, alter_op.conv2d_alter_int8_common,
-                x86.conv2d_NCHWc_int8, conv2d_int8.conv2d_NCHWc_int8)
+                x86.conv2d_NCHWc_int8, conv2d_int8.conv2d_NCHWc_int8, x86.conv2d_transpose_nchw,
+                x86.schedule_conv2d_transpose_nchw)
 
     before = now()
     with pytest.raises(RuntimeError):
