@@ -170,3 +170,17 @@ def test_default_pipeline_does_not_run_it():
     assert "QuantizeWeightsAsOnnxRuntime" not in pipelines.int8().pass_names()["start"]
     assert "QuantizeWeightsAsOnnxRuntime" in pipelines.int8(numerics="onnxruntime").pass_names()["start"]
     assert "QuantizeWeightsAsOnnxRuntime" in pipelines.onnxruntime_numerics().pass_names()["start"]
+
+
+def test_untyped_module_raises_naming_the_pass():
+    import tvm
+
+    from tvm_ext.passes._util import UntypedModuleError
+
+    x = relay.var("x", shape=(1, C, HW, HW), dtype="uint8")
+    d = relay.qnn.op.dequantize(x, _c(SX, "float32"), _c(ZX, "int32"))
+    y = relay.nn.conv2d_transpose(d, relay.const(_weights()), channels=O, kernel_size=(2, 2), strides=(2, 2))
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.qnn.op.quantize(y, _c(SY, "float32"), _c(ZY, "int32"),
+                                                                          out_dtype="uint8")))
+    with pytest.raises(UntypedModuleError, match="QuantizeWeightsAsOnnxRuntime"):
+        QuantizeWeightsAsOnnxRuntime()(mod)
