@@ -86,7 +86,6 @@ def ort_int8_weight_parameters(w: np.ndarray):
 
 def _ort_bias(b: np.ndarray, bias_scale: np.float32):
     """ORT's bias quantization: ``Round(B / bias_scale)`` to int32, then ``DequantizeLinear``."""
-    f32 = np.float32
     r = np.rint((np.asarray(b, "float32") / bias_scale).astype("float32"))
     if not np.all(np.abs(r) < 2.0 ** 31):
         return None
