@@ -17,6 +17,7 @@ from .narrow_before_max_pool import NarrowBeforeMaxPool
 from .narrow_kernel_boundaries import NarrowKernelBoundaries
 from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
 from .qdq_to_integer import QDQToInteger
+from .quantize_weights_as_onnxruntime import QuantizeWeightsAsOnnxRuntime
 from .remove_stop_fusion import RemoveStopFusion
 from .round_half_to_even import RoundHalfToEven
 from .tabulate_eight_bit import TabulateEightBit
@@ -37,6 +38,7 @@ __all__ = [
     "NarrowKernelBoundaries",
     "NonNegativeConvInputToUint8",
     "QDQToInteger",
+    "QuantizeWeightsAsOnnxRuntime",
     "RemoveStopFusion",
     "RoundHalfToEven",
     "TabulateEightBit",

@@ -115,6 +115,10 @@ def int8(numerics: str = "tvm") -> Pipeline:
 
     3b. ``AddAsOnnxRuntime``: quantized adds (``QLinearAdd``, and the ``qnn.add`` of QDQ adds)
         computed with ONNX Runtime's MLAS arithmetic (fused multiply-adds, one rounding);
+    3c. ``QuantizeWeightsAsOnnxRuntime``: the float weight (and bias) of a conv / transposed conv
+        between a ``dequantize`` and a ``quantize`` quantized to int8 as ONNX Runtime's graph
+        optimizer (``WeightBiasQuantization``) does, so TVM computes with ORT's weights (PP-OCRv4
+        det QOperator's head ``ConvTranspose``);
 
     and stage ``before_fuse`` gets, before ``TabulateEightBit`` (so tables round as ONNX does),
 
@@ -157,6 +161,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         NarrowKernelBoundaries,
         NonNegativeConvInputToUint8,
         QDQToInteger,
+        QuantizeWeightsAsOnnxRuntime,
         RemoveStopFusion,
         RoundHalfToEven,
         TabulateEightBit,
@@ -183,6 +188,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
     name, requantize = "tvm_ext.int8", ()
     if ort:
         start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
+        start.insert(3, QuantizeWeightsAsOnnxRuntime())  # after QDQToInteger: FQ2I must not see its dequantized weight
         before_fuse.insert(-1, RoundHalfToEven())  # before TabulateEightBit: tables round as ONNX does
         name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
     return Pipeline(
@@ -200,8 +206,9 @@ def onnxruntime_numerics() -> Pipeline:
     ``tvm_ext.build(mod, params=params, passes=pipelines.onnxruntime_numerics())`` compiles the
     graph stock ``relay.build`` compiles, except that (1) QNN requantize is lowered with
     :data:`ORT_REQUANTIZE` (float32 scale, round to nearest) instead of TVM's ``UPWARD`` rounding,
-    and (2) ``AddAsOnnxRuntime`` runs at ``start`` (quantized adds as MLAS computes them), and
-    (3) ``RoundHalfToEven`` runs at ``before_fuse``: ``round`` (so ``qnn.quantize``) rounds
+    and (2) ``AddAsOnnxRuntime`` and ``QuantizeWeightsAsOnnxRuntime`` run at ``start`` (quantized
+    adds as MLAS computes them; float conv weights between a dequantize and a quantize quantized as
+    ORT's graph optimizer does), and (3) ``RoundHalfToEven`` runs at ``before_fuse``: ``round`` (so ``qnn.quantize``) rounds
     ties to even, a rounded division by a scalar constant stays a true division, and a requantize's
     output zero point is added after rounding, as ONNX Runtime's kernels do.
 
@@ -210,9 +217,9 @@ def onnxruntime_numerics() -> Pipeline:
     Pipeline
         Named ``tvm_ext.onnxruntime_numerics``.
     """
-    from .passes import AddAsOnnxRuntime, RoundHalfToEven
+    from .passes import AddAsOnnxRuntime, QuantizeWeightsAsOnnxRuntime, RoundHalfToEven
 
     name = "tvm_ext.onnxruntime_numerics"
-    return Pipeline(name=name, start=_sequential([AddAsOnnxRuntime()], f"{name}.start"),
+    return Pipeline(name=name, start=_sequential([AddAsOnnxRuntime(), QuantizeWeightsAsOnnxRuntime()], f"{name}.start"),
                     before_fuse=_sequential([RoundHalfToEven()], f"{name}.before_fuse"),
                     doc=onnxruntime_numerics.__doc__ or "", requantize=ORT_REQUANTIZE)

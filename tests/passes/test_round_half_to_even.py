@@ -157,15 +157,16 @@ def test_caller_module_not_mutated_and_disabled_by_name():
 
 # --- pipelines.int8(numerics="onnxruntime") ------------------------------------------------------
 def test_pipeline_numerics_option():
-    """int8(numerics="onnxruntime") = int8() + AddAsOnnxRuntime + RoundHalfToEven (before the last pass,
-    TabulateEightBit, so tables round as ONNX does) + ORT requantize settings."""
+    """int8(numerics="onnxruntime") = int8() + AddAsOnnxRuntime + QuantizeWeightsAsOnnxRuntime + RoundHalfToEven
+    (before the last pass, TabulateEightBit, so tables round as ONNX does) + ORT requantize settings."""
     default, ort = pipelines.int8(), pipelines.int8(numerics="onnxruntime")
     assert "RoundHalfToEven" not in default.pass_names()["before_fuse"]
     fuse = default.pass_names()["before_fuse"]
     assert fuse[-1] == "TabulateEightBit"
     assert ort.pass_names()["before_fuse"] == [*fuse[:-1], "RoundHalfToEven", "TabulateEightBit"]
     start = default.pass_names()["start"]
-    assert ort.pass_names()["start"] == [*start[:2], "AddAsOnnxRuntime", *start[2:]]  # after QDQToInteger
+    assert ort.pass_names()["start"] == [*start[:2], "AddAsOnnxRuntime", "QuantizeWeightsAsOnnxRuntime",
+                                         *start[2:]]  # after QDQToInteger
     assert ort.name == "tvm_ext.int8_ort" and default.name == "tvm_ext.int8"
     assert default.requantize == () and dict(ort.requantize) == dict(pipelines.ORT_REQUANTIZE)
     with pytest.raises(ValueError, match="numerics='mlas'"):
