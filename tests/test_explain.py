@@ -404,3 +404,28 @@ def test_fuse_ops_input_ignores_nested_builds():
         _relay.build(tvm.IRModule.from_expr(_relay.Function([x], y)), target="llvm")
     main = cap.module["main"]
     assert [p.name_hint for p in main.params] == ["x"] and "take" in main.astext()
+
+
+def conv24_pair():
+    """uint8 -> qnn.conv2d (24 output channels) -> requantize -> qnn.conv2d (16) -> requantize.
+    At AVX-512 targets x86 int8 legalization pads the first conv to 32 output channels and slices
+    back: its int32 accumulators cross to the slice's kernel."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+
+    def qconv(d, ci, co, seed):
+        w = relay.const(np.random.default_rng(seed).integers(-5, 5, (co, ci, 1, 1)).astype("int8"))
+        c = relay.qnn.op.conv2d(d, w, relay.const(3), relay.const(0), relay.const(0.02), relay.const(0.01),
+                                kernel_size=(1, 1), channels=co, out_dtype="int32")
+        return relay.qnn.op.requantize(c, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(3),
+                                       out_dtype="uint8")
+
+    return tvm.IRModule.from_expr(relay.Function([x], qconv(qconv(x, 16, 24, 0), 24, 16, 1)))
+
+
+def test_sliced_conv_accumulators_name_epilogue_before_channel_slice():
+    # explain compiles nothing: a znver4 target is only read here, on any host
+    ex = explain(conv24_pair(), target="llvm -mcpu=znver4")
+    (b,) = [b for b in ex.boundaries if b.dtype == "int32"]
+    assert b.kind == "injective_after_anchor" and b.remedy == "EpilogueBeforeChannelSlice"
+    (rr,) = [r for r in ex.check_remedies(["EpilogueBeforeChannelSlice"]) if r.remedy == "EpilogueBeforeChannelSlice"]
+    assert rr.measured and rr.remaining == 0

@@ -263,6 +263,9 @@ def _inserted(b: Boundary, op: str, pass_name: str) -> bool:
 
 
 #: Ordered remedy table: the first entry whose predicate holds names a boundary's remedy.
+#: convolutions x86 int8 legalization pads to 16 output channels and slices back (their int32
+#: accumulators then cross to the slice's kernel)
+_SLICED_CONVS = ("nn.contrib_conv2d_NCHWc", "nn.conv2d")
 REMEDIES = (
     Remedy("RemoveStopFusion", "pass",
            lambda b: b.kind == "stop_fusion" and not any(o == "annotation.stop_fusion" for o, _ in b.inserted_by),
@@ -299,6 +302,12 @@ REMEDIES = (
            and bool(b.readers) and all(r in _ZP_FOLD_CONVS for r in b.readers),
            "tvm-ext pass FoldZeroPointPadIntoConv: the zero-point pad folds into the integer convolution, its "
            "border contribution added as a constant in the conv's epilogue", pass_name="FoldZeroPointPadIntoConv"),
+    Remedy("EpilogueBeforeChannelSlice", "pass",
+           lambda b: b.kind == "injective_after_anchor" and _wide(b.dtype) and b.op in _SLICED_CONVS
+           and any(r in ("layout_transform", "strided_slice") for r in b.readers),
+           "tvm-ext pass EpilogueBeforeChannelSlice: the requantize epilogue moves in front of x86's output-channel "
+           "slice, so the padded conv writes 8 bits instead of its int32 accumulators",
+           pass_name="EpilogueBeforeChannelSlice"),
     Remedy("relay.FuseOps.max_depth", "config", lambda b: b.kind == "max_depth",
            "config: raise PassContext(config={'relay.FuseOps.max_depth': N})", config=_raise_max_depth),
     Remedy("disabled_pass=AlterOpLayout", "config",
