@@ -303,7 +303,7 @@ REMEDIES = (
            "tvm-ext pass FoldZeroPointPadIntoConv: the zero-point pad folds into the integer convolution, its "
            "border contribution added as a constant in the conv's epilogue", pass_name="FoldZeroPointPadIntoConv"),
     Remedy("EpilogueBeforeChannelSlice", "pass",
-           lambda b: b.kind == "injective_after_anchor" and _wide(b.dtype) and b.op in _SLICED_CONVS
+           lambda b: b.kind == "injective_after_anchor" and b.dtype == "int32" and b.op in _SLICED_CONVS
            and any(r in ("layout_transform", "strided_slice") for r in b.readers),
            "tvm-ext pass EpilogueBeforeChannelSlice: the requantize epilogue moves in front of x86's output-channel "
            "slice, so the padded conv writes 8 bits instead of its int32 accumulators",
