@@ -114,6 +114,7 @@ def schedule_conv2d_transpose_nchw(fallback):
                 return
             conv = op.output(0)
             kw = int(op.input_tensors[1].shape[3])
+            _inline_producers(s, op.input_tensors[0].op)
             row = _row_loops(s, last, kw)
             if conv.op != last.op:
                 s[conv].compute_at(s[last], row)
@@ -124,6 +125,24 @@ def schedule_conv2d_transpose_nchw(fallback):
 
     wrapped._tvm_ext_conv_transpose_fix = True  # pylint: disable=protected-access
     return wrapped
+
+
+def _inline_producers(s, op):
+    """Inline the elementwise/injective stages computing the conv's data (a dequantize, BatchNorm,
+    ReLU grouped into the kernel by :mod:`~tvm_ext.passes.dequantize_in_conv_transpose`): each is
+    computed per read, so the kernel reads the 8-bit input (TVM's ``traverse_inline`` stops at
+    the conv)."""
+    from tvm import te
+    from tvm.topi import tag
+
+    stack, seen = [op], set()
+    while stack:
+        op = stack.pop()
+        if op in seen or not isinstance(op, te.ComputeOp) or not tag.is_injective(op.tag):
+            continue
+        seen.add(op)
+        s[op].compute_inline()
+        stack.extend(t.op for t in op.input_tensors)
 
 
 def _row_loops(s, out, kw):
