@@ -111,7 +111,7 @@ def _conv_ok(t):
             return ok
     a = t.attrs
     if str(t.checked_type.dtype) != "float32":
-        return Reject(f"a {t.checked_type.dtype} transposed conv (only float32 ones are kept in float)")
+        return Reject(f"a {t.checked_type.dtype} transposed conv (only float32 transposed convs are grouped)")
     if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout)) != ("NCHW", "IOHW", "NCHW"):
         return Reject(f"layouts {a.data_layout}/{a.kernel_layout} (the direct schedule takes NCHW/IOHW)")
     if int(a.groups) != 1:
