@@ -136,3 +136,56 @@ def test_untyped_module_raises():
     mod = tvm.IRModule.from_expr(_convt(_dq(_x(), 0.05, 128), W1))
     with pytest.raises(UntypedModuleError, match="DequantizeInConvTranspose"):
         DequantizeInConvTranspose()(mod)
+
+
+# -- the real model (slow: two full builds of PP-OCRv4 det, in a child process) -----------------
+_CHILD = """
+import json, sys
+import numpy as np, tvm
+from tvm.contrib import graph_executor
+import tvm_ext
+from tvm_ext import zoo, pipelines
+name, numerics = sys.argv[1], sys.argv[2]
+m = zoo.load(name)
+x = zoo.sample_input(name)
+def run(fac):
+    gm = graph_executor.GraphModule(fac["default"](tvm.cpu()))
+    gm.set_input(m.input_name, x)
+    gm.run()
+    return gm.get_output(0).numpy()
+new = tvm_ext.build(m.mod, params=m.params, passes=pipelines.int8(numerics))
+old = tvm_ext.build(m.mod, params=m.params, passes=pipelines.int8(numerics), disabled_pass=["DequantizeInConvTranspose"])
+rn, ro = new.kernel_report, old.kernel_report
+print(json.dumps({"kernels": [rn.num_kernels, ro.num_kernels],
+                  "f32": [rn.crossing.nbytes.get("float32", 0), ro.crossing.nbytes.get("float32", 0)],
+                  "bytes": [rn.crossing.total_bytes, ro.crossing.total_bytes],
+                  "equal": bool(np.array_equal(run(new), run(old)))}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("numerics", ["tvm", "onnxruntime"])
+def test_ppocr_det_qoperator_head_bit_exact_no_float_crossing(tmp_path, numerics):
+    """PP-OCRv4 det QOperator's DB head: with the pass, no float32 crosses kernels (both pipelines),
+    one kernel fewer, outputs bit-identical to the pipeline without it."""
+    import json
+    import subprocess
+    import sys
+
+    from tvm_ext import zoo, zoo_real
+
+    name = "ppocr_det_v4_int8_qoperator"
+    try:
+        zoo.onnx_path(name)
+    except zoo_real.ModelUnavailable as err:
+        pytest.skip(f"real model unavailable: {err}")
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    proc = subprocess.run([sys.executable, str(script), name, numerics], capture_output=True, text=True,
+                          timeout=3600)
+    assert proc.returncode == 0, f"child exited with {proc.returncode}: {proc.stderr[-3000:]}"
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["equal"], res
+    assert res["kernels"][0] == res["kernels"][1] - 1, res
+    assert res["f32"][0] == 0 < res["f32"][1], res
+    assert res["bytes"][0] < res["bytes"][1] - 2_000_000, res
