@@ -18,8 +18,12 @@ pixel reads exactly one input pixel::
 (``w`` in conv2d_transpose's ``IOHW`` layout). :func:`conv2d_transpose_nchw` computes that
 directly and :func:`schedule_conv2d_transpose_nchw` schedules it per output row: rows in
 parallel, the ``kw`` output phases outside, 16 input columns per vector, the ``ci`` reduction
-inside; an elementwise epilogue (requantize) is computed per row right after it. Other
-transposed convolutions (overlapping windows, padding) keep TVM's compute and schedule.
+inside; an elementwise epilogue (requantize) is computed per row right after it. Elementwise /
+injective stages computing the conv's *data* inside the same kernel (a dequantize, BatchNorm +
+ReLU, an 8-bit layout_transform: what :mod:`~tvm_ext.passes.dequantize_in_conv_transpose` groups
+with the conv) are inlined, computed per read, so the kernel reads the 8-bit tensor (FuseOps
+itself never puts producers in a conv's kernel: then the data is a placeholder and nothing changes).
+Other transposed convolutions (overlapping windows, padding) keep TVM's compute and schedule.
 
 Results: the products and their types are TVM's (``data * w`` cast to ``out_dtype``), summed over
 ``ci`` in ascending order, as TVM's conv sums the only non-zero terms; integer results are
