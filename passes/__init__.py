@@ -7,6 +7,7 @@ all key on it. Each pass lives in its own module with a mirrored test module.
 from .add_as_onnxruntime import AddAsOnnxRuntime
 from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
+from .dequantize_in_conv_transpose import DequantizeInConvTranspose
 from .epilogue_before_channel_slice import EpilogueBeforeChannelSlice
 from .fold_pad_into_conv import FoldPadIntoConv
 from .fold_zero_point_pad_into_conv import FoldZeroPointPadIntoConv
@@ -28,6 +29,7 @@ __all__ = [
     "AddAsOnnxRuntime",
     "CombineParallelCast",
     "CombineParallelOpBatch",
+    "DequantizeInConvTranspose",
     "EpilogueBeforeChannelSlice",
     "FoldPadIntoConv",
     "FoldZeroPointPadIntoConv",

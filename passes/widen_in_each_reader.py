@@ -34,6 +34,13 @@ kernel by :mod:`~tvm_ext.passes.fuse_widening_into_pool`, which runs next. No ke
 chain is recomputed per reader: a few elementwise operations per element). Exact: the same
 operations on the same values; ``clip`` to 8-bit bounds makes ``cast(cast(n, u8), dtype(n)) == n``.
 
+*Nested widenings* (PP-OCRv4 det QOperator's RSE blocks under ``pipelines.int8()``): the chain's
+first step ``cast(n, i32) - zp`` is read by the float dequantize (``cast f32 -> multiply``, read by
+the SE pool and the residual add) and by the integer ``qnn.mul`` lowering; the shared ``subtract``
+is rewritten first, which makes the float chain private, so the pass sweeps again (types
+re-inferred; at most ``_MAX_ROUNDS`` sweeps, a clear error beyond) until nothing is rewritten. One
+sweep left those eight dequantizes (4.1 MB float32 per inference) crossing kernels.
+
 Left alone, with a logged reason: values without such a chain, chains whose intermediate values
 have other readers, readers that are neither elementwise/broadcast nor such a pool (a conv would
 get the widening as an unfusable producer: a kernel more), the function's result, dynamic shapes.
@@ -65,6 +72,8 @@ PASS_NAME = "WidenInEachReader"
 _log = pass_logger(PASS_NAME)
 _K_BROADCAST = 1
 _MAX_CHAIN = 64
+#: sweeps before giving up: a rewrite can free a chain for the next sweep (module note)
+_MAX_ROUNDS = 8
 
 
 def _pattern(call) -> int:
@@ -138,6 +147,26 @@ def _copy(chain, x):
 
 
 def _run(func):
+    """Sweeps of :func:`_sweep` until none rewrites (at most :data:`_MAX_ROUNDS`)."""
+    import tvm
+    from tvm import relay
+
+    for _ in range(_MAX_ROUNDS):
+        new = _sweep(func)
+        if new.same_as(func):
+            return func
+        try:  # the next sweep reads the types of the new nodes
+            func = relay.transform.InferType()(tvm.IRModule.from_expr(new))["main"]
+        except tvm.TVMError as err:  # calls of other module functions: keep the sweep's result
+            _log.debug("no further sweep: the rewritten function does not type-check alone: %s",
+                       str(err).splitlines()[-1] if str(err) else type(err).__name__)
+            return new
+    if not _sweep(func).same_as(func):
+        raise RuntimeError(f"{PASS_NAME}: still rewriting after {_MAX_ROUNDS} rounds (a malformed graph?)")
+    return func
+
+
+def _sweep(func):
     from tvm import relay
 
     nodes = dataflow_nodes(func, PASS_NAME)

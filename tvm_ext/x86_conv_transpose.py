@@ -18,8 +18,12 @@ pixel reads exactly one input pixel::
 (``w`` in conv2d_transpose's ``IOHW`` layout). :func:`conv2d_transpose_nchw` computes that
 directly and :func:`schedule_conv2d_transpose_nchw` schedules it per output row: rows in
 parallel, the ``kw`` output phases outside, 16 input columns per vector, the ``ci`` reduction
-inside; an elementwise epilogue (requantize) is computed per row right after it. Other
-transposed convolutions (overlapping windows, padding) keep TVM's compute and schedule.
+inside; an elementwise epilogue (requantize) is computed per row right after it. Elementwise /
+injective stages computing the conv's *data* inside the same kernel (a dequantize, BatchNorm +
+ReLU, an 8-bit layout_transform: what :mod:`~tvm_ext.passes.dequantize_in_conv_transpose` groups
+with the conv) are inlined, computed per read, so the kernel reads the 8-bit tensor (FuseOps
+itself never puts producers in a conv's kernel: then the data is a placeholder and nothing changes).
+Other transposed convolutions (overlapping windows, padding) keep TVM's compute and schedule.
 
 Results: the products and their types are TVM's (``data * w`` cast to ``out_dtype``), summed over
 ``ci`` in ascending order, as TVM's conv sums the only non-zero terms; integer results are
@@ -114,6 +118,7 @@ def schedule_conv2d_transpose_nchw(fallback):
                 return
             conv = op.output(0)
             kw = int(op.input_tensors[1].shape[3])
+            _inline_producers(s, op.input_tensors[0].op)
             row = _row_loops(s, last, kw)
             if conv.op != last.op:
                 s[conv].compute_at(s[last], row)
@@ -124,6 +129,24 @@ def schedule_conv2d_transpose_nchw(fallback):
 
     wrapped._tvm_ext_conv_transpose_fix = True  # pylint: disable=protected-access
     return wrapped
+
+
+def _inline_producers(s, op):
+    """Inline the elementwise/injective stages computing the conv's data (a dequantize, BatchNorm,
+    ReLU grouped into the kernel by :mod:`~tvm_ext.passes.dequantize_in_conv_transpose`): each is
+    computed per read, so the kernel reads the 8-bit input (TVM's ``traverse_inline`` stops at
+    the conv)."""
+    from tvm import te
+    from tvm.topi import tag
+
+    stack, seen = [op], set()
+    while stack:
+        op = stack.pop()
+        if op in seen or not isinstance(op, te.ComputeOp) or not tag.is_injective(op.tag):
+            continue
+        seen.add(op)
+        s[op].compute_inline()
+        stack.extend(t.op for t in op.input_tensors)
 
 
 def _row_loops(s, out, kw):

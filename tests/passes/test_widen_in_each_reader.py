@@ -177,3 +177,40 @@ def test_float_quantize_with_zero_point_is_the_8bit_point():
     after = check(WidenInEachReader(), graph(v, v),
                   graph(chain(relay.cast(c, "float32")), chain(relay.cast(c, "float32"))))
     assert_unchanged(WidenInEachReader(), after)
+
+
+def nested():
+    """PP-OCRv4 det QOperator's RSE block under ``int8()``: the dequantize's first step is shared::
+
+        n(u8) -> cast i32 -> subtract 146 = s -+-> cast f32 -> multiply 0.74 = v -+-> global_avg_pool2d
+                                               |                                 +-> add(v, g)
+                                               +-> multiply(s, gi)  (qnn.mul's integer lowering)
+    """
+    n = relay.var("n", shape=(1, 4, 6, 6), dtype="uint8")
+    gi = relay.var("gi", shape=(1, 4, 1, 1), dtype="int32")
+
+    def s():
+        return relay.subtract(relay.cast(n, "int32"), relay.const(146))
+
+    def v(s_):
+        return relay.multiply(relay.cast(s_, "float32"), relay.const(0.74))
+
+    return n, gi, s, v
+
+
+def test_structure_nested_widening_second_sweep():
+    """Sweep 1 gives each reader of ``s`` its own copy, so ``v``'s chain is private; sweep 2 rewrites ``v``."""
+    n, gi, s, v = nested()
+    s0 = s()
+    v0 = v(s0)
+    before_ = infer(relay.Tuple([relay.nn.global_avg_pool2d(v0), relay.add(v0, _g()), relay.multiply(s0, gi)]))
+    want = infer(relay.Tuple([relay.nn.global_avg_pool2d(v(s())), relay.add(v(s()), _g()),
+                              relay.multiply(s(), gi)]))
+    after = check(WidenInEachReader(), before_, want)
+    assert_unchanged(WidenInEachReader(), after)
+    inputs = {"n": RNG.integers(0, 256, (1, 4, 6, 6)).astype("uint8"),
+              "g": RNG.standard_normal((1, 4, 6, 6)).astype("float32"),
+              "gi": RNG.integers(-9, 9, (1, 4, 1, 1)).astype("int32")}
+    out_b, out_a = assert_same_outputs(before_, after, inputs, rtol=0, atol=0)
+    for b, a in zip(out_b, out_a):
+        np.testing.assert_array_equal(b, a)

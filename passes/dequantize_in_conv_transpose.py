@@ -1,0 +1,298 @@
+"""DequantizeInConvTranspose: a float transposed conv's kernel reads 8 bits and writes 8 bits.
+
+Design note
+-----------
+Where. ONNX Runtime's QOperator graphs keep ``ConvTranspose`` in float between a
+``DequantizeLinear`` and a ``QuantizeLinear`` (PP-OCRv4 det's DB head: ``dequantize -> ConvTranspose
+-> quantize -> (bias add) -> dequantize -> BatchNorm -> ReLU -> ConvTranspose -> quantize``).
+``nn.conv2d_transpose`` is an anchor (``kOutEWiseFusable``): FuseOps never fuses a producer into its
+kernel, so the dequantize (and the BatchNorm + ReLU) in front of it end the *previous* kernel,
+which then writes float32: on the det head 0.61 MB (``[1, 24, 80, 80]``) and 2.46 MB
+(``[1, 24, 160, 160]``) per inference, 3.07 MB of the 11.2 MB crossing kernels.
+
+Rule (a transposed conv whose stride equals its kernel, no padding: the form
+:mod:`tvm_ext.x86_conv_transpose` computes directly, reading each input pixel once per output)::
+
+    # t = conv2d_transpose(d_k(...d_1(n)...), w),  e_m(...e_1(t)...) -> ... (readers outside)
+    #   n 8-bit typed; d_i private elementwise/broadcast calls (or one-argument injective calls on
+    #   8-bit values: layout_transform, strided_slice), constants as their other arguments;
+    #   e_j the private elementwise chain after t, N the last 8-bit point on it (a uint8/int8 value,
+    #   or a clip to 8-bit bounds of integral values: a quantize)
+    #   -> c = Primitive fn(n, w, ...) { cast(N', u8) }   (N' = N computed from d, t, e_1..e_j)
+    #      the readers of N read cast(c, dtype(N))
+    # If the chain after t ends at the function's result, the group ends there (no cut).
+
+The group is made a ``Primitive=1`` function, the form FuseOps produces and then leaves alone
+(:mod:`~tvm_ext.passes.fuse_by_pattern`'s note); its non-scalar constants become parameters, as
+FuseOps lifts them. The kernel then reads the 8-bit ``n`` and writes the 8-bit ``N``; the
+dequantize and BatchNorm + ReLU are computed per read inside it (the direct schedule inlines the
+elementwise stages in front of the conv: four reads per input pixel for a 2x2 kernel). No kernel
+is added: the chain in front of the conv was the previous kernel's epilogue or a kernel of its own
+(the layout_transform + strided_slice + dequantize in front of the det head's first ConvTranspose:
+one kernel fewer). Exact: the same operations on the same values in the same order
+(``cast(cast(N, u8), dtype(N)) == N`` for a value clipped to 8-bit bounds).
+
+Left alone, with a logged reason: transposed convs that are not float or whose stride differs from
+the kernel (TVM's schedule would not inline the chain), a data chain without an 8-bit start
+(or whose values have other readers), a conv whose output has several readers, dynamic shapes.
+Functions with ``If``/``Let``/... are skipped; untyped input raises
+:class:`~tvm_ext.passes._util.UntypedModuleError`. Run it last at stage ``before_fuse`` (the passes
+before it do not look inside ``Primitive`` functions). Idempotent: a grouped conv is inside a
+``Primitive`` function, which the pass does not enter.
+"""
+from __future__ import annotations
+
+from tvm_ext.registry import register_pass
+
+from ._util import (
+    Reject,
+    consumers,
+    dataflow_nodes,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    with_body,
+)
+from .narrow_kernel_boundaries import _chain_arg, narrow_type
+
+__all__ = ["DequantizeInConvTranspose"]
+
+PASS_NAME = "DequantizeInConvTranspose"
+_log = pass_logger(PASS_NAME)
+_K_BROADCAST, _K_INJECTIVE = 1, 2
+_MAX_CHAIN = 64
+_8BIT = ("uint8", "int8")
+#: ops whose float result holds integers, beyond narrow_type's round/floor/ceil/trunc
+_INTEGRAL_EXTRA = ("tvm_ext.round_half_to_even",)
+
+
+def _pattern(call) -> int:
+    from tvm_ext.report import op_pattern
+
+    return op_pattern(op_name(call) or "")
+
+
+def _eight_bit_point(node):
+    """The 8-bit dtype ``node`` holds (a typed 8-bit value, or a clip to 8-bit bounds of integral values), or None."""
+    import numpy as np
+    from tvm import relay
+
+    nt = narrow_type(node)
+    if nt:
+        return nt[0]
+    # ``clip(round_half_to_even(x) [+ integral c], lo, hi)`` (pipelines.int8(numerics="onnxruntime"))
+    if op_name(node) != "clip" or not str(node.checked_type.dtype).startswith("float32"):
+        return None
+    arg = node.args[0]
+    if op_name(arg) in ("add", "subtract") and isinstance(arg.args[1], relay.Constant) \
+            and np.all(np.mod(arg.args[1].data.numpy(), 1) == 0):
+        arg = arg.args[0]
+    if op_name(arg) not in _INTEGRAL_EXTRA:
+        return None
+    lo, hi = float(node.attrs.a_min), float(node.attrs.a_max)
+    for dtype, (tlo, thi) in (("uint8", (0, 255)), ("int8", (-128, 127))):
+        if lo == int(lo) and hi == int(hi) and tlo <= lo and hi <= thi:
+            return dtype
+    return None
+
+
+def _is_typed_8bit(node) -> bool:
+    return static_tensor_type(node) and str(node.checked_type.dtype) in _8BIT
+
+
+def _conv_ok(t):
+    """True for a float32 NCHW / IOHW transposed conv whose stride equals its kernel, else a Reject."""
+    from tvm_ext.x86_conv_transpose import stride_equals_kernel
+
+    for e in (t, t.args[0], t.args[1]):
+        ok = static_tensor_type(e)
+        if not ok:
+            return ok
+    a = t.attrs
+    if str(t.checked_type.dtype) != "float32":
+        return Reject(f"a {t.checked_type.dtype} transposed conv (only float32 transposed convs are grouped)")
+    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout)) != ("NCHW", "IOHW", "NCHW"):
+        return Reject(f"layouts {a.data_layout}/{a.kernel_layout} (the direct schedule takes NCHW/IOHW)")
+    if int(a.groups) != 1:
+        return Reject(f"groups={int(a.groups)}")
+    w_shape = [int(d) for d in t.args[1].checked_type.shape]
+    if not stride_equals_kernel(w_shape, a.strides, a.padding, a.output_padding) or any(int(d) != 1 for d in a.dilation):
+        return Reject("stride differs from the kernel, or padding/dilation: TVM's schedule would not inline the chain")
+    return True
+
+
+def _data_chain(t, users):
+    """(n, chain from the conv's data down to the call reading n) or a Reject."""
+    node, chain = t.args[0], []
+    if len(users.get(node, [])) != 1:
+        return Reject("the conv's input has other readers")
+    for _ in range(_MAX_CHAIN):
+        if _is_typed_8bit(node):
+            inner = _chain_arg(node, injective=True)
+            if (inner is None or _pattern(node) != _K_INJECTIVE or not _is_typed_8bit(inner)
+                    or len(users.get(inner, [])) != 1):
+                if not chain:
+                    return Reject("the conv reads an 8-bit value already")
+                return node, chain
+            chain.append(node)  # an 8-bit layout_transform / strided_slice: into the group too
+            node = inner
+            continue
+        prev = _chain_arg(node)
+        if prev is None:
+            return Reject("no 8-bit value at the start of its private elementwise input chain")
+        if len(users.get(prev, [])) != 1:
+            return Reject("a value of its input chain has other readers")
+        chain.append(node)
+        node = prev
+    return Reject(f"input chain longer than {_MAX_CHAIN} calls")
+
+
+def _epilogue(t, users, body):
+    """(epilogue calls after t, index of the last 8-bit point in [t] + epilogue or None, ends at result)."""
+    from tvm import relay
+
+    epi, node = [], t
+    for _ in range(_MAX_CHAIN):
+        if node.same_as(body):
+            break
+        us = users.get(node, [])
+        if len(us) != 1:
+            break
+        u = us[0][0]
+        if not isinstance(u, relay.Call) or _chain_arg(u) is None or not _chain_arg(u).same_as(node):
+            break
+        epi.append(u)
+        node = u
+    cut = None
+    for i, n in enumerate([t, *epi]):
+        if _eight_bit_point(n):
+            cut = i
+    return epi, cut, node.same_as(body)
+
+
+def _group(n, chain, t, epi_kept, out_dtype):
+    """Call of a Primitive function computing ``epi_kept[-1]`` (cast to ``out_dtype``) from ``n``."""
+    import tvm
+    from tvm import relay
+
+    from .fuse_by_pattern import _lift_constants
+
+    memo, params, args = {}, [], []
+
+    def param_for(e):
+        if e not in memo:
+            v = relay.var(f"p{len(params)}", e.checked_type)
+            memo[e] = v
+            params.append(v)
+            args.append(e)
+        return memo[e]
+
+    param_for(n)
+    last = None
+    for node in [*reversed(chain), t, *epi_kept]:
+        new_args = []
+        for a in node.args:
+            if a in memo:
+                new_args.append(memo[a])
+            elif isinstance(a, relay.Constant):
+                new_args.append(a)
+            else:
+                new_args.append(param_for(a))
+        last = relay.Call(node.op, new_args, node.attrs, node.type_args, node.span)
+        memo[node] = last
+    if out_dtype is not None:
+        last = relay.cast(last, out_dtype)
+    fn = relay.Function(params, last)
+    fn, consts = _lift_constants(fn)
+    attrs = tvm.ir.make_node("DictAttrs", **{"Primitive": tvm.tir.IntImm("int32", 1), "tvm_ext.pattern": PASS_NAME})
+    fn = relay.Function(fn.params, fn.body, None, fn.type_params, attrs)
+    return relay.Call(fn, [*args, *consts], span=t.span)
+
+
+def _one(func):
+    """``func`` with its first groupable transposed conv grouped, or ``func`` itself."""
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    users = consumers(nodes)
+    for t in nodes:
+        if not (isinstance(t, relay.Call) and op_name(t) == "nn.conv2d_transpose"):
+            continue
+        ok = _conv_ok(t)
+        if ok:
+            ok = _data_chain(t, users)
+        if isinstance(ok, Reject) or not ok:
+            _log.debug("nn.conv2d_transpose %s: not rewritten: %s", t.checked_type.shape, ok)
+            continue
+        n, chain = ok
+        epi, cut, at_result = _epilogue(t, users, func.body)
+        if at_result:  # the group ends at the function's result, as FuseOps would end it
+            call = _group(n, chain, t, epi, None)
+            subst = {epi[-1] if epi else t: call}
+            where = "the function's result"
+        elif cut is None:
+            _log.debug("nn.conv2d_transpose %s: not rewritten: no 8-bit point after it", t.checked_type.shape)
+            continue
+        else:
+            kept = epi[:cut]
+            point = ([t, *epi])[cut]
+            dtype = _eight_bit_point(point)
+            typed = str(point.checked_type.dtype) == dtype
+            call = _group(n, chain, t, kept, None if typed else dtype)
+            subst = {point: call if typed else relay.cast(call, str(point.checked_type.dtype))}
+            where = f"{dtype} {[int(d) for d in point.checked_type.shape]}"
+        _log.info("nn.conv2d_transpose %s: one kernel from %s %s (%d op(s) in front) to %s",
+                  [int(d) for d in t.checked_type.shape], n.checked_type.dtype,
+                  [int(d) for d in n.checked_type.shape], len(chain), where)
+        return with_body(func, rebuild(func.body, subst))
+    return func
+
+
+def _run(func):
+    import tvm
+    from tvm import relay
+
+    for _ in range(_MAX_CHAIN):
+        new = _one(func)
+        if new.same_as(func):
+            return func
+        try:  # the next round reads the types of the new nodes
+            func = relay.transform.InferType()(tvm.IRModule.from_expr(new))["main"]
+        except tvm.TVMError as err:  # calls of other module functions: keep this round's result
+            _log.debug("no further round: the rewritten function does not type-check alone: %s",
+                       str(err).splitlines()[-1] if str(err) else type(err).__name__)
+            return new
+    raise RuntimeError(f"{PASS_NAME}: more than {_MAX_CHAIN} transposed convs grouped (a malformed graph?)")
+
+
+@register_pass(PASS_NAME)
+def DequantizeInConvTranspose():  # pylint: disable=invalid-name
+    """Make a float transposed conv one kernel from its 8-bit input to its 8-bit output.
+
+    ``conv2d_transpose(d(n), w)`` with ``n`` 8-bit and ``d`` a private elementwise chain (a
+    dequantize, BatchNorm, ReLU), stride equal to its kernel, followed by a private elementwise chain
+    down to an 8-bit point ``N`` (a quantize): one ``Primitive`` function from ``n`` to
+    ``cast(N, u8)``, so neither the dequantized input nor the float output crosses kernels. Exact.
+
+    Use last at stage ``before_fuse``.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"DequantizeInConvTranspose"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Rejections are logged at DEBUG on ``tvm_ext.passes.DequantizeInConvTranspose``, rewrites at INFO.
+    """
+    from ._util import function_pass
+
+    return function_pass(PASS_NAME, _run)
