@@ -32,7 +32,10 @@ is added: the chain in front of the conv was the previous kernel's epilogue or a
 one kernel fewer). Exact: the same operations on the same values in the same order
 (``cast(cast(N, u8), dtype(N)) == N`` for a value clipped to 8-bit bounds).
 
-Left alone, with a logged reason: transposed convs that are not float or whose stride differs from
+Left alone, with a logged reason: every function when the current target is not ``llvm`` (the
+grouped kernel relies on :mod:`tvm_ext.x86_conv_transpose` inlining its data-side chain: TVM's
+``traverse_inline`` stops at the conv, and a GPU schedule would leave that chain unscheduled);
+transposed convs that are not float or whose stride differs from
 the kernel (TVM's schedule would not inline the chain), a data chain without an 8-bit start
 (or whose values have other readers), a conv whose output has several readers, dynamic shapes.
 Functions with ``If``/``Let``/... are skipped; untyped input raises
@@ -255,6 +258,13 @@ def _run(func):
     import tvm
     from tvm import relay
 
+    tgt = tvm.target.Target.current(allow_none=True)
+    if tgt is not None and tgt.kind.name != "llvm":
+        # only tvm_ext.x86_conv_transpose's schedule inlines the grouped chain in front of the conv
+        # (TVM's traverse_inline stops at the conv); a GPU schedule would leave it unscheduled
+        _log.info("skipped: target %s is not llvm (the grouped kernel needs tvm-ext's CPU schedule)",
+                  tgt.kind.name)
+        return func
     for _ in range(_MAX_CHAIN):
         new = _one(func)
         if new.same_as(func):

@@ -106,11 +106,6 @@ def int8(numerics: str = "tvm") -> Pipeline:
     10. ``TabulateEightBit``: an elementwise float function of one 8-bit value (quantized
         sigmoid, SiLU, tanh, GELU) becomes a table lookup computed by TVM at compile time (exact),
         fused where the chain was: one table read per element instead of a scalar ``expf`` call.
-    10b. ``DequantizeInConvTranspose``: a float transposed conv (stride = kernel: the DB head's
-        upsampling ``ConvTranspose`` that ONNX Runtime keeps in float) becomes one kernel from its
-        8-bit input (dequantize, BatchNorm, ReLU computed per read) to its 8-bit quantized output, so
-        neither float tensor crosses kernels (exact; last: a ``Primitive`` function is a leaf to
-        the passes before it).
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
 
@@ -157,7 +152,6 @@ def int8(numerics: str = "tvm") -> Pipeline:
     from .passes import (
         AddAsOnnxRuntime,
         CombineParallelCast,
-        DequantizeInConvTranspose,
         EpilogueBeforeChannelSlice,
         FoldPadIntoConv,
         FoldZeroPointPadIntoConv,
@@ -190,13 +184,12 @@ def int8(numerics: str = "tvm") -> Pipeline:
         WidenInEachReader(),
         FuseWideningIntoPool(),
         TabulateEightBit(),
-        DequantizeInConvTranspose(),
     ]
     name, requantize = "tvm_ext.int8", ()
     if ort:
         start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
         start.insert(3, QuantizeWeightsAsOnnxRuntime())  # after QDQToInteger: FQ2I must not see its dequantized weight
-        before_fuse.insert(-2, RoundHalfToEven())  # before TabulateEightBit: tables round as ONNX does
+        before_fuse.insert(-1, RoundHalfToEven())  # before TabulateEightBit: tables round as ONNX does
         name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
     return Pipeline(
         name=name,

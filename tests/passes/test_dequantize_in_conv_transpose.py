@@ -100,9 +100,11 @@ def test_build_bit_exact_no_float_crossing():
     np.testing.assert_array_equal(run_module(base, {"x": x})[0], run_module(new, {"x": x})[0])
 
 
-def test_in_int8_pipelines():
+def test_not_in_int8_pipelines():
+    # measured slower end to end (PP-OCRv4 det QOperator at znver4: 7.57 -> 8.66 ms, the chain in
+    # front of the conv recomputed per read): opt-in, not part of the pipelines
     for numerics in tvm_ext.pipelines.NUMERICS:
-        assert tvm_ext.pipelines.int8(numerics).pass_names()["before_fuse"][-1] == "DequantizeInConvTranspose"
+        assert "DequantizeInConvTranspose" not in tvm_ext.pipelines.int8(numerics).pass_names()["before_fuse"]
 
 
 # -- no match: unchanged, with the reason logged ----------------------------------------------
@@ -145,6 +147,7 @@ import numpy as np, tvm
 from tvm.contrib import graph_executor
 import tvm_ext
 from tvm_ext import zoo, pipelines
+from tvm_ext.passes import DequantizeInConvTranspose
 name, numerics = sys.argv[1], sys.argv[2]
 m = zoo.load(name)
 x = zoo.sample_input(name)
@@ -153,8 +156,12 @@ def run(fac):
     gm.set_input(m.input_name, x)
     gm.run()
     return gm.get_output(0).numpy()
-new = tvm_ext.build(m.mod, params=m.params, passes=pipelines.int8(numerics))
-old = tvm_ext.build(m.mod, params=m.params, passes=pipelines.int8(numerics), disabled_pass=["DequantizeInConvTranspose"])
+p = pipelines.int8(numerics)
+with_pass = pipelines.Pipeline(name=p.name + "+DequantizeInConvTranspose", start=p.start,
+                               before_fuse=tvm.transform.Sequential([p.before_fuse, DequantizeInConvTranspose()]),
+                               doc="", requantize=p.requantize)
+new = tvm_ext.build(m.mod, params=m.params, passes=with_pass)
+old = tvm_ext.build(m.mod, params=m.params, passes=p)
 rn, ro = new.kernel_report, old.kernel_report
 print(json.dumps({"kernels": [rn.num_kernels, ro.num_kernels],
                   "f32": [rn.crossing.nbytes.get("float32", 0), ro.crossing.nbytes.get("float32", 0)],
@@ -189,3 +196,12 @@ def test_ppocr_det_qoperator_head_bit_exact_no_float_crossing(tmp_path, numerics
     assert res["kernels"][0] == res["kernels"][1] - 1, res
     assert res["f32"][0] == 0 < res["f32"][1], res
     assert res["bytes"][0] < res["bytes"][1] - 2_000_000, res
+
+
+def test_non_llvm_target_unchanged(caplog):
+    """Only tvm-ext's CPU schedule inlines the grouped chain: under another target the pass skips."""
+    mod = head()
+    with caplog.at_level(logging.INFO, logger="tvm_ext.passes.DequantizeInConvTranspose"):
+        with tvm.target.Target("cuda"):
+            assert_unchanged(DequantizeInConvTranspose(), mod)
+    assert "not llvm" in caplog.text
