@@ -270,6 +270,30 @@ def function_pass(pass_name: str, rewrite, opt_level: int = 1):
     return relay.transform.function_pass(transform, opt_level=opt_level, name=pass_name)
 
 
+def until_unchanged(func, step, log, max_rounds: int):
+    """Apply ``step`` (a function -> function rewrite) until it returns its input, re-typing between
+    rounds (the next round reads the types of the new nodes).
+
+    Returns ``(func, done)``: ``done`` is False when ``max_rounds`` rounds all rewrote (the caller
+    decides whether that is an error). A rewritten function that does not type-check on its own
+    (calls of other module functions) ends the rounds with that round's result (logged at DEBUG).
+    """
+    import tvm
+    from tvm import relay
+
+    for _ in range(max_rounds):
+        new = step(func)
+        if new.same_as(func):
+            return func, True
+        try:
+            func = relay.transform.InferType()(tvm.IRModule.from_expr(new))["main"]
+        except tvm.TVMError as err:
+            log.debug("no further round: the rewritten function does not type-check alone: %s",
+                      str(err).splitlines()[-1] if str(err) else type(err).__name__)
+            return new, True
+    return func, False
+
+
 def with_body(func, body):
     """A copy of ``func`` with a new body (params, attributes and type params kept).
 

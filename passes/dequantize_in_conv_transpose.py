@@ -55,6 +55,7 @@ from ._util import (
     pass_logger,
     rebuild,
     static_tensor_type,
+    until_unchanged,
     with_body,
 )
 from .narrow_kernel_boundaries import _chain_arg, narrow_type
@@ -256,7 +257,6 @@ def _one(func):
 
 def _run(func):
     import tvm
-    from tvm import relay
 
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is not None and tgt.kind.name != "llvm":
@@ -265,17 +265,10 @@ def _run(func):
         _log.info("skipped: target %s is not llvm (the grouped kernel needs tvm-ext's CPU schedule)",
                   tgt.kind.name)
         return func
-    for _ in range(_MAX_CHAIN):
-        new = _one(func)
-        if new.same_as(func):
-            return func
-        try:  # the next round reads the types of the new nodes
-            func = relay.transform.InferType()(tvm.IRModule.from_expr(new))["main"]
-        except tvm.TVMError as err:  # calls of other module functions: keep this round's result
-            _log.debug("no further round: the rewritten function does not type-check alone: %s",
-                       str(err).splitlines()[-1] if str(err) else type(err).__name__)
-            return new
-    raise RuntimeError(f"{PASS_NAME}: more than {_MAX_CHAIN} transposed convs grouped (a malformed graph?)")
+    func, done = until_unchanged(func, _one, _log, _MAX_CHAIN)
+    if not done:
+        raise RuntimeError(f"{PASS_NAME}: more than {_MAX_CHAIN} transposed convs grouped (a malformed graph?)")
+    return func
 
 
 @register_pass(PASS_NAME)

@@ -61,6 +61,7 @@ from ._util import (
     pass_logger,
     rebuild,
     static_tensor_type,
+    until_unchanged,
     with_body,
 )
 from .fuse_widening_into_pool import POOLS
@@ -148,20 +149,8 @@ def _copy(chain, x):
 
 def _run(func):
     """Sweeps of :func:`_sweep` until none rewrites (at most :data:`_MAX_ROUNDS`)."""
-    import tvm
-    from tvm import relay
-
-    for _ in range(_MAX_ROUNDS):
-        new = _sweep(func)
-        if new.same_as(func):
-            return func
-        try:  # the next sweep reads the types of the new nodes
-            func = relay.transform.InferType()(tvm.IRModule.from_expr(new))["main"]
-        except tvm.TVMError as err:  # calls of other module functions: keep the sweep's result
-            _log.debug("no further sweep: the rewritten function does not type-check alone: %s",
-                       str(err).splitlines()[-1] if str(err) else type(err).__name__)
-            return new
-    if not _sweep(func).same_as(func):
+    func, done = until_unchanged(func, _sweep, _log, _MAX_ROUNDS)
+    if not done and not _sweep(func).same_as(func):
         raise RuntimeError(f"{PASS_NAME}: still rewriting after {_MAX_ROUNDS} rounds (a malformed graph?)")
     return func
 
