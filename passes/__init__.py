@@ -17,6 +17,7 @@ from .hoist_uint8_shift import HoistUint8Shift
 from .narrow_before_max_pool import NarrowBeforeMaxPool
 from .narrow_kernel_boundaries import NarrowKernelBoundaries
 from .nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
+from .pad_channels_at_producer import PadChannelsAtProducer
 from .qdq_to_integer import QDQToInteger
 from .quantize_weights_as_onnxruntime import QuantizeWeightsAsOnnxRuntime
 from .remove_stop_fusion import RemoveStopFusion
@@ -39,6 +40,7 @@ __all__ = [
     "NarrowBeforeMaxPool",
     "NarrowKernelBoundaries",
     "NonNegativeConvInputToUint8",
+    "PadChannelsAtProducer",
     "QDQToInteger",
     "QuantizeWeightsAsOnnxRuntime",
     "RemoveStopFusion",

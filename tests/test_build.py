@@ -249,3 +249,14 @@ def test_qnn_lookup_op_builds_and_equals_relay_build():
     code = _CHILD.format(tests=os.path.dirname(__file__))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "OK" in res.stdout, (res.returncode, res.stderr[-2000:])
+
+
+def test_start_stage_types_an_untyped_module():
+    """relay.build takes an untyped module; so does tvm_ext.build with start-stage passes (which
+    read types): the stage infers them first."""
+    x = relay.var("x", shape=(1, 4, 6, 6), dtype="float32")
+    q = relay.qnn.op.quantize(x, relay.const(np.float32(0.1)), relay.const(3), out_dtype="uint8")
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.qnn.op.dequantize(q, relay.const(np.float32(0.1)),
+                                                                             relay.const(3))))
+    lib = tvm_ext.build(mod, passes=tvm_ext.pipelines.int8())
+    assert lib.kernel_report.num_kernels >= 1

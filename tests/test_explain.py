@@ -429,3 +429,28 @@ def test_sliced_conv_accumulators_name_epilogue_before_channel_slice():
     assert b.kind == "injective_after_anchor" and b.remedy == "EpilogueBeforeChannelSlice"
     (rr,) = [r for r in ex.check_remedies(["EpilogueBeforeChannelSlice"]) if r.remedy == "EpilogueBeforeChannelSlice"]
     assert rr.measured and rr.remaining == 0
+
+
+def float_conv_into_int8_conv(channels=6):
+    """A float conv writing 6 channels, quantized and read by an int8 1x1 conv (QDQ's kept-float conv)."""
+    rng = np.random.default_rng(8)
+    x = relay.var("x", shape=(1, 16, 7, 7), dtype="float32")
+    y = relay.nn.conv2d(x, relay.const(rng.standard_normal((channels, 16, 1, 1)).astype("float32")),
+                        channels=channels, kernel_size=(1, 1))
+    q = relay.qnn.op.quantize(relay.nn.relu(y), relay.const(np.float32(0.05)), relay.const(3), out_dtype="uint8")
+    w = relay.const(rng.integers(-127, 128, (8, channels, 1, 1)).astype("int8"))
+    out = relay.qnn.op.conv2d(q, w, relay.const(3), relay.const(0), relay.const(np.float32(0.05)),
+                              relay.const(np.float32(0.01)), kernel_size=(1, 1), channels=8, out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([x], out))
+
+
+def test_channel_pad_names_pad_channels_at_producer():
+    # explain compiles nothing: a znver3 target is only read here, on any host
+    ex = explain(float_conv_into_int8_conv(), target="llvm -mcpu=znver3")
+    (b,) = [b for b in ex.boundaries if b.pads_channels]
+    assert b.kind == "prologue_into_anchor" and b.remedy == "PadChannelsAtProducer"
+    (rr,) = [r for r in ex.check_remedies(["PadChannelsAtProducer"]) if r.remedy == "PadChannelsAtProducer"]
+    assert rr.measured and rr.remaining == 0 and rr.kernels_saved == 1
+    # 8 channels: x86 pads nothing, no such boundary
+    assert not [b for b in explain(float_conv_into_int8_conv(8), target="llvm -mcpu=znver3").boundaries
+                if b.pads_channels]

@@ -14,7 +14,8 @@ TARGET = tvm_ext.host_target()
 def test_pipeline_shape_and_names():
     pipe = pipelines.int8()
     names = pipe.pass_names()
-    assert names["start"] == ["UniformZeroPointsToScalar", "QDQToInteger", "NonNegativeConvInputToUint8"]
+    assert names["start"] == ["UniformZeroPointsToScalar", "QDQToInteger", "NonNegativeConvInputToUint8",
+                              "PadChannelsAtProducer"]
     assert names["before_fuse"][0] == "RemoveStopFusion" and "FoldPadIntoConv" in names["before_fuse"]
     assert set(pipe) == {"start", "before_fuse"}
     assert all(isinstance(p, tvm.transform.Pass) for stage in pipe.values() for p in stage)

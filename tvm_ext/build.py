@@ -371,7 +371,9 @@ def _run_user_passes(mod, user_passes, tgt, opt_level, cfg, disabled, instr):
     import tvm
 
     names = [p.info.name for p in user_passes]
-    seq = tvm.transform.Sequential([*user_passes, tvm.relay.transform.InferType()], name="tvm_ext.user_passes")
+    # typed first: relay.build accepts an untyped module, and so must the stages around it
+    infer = tvm.relay.transform.InferType()
+    seq = tvm.transform.Sequential([infer, *user_passes, infer], name="tvm_ext.user_passes")
     with _tophub_context(tgt), tgt, tvm.transform.PassContext(
         opt_level=opt_level, config=cfg, disabled_pass=disabled, instruments=instr
     ):

@@ -116,6 +116,7 @@ class Boundary:
     producer_ops: tuple = ()  # ops of the producer kernel
     reader_casts: tuple = ()  # target dtypes of the readers that are casts
     pad_value: Optional[float] = None  # the constant pad value when the producer root is nn.pad
+    pads_channels: bool = False  # the producer kernel holds an nn.pad of a 4-d tensor's axis 1
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -271,6 +272,12 @@ REMEDIES = (
            lambda b: b.kind == "stop_fusion" and not any(o == "annotation.stop_fusion" for o, _ in b.inserted_by),
            "tvm-ext pass RemoveStopFusion: removes relay.quantize's stop_fusion where fusing keeps bits and one "
            "anchor per kernel", pass_name="RemoveStopFusion"),
+    Remedy("PadChannelsAtProducer", "pass",
+           lambda b: b.kind == "prologue_into_anchor" and b.pads_channels
+           and any(r is not None and "conv2d" in r for r in b.readers),
+           "tvm-ext pass PadChannelsAtProducer (start stage): the float conv writing an int8 conv's input pads its "
+           "channels to the multiple of 4 x86 legalization pads to, so no pad kernel is needed",
+           pass_name="PadChannelsAtProducer", stage="start"),
     Remedy("FoldPadIntoConv", "pass",
            lambda b: b.kind == "prologue_into_anchor" and b.op == "nn.pad"
            and (b.pad_value == 0 or any(r == "qnn.conv2d" for r in b.readers)),
@@ -1017,6 +1024,28 @@ class _Analysis:
             return None
         return float(n.expr.args[1].data.numpy())
 
+    def pads_channels(self, r: int) -> bool:
+        """Does the kernel rooted at ``r`` pad the channel axis (axis 1 of a 4-d ``nn.pad``) of a tensor
+        that a convolution's kernel wrote (what ``PadChannelsAtProducer`` removes)?"""
+        from tvm import relay
+
+        from tvm_ext.passes._util import int_list
+
+        for m in self.members[r]:
+            n = self.fg.nodes[m]
+            if n.op != "nn.pad":
+                continue
+            width = [int_list(w) for w in n.expr.attrs.pad_width]
+            if len(width) != 4 or width[1] in (None, [0, 0]):
+                continue
+            src = n.expr.args[0]  # walk up inside this kernel to the tensor it reads
+            while isinstance(src, relay.Call) and src in self.fg.index_of and self.root[self.fg.index_of[src]] == r:
+                src = src.args[0]
+            i = self.fg.index_of.get(src)
+            if i is not None and any("conv2d" in (self.fg.nodes[k].op or "") for k in self.members[self.root[i]]):
+                return True
+        return False
+
     def direct_readers(self, r: int) -> list:
         """Distinct graph nodes reading ``r`` (through tuples/no-op nodes they are themselves)."""
         return sorted({o for o, _ in self.fg.nodes[r].outputs})
@@ -1251,7 +1280,7 @@ def _explain_prefused(pre, tgt, cfg, opt_level, created, settings, request) -> "
         b = Boundary(ki, tuple(sorted(consumers)), field_, fg.nodes[r].op or fg.nodes[r].kind, info["readers"],
                      dtype, shape, nbytes, info["kind"], info["detail"], info["rule"], info["join"],
                      info["blocker"], info["entry"], inserted, None, kernels[ki].ops,
-                     an.reader_casts(r), an.pad_value(r))
+                     an.reader_casts(r), an.pad_value(r), an.pads_channels(r))
         if inserted:
             b = replace(b, detail=b.detail + "; created by " + ", ".join(f"{op}: {'/'.join(ps)}" for op, ps in inserted))
         remedy = next(rm for rm in REMEDIES if rm.matches(b))

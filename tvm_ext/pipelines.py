@@ -78,6 +78,9 @@ def int8(numerics: str = "tvm") -> Pipeline:
     3. ``NonNegativeConvInputToUint8``: int8 conv inputs proven to lie in [0, 127] are read as
        uint8, so x86 legalisation adds no +128 shift kernel, no explicit pad and no
        compensation (relay.quantize graphs; exact, and it avoids the saturating shifted path).
+    3a. ``PadChannelsAtProducer``: an int8 conv input whose channels x86 would pad to a multiple
+       of 4 (an ``nn.pad`` kernel) is written padded by the float conv producing it (zero output
+       channels; the int8 convs get zero input channels; exact). x86 targets only.
 
     Stage ``before_fuse`` (after Legalize, CanonicalizeOps, AlterOpLayout, FoldConstant):
 
@@ -160,6 +163,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         NarrowBeforeMaxPool,
         NarrowKernelBoundaries,
         NonNegativeConvInputToUint8,
+        PadChannelsAtProducer,
         QDQToInteger,
         QuantizeWeightsAsOnnxRuntime,
         RemoveStopFusion,
@@ -171,7 +175,8 @@ def int8(numerics: str = "tvm") -> Pipeline:
 
     ort = numerics == "onnxruntime"
     # shared_dequantize (onnxruntime): SE pools and C2f adds stay float, as ORT computes them
-    start = [UniformZeroPointsToScalar(), QDQToInteger(shared_dequantize=ort), NonNegativeConvInputToUint8()]
+    start = [UniformZeroPointsToScalar(), QDQToInteger(shared_dequantize=ort), NonNegativeConvInputToUint8(),
+             PadChannelsAtProducer()]
     before_fuse = [
         RemoveStopFusion(),
         NarrowBeforeMaxPool(),

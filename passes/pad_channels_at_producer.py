@@ -1,0 +1,321 @@
+"""PadChannelsAtProducer: an int8 conv's input channels padded by the float conv that writes them.
+
+Design note
+-----------
+x86's int8 legalization (``topi/x86/conv2d_alter_op.py::_conv2d_legalize`` ->
+``conv2d_alter_int8_common(..., 4, 16)``) pads an integer conv's *input* channels to a multiple
+of 4 (what one ``vpmaddubsw``/``vpdpbusd`` lane reads) with an ``nn.pad`` on the data and zero
+rows on the weight. That pad is an injective op after the producer's anchor: FuseOps never fuses
+it into the conv that wrote the tensor, so it is a kernel of its own (with the layout
+transforms around it). PP-OCRv4 det's QDQ model keeps two small 1x1 convs in float
+(``QDQToInteger``: output channels not a multiple of 16) whose 42- and 18-channel outputs feed
+int8 convs: two pad kernels, and at ``-mcpu=znver3`` one kernel more than stock TVM.
+
+One rule, at stage ``start`` (QNN ops still present)::
+
+    # qnn.conv2d(quantize(g(conv2d(x, W))), V)              C = channels of W, C % 4 != 0
+    #   -> qnn.conv2d(quantize(g'(conv2d'(x, [W; 0]))), [V | 0])   C' = C rounded up to 4
+    #
+    #   g : elementwise chain with g(0) == 0 -- bias_add / add / subtract by per-channel or
+    #       scalar constants (padded with 0), multiply / divide (padded with 1), relu, clip
+    #       around 0, leaky_relu, negative, abs, tanh
+    #   the new channels hold conv 0 -> g 0.0 -> quantize zp_x; V's new input rows are 0, so in
+    #   QNN's expansion sum((x - zp_x) * (w - zp_w)) each new channel adds (zp_x - zp_x) * ... = 0
+
+So the float conv writes the padded tensor itself (its quantize fuses into it as before) and the
+int8 conv reads it without a pad: exact, every output bit unchanged, one kernel fewer per match.
+
+Left alone, with the reason logged at DEBUG on ``tvm_ext.passes.PadChannelsAtProducer``: channel
+counts already a multiple of 4; a quantized value with any reader that is not the data of a
+``groups=1`` NCHW/OIHW ``qnn.conv2d`` with a constant weight (a slice for the others would cost
+the kernel saved); per-channel quantize parameters; chain values with more than one reader; ops
+not in the chain table or with a constant that is not scalar / per-channel; producers that are
+not a float ``groups=1`` NCHW/OIHW ``nn.conv2d`` with a constant (or dequantized constant)
+weight. Every function when the current target is not x86 (the padding is x86's).
+
+Functions with ``If``/``Let``/... are skipped; untyped input raises
+:class:`~tvm_ext.passes._util.UntypedModuleError`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_ext.registry import register_pass
+
+from ._util import Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
+
+__all__ = ["PadChannelsAtProducer", "MULTIPLE"]
+
+PASS_NAME = "PadChannelsAtProducer"
+RULE = f"{PASS_NAME}.pad"
+_log = pass_logger(PASS_NAME)
+
+#: x86's int8 conv input-channel vector length (``conv2d_alter_int8_common(..., 4, 16)``).
+MULTIPLE = 4
+
+#: binary chain op -> value the new channels of its constant operand take (keeps 0 at 0).
+_BINARY_PAD = {"nn.bias_add": 0.0, "add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
+#: unary chain ops with f(0) == 0 (``clip`` is checked for 0 in its range).
+_UNARY = ("nn.relu", "nn.leaky_relu", "negative", "abs", "tanh", "clip")
+
+
+def _shape(expr) -> list:
+    return [int(d) for d in expr.checked_type.shape]
+
+
+def _pad_axis(arr: np.ndarray, axis: int, new: int, value) -> np.ndarray:
+    width = [(0, 0)] * arr.ndim
+    width[axis] = (0, new - arr.shape[axis])
+    return np.pad(arr, width, constant_values=np.asarray(value).astype(arr.dtype))
+
+
+def _const_like(arr: np.ndarray, like):
+    from tvm import relay
+
+    return relay.const(arr, dtype=str(like.data.dtype))
+
+
+def _is_nchw_conv(call, attrs_kernel="OIHW") -> Check:
+    a = call.attrs
+    if int(a.groups) != 1:
+        return Reject(f"{op_name(call)} has groups={int(a.groups)}")
+    if a.data_layout != "NCHW" or a.kernel_layout != attrs_kernel or a.out_layout not in ("", "NCHW"):
+        return Reject(f"{op_name(call)} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout or a.data_layout}, not NCHW/{attrs_kernel}")
+    return True
+
+
+def _channel_const(const, channels: int, op: str, axis_attr=None):
+    """The constant operand as an array broadcast over NCHW channels, or a Reject."""
+    from tvm import relay
+
+    if not isinstance(const, relay.Constant):
+        return Reject(f"{op} operand is a {type(const).__name__}, not a constant")
+    arr = const.data.numpy()
+    if arr.size == 1:
+        return "scalar"
+    if op == "nn.bias_add":
+        if axis_attr != 1 or arr.shape != (channels,):
+            return Reject(f"bias_add on axis {axis_attr} with a {arr.shape} bias")
+        return 0
+    if arr.shape == (channels, 1, 1):
+        return 0
+    if arr.shape == (1, channels, 1, 1):
+        return 1
+    return Reject(f"{op} constant of shape {arr.shape} is not per channel (C, 1, 1) / (1, C, 1, 1)")
+
+
+def _bias_operand(expr, channels: int, new: int, pad_value):
+    """Padded bias-like operand: a constant, or qnn.dequantize(constant, scale, zp) (QDQ bias)."""
+    from tvm import relay
+
+    if isinstance(expr, relay.Constant):
+        return expr
+    if op_name(expr) != "qnn.dequantize" or not isinstance(expr.args[0], relay.Constant):
+        return Reject(f"bias is a {op_name(expr) or type(expr).__name__}, not a (dequantized) constant")
+    if pad_value != 0.0:
+        return Reject("a dequantized constant is only padded where the chain adds it")
+    q, scale, zp = expr.args[0], expr.args[1], expr.args[2]
+    if q.data.numpy().shape != (channels,):
+        return Reject(f"dequantized bias of shape {q.data.numpy().shape}")
+    for p in (scale, zp):
+        if not isinstance(p, relay.Constant) or p.data.numpy().size not in (1, channels):
+            return Reject("dequantized bias with non-constant or non-per-channel parameters")
+    zp_arr = zp.data.numpy()
+    qa = _pad_axis(q.data.numpy(), 0, new, 0 if zp_arr.size == channels else zp_arr.reshape(-1)[0])
+    args = [_const_like(qa, q)]
+    for p, fill in ((scale, 1.0), (zp, 0)):
+        arr = p.data.numpy()
+        args.append(p if arr.size == 1 else _const_like(_pad_axis(arr.reshape(-1), 0, new, fill), p))
+    return relay.Call(expr.op, args, expr.attrs, expr.type_args, expr.span)
+
+
+def _padded_weight(w, channels: int, new: int):
+    """The float conv's weight with ``new - channels`` zero output channels, or a Reject."""
+    from tvm import relay
+
+    if isinstance(w, relay.Constant):
+        return _const_like(_pad_axis(w.data.numpy(), 0, new, 0), w)
+    if op_name(w) == "qnn.dequantize" and isinstance(w.args[0], relay.Constant):
+        q, scale, zp = w.args[0], w.args[1], w.args[2]
+        if int(w.attrs.axis) != 0 and any(p.data.numpy().size != 1 for p in (scale, zp) if isinstance(p, relay.Constant)):
+            return Reject(f"weight dequantized per axis {int(w.attrs.axis)}, not the output channels")
+        if not all(isinstance(p, relay.Constant) for p in (scale, zp)):
+            return Reject("weight dequantize parameters are not constants")
+        zp_arr = zp.data.numpy()
+        # new rows equal the zero point: they dequantize to exactly 0
+        fill = zp_arr.reshape(-1)[0] if zp_arr.size == 1 else 0
+        args = [_const_like(_pad_axis(q.data.numpy(), 0, new, fill), q)]
+        for p, value in ((scale, 1.0), (zp, 0)):
+            arr = p.data.numpy()
+            if arr.size not in (1, channels):
+                return Reject(f"weight dequantize parameter of {arr.size} entries for {channels} channels")
+            args.append(p if arr.size == 1 else _const_like(_pad_axis(arr.reshape(-1), 0, new, value), p))
+        return relay.Call(w.op, args, w.attrs, w.type_args, w.span)
+    return Reject(f"float conv weight is a {op_name(w) or type(w).__name__}, not a (dequantized) constant")
+
+
+def _match(q, users):
+    """(readers, chain [quantize input .. first op after conv], conv) for a matching quantize, or a Reject."""
+    from tvm import relay
+
+    for p in q.args[1:3]:
+        if not isinstance(p, relay.Constant) or p.data.numpy().size != 1:
+            return Reject("quantize scale / zero point not scalar constants")
+    shape = _shape(q)
+    if len(shape) != 4:
+        return Reject(f"quantized value of rank {len(shape)}")
+    channels = shape[1]
+    if channels % MULTIPLE == 0:
+        return Reject(f"{channels} channels: already a multiple of {MULTIPLE}")
+    readers = users.get(q, [])
+    if not readers:
+        return Reject("quantized value is the function's output")
+    for reader, index in readers:
+        if op_name(reader) != "qnn.conv2d" or index != 0:
+            return Reject(f"quantized value is read by {op_name(reader) or type(reader).__name__} (argument {index})")
+        ok = _is_nchw_conv(reader)
+        if not ok:
+            return ok
+        if not isinstance(reader.args[1], relay.Constant):
+            return Reject("qnn.conv2d weight is not a constant")
+    chain = []
+    node = q.args[0]
+    while True:
+        name = op_name(node)
+        if name == "nn.conv2d":
+            break
+        if name is None:
+            return Reject(f"chain reaches a {type(node).__name__}, not a conv")
+        if len(users.get(node, [])) != 1:
+            return Reject(f"{name} in the chain has {len(users.get(node, []))} readers")
+        if name in _UNARY:
+            if name == "clip" and not float(node.attrs.a_min) <= 0.0 <= float(node.attrs.a_max):
+                return Reject(f"clip to [{node.attrs.a_min}, {node.attrs.a_max}] does not keep 0")
+        elif name in _BINARY_PAD:
+            if name == "nn.bias_add":
+                if int(node.attrs.axis) != 1:
+                    return Reject(f"bias_add on axis {int(node.attrs.axis)}")
+            else:
+                k = 1 if not isinstance(node.args[0], relay.Constant) else 0
+                if k == 0 and name in ("subtract", "divide"):
+                    return Reject(f"{name} with the constant first (c - x / c / x) does not keep 0")
+                ok = _channel_const(node.args[k], channels, name)
+                if isinstance(ok, Reject):
+                    return ok
+        else:
+            return Reject(f"{name} in the chain is not in the chain table")
+        chain.append(node)
+        node = node.args[0] if name in _UNARY or name == "nn.bias_add" or not isinstance(node.args[0], relay.Constant) else node.args[1]
+    conv = node
+    if len(users.get(conv, [])) != 1:
+        return Reject(f"float conv output has {len(users.get(conv, []))} readers")
+    if conv.checked_type.dtype != "float32" or len(conv.args) != 2:
+        return Reject(f"producer conv computes {conv.checked_type.dtype}")
+    ok = _is_nchw_conv(conv)
+    if not ok:
+        return ok
+    return readers, chain, conv
+
+
+def _rewrite_one(q, readers, chain, conv):
+    from tvm import relay
+
+    channels = _shape(q)[1]
+    new = -(-channels // MULTIPLE) * MULTIPLE
+    weight = _padded_weight(conv.args[1], channels, new)
+    if isinstance(weight, Reject):
+        return weight
+    attrs = {k: conv.attrs[k] for k in conv.attrs.keys()}
+    attrs["channels"] = new
+    value = relay.nn.conv2d(conv.args[0], weight, **attrs)
+    for node in reversed(chain):
+        name = op_name(node)
+        if name in _UNARY:
+            value = relay.Call(node.op, [value], node.attrs, node.type_args, node.span)
+            continue
+        if name == "nn.bias_add":
+            operand = _bias_operand(node.args[1], channels, new, _BINARY_PAD[name])
+            if isinstance(operand, Reject):
+                return operand
+            if isinstance(operand, relay.Constant):
+                operand = _const_like(_pad_axis(operand.data.numpy(), 0, new, _BINARY_PAD[name]), operand)
+            value = relay.Call(node.op, [value, operand], node.attrs, node.type_args, node.span)
+            continue
+        k = 1 if not isinstance(node.args[0], relay.Constant) else 0
+        const = node.args[k]
+        axis = _channel_const(const, channels, name)
+        if axis != "scalar":
+            const = _const_like(_pad_axis(const.data.numpy(), axis, new, _BINARY_PAD[name]), const)
+        args = [value, const] if k == 1 else [const, value]
+        value = relay.Call(node.op, args, node.attrs, node.type_args, node.span)
+    new_q = relay.Call(q.op, [value] + list(q.args[1:]), q.attrs, q.type_args, q.span)
+    subst = {q: new_q}
+    for reader, _ in readers:
+        w = reader.args[1]
+        padded = _const_like(_pad_axis(w.data.numpy(), 1, new, 0), w)
+        subst[reader] = relay.Call(reader.op, [q, padded] + list(reader.args[2:]), reader.attrs,
+                                   reader.type_args, reader.span)
+    _log.info("%s: %d -> %d channels written by the float conv for %d int8 conv(s)", RULE, channels, new, len(readers))
+    return subst
+
+
+def _rewrite(func):
+    import tvm
+
+    from tvm_ext.isa import isa_class
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    tgt = tvm.target.Target.current(allow_none=True)
+    if tgt is not None and isa_class(tgt) == "other":
+        _log.debug("skipped: target %s is not x86 (the channel padding is x86's int8 legalization)", tgt)
+        return func
+    users = consumers(nodes)
+    subst: dict = {}
+    for node in nodes:
+        if op_name(node) != "qnn.quantize":
+            continue
+        found = _match(node, users)
+        if isinstance(found, Reject):
+            _log.debug("%s: quantize not rewritten: %s", RULE, found)
+            continue
+        done = _rewrite_one(node, *found)
+        if isinstance(done, Reject):
+            _log.debug("%s: quantize not rewritten: %s", RULE, done)
+            continue
+        subst.update(done)
+    if not subst:
+        return func
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+def PadChannelsAtProducer():  # pylint: disable=invalid-name
+    """Let the float conv that writes an int8 conv's input pad its channels to a multiple of 4.
+
+    ``qnn.conv2d(qnn.quantize(bias_add(conv2d(x, W), b)), V)`` with ``C`` channels, ``C % 4 != 0``,
+    becomes the same graph with ``W`` and ``b`` given zero output channels up to ``C' = 4 *
+    ceil(C / 4)`` and ``V`` zero input channels: the new channels quantize to the input zero point
+    and meet zero weights, so every output bit is unchanged, and x86's int8 legalization adds no
+    ``nn.pad`` kernel. See the module design note for the chain ops accepted between the conv and
+    the quantize.
+
+    Run it at stage ``"start"`` of :func:`tvm_ext.build`, after ``QDQToInteger``.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"PadChannelsAtProducer"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Skipped (every function) when the current target is not x86; without a target in scope it
+    runs. Each rejected quantize is logged at DEBUG with the reason.
+    """
+    return function_pass(PASS_NAME, _rewrite)

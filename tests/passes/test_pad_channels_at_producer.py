@@ -1,0 +1,172 @@
+"""Tests of tvm_ext.passes.pad_channels_at_producer."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.passes import PadChannelsAtProducer
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
+
+LOGGER = "tvm_ext.passes.PadChannelsAtProducer"
+RNG = np.random.default_rng(23)
+IC, C, OC = 16, 6, 8  # float conv IC -> C (C % 4 != 0) -> int8 conv C -> OC
+W_Q = RNG.integers(-127, 128, (C, IC, 1, 1)).astype("int8")
+B_Q = RNG.integers(-2000, 2000, C).astype("int32")
+V = RNG.integers(-127, 128, (OC, C, 3, 3)).astype("int8")
+V2 = RNG.integers(-127, 128, (OC, C, 1, 1)).astype("int8")
+ZP_X = 3
+SCALE = RNG.uniform(0.5, 2.0, (1, C, 1, 1)).astype("float32")
+SHIFT = RNG.uniform(-0.5, 0.5, (1, C, 1, 1)).astype("float32")
+
+
+def _const(arr):
+    return relay.const(np.asarray(arr))
+
+
+def _pad(arr, axis, n, value=0):
+    width = [(0, 0)] * arr.ndim
+    width[axis] = (0, n - arr.shape[axis])
+    return np.pad(arr, width, constant_values=value)
+
+
+def producer(x, n=C, chain="bias_relu"):
+    """QDQ's float conv kept in float: conv(x, dequantize(W)) + dequantize(b) -> chain -> quantize."""
+    w = relay.qnn.op.dequantize(_const(_pad(W_Q, 0, n)), _const(np.float32(0.01)), _const(0), axis=0)
+    y = relay.nn.conv2d(x, w, channels=n, kernel_size=(1, 1))
+    b = relay.qnn.op.dequantize(_const(_pad(B_Q, 0, n)), _const(np.float32(0.001)), _const(0), axis=0)
+    y = relay.nn.bias_add(y, b)
+    if chain == "bias_relu":
+        y = relay.nn.relu(y)
+    elif chain == "per_channel":  # multiply / subtract by (1, C, 1, 1) constants, clip around 0
+        y = relay.multiply(y, _const(_pad(SCALE, 1, n, 1.0)))
+        y = relay.subtract(y, _const(_pad(SHIFT, 1, n, 0.0)))
+        y = relay.clip(y, -3.0, 3.0)
+    return relay.qnn.op.quantize(y, _const(np.float32(0.05)), _const(ZP_X), out_dtype="uint8")
+
+
+def qconv(q, v, n=C, kernel_zp=0, padding=(1, 1)):
+    k = v.shape[-1]
+    return relay.qnn.op.conv2d(q, _const(_pad(v, 1, n)), _const(ZP_X), _const(kernel_zp), _const(np.float32(0.05)),
+                               _const(np.float32(0.01)), kernel_size=(k, k), channels=OC, padding=padding,
+                               out_dtype="int32")
+
+
+def graph(n=C, chain="bias_relu", two_readers=False, kernel_zp=0, pointwise=False):
+    x = relay.var("x", shape=(1, IC, 7, 7), dtype="float32")
+    q = producer(x, n, chain)
+    out = qconv(q, V2, n, kernel_zp, padding=(0, 0)) if pointwise else qconv(q, V, n, kernel_zp)
+    if two_readers:
+        out = relay.Tuple([out, qconv(q, V2, n, kernel_zp, padding=(0, 0))])
+    return infer(relay.Function([x], out))
+
+
+@pytest.mark.parametrize("chain", ["bias_relu", "per_channel"])
+def test_structure(chain):
+    """6 channels become 8: the float conv's weight/bias and the int8 conv's weight padded with 0."""
+    check(PadChannelsAtProducer(), graph(chain=chain), graph(n=8, chain=chain))
+
+
+def test_every_int8_reader_padded():
+    check(PadChannelsAtProducer(), graph(two_readers=True), graph(n=8, two_readers=True))
+
+
+def test_idempotent():
+    once = PadChannelsAtProducer()(graph())
+    assert_unchanged(PadChannelsAtProducer(), once)
+
+
+@pytest.mark.parametrize("chain,kernel_zp,two", [("bias_relu", 0, False), ("per_channel", 0, True),
+                                                 ("bias_relu", 5, False)])
+def test_numerics_bit_exact(chain, kernel_zp, two):
+    """Integer outputs equal bit for bit, also with a non-zero weight zero point (the new channels
+    hold exactly the input zero point, so QNN's zero-point terms cancel)."""
+    before = graph(chain=chain, two_readers=two, kernel_zp=kernel_zp)
+    after = PadChannelsAtProducer()(before)
+    assert "channels=8" in after.astext(show_meta_data=False)
+    with tvm.transform.PassContext(opt_level=3):
+        built = [relay.build(m, target="llvm") for m in (before, after)]
+    for seed in (1, 2):
+        assert_same_outputs(*built, random_inputs(before, seed=seed))
+
+
+def test_build_one_kernel_fewer_bit_exact(caplog):
+    """Built for this host: x86 legalization's nn.pad kernel is gone, outputs bit-identical (a 1x1
+    consumer: a 3x3 one keeps its spatial zero-point pad until FoldZeroPointPadIntoConv)."""
+    mod = graph(pointwise=True)
+    x = np.random.default_rng(4).standard_normal((1, IC, 7, 7)).astype("float32")
+    base = tvm_ext.build(mod)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        new = tvm_ext.build(mod, passes={"start": [PadChannelsAtProducer()]})
+    if tvm_ext.isa.isa_class(tvm_ext.target.host_target()) == "other":
+        pytest.skip("host is not x86: no input-channel padding to remove")
+    assert "6 -> 8 channels" in caplog.text
+    assert new.kernel_report.num_kernels == base.kernel_report.num_kernels - 1, (
+        base.kernel_report.table(), new.kernel_report.table())
+    assert_same_outputs(base, new, {"x": x})
+
+
+# -- no match: unchanged, with the reason logged ----------------------------------------------
+def _sigmoid_chain():
+    x = relay.var("x", shape=(1, IC, 7, 7), dtype="float32")
+    w = relay.const(RNG.standard_normal((C, IC, 1, 1)).astype("float32"))
+    y = relay.sigmoid(relay.nn.conv2d(x, w, channels=C, kernel_size=(1, 1)))
+    q = relay.qnn.op.quantize(y, _const(np.float32(0.05)), _const(ZP_X), out_dtype="uint8")
+    return infer(relay.Function([x], qconv(q, V)))
+
+
+def _other_reader():
+    x = relay.var("x", shape=(1, IC, 7, 7), dtype="float32")
+    q = producer(x)
+    return infer(relay.Function([x], relay.Tuple([qconv(q, V), relay.cast(q, "int32")])))
+
+
+def _constant_first_subtract():
+    x = relay.var("x", shape=(1, IC, 7, 7), dtype="float32")
+    w = relay.const(RNG.standard_normal((C, IC, 1, 1)).astype("float32"))
+    y = relay.subtract(relay.const(1.0), relay.nn.conv2d(x, w, channels=C, kernel_size=(1, 1)))
+    q = relay.qnn.op.quantize(y, _const(np.float32(0.05)), _const(ZP_X), out_dtype="uint8")
+    return infer(relay.Function([x], qconv(q, V)))
+
+
+def _quantized_input():
+    x = relay.var("x", shape=(1, C, 7, 7), dtype="float32")
+    q = relay.qnn.op.quantize(x, _const(np.float32(0.05)), _const(ZP_X), out_dtype="uint8")
+    return infer(relay.Function([x], qconv(q, V)))
+
+
+@pytest.mark.parametrize("make,reason", [
+    (lambda: graph(n=8), "already a multiple of 4"),
+    (_sigmoid_chain, "sigmoid in the chain is not in the chain table"),
+    (_other_reader, "quantized value is read by cast"),
+    (_constant_first_subtract, "does not keep 0"),
+    (_quantized_input, "chain reaches a Var, not a conv"),
+])
+def test_unchanged_on_no_match(make, reason, caplog):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(PadChannelsAtProducer(), make())
+    assert reason in caplog.text
+
+
+def test_skipped_for_non_x86_target(caplog):
+    """The padding is x86's: under another target (only named, nothing is compiled) no change."""
+    with caplog.at_level(logging.DEBUG, logger=LOGGER), tvm.target.Target("cuda"):
+        assert_unchanged(PadChannelsAtProducer(), graph())
+    assert "is not x86" in caplog.text
+
+
+def test_untyped_module_raises():
+    x = relay.var("x", shape=(1, IC, 7, 7), dtype="float32")
+    mod = tvm.IRModule.from_expr(relay.Function([x], qconv(producer(x), V)))
+    with pytest.raises(UntypedModuleError, match="PadChannelsAtProducer"):
+        PadChannelsAtProducer()(mod)
+
+
+def test_in_int8_pipeline():
+    names = tvm_ext.pipelines.int8().pass_names()["start"]
+    assert names.index("PadChannelsAtProducer") > names.index("QDQToInteger")
