@@ -14,8 +14,9 @@ Rule (a transposed conv whose stride equals its kernel, no padding: the form
 :mod:`tvm_ext.x86_conv_transpose` computes directly, reading each input pixel once per output)::
 
     # t = conv2d_transpose(d_k(...d_1(n)...), w),  e_m(...e_1(t)...) -> ... (readers outside)
-    #   n 8-bit typed; d_i private elementwise/broadcast calls (or one-argument injective calls on
-    #   8-bit values: layout_transform, strided_slice), constants as their other arguments;
+    #   n 8-bit typed (else the 8-bit point nearest to the conv, read as cast(n, u8) and widened
+    #   inside: exact); d_i private elementwise/broadcast calls or one-argument injective calls
+    #   (layout_transform, strided_slice), constants as their other arguments;
     #   e_j the private elementwise chain after t, N the last 8-bit point on it (a uint8/int8 value,
     #   or a clip to 8-bit bounds of integral values: a quantize)
     #   -> c = Primitive fn(n, w, ...) { cast(N', u8) }   (N' = N computed from d, t, e_1..e_j)
@@ -25,8 +26,11 @@ Rule (a transposed conv whose stride equals its kernel, no padding: the form
 The group is made a ``Primitive=1`` function, the form FuseOps produces and then leaves alone
 (:mod:`~tvm_ext.passes.fuse_by_pattern`'s note); its non-scalar constants become parameters, as
 FuseOps lifts them. The kernel then reads the 8-bit ``n`` and writes the 8-bit ``N``; the
-dequantize and BatchNorm + ReLU are computed per read inside it (the direct schedule inlines the
-elementwise stages in front of the conv: four reads per input pixel for a 2x2 kernel). No kernel
+dequantize and BatchNorm + ReLU are computed inside it, once per output row into a row buffer
+(:mod:`tvm_ext.x86_conv_transpose`: the input row a row of outputs reads, all channels; ``kh``
+times per input row). Computing them per read instead (per output channel and phase) made PP-OCRv4
+det QOperator slower (7.57 -> 8.66 ms at znver4); with the row buffer it is faster than without the
+pass (8.73 -> 8.41 ms, 60 interleaved quiet runs, bit-identical). No kernel
 is added: the chain in front of the conv was the previous kernel's epilogue or a kernel of its own
 (the layout_transform + strided_slice + dequantize in front of the det head's first ConvTranspose:
 one kernel fewer). Exact: the same operations on the same values in the same order
@@ -127,11 +131,19 @@ def _conv_ok(t):
 
 
 def _data_chain(t, users):
-    """(n, chain from the conv's data down to the call reading n) or a Reject."""
+    """(n, chain from the conv's data down to the call reading n) or a Reject.
+
+    ``n`` is an 8-bit typed value; failing one, the 8-bit point nearest to the conv (a clip to 8-bit
+    bounds of integral values: the int32 ``clip`` of a requantize that AVX2 builds dequantize
+    directly, without a cast to uint8), which the group then reads narrowed (:func:`_group`)."""
     node, chain = t.args[0], []
     if len(users.get(node, [])) != 1:
         return Reject("the conv's input has other readers")
+    fallback = None
     for _ in range(_MAX_CHAIN):
+        if fallback is None and chain and not _is_typed_8bit(node) and _eight_bit_point(node) \
+                and len(users.get(node, [])) == 1:
+            fallback = (node, list(chain))
         if _is_typed_8bit(node):
             inner = _chain_arg(node, injective=True)
             if (inner is None or _pattern(node) != _K_INJECTIVE or not _is_typed_8bit(inner)
@@ -142,14 +154,16 @@ def _data_chain(t, users):
             chain.append(node)  # an 8-bit layout_transform / strided_slice: into the group too
             node = inner
             continue
-        prev = _chain_arg(node)
+        # float one-argument injective calls too (a layout_transform of the dequantized value: at
+        # -mcpu=znver3 the det head conv's dequantize is fused before the NCHW8c -> NCHW transform)
+        prev = _chain_arg(node, injective=True)
         if prev is None:
-            return Reject("no 8-bit value at the start of its private elementwise input chain")
+            return fallback or Reject("no 8-bit value at the start of its private elementwise input chain")
         if len(users.get(prev, [])) != 1:
-            return Reject("a value of its input chain has other readers")
+            return fallback or Reject("a value of its input chain has other readers")
         chain.append(node)
         node = prev
-    return Reject(f"input chain longer than {_MAX_CHAIN} calls")
+    return fallback or Reject(f"input chain longer than {_MAX_CHAIN} calls")
 
 
 def _epilogue(t, users, body):
@@ -192,7 +206,14 @@ def _group(n, chain, t, epi_kept, out_dtype):
             args.append(e)
         return memo[e]
 
-    param_for(n)
+    narrow = _eight_bit_point(n)
+    if _is_typed_8bit(n) or not narrow:
+        param_for(n)
+    else:  # an 8-bit point of a wider type: the kernel reads it as 8 bits and widens it (exact)
+        v = relay.var("p0", relay.TensorType(n.checked_type.shape, narrow))
+        params.append(v)
+        args.append(relay.cast(n, narrow))
+        memo[n] = relay.cast(v, str(n.checked_type.dtype))
     last = None
     for node in [*reversed(chain), t, *epi_kept]:
         new_args = []
@@ -249,7 +270,8 @@ def _one(func):
             subst = {point: call if typed else relay.cast(call, str(point.checked_type.dtype))}
             where = f"{dtype} {[int(d) for d in point.checked_type.shape]}"
         _log.info("nn.conv2d_transpose %s: one kernel from %s %s (%d op(s) in front) to %s",
-                  [int(d) for d in t.checked_type.shape], n.checked_type.dtype,
+                  [int(d) for d in t.checked_type.shape],
+                  n.checked_type.dtype if _is_typed_8bit(n) else f"{_eight_bit_point(n)} (narrowed {n.checked_type.dtype})",
                   [int(d) for d in n.checked_type.shape], len(chain), where)
         return with_body(func, rebuild(func.body, subst))
     return func

@@ -109,6 +109,9 @@ def int8(numerics: str = "tvm") -> Pipeline:
     10. ``TabulateEightBit``: an elementwise float function of one 8-bit value (quantized
         sigmoid, SiLU, tanh, GELU) becomes a table lookup computed by TVM at compile time (exact),
         fused where the chain was: one table read per element instead of a scalar ``expf`` call.
+    10b. ``DequantizeInConvTranspose``: a float transposed conv with stride = kernel (a DB head's
+        upsampling, kept float by ONNX Runtime's QOperator graphs) becomes one kernel from its 8-bit
+        input to the 8-bit quantize after it, so no float32 crosses there (exact; llvm targets).
 
     Every pass is exact on the graph it is given; see each pass's docstring for what it rejects.
 
@@ -155,6 +158,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
     from .passes import (
         AddAsOnnxRuntime,
         CombineParallelCast,
+        DequantizeInConvTranspose,
         EpilogueBeforeChannelSlice,
         FoldPadIntoConv,
         FoldZeroPointPadIntoConv,
@@ -189,12 +193,15 @@ def int8(numerics: str = "tvm") -> Pipeline:
         WidenInEachReader(),
         FuseWideningIntoPool(),
         TabulateEightBit(),
+        DequantizeInConvTranspose(),  # last: the passes before it do not enter Primitive functions
     ]
     name, requantize = "tvm_ext.int8", ()
     if ort:
         start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
         start.insert(3, QuantizeWeightsAsOnnxRuntime())  # after QDQToInteger: FQ2I must not see its dequantized weight
-        before_fuse.insert(-1, RoundHalfToEven())  # before TabulateEightBit: tables round as ONNX does
+        # before TabulateEightBit: tables round as ONNX does
+        before_fuse.insert(before_fuse.index(next(p for p in before_fuse if p.info.name == "TabulateEightBit")),
+                           RoundHalfToEven())
         name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
     return Pipeline(
         name=name,
