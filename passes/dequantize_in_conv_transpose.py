@@ -1,4 +1,4 @@
-"""DequantizeInConvTranspose: a float transposed conv's kernel reads 8 bits and writes 8 bits.
+"""DequantizeInConvTranspose: a transposed conv's kernel reads 8 bits and writes 8 bits.
 
 Design note
 -----------
@@ -9,6 +9,12 @@ Where. ONNX Runtime's QOperator graphs keep ``ConvTranspose`` in float between a
 kernel, so the dequantize (and the BatchNorm + ReLU) in front of it end the *previous* kernel,
 which then writes float32: on the det head 0.61 MB (``[1, 24, 80, 80]``) and 2.46 MB
 (``[1, 24, 160, 160]``) per inference, 3.07 MB of the 11.2 MB crossing kernels.
+
+The QDQ form has the same shape of problem in integers: QNN lowers a quantized ``ConvTranspose``
+to an ``int16 x int16 -> int32`` transposed conv whose input is widened (``cast(clip, int16)``) and
+re-laid out (``NCHW8c -> NCHW``) in front of it, a kernel of its own writing int16 (PP-OCRv4 det QDQ:
+1.5-1.8 MB). Integer transposed convs into int32 are grouped the same way (det QDQ at znver3: 89 ->
+88 kernels, 11.79 -> 10.71 MB, no int16, bit-identical).
 
 Rule (a transposed conv whose stride equals its kernel, no padding: the form
 :mod:`tvm_ext.x86_conv_transpose` computes directly, reading each input pixel once per output)::
@@ -39,8 +45,8 @@ one kernel fewer). Exact: the same operations on the same values in the same ord
 Left alone, with a logged reason: every function when the current target is not ``llvm`` (the
 grouped kernel relies on :mod:`tvm_ext.x86_conv_transpose` inlining its data-side chain: TVM's
 ``traverse_inline`` stops at the conv, and a GPU schedule would leave that chain unscheduled);
-transposed convs that are not float or whose stride differs from
-the kernel (TVM's schedule would not inline the chain), a data chain without an 8-bit start
+transposed convs that are neither float32 nor integer into int32, or whose stride differs
+from the kernel (TVM's schedule would not inline the chain), a data chain without an 8-bit start
 (or whose values have other readers), a conv whose output has several readers, dynamic shapes.
 Functions with ``If``/``Let``/... are skipped; untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it last at stage ``before_fuse`` (the passes
@@ -118,8 +124,11 @@ def _conv_ok(t):
         if not ok:
             return ok
     a = t.attrs
-    if str(t.checked_type.dtype) != "float32":
-        return Reject(f"a {t.checked_type.dtype} transposed conv (only float32 transposed convs are grouped)")
+    dtypes = (str(t.checked_type.dtype), str(t.args[0].checked_type.dtype), str(t.args[1].checked_type.dtype))
+    # float32, or the integer form QNN lowers a quantized ConvTranspose to (int16/int8 in, int32 out)
+    if dtypes != ("float32",) * 3 and not (dtypes[0] == "int32" and set(dtypes[1:]) <= {"int16", "int8", "uint8"}):
+        return Reject(f"a {dtypes[1]} x {dtypes[2]} -> {dtypes[0]} transposed conv (float32, or integer into int32, "
+                      "are grouped)")
     if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout)) != ("NCHW", "IOHW", "NCHW"):
         return Reject(f"layouts {a.data_layout}/{a.kernel_layout} (the direct schedule takes NCHW/IOHW)")
     if int(a.groups) != 1:

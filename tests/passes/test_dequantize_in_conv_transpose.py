@@ -117,6 +117,29 @@ def test_int32_clip_start_read_as_uint8_bit_exact(caplog):
     np.testing.assert_array_equal(run_module(base, {"xi": x})[0], run_module(new, {"xi": x})[0])
 
 
+def test_integer_head_int16_bit_exact():
+    """The QDQ form: QNN lowers a quantized ConvTranspose to int16 x int16 -> int32 with its input
+    widened (``cast(clip, int16)``) and re-laid out in front: grouped from the uint8 point, no int16
+    crosses kernels, the layout_transform kernel goes, outputs bit-identical."""
+    xi = relay.var("xi", shape=(1, 1, 6, 6, 8), dtype="int32")
+    n = relay.clip(relay.add(xi, relay.const(7)), 0, 255)
+    d = relay.layout_transform(relay.cast(n, "int16"), "NCHW8c", "NCHW")
+    w = relay.const(RNG.integers(-100, 100, (8, 8, 2, 2)).astype("int16"))
+    t = relay.nn.conv2d_transpose(d, w, channels=8, kernel_size=(2, 2), strides=(2, 2), out_dtype="int32")
+    r = relay.clip(relay.floor(relay.add(relay.multiply(relay.cast(t, "float32"), relay.const(0.003)),
+                                         relay.const(100.5))), 0.0, 255.0)
+    mod = infer(relay.multiply(relay.cast(relay.cast(r, "uint8"), "float32"), relay.const(0.5)))
+    after = DequantizeInConvTranspose()(mod)
+    assert "Primitive" in after.astext(show_meta_data=False)
+    x = RNG.integers(-300, 300, (1, 1, 6, 6, 8)).astype("int32")
+    base = tvm_ext.build(mod)
+    new = tvm_ext.build(mod, passes={"before_fuse": [DequantizeInConvTranspose()]})
+    rb, rn = base.kernel_report, new.kernel_report
+    assert rb.crossing.nbytes.get("int16", 0) > 0 and "int16" not in rn.crossing.nbytes, (rb.table(), rn.table())
+    assert rn.num_kernels <= rb.num_kernels, (rb.table(), rn.table())
+    np.testing.assert_array_equal(run_module(base, {"xi": x})[0], run_module(new, {"xi": x})[0])
+
+
 def test_structure():
     check(DequantizeInConvTranspose(), head(), expected())
 
@@ -153,7 +176,8 @@ def test_last_in_int8_pipelines():
     ("stride1", "stride differs from the kernel"),
     ("float_input", "no 8-bit value at the start of its private elementwise input chain"),
     ("shared_input", "a value of its input chain has other readers"),
-    ("reads_8bit", "only float32 transposed convs are grouped"),
+    ("reads_8bit", "the conv reads an 8-bit value already"),
+    ("float16", "transposed conv (float32, or integer into int32, are grouped)"),
 ])
 def test_unchanged_on_no_match(case, reason, caplog):
     if case == "stride1":
@@ -165,6 +189,10 @@ def test_unchanged_on_no_match(case, reason, caplog):
         d = relay.cast(relay.subtract(relay.cast(_x(), "int32"), relay.const(128)), "float32")
         t = _convt(relay.multiply(d, relay.const(0.05)), W1)
         mod = infer(relay.Tuple([relay.cast(_q(t, 0.1, 0), "uint8"), d]))
+    elif case == "float16":
+        t = relay.nn.conv2d_transpose(relay.cast(_dq(_x(), 0.05, 128), "float16"), relay.const(W1.astype("float16")),
+                                      channels=8, kernel_size=(2, 2), strides=(2, 2))
+        mod = infer(relay.cast(relay.clip(relay.round(t), 0.0, 255.0), "uint8"))
     else:
         w = relay.const(RNG.integers(-3, 4, (8, 8, 2, 2)).astype("int8"))
         t = relay.nn.conv2d_transpose(relay.cast(_x(), "int8"), w, channels=8, kernel_size=(2, 2), strides=(2, 2),
