@@ -454,3 +454,24 @@ def test_channel_pad_names_pad_channels_at_producer():
     # 8 channels: x86 pads nothing, no such boundary
     assert not [b for b in explain(float_conv_into_int8_conv(8), target="llvm -mcpu=znver3").boundaries
                 if b.pads_channels]
+
+
+def test_dequantize_in_conv_transpose_group_is_named_as_a_pass_group():
+    """The Primitive group DequantizeInConvTranspose makes is a function boundary of a tvm-ext pass,
+    not a user's pattern-table entry to drop."""
+    from tvm_ext.passes import DequantizeInConvTranspose
+
+    rng = np.random.default_rng(9)
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+    d = relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(128)), "float32"),
+                       relay.const(0.05))
+    t = relay.nn.conv2d_transpose(d, relay.const(rng.standard_normal((8, 8, 2, 2)).astype("float32")), channels=8,
+                                  kernel_size=(2, 2), strides=(2, 2))
+    q = relay.clip(relay.round(relay.divide(t, relay.const(0.1))), 0.0, 255.0)
+    y = relay.multiply(relay.cast(relay.cast(q, "uint8"), "float32"), relay.const(0.1))
+    z = relay.nn.conv2d(y, relay.const(rng.standard_normal((4, 8, 3, 3)).astype("float32")), channels=4,
+                        kernel_size=(3, 3))  # another kernel reads the group's 8-bit output
+    ex = explain(tvm.IRModule.from_expr(relay.Function([x], z)),
+                 passes={"before_fuse": [DequantizeInConvTranspose()]})
+    groups = [b for b in ex.boundaries if b.entry == "DequantizeInConvTranspose"]
+    assert groups and all(b.remedy == "tvm-ext pass group" for b in groups)

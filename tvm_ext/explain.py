@@ -267,6 +267,8 @@ def _inserted(b: Boundary, op: str, pass_name: str) -> bool:
 #: convolutions x86 int8 legalization pads to 16 output channels and slices back (their int32
 #: accumulators then cross to the slice's kernel)
 _SLICED_CONVS = ("nn.contrib_conv2d_NCHWc", "nn.conv2d")
+#: ``tvm_ext.pattern`` names of the Primitive groups tvm-ext passes make (not a user's pattern table)
+_PASS_GROUPS = ("DequantizeInConvTranspose",)
 REMEDIES = (
     Remedy("RemoveStopFusion", "pass",
            lambda b: b.kind == "stop_fusion" and not any(o == "annotation.stop_fusion" for o, _ in b.inserted_by),
@@ -322,6 +324,9 @@ REMEDIES = (
            and (_inserted(b, b.op, "AlterOpLayout") or any(_inserted(b, r, "AlterOpLayout") for r in b.readers)),
            "config: PassContext(disabled_pass=['AlterOpLayout']) keeps the layout (changes the conv schedules)",
            _disable_alter_layout),
+    Remedy("tvm-ext pass group", "none", lambda b: b.kind == "function_boundary" and b.entry in _PASS_GROUPS,
+           "a tvm-ext pass made this group one kernel on purpose (DequantizeInConvTranspose: the transposed "
+           "conv's kernel reads and writes 8 bits); nothing to remove", None),
     Remedy("pattern entry", "pattern", lambda b: b.kind == "function_boundary" and b.entry is not None
            and not b.entry.startswith("Primitive"),
            "pattern table: the named entry makes this group one kernel; drop or widen the entry "
