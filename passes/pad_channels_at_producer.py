@@ -25,6 +25,20 @@ One rule, at stage ``start`` (QNN ops still present)::
 So the float conv writes the padded tensor itself (its quantize fuses into it as before) and the
 int8 conv reads it without a pad: exact, every output bit unchanged, one kernel fewer per match.
 
+A second rule for int8 producers (ONNX Runtime's QOperator ``QLinearConv``s: the squeeze and
+excite convs of SE blocks, PP-OCRv4 det's 42-channel convs). x86 pads an int8 conv's *output*
+channels to a multiple of 16 and slices them back; the reader pads them again to 4: a
+``layout_transform strided_slice nn.pad layout_transform`` kernel between the two convs::
+
+    # qnn.conv2d(requantize(bias_add(qnn.conv2d(x, W), b)), V)    C % 4 != 0
+    #   -> qnn.conv2d(requantize'(bias_add(qnn.conv2d'(x, [W; zp_w]), [b; 0])), [V | 0])
+    #      C' = C rounded up to 16; per-channel weight scales / zero points and requantize input
+    #      scales padded with 1 / 0; the new accumulators are 0 and requantize to the output zero
+    #      point, the readers' input zero point (or the readers' weight zero point is 0): exact
+
+The readers then compute on ``C'`` instead of ``4 * ceil(C / 4)`` input channels; the rule applies
+only while that extra work stays below :data:`MAX_EXTRA_MACS` (an SE block's 1x1 tensors always).
+
 Left alone, with the reason logged at DEBUG on ``tvm_ext.passes.PadChannelsAtProducer``: channel
 counts already a multiple of 4; a quantized value with any reader that is not the data of a
 ``groups=1`` NCHW/OIHW ``qnn.conv2d`` with a constant weight (a slice for the others would cost
@@ -48,10 +62,17 @@ __all__ = ["PadChannelsAtProducer", "MULTIPLE"]
 
 PASS_NAME = "PadChannelsAtProducer"
 RULE = f"{PASS_NAME}.pad"
+RULE_INT8 = f"{PASS_NAME}.pad_int8"
 _log = pass_logger(PASS_NAME)
 
 #: x86's int8 conv input-channel vector length (``conv2d_alter_int8_common(..., 4, 16)``).
 MULTIPLE = 4
+#: ... and its output-channel vector length: an int8 producer is padded to it, so that neither its
+#: output is sliced back nor its readers' input padded.
+INT8_MULTIPLE = 16
+#: An int8 producer is padded only while its readers' extra work stays below this many
+#: multiply-accumulates (the work the slice + pad kernel it removes is worth, about).
+MAX_EXTRA_MACS = 1 << 20
 
 #: binary chain op -> value the new channels of its constant operand take (keeps 0 at 0).
 _BINARY_PAD = {"nn.bias_add": 0.0, "add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
@@ -154,6 +175,25 @@ def _padded_weight(w, channels: int, new: int):
     return Reject(f"float conv weight is a {op_name(w) or type(w).__name__}, not a (dequantized) constant")
 
 
+def _int8_readers(q, users):
+    """The (qnn.conv2d, 0) readers of ``q`` when every reader is a groups=1 NCHW/OIHW int8 conv with a
+    constant weight reading it as data; else a Reject."""
+    from tvm import relay
+
+    readers = users.get(q, [])
+    if not readers:
+        return Reject("quantized value is the function's output")
+    for reader, index in readers:
+        if op_name(reader) != "qnn.conv2d" or index != 0:
+            return Reject(f"quantized value is read by {op_name(reader) or type(reader).__name__} (argument {index})")
+        ok = _is_nchw_conv(reader)
+        if not ok:
+            return ok
+        if not isinstance(reader.args[1], relay.Constant):
+            return Reject("qnn.conv2d weight is not a constant")
+    return readers
+
+
 def _match(q, users):
     """(readers, chain [quantize input .. first op after conv], conv) for a matching quantize, or a Reject."""
     from tvm import relay
@@ -167,17 +207,9 @@ def _match(q, users):
     channels = shape[1]
     if channels % MULTIPLE == 0:
         return Reject(f"{channels} channels: already a multiple of {MULTIPLE}")
-    readers = users.get(q, [])
-    if not readers:
-        return Reject("quantized value is the function's output")
-    for reader, index in readers:
-        if op_name(reader) != "qnn.conv2d" or index != 0:
-            return Reject(f"quantized value is read by {op_name(reader) or type(reader).__name__} (argument {index})")
-        ok = _is_nchw_conv(reader)
-        if not ok:
-            return ok
-        if not isinstance(reader.args[1], relay.Constant):
-            return Reject("qnn.conv2d weight is not a constant")
+    readers = _int8_readers(q, users)
+    if isinstance(readers, Reject):
+        return readers
     chain = []
     node = q.args[0]
     while True:
@@ -259,6 +291,104 @@ def _rewrite_one(q, readers, chain, conv):
     return subst
 
 
+def _scalar(expr):
+    from tvm import relay
+
+    if isinstance(expr, relay.Constant) and expr.data.numpy().size == 1:
+        return expr.data.numpy().reshape(-1)[0].item()
+    return None
+
+
+def _pad_vector(expr, channels: int, new: int, fill):
+    """A scalar constant as is; a (C,) constant padded with ``fill``; else None."""
+    from tvm import relay
+
+    if not isinstance(expr, relay.Constant):
+        return None
+    arr = expr.data.numpy()
+    if arr.size == 1:
+        return expr
+    if arr.shape != (channels,):
+        return None
+    return _const_like(_pad_axis(arr, 0, new, fill), expr)
+
+
+def _match_int8(r, users):
+    """(readers, bias_add or None, conv) for an int8 producer ``r = requantize([bias_add](qnn.conv2d))``, or a Reject."""
+    from tvm import relay
+
+    shape = _shape(r)
+    if len(shape) != 4 or str(r.checked_type.dtype) not in ("uint8", "int8"):
+        return Reject(f"requantize to {r.checked_type.dtype} of rank {len(shape)}")
+    channels = shape[1]
+    if channels % MULTIPLE == 0:
+        return Reject(f"{channels} channels: already a multiple of {MULTIPLE}")
+    if int(r.attrs.axis) != 1 or _scalar(r.args[2]) != 0 or _scalar(r.args[3]) is None or _scalar(r.args[4]) is None:
+        return Reject("requantize is not per channel 1 with input zero point 0 and scalar output parameters")
+    readers = _int8_readers(r, users)
+    if isinstance(readers, Reject):
+        return readers
+    new = -(-channels // INT8_MULTIPLE) * INT8_MULTIPLE
+    extra = 0
+    for reader, _ in readers:
+        oshape = _shape(reader)
+        kh, kw = (int(d) for d in reader.args[1].checked_type.shape[2:4])
+        extra += (new - -(-channels // MULTIPLE) * MULTIPLE) * oshape[1] * oshape[2] * oshape[3] * kh * kw
+        zp_w = reader.args[3].data.numpy() if isinstance(reader.args[3], relay.Constant) else None
+        if zp_w is None or (zp_w.any() and _scalar(reader.args[2]) != _scalar(r.args[4])):
+            return Reject("int8 reader with a non-zero weight zero point reads with another input zero point")
+    if extra > MAX_EXTRA_MACS:
+        return Reject(f"{channels} -> {new} channels would add {extra} multiply-accumulates to the readers "
+                      f"(limit {MAX_EXTRA_MACS}: more than the kernel saved)")
+    node, bias = r.args[0], None
+    if len(users.get(node, [])) != 1:
+        return Reject("accumulator has other readers")
+    if op_name(node) == "nn.bias_add":
+        bias, node = node, node.args[0]
+        if int(bias.attrs.axis) != 1 or not isinstance(bias.args[1], relay.Constant) or len(users.get(node, [])) != 1:
+            return Reject("bias_add is not a per-channel constant on axis 1 with one reader")
+    if op_name(node) != "qnn.conv2d":
+        return Reject(f"requantize reads {op_name(node) or type(node).__name__}, not a qnn.conv2d")
+    ok = _is_nchw_conv(node)
+    if not ok:
+        return ok
+    if not isinstance(node.args[1], relay.Constant) or not all(isinstance(a, relay.Constant) for a in node.args[2:6]):
+        return Reject("producer qnn.conv2d has non-constant weight or quantization parameters")
+    return readers, bias, node
+
+
+def _rewrite_int8(r, readers, bias, conv):
+    from tvm import relay
+
+    channels = _shape(r)[1]
+    new = -(-channels // INT8_MULTIPLE) * INT8_MULTIPLE
+    w, in_zp, k_zp, in_scale, k_scale = conv.args[1:6]
+    zp = k_zp.data.numpy()
+    # new rows equal the weight zero point: (w - zp_w) is 0, so the accumulator is 0
+    w_new = _const_like(_pad_axis(w.data.numpy(), 0, new, zp.reshape(-1)[0] if zp.size == 1 else 0), w)
+    k_zp_new, k_scale_new = _pad_vector(k_zp, channels, new, 0), _pad_vector(k_scale, channels, new, 1.0)
+    rq_scale = _pad_vector(r.args[1], channels, new, 1.0)
+    if None in (k_zp_new, k_scale_new, rq_scale):
+        return Reject("quantization parameters are neither scalar nor per output channel")
+    attrs = {k: conv.attrs[k] for k in conv.attrs.keys()}
+    attrs["channels"] = new
+    value = relay.qnn.op.conv2d(conv.args[0], w_new, in_zp, k_zp_new, in_scale, k_scale_new, **attrs)
+    if bias is not None:
+        b = bias.args[1]
+        value = relay.Call(bias.op, [value, _const_like(_pad_axis(b.data.numpy(), 0, new, 0), b)], bias.attrs,
+                           bias.type_args, bias.span)
+    # requantize(0) = output zero point: what the readers' new (zero) weight rows meet
+    new_r = relay.Call(r.op, [value, rq_scale, *r.args[2:]], r.attrs, r.type_args, r.span)
+    subst = {r: new_r}
+    for reader, _ in readers:
+        wr = reader.args[1]
+        subst[reader] = relay.Call(reader.op, [r, _const_like(_pad_axis(wr.data.numpy(), 1, new, 0), wr),
+                                               *reader.args[2:]], reader.attrs, reader.type_args, reader.span)
+    _log.info("%s: %d -> %d channels written by the int8 conv for %d int8 conv(s)", RULE_INT8, channels, new,
+              len(readers))
+    return subst
+
+
 def _rewrite(func):
     import tvm
 
@@ -274,7 +404,16 @@ def _rewrite(func):
     users = consumers(nodes)
     subst: dict = {}
     for node in nodes:
-        if op_name(node) != "qnn.quantize":
+        name = op_name(node)
+        if name == "qnn.requantize":
+            found = _match_int8(node, users)
+            done = found if isinstance(found, Reject) else _rewrite_int8(node, *found)
+            if isinstance(done, Reject):
+                _log.debug("%s: requantize not rewritten: %s", RULE_INT8, done)
+            else:
+                subst.update(done)
+            continue
+        if name != "qnn.quantize":
             continue
         found = _match(node, users)
         if isinstance(found, Reject):
@@ -299,7 +438,9 @@ def PadChannelsAtProducer():  # pylint: disable=invalid-name
     ceil(C / 4)`` and ``V`` zero input channels: the new channels quantize to the input zero point
     and meet zero weights, so every output bit is unchanged, and x86's int8 legalization adds no
     ``nn.pad`` kernel. See the module design note for the chain ops accepted between the conv and
-    the quantize.
+    the quantize. Likewise an int8 producer ``requantize(bias_add(qnn.conv2d(...)))`` read by int8
+    convs gets ``16 * ceil(C / 16)`` output channels (x86 slices nothing back and pads nothing),
+    where the readers' extra work stays below :data:`MAX_EXTRA_MACS`.
 
     Run it at stage ``"start"`` of :func:`tvm_ext.build`, after ``QDQToInteger``.
 

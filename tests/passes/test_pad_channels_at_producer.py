@@ -170,3 +170,66 @@ def test_untyped_module_raises():
 def test_in_int8_pipeline():
     names = tvm_ext.pipelines.int8().pass_names()["start"]
     assert names.index("PadChannelsAtProducer") > names.index("QDQToInteger")
+
+
+# -- int8 producers: requantize(bias_add(qnn.conv2d)) read by int8 convs (QOperator SE blocks) ----
+SE_W1 = RNG.integers(-127, 128, (6, 16, 1, 1)).astype("int8")
+SE_B1 = RNG.integers(-500, 500, 6).astype("int32")
+SE_S1 = RNG.uniform(0.001, 0.01, 6).astype("float32")
+SE_W2 = RNG.integers(-127, 128, (16, 6, 1, 1)).astype("int8")
+
+
+def se_pair(n=6, out_zp=5, kernel_zp=0, spatial=1):
+    """squeeze conv 16 -> 6 (per-channel scales) -> requantize -> excite conv 6 -> 16, as ORT's
+    QLinearConv imports; n > 6: the padded form the pass writes."""
+    x = relay.var("x", shape=(1, 16, spatial, spatial), dtype="uint8")
+    a = relay.qnn.op.conv2d(x, _const(_pad(SE_W1, 0, n)), _const(3), _const(np.zeros(n, "int32")),
+                            _const(np.float32(0.02)), _const(_pad(SE_S1, 0, n, 1.0)), kernel_size=(1, 1),
+                            channels=n, out_dtype="int32")
+    a = relay.nn.bias_add(a, _const(_pad(SE_B1, 0, n)))
+    r = relay.qnn.op.requantize(a, _const(_pad(np.float32(0.02) * SE_S1, 0, n, 1.0)), _const(0),
+                                _const(np.float32(0.05)), _const(out_zp), axis=1, out_dtype="uint8")
+    y = relay.qnn.op.conv2d(r, _const(_pad(SE_W2, 1, n)), _const(out_zp), _const(kernel_zp),
+                            _const(np.float32(0.05)), _const(np.float32(0.01)), kernel_size=(1, 1), channels=16,
+                            out_dtype="int32")
+    return infer(relay.Function([x], y))
+
+
+def test_int8_producer_structure_and_idempotent():
+    after = check(PadChannelsAtProducer(), se_pair(), se_pair(n=16))
+    assert_unchanged(PadChannelsAtProducer(), after)
+
+
+@pytest.mark.parametrize("kernel_zp", [0, 4])
+def test_int8_producer_bit_exact(kernel_zp):
+    """The new channels requantize to the output zero point (the readers' input zero point): exact
+    also with a non-zero weight zero point."""
+    before = se_pair(kernel_zp=kernel_zp, spatial=3)
+    after = PadChannelsAtProducer()(before)
+    assert "channels=16" in after.astext(show_meta_data=False).split("qnn.requantize")[0]
+    with tvm.transform.PassContext(opt_level=3):
+        built = [relay.build(m, target="llvm") for m in (before, after)]
+    for seed in (1, 2):
+        assert_same_outputs(*built, random_inputs(before, seed=seed))
+
+
+def test_int8_producer_build_fewer_kernels():
+    """x86 slices the 6-channel output back from 16 and pads it to 8 for the reader: that kernel goes."""
+    if tvm_ext.isa.isa_class(tvm_ext.target.host_target()) == "other":
+        pytest.skip("host is not x86: no channel padding to remove")
+    mod = se_pair()
+    x = np.random.default_rng(5).integers(0, 256, (1, 16, 1, 1)).astype("uint8")
+    pipe = tvm_ext.pipelines.int8()  # UniformZeroPointsToScalar drops the zero per-channel zp terms
+    base = tvm_ext.build(mod, passes=pipe, disabled_pass=["PadChannelsAtProducer"])
+    new = tvm_ext.build(mod, passes=pipe)
+    assert new.kernel_report.num_kernels < base.kernel_report.num_kernels, (
+        base.kernel_report.table(), new.kernel_report.table())
+    assert_same_outputs(base, new, {"x": x})
+
+
+def test_int8_producer_left_alone_when_readers_would_work_more(caplog):
+    """6 -> 16 channels in front of a 56x56 reader: 8 more input channels x 16 x 3136 pixels of
+    extra multiply-accumulates, more than the kernel saved."""
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(PadChannelsAtProducer(), se_pair(spatial=56))
+    assert "multiply-accumulates to the readers" in caplog.text
