@@ -228,8 +228,8 @@ def test_int8_producer_build_fewer_kernels():
 
 
 def test_int8_producer_left_alone_when_readers_would_work_more(caplog):
-    """6 -> 16 channels in front of a 56x56 reader: 8 more input channels x 16 x 3136 pixels of
-    extra multiply-accumulates, more than the kernel saved."""
+    """6 -> 16 channels in front of a 100x100 reader: 8 more input channels x 16 outputs x 10^4
+    pixels = 1.28 M extra multiply-accumulates (limit 2^20), more than the kernel saved."""
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(PadChannelsAtProducer(), se_pair(spatial=56))
+        assert_unchanged(PadChannelsAtProducer(), se_pair(spatial=100))
     assert "multiply-accumulates to the readers" in caplog.text
