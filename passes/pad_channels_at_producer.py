@@ -125,29 +125,61 @@ def _channel_const(const, channels: int, op: str, axis_attr=None):
     return Reject(f"{op} constant of shape {arr.shape} is not per channel (C, 1, 1) / (1, C, 1, 1)")
 
 
+def _scalar(expr):
+    from tvm import relay
+
+    if isinstance(expr, relay.Constant) and expr.data.numpy().size == 1:
+        return expr.data.numpy().reshape(-1)[0].item()
+    return None
+
+
+def _pad_vector(expr, channels: int, new: int, fill):
+    """A scalar constant as is; a (C,) constant padded with ``fill``; else None."""
+    from tvm import relay
+
+    if not isinstance(expr, relay.Constant):
+        return None
+    arr = expr.data.numpy()
+    if arr.size == 1:
+        return expr
+    if arr.shape != (channels,):
+        return None
+    return _const_like(_pad_axis(arr, 0, new, fill), expr)
+
+
+def _padded_dequantize(expr, channels: int, new: int, what: str):
+    """``qnn.dequantize(q, scale, zp)`` of a constant whose axis 0 holds the channels, with ``new -
+    channels`` more entries that dequantize to exactly 0 (``q`` padded with the zero point; per-channel
+    scales / zero points padded with 1 / 0); or a Reject."""
+    from tvm import relay
+
+    q, scale, zp = expr.args[0], expr.args[1], expr.args[2]
+    if not all(isinstance(p, relay.Constant) for p in (q, scale, zp)):
+        return Reject(f"{what} dequantize of non-constants")
+    if q.data.numpy().shape[:1] != (channels,):
+        return Reject(f"dequantized {what} of shape {q.data.numpy().shape}")
+    sizes = [p.data.numpy().size for p in (scale, zp)]
+    if any(n not in (1, channels) for n in sizes) or (int(expr.attrs.axis) != 0 and max(sizes) > 1):
+        return Reject(f"{what} dequantize parameters are neither per tensor nor per channel on axis 0")
+    zp_arr = zp.data.numpy()
+    fill = zp_arr.reshape(-1)[0] if zp_arr.size == 1 else 0
+    args = [_const_like(_pad_axis(q.data.numpy(), 0, new, fill), q),
+            _pad_vector(scale, channels, new, 1.0), _pad_vector(zp, channels, new, 0)]
+    return relay.Call(expr.op, args, expr.attrs, expr.type_args, expr.span)
+
+
 def _bias_operand(expr, channels: int, new: int, pad_value):
-    """Padded bias-like operand: a constant, or qnn.dequantize(constant, scale, zp) (QDQ bias)."""
+    """Padded bias-like operand: a constant (padded by the caller), or qnn.dequantize(constant, scale,
+    zp) (QDQ bias)."""
     from tvm import relay
 
     if isinstance(expr, relay.Constant):
         return expr
-    if op_name(expr) != "qnn.dequantize" or not isinstance(expr.args[0], relay.Constant):
+    if op_name(expr) != "qnn.dequantize":
         return Reject(f"bias is a {op_name(expr) or type(expr).__name__}, not a (dequantized) constant")
     if pad_value != 0.0:
         return Reject("a dequantized constant is only padded where the chain adds it")
-    q, scale, zp = expr.args[0], expr.args[1], expr.args[2]
-    if q.data.numpy().shape != (channels,):
-        return Reject(f"dequantized bias of shape {q.data.numpy().shape}")
-    for p in (scale, zp):
-        if not isinstance(p, relay.Constant) or p.data.numpy().size not in (1, channels):
-            return Reject("dequantized bias with non-constant or non-per-channel parameters")
-    zp_arr = zp.data.numpy()
-    qa = _pad_axis(q.data.numpy(), 0, new, 0 if zp_arr.size == channels else zp_arr.reshape(-1)[0])
-    args = [_const_like(qa, q)]
-    for p, fill in ((scale, 1.0), (zp, 0)):
-        arr = p.data.numpy()
-        args.append(p if arr.size == 1 else _const_like(_pad_axis(arr.reshape(-1), 0, new, fill), p))
-    return relay.Call(expr.op, args, expr.attrs, expr.type_args, expr.span)
+    return _padded_dequantize(expr, channels, new, "bias")
 
 
 def _padded_weight(w, channels: int, new: int):
@@ -156,22 +188,8 @@ def _padded_weight(w, channels: int, new: int):
 
     if isinstance(w, relay.Constant):
         return _const_like(_pad_axis(w.data.numpy(), 0, new, 0), w)
-    if op_name(w) == "qnn.dequantize" and isinstance(w.args[0], relay.Constant):
-        q, scale, zp = w.args[0], w.args[1], w.args[2]
-        if int(w.attrs.axis) != 0 and any(p.data.numpy().size != 1 for p in (scale, zp) if isinstance(p, relay.Constant)):
-            return Reject(f"weight dequantized per axis {int(w.attrs.axis)}, not the output channels")
-        if not all(isinstance(p, relay.Constant) for p in (scale, zp)):
-            return Reject("weight dequantize parameters are not constants")
-        zp_arr = zp.data.numpy()
-        # new rows equal the zero point: they dequantize to exactly 0
-        fill = zp_arr.reshape(-1)[0] if zp_arr.size == 1 else 0
-        args = [_const_like(_pad_axis(q.data.numpy(), 0, new, fill), q)]
-        for p, value in ((scale, 1.0), (zp, 0)):
-            arr = p.data.numpy()
-            if arr.size not in (1, channels):
-                return Reject(f"weight dequantize parameter of {arr.size} entries for {channels} channels")
-            args.append(p if arr.size == 1 else _const_like(_pad_axis(arr.reshape(-1), 0, new, value), p))
-        return relay.Call(w.op, args, w.attrs, w.type_args, w.span)
+    if op_name(w) == "qnn.dequantize":
+        return _padded_dequantize(w, channels, new, "weight")
     return Reject(f"float conv weight is a {op_name(w) or type(w).__name__}, not a (dequantized) constant")
 
 
@@ -289,28 +307,6 @@ def _rewrite_one(q, readers, chain, conv):
                                    reader.type_args, reader.span)
     _log.info("%s: %d -> %d channels written by the float conv for %d int8 conv(s)", RULE, channels, new, len(readers))
     return subst
-
-
-def _scalar(expr):
-    from tvm import relay
-
-    if isinstance(expr, relay.Constant) and expr.data.numpy().size == 1:
-        return expr.data.numpy().reshape(-1)[0].item()
-    return None
-
-
-def _pad_vector(expr, channels: int, new: int, fill):
-    """A scalar constant as is; a (C,) constant padded with ``fill``; else None."""
-    from tvm import relay
-
-    if not isinstance(expr, relay.Constant):
-        return None
-    arr = expr.data.numpy()
-    if arr.size == 1:
-        return expr
-    if arr.shape != (channels,):
-        return None
-    return _const_like(_pad_axis(arr, 0, new, fill), expr)
 
 
 def _match_int8(r, users):

@@ -233,3 +233,17 @@ def test_int8_producer_left_alone_when_readers_would_work_more(caplog):
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(PadChannelsAtProducer(), se_pair(spatial=100))
     assert "multiply-accumulates to the readers" in caplog.text
+
+
+def test_per_channel_dequantized_weight_bit_exact():
+    """The kept-float conv's weight dequantized per output channel (ORT per-channel QDQ): the new
+    rows and scales dequantize to 0, the int8 reader's outputs are bit-identical."""
+    x = relay.var("x", shape=(1, IC, 5, 5), dtype="float32")
+    scales = RNG.uniform(0.005, 0.02, C).astype("float32")
+    w = relay.qnn.op.dequantize(_const(W_Q), _const(scales), _const(np.zeros(C, "int32")), axis=0)
+    y = relay.nn.relu(relay.nn.conv2d(x, w, channels=C, kernel_size=(1, 1)))
+    q = relay.qnn.op.quantize(y, _const(np.float32(0.05)), _const(ZP_X), out_dtype="uint8")
+    before = infer(relay.Function([x], qconv(q, V2, padding=(0, 0))))
+    after = PadChannelsAtProducer()(before)
+    assert "channels=8" in after.astext(show_meta_data=False)
+    assert_same_outputs(before, after, random_inputs(before, seed=3))
