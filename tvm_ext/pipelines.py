@@ -192,7 +192,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         NarrowKernelBoundaries(),
         WidenInEachReader(),
         FuseWideningIntoPool(),
-        TabulateEightBit(),
+        tables := TabulateEightBit(),
         DequantizeInConvTranspose(),  # last: the passes before it do not enter Primitive functions
     ]
     name, requantize = "tvm_ext.int8", ()
@@ -200,8 +200,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         start.insert(2, AddAsOnnxRuntime())  # after QDQToInteger, whose qnn.add it rewrites
         start.insert(3, QuantizeWeightsAsOnnxRuntime())  # after QDQToInteger: FQ2I must not see its dequantized weight
         # before TabulateEightBit: tables round as ONNX does
-        before_fuse.insert(before_fuse.index(next(p for p in before_fuse if p.info.name == "TabulateEightBit")),
-                           RoundHalfToEven())
+        before_fuse.insert(before_fuse.index(tables), RoundHalfToEven())
         name, requantize = "tvm_ext.int8_ort", ORT_REQUANTIZE
     return Pipeline(
         name=name,

@@ -130,7 +130,7 @@ def schedule_conv2d_transpose_nchw(fallback):
                     _inline_producers(s, t.op)
                 row = _row_loops(s, last, kw, channels_inside=True)
                 s[data].compute_at(s[last], row)
-                wo, wi = s[data].split(list(s[data].op.axis)[3], factor=VECTOR)
+                _, wi = s[data].split(list(s[data].op.axis)[3], factor=VECTOR)
                 s[data].vectorize(wi)
             else:
                 row = _row_loops(s, last, kw)
