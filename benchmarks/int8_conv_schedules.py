@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Per-ISA measurement behind tvm_ext.x86_int8.policy: TVM's int8 conv schedule vs per-row.
+"""Per-ISA measurement behind tvm_ext.x86_int8.policy: TVM's int8 conv schedule vs per-row vs per-tile.
 
 For each instruction-set class this host can execute (AVX2 via -mcpu=znver3, AVX-512 without
 VNNI, AVX-512 VNNI), builds ResNet-50's int8 convolutions (uint8 x int8 -> int32, requantize
-epilogue, as the int8 pipeline compiles them) with TVM's own 3x3/7x7 schedule and with the
-per-row schedule of tvm_ext.x86_int8, and prints the median time of each (one thread).
+epilogue, as the int8 pipeline compiles them) with TVM's own 3x3/7x7 schedule, with the per-row
+schedule (fix 2) and with the per-tile schedule (fix 9) of tvm_ext.x86_int8, checks that the
+three give the same outputs, and prints the median time of each (timed in alternation; one
+thread unless TVM_NUM_THREADS says otherwise).
 
     python benchmarks/int8_conv_schedules.py [--repeat 20] [--isa avx2,avx512,avx512_vnni]
 """
@@ -31,8 +33,10 @@ TARGETS = {
 # (in channels, out channels, size, kernel, stride): ResNet-50's 3x3 convs, and 1x1s as a control
 SHAPES = [
     (64, 64, 56, 3, 1), (128, 128, 28, 3, 1), (256, 256, 14, 3, 1), (512, 512, 7, 3, 1),
+    (128, 128, 56, 3, 2), (256, 256, 28, 3, 2), (512, 512, 14, 3, 2), (4, 64, 224, 7, 2),
     (64, 256, 56, 1, 1), (256, 64, 56, 1, 1), (512, 128, 28, 1, 1), (1024, 256, 14, 1, 1),
 ]
+SCHEDULES = (False, "per_row", "per_tile")  # kernels(schedule=...): TVM's 3x3/7x7 schedule, fix 2, fix 9
 
 
 def conv_epilogue(cin, cout, size, k, stride, seed=0):
@@ -46,22 +50,25 @@ def conv_epilogue(cin, cout, size, k, stride, seed=0):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-def _timer(mod, target, per_row):
-    with x86_int8.kernels(schedule=per_row), tvm.transform.PassContext(opt_level=3):
+def _timer(mod, target, schedule):
+    with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
     m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     shape = [int(d) for d in mod["main"].params[0].type_annotation.shape]
     m.set_input("x", np.random.default_rng(1).integers(0, 256, shape).astype("uint8"))
-    return m.module.time_evaluator("run", tvm.cpu(), number=5, repeat=1, min_repeat_ms=20)
+    m.run()
+    return m.module.time_evaluator("run", tvm.cpu(), number=5, repeat=1, min_repeat_ms=20), m.get_output(0).numpy()
 
 
-def time_pair_ms(mod, target, repeat):
-    """Median ms of TVM's schedule and of per-row, timed in alternation (other load hits both)."""
-    timers = [_timer(mod, target, False), _timer(mod, target, "per_row")]
-    times = [[], []]
+def time_ms(mod, target, repeat):
+    """Median ms of each of SCHEDULES, timed in alternation (other load hits all of them)."""
+    built = [_timer(mod, target, sch) for sch in SCHEDULES]
+    if any(not np.array_equal(built[0][1], out) for _, out in built[1:]):
+        raise AssertionError(f"schedules disagree on {target}: the per-row / per-tile schedules must be bit-identical")
+    times = [[] for _ in built]
     for _ in range(repeat):
-        for i, t in enumerate(timers):
-            times[i].append(t().mean)
+        for i, (timer, _) in enumerate(built):
+            times[i].append(timer().mean)
     return [float(np.median(t)) * 1e3 for t in times]
 
 
@@ -71,24 +78,25 @@ def main(argv=None):
     ap.add_argument("--isa", default=",".join(TARGETS))
     args = ap.parse_args(argv)
     print(f"threads: {os.environ['TVM_NUM_THREADS']}; times: median ms of {args.repeat} alternating rounds; "
-          "1x1 convs compile the same schedule both ways: their ratio shows the noise")
-    print("| isa | conv (cin->cout, size, k, stride) | TVM schedule ms | per-row ms | per-row / TVM |")
-    print("|---|---|---|---|---|")
+          "1x1 convs compile the same schedule every way: their ratios show the noise")
+    print("| isa | conv (cin->cout, size, k, stride) | TVM schedule ms | per-row ms | per-tile ms "
+          "| per-row / TVM | per-tile / TVM |")
+    print("|---|---|---|---|---|---|---|")
     for isa in args.isa.split(","):
         target = TARGETS[isa]
         if not runs_on_host(target):
-            print(f"| {isa} | skipped: the host cannot execute '{target}' | | | |")
+            print(f"| {isa} | skipped: the host cannot execute '{target}' | | | | | |")
             continue
-        tot = [0.0, 0.0]
+        tot = [0.0] * len(SCHEDULES)
         for shape in SHAPES:
             mod = conv_epilogue(*shape)
-            a, b = time_pair_ms(mod, target, args.repeat)
-            if shape[3] != 1:  # 1x1 convs: same schedule either way (a control for noise)
-                tot[0] += a
-                tot[1] += b
+            t = time_ms(mod, target, args.repeat)
+            if shape[3] != 1:  # 1x1 convs: same schedule every way (a control for noise)
+                tot = [a + b for a, b in zip(tot, t)]
             print(f"| {isa} | {shape[0]}->{shape[1]}, {shape[2]}x{shape[2]}, {shape[3]}x{shape[3]}, s{shape[4]} "
-                  f"| {a:.3f} | {b:.3f} | {b / a:.2f} |", flush=True)
-        print(f"| {isa} | **sum of 3x3** | {tot[0]:.3f} | {tot[1]:.3f} | {tot[1] / tot[0]:.2f} |", flush=True)
+                  f"| {t[0]:.3f} | {t[1]:.3f} | {t[2]:.3f} | {t[1] / t[0]:.2f} | {t[2] / t[0]:.2f} |", flush=True)
+        print(f"| {isa} | **sum of 3x3 and 7x7** | {tot[0]:.3f} | {tot[1]:.3f} | {tot[2]:.3f} "
+              f"| {tot[1] / tot[0]:.2f} | {tot[2] / tot[0]:.2f} |", flush=True)
     return 0
 
 

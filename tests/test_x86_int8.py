@@ -1,4 +1,4 @@
-"""tvm_ext.x86_int8: the VNNI operand-type fix and the per-row int8 conv schedule.
+"""tvm_ext.x86_int8: the VNNI operand-type fix and the per-row and per-tile int8 conv schedules.
 
 VNNI builds run in a child process: if the fix regressed, LLVM would abort the test session.
 Code is executed only where the host has every instruction it was compiled for
@@ -171,17 +171,66 @@ def test_masked_path_saturates_pmaddubsw_pairs():
     assert np.array_equal(_run(tvm_ext.build(mod, target=masked), xs), got)
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"])
-def test_per_row_schedule_follows_the_isa_policy(target):
-    """Compiled only: kernels() changes the 3x3 conv's code exactly where policy() says per-row."""
+@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
+                                    "llvm -mcpu=core2"])
+def test_conv_schedule_follows_the_isa_policy(target):
+    """Compiled only: kernels() changes the 3x3 conv's code exactly where policy() says per-row
+    (AVX-512) or per-tile (AVX2), and keeps TVM's where it says so (SSE)."""
     mod = _conv_epilogue(3)
 
     def asm(**kw):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target).get_lib().get_source("asm")
 
-    per_row = x86_int8.policy(tvm.target.Target(target)).per_row
-    assert (asm(schedule=True) != asm(schedule=False)) == per_row
+    chosen = x86_int8.policy(tvm.target.Target(target)).conv_schedule
+    assert chosen == {"znver3": "per_tile", "core2": "tvm"}.get(target.split("=")[1].split()[0], "per_row")
+    assert (asm(schedule=True) != asm(schedule=False)) == (chosen != "tvm")
+
+
+@pytest.mark.parametrize("width,groups,wanted,expected", [
+    (14, 2, 14, 2),   # TVM's fallback takes the whole row: 28 accumulators, AVX2 has 16 registers
+    (56, 2, 28, 4),
+    (7, 2, 7, 7),     # 7 is prime: the whole row, 14 accumulators (one pixel would be TVM's form)
+    (13, 2, 13, 1),   # 13 is prime and 26 accumulators do not fit: one pixel per tile
+    (112, 2, 7, 4),   # a tuned 7 that does not fit: the largest divisor that does
+    (28, 2, 2, 2),    # a tuned width that fits is kept
+    (14, 1, 14, 7),   # output block 8 on AVX2: one register per pixel
+    (5, 2, 0, 5),     # no wish: the largest fitting divisor
+])
+def test_tile_width_fits_the_registers(width, groups, wanted, expected):
+    assert x86_int8.tile_width(width, groups, wanted, accumulators=12) == expected
+
+
+#: (k, channels, size, stride, epilogue, input channels): the per-tile schedule's cases
+_TILE_CASES = [
+    (3, 64, 14, 1, True, None),    # tile of 2 pixels
+    (3, 64, 13, 1, True, None),    # prime width: tiles of one pixel
+    (3, 32, 28, 2, True, None),    # stride 2
+    (3, 64, 14, 1, False, None),   # no epilogue: int32 out, the conv is the kernel's last stage
+    (7, 16, 30, 2, True, 4),       # ResNet's stem: 4 input channels, 7x7, stride 2
+]
+
+
+@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
+@pytest.mark.parametrize("case", _TILE_CASES, ids=["3x3", "prime-width", "stride2", "no-epilogue", "stem"])
+def test_per_tile_schedule_is_bit_identical(case, target):
+    """Fix 9 (forced on every class here; the policy takes it on AVX2): same bits as TVM's schedule."""
+    k, channels, size, stride, epilogue, cin = case
+    cin = cin or channels
+    rng = np.random.default_rng(3)
+    x = relay.var("x", shape=(1, cin, size, size), dtype="uint8")
+    w = relay.const(rng.integers(-128, 128, (channels, cin, k, k)).astype("int8"))
+    y = relay.nn.conv2d(x, w, strides=stride, padding=k // 2, channels=channels, kernel_size=k, out_dtype="int32")
+    if epilogue:
+        y = _requantize(relay.add(y, relay.const(rng.integers(-900, 900, (channels, 1, 1)).astype("int32"))),
+                        channels, rng)
+    mod = tvm.IRModule.from_expr(relay.Function([x], y))
+    xs = rng.integers(0, 256, (1, cin, size, size)).astype("uint8")
+    outs = {}
+    for schedule in (False, "per_tile"):
+        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
+            outs[schedule] = _run(relay.build(mod, target=target), xs)
+    assert np.array_equal(outs[False], outs["per_tile"])
 
 
 def _requantize(y, channels, rng):

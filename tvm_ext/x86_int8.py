@@ -31,9 +31,9 @@ TVM's own behaviour.
    :func:`kernels` computes the conv per output *row* (``inline_fused=False``, what TVM already
    does for 1x1 convs), so ``reg_n`` independent accumulators hide the latency -- **where it was
    measured to be faster**: the choice is made per instruction set by :func:`policy`, at schedule
-   time, from the target being compiled. On AVX2 the per-row schedule is 1.4-1.9x *slower* than
-   TVM's (the 8-lane ``vpmaddubsw`` chain has no latency to hide, and the per-row loop spills the
-   epilogue's registers), so AVX2 keeps TVM's schedule. The table behind each choice is in
+   time, from the target being compiled. On AVX2 the per-row schedule is 1.1-1.9x *slower* than
+   TVM's (the 8-lane ``vpmaddubsw`` chain has no latency to hide, and a row of accumulators spills
+   AVX2's 16 registers), so AVX2 takes fix 9 instead. The table behind each choice is in
    ``_POLICY`` and comes from ``benchmarks/int8_conv_schedules.py``.
 
 3. **Pool prologues.** ``FuseWideningIntoPool`` makes a pool's kernel read the 8-bit value and
@@ -123,8 +123,22 @@ TVM's own behaviour.
    ``-mcpu=znver4``, 8.0 -> 0.58 and 3.5 -> 0.26 ms at ``-mcpu=znver3`` (one build each, 2
    threads, machine loaded: ratios, not absolute times); bit-identical.
 
+9. **AVX2: the conv per register tile.** Fix 2's per-row form keeps TVM's ``tile_ow`` pixels
+   (the fallback takes the largest divisor of the width up to 31: 28 pixels) with ``oc_bn / 8 = 2``
+   ymm accumulators each; on AVX2's 16 registers that spills, which is why per-row is 1.1-1.9x
+   slower there. TVM's per-pixel form has no spills but reloads both kernel vectors for every
+   pixel. On AVX2 (:attr:`KernelPolicy.tile_accumulators`) the conv is computed per *tile* of
+   ``reg_n`` pixels of one row (:func:`tile_width`: the tuned ``tile_ow`` when its accumulators fit
+   12 registers, else the largest divisor of the width that fits; a 7-pixel row is one tile of 14),
+   the epilogue applied per tile (:func:`_schedule_int8_per_tile`). ResNet-50's 3x3/7x7 convs
+   with a requantize epilogue, ``-mcpu=znver3`` code on Zen 4, medians of 10 alternating rounds:
+   0.90-1.01x TVM's time per conv, 0.96-0.97x summed (1 and 2 threads; widths 56 and 28 gain
+   nothing, 14 and 7 gain 7-10 %, the stem 10 %); per-row on the same convs 1.11-1.70x.
+   Bit-identical (same products summed in the same order per output).
+
 No change alters results (3. only inlines elementwise stages; 4., 5. and 6. only change channel
-blockings; 7. only reorders and vectorizes a pool's loops; 8. sums the same non-zero products in the same order): integer accumulation is exact in both schedules, and the epilogue's arithmetic is the
+blockings; 7. only reorders and vectorizes a pool's loops; 8. sums the same non-zero products in
+the same order; 2. and 9. only move where the accumulators live): integer accumulation is exact in both schedules, and the epilogue's arithmetic is the
 same per element (tests check bit-equality against TVM's own schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
 its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
 """
@@ -171,7 +185,8 @@ class KernelPolicy:
     per_row : bool
         Compute 3x3/7x7 int8 convs per output row (fix 2 above) instead of TVM's per-pixel form.
     evidence : str
-        The measurement behind ``per_row`` (``benchmarks/int8_conv_schedules.py``).
+        The measurement behind ``per_row`` and ``tile_accumulators``
+        (``benchmarks/int8_conv_schedules.py``).
     channel_blocks : tuple of int
         The channel blocks of 8-bit tensors in order of preference (:func:`int8_block` takes the
         first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 8 before 12
@@ -180,6 +195,10 @@ class KernelPolicy:
         The output blocks an int8 conv may take, largest first; output channels no block divides
         are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 (16, 8)
         (fix 6: 24 output channels are not padded to 32 and sliced).
+    tile_accumulators : int
+        When not ``per_row``: compute 3x3/7x7 int8 convs with a fused epilogue per *tile* of
+        output pixels whose accumulators fit this many vector registers (fix 9), instead of
+        TVM's per-pixel form; 0 keeps TVM's.
     """
 
     isa: str
@@ -189,14 +208,22 @@ class KernelPolicy:
     evidence: str
     channel_blocks: tuple = (16, 12, 8, 4)
     int8_out_blocks: tuple = (16,)
+    tile_accumulators: int = 0
+
+    @property
+    def conv_schedule(self) -> str:
+        """``"per_row"``, ``"per_tile"`` or ``"tvm"``: how 3x3/7x7 int8 convs are computed."""
+        return "per_row" if self.per_row else ("per_tile" if self.tile_accumulators else "tvm")
 
 
 # Per-ISA choices; sums of ResNet-50's int8 convs with a requantize epilogue, one thread, Zen 4
 # (AVX2 measured by building for -mcpu=znver3), benchmarks/int8_conv_schedules.py.
 _POLICY = {
-    "avx512_vnni": (512, "vpdpbusd", True, "per-row {vnni} of TVM's time (Zen 4, -mcpu=znver4)"),
-    "avx512": (512, "vpmaddubsw", True, "per-row {avx512} of TVM's time (Zen 4, VNNI masked)"),
-    "avx2": (256, "vpmaddubsw", False, "per-row {avx2} of TVM's time (Zen 4 running -mcpu=znver3 code)"),
+    "avx512_vnni": (512, "vpdpbusd", True, "per-row 0.19-0.49x TVM's time per conv (Zen 4, -mcpu=znver4)"),
+    "avx512": (512, "vpmaddubsw", True, "per-row 0.82-0.99x TVM's time per conv, 0.90x summed (Zen 4, VNNI "
+               "masked)"),
+    "avx2": (256, "vpmaddubsw", False, "per-row 1.11-1.89x TVM's time per conv; per-tile 0.90-1.01x, 0.96-0.97x "
+             "summed (Zen 4 running -mcpu=znver3 code)"),
     "sse": (128, "pmaddubsw", False, "not measured: TVM's schedule kept"),
     "other": (0, "", False, "not x86: TVM's schedule"),
 }
@@ -206,6 +233,9 @@ _POLICY = {
 _NARROW_BLOCKS = {"avx2": (16, 8, 12, 4)}
 #: Int8 conv output blocks per class where they differ from TVM's (fix 6).
 _NARROW_OUT_BLOCKS = {"avx2": (16, 8)}
+#: Accumulator registers of the per-tile schedule per class (fix 9): AVX2 has 16 ymm registers;
+#: the kernel vector, the broadcast data word and the constant of ``vpmaddwd`` take three.
+_TILE_ACCUMULATORS = {"avx2": 12}
 
 
 def policy(target) -> KernelPolicy:
@@ -213,7 +243,8 @@ def policy(target) -> KernelPolicy:
     cls = isa_class(target)
     bits, dot, per_row, evidence = _POLICY[cls]
     return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(cls, KernelPolicy.channel_blocks),
-                        _NARROW_OUT_BLOCKS.get(cls, KernelPolicy.int8_out_blocks))
+                        _NARROW_OUT_BLOCKS.get(cls, KernelPolicy.int8_out_blocks),
+                        _TILE_ACCUMULATORS.get(cls, 0))
 
 
 def needs_operand_fix() -> bool:
@@ -276,23 +307,120 @@ def dot_u8s8_vnni():
     )
 
 
-def _schedule_common_int8_per_row(s, cfg, data_vec, kernel_vec, conv_out, last):
-    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row where
-    :func:`policy` says so for the target being compiled (else TVM's own schedule)."""
+def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
+    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row (fix 2) or per
+    register tile (fix 9) where :func:`policy` says so for the target being compiled."""
     import tvm
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
 
     target = tvm.target.Target.current(allow_none=True)
-    if _SAVED.get("mode") != "per_row" and (target is None or not policy(target).per_row):
-        return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
-    return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
-        s, cfg, data_vec, kernel_vec, conv_out, last,
-        int32_lanes=get_simd_32bit_lanes(),
-        intrin=dot_16x1x16_uint8_int8_int32(),
-        inline_fused=False,
-    )
+    chosen = policy(target).conv_schedule if target is not None else "tvm"
+    mode = _SAVED.get("mode")
+    if mode in ("per_row", "per_tile"):  # forced, for measurements
+        chosen = mode
+    lanes = get_simd_32bit_lanes()
+    if chosen == "per_row":
+        return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
+            s, cfg, data_vec, kernel_vec, conv_out, last,
+            int32_lanes=lanes, intrin=dot_16x1x16_uint8_int8_int32(), inline_fused=False)
+    if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
+        accumulators = _TILE_ACCUMULATORS.get(isa_class(target), 12) if target is not None else 12
+        return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, dot_16x1x16_uint8_int8_int32(),
+                                       accumulators)
+    return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
+
+
+def _tileable(kernel_vec, conv_out, last) -> bool:
+    """The per-tile schedule handles NCHWc outputs of a pre-packed kernel (what AlterOpLayout
+    gives); TVM's ``conv2d_nchw`` test path (kernel packed in the schedule) keeps TVM's."""
+    from tvm import te
+
+    packed_here = isinstance(kernel_vec.op, te.tensor.ComputeOp) and kernel_vec.name == "kernel_vec"
+    return not packed_here and len(conv_out.shape) == 5 and len(last.shape) == 5
+
+
+def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> int:
+    """Output pixels per tile of the per-tile schedule (fix 9).
+
+    ``groups`` accumulator registers per pixel (output block / int32 lanes); ``wanted`` is the
+    config's ``tile_ow`` (tuned or TVM's fallback, which takes the largest divisor of the width up
+    to 31: 28 pixels x 2 registers on AVX2, far more than its 16 registers). Returns ``wanted``
+    when its accumulators fit, else the largest divisor of ``out_width`` whose accumulators fit;
+    when that is one pixel (a prime width such as ResNet's 7), the whole row if its accumulators
+    fit two more registers (on AVX2 all 16 but the kernel vector and the data word: measured
+    0.84-0.91x TVM's time for ResNet-50's 7x7-output convs, where one pixel per tile is TVM's form).
+    """
+    fit = max(1, accumulators // max(1, groups))
+    if 1 <= wanted <= fit and out_width % wanted == 0:
+        return wanted
+    best = next(n for n in range(min(fit, out_width), 0, -1) if out_width % n == 0)
+    if best == 1 and out_width * groups <= accumulators + 2:
+        return out_width
+    return best
+
+
+def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
+    """Fix 9: the int8 NCHWc conv computed per tile of ``reg_n`` output pixels of one row, every
+    pixel's accumulators in registers (:func:`tile_width`), the epilogue applied per tile.
+
+    TVM's form (``inline_fused=True``) computes one pixel at a time: the kernel vectors are loaded
+    again for every pixel and only ``oc_bn / lanes`` accumulators are live. Per row
+    (``inline_fused=False``, fix 2) with TVM's ``tile_ow`` (up to 28 pixels) spills on AVX2's 16
+    registers. A tile reuses each kernel vector ``reg_n`` times and keeps the tile in registers.
+    Same products, summed in the same order per output: bit-identical to TVM's schedule.
+    """
+    from tvm import autotvm, te
+    from tvm.topi.utils import get_const_tuple
+
+    _, _, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
+    wanted = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
+    reg_n = tile_width(out_width, oc_bn // lanes, wanted, accumulators)
+    unroll_kw = cfg["unroll_kw"] if isinstance(cfg["unroll_kw"], (int, bool)) else cfg["unroll_kw"].val
+
+    if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
+        batch, ic_chunk, ih, _, _ = s[data_vec].op.axis
+        s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
+        data_vec = data_vec.op.input_tensors[0]
+    if autotvm.GLOBAL_SCOPE.in_tuning and isinstance(data_vec.op, te.tensor.ComputeOp):
+        s[data_vec].pragma(s[data_vec].op.axis[0], "debug_skip_region")  # a layout transform when tuning
+
+    conv, out = conv_out, last
+    acc = s.cache_write(conv, "global")
+
+    def split_rows(stage):
+        """(batch, oc_chunk, oh) fused and parallel-ready, ow split into tiles, oc block inside."""
+        batch, oc_chunk, oh, ow, oc_block = s[stage].op.axis
+        ow_tile, ow_pixel = s[stage].split(ow, factor=reg_n)
+        s[stage].reorder(oc_chunk, oh, ow_tile, ow_pixel, oc_block)
+        return s[stage].fuse(batch, oc_chunk, oh), ow_tile, oc_block
+
+    row, tile, oc_block = split_rows(conv)
+    s[conv].vectorize(oc_block)
+    if conv == out:
+        s[conv].parallel(row)
+    else:
+        out_row, out_tile, out_block = split_rows(out)
+        s[out].vectorize(out_block)
+        s[out].parallel(out_row)
+        s[conv].compute_at(s[out], out_tile)
+    s[acc].compute_at(s[conv], tile)
+
+    # the tile's reduction: every (kh, kw, input block) step updates all reg_n x groups accumulators
+    _, _, _, ow, oc_block = s[acc].op.axis
+    kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
+    _, ow_pixel = s[acc].split(ow, factor=reg_n)
+    oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
+    if unroll_kw:
+        s[acc].reorder(ic_outer, kh, ic_f_inner, kw, ow_pixel, oc_group, oc_lane, ic_s_inner)
+        s[acc].unroll(kw)
+    else:
+        s[acc].reorder(ic_outer, kh, kw, ic_f_inner, ow_pixel, oc_group, oc_lane, ic_s_inner)
+    s[acc].tensorize(oc_lane, intrin)
+    s[acc].unroll(ow_pixel)
+    s[acc].unroll(oc_group)
+    return s
 
 
 def _inline_pool_producers(schedule_fn):
@@ -565,7 +693,7 @@ def _install(schedule, int8_graph=False):
         intrin.dot_16x1x16_uint8_int8_int32_cascadelake = dot_u8s8_vnni
     _SAVED["mode"] = schedule
     if schedule:
-        common._schedule_conv_NCHWc_int8 = _schedule_common_int8_per_row
+        common._schedule_conv_NCHWc_int8 = _schedule_common_int8
         x86.schedule_pool = _inline_pool_producers(x86.schedule_pool)
         x86.schedule_adaptive_pool = _vectorize_pool_channel_block(_inline_pool_producers(x86.schedule_adaptive_pool))
         x86.conv2d_transpose_nchw = x86_conv_transpose.conv2d_transpose_nchw(x86.conv2d_transpose_nchw)
@@ -612,15 +740,15 @@ def kernels(schedule=True, int8_graph=False):
     Parameters
     ----------
     schedule : bool
-        Also compute 3x3/7x7 int8 convs per output row (fix 2) where :func:`policy` chooses it
-        for the target being compiled, inline pool producers and vectorize global pools over their
+        Also compute 3x3/7x7 int8 convs per output row (fix 2) or per register tile (fix 9) where
+        :func:`policy` chooses it for the target being compiled, inline pool producers and vectorize global pools over their
         channel block (fixes 3 and 7), block 8-bit depthwise
         convs like int8 convs (fix 4), on AVX2, block 8-bit tensors by at most one register
         where 8 divides their channels (fix 6), and compute stride-equals-kernel transposed
         convs without zeros (fix 8). ``False`` keeps TVM's schedules and layouts everywhere and
         only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"``
-        uses the per-row schedule on every instruction set (for measurements such as
-        ``benchmarks/int8_conv_schedules.py``).
+        (``"per_tile"``) uses the per-row (per-tile, fix 9) schedule on every instruction set (for
+        measurements such as ``benchmarks/int8_conv_schedules.py``).
     int8_graph : bool
         The graph being built computes in 8 bits: float convs read their input blocked as the
         int8 convs write it (fix 5; only with ``schedule``). Float models keep TVM's blocking.
@@ -633,7 +761,7 @@ def kernels(schedule=True, int8_graph=False):
     with _LOCK:
         if _DEPTH == 0:
             _install(schedule, int8_graph)
-            logger.debug("x86 int8 kernels: operand fix %s, per-row schedule %s", needs_operand_fix(), schedule)
+            logger.debug("x86 int8 kernels: operand fix %s, conv schedules %s", needs_operand_fix(), schedule)
         _DEPTH += 1
     try:
         yield
