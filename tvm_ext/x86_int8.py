@@ -132,8 +132,9 @@ TVM's own behaviour.
    12 registers, else the largest divisor of the width that fits; a 7-pixel row is one tile of 14),
    the epilogue applied per tile (:func:`_schedule_int8_per_tile`). ResNet-50's 3x3/7x7 convs
    with a requantize epilogue, ``-mcpu=znver3`` code on Zen 4, medians of 10 alternating rounds:
-   0.90-1.01x TVM's time per conv, 0.96-0.97x summed (1 and 2 threads; widths 56 and 28 gain
-   nothing, 14 and 7 gain 7-10 %, the stem 10 %); per-row on the same convs 1.11-1.70x.
+   0.86-1.02x TVM's time per conv, 0.96x / 0.94x summed (1 / 2 threads; widths 56 and 28 gain
+   nothing: TVM's form already runs at the ``vpmaddubsw`` peak there; 14 and 7 gain 6-14 %, the
+   stem 2-10 %); per-row on the same convs 0.86-1.65x, 1.16x / 1.32x summed.
    Bit-identical (same products summed in the same order per output).
 
 No change alters results (3. only inlines elementwise stages; 4., 5. and 6. only change channel
@@ -222,8 +223,8 @@ _POLICY = {
     "avx512_vnni": (512, "vpdpbusd", True, "per-row 0.19-0.49x TVM's time per conv (Zen 4, -mcpu=znver4)"),
     "avx512": (512, "vpmaddubsw", True, "per-row 0.82-0.99x TVM's time per conv, 0.90x summed (Zen 4, VNNI "
                "masked)"),
-    "avx2": (256, "vpmaddubsw", False, "per-row 1.11-1.89x TVM's time per conv; per-tile 0.90-1.01x, 0.96-0.97x "
-             "summed (Zen 4 running -mcpu=znver3 code)"),
+    "avx2": (256, "vpmaddubsw", False, "per-row 0.86-1.65x TVM's time per conv, 1.16-1.32x summed; per-tile "
+             "0.86-1.02x, 0.94-0.96x summed (Zen 4 running -mcpu=znver3 code)"),
     "sse": (128, "pmaddubsw", False, "not measured: TVM's schedule kept"),
     "other": (0, "", False, "not x86: TVM's schedule"),
 }
