@@ -187,6 +187,40 @@ def test_conv_schedule_follows_the_isa_policy(target):
     assert (asm(schedule=True) != asm(schedule=False)) == (chosen != "tvm")
 
 
+@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
+                                    "llvm -mcpu=znver4", "llvm -mcpu=core2"])
+def test_1x1_conv_schedule_follows_the_isa_policy(target):
+    """Compiled only: 1x1 int8 convs are computed per register tile on AVX2 and AVX-512 (fix 9).
+    30 pixels wide: TVM's fallback takes a whole row (30 accumulators on AVX-512, 60 on AVX2),
+    more than either budget, so the tile differs from TVM's row block on both."""
+    mod = _conv_epilogue(1, size=30)
+
+    def asm(**kw):
+        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
+            return relay.build(mod, target=target).get_lib().get_source("asm")
+
+    chosen = x86_int8.policy(tvm.target.Target(target)).conv1x1_schedule
+    assert chosen == ("tvm" if "core2" in target else "per_tile")
+    # on a VNNI target schedule=False still swaps in the LLVM 22 intrinsic: compare fix 9 on and off
+    with x86_int8.kernels(schedule="per_row"), tvm.transform.PassContext(opt_level=3):
+        tvm_form = relay.build(mod, target=target).get_lib().get_source("asm")  # per_row: TVM's 1x1 form
+    assert (asm(schedule=True) != tvm_form) == (chosen == "per_tile")
+
+
+@pytest.mark.parametrize("shape,groups,wanted,expected", [
+    ((56, 56), 2, (1, 4), (1, 4)),    # a tuned tile that fits is kept
+    ((56, 56), 2, (2, 56), (2, 2)),   # 224 accumulators: both rows kept, 2 pixels each (3 does not divide 56)
+    ((28, 28), 2, (1, 28), (1, 4)),   # TVM's fallback (< 32 pixels): 4 pixels of one row
+    ((7, 7), 1, (7, 7), (7, 1)),      # AVX-512 block: as many of the rows as fit, one pixel each
+    ((14, 14), 1, (1, 14), (1, 14)),  # AVX-512: 14 accumulators fit 28
+])
+def test_1x1_tile_shape_fits_the_registers(shape, groups, wanted, expected):
+    budget = 12 if groups == 2 else 28
+    got = x86_int8.tile_shape(shape[0], shape[1], groups, wanted, accumulators=budget)
+    assert got == expected
+    assert got[0] * got[1] * groups <= budget
+
+
 @pytest.mark.parametrize("width,groups,wanted,expected", [
     (14, 2, 14, 2),   # TVM's fallback takes the whole row: 28 accumulators, AVX2 has 16 registers
     (56, 2, 28, 4),
@@ -208,11 +242,15 @@ _TILE_CASES = [
     (3, 32, 28, 2, True, None),    # stride 2
     (3, 64, 14, 1, False, None),   # no epilogue: int32 out, the conv is the kernel's last stage
     (7, 16, 30, 2, True, 4),       # ResNet's stem: 4 input channels, 7x7, stride 2
+    (1, 64, 14, 1, True, 32),      # 1x1 (fix 9's 1x1 form)
+    (1, 32, 28, 2, True, 64),      # 1x1, stride 2 (ResNet's downsample)
+    (1, 64, 13, 1, False, 32),     # 1x1, prime width, no epilogue
 ]
 
 
 @pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
-@pytest.mark.parametrize("case", _TILE_CASES, ids=["3x3", "prime-width", "stride2", "no-epilogue", "stem"])
+@pytest.mark.parametrize("case", _TILE_CASES, ids=["3x3", "prime-width", "stride2", "no-epilogue", "stem",
+                                                    "1x1", "1x1-stride2", "1x1-prime-no-epilogue"])
 def test_per_tile_schedule_is_bit_identical(case, target):
     """Fix 9 (forced on every class here; the policy takes it on AVX2): same bits as TVM's schedule."""
     k, channels, size, stride, epilogue, cin = case

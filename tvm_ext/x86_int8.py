@@ -197,9 +197,9 @@ class KernelPolicy:
         are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 (16, 8)
         (fix 6: 24 output channels are not padded to 32 and sliced).
     tile_accumulators : int
-        When not ``per_row``: compute 3x3/7x7 int8 convs with a fused epilogue per *tile* of
-        output pixels whose accumulators fit this many vector registers (fix 9), instead of
-        TVM's per-pixel form; 0 keeps TVM's.
+        Compute 1x1 int8 convs, and 3x3/7x7 ones when not ``per_row``, per *tile* of output
+        pixels whose accumulators fit this many vector registers (fix 9), instead of TVM's
+        forms; 0 keeps TVM's.
     """
 
     isa: str
@@ -215,6 +215,11 @@ class KernelPolicy:
     def conv_schedule(self) -> str:
         """``"per_row"``, ``"per_tile"`` or ``"tvm"``: how 3x3/7x7 int8 convs are computed."""
         return "per_row" if self.per_row else ("per_tile" if self.tile_accumulators else "tvm")
+
+    @property
+    def conv1x1_schedule(self) -> str:
+        """``"per_tile"`` or ``"tvm"``: how 1x1 int8 convs are computed."""
+        return "per_tile" if self.tile_accumulators else "tvm"
 
 
 # Per-ISA choices; sums of ResNet-50's int8 convs with a requantize epilogue, one thread, Zen 4
@@ -234,9 +239,10 @@ _POLICY = {
 _NARROW_BLOCKS = {"avx2": (16, 8, 12, 4)}
 #: Int8 conv output blocks per class where they differ from TVM's (fix 6).
 _NARROW_OUT_BLOCKS = {"avx2": (16, 8)}
-#: Accumulator registers of the per-tile schedule per class (fix 9): AVX2 has 16 ymm registers;
-#: the kernel vector, the broadcast data word and the constant of ``vpmaddwd`` take three.
-_TILE_ACCUMULATORS = {"avx2": 12}
+#: Accumulator registers of the per-tile schedules per class (fix 9): AVX2 has 16 ymm registers,
+#: AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
+#: take three, and one is left spare.
+_TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
 
 
 def policy(target) -> KernelPolicy:
@@ -420,6 +426,93 @@ def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, acc
         s[acc].reorder(ic_outer, kh, kw, ic_f_inner, ow_pixel, oc_group, oc_lane, ic_s_inner)
     s[acc].tensorize(oc_lane, intrin)
     s[acc].unroll(ow_pixel)
+    s[acc].unroll(oc_group)
+    return s
+
+
+def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
+    """TVM's x86 NCHWc int8 1x1 conv schedule, or the per-tile one (fix 9) where :func:`policy`
+    says so for the target being compiled."""
+    import tvm
+    from tvm.target.x86 import get_simd_32bit_lanes
+    from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
+
+    target = tvm.target.Target.current(allow_none=True)
+    chosen = policy(target).conv1x1_schedule if target is not None else "tvm"
+    if _SAVED.get("mode") in ("per_row", "per_tile"):  # forced, for measurements: per-row has no 1x1 form
+        chosen = "per_tile" if _SAVED["mode"] == "per_tile" else "tvm"
+    if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
+        accumulators = _TILE_ACCUMULATORS.get(isa_class(target), 12) if target is not None else 12
+        return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, get_simd_32bit_lanes(),
+                                           dot_16x1x16_uint8_int8_int32(), accumulators)
+    return _SAVED["schedule_1x1"](s, cfg, data_vec, kernel_vec, conv_out, last)
+
+
+def tile_shape(out_height: int, out_width: int, groups: int, wanted: tuple, accumulators: int) -> tuple:
+    """``(rows, pixels per row)`` of a 1x1 conv's tile (fix 9): the config's ``(tile_oh, tile_ow)``
+    when its accumulators fit, else as many of its rows as fit (dividing the height) and the
+    widest divisor of the width that fits beside them."""
+    rows, cols = wanted
+    if rows * cols * groups <= accumulators and out_height % rows == 0 and out_width % cols == 0:
+        return rows, cols
+    fit = max(1, accumulators // max(1, groups))
+    rows = next(n for n in range(min(rows, fit, out_height), 0, -1) if out_height % n == 0)
+    cols = next(n for n in range(min(fit // rows, out_width), 0, -1) if out_width % n == 0)
+    return rows, cols
+
+
+def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
+    """Fix 9 for 1x1 convs: the conv computed per tile of ``rows x cols`` output pixels
+    (:func:`tile_shape`), accumulators in registers, the epilogue applied per tile.
+
+    TVM's 1x1 form accumulates a block of ``tile_oh`` whole rows into a buffer, copies it into the
+    conv's output buffer, and runs the epilogue over that: two extra passes over int32 values per
+    output. Same products, summed in the same order per output: bit-identical to TVM's schedule.
+    """
+    from tvm import autotvm, te
+    from tvm.topi.utils import get_const_tuple
+
+    _, _, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
+    wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
+    wanted_cols = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
+    rows, cols = tile_shape(out_height, out_width, oc_bn // lanes, (wanted_rows, wanted_cols), accumulators)
+
+    if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
+        batch, ic_chunk, ih, _, _ = s[data_vec].op.axis
+        s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
+        data_vec = data_vec.op.input_tensors[0]
+    if autotvm.GLOBAL_SCOPE.in_tuning and isinstance(data_vec.op, te.tensor.ComputeOp):
+        s[data_vec].pragma(s[data_vec].op.axis[0], "debug_skip_region")
+
+    conv, out = conv_out, last
+    acc = s.cache_write(conv, "global")
+
+    def split_tiles(stage):
+        """(batch, oc_chunk, row block) fused, then the tile's columns; oc block innermost."""
+        batch, oc_chunk, oh, ow, oc_block = s[stage].op.axis
+        oh_outer, oh_inner = s[stage].split(oh, factor=rows)
+        ow_outer, ow_inner = s[stage].split(ow, factor=cols)
+        s[stage].reorder(oc_chunk, oh_outer, ow_outer, oh_inner, ow_inner, oc_block)
+        return s[stage].fuse(batch, oc_chunk, oh_outer), ow_outer, oc_block
+
+    row, tile, oc_block = split_tiles(conv)
+    s[conv].vectorize(oc_block)
+    if conv == out:
+        s[conv].parallel(row)
+    else:
+        out_row, out_tile, out_block = split_tiles(out)
+        s[out].vectorize(out_block)
+        s[out].parallel(out_row)
+        s[conv].compute_at(s[out], out_tile)
+    s[acc].compute_at(s[conv], tile)
+
+    _, _, oh, ow, oc_block = s[acc].op.axis
+    kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
+    oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
+    s[acc].reorder(kh, kw, ic_outer, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
+    s[acc].tensorize(oc_lane, intrin)
+    s[acc].unroll(oh)
+    s[acc].unroll(ow)
     s[acc].unroll(oc_group)
     return s
 
@@ -685,6 +778,7 @@ def _install(schedule, int8_graph=False):
                              generic.fallback_schedule_cpu_common_int8, x86.conv2d_NCHWc_int8,
                              conv2d_int8.conv2d_NCHWc_int8)
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
+    _SAVED["schedule_1x1"] = one_by_one._schedule_conv_NCHWc_int8
     _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
     _SAVED["conv_transpose"] = (x86.conv2d_transpose_nchw, x86.schedule_conv2d_transpose_nchw)
     _SAVED["depthwise"] = depthwise._fallback_schedule
@@ -695,6 +789,7 @@ def _install(schedule, int8_graph=False):
     _SAVED["mode"] = schedule
     if schedule:
         common._schedule_conv_NCHWc_int8 = _schedule_common_int8
+        one_by_one._schedule_conv_NCHWc_int8 = _schedule_1x1_int8
         x86.schedule_pool = _inline_pool_producers(x86.schedule_pool)
         x86.schedule_adaptive_pool = _vectorize_pool_channel_block(_inline_pool_producers(x86.schedule_adaptive_pool))
         x86.conv2d_transpose_nchw = x86_conv_transpose.conv2d_transpose_nchw(x86.conv2d_transpose_nchw)
@@ -729,6 +824,7 @@ def _uninstall():
     one_by_one._fallback_schedule, common._fallback_schedule = _SAVED.pop("float_convs")
     _SAVED.pop("int8_graph", None)
     common._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule")
+    one_by_one._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule_1x1")
     x86.schedule_pool, x86.schedule_adaptive_pool = _SAVED.pop("pools")
     x86.conv2d_transpose_nchw, x86.schedule_conv2d_transpose_nchw = _SAVED.pop("conv_transpose")
     _SAVED.pop("mode", None)
