@@ -537,3 +537,47 @@ def test_global_pool_vectorized_is_bit_identical(shape):
         with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
             fouts.append(_run(relay.build(fmod, target=host_target()), x))
     assert fouts[1].tobytes() == fouts[0].tobytes()
+
+
+def _float_conv(k, cin, cout, size, stride, seed=0):
+    """A float conv with a per-channel scale, bias and relu (what float models and the float convs
+    of int8 pipelines compile)."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, cin, size, size), dtype="float32")
+    w = relay.const(rng.standard_normal((cout, cin, k, k)).astype("float32"))
+    y = relay.nn.conv2d(x, w, strides=stride, padding=k // 2, channels=cout, kernel_size=k)
+    y = relay.nn.relu(y * relay.const(rng.random((cout, 1, 1)).astype("float32"))
+                      + relay.const(rng.random((cout, 1, 1)).astype("float32")))
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+_FLOAT_CASES = [(3, 16, 32, 56, 1), (7, 3, 32, 64, 2), (1, 32, 32, 28, 1), (3, 8, 8, 13, 1)]
+
+
+@pytest.mark.parametrize("case", _FLOAT_CASES, ids=["3x3", "7x7-stem", "1x1", "prime-width"])
+@pytest.mark.skipif(not runs_on_host("llvm -mcpu=znver3"), reason="host lacks AVX2")
+def test_float_conv_register_tile_is_bit_identical_on_avx2(case):
+    """Fix 10: untuned float convs on AVX2 take a tile that fits the 16 ymm registers; same bits."""
+    k, cin, cout, size, stride = case
+    mod = _float_conv(k, cin, cout, size, stride)
+    xs = np.random.default_rng(1).standard_normal((1, cin, size, size)).astype("float32")
+    outs = []
+    for schedule in (False, True):
+        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
+            outs.append(_run(relay.build(mod, target="llvm -mcpu=znver3"), xs))
+    assert np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("target,changed", [("llvm -mcpu=znver3", True), ("llvm -mcpu=znver4", False),
+                                            ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", False)])
+@pytest.mark.parametrize("k", [3, 1])
+def test_float_conv_register_tile_only_on_avx2(target, changed, k):
+    """Compiled only: fix 10 changes a float conv's code on AVX2 (TVM's fallback tile of 28
+    pixels spills 16 ymm registers) and leaves AVX-512's (32 zmm) alone."""
+    mod = _float_conv(k, 16, 32, 56, 1)
+
+    def asm(schedule):
+        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
+            return relay.build(mod, target=target).get_lib().get_source("asm")
+
+    assert (asm(True) != asm(False)) == changed
