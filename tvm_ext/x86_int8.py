@@ -389,23 +389,11 @@ def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> i
     return best
 
 
-def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
-    """Fix 9: the int8 NCHWc conv computed per tile of ``reg_n`` output pixels of one row, every
-    pixel's accumulators in registers (:func:`tile_width`), the epilogue applied per tile.
-
-    TVM's form (``inline_fused=True``) computes one pixel at a time: the kernel vectors are loaded
-    again for every pixel and only ``oc_bn / lanes`` accumulators are live. Per row
-    (``inline_fused=False``, fix 2) with TVM's ``tile_ow`` (up to 28 pixels) spills on AVX2's 16
-    registers. A tile reuses each kernel vector ``reg_n`` times and keeps the tile in registers.
-    Same products, summed in the same order per output: bit-identical to TVM's schedule.
-    """
+def _tile_stages(s, data_vec, conv_out, last, rows, cols):
+    """Fix 9's stages: the conv's output computed per ``rows x cols`` tile of the fused output
+    (parallel over channel chunks and row blocks, channel block vectorized), its accumulation
+    stage per tile. Returns the accumulation stage; the caller orders its reduction."""
     from tvm import autotvm, te
-    from tvm.topi.utils import get_const_tuple
-
-    _, _, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
-    wanted = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
-    reg_n = tile_width(out_width, oc_bn // lanes, wanted, accumulators)
-    unroll_kw = cfg["unroll_kw"] if isinstance(cfg["unroll_kw"], (int, bool)) else cfg["unroll_kw"].val
 
     if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
         batch, ic_chunk, ih, _, _ = s[data_vec].op.axis
@@ -417,36 +405,56 @@ def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, acc
     conv, out = conv_out, last
     acc = s.cache_write(conv, "global")
 
-    def split_rows(stage):
-        """(batch, oc_chunk, oh) fused and parallel-ready, ow split into tiles, oc block inside."""
+    def split_tiles(stage):
+        """(batch, oc_chunk, row block) fused, then the tiles of a row; oc block innermost."""
         batch, oc_chunk, oh, ow, oc_block = s[stage].op.axis
-        ow_tile, ow_pixel = s[stage].split(ow, factor=reg_n)
-        s[stage].reorder(oc_chunk, oh, ow_tile, ow_pixel, oc_block)
-        return s[stage].fuse(batch, oc_chunk, oh), ow_tile, oc_block
+        oh_outer, oh_inner = s[stage].split(oh, factor=rows)
+        ow_outer, ow_inner = s[stage].split(ow, factor=cols)
+        s[stage].reorder(oc_chunk, oh_outer, ow_outer, oh_inner, ow_inner, oc_block)
+        return s[stage].fuse(batch, oc_chunk, oh_outer), ow_outer, oc_block
 
-    row, tile, oc_block = split_rows(conv)
+    row, tile, oc_block = split_tiles(conv)
     s[conv].vectorize(oc_block)
     if conv == out:
         s[conv].parallel(row)
     else:
-        out_row, out_tile, out_block = split_rows(out)
+        out_row, out_tile, out_block = split_tiles(out)
         s[out].vectorize(out_block)
         s[out].parallel(out_row)
         s[conv].compute_at(s[out], out_tile)
     s[acc].compute_at(s[conv], tile)
+    return acc
 
+
+def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
+    """Fix 9: the int8 NCHWc conv computed per tile of ``reg_n`` output pixels of one row, every
+    pixel's accumulators in registers (:func:`tile_width`), the epilogue applied per tile.
+
+    TVM's form (``inline_fused=True``) computes one pixel at a time: the kernel vectors are loaded
+    again for every pixel and only ``oc_bn / lanes`` accumulators are live. Per row
+    (``inline_fused=False``, fix 2) with TVM's ``tile_ow`` (up to 28 pixels) spills on AVX2's 16
+    registers. A tile reuses each kernel vector ``reg_n`` times and keeps the tile in registers.
+    Same products, summed in the same order per output: bit-identical to TVM's schedule.
+    """
+    from tvm.topi.utils import get_const_tuple
+
+    _, _, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
+    wanted = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
+    reg_n = tile_width(out_width, oc_bn // lanes, wanted, accumulators)
+    unroll_kw = cfg["unroll_kw"] if isinstance(cfg["unroll_kw"], (int, bool)) else cfg["unroll_kw"].val
+
+    acc = _tile_stages(s, data_vec, conv_out, last, 1, reg_n)
     # the tile's reduction: every (kh, kw, input block) step updates all reg_n x groups accumulators
-    _, _, _, ow, oc_block = s[acc].op.axis
+    _, _, oh, ow, oc_block = s[acc].op.axis
     kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
-    _, ow_pixel = s[acc].split(ow, factor=reg_n)
     oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
     if unroll_kw:
-        s[acc].reorder(ic_outer, kh, ic_f_inner, kw, ow_pixel, oc_group, oc_lane, ic_s_inner)
+        s[acc].reorder(ic_outer, kh, ic_f_inner, kw, oh, ow, oc_group, oc_lane, ic_s_inner)
         s[acc].unroll(kw)
     else:
-        s[acc].reorder(ic_outer, kh, kw, ic_f_inner, ow_pixel, oc_group, oc_lane, ic_s_inner)
+        s[acc].reorder(ic_outer, kh, kw, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
     s[acc].tensorize(oc_lane, intrin)
-    s[acc].unroll(ow_pixel)
+    s[acc].unroll(ow)
     s[acc].unroll(oc_group)
     return s
 
@@ -490,7 +498,6 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     conv's output buffer, and runs the epilogue over that: two extra passes over int32 values per
     output. Same products, summed in the same order per output: bit-identical to TVM's schedule.
     """
-    from tvm import autotvm, te
     from tvm.topi.utils import get_const_tuple
 
     _, _, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
@@ -498,35 +505,7 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     wanted_cols = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
     rows, cols = tile_shape(out_height, out_width, oc_bn // lanes, (wanted_rows, wanted_cols), accumulators)
 
-    if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
-        batch, ic_chunk, ih, _, _ = s[data_vec].op.axis
-        s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
-        data_vec = data_vec.op.input_tensors[0]
-    if autotvm.GLOBAL_SCOPE.in_tuning and isinstance(data_vec.op, te.tensor.ComputeOp):
-        s[data_vec].pragma(s[data_vec].op.axis[0], "debug_skip_region")
-
-    conv, out = conv_out, last
-    acc = s.cache_write(conv, "global")
-
-    def split_tiles(stage):
-        """(batch, oc_chunk, row block) fused, then the tile's columns; oc block innermost."""
-        batch, oc_chunk, oh, ow, oc_block = s[stage].op.axis
-        oh_outer, oh_inner = s[stage].split(oh, factor=rows)
-        ow_outer, ow_inner = s[stage].split(ow, factor=cols)
-        s[stage].reorder(oc_chunk, oh_outer, ow_outer, oh_inner, ow_inner, oc_block)
-        return s[stage].fuse(batch, oc_chunk, oh_outer), ow_outer, oc_block
-
-    row, tile, oc_block = split_tiles(conv)
-    s[conv].vectorize(oc_block)
-    if conv == out:
-        s[conv].parallel(row)
-    else:
-        out_row, out_tile, out_block = split_tiles(out)
-        s[out].vectorize(out_block)
-        s[out].parallel(out_row)
-        s[conv].compute_at(s[out], out_tile)
-    s[acc].compute_at(s[conv], tile)
-
+    acc = _tile_stages(s, data_vec, conv_out, last, rows, cols)
     _, _, oh, ow, oc_block = s[acc].op.axis
     kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
     oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
