@@ -335,26 +335,36 @@ def dot_u8s8_vnni():
     )
 
 
+def _chosen_schedule(kind: str) -> tuple:
+    """``(schedule, accumulators)`` for the target being compiled: ``kind`` ``"3x3"`` (also 7x7)
+    takes :attr:`KernelPolicy.conv_schedule`, ``"1x1"`` :attr:`KernelPolicy.conv1x1_schedule`;
+    ``kernels(schedule="per_row" | "per_tile")`` forces one (per-row has no 1x1 form: TVM's).
+    ``accumulators`` is the class's tile budget, 12 where it has none (a forced per-tile)."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    pol = policy(target) if target is not None else None
+    chosen = "tvm" if pol is None else (pol.conv_schedule if kind == "3x3" else pol.conv1x1_schedule)
+    mode = _SAVED.get("mode")
+    if mode in ("per_row", "per_tile"):  # forced, for measurements
+        chosen = mode if kind == "3x3" or mode == "per_tile" else "tvm"
+    return chosen, (pol.tile_accumulators if pol is not None and pol.tile_accumulators else 12)
+
+
 def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row (fix 2) or per
     register tile (fix 9) where :func:`policy` says so for the target being compiled."""
-    import tvm
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
 
-    target = tvm.target.Target.current(allow_none=True)
-    chosen = policy(target).conv_schedule if target is not None else "tvm"
-    mode = _SAVED.get("mode")
-    if mode in ("per_row", "per_tile"):  # forced, for measurements
-        chosen = mode
+    chosen, accumulators = _chosen_schedule("3x3")
     lanes = get_simd_32bit_lanes()
     if chosen == "per_row":
         return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
             s, cfg, data_vec, kernel_vec, conv_out, last,
             int32_lanes=lanes, intrin=dot_16x1x16_uint8_int8_int32(), inline_fused=False)
     if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
-        accumulators = _TILE_ACCUMULATORS.get(isa_class(target), 12) if target is not None else 12
         return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, dot_16x1x16_uint8_int8_int32(),
                                        accumulators)
     return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
@@ -367,6 +377,11 @@ def _tileable(kernel_vec, conv_out, last) -> bool:
 
     packed_here = isinstance(kernel_vec.op, te.tensor.ComputeOp) and kernel_vec.name == "kernel_vec"
     return not packed_here and len(conv_out.shape) == 5 and len(last.shape) == 5
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` not above ``at_most`` (at least 1)."""
+    return next(d for d in range(max(1, min(at_most, n)), 0, -1) if n % d == 0)
 
 
 def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> int:
@@ -383,7 +398,7 @@ def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> i
     fit = max(1, accumulators // max(1, groups))
     if 1 <= wanted <= fit and out_width % wanted == 0:
         return wanted
-    best = next(n for n in range(min(fit, out_width), 0, -1) if out_width % n == 0)
+    best = _largest_divisor(out_width, fit)
     if best == 1 and out_width * groups <= accumulators + 2:
         return out_width
     return best
@@ -462,16 +477,11 @@ def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, acc
 def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     """TVM's x86 NCHWc int8 1x1 conv schedule, or the per-tile one (fix 9) where :func:`policy`
     says so for the target being compiled."""
-    import tvm
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
 
-    target = tvm.target.Target.current(allow_none=True)
-    chosen = policy(target).conv1x1_schedule if target is not None else "tvm"
-    if _SAVED.get("mode") in ("per_row", "per_tile"):  # forced, for measurements: per-row has no 1x1 form
-        chosen = "per_tile" if _SAVED["mode"] == "per_tile" else "tvm"
+    chosen, accumulators = _chosen_schedule("1x1")
     if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
-        accumulators = _TILE_ACCUMULATORS.get(isa_class(target), 12) if target is not None else 12
         return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, get_simd_32bit_lanes(),
                                            dot_16x1x16_uint8_int8_int32(), accumulators)
     return _SAVED["schedule_1x1"](s, cfg, data_vec, kernel_vec, conv_out, last)
@@ -485,8 +495,8 @@ def tile_shape(out_height: int, out_width: int, groups: int, wanted: tuple, accu
     if rows * cols * groups <= accumulators and out_height % rows == 0 and out_width % cols == 0:
         return rows, cols
     fit = max(1, accumulators // max(1, groups))
-    rows = next(n for n in range(min(rows, fit, out_height), 0, -1) if out_height % n == 0)
-    cols = next(n for n in range(min(fit // rows, out_width), 0, -1) if out_width % n == 0)
+    rows = _largest_divisor(out_height, min(rows, fit))
+    cols = _largest_divisor(out_width, fit // rows)
     return rows, cols
 
 
@@ -777,7 +787,7 @@ def _float_conv_register_tile(fallback, one_by_one: bool):
         fallback(cfg, wkl)
         target = _current_target()
         budget = _FLOAT_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
-        if budget is None or str(wkl.in_dtype) not in ("float32",):
+        if budget is None or str(wkl.in_dtype) != "float32":
             return None
         from tvm.target.x86 import get_simd_32bit_lanes
 
