@@ -83,6 +83,31 @@ def test_plain_tvm_loads_it_without_tvm_ext(compiled):
     np.testing.assert_array_equal(np.load(d / "plain.npy"), res.outputs[0])
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # TVM's failed TempDirectory
+def test_run_writes_nothing_beside_the_library(tmp_path, compiled):
+    """Plain TVM loads ``m.tar`` by untarring into ``m/`` (failing if that exists) and linking
+    ``m.tar.so`` beside it; run_library links in a private temporary directory instead."""
+    import shutil
+    import tvm
+
+    d, _, lib, x = compiled
+    for name in (lib.name, deploy.sidecar_path(lib).name):
+        shutil.copy(d / name, tmp_path / name)
+    copy = tmp_path / lib.name
+    (tmp_path / copy.stem).mkdir()  # what TVM's loader would create: it cannot
+    (tmp_path / copy.stem / "keep.txt").write_text("user data")
+    with pytest.raises(FileExistsError):
+        tvm.runtime.load_module(str(copy))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    res = deploy.run_library(copy, positional=[x])
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    np.testing.assert_array_equal(res.outputs[0], deploy.run_library(lib, positional=[x]).outputs[0])
+    # a .so loads as it is
+    so = tmp_path / "tiny.so"
+    deploy.compile_library(*from_onnx(compiled[1]), so)
+    np.testing.assert_array_equal(deploy.run_library(so, positional=[x]).outputs[0], res.outputs[0])
+
+
 def test_int8_pipeline_so_round_trip_on_a_qdq_model(tmp_path, compiled, capsys):
     """A QDQ model (ONNX Runtime's quantize_static), --pipeline int8, .so, a named input: bit-exact
     to tvm_ext.build(..., passes=pipelines.int8()) run in-process."""

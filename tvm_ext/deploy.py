@@ -3,10 +3,16 @@
 Design note
 -----------
 :func:`compile_library` builds with :func:`tvm_ext.build` (optionally a pipeline or passes) and
-writes ``GraphExecutorFactoryModule.export_library`` output: ``.tar`` (object files; TVM links
-them with the system C compiler when it loads the file, writing ``<lib>.so`` next to it) or
-``.so``. What the library is, is plain TVM: ``tvm.runtime.load_module(path)`` then
-``graph_executor.GraphModule(lib["default"](dev))`` runs it without tvm-ext.
+writes ``GraphExecutorFactoryModule.export_library`` output: ``.tar`` (object files, linked with
+the system C compiler when the file is loaded) or ``.so``. What the library is, is plain TVM:
+``tvm.runtime.load_module(path)`` then ``graph_executor.GraphModule(lib["default"](dev))`` runs it
+without tvm-ext.
+
+Loading a ``.tar``, plain TVM writes beside it: it untars into a directory named after the file
+(``model.tar`` -> ``model/``, failing if that exists) and links ``model.tar.so`` there, so it fails
+in a read-only directory and two processes loading one file race. :func:`run_library` does the
+same link in a private temporary directory instead (:func:`load_library`) and writes nothing next
+to the library.
 
 What :func:`run_library` needs besides the library goes into a **sidecar** ``<lib>.json``
 (``model.tar`` -> ``model.tar.json``): the inputs (name, shape, dtype), the outputs, the target,
@@ -28,7 +34,9 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +47,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 __all__ = ["DeployError", "Compiled", "RunResult", "compile_library", "run_library", "read_sidecar",
-           "check_runs_here", "match_inputs", "foreign_arch", "sidecar_path", "SIDECAR_FORMAT"]
+           "check_runs_here", "match_inputs", "foreign_arch", "sidecar_path", "load_library", "SIDECAR_FORMAT"]
 
 #: Version of the sidecar layout (bumped on incompatible changes).
 SIDECAR_FORMAT = 1
@@ -285,6 +293,31 @@ def match_inputs(meta: dict, arrays: Mapping[str, np.ndarray] | None = None,
     return {s["name"]: np.asarray(arrays[s["name"]]) for s in specs}
 
 
+def load_library(lib_path):
+    """``tvm.runtime.load_module(lib_path)``, writing nothing beside the library.
+
+    A ``.tar`` is untarred and linked (``tvm.contrib.cc.create_shared``, as TVM's loader does) in a
+    private temporary directory, removed once the shared object is loaded (the mapping stays).
+    """
+    import tvm
+
+    path = Path(lib_path)
+    if path.suffix != ".tar":
+        return tvm.runtime.load_module(str(path))
+    from tvm.contrib import cc, tar
+
+    tmp = Path(tempfile.mkdtemp(prefix="tvm_ext_load_"))
+    try:
+        objects = tmp / "objects"
+        objects.mkdir()
+        tar.untar(str(path), str(objects))
+        shared = tmp / (path.name + ".so")
+        cc.create_shared(str(shared), sorted(str(p) for p in objects.iterdir()))
+        return tvm.runtime.load_module(str(shared))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def run_library(lib_path, inputs: Mapping[str, np.ndarray] | None = None, positional: Sequence[np.ndarray] = (),
                 repeat: int = 0) -> RunResult:
     """Load a library written by :func:`compile_library` with plain TVM and run it once.
@@ -314,7 +347,7 @@ def run_library(lib_path, inputs: Mapping[str, np.ndarray] | None = None, positi
     check_runs_here(meta)  # before loading: code for missing features must never execute
     feed = match_inputs(meta, inputs, positional)
     try:
-        lib = tvm.runtime.load_module(str(lib_path))
+        lib = load_library(lib_path)
         factory = lib["default"]
     except Exception as err:  # TVMError, tar/linker errors
         last = [ln for ln in str(err).splitlines() if ln.strip()]
