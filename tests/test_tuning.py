@@ -179,3 +179,38 @@ def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
         result = tune_model(_narrow_blocks_graph(), target=target, budget_s=120, layouts=False, number=1, repeat=1)
     assert "not tuned (TVM's rule kept)" in caplog.text and "kernel [3, 2, 3, 3, 4, 8, 4]" in caplog.text
     assert result.rows  # the other int8 conv was tuned (or kept TVM's rule after timing)
+
+
+@pytest.mark.parametrize("load, cores, threads, busy", [
+    (0.1, 2, 1, False), (1.0, 2, 1, False), (1.1, 2, 1, True), (0.5, 2, 2, True), (7.0, 16, 8, False),
+    (9.0, 16, 8, True)])
+def test_busy_note_when_other_work_shares_the_cores(load, cores, threads, busy):
+    note = tune.busy_note(load, cores, threads)
+    assert (note is not None) == busy
+    if busy:
+        assert f"load average {load:.1f} on {cores} cores" in note and "tune while nothing else runs" in note
+
+
+def test_tune_model_warns_on_a_busy_machine_before_timing(small, monkeypatch, caplog):
+    import logging
+
+    m, target, _ = small
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_a, **_k):
+        raise Stop
+
+    monkeypatch.setattr(tune.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    monkeypatch.setattr(tune, "record_workloads", stop)  # nothing is built or timed
+    said = []
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.tune"), pytest.raises(Stop):
+        tune.tune_model(m.mod, m.params, target, progress=said.append)
+    assert said and said[0].startswith("warning: the machine is busy (load average 64.0")
+    assert "the machine is busy" in caplog.text
+    monkeypatch.setattr(tune.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    said.clear()
+    with pytest.raises(Stop):
+        tune.tune_model(m.mod, m.params, target, progress=said.append)
+    assert not any("busy" in s for s in said)

@@ -24,6 +24,7 @@ Everything is timed on this host, so the target must run here (:func:`tvm_ext.is
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -36,7 +37,7 @@ from .isa import isa_class, runs_on_host
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Workloads", "TuneResult", "record_workloads", "time_config", "tune_workloads", "tune_model"]
+__all__ = ["Workloads", "TuneResult", "record_workloads", "time_config", "tune_workloads", "tune_model", "busy_note"]
 
 #: Channel blocks tried for the whole model (oc_bn must be a multiple of 16 in TVM's template).
 LAYOUT_BLOCKS = (16, 32, 64)
@@ -80,6 +81,30 @@ class TuneResult:
                          f"({self.model_ms_tuned / self.model_ms_untuned:.2f}x)")
         lines.append(f"{len(self.records)} records in {self.seconds:.0f} s" + (" (budget reached)" if self.budget_hit else ""))
         return "\n".join(lines)
+
+
+def busy_note(load: Optional[float] = None, cores: Optional[int] = None, threads: Optional[int] = None) -> Optional[str]:
+    """A warning when other work would share the cores the tuner times on, else ``None``.
+
+    Busy: the 1-minute load average plus TVM's runtime threads exceed the logical cores. (Measured:
+    one build beside a one-thread tuner on a 2-core machine made it record configs as 2x faster that
+    are 10 % slower timed quietly.) Arguments default to this machine's values.
+    """
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not available on this platform
+            return None
+    cores = cores or os.cpu_count() or 1
+    if threads is None:
+        import tvm
+
+        threads = int(tvm.get_global_func("runtime.NumThreads")())
+    if load + threads <= cores:
+        return None
+    return (f"the machine is busy (load average {load:.1f} on {cores} cores, TVM times with {threads} "
+            f"thread{'s' if threads > 1 else ''}): timings will be noisy and records may favour slower "
+            "configurations; tune while nothing else runs")
 
 
 def _is_int8(wl) -> bool:
@@ -321,6 +346,11 @@ def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 60
         raise ValueError(f"tvm_ext.tune: '{tgt}' uses {','.join(missing_on_host(tgt))}, which this CPU lacks; "
                          "tuning times code on this machine")
     say = progress or (lambda msg: logger.info("%s", msg))
+    busy = busy_note()
+    if busy:
+        logger.warning("tvm_ext.tune: %s", busy)
+        if progress:
+            progress(f"warning: {busy}")
     say(f"recording the int8 workloads tvm_ext.build compiles for {tgt}")
     found = record_workloads(mod, params, tgt, passes)
     t_build = time.monotonic() - t0
