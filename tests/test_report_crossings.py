@@ -189,3 +189,36 @@ def test_small_qdq_zoo_model_stock_vs_pipeline():
     assert all(c.holds == "q8" for c in fl)
     piped = tvm_ext.build(mod, TARGET, params=params, passes=pipelines.int8()).kernel_report
     assert piped.float_crossings() == [] and piped.int_crossings() == []
+
+
+def _head_graph(parts_float: bool):
+    """A detector head (YOLOv8n's, reduced): three 8-bit tensors dequantized with their own scales,
+    concatenated, split, then a softmax behind a reshape/transpose and a sigmoid. FuseOps passes the
+    split's tuple to the readers' kernels and ends the first kernel in the split (two outputs).
+    ``parts_float``: a sigmoid before the concat (the parts are float compute, not 8-bit levels)."""
+    xs, parts = [], []
+    for n, scale in [(64, 0.09), (16, 0.08), (4, 0.07)]:
+        x = relay.var(f"x{n}", shape=(1, 82, n), dtype="uint8")
+        d = _dequantize(relay.subtract(relay.cast(x, "int32"), relay.const(141)), scale)
+        xs.append(x)
+        parts.append(relay.sigmoid(d) if parts_float else d)
+    both = relay.split(relay.concatenate(parts, axis=2), [64], axis=1)
+    dfl = relay.nn.softmax(relay.transpose(relay.reshape(both[0], (1, 4, 16, 84)), (0, 2, 1, 3)), axis=1)
+    mod = tvm.IRModule.from_expr(relay.Function(xs, relay.Tuple([dfl, relay.sigmoid(both[1])])))
+    return tvm_ext.build(mod, target=TARGET).kernel_report
+
+
+@pytest.mark.parametrize("parts_float, reason", [(False, "dequantize_early"), (True, "float_compute")])
+def test_tuple_outputs_and_tuple_params_are_analysed(parts_float, reason):
+    """A kernel ending in a split (one output per part) and kernels reading a split's tuple (inputs
+    flattened) are analysed like any other: no 'unknown'. A concatenate holds 8-bit levels only when
+    every part does."""
+    rep = _head_graph(parts_float)
+    first = _kernel(rep, "concatenate", "split")
+    assert rep.kernels[first].output_kinds == (("float", "float") if parts_float else ("q8", "q8"))
+    assert rep.kernels[_kernel(rep, "reshape", "transpose")].output_kinds == ("param:0",)
+    crossings = rep.float_crossings()
+    assert len(crossings) == 3 and {c.reason for c in crossings} == {reason}, rep.table()
+    split_out = [c for c in crossings if c.producer == first]
+    assert [c.output for c in split_out] == [0, 1] and all(len(c.readers) == 2 for c in split_out)
+    assert all(c.uses == ("float",) for c in crossings)

@@ -23,6 +23,15 @@ Two local facts per kernel, read from the fused Relay ``Primitive`` function the
 Only ops listed below are looked through; anything else counts as compute, so an unknown op
 makes a crossing "float compute" (on purpose) rather than "avoidable": the report never claims
 waste it cannot show. Operands are constant when they are Relay constants or graph parameters.
+
+Tuples: a kernel may read a tuple (FuseOps passes a ``split``'s or a ``concatenate``'s tuple to the
+kernel that takes its fields: the graph node's inputs are the fields, flattened) and may write one
+(a kernel ending in ``split``: one graph output per field). A tuple-typed parameter's field ``j``
+is used where ``TupleGetItem(param, j)`` is, or where the whole tuple goes (a ``concatenate`` moves
+it); ``split`` and ``concatenate`` move data, so an output of a ``split`` holds what its input
+holds, and a ``concatenate`` holds ``q8`` when every part does (``float`` otherwise: the parts may
+sit on different grids, e.g. dequantized with different scales; what matters is that each part
+is 8 bits).
 """
 from __future__ import annotations
 
@@ -66,10 +75,27 @@ class _Func:
 
         self.relay = relay
         self.params = list(func.params)
-        self.index = {p: i for i, p in enumerate(self.params)}
-        self.const = {self.params[i] for i in const_params if i < len(self.params)}
+        #: (param, field or None) -> index in the graph node's flattened inputs
+        self.flat: dict = {}
+        for p in self.params:
+            n = _flat_param_count(p)
+            if n == 1 and not isinstance(getattr(p, "checked_type", None), relay.TupleType):
+                self.flat[(p, None)] = len(self.flat)
+            else:
+                for j in range(n):
+                    self.flat[(p, j)] = len(self.flat)
+        const_flat = set(const_params)
+        self.const = {p for (p, j), i in self.flat.items() if j is None and i in const_flat}
         body = func.body
-        self.outputs = list(body.fields) if isinstance(body, relay.Tuple) else [body]
+        self.body = body
+        self.tuple_call_body = not isinstance(body, relay.Tuple) and isinstance(
+            getattr(body, "checked_type", None), relay.TupleType)
+        if isinstance(body, relay.Tuple):
+            self.outputs = list(body.fields)
+        elif isinstance(getattr(body, "checked_type", None), relay.TupleType):  # e.g. a split ends the kernel
+            self.outputs = [relay.TupleGetItem(body, k) for k in range(len(body.checked_type.fields))]
+        else:
+            self.outputs = [body]
         self.users: dict = {}
 
         def visit(node):
@@ -83,6 +109,15 @@ class _Func:
                 self.users.setdefault(node.tuple_value, []).append(node)
 
         relay.analysis.post_order_visit(func, visit)
+
+    def _tuple_parts(self, t) -> list:
+        """The fields of a tuple expression (a Tuple, or a tuple-typed parameter's items), else []."""
+        if isinstance(t, self.relay.Tuple):
+            return list(t.fields)
+        ty = getattr(t, "checked_type", None)
+        if isinstance(t, self.relay.Var) and isinstance(ty, self.relay.TupleType):
+            return [self.relay.TupleGetItem(t, j) for j in range(len(ty.fields))]
+        return []
 
     def is_const(self, e) -> bool:
         return isinstance(e, self.relay.Constant) or e in self.const
@@ -117,14 +152,29 @@ class _Func:
                 return False
         return False
 
-    def output_kind(self, e) -> str:
+    def output_kind(self, e, depth: int = 0) -> str:
         clip8 = False
         for _ in range(256):
             if isinstance(e, self.relay.Var):
-                return "const" if e in self.const else f"param:{self.index.get(e, -1)}"
+                return "const" if e in self.const else f"param:{self.flat.get((e, None), -1)}"
             if isinstance(e, self.relay.Constant):
                 return "const"
+            if isinstance(e, self.relay.TupleGetItem):
+                tup = e.tuple_value
+                if isinstance(tup, self.relay.Var):  # a field of a tuple-typed parameter
+                    return "const" if tup in self.const else f"param:{self.flat.get((tup, e.index), -1)}"
+                if isinstance(tup, self.relay.Tuple):
+                    e = tup.fields[e.index]
+                    continue
+                if self._op(tup) == "split":  # a split moves data: the part holds what its input holds
+                    e = tup.args[0]
+                    continue
+                return "float"
             op = self._op(e)
+            if op == "concatenate" and is_float(_dtype(e)) and depth < 8:
+                parts = self._tuple_parts(e.args[0])
+                kinds = {self.output_kind(p, depth + 1) for p in parts} if parts else {"float"}
+                return "q8" if kinds == {"q8"} else "float"
             if op is None:
                 return "float" if is_float(_dtype(e)) else "int"
             if not is_float(_dtype(e)):
@@ -149,12 +199,38 @@ class _Func:
         return "float"
 
     # -- forward: what a reader does with an input -------------------------------------
-    def input_use(self, var) -> str:
+    def input_use(self, var, field=None) -> str:
         if var in self.const:
             return "const"
         uses: set = set()
-        self._uses(var, uses, 0)
+        if field is None:
+            self._uses(var, uses, 0)
+        else:  # field ``field`` of a tuple-typed parameter
+            dt = str(var.checked_type.fields[field].dtype)
+            for u in self.users.get(var, []):
+                if isinstance(u, self.relay.TupleGetItem):
+                    if u.index == field:
+                        self._uses(u, uses, 1)
+                elif self._op(u) == "concatenate":  # the whole tuple is moved
+                    self._uses(u, uses, 1)
+                else:
+                    uses.add("float" if is_float(dt) else "int")
         return "|".join(sorted(uses)) if uses else "unused"
+
+    def _moves(self, e, uses: set, depth: int) -> bool:
+        """Follow data movement through tuples (concatenate, split); True when handled."""
+        relay = self.relay
+        if self.tuple_call_body and e.same_as(self.body):  # e.g. the kernel's final split
+            uses.update(f"out:{k}" for k in range(len(self.outputs)))
+            return True
+        if isinstance(getattr(e, "checked_type", None), relay.TupleType):  # a split's result
+            for u in self.users.get(e, []):
+                if isinstance(u, relay.TupleGetItem):
+                    self._uses(u, uses, depth + 1)
+                else:
+                    uses.add("float")
+            return True
+        return False
 
     def _uses(self, e, uses: set, depth: int) -> None:
         if depth > 64:
@@ -163,10 +239,23 @@ class _Func:
         for k, out in enumerate(self.outputs):
             if out.same_as(e):
                 uses.add(f"out:{k}")
+        if self._moves(e, uses, depth):
+            return
         dt = _dtype(e)
         for u in self.users.get(e, []):
             op = self._op(u)
-            if op is None:  # Tuple / TupleGetItem: concatenate, split, ... treated as compute
+            if isinstance(u, self.relay.Tuple):  # a concatenate's operands move; other tuples: compute
+                cats = self.users.get(u, [])
+                if cats and all(self._op(c) == "concatenate" for c in cats):
+                    for c in cats:
+                        self._uses(c, uses, depth + 1)
+                else:
+                    uses.add("float" if is_float(dt) else "int")
+                continue
+            if op == "split" and u.args[0].same_as(e):  # moves into the split's parts
+                self._uses(u, uses, depth + 1)
+                continue
+            if op is None:  # TupleGetItem and others: treated as compute
                 uses.add("float" if is_float(dt) else "int")
                 continue
             to = _dtype(u)
@@ -219,10 +308,7 @@ def analyse(func, const_inputs) -> tuple[tuple, tuple]:
     """``(input_uses, output_kinds)`` of one fused Relay function.
 
     ``const_inputs``: indices (in the graph node's flattened input list) of weights/constants.
-    Returns two empty tuples when the function's params do not map one-to-one to node inputs.
+    Tuple-typed parameters count once per field (the graph node's inputs are flattened).
     """
-    params = list(func.params)
-    if any(_flat_param_count(p) != 1 for p in params):
-        return (), ()
     f = _Func(func, const_inputs)
-    return (tuple(f.input_use(p) for p in params), tuple(f.output_kind(o) for o in f.outputs))
+    return (tuple(f.input_use(p, j) for (p, j) in f.flat), tuple(f.output_kind(o) for o in f.outputs))
