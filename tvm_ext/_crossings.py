@@ -92,7 +92,7 @@ class _Func:
             getattr(body, "checked_type", None), relay.TupleType)
         if isinstance(body, relay.Tuple):
             self.outputs = list(body.fields)
-        elif isinstance(getattr(body, "checked_type", None), relay.TupleType):  # e.g. a split ends the kernel
+        elif self.tuple_call_body:  # e.g. a split ends the kernel: one output per part
             self.outputs = [relay.TupleGetItem(body, k) for k in range(len(body.checked_type.fields))]
         else:
             self.outputs = [body]
