@@ -18,8 +18,8 @@ Then, in another child process, both builds and ONNX Runtime run on the benchmar
 **No latency**: this measures structure and numerics only (the machine is shared). Per variant it
 checks issue 11's targets: tvm-ext kernels <= stock, no crash, no int32 (or wider) tensor crossing
 kernels, float32 crossing only on purpose (every float crossing's reason in the kernel report is
-one of the on-purpose ones, ``tvm_ext.report.CROSSING_REASONS``), bytes crossing <= 0.5x stock, max difference to ONNX Runtime <= 2 output steps, and (the
-classifier) top-1 equal to ONNX Runtime; and it lists the kernel-list difference (ops of the
+one of the on-purpose ones, ``tvm_ext.report.CROSSING_REASONS``), bytes crossing <= 0.5x stock,
+max difference to ONNX Runtime <= 2 output steps, and (the classifier) top-1 equal to ONNX Runtime; and it lists the kernel-list difference (ops of the
 kernels tvm-ext has and stock has not, and the reverse), which names the pass responsible.
 
 Usage::
@@ -40,7 +40,8 @@ target ``kernels_le_int8`` checks that the option adds no kernel::
 
 Writes ``DIR/matrix.json`` (after every variant) and ``DIR/matrix.md``; progress through logging.
 ``--merge A/matrix.json,B/matrix.json,... --out DIR`` joins earlier runs (targets re-checked) into
-one table, in the zoo's variant order.
+one table, in the zoo's variant order; each run's environment is kept in the merged file, so the
+runs' own JSON need not be kept beside it.
 """
 from __future__ import annotations
 
@@ -380,7 +381,7 @@ def merge(paths, out: Path) -> int:
     env = dict(runs[0]["environment"])
     dates = sorted({run["environment"]["date"] for run in runs})
     env["date"] = f"{dates[0]} to {dates[-1]} ({len(runs)} runs merged)" if len(dates) > 1 else dates[0]
-    env["merged_from"] = [str(p) for p in paths]
+    env["merged_from"] = [{"path": str(p), "environment": run["environment"]} for p, run in zip(paths, runs)]
     results = {"environment": env, "variants": variants}
     out.mkdir(parents=True, exist_ok=True)
     (out / "matrix.json").write_text(json.dumps(results, indent=1, default=str))

@@ -78,12 +78,9 @@ class _Func:
         #: (param, field or None) -> index in the graph node's flattened inputs
         self.flat: dict = {}
         for p in self.params:
-            n = _flat_param_count(p)
-            if n == 1 and not isinstance(getattr(p, "checked_type", None), relay.TupleType):
-                self.flat[(p, None)] = len(self.flat)
-            else:
-                for j in range(n):
-                    self.flat[(p, j)] = len(self.flat)
+            ty = _param_type(p)
+            for j in (range(len(ty.fields)) if isinstance(ty, relay.TupleType) else [None]):
+                self.flat[(p, j)] = len(self.flat)
         const_flat = set(const_params)
         self.const = {p for (p, j), i in self.flat.items() if j is None and i in const_flat}
         body = func.body
@@ -297,11 +294,8 @@ def _clip_levels(call) -> float:
         return float("inf")
 
 
-def _flat_param_count(param) -> int:
-    from tvm import relay
-
-    ty = getattr(param, "checked_type", None) or param.type_annotation
-    return len(ty.fields) if isinstance(ty, relay.TupleType) else 1
+def _param_type(param):
+    return getattr(param, "checked_type", None) or param.type_annotation
 
 
 def analyse(func, const_inputs) -> tuple[tuple, tuple]:
