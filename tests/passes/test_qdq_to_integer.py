@@ -277,6 +277,32 @@ def test_large_padded_conv_becomes_integer():
     assert np.abs(got - want).max() <= 1
 
 
+def test_small_padded_conv_converts_for_an_avx2_target():
+    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=znver3), the small 8- and 6-channel
+    convs convert too; for AVX-512 (znver4) and without a target they stay float. The pass only
+    reads the target: the graphs are the same QNN graphs whatever it is, and run on any host."""
+    def block(oc):
+        a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+        w = _dq(relay.const(np.random.default_rng(oc).integers(-20, 20, (oc, 16, 1, 1)).astype("int8")),
+                relay.const(0.02), relay.const(0, "int32"))
+        return infer(_q(relay.nn.conv2d(_dq(a), w, channels=oc, kernel_size=1)))
+
+    x = {"a": np.random.default_rng(2).integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
+    for oc in (8, 6):
+        with tvm.target.Target("llvm -mcpu=znver3"):
+            got = QDQToInteger()(block(oc))
+        assert "qnn.conv2d" in got.astext(), oc
+        with tvm.target.Target("llvm -mcpu=znver4"):
+            assert_unchanged(QDQToInteger(), block(oc))
+        assert_unchanged(QDQToInteger(), block(oc))
+        # the integer conv against the float region it replaces: within one output step
+        diff = run_module(got, x)[0].astype(np.int64) - run_module(block(oc), x)[0].astype(np.int64)
+        assert np.abs(diff).max() <= 1
+    with tvm.target.Target("llvm -mcpu=znver3"):
+        once = QDQToInteger()(block(8))
+        tvm.ir.assert_structural_equal(QDQToInteger()(once), once)
+
+
 # --- shared_dequantize: an add / pool whose dequantize has other readers (SE blocks, residuals) -------
 def se_block(shared=True):
     """conv -> q -> dq = y; gate = q(global_avg_pool(y)); q(y * dq(gate)) (MobileNetV3's SE, simplified).
