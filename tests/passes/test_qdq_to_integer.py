@@ -258,23 +258,53 @@ def test_conv_padded_by_x86_int8_legalization_stays_float():
 
 def test_large_padded_conv_becomes_integer():
     """From PADDED_INT8_MIN_MACS on, a conv with channels % 16 != 0 converts (int8 wins over the
-    slice kernel: PP-OCRv4 det); one MAC-row less and it stays float. Outputs: the integer conv is
-    the QLinearConv ONNX Runtime runs, within one output step of the float region."""
-    from tvm_ext.passes.qdq_to_integer import PADDED_INT8_MIN_MACS
+    slice kernel) whatever its reduction; one MAC-row less and a short-reduction conv (16
+    products per output) stays float. Outputs: the integer conv is the QLinearConv ONNX Runtime
+    runs, within one output step of the float region."""
+    from tvm_ext.passes.qdq_to_integer import PADDED_INT8_LONG_REDUCTION, PADDED_INT8_MIN_MACS
+
+    cin = 16
+    assert cin < PADDED_INT8_LONG_REDUCTION
 
     def block(hw):
-        a = relay.var("a", shape=(1, 64, hw, hw), dtype="uint8")
-        w = _dq(relay.const(np.random.default_rng(0).integers(-5, 5, (24, 64, 3, 3)).astype("int8")),
+        a = relay.var("a", shape=(1, cin, hw, hw), dtype="uint8")
+        w = _dq(relay.const(np.random.default_rng(0).integers(-5, 5, (24, cin, 1, 1)).astype("int8")),
                 relay.const(0.02), relay.const(0, "int32"))
-        return infer(_q(relay.nn.conv2d(_dq(a), w, channels=24, kernel_size=3, padding=1)))
+        return infer(_q(relay.nn.conv2d(_dq(a), w, channels=24, kernel_size=1)))
 
-    macs = lambda hw: hw * hw * 24 * 64 * 9  # noqa: E731
-    big = next(hw for hw in range(8, 200) if macs(hw) >= PADDED_INT8_MIN_MACS)
+    macs = lambda hw: hw * hw * 24 * cin  # noqa: E731
+    big = next(hw for hw in range(8, 400) if macs(hw) >= PADDED_INT8_MIN_MACS)
     assert "qnn.conv2d" in QDQToInteger()(block(big)).astext()
     assert_unchanged(QDQToInteger(), block(big - 1))
-    x = {"a": np.random.default_rng(1).integers(0, 256, (1, 64, big, big)).astype("uint8")}
+    x = {"a": np.random.default_rng(1).integers(0, 256, (1, cin, big, big)).astype("uint8")}
     got, want = (run_module(m, x)[0].astype(np.int64) for m in (QDQToInteger()(block(big)), block(big)))
     assert np.abs(got - want).max() <= 1
+
+
+def test_padded_conv_with_a_long_reduction_becomes_integer():
+    """PADDED_INT8_LONG_REDUCTION: under PADDED_INT8_MIN_MACS, a padded conv converts when each
+    output sums >= 48 products and it has >= PADDED_INT8_LONG_MIN_MACS (PP-OCRv4 det's 96 -> 18,
+    48 -> 12 convs); one input channel less, or a squeeze-and-excitation conv on a pooled vector
+    (long reduction, few MACs), stays float."""
+    from tvm_ext.passes.qdq_to_integer import (PADDED_INT8_LONG_MIN_MACS, PADDED_INT8_LONG_REDUCTION,
+                                               PADDED_INT8_MIN_MACS)
+
+    def block(cin, hw, oc=12):
+        a = relay.var("a", shape=(1, cin, hw, hw), dtype="uint8")
+        w = _dq(relay.const(np.random.default_rng(cin).integers(-5, 5, (oc, cin, 1, 1)).astype("int8")),
+                relay.const(0.02), relay.const(0, "int32"))
+        return infer(_q(relay.nn.conv2d(_dq(a), w, channels=oc, kernel_size=1)))
+
+    cin, hw = PADDED_INT8_LONG_REDUCTION, 48
+    assert PADDED_INT8_LONG_MIN_MACS <= hw * hw * 12 * cin < PADDED_INT8_MIN_MACS
+    once = QDQToInteger()(block(cin, hw))
+    assert "qnn.conv2d" in once.astext()
+    tvm.ir.assert_structural_equal(QDQToInteger()(once), once)
+    assert_unchanged(QDQToInteger(), block(cin - 1, hw))     # 47 products per output
+    assert_unchanged(QDQToInteger(), block(96, 1, oc=24))     # SE: 96 products, 2304 MACs
+    x = {"a": np.random.default_rng(3).integers(0, 256, (1, cin, hw, hw)).astype("uint8")}
+    diff = run_module(once, x)[0].astype(np.int64) - run_module(block(cin, hw), x)[0].astype(np.int64)
+    assert np.abs(diff).max() <= 1
 
 
 def test_small_padded_conv_converts_for_an_avx2_target():
