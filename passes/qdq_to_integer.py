@@ -189,8 +189,8 @@ def _padded_int8_conv(call):
     if axis < 0 or int(shape[axis]) % 16 == 0:
         return False
     weight = [int(d) for d in call.args[1].checked_type.shape]
-    macs = int(np.prod([int(d) for d in shape])) * int(np.prod(weight)) // max(int(shape[axis]), 1)
-    reduction = int(np.prod(weight)) // max(int(shape[axis]), 1)  # products per output (any kernel layout)
+    reduction = int(np.prod(weight)) // int(shape[axis])  # products per output (any kernel layout)
+    macs = int(np.prod([int(d) for d in shape])) * reduction
     if reduction >= PADDED_INT8_LONG_REDUCTION and macs >= PADDED_INT8_LONG_MIN_MACS:
         return False
     return macs < _min_macs()
