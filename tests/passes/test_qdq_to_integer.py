@@ -299,6 +299,7 @@ def test_padded_conv_with_a_long_reduction_becomes_integer():
     assert PADDED_INT8_LONG_MIN_MACS <= hw * hw * 12 * cin < PADDED_INT8_MIN_MACS
     once = QDQToInteger()(block(cin, hw))
     assert "qnn.conv2d" in once.astext()
+    check(QDQToInteger(), block(cin, hw), relay.transform.FakeQuantizationToInteger()(block(cin, hw)))
     tvm.ir.assert_structural_equal(QDQToInteger()(once), once)
     assert_unchanged(QDQToInteger(), block(cin - 1, hw))     # 47 products per output
     assert_unchanged(QDQToInteger(), block(96, 1, oc=24))     # SE: 96 products, 2304 MACs
@@ -321,6 +322,7 @@ def test_small_padded_conv_converts_for_an_avx2_target():
     for oc in (8, 6):
         with tvm.target.Target("llvm -mcpu=znver3"):
             got = QDQToInteger()(block(oc))
+            check(QDQToInteger(), block(oc), relay.transform.FakeQuantizationToInteger()(block(oc)))
         assert "qnn.conv2d" in got.astext(), oc
         with tvm.target.Target("llvm -mcpu=znver4"):
             assert_unchanged(QDQToInteger(), block(oc))
