@@ -129,8 +129,8 @@ def _const_binop_pattern():
 #: Multiply-accumulates from which a padded int8 conv pays for its slice kernel (see below).
 PADDED_INT8_MIN_MACS = 1 << 24
 #: The same per instruction-set class (:func:`tvm_ext.isa.isa_class` of the current target) where
-#: it differs: on AVX2 every such conv is converted (see :func:`_padded_int8_conv`).
-PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0}
+#: it differs: on AVX2 and AVX-512 VNNI every such conv is converted (see :func:`_padded_int8_conv`).
+PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0}
 #: A padded conv also converts when each output sums at least this many products and the conv
 #: has at least :data:`PADDED_INT8_LONG_MIN_MACS` (see :func:`_padded_int8_conv`).
 PADDED_INT8_LONG_REDUCTION = 48
@@ -156,7 +156,8 @@ def _padded_int8_conv(call):
     injective, so it does not fuse into the conv: one kernel more (unless it fuses into an
     injective reader) per conv. For a small conv that kernel costs more than int8 saves (PP-OCR
     mobile cls at ``-mcpu=znver4``: 29 convs of 2 to 200 output channels and at most a few million
-    MACs; converting them all gives 93 kernels where stock TVM has 89 and this rule 77);
+    MACs; converting them all gave 93 kernels where stock TVM has 89 and this rule 77, before
+    fix 11 of ``tvm_ext.x86_int8`` took VNNI out of this rule);
     from :data:`PADDED_INT8_MIN_MACS` multiply-accumulates on, the integer conv wins by far
     (PP-OCRv4 det's 96 -> 24-channel 3x3 convs at 80x80, 133 M MACs, 4.7 ms each in float in
     the per-kernel profile; converting every such conv took the detector from 15.8-17.0 to
@@ -170,11 +171,19 @@ def _padded_int8_conv(call):
     84 kernels, 0.94-0.96x the time; PP-OCR cls QDQ 77 -> 78 kernels (stock: 85), 0.83-0.86x the
     time, outputs closer to ONNX Runtime's (which runs these convs in int8).
 
-    Elsewhere a padded conv also converts when every output sums at least
+    On AVX-512 VNNI too: there 8-channel blocks take the ymm ``vpdpbusd`` (fix 11 of
+    ``tvm_ext.x86_int8``), so the same convs are not padded either. Measured at ``-mcpu=znver4``
+    (saved builds timed interleaved with ONNX Runtime, 2026-11-25): PP-OCR cls QDQ 77 -> 78
+    kernels (stock 89), 0.66 -> 0.55 ms, no float32 between its convs; PP-OCRv4 det QDQ 93 -> 84
+    kernels (stock 98), 10.97 -> 10.96 ms; YOLOv8n QDQ 94 kernels and 5.7 ms either way; outputs
+    as close to ONNX Runtime's as before (equal for det and YOLOv8n, one step for cls). The
+    rules below remain for AVX-512 without VNNI and other targets.
+
+    Elsewhere (AVX-512 without VNNI, SSE, no target) a padded conv also converts when every output sums at least
     :data:`PADDED_INT8_LONG_REDUCTION` products (int8 saves per output in proportion to that,
     the slice costs one copy per output) and the conv is not a tiny one
     (:data:`PADDED_INT8_LONG_MIN_MACS`: squeeze-and-excitation convs on pooled vectors stay
-    float). PP-OCRv4 det QDQ at ``-mcpu=znver4``: its 12- to 360-channel convs (48 to 864
+    float). PP-OCRv4 det QDQ at ``-mcpu=znver4`` before fix 11: its 12- to 360-channel convs (48 to 864
     products per output, 2-14 M MACs) convert, 91 -> 93 kernels (stock: 98), 11.96 -> 11.39 ms
     and 11.62 -> 10.18 ms in two sessions of saved builds timed interleaved with ONNX Runtime
     (14.35, 12.16 ms; outputs equal to ONNX Runtime's on them); YOLOv8n QDQ: one 18-channel

@@ -363,10 +363,14 @@ def _int8_float_int8(seed=0, size=10, mid=24):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4"])
-def test_float_conv_in_an_int8_graph_takes_int8_blocks(target):
+@pytest.mark.parametrize("target,removed", [("llvm -mcpu=znver3", 1), ("llvm -mcpu=znver4", 2),
+                                            ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", 1)])
+def test_float_conv_in_an_int8_graph_takes_int8_blocks(target, removed):
     """Compiled only (fix 5): the float conv reads the int8 conv's NCHW16c output as it is; TVM's
-    rule (and kernels() without int8_graph) re-blocks it to the float conv's input block first."""
+    rule (and kernels() without int8_graph) re-blocks it to the float conv's input block first.
+    On AVX-512 VNNI (fix 11) the int8 conv reads the float conv's 24 channels blocked by 8, which
+    TVM's float rule writes blocked by 12 (the largest divisor up to 16 lanes): with int8_graph the
+    float conv writes them blocked by 8, a second re-blocking kernel fewer."""
     mod = _int8_float_int8()
 
     def names(**kw):
@@ -374,7 +378,7 @@ def test_float_conv_in_an_int8_graph_takes_int8_blocks(target):
             return _kernel_names(relay.build(mod, target=target))
 
     fixed, tvms = names(int8_graph=True), names()
-    assert sum("layout_transform" in n for n in tvms) - sum("layout_transform" in n for n in fixed) == 1
+    assert sum("layout_transform" in n for n in tvms) - sum("layout_transform" in n for n in fixed) == removed
     float_conv = next(i for i, n in enumerate(fixed) if "conv2d" in n and "round" in n)  # its quantize
     assert "conv2d" in fixed[float_conv - 1], fixed  # read straight from the int8 conv
 
@@ -406,10 +410,12 @@ def test_float_conv_int8_blocks_are_bit_identical(target, size):
 
 def test_int8_block():
     assert [x86_int8.int8_block(c) for c in (48, 24, 360, 40, 6, 42)] == [16, 12, 12, 8, None, None]
-    # fix 6: on AVX2 no block wider than a register but the int8 conv block; elsewhere TVM's rule
-    avx2 = [x86_int8.int8_block(c, "llvm -mcpu=znver3") for c in (48, 24, 360, 40, 12, 36, 20, 6)]
-    assert avx2 == [16, 8, 8, 8, 12, 12, 4, None]
-    for target in ("llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", "llvm"):
+    # fix 6: on AVX2 no block wider than a register but the int8 conv block
+    # ... and on AVX-512 VNNI (fix 11: an 8-lane vpdpbusd); elsewhere TVM's rule
+    for target in ("llvm -mcpu=znver3", "llvm -mcpu=znver4"):
+        narrow = [x86_int8.int8_block(c, target) for c in (48, 24, 360, 40, 12, 36, 20, 6)]
+        assert narrow == [16, 8, 8, 8, 12, 12, 4, None], target
+    for target in ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", "llvm -mcpu=skylake-avx512", "llvm"):
         assert [x86_int8.int8_block(c, target) for c in (48, 24, 12)] == [16, 12, 12], target
 
 
@@ -446,13 +452,15 @@ def _layout_kernels(names):
     return [n for n in names if "layout_transform" in n or "strided_slice" in n]
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4"])
-def test_narrow_channel_blocks_on_avx2_only(target, monkeypatch):
-    """Fix 6, compiled for AVX2 and AVX-512. On AVX2 the float conv's 24 output channels are read
-    by the int8 conv blocked by 8, as the float conv writes them (fixes 1-5: 12, a re-blocking
-    kernel), and the 24-channel int8 conv takes output block 8 (neither padded to 32 nor sliced),
-    so the SE conv reads the pool's NCHW8c output as it is: only the graph's input and output are
-    re-blocked. On AVX-512 fix 6 changes nothing. Where the host runs the AVX2 code: the same bits."""
+@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4",
+                                    "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"])
+def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
+    """Fixes 6 and 11, compiled for AVX2, AVX-512 VNNI and AVX-512. On AVX2 and VNNI the float
+    conv's 24 output channels are read by the int8 conv blocked by 8, as the float conv writes them
+    (fixes 1-5: 12, a re-blocking kernel), and the 24-channel int8 conv takes output block 8
+    (neither padded to 32 nor sliced), so the SE conv reads the pool's NCHW8c output as it is:
+    only the graph's input and output are re-blocked. On AVX-512 without VNNI nothing changes.
+    Where the host runs the code: the same bits."""
     mod = _narrow_blocks_graph()
     blocks, out_blocks = x86_int8._NARROW_BLOCKS, x86_int8._NARROW_OUT_BLOCKS
 
@@ -463,15 +471,18 @@ def test_narrow_channel_blocks_on_avx2_only(target, monkeypatch):
             return relay.build(mod, target=target)
 
     before, fixed = build(narrow=False, outputs=False), build()
-    if x86_int8.policy(tvm.target.Target(target)).isa != "avx2":
+    if x86_int8.policy(tvm.target.Target(target)).isa not in ("avx2", "avx512_vnni"):
         assert fixed.get_graph_json() == before.get_graph_json()
         return
     blocks_only = build(outputs=False)
     names, old, mid = _kernel_names(fixed), _kernel_names(before), _kernel_names(blocks_only)
-    assert len(old) - len(mid) == 1, (old, mid)
+    # AVX2: the float conv writes 24 channels blocked by 8 (its lanes), TVM's int8 rule reads 12;
+    # AVX-512 VNNI: both sides 12 before, both 8 after (the int8 conv's output block 8 needs that)
+    avx2 = x86_int8.policy(tvm.target.Target(target)).isa == "avx2"
+    assert len(old) - len(mid) == (1 if avx2 else 0), (old, mid)
     assert _layout_kernels(names) == ["tvmgen_default_fused_layout_transform",
                                       "tvmgen_default_fused_layout_transform_1"], names
-    assert len(old) - len(names) == 3, (old, names)
+    assert len(old) - len(names) == (3 if avx2 else 2), (old, names)
     if runs_on_host(target):
         x = np.random.default_rng(5).integers(0, 256, (1, 32, 8, 8)).astype("uint8")
         want = _run(before, x)
@@ -582,3 +593,72 @@ def test_float_conv_register_tile_only_on_avx2(target, changed, k):
             return relay.build(mod, target=target).get_lib().get_source("asm")
 
     assert (asm(True) != asm(False)) == changed
+
+
+def _int8_conv_24(k, size=10, seed=3):
+    """uint8 x int8 conv 32 -> 24 channels (x86 pads 24 to 32 and slices, unless the block is 8),
+    with a requantize epilogue."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, 32, size, size), dtype="uint8")
+    w = relay.const(rng.integers(-128, 128, (24, 32, k, k)).astype("int8"))
+    y = relay.nn.conv2d(x, w, padding=k // 2, channels=24, kernel_size=k, out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([x], _requantize(y, 24, rng)))
+
+
+@pytest.mark.parametrize("k", [3, 1])
+@pytest.mark.parametrize("schedule", [True, "per_row"])
+def test_vnni_int8_conv_takes_8_channel_blocks(k, schedule):
+    """Fix 11, compiled only: at -mcpu=znver4 a 24-channel int8 conv takes output block 8 and the
+    ymm vpdpbusd (no slice kernel, no zmm vpdpbusd), in the policy's schedules and in TVM's form
+    (``schedule="per_row"`` forces TVM's for 1x1 convs); AVX-512 without VNNI keeps the padding."""
+    import re
+
+    mod = _int8_conv_24(k)
+
+    def build(target, **kw):
+        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
+            return relay.build(mod, target=target)
+
+    fixed = build("llvm -mcpu=znver4", schedule=schedule)
+    asm = fixed.get_lib().get_source("asm")
+    assert re.search(r"vpdpbusd\s+[^\n]*%ymm", asm), "8-lane VNNI expected"
+    assert not re.search(r"vpdpbusd\s+[^\n]*%zmm", asm), "no 16-lane VNNI for an 8-channel block"
+    assert not any("strided_slice" in n for n in _kernel_names(fixed)), _kernel_names(fixed)
+    stock = build("llvm -mcpu=znver4", schedule=False)
+    assert any("strided_slice" in n for n in _kernel_names(stock)), "TVM pads 24 to 32 and slices"
+    masked = build("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", schedule=schedule)
+    assert any("strided_slice" in n for n in _kernel_names(masked)), "no VNNI: TVM's padding stays"
+
+
+_CHILD_NARROW = r"""
+import sys, numpy as np, tvm
+from tvm import relay
+sys.path.insert(0, sys.argv[1])
+from test_x86_int8 import _int8_conv_24, _run
+from tvm_ext import x86_int8
+outs = {}
+x = np.random.default_rng(4).integers(0, 256, (1, 32, 10, 10)).astype("uint8")
+for k in (3, 1):
+    mod = _int8_conv_24(k)
+    for name, kw in (("stock", dict(schedule=False)), ("fixed", dict()), ("forced", dict(schedule="per_row"))):
+        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
+            outs[f"{name}{k}"] = _run(relay.build(mod, target="llvm -mcpu=znver4"), x)
+np.savez(sys.argv[2], **outs)
+print("OK")
+"""
+
+
+@needs_vnni
+def test_vnni_8_channel_blocks_are_bit_identical(tmp_path):
+    """Fix 11 executed (host with AVX-512 VNNI, child process): the 8-lane vpdpbusd build equals
+    TVM's own (padded, 16-lane) build bit for bit, 3x3 and 1x1, policy and TVM's form."""
+    import os
+
+    out = tmp_path / "outs.npz"
+    r = subprocess.run([sys.executable, "-c", _CHILD_NARROW, os.path.dirname(__file__), str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    outs = np.load(out)
+    for k in (3, 1):
+        assert np.array_equal(outs[f"fixed{k}"], outs[f"stock{k}"]), k
+        assert np.array_equal(outs[f"forced{k}"], outs[f"stock{k}"]), k

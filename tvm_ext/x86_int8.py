@@ -104,7 +104,8 @@ TVM's own behaviour.
    int8 conv) blocked by 4 would remove det's last re-blocking kernel
    there (0.03 ms), but the float conv at 4 lanes took 0.23 -> 0.32 ms with TVM's register tile and
    0.25-0.28 ms with 5 or 10 output columns per tile (median of 12 rounds): it keeps TVM's 6 and
-   the int8 rule's 12. AVX-512 and SSE keep TVM's blocks.
+   the int8 rule's 12. AVX-512 without VNNI and SSE keep TVM's blocks; AVX-512 VNNI takes the
+   same blocks since fix 11.
 
 7. **Global pools over a channel block.** TVM's x86 ``schedule_adaptive_pool`` parallelizes a
    global pool's outer axes and leaves the channel block *outside* the window reduction: per
@@ -155,7 +156,24 @@ TVM's own behaviour.
    2 threads: 0.53-0.72x TVM's time on five ResNet-like float convs (stem 3.26 -> 1.73 ms);
    ResNet-50 relay.quantize (float stem) 0.879 -> 0.831x stock. Bit-identical.
 
-No change alters results (3. only inlines elementwise stages; 4., 5. and 6. only change channel
+11. **AVX-512 VNNI: 8-channel blocks too.** On AVX-512 an int8 conv whose output channels 16 does
+   not divide is padded to 16 and sliced back (fix 6 above): the slice is an injective kernel of
+   its own (``layout_transform strided_slice layout_transform``), so an int8 pipeline kept such
+   convs in float, and a mobile net's 8-bit tensors of 24, 40, 88, 104 or 200 channels crossed
+   kernels in float32. With VNNI (AVX-512 VL) the 8-lane ``vpdpbusd`` on ymm registers computes
+   an 8-channel block exactly as the 16-lane one computes 16 (:func:`dot_u8s8_vnni` with
+   ``lanes=8``), so AVX-512 VNNI takes AVX2's blocks (fix 6: 8 before 12 on the input side,
+   output block 8 where 8 divides the channels and 16 does not) and its schedules tensorize such a
+   conv with the ymm form (:func:`_dot_for_block`). Measured (``-mcpu=znver4``, Zen 4, 2 threads,
+   saved builds timed interleaved with ONNX Runtime, outputs unchanged on the timing input):
+   PP-OCR cls QOperator 93 -> 78 kernels, 0.63 -> 0.59 ms; PP-OCRv4 det QOperator 97 -> 84,
+   10.75 -> 10.78 ms (noise); with ``QDQToInteger`` converting every conv on VNNI: PP-OCR cls QDQ
+   77 -> 78 kernels (stock 89), 0.66 -> 0.55 ms and no float32 tensor between convs; PP-OCRv4 det
+   QDQ 93 -> 84 kernels (stock 98), 10.97 -> 10.96 ms; YOLOv8n and ResNet-50 have no such channel
+   counts: unchanged. AVX-512 without VNNI keeps TVM's blocks (its ``vpmaddubsw`` intrinsic is
+   TVM's, at the full register width).
+
+No change alters results (3. only inlines elementwise stages; 4., 5., 6. and 11. only change channel
 blockings; 7. only reorders and vectorizes a pool's loops; 8. sums the same non-zero products in
 the same order; 2., 9. and 10. only move where the accumulators live): integer accumulation is exact in both schedules, and the epilogue's arithmetic is the
 same per element (tests check bit-equality against TVM's own schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
@@ -208,12 +226,12 @@ class KernelPolicy:
         (``benchmarks/int8_conv_schedules.py``).
     channel_blocks : tuple of int
         The channel blocks of 8-bit tensors in order of preference (:func:`int8_block` takes the
-        first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 8 before 12
-        (fix 6: a full 8-lane register, not one and a half).
+        first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 and AVX-512
+        VNNI 8 before 12 (fix 6: a full 8-lane register, not one and a half; fix 11).
     int8_out_blocks : tuple of int
         The output blocks an int8 conv may take, largest first; output channels no block divides
-        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 (16, 8)
-        (fix 6: 24 output channels are not padded to 32 and sliced).
+        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 and
+        AVX-512 VNNI (16, 8) (fixes 6 and 11: 24 output channels are not padded to 32 and sliced).
     tile_accumulators : int
         Compute 1x1 int8 convs, and 3x3/7x7 ones when not ``per_row``, per *tile* of output
         pixels whose accumulators fit this many vector registers (fix 9), instead of TVM's
@@ -253,10 +271,10 @@ _POLICY = {
 }
 
 
-#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule (fix 6).
-_NARROW_BLOCKS = {"avx2": (16, 8, 12, 4)}
-#: Int8 conv output blocks per class where they differ from TVM's (fix 6).
-_NARROW_OUT_BLOCKS = {"avx2": (16, 8)}
+#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule (fixes 6, 11).
+_NARROW_BLOCKS = {"avx2": (16, 8, 12, 4), "avx512_vnni": (16, 8, 12, 4)}
+#: Int8 conv output blocks per class where they differ from TVM's (fix 6; fix 11: VNNI has an 8-lane form).
+_NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
 #: Accumulator registers of the per-tile schedules per class (fix 9): AVX2 has 16 ymm registers,
 #: AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
 #: take three, and one is left spare.
@@ -287,17 +305,22 @@ def vnni_ready(target) -> bool:
     return isa_class(target) == "avx512_vnni"
 
 
-def dot_u8s8_vnni():
-    """``int32[16] += sum_k uint8[4] * int8[16][4]`` as one ``vpdpbusd`` (LLVM 22 operand types).
+def dot_u8s8_vnni(lanes: int = 16):
+    """``int32[lanes] += sum_k uint8[4] * int8[lanes][4]`` as one ``vpdpbusd`` (LLVM 22 operand types).
 
-    Same computation, buffers and body/reset/update protocol as TVM's
-    ``dot_16x1x16_uint8_int8_int32_cascadelake``, so TVM's int8 schedules tensorize with it
-    unchanged.
+    ``lanes`` 16: a zmm ``vpdpbusd``, the same computation, buffers and body/reset/update protocol
+    as TVM's ``dot_16x1x16_uint8_int8_int32_cascadelake``, so TVM's int8 schedules tensorize with
+    it unchanged. ``lanes`` 8: the ymm form (AVX-512 VL + VNNI), for int8 convs whose output block
+    is 8 (fix 11). On LLVM <= 21 the byte operands are passed as ``int32`` vectors, the intrinsic's
+    old signature.
     """
     import tvm
     from tvm import te
 
-    lanes, group = 16, 4  # 16 int32 outputs; 4 bytes reduced into each
+    if lanes not in (8, 16):
+        raise ValueError(f"dot_u8s8_vnni: lanes must be 8 or 16, got {lanes}")
+    group = 4  # 4 bytes reduced into each int32 output
+    bits = 32 * lanes
     data = te.placeholder((group,), dtype="uint8", name="data")
     kernel = te.placeholder((lanes, group), dtype="int8", name="kernel")
     k = te.reduce_axis((0, group), name="k")
@@ -310,20 +333,23 @@ def dot_u8s8_vnni():
     b_buf = tvm.tir.decl_buffer(
         kernel.shape, dtype="int8", name="b_buffer", offset_factor=1, strides=[te.var("ldw"), 1]
     )
+    acc_t, byte_t = f"int32x{lanes}", (f"int8x{4 * lanes}" if needs_operand_fix() else f"int32x{lanes}")
 
     def intrin_func(ins, outs):
         def emit(kind):  # kind: "body" (c = dot), "reset" (c = 0), "update" (c += dot)
             ib = tvm.tir.ir_builder.create()
             if kind == "reset":
-                ib.emit(outs[0].vstore(0, tvm.tir.const(0, "int32x16")))
+                ib.emit(outs[0].vstore(0, tvm.tir.const(0, acc_t)))
                 return ib.get()
-            # the 4 data bytes, as one int32 broadcast to 16 lanes, seen as 64 bytes
+            # the 4 data bytes, as one int32 broadcast to every lane, seen as bytes
             word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
-            a = tvm.tir.call_intrin("int8x64", "tir.reinterpret", word.astype("int32x16"))
-            b = ins[1].vload([0, 0], "int8x64")
-            acc = outs[0].vload([0], "int32x16") if kind == "update" else tvm.tir.const(0, "int32x16")
+            a = tvm.tir.call_intrin(byte_t, "tir.reinterpret", word.astype(acc_t))
+            b = ins[1].vload([0, 0], f"int8x{4 * lanes}")
+            if byte_t != b.dtype:
+                b = tvm.tir.call_intrin(byte_t, "tir.reinterpret", b)
+            acc = outs[0].vload([0], acc_t) if kind == "update" else tvm.tir.const(0, acc_t)
             dot = tvm.tir.call_llvm_pure_intrin(
-                "int32x16", "llvm.x86.avx512.vpdpbusd.512", tvm.tir.const(3, "uint32"), acc, a, b
+                acc_t, f"llvm.x86.avx512.vpdpbusd.{bits}", tvm.tir.const(3, "uint32"), acc, a, b
             )
             ib.emit(outs[0].vstore(0, dot))
             return ib.get()
@@ -333,6 +359,19 @@ def dot_u8s8_vnni():
     return te.decl_tensor_intrin(
         out.op, intrin_func, binds={data: a_buf, kernel: b_buf}, default_buffer_params={"offset_factor": 1}
     )
+
+
+def _dot_for_block(oc_bn: int) -> tuple:
+    """``(int32 lanes, tensor intrinsic)`` an int8 conv with output block ``oc_bn`` tensorizes
+    with on the target being compiled: TVM's (the SIMD width's) unless the block is narrower than
+    that, which only fix 11 gives (8 on AVX-512 VNNI: the ymm ``vpdpbusd``)."""
+    from tvm.target.x86 import get_simd_32bit_lanes
+    from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
+
+    lanes = get_simd_32bit_lanes()
+    if oc_bn < lanes and oc_bn == 8 and vnni_ready(_current_target()):
+        return 8, dot_u8s8_vnni(8)
+    return lanes, dot_16x1x16_uint8_int8_int32()
 
 
 def _chosen_schedule(kind: str) -> tuple:
@@ -356,17 +395,18 @@ def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     register tile (fix 9) where :func:`policy` says so for the target being compiled."""
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.generic import conv2d as conv2d_generic
-    from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
+    from tvm.topi.utils import get_const_tuple
 
     chosen, accumulators = _chosen_schedule("3x3")
-    lanes = get_simd_32bit_lanes()
+    lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
     if chosen == "per_row":
         return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
-            s, cfg, data_vec, kernel_vec, conv_out, last,
-            int32_lanes=lanes, intrin=dot_16x1x16_uint8_int8_int32(), inline_fused=False)
+            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=False)
     if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
-        return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, dot_16x1x16_uint8_int8_int32(),
-                                       accumulators)
+        return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
+    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (fix 11)
+        return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
+            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=True)
     return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
 
 
@@ -478,12 +518,16 @@ def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     """TVM's x86 NCHWc int8 1x1 conv schedule, or the per-tile one (fix 9) where :func:`policy`
     says so for the target being compiled."""
     from tvm.target.x86 import get_simd_32bit_lanes
-    from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
+    from tvm.topi.generic import conv2d as conv2d_generic
+    from tvm.topi.utils import get_const_tuple
 
     chosen, accumulators = _chosen_schedule("1x1")
+    lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
     if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
-        return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, get_simd_32bit_lanes(),
-                                           dot_16x1x16_uint8_int8_int32(), accumulators)
+        return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
+    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (fix 11)
+        return conv2d_generic.schedule_conv_NCHWc_cpu_1x1_int8(
+            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin)
     return _SAVED["schedule_1x1"](s, cfg, data_vec, kernel_vec, conv_out, last)
 
 
@@ -621,7 +665,7 @@ def int8_block(channels: int, target=None):
 
     Without ``target``: the block TVM's x86 int8 rule gives ``channels`` on a conv's input side
     (the largest of 16, 12, 8, 4 dividing it). With ``target`` (a target or its string): the
-    first of that target's :attr:`KernelPolicy.channel_blocks` dividing it (fix 6: on AVX2 8
+    first of that target's :attr:`KernelPolicy.channel_blocks` dividing it (fixes 6 and 11: on AVX2 and AVX-512 VNNI 8
     comes before 12, so 24 and 360 channels take 8; 12 and 36 keep 12).
     """
     blocks = policy(target).channel_blocks if target is not None else KernelPolicy.channel_blocks

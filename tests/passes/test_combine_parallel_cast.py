@@ -95,7 +95,9 @@ def test_fragment_producer_writes_int8_two_kernels_fewer():
     before = tvm_ext.build(fragment_before(), opt_level=2).kernel_report
     after_f = tvm_ext.build(fragment_before(), opt_level=2, passes=[CombineParallelCast()])
     after = after_f.kernel_report
-    assert (before.num_kernels, after.num_kernels) == (6, 4)
+    # host target: 6 -> 4 where x86 pads the 8-channel int8 convs to 16 and slices (AVX-512
+    # without VNNI), 5 -> 3 where they take an 8-channel block (AVX2, AVX-512 VNNI)
+    assert before.num_kernels - after.num_kernels == 2, (before.num_kernels, after.num_kernels)
     assert before.num_anchor_kernels == after.num_anchor_kernels == 3
     # the pooling kernel now ends with the narrowing cast and writes 8-bit data (x86 legalizes
     # int8 conv input to uint8, hence uint8 there), so one int32 tensor less crosses kernels

@@ -63,10 +63,10 @@ def test_kernels_crossing_and_outputs():
     rb, ra = fb.kernel_report, fa.kernel_report
     assert rb.num_kernels == ra.num_kernels
     assert rb.num_anchor_kernels == ra.num_anchor_kernels
-    # the conv kernel's int32 output (1x8x6x6) became uint8; the other int32 tensor is x86's
-    # legalization of the toy conv's int8 input, the same in both
+    # the conv kernel's int32 output (1x8x6x6) became uint8; any other int32 tensor is x86's
+    # legalization of the toy conv (hosts whose int8 conv pads 8 channels to 16), the same in both
     size = 8 * 6 * 6
-    assert ra.crossing.nbytes["int32"] == rb.crossing.nbytes["int32"] - 4 * size
+    assert ra.crossing.nbytes.get("int32", 0) == rb.crossing.nbytes["int32"] - 4 * size
     assert ra.crossing.nbytes["uint8"] == rb.crossing.nbytes.get("uint8", 0) + size
     pool = next(k for k in ra.kernels if k.anchor == "nn.global_avg_pool2d")
     assert pool.ops[0] == "cast"  # the pool kernel widens the uint8 value itself

@@ -308,10 +308,11 @@ def test_padded_conv_with_a_long_reduction_becomes_integer():
     assert np.abs(diff).max() <= 1
 
 
-def test_small_padded_conv_converts_for_an_avx2_target():
-    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=znver3), the small 8- and 6-channel
-    convs convert too; for AVX-512 (znver4) and without a target they stay float. The pass only
-    reads the target: the graphs are the same QNN graphs whatever it is, and run on any host."""
+def test_small_padded_conv_converts_for_avx2_and_vnni_targets():
+    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=znver3) or AVX-512 VNNI (znver4),
+    the small 8- and 6-channel convs convert too (8-channel int8 blocks there: no padding); for
+    AVX-512 without VNNI and without a target they stay float. The pass only reads the target:
+    the graphs are the same QNN graphs whatever it is, and run on any host."""
     def block(oc):
         a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
         w = _dq(relay.const(np.random.default_rng(oc).integers(-20, 20, (oc, 16, 1, 1)).astype("int8")),
@@ -320,17 +321,18 @@ def test_small_padded_conv_converts_for_an_avx2_target():
 
     x = {"a": np.random.default_rng(2).integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
     for oc in (8, 6):
-        with tvm.target.Target("llvm -mcpu=znver3"):
-            got = QDQToInteger()(block(oc))
-            check(QDQToInteger(), block(oc), relay.transform.FakeQuantizationToInteger()(block(oc)))
-        assert "qnn.conv2d" in got.astext(), oc
-        with tvm.target.Target("llvm -mcpu=znver4"):
+        for target in ("llvm -mcpu=znver3", "llvm -mcpu=znver4"):
+            with tvm.target.Target(target):
+                got = QDQToInteger()(block(oc))
+                check(QDQToInteger(), block(oc), relay.transform.FakeQuantizationToInteger()(block(oc)))
+            assert "qnn.conv2d" in got.astext(), (oc, target)
+        with tvm.target.Target("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"):
             assert_unchanged(QDQToInteger(), block(oc))
         assert_unchanged(QDQToInteger(), block(oc))
         # the integer conv against the float region it replaces: within one output step
         diff = run_module(got, x)[0].astype(np.int64) - run_module(block(oc), x)[0].astype(np.int64)
         assert np.abs(diff).max() <= 1
-    with tvm.target.Target("llvm -mcpu=znver3"):
+    with tvm.target.Target("llvm -mcpu=znver4"):
         once = QDQToInteger()(block(8))
         tvm.ir.assert_structural_equal(QDQToInteger()(once), once)
 
