@@ -343,7 +343,9 @@ def dot_u8s8_vnni(lanes: int = 16):
                 return ib.get()
             # the 4 data bytes, as one int32 broadcast to every lane, seen as bytes
             word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
-            a = tvm.tir.call_intrin(byte_t, "tir.reinterpret", word.astype(acc_t))
+            a = word.astype(acc_t)
+            if byte_t != acc_t:
+                a = tvm.tir.call_intrin(byte_t, "tir.reinterpret", a)
             b = ins[1].vload([0, 0], f"int8x{4 * lanes}")
             if byte_t != b.dtype:
                 b = tvm.tir.call_intrin(byte_t, "tir.reinterpret", b)
