@@ -179,9 +179,9 @@ def _padded_int8_conv(call):
     as close to ONNX Runtime's as before (equal for det and YOLOv8n, one step for cls). The
     rules below remain for AVX-512 without VNNI and other targets.
 
-    Elsewhere (AVX-512 without VNNI, SSE, no target) a padded conv also converts when every output sums at least
-    :data:`PADDED_INT8_LONG_REDUCTION` products (int8 saves per output in proportion to that,
-    the slice costs one copy per output) and the conv is not a tiny one
+    Elsewhere (AVX-512 without VNNI, SSE, no target) a padded conv also converts when every
+    output sums at least :data:`PADDED_INT8_LONG_REDUCTION` products (int8 saves per output in
+    proportion to that, the slice costs one copy per output) and the conv is not a tiny one
     (:data:`PADDED_INT8_LONG_MIN_MACS`: squeeze-and-excitation convs on pooled vectors stay
     float). PP-OCRv4 det QDQ at ``-mcpu=znver4`` before fix 11: its 12- to 360-channel convs (48 to 864
     products per output, 2-14 M MACs) convert, 91 -> 93 kernels (stock: 98), 11.96 -> 11.39 ms
