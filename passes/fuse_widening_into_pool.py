@@ -3,7 +3,8 @@
 Design note
 -----------
 Where. A pooling call ``P`` (``nn.global_avg_pool2d``, ``nn.avg_pool2d``,
-``nn.adaptive_avg_pool2d``, ``nn.global_max_pool2d``) whose input is a private chain of
+``nn.adaptive_avg_pool2d``, ``nn.global_max_pool2d``; or ``nn.softmax``/``nn.log_softmax``, which
+FuseOps treats alike: no elementwise producers) whose input is a private chain of
 elementwise/broadcast calls (constants as other arguments, one user each) holding an 8-bit point
 ``n`` (a uint8/int8 value, or an integer ``clip`` within 8-bit bounds;
 :func:`~tvm_ext.passes.narrow_kernel_boundaries.narrow_type`) that is not the pool's direct input.
@@ -56,9 +57,11 @@ __all__ = ["FuseWideningIntoPool", "POOLS"]
 PASS_NAME = "FuseWideningIntoPool"
 _log = pass_logger(PASS_NAME)
 
-#: Pooling ops the rule applies to (each reads every input element about once, so computing the
-#: widening inside the pool kernel costs no redundant work).
-POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d", "nn.global_max_pool2d")
+#: Readers the rule applies to: pools (each reads every input element about once) and softmax (a
+#: classifier's 8-bit logits; TVM's schedule recomputes the inlined widening in its 2-3 passes over
+#: a row, a few elementwise ops next to an ``exp``).
+POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d", "nn.global_max_pool2d", "nn.softmax",
+         "nn.log_softmax")
 _K_BROADCAST = 1
 _SIMPLE_CONST = {"int32", "int64", "float32", "float64", "bool"}  # scalars FuseOps keeps inline
 
@@ -160,7 +163,7 @@ def _run(func):
 def FuseWideningIntoPool():  # pylint: disable=invalid-name
     """Make a pool's kernel read the 8-bit value and do the widening (requantize) itself.
 
-    When a pooling call (global/adaptive/avg pool, global max pool) is fed by a private chain of
+    When a pooling call (global/adaptive/avg pool, global max pool) or a softmax is fed by a private chain of
     elementwise ops that passes through an 8-bit value (uint8/int8, or an integer ``clip`` within
     8-bit bounds), FuseOps would put the chain in the producer's kernel (a convolution's), which
     then writes the widened (int32/float32) value, or in a kernel of its own. This pass makes the chain after

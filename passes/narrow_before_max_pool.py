@@ -18,13 +18,24 @@ Rule::
     #   n = f(P(x))  ->  P(f(x))                          n typed 8-bit
     #   n = f(P(x))  ->  cast(P(cast(f(x), i8)), dtype(n))  n = clip(..) within int8 (u8 alike)
 
+    # rule 2, the pool after a widening chain g of an 8-bit n (a dequantize in front of the pool):
+    #   P(g(n)) -> g(P(n))                                n typed 8-bit
+    #   P(g(n)) -> g(cast(P(cast(n, u8|i8)), dtype(n)))   n = clip(..) within uint8 (int8 alike)
+    #   (g's first link a cast: it reads the pooled 8-bit value directly)
+
 Why exact: for a non-decreasing ``f``, ``f(max_i x_i) = max_i f(x_i)``, and IEEE rounding is
 monotone, so this holds for the computed float values too, not only the real numbers. Padding:
 TVM pads a max pool with the dtype's lowest value, which never wins against a real element;
 every window is checked to hold one. ``f`` then fuses into the producer's kernel (a conv's
 epilogue), which writes ``n``'s 8-bit dtype; the pool reads it. No kernel is added; ``f`` runs on
 the pool's input size (k-fold more elements for a stride-k pool: elementwise work next to a
-convolution).
+convolution). Rule 2 is the mirror image, tried when rule 1 does not apply: ``n``'s producer kernel
+(a conv's requantize epilogue) wrote the dequantized float32 the pool reads (PP-OCR cls's head:
+``QLinearConv -> DequantizeLinear -> Div -> MaxPool -> GlobalAveragePool``); now it writes ``n``, and
+``g`` runs on the pooled tensor in the pool's kernel (or, behind a global average pool,
+:class:`~tvm_ext.passes.fuse_widening_into_pool.FuseWideningIntoPool` moves it into that kernel and
+the pool writes 8 bits too). ``g`` walks back from the pool's input through private elementwise
+calls of one non-constant operand each, up to :data:`MAX_WIDENING_LINKS`, to the first 8-bit value.
 
 Monotone non-decreasing links accepted (``v`` the chain value, ``c`` a constant):
 
@@ -33,16 +44,18 @@ Monotone non-decreasing links accepted (``v`` the chain value, ``c`` a constant)
 ``subtract(v, c)``                      float
 ``multiply(v, c)``, ``multiply(c, v)``  float, every ``c >= 0``
 ``divide(v, c)``                        float, every ``c > 0``
+``add(v, c)``, ``subtract(v, c)``       integer dtypes, when the function's value ranges
+                                        (:mod:`~tvm_ext.passes._intervals`) prove no wrap-around
 ``maximum``/``minimum``(v, c)           any dtype
 ``nn.relu``, ``clip``                   any dtype
-``round``/``floor``/``ceil``/``trunc``  any dtype
+``round``/``floor``/``ceil``/``trunc``  any dtype (and ``tvm_ext.round_half_to_even``)
 ``cast``                                widening, int -> float, float -> float; a narrowing
                                         cast only right after a ``clip`` into its range
 ======================================  ===========================================
 
-Left alone, with a logged reason: no 8-bit point in the chain, a link outside the table (a
-negative scale, a stop_fusion barrier, ...), a constant that varies along a pooled axis, a
-pool input with other users (its wide tensor would cross anyway), an output layout different
+Left alone, with a logged reason (both rules' reasons): no 8-bit point in the chain, a link
+outside the table (a negative scale, a stop_fusion barrier, ...), a constant that varies along a
+pooled axis, a link or 8-bit clip in front of the pool with other users, a pool input with other users (its wide tensor would cross anyway), an output layout different
 from the input layout, a window without a real element, dynamic shapes. Idempotent (the pool's
 output is then 8-bit: no chain to move). Functions with ``If``/``Let``/``Match``/references/
 closures are skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
@@ -54,6 +67,7 @@ import re
 
 from tvm_ext.registry import register_pass
 
+from ._intervals import value_ranges
 from .narrow_kernel_boundaries import narrow_type
 from ._util import (
     Reject,
@@ -73,7 +87,7 @@ PASS_NAME = "NarrowBeforeMaxPool"
 _log = pass_logger(PASS_NAME)
 
 MAX_POOLS = ("nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "nn.global_max_pool2d")
-_ANY_DTYPE_UNARY = ("nn.relu", "clip", "round", "floor", "ceil", "trunc")
+_ANY_DTYPE_UNARY = ("nn.relu", "clip", "round", "floor", "ceil", "trunc", "tvm_ext.round_half_to_even")
 _FLOAT_BINARY = ("add", "subtract", "multiply", "divide")
 
 
@@ -86,6 +100,13 @@ def _int_range(dtype: str):
 
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
+
+
+def _within(interval, dtype: str) -> bool:
+    """``interval`` is a proven range strictly inside ``dtype`` (full range: may have wrapped)."""
+    from ._intervals import full_range
+
+    return interval is not None and tuple(interval) != full_range(dtype)
 
 
 def _pooled_axes(pool) -> list[int]:
@@ -127,8 +148,12 @@ def _windows_hold_data(pool, in_shape, axes):
     return True
 
 
-def _link(call, value, prev, axes, rank):
-    """True when ``call`` (applied to chain value ``value``) is monotone non-decreasing; or a Reject."""
+def _link(call, value, prev, axes, rank, ranges=None):
+    """True when ``call`` (applied to chain value ``value``) is monotone non-decreasing; or a Reject.
+
+    ``ranges`` (:func:`~tvm_ext.passes._intervals.value_ranges` of the function) admits integer
+    ``add``/``subtract`` of a constant whose result is proven not to wrap around.
+    """
     from tvm import relay
     import numpy as np
 
@@ -151,9 +176,13 @@ def _link(call, value, prev, axes, rank):
     if name in ("maximum", "minimum"):
         return True
     if name in _FLOAT_BINARY:
-        if not _is_float(in_dtype):
-            return Reject(f"integer {name} can wrap around")
         first = call.args[0].same_as(value)
+        if not _is_float(in_dtype):
+            if name not in ("add", "subtract") or (name == "subtract" and not first):
+                return Reject(f"integer {name} is not in the monotone table")
+            if ranges is None or not _within(ranges.get(call), out_dtype):
+                return Reject(f"integer {name} can wrap around (no proven range)")
+            return True
         if name in ("subtract", "divide") and not first:
             return Reject(f"constant {name} chain value is decreasing")
         if name in ("add", "subtract"):
@@ -180,10 +209,8 @@ def _link(call, value, prev, axes, rank):
     return Reject(f"{name} is not in the monotone table")
 
 
-def _rewrite(pool, users, body):
-    """``(n, replacement)`` for a pool and its quantizing chain; or a Reject."""
-    from tvm import relay
-
+def _pool_checks(pool, users):
+    """The pooled axes when either rule may apply to ``pool``; or a Reject."""
     ok = static_tensor_type(pool)
     if not ok:
         return ok
@@ -201,6 +228,14 @@ def _rewrite(pool, users, body):
         return ok
     if narrow_type(pool):  # a pool is never a clip: this is the uint8/int8 case
         return Reject("it already pools an 8-bit value")
+    return axes
+
+
+def _rewrite(pool, users, body, axes, ranges):
+    """Rule 1: ``(n, replacement)`` for a pool and its quantizing chain after it; or a Reject."""
+    from tvm import relay
+
+    x = pool.args[0]
     rank = len(pool.checked_type.shape)
     shape = [int(d) for d in pool.checked_type.shape]
     value, prev = pool, None
@@ -213,7 +248,7 @@ def _rewrite(pool, users, body):
         call = us[0][0]
         if not isinstance(call, relay.Call):
             return Reject(f"its chain reaches a {type(call).__name__}")
-        ok = _link(call, value, prev, axes, rank)
+        ok = _link(call, value, prev, axes, rank, ranges)
         if not ok:
             return ok
         if [int(d) for d in call.checked_type.shape] != shape:
@@ -227,7 +262,7 @@ def _rewrite(pool, users, body):
         # prefer the typed value when the clip's only user is its cast to 8 bits
         after = users.get(n, ())
         if len(after) == 1 and isinstance(after[0][0], relay.Call) and op_name(after[0][0]) == "cast" \
-                and narrow_type(after[0][0]) and _link(after[0][0], n, n, axes, rank):
+                and narrow_type(after[0][0]) and _link(after[0][0], n, n, axes, rank, ranges):
             n, (dtype, kind) = after[0][0], narrow_type(after[0][0])
     chain_on_x = rebuild(n, {pool: x})
     if kind == "typed":
@@ -238,6 +273,61 @@ def _rewrite(pool, users, body):
     return n, relay.cast(pooled, str(n.checked_type.dtype))
 
 
+#: How far back from a pool rule 2 looks for the 8-bit value (elementwise links).
+MAX_WIDENING_LINKS = 32
+
+
+def _rewrite_widening(pool, users, axes, ranges):
+    """Rule 2: ``(n, replacement)`` for a pool of a widening chain of an 8-bit ``n``; or a Reject."""
+    from tvm import relay
+
+    x = pool.args[0]
+    rank = len(x.checked_type.shape)
+    shape = [int(d) for d in x.checked_type.shape]
+    links, value = [], x
+    while True:
+        narrow = narrow_type(value)
+        if narrow:
+            break
+        if len(links) >= MAX_WIDENING_LINKS or not isinstance(value, relay.Call):
+            return Reject("no 8-bit value in front of it")
+        if links and len(users.get(value, ())) != 1:
+            return Reject(f"{op_name(value)} in front of it has other users")
+        if [int(d) for d in value.checked_type.shape] != shape:
+            return Reject(f"{op_name(value)} in front of it changes the shape")
+        live = [a for a in value.args if not isinstance(a, relay.Constant)]
+        if len(live) != 1:
+            return Reject(f"{op_name(value) or 'a call'} in front of it has {len(live)} non-constant operands")
+        links.append(value)
+        value = live[0]
+    if not links:
+        return Reject("it pools a value computed in float (no 8-bit value in front of it)")
+    n, (dtype, kind) = value, narrow
+    if [int(d) for d in n.checked_type.shape] != shape:
+        return Reject("the 8-bit value in front of it has another shape")
+    prev, cur = (n if kind == "clip" else None), n
+    for call in reversed(links):
+        ok = _link(call, cur, prev, axes, rank, ranges)
+        if not ok:
+            return ok
+        prev, cur = call, call
+    if kind == "typed":
+        # P(g(n)) -> g(P(n))                              n uint8/int8, g monotone
+        pooled = relay.Call(pool.op, [n], pool.attrs, pool.type_args, pool.span)
+    else:
+        if len(users.get(n, ())) != 1:
+            return Reject(f"the 8-bit clip in front of it has {len(users.get(n, ()))} users")
+        # P(g(n)) -> g(cast(P(cast(n, u8|i8)), dtype(n)))  n = clip(..) of integral values
+        pooled = relay.Call(pool.op, [relay.cast(n, dtype)], pool.attrs, pool.type_args, pool.span)
+        if op_name(links[-1]) != "cast":  # a cast as g's first link reads the 8-bit value as well
+            pooled = relay.cast(pooled, str(n.checked_type.dtype))
+    out, cur = pooled, n  # g applied to the pooled value (n occurs in it: no rebuild)
+    for call in reversed(links):
+        args = [out if a.same_as(cur) else a for a in call.args]
+        out, cur = relay.Call(call.op, args, call.attrs, call.type_args, call.span), call
+    return n, out
+
+
 def _run(func):
     from tvm import relay
 
@@ -246,17 +336,31 @@ def _run(func):
         return func
     users = consumers(nodes)
     subst: dict = {}
+    ranges = None
     for node in nodes:
         if not (isinstance(node, relay.Call) and op_name(node) in MAX_POOLS):
             continue
-        out = _rewrite(node, users, func.body)
-        if not isinstance(out, tuple):
-            _log.debug("%s not rewritten: %s", op_name(node), out)
+        axes = _pool_checks(node, users)
+        if not axes:
+            _log.debug("%s not rewritten: %s", op_name(node), axes)
             continue
-        n, moved = out
-        _log.info("%s now pools 8-bit values: the quantizing chain up to %s moved in front of it",
-                  op_name(node), op_name(n))
-        subst[n] = moved
+        if ranges is None:
+            ranges = value_ranges(nodes)
+        out = _rewrite(node, users, func.body, axes, ranges)
+        if isinstance(out, tuple):
+            n, moved = out
+            _log.info("%s now pools 8-bit values: the quantizing chain up to %s moved in front of it",
+                      op_name(node), op_name(n))
+            subst[n] = moved
+            continue
+        widening = _rewrite_widening(node, users, axes, ranges)
+        if isinstance(widening, tuple):
+            n, moved = widening
+            _log.info("%s now pools 8-bit values: the widening chain from %s moved behind it",
+                      op_name(node), op_name(n) or type(n).__name__)
+            subst[node] = moved
+            continue
+        _log.debug("%s not rewritten: %s; %s", op_name(node), out, widening)
     return with_body(func, rebuild(func.body, subst))
 
 
@@ -268,6 +372,8 @@ def NarrowBeforeMaxPool():  # pylint: disable=invalid-name
     non-decreasing elementwise ops (see the module note for the table) ending at the first
     8-bit value, constant along the pooled axes. Exact (also in floating point); the chain then
     fuses into the producer's kernel, which writes the 8-bit tensor instead of a float32 one.
+    Otherwise, ``max_pool(g(n))`` becomes ``g(max_pool(n))`` for such a chain ``g`` that widens
+    an 8-bit ``n`` (a dequantize in front of the pool): the producer writes ``n``.
 
     Returns
     -------

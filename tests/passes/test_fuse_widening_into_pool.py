@@ -89,6 +89,30 @@ def test_constants_lifted_like_fuse_ops():
                         {"x": np.random.default_rng(3).integers(-128, 128, (1, 8, 6, 6)).astype("int8")})
 
 
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_reads_the_8bit_logits(op):
+    """dense -> requantize to uint8 -> dequantize -> softmax (a classifier's head): the dense kernel
+    wrote the dequantized float32 logits; now it writes the uint8 levels and the softmax kernel
+    dequantizes them. Same kernels, same values."""
+    x = relay.var("x", shape=(1, 16), dtype="uint8")
+    w = relay.const(np.random.default_rng(5).integers(-8, 9, (10, 16)).astype("int8"))
+    acc = relay.nn.dense(x, w, out_dtype="int32")
+    n = relay.clip(_requant(acc, 0.2), 0.0, 255.0)
+    logits = relay.multiply(relay.cast(relay.subtract(n, relay.const(7)), "float32"), relay.const(0.05))
+    mod = infer(getattr(relay.nn, op)(logits))
+    after = FuseWideningIntoPool()(mod)
+    assert isinstance(after["main"].body.op, relay.Function)  # the softmax group, Primitive
+    fb, fa = tvm_ext.build(mod), tvm_ext.build(after)
+    rb, ra = fb.kernel_report, fa.kernel_report
+    assert ra.num_kernels == rb.num_kernels
+    assert [c.reason for c in rb.float_crossings()] == ["dequantize_early"]
+    assert ra.float_crossings() == [] and ra.crossing.nbytes["uint8"] == 10
+    data = {"x": np.random.default_rng(6).integers(0, 256, (1, 16)).astype("uint8")}
+    out_b, _ = assert_same_outputs(fb, fa, data, rtol=1e-6, atol=1e-7)
+    assert out_b[0].std() > 0
+
+
 # -- no match --------------------------------------------------------------------------------------
 def test_pool_reading_8bit_value_directly_unchanged(caplog):
     x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")

@@ -101,6 +101,109 @@ def test_caller_module_not_mutated():
     assert mod.astext() == snapshot
 
 
+# -- rule 2: a widening chain in front of the pool moves behind it ----------------------------------
+ZP = 21
+
+
+def _q8(v):
+    # quantize to uint8 levels, in float (ONNX QuantizeLinear as Relay lowers it): clip(round(v*s) + zp)
+    return relay.clip(relay.add(relay.round(relay.multiply(v, relay.const(8.0))), relay.const(float(ZP))), 0.0, 255.0)
+
+
+def _dequantize(v):
+    # DequantizeLinear: (cast(v, i32) - zp) * s; the int32 subtract is proven not to wrap ([0, 255] - 21)
+    return relay.multiply(relay.cast(relay.subtract(relay.cast(v, "int32"), relay.const(ZP)), "float32"),
+                          relay.const(0.125))
+
+
+def before_widening():
+    """conv -> q8 -> dequantize -> max_pool -> global_avg_pool (PP-OCR cls's head, QOperator)."""
+    return infer(relay.nn.global_avg_pool2d(_pool(_dequantize(_q8(_stem(_x()))))))
+
+
+def expected_widening():
+    """The pool reads the uint8 levels; the dequantize runs on the pooled tensor."""
+    return infer(relay.nn.global_avg_pool2d(_dequantize(_pool(relay.cast(_q8(_stem(_x())), "uint8")))))
+
+
+def test_widening_structure_and_idempotence():
+    after = check(NarrowBeforeMaxPool(), before_widening(), expected_widening())
+    assert_unchanged(NarrowBeforeMaxPool(), after)
+
+
+def test_widening_kernels_crossing_and_outputs():
+    """Same kernels; the conv kernel writes uint8 instead of float32, and with FuseWideningIntoPool
+    the pool's kernel writes uint8 too: no avoidable float32 crossing is left."""
+    from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
+
+    fb = tvm_ext.build(before_widening())
+    fa = tvm_ext.build(before_widening(), passes=[NarrowBeforeMaxPool()])
+    fw = tvm_ext.build(before_widening(), passes=[NarrowBeforeMaxPool(), FuseWideningIntoPool()])
+    rb, ra, rw = fb.kernel_report, fa.kernel_report, fw.kernel_report
+    assert ra.num_kernels == rb.num_kernels == rw.num_kernels
+    assert ra.crossing.nbytes.get("float32", 0) == rb.crossing.nbytes["float32"] - 4 * 8 * 16 * 16
+    assert ra.crossing.nbytes["uint8"] == rb.crossing.nbytes.get("uint8", 0) + 8 * 16 * 16
+    assert rw.crossing.nbytes["uint8"] == ra.crossing.nbytes["uint8"] + 8 * 8 * 8  # the pooled levels
+    assert [c.reason for c in rw.float_crossings() if not c.on_purpose] == []
+    assert [c.reason for c in ra.float_crossings() if not c.on_purpose] == ["dequantize_early"]
+    x = {"x": np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")}
+    out_b, _ = assert_same_outputs(fb, fa, x, rtol=0, atol=0)  # exact: g(max) == max(g) for monotone g
+    assert_same_outputs(fb, fw, x, rtol=0, atol=0)
+    assert np.abs(out_b[0]).max() > 0
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_widening_of_typed_value(dtype):
+    """A typed 8-bit tensor (here a graph input) read through cast -> multiply: the pool reads it
+    and the dequantize becomes the pool's epilogue (one kernel instead of two). int8 pads with -128,
+    which never wins a window that holds data."""
+    x = relay.var("x", shape=(1, 8, 9, 9), dtype=dtype)
+    mod = infer(_pool(relay.multiply(relay.cast(x, "float32"), relay.const(SCALE))))
+    expected = infer(relay.multiply(relay.cast(_pool(x), "float32"), relay.const(SCALE)))
+    after = check(NarrowBeforeMaxPool(), mod, expected)
+    fb, fa = tvm_ext.build(mod), tvm_ext.build(after)
+    assert fa.kernel_report.num_kernels == fb.kernel_report.num_kernels - 1
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    data = {"x": np.random.default_rng(4).integers(lo, hi, (1, 8, 9, 9)).astype(dtype)}
+    assert_same_outputs(fb, fa, data, rtol=0, atol=0)
+
+
+def test_widening_in_sequential():
+    seq = tvm.transform.Sequential([NarrowBeforeMaxPool(), relay.transform.InferType()])
+    with tvm.transform.PassContext(opt_level=3):
+        after = seq(before_widening())
+    tvm.ir.assert_structural_equal(after, expected_widening())
+
+
+def test_widening_link_with_other_users_unchanged(caplog):
+    d = _dequantize(_q8(_stem(_x())))
+    scaled = relay.multiply(d, relay.const(2.0))
+    mod = infer(relay.Tuple([_pool(relay.add(scaled, relay.const(1.0))), scaled]))
+    _assert_rejected(mod, "multiply in front of it has other users", caplog)
+
+
+def test_widening_clip_with_other_users_unchanged(caplog):
+    q = _q8(_stem(_x()))
+    mod = infer(relay.Tuple([_pool(_dequantize(q)), q]))
+    _assert_rejected(mod, "8-bit clip in front of it has 2 users", caplog)
+
+
+def test_widening_decreasing_link_unchanged(caplog):
+    mod = infer(_pool(relay.multiply(_dequantize(_q8(_stem(_x()))), relay.const(-1.0))))
+    _assert_rejected(mod, "negative constant", caplog)
+
+
+def test_widening_integer_add_that_may_wrap_unchanged(caplog):
+    x = relay.var("x", shape=(1, 8, 8, 8), dtype="uint8")
+    mod = infer(_pool(relay.add(relay.cast(x, "int32"), relay.const(2**31 - 100))))
+    _assert_rejected(mod, "integer add can wrap around (no proven range)", caplog)
+
+
+def test_widening_without_8bit_value_unchanged(caplog):
+    mod = infer(_pool(relay.multiply(_stem(_x()), relay.const(2.0))))
+    _assert_rejected(mod, "no 8-bit value in front of it", caplog)
+
+
 # -- no match --------------------------------------------------------------------------------------
 def _assert_rejected(mod, reason, caplog):
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
