@@ -24,6 +24,7 @@ from .remove_stop_fusion import RemoveStopFusion
 from .round_half_to_even import RoundHalfToEven
 from .tabulate_eight_bit import TabulateEightBit
 from .uniform_zero_points_to_scalar import UniformZeroPointsToScalar
+from .widen_after_movement import WidenAfterMovement
 from .widen_in_each_reader import WidenInEachReader
 
 __all__ = [
@@ -47,5 +48,6 @@ __all__ = [
     "RoundHalfToEven",
     "TabulateEightBit",
     "UniformZeroPointsToScalar",
+    "WidenAfterMovement",
     "WidenInEachReader",
 ]

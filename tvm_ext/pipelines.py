@@ -102,10 +102,14 @@ def int8(numerics: str = "tvm") -> Pipeline:
        int32 accumulators (exact).
     8. ``NarrowKernelBoundaries``: at residual joins, the 8-bit value crosses the kernel
        boundary and the widening (dequantize) chain fuses into the consumer.
+    8a. ``WidenAfterMovement``: a dequantize chain in front of data movement (concatenate, split,
+       reshape, transpose, layout transforms, slices: a detector head's multi-scale concatenation)
+       moves behind it, constants moved with the data, so the movement runs on 8-bit values and
+       the dequantize reaches the reader that computes in float (exact).
     8b. ``WidenInEachReader``: a dequantized value read by several ops (the SE block's input:
        pool and gating multiply) crosses as its 8-bit source, and each reader widens it (exact).
-    9. ``FuseWideningIntoPool``: the requantize in front of global average pooling fuses into
-       the pool's kernel, so the pool reads uint8.
+    9. ``FuseWideningIntoPool``: the requantize in front of global average pooling (or of a
+       softmax) fuses into the pool's kernel, so the pool reads uint8.
     10. ``TabulateEightBit``: an elementwise float function of one 8-bit value (quantized
         sigmoid, SiLU, tanh, GELU) becomes a table lookup computed by TVM at compile time (exact),
         fused where the chain was: one table read per element instead of a scalar ``expf`` call.
@@ -174,6 +178,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         RoundHalfToEven,
         TabulateEightBit,
         UniformZeroPointsToScalar,
+        WidenAfterMovement,
         WidenInEachReader,
     )
 
@@ -190,6 +195,7 @@ def int8(numerics: str = "tvm") -> Pipeline:
         FoldZeroPointPadIntoConv(),
         EpilogueBeforeChannelSlice(),
         NarrowKernelBoundaries(),
+        WidenAfterMovement(),
         WidenInEachReader(),
         FuseWideningIntoPool(),
         tables := TabulateEightBit(),

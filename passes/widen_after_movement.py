@@ -1,0 +1,383 @@
+"""WidenAfterMovement: data movement runs on the 8-bit values; the widening follows it to its reader.
+
+Design note
+-----------
+Where. A widening chain ``g`` (a private chain of shape-preserving elementwise calls, constants as
+the other arguments, from an 8-bit point ``n``: a uint8/int8 tensor, or a ``clip`` within 8-bit
+bounds; :func:`~tvm_ext.passes.narrow_kernel_boundaries.narrow_type`) read by a data-movement call
+``M``: ``reshape``, ``transpose``, ``layout_transform``, ``squeeze``, ``expand_dims``,
+``strided_slice``, ``nn.batch_flatten``, ``split``, or ``concatenate`` of several such chains.
+
+A detector's head has it (YOLOv8n quantized by ONNX Runtime, QDQ and QOperator): the three scales'
+uint8 outputs are each dequantized (``cast i32 -> subtract zp -> cast f32 -> multiply s``, one
+``(s, zp)`` per scale), concatenated in float, split into box and class channels, reshaped and
+transposed in front of the box softmax. FuseOps fuses each dequantize into its producer or into the
+concatenation's kernel, which then writes float32: 1.2 MB per inference at 320x320, four times the
+8-bit bytes, where the model's float compute (softmax, sigmoid) starts one kernel later.
+
+Rules (``g'`` is ``g`` with every non-scalar constant moved as the data is moved)::
+
+    # M(g(n))                -> g'(M(n))               M unary data movement
+    # concat(g_1(n_1), .., g_k(n_k), axis)
+    #                        -> G(concat(n_1, .., n_k)) every g_i the same calls with their own
+    #                                                   constants; G's constant = the g_i's constants,
+    #                                                   broadcast to each part and concatenated
+    # split(g(n))[i]         -> g_i(split(n)[i])        g_i's constants: the i-th part of g's
+    # (n a clip: n's place is taken by cast(cast(n, u8|i8), dtype(n)), equal to n)
+
+Moving a constant: it is broadcast to the shape the link computes on, moved by the same call
+(TVM's own constant folding of ``M`` on it: exactly what ``M`` does to the data; ``numpy`` for
+``concatenate`` and ``split``), and shrunk back to size 1 along every axis it does not vary on
+(a per-channel constant stays per-channel, the per-scale constant of a concatenation varies along
+the concatenated axis only). Scalar constants are left as they are.
+
+Exact: the same elementwise operations on the same values, only in another order with respect to
+data movement, which moves values without computing. Sweeps repeat (types re-inferred, at most
+:data:`MAX_ROUNDS`) so the widening moves past a sequence of movements (``concat -> split ->
+reshape -> transpose``); it stops in front of the first call that computes. There, an elementwise
+or reducing reader takes it into its kernel, a softmax or pool gets it from
+:class:`~tvm_ext.passes.fuse_widening_into_pool.FuseWideningIntoPool` (run after this pass), and any
+other reader (a convolution) gets it fused into the movement's kernel, which writes what it wrote
+before. No kernel added; the movement kernels move 8-bit values.
+
+Left alone, with a logged reason: a movement reading an 8-bit value already (nothing to move) or a
+value that is not such a chain; chains with a link read by others, a link that broadcasts the value
+to a larger shape, a link with two non-constant operands; concatenations whose parts differ in the
+calls of their chains, in their 8-bit dtypes or forms; a split whose result is used other than
+through its fields; dynamic shapes. Idempotent: afterwards every movement reads 8-bit values.
+Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
+:class:`~tvm_ext.passes._util.UntypedModuleError`. Run at stage ``before_fuse``, before
+``WidenInEachReader`` and ``FuseWideningIntoPool``.
+"""
+from __future__ import annotations
+
+from tvm_ext.registry import register_pass
+
+from ._util import (
+    Reject,
+    consumers,
+    dataflow_nodes,
+    function_pass,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    until_unchanged,
+    with_body,
+)
+from .narrow_kernel_boundaries import narrow_type
+
+__all__ = ["WidenAfterMovement", "MOVEMENT", "MAX_ROUNDS"]
+
+PASS_NAME = "WidenAfterMovement"
+_log = pass_logger(PASS_NAME)
+
+#: Unary data-movement calls the widening moves past (``split`` and ``concatenate`` have rules of
+#: their own).
+MOVEMENT = ("reshape", "transpose", "layout_transform", "squeeze", "expand_dims", "strided_slice",
+            "nn.batch_flatten")
+#: Sweeps before giving up (one movement per sweep along a sequence of movements).
+MAX_ROUNDS = 16
+_MAX_CHAIN = 64
+_K_BROADCAST = 1
+
+
+def _pattern(call) -> int:
+    from tvm_ext.report import op_pattern
+
+    name = op_name(call)
+    return 8 if name is None else op_pattern(name)
+
+
+def _shape(expr) -> list:
+    return [int(d) for d in expr.checked_type.shape]
+
+
+def _widening(v, users):
+    """``(n, dtype, kind, links)`` for ``v = l_1(...l_k(n)...)`` (``links`` from ``v`` back); or a Reject.
+
+    ``v`` is read by the movement only (the caller checks); every other link has one reader.
+    """
+    from tvm import relay
+
+    ok = static_tensor_type(v)
+    if not ok:
+        return ok
+    links, node = [], v
+    for _ in range(_MAX_CHAIN):
+        nt = narrow_type(node)
+        if nt:
+            break
+        if not isinstance(node, relay.Call) or _pattern(node) > _K_BROADCAST:
+            what = op_name(node) or type(node).__name__
+            return Reject(f"no 8-bit value behind its elementwise chain (reached {what})")
+        live = [a for a in node.args if not isinstance(a, relay.Constant)]
+        if len(live) != 1:
+            return Reject(f"{op_name(node)} has {len(live)} non-constant operands")
+        if links and len(users.get(node, ())) != 1:
+            return Reject(f"{op_name(node)} in the chain has other readers")
+        ok = static_tensor_type(live[0])
+        if not ok:
+            return ok
+        if _shape(node) != _shape(live[0]):
+            return Reject(f"{op_name(node)} broadcasts the value to a larger shape")
+        links.append(node)
+        node = live[0]
+    else:
+        return Reject(f"chain longer than {_MAX_CHAIN} calls")
+    if not links:
+        return Reject(f"it moves the {nt[0]} value already")
+    n, (dtype, kind) = node, nt
+    if kind == "clip" and len(users.get(n, ())) != 1:
+        return Reject("the 8-bit clip has other readers")
+    return n, dtype, kind, links
+
+
+def _source(n, dtype, kind):
+    """(the 8-bit value that moves, the link restoring n's dtype or None)."""
+    from tvm import relay
+
+    if kind == "typed":
+        return n, None
+    return relay.cast(n, dtype), str(n.checked_type.dtype)
+
+
+def _full(const, shape):
+    import numpy as np
+
+    return np.broadcast_to(const.data.numpy(), shape)
+
+
+def _shrink(arr):
+    """``arr`` as a constant of size 1 along every axis it does not vary on."""
+    import numpy as np
+    from tvm import relay
+
+    index = []
+    for ax in range(arr.ndim):
+        first = np.take(arr, [0], axis=ax)
+        index.append(slice(0, 1) if np.array_equal(np.broadcast_to(first, arr.shape), arr) else slice(None))
+    return relay.const(np.ascontiguousarray(arr[tuple(index)]), str(arr.dtype))
+
+
+def _fold(call, arr):
+    """What the unary movement ``call`` does to the array ``arr`` (TVM's constant folding)."""
+    import tvm
+    from tvm import relay
+
+    expr = relay.Call(call.op, [relay.const(arr, str(arr.dtype))], call.attrs, call.type_args)
+    with tvm.transform.PassContext(opt_level=3):
+        mod = relay.transform.FoldConstant()(relay.transform.InferType()(tvm.IRModule.from_expr(expr)))
+    body = mod["main"].body
+    if not isinstance(body, relay.Constant):
+        raise RuntimeError(f"{PASS_NAME}: constant folding left {op_name(call)} unfolded")
+    return body.data.numpy()
+
+
+def _relink(links, x, restore, new_const):
+    """``links`` (outermost first) applied to ``x``. ``new_const(i, j, const)`` gives link ``i``'s
+    constant operand ``j`` after the move; ``restore``: a dtype to cast ``x`` to first (the clip
+    form: ``cast(cast(n, u8), dtype(n)) == n``), or None."""
+    from tvm import relay
+
+    if restore is not None:
+        x = relay.cast(x, restore)
+    for i in range(len(links) - 1, -1, -1):
+        link = links[i]
+        args = [x if not _is_const(a) else new_const(i, j, a) for j, a in enumerate(link.args)]
+        x = relay.Call(link.op, args, link.attrs, link.type_args, link.span)
+    return x
+
+
+def _is_const(x) -> bool:
+    from tvm import relay
+
+    return isinstance(x, relay.Constant)
+
+
+def _is_scalar(const) -> bool:
+    return const.data.numpy().size == 1
+
+
+def _unary(call, users):
+    """M(g(n)) -> g'(M(n)); or a Reject."""
+    from tvm import relay
+
+    v = call.args[0]
+    if len(users.get(v, ())) != 1:
+        return Reject("its input has other readers")
+    m = _widening(v, users)
+    if isinstance(m, Reject):
+        return m
+    n, dtype, kind, links = m
+    src, restore = _source(n, dtype, kind)
+    moved = relay.Call(call.op, [src], call.attrs, call.type_args, call.span)
+
+    def new_const(i, _j, const):
+        if _is_scalar(const):
+            return const
+        return _shrink(_fold(call, _full(const, _shape(links[i]))))
+
+    return _relink(links, moved, restore, new_const)
+
+
+def _same_calls(chains):
+    """True when every chain has the same calls (ops, attributes, dtypes, operand positions)."""
+    import tvm
+
+    first = chains[0]
+    for other in chains[1:]:
+        if len(other) != len(first):
+            return Reject("its parts' chains differ in length")
+        for a, b in zip(first, other):
+            if op_name(a) != op_name(b) or not tvm.ir.structural_equal(a.attrs, b.attrs) \
+                    or str(a.checked_type.dtype) != str(b.checked_type.dtype):
+                return Reject(f"its parts' chains differ ({op_name(a)} vs {op_name(b)})")
+            if [_is_const(x) for x in a.args] != [_is_const(x) for x in b.args]:
+                return Reject(f"its parts' chains differ in the operands of {op_name(a)}")
+            if any(_is_const(x) and str(x.data.dtype) != str(y.data.dtype) for x, y in zip(a.args, b.args)):
+                return Reject(f"its parts' chains differ in a constant's dtype ({op_name(a)})")
+    return True
+
+
+def _concat(call, users):
+    """concat(g_1(n_1), .., g_k(n_k)) -> G(concat(n_1, .., n_k)); or a Reject."""
+    import numpy as np
+    from tvm import relay
+
+    tup = call.args[0]
+    if not isinstance(tup, relay.Tuple) or len(users.get(tup, ())) != 1:
+        return Reject("its operand is not a tuple of its own")
+    parts = []
+    for f in tup.fields:
+        if len(users.get(f, ())) != 1:
+            return Reject("a part has other readers")
+        m = _widening(f, users)
+        if isinstance(m, Reject):
+            return m
+        parts.append(m)
+    if len({(p[1], p[2], str(p[0].checked_type.dtype)) for p in parts}) != 1:
+        return Reject("its parts' 8-bit values differ in dtype or form")
+    chains = [p[3] for p in parts]
+    ok = _same_calls(chains)
+    if not ok:
+        return ok
+    rank = len(_shape(call))
+    axis = int(call.attrs.axis)
+    axis = axis + rank if axis < 0 else axis
+    srcs = [_source(n, dtype, kind) for n, dtype, kind, _ in parts]
+    moved = relay.Call(call.op, [relay.Tuple([s for s, _ in srcs], tup.span)], call.attrs, call.type_args,
+                       call.span)
+
+    def new_const(i, j, const):
+        consts = [ch[i].args[j] for ch in chains]
+        if all(_is_scalar(c) for c in consts) and \
+                len({c.data.numpy().reshape(()).tobytes() for c in consts}) == 1 and const.data.ndim <= rank:
+            return const  # one scalar for every part
+        pieces = [_full(c, _shape(ch[i])) for c, ch in zip(consts, chains)]
+        return _shrink(np.concatenate(pieces, axis=axis))
+
+    return _relink(chains[0], moved, srcs[0][1], new_const)
+
+
+def _split(call, users):
+    """{split(g(n))[i]: g_i(split(n)[i])}; or a Reject."""
+    import numpy as np
+    from tvm import relay
+
+    v = call.args[0]
+    if len(users.get(v, ())) != 1:
+        return Reject("its input has other readers")
+    items = users.get(call, ())
+    if not items or any(not isinstance(u, relay.TupleGetItem) for u, _ in items):
+        return Reject("its result is used other than through its fields")
+    m = _widening(v, users)
+    if isinstance(m, Reject):
+        return m
+    n, dtype, kind, links = m
+    src, restore = _source(n, dtype, kind)
+    moved = relay.Call(call.op, [src], call.attrs, call.type_args, call.span)
+    rank = len(_shape(v))
+    axis = int(call.attrs.axis)
+    axis = axis + rank if axis < 0 else axis
+    fields = [[int(d) for d in t.shape] for t in call.checked_type.fields]
+    bounds = np.cumsum([0] + [f[axis] for f in fields])
+    out = {}
+    for item, _ in dict.fromkeys(items):
+        k = int(item.index)
+
+        def new_const(i, _j, const, k=k):
+            if _is_scalar(const):
+                return const
+            piece = np.take(_full(const, _shape(links[i])), np.arange(bounds[k], bounds[k + 1]), axis=axis)
+            return _shrink(piece)
+
+        out[item] = _relink(links, relay.TupleGetItem(moved, k), restore, new_const)
+    return out
+
+
+def _sweep(func):
+    from tvm import relay
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    users = consumers(nodes)
+    subst: dict = {}
+    for node in nodes:
+        name = op_name(node) if isinstance(node, relay.Call) else None
+        if name not in MOVEMENT and name not in ("concatenate", "split"):
+            continue
+        ok = static_tensor_type(node) if name != "split" else True
+        if not ok:
+            _log.debug("%s not rewritten: %s", name, ok)
+            continue
+        out = _split(node, users) if name == "split" else _concat(node, users) if name == "concatenate" \
+            else _unary(node, users)
+        if isinstance(out, Reject):
+            _log.debug("%s not rewritten: %s", name, out)
+            continue
+        _log.info("%s now moves 8-bit values; the widening follows it", name)
+        if isinstance(out, dict):
+            subst.update(out)
+        else:
+            subst[node] = out
+    return with_body(func, rebuild(func.body, subst))
+
+
+def _run(func):
+    """Sweeps of :func:`_sweep` until none rewrites (at most :data:`MAX_ROUNDS`)."""
+    func, done = until_unchanged(func, _sweep, _log, MAX_ROUNDS)
+    if not done:
+        _log.warning("still rewriting after %d rounds: the widening stops here", MAX_ROUNDS)
+    return func
+
+
+@register_pass(PASS_NAME)
+def WidenAfterMovement():  # pylint: disable=invalid-name
+    """Move a widening (dequantize) chain past data movement, so the movement runs on 8-bit values.
+
+    ``M(g(n))`` becomes ``g'(M(n))`` for a private elementwise chain ``g`` from an 8-bit ``n``
+    and a data-movement call ``M`` (reshape, transpose, layout_transform, squeeze, expand_dims,
+    strided_slice, batch_flatten, split; a concatenation of such chains with the same calls
+    becomes one chain on the concatenated 8-bit values). Constants move with the data. Exact; no
+    kernel added; the movement's kernel reads and writes 8 bits, and the widening reaches the
+    reader that computes on it (see the module note).
+
+    Use at stage ``before_fuse``, before ``WidenInEachReader`` and ``FuseWideningIntoPool``.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A Relay function pass named ``"WidenAfterMovement"`` (opt_level 1).
+
+    Raises
+    ------
+    tvm_ext.passes._util.UntypedModuleError
+        When run on a module that was not type-inferred.
+
+    Notes
+    -----
+    Rejections are logged at DEBUG on ``tvm_ext.passes.WidenAfterMovement``, rewrites at INFO.
+    """
+    return function_pass(PASS_NAME, _run)

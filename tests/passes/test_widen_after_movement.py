@@ -1,0 +1,222 @@
+"""Tests of tvm_ext.passes.widen_after_movement (issue 11: YOLOv8n's dequantized float head inputs)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.passes._util import UntypedModuleError
+from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
+from tvm_ext.passes.widen_after_movement import WidenAfterMovement
+from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+LOGGER = "tvm_ext.passes.WidenAfterMovement"
+rng = np.random.default_rng(11)
+
+
+def _dq(v, zp, scale):
+    # DequantizeLinear as Relay lowers it: (cast(v, i32) - zp) * s
+    return relay.multiply(relay.cast(relay.subtract(relay.cast(v, "int32"), relay.const(zp)), "float32"),
+                          relay.const(scale))
+
+
+def _u8(name, shape):
+    return relay.var(name, shape=shape, dtype="uint8")
+
+
+# -- rules, one at a time: before / expected -------------------------------------------------------
+def test_unary_movement_structure_and_idempotence():
+    """reshape(dq(n)) -> dq(reshape(n)): scalar constants stay as they are."""
+    n = _u8("n", (1, 6, 4, 4))
+
+    def graph(moved):
+        if moved:
+            return infer(relay.nn.relu(_dq(relay.reshape(n, (1, 6, 16)), 3, np.float32(0.5))))
+        return infer(relay.nn.relu(relay.reshape(_dq(n, 3, np.float32(0.5)), (1, 6, 16))))
+
+    after = check(WidenAfterMovement(), graph(False), graph(True))
+    assert_unchanged(WidenAfterMovement(), after)
+
+
+def test_per_channel_constant_moves_with_the_data():
+    """transpose(n * c) -> transpose(n) * c' (c per channel: (6, 1, 1) -> (1, 1, 6) after NCHW->NHWC)."""
+    n = _u8("n", (1, 6, 4, 4))
+    c = rng.uniform(0.1, 1.0, (6, 1, 1)).astype("float32")
+    before = infer(relay.transpose(relay.multiply(relay.cast(n, "float32"), relay.const(c)), (0, 2, 3, 1)))
+    expected = infer(relay.multiply(relay.cast(relay.transpose(n, (0, 2, 3, 1)), "float32"),
+                                    relay.const(c.reshape(1, 1, 1, 6))))
+    check(WidenAfterMovement(), before, expected)
+
+
+def test_concatenate_merges_the_parts_chains():
+    """concat(dq(a, zp 3, s 0.5), dq(b, zp 7, s 0.25), axis=1): one chain on concat(a, b) whose
+    constants vary along the concatenated axis only."""
+    a, b = _u8("a", (1, 2, 3, 3)), _u8("b", (1, 4, 3, 3))
+    before = infer(relay.concatenate([_dq(a, 3, np.float32(0.5)), _dq(b, 7, np.float32(0.25))], axis=1))
+    zp = np.array([3] * 2 + [7] * 4, "int32").reshape(1, 6, 1, 1)
+    s = np.array([0.5] * 2 + [0.25] * 4, "float32").reshape(1, 6, 1, 1)
+    cat = relay.concatenate([a, b], axis=1)
+    expected = infer(relay.multiply(relay.cast(relay.subtract(relay.cast(cat, "int32"), relay.const(zp)), "float32"),
+                                    relay.const(s)))
+    after = check(WidenAfterMovement(), before, expected)
+    assert_unchanged(WidenAfterMovement(), after)
+
+
+def test_split_gives_each_field_its_part():
+    """split(n * c)[i] -> split(n)[i] * c_i, c varying along the split axis."""
+    n = _u8("n", (1, 6, 2, 2))
+    c = rng.uniform(0.1, 1.0, (1, 6, 1, 1)).astype("float32")
+    parts = relay.split(relay.multiply(relay.cast(n, "float32"), relay.const(c)), [2], axis=1)
+    before = infer(relay.Tuple([relay.exp(parts[0]), relay.sigmoid(parts[1])]))
+    sp = relay.split(n, [2], axis=1)
+    expected = infer(relay.Tuple([relay.exp(relay.multiply(relay.cast(sp[0], "float32"), relay.const(c[:, :2]))),
+                                  relay.sigmoid(relay.multiply(relay.cast(sp[1], "float32"), relay.const(c[:, 2:])))]))
+    check(WidenAfterMovement(), before, expected)
+
+
+def test_clip_form_moves_as_8_bits():
+    """n = clip(round(x) + zp, 0, 255) in float: the movement reads cast(n, u8), which is cast back."""
+    x = relay.var("x", shape=(1, 4, 3, 3), dtype="float32")
+    q = relay.clip(relay.add(relay.round(relay.multiply(x, relay.const(8.0))), relay.const(5.0)), 0.0, 255.0)
+    before = infer(relay.exp(relay.reshape(relay.multiply(relay.subtract(q, relay.const(5.0)), relay.const(0.125)),
+                                           (1, 36))))
+    moved = relay.cast(relay.reshape(relay.cast(q, "uint8"), (1, 36)), "float32")
+    expected = infer(relay.exp(relay.multiply(relay.subtract(moved, relay.const(5.0)), relay.const(0.125))))
+    check(WidenAfterMovement(), before, expected)
+
+
+# -- a detector head: concat -> split -> reshape -> transpose -> softmax / sigmoid ----------------
+def _head():
+    """YOLOv8's head in small: three scales' uint8 outputs (82 = 64 box + 18 class channels in the
+    real model; here 8 = 4 + 4), each with its own (scale, zero point), concatenated along the anchors."""
+    ins = [_u8(f"scale{i}", (1, 8, m)) for i, m in enumerate((16, 4, 1))]
+    deq = [_dq(v, zp, np.float32(s)) for v, zp, s in zip(ins, (141, 120, 97), (0.097, 0.082, 0.070))]
+    cat = relay.concatenate(deq, axis=2)  # (1, 8, 21)
+    box, cls = relay.split(cat, [4], axis=1)
+    dfl = relay.nn.softmax(relay.transpose(relay.reshape(box, (1, 2, 2, 21)), (0, 2, 1, 3)), axis=1)
+    return infer(relay.Tuple([dfl, relay.sigmoid(cls)])), ins
+
+
+def test_head_kernels_crossing_and_outputs():
+    """Same kernels; the concatenation's kernel wrote the dequantized float32 box and class
+    channels (dequantize_early), now it moves uint8, and no avoidable float32 crossing is left."""
+    mod, ins = _head()
+    passes = [WidenAfterMovement(), FuseWideningIntoPool()]
+    fb, fa = tvm_ext.build(mod), tvm_ext.build(mod, passes=passes)
+    rb, ra = fb.kernel_report, fa.kernel_report
+    assert ra.num_kernels <= rb.num_kernels
+    assert "dequantize_early" in {c.reason for c in rb.float_crossings()}
+    assert [c.reason for c in ra.float_crossings() if not c.on_purpose] == []
+    assert ra.crossing.total_bytes < rb.crossing.total_bytes
+    data = {v.name_hint: rng.integers(0, 256, [int(d) for d in v.type_annotation.shape]).astype("uint8") for v in ins}
+    out_b, _ = assert_same_outputs(fb, fa, data, rtol=1e-6, atol=1e-7)
+    assert out_b[0].std() > 0 and out_b[1].std() > 0
+
+
+def test_head_structure_and_idempotence():
+    """After the pass every movement reads uint8 and each float reader reads its own dequantize."""
+    mod, _ = _head()
+    after = WidenAfterMovement()(mod)
+    movements = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in (
+                "concatenate", "split", "reshape", "transpose"):
+            movements.append(node)
+
+    relay.analysis.post_order_visit(after["main"], visit)
+    assert len(movements) == 4
+    for m in movements:
+        arg = m.args[0]
+        dtypes = [f.checked_type.dtype for f in arg.fields] if isinstance(arg, relay.Tuple) else [arg.checked_type.dtype]
+        assert set(dtypes) == {"uint8"}, m.op.name
+    assert_unchanged(WidenAfterMovement(), after)
+
+
+def test_runs_in_sequential():
+    mod, _ = _head()
+    seq = tvm.transform.Sequential([WidenAfterMovement(), relay.transform.InferType()])
+    with tvm.transform.PassContext(opt_level=3):
+        tvm.ir.assert_structural_equal(seq(mod), WidenAfterMovement()(mod))
+
+
+def test_caller_module_not_mutated():
+    mod, _ = _head()
+    snapshot = mod.astext()
+    WidenAfterMovement()(mod)
+    assert mod.astext() == snapshot
+
+
+# -- no match --------------------------------------------------------------------------------------
+def _assert_rejected(mod, reason, caplog):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(WidenAfterMovement(), mod)
+    assert reason in caplog.text
+
+
+def test_movement_of_8bit_value_unchanged(caplog):
+    n = _u8("n", (1, 6, 4))
+    _assert_rejected(infer(relay.cast(relay.reshape(n, (1, 24)), "float32")), "moves the uint8 value already", caplog)
+
+
+def test_float_value_unchanged(caplog):
+    x = relay.var("x", shape=(1, 6, 4), dtype="float32")
+    _assert_rejected(infer(relay.reshape(relay.exp(x), (1, 24))), "no 8-bit value behind", caplog)
+
+
+def test_link_with_other_readers_unchanged(caplog):
+    n = _u8("n", (1, 6, 4))
+    wide = relay.cast(n, "float32")
+    scaled = relay.multiply(wide, relay.const(0.5))
+    _assert_rejected(infer(relay.Tuple([relay.reshape(scaled, (1, 24)), wide])), "other readers", caplog)
+
+
+def test_concatenate_of_different_chains_unchanged(caplog):
+    a, b = _u8("a", (1, 2, 3)), _u8("b", (1, 2, 3))
+    mod = infer(relay.concatenate([_dq(a, 3, np.float32(0.5)),
+                                   relay.multiply(relay.cast(b, "float32"), relay.const(0.5))], axis=1))
+    _assert_rejected(mod, "chains differ", caplog)
+
+
+def test_concatenate_of_different_8bit_dtypes_unchanged(caplog):
+    a, b = _u8("a", (1, 2, 3)), relay.var("b", shape=(1, 2, 3), dtype="int8")
+    mod = infer(relay.concatenate([_dq(a, 3, np.float32(0.5)), _dq(b, 3, np.float32(0.5))], axis=1))
+    _assert_rejected(mod, "differ in dtype or form", caplog)
+
+
+def test_split_used_as_a_tuple_unchanged(caplog):
+    n = _u8("n", (1, 6, 2))
+    sp = relay.split(relay.cast(n, "float32"), 2, axis=1)
+    _assert_rejected(infer(relay.concatenate(sp.astuple(), axis=2)), "used other than through its fields", caplog)
+
+
+def test_broadcasting_link_unchanged(caplog):
+    n = _u8("n", (1, 1, 4))
+    wide = relay.add(relay.cast(n, "float32"), relay.const(np.zeros((1, 3, 4), "float32")))
+    _assert_rejected(infer(relay.reshape(wide, (12,))), "broadcasts the value", caplog)
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+def test_untyped_module_raises():
+    n = _u8("n", (1, 6, 4))
+    mod = tvm.IRModule.from_expr(relay.Function([n], relay.reshape(relay.cast(n, "float32"), (24,))))
+    with pytest.raises(UntypedModuleError, match="WidenAfterMovement"):
+        WidenAfterMovement()(mod)
+
+
+def test_if_skipped_safely(caplog):
+    mod, ins = _head()
+    c = relay.var("c", shape=(), dtype="bool")
+    body = mod["main"].body
+    f = infer(relay.Function(list(mod["main"].params) + [c], relay.If(c, body, body)))
+    _assert_rejected(f, "If", caplog)
+
+
+def test_dynamic_shape_skipped():
+    n = relay.var("n", shape=(relay.Any(), 6), dtype="uint8")
+    mod = infer(relay.Function([n], relay.reshape(relay.cast(n, "float32"), (-1,))))
+    assert_unchanged(WidenAfterMovement(), mod)
