@@ -62,6 +62,7 @@ from ._util import (
     pass_logger,
     rebuild,
     static_tensor_type,
+    until_unchanged,
     with_body,
 )
 
@@ -69,6 +70,8 @@ __all__ = ["FoldZeroPointPadIntoConv", "CONV_OPS", "border_constant", "unblock",
 
 PASS_NAME = "FoldZeroPointPadIntoConv"
 _log = pass_logger(PASS_NAME)
+#: Sweeps before giving up (one pad of a chain of pads in front of a conv folds per sweep).
+MAX_ROUNDS = 8
 
 #: conv op -> builder of the same conv with another data argument and padding
 CONV_OPS = ("nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc")
@@ -325,6 +328,16 @@ def _fold(conv, users):
 
 
 def _run(func):
+    """Sweeps of :func:`_sweep` until none folds: ``conv(pad(pad(x)))`` folds one pad per sweep
+    (each fold's border constant is computed against the conv's padding so far), at most
+    :data:`MAX_ROUNDS`."""
+    func, done = until_unchanged(func, _sweep, _log, MAX_ROUNDS)
+    if not done and not _sweep(func).same_as(func):
+        raise RuntimeError(f"{PASS_NAME}: still folding after {MAX_ROUNDS} rounds (a malformed graph?)")
+    return func
+
+
+def _sweep(func):
     from tvm import relay
 
     nodes = dataflow_nodes(func, PASS_NAME)
