@@ -119,6 +119,7 @@ def _make_passes():
         "RemoveStopFusion": (lambda: P.RemoveStopFusion(), both),
         "TabulateEightBit": (lambda: P.TabulateEightBit(), ("before_fuse",)),
         "UniformZeroPointsToScalar": (lambda: P.UniformZeroPointsToScalar(), ("start",)),
+        "WidenAfterMovement": (lambda: P.WidenAfterMovement(), both),
         "WidenInEachReader": (lambda: P.WidenInEachReader(), ("before_fuse",)),
     }
 
@@ -143,6 +144,7 @@ PASSES = (
     "RemoveStopFusion",
     "TabulateEightBit",
     "UniformZeroPointsToScalar",
+    "WidenAfterMovement",
     "WidenInEachReader",
 )
 
