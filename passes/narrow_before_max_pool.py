@@ -69,6 +69,7 @@ from tvm_ext.registry import register_pass
 
 from ._intervals import value_ranges
 from .narrow_kernel_boundaries import narrow_type
+from .widen_in_each_reader import _copy as copy_chain
 from ._util import (
     Reject,
     consumers,
@@ -321,11 +322,7 @@ def _rewrite_widening(pool, users, axes, ranges):
         pooled = relay.Call(pool.op, [relay.cast(n, dtype)], pool.attrs, pool.type_args, pool.span)
         if op_name(links[-1]) != "cast":  # a cast as g's first link reads the 8-bit value as well
             pooled = relay.cast(pooled, str(n.checked_type.dtype))
-    out, cur = pooled, n  # g applied to the pooled value (n occurs in it: no rebuild)
-    for call in reversed(links):
-        args = [out if a.same_as(cur) else a for a in call.args]
-        out, cur = relay.Call(call.op, args, call.attrs, call.type_args, call.span), call
-    return n, out
+    return n, copy_chain(links, pooled)  # g on the pooled value (n occurs in it: no rebuild)
 
 
 def _run(func):

@@ -65,7 +65,7 @@ from ._util import (
     until_unchanged,
     with_body,
 )
-from .narrow_kernel_boundaries import narrow_type
+from .narrow_kernel_boundaries import _pattern, narrow_type
 
 __all__ = ["WidenAfterMovement", "MOVEMENT", "MAX_ROUNDS"]
 
@@ -80,13 +80,6 @@ MOVEMENT = ("reshape", "transpose", "layout_transform", "squeeze", "expand_dims"
 MAX_ROUNDS = 16
 _MAX_CHAIN = 64
 _K_BROADCAST = 1
-
-
-def _pattern(call) -> int:
-    from tvm_ext.report import op_pattern
-
-    name = op_name(call)
-    return 8 if name is None else op_pattern(name)
 
 
 def _shape(expr) -> list:
