@@ -108,3 +108,53 @@ def test_other_build_errors_are_not_retried(monkeypatch):
     with pytest.raises(tvm.TVMError, match="something else"):
         tvm_ext.build(dense(16, dtype="uint8"))
     assert calls == [1]
+
+
+def inline_function_read_twice():
+    """x:int8 -> f(x) = fn(p) {avg_pool(cast(p, i32))} Primitive=1, read by a pool and by
+    add(cast(f(x), i16), cast(f(x), i16)), which SimplifyExpr rewrites to multiply(cast(...), 2)
+    (fuzz seed 2211: FuseWideningIntoPool at stage ``start``); and the same graph without ``fn``."""
+    def graph(inline: bool):
+        x = relay.var("x", shape=(1, 2, 4, 4), dtype="int8")
+        if inline:
+            p = relay.var("p0", shape=(1, 2, 4, 4), dtype="int8")
+            f = relay.Function([p], relay.nn.avg_pool2d(relay.cast(p, "int32"), (2, 2), (2, 2), padding=(1, 1)))
+            f = f.with_attr("Primitive", tvm.tir.IntImm("int32", 1))
+            y = relay.Call(f, [x])
+        else:
+            y = relay.nn.avg_pool2d(relay.cast(x, "int32"), (2, 2), (2, 2), padding=(1, 1))
+        out = relay.Tuple([relay.nn.avg_pool2d(y, (2, 2), (2, 2), padding=(1, 1)),
+                           relay.add(relay.cast(y, "int16"), relay.cast(y, "int16"))])
+        return infer(relay.Function([x], out))
+    return graph(True), graph(False)
+
+
+@pytest.mark.parametrize("at", ["start", "before_fuse"])
+def test_simplify_expr_copying_an_inline_function_is_built_without_it(at, caplog):
+    """relay.build fails on it (TVM's SimplifyExpr copies the function with its parameter Vars);
+    tvm_ext.build runs the prefix again without SimplifyExpr, and the outputs are exact."""
+    import logging
+
+    from tvm_ext.testing import run_module
+
+    mod, plain = inline_function_read_twice()
+    with pytest.raises(tvm.TVMError, match="WellFormed"):
+        with tvm.transform.PassContext(opt_level=3):
+            relay.build(mod, target="llvm")
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.build"):
+        fac = tvm_ext.build(mod, at=at)
+    assert "SimplifyExpr copied an inline function" in caplog.text
+    x = np.random.default_rng(0).integers(-128, 128, (1, 2, 4, 4)).astype("int8")
+    got, want = run_module(fac, {"x": x}), run_module(tvm_ext.build(plain), {"x": x})
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_inline_function_copy_error_needs_an_inline_function():
+    from tvm_ext.tvm_bugs import is_inline_function_copy_error
+
+    err = tvm.TVMError("Check failed: (WellFormed(e)) is false: fn (%p0-malformed-ir) {...}")
+    mod, plain = inline_function_read_twice()
+    assert is_inline_function_copy_error(err, mod)
+    assert not is_inline_function_copy_error(err, plain)  # nothing to copy: a different bug, not retried
+    assert not is_inline_function_copy_error(tvm.TVMError("something else"), mod)

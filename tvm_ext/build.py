@@ -326,8 +326,15 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     if stages["start"]:
         mod = _run_user_passes(mod, stages["start"], tgt, opt_level, cfg, disabled, instr)
     tvm_bugs.check_module(relay.transform.InferType()(mod), tgt, executor is None)  # known TVM bugs: clear error
+    unsafe_simplify: tuple = ()  # tvm_bugs.COPIES_INLINE_FUNCTIONS once they failed on this module
     if split:
-        mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, disabled, instr)
+        try:
+            mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, disabled, instr)
+        except tvm.TVMError as err:
+            if not tvm_bugs.is_inline_function_copy_error(err, mod):
+                raise
+            unsafe_simplify = _warn_inline_function_copy()
+            mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, [*disabled, *unsafe_simplify], instr)
         logger.debug("relay.build prefix ran: %s", prefix_names)
     if stages["before_fuse"]:
         mod = _run_user_passes(mod, stages["before_fuse"], tgt, opt_level, cfg, disabled, instr)
@@ -339,28 +346,42 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
         build_kwargs["runtime"] = runtime
     handed = mod
 
-    def final_build(config):
+    def final_build(config, extra_disabled):
         with tvm.transform.PassContext(
             opt_level=opt_level,
             config=config,
-            disabled_pass=list(dict.fromkeys([*disabled, *prefix_names])),
+            disabled_pass=list(dict.fromkeys([*disabled, *prefix_names, *extra_disabled])),
             instruments=instr,
         ):
             return relay.build(copy_module(mod), target=tgt, **build_kwargs)
 
-    try:
-        factory = final_build(cfg)
-    except tvm.TVMError as err:
-        if not tvm_bugs.is_llvm_debug_info_error(err) or cfg.get(tvm_bugs.NO_TIR_CSE):
-            raise
-        # TVM 0.19 + LLVM 22: debug info for a vector let variable that TIR CSE created fails LLVM's
-        # verifier (tvm_bugs.is_llvm_debug_info_error); without TIR CSE no such variable exists.
-        logger.warning("tvm_ext.build: LLVM rejected TVM's debug info for a vector variable (TVM 0.19 with "
-                       "LLVM 22); building again with %s=True", tvm_bugs.NO_TIR_CSE)
-        factory = final_build({**cfg, tvm_bugs.NO_TIR_CSE: True})
+    while True:  # each known TVM bug is worked around at most once (tvm_bugs' design note)
+        try:
+            factory = final_build(cfg, unsafe_simplify)
+            break
+        except tvm.TVMError as err:
+            if tvm_bugs.is_llvm_debug_info_error(err) and not cfg.get(tvm_bugs.NO_TIR_CSE):
+                # TVM 0.19 + LLVM 22: debug info for a vector let variable that TIR CSE created fails
+                # LLVM's verifier (tvm_bugs.is_llvm_debug_info_error); without TIR CSE no such variable.
+                logger.warning("tvm_ext.build: LLVM rejected TVM's debug info for a vector variable (TVM 0.19 "
+                               "with LLVM 22); building again with %s=True", tvm_bugs.NO_TIR_CSE)
+                cfg = {**cfg, tvm_bugs.NO_TIR_CSE: True}
+            elif not unsafe_simplify and tvm_bugs.is_inline_function_copy_error(err, mod):
+                unsafe_simplify = _warn_inline_function_copy()
+            else:
+                raise
     factory.tvm_ext_module = handed
     factory.kernel_report = KernelReport.from_factory(factory)
     return factory
+
+
+def _warn_inline_function_copy() -> tuple:
+    from . import tvm_bugs
+
+    logger.warning("tvm_ext.build: TVM's %s copied an inline function of this module with its parameters "
+                   "(ill-formed IR, tvm_ext.tvm_bugs); running relay.build's prefix again without it",
+                   "/".join(tvm_bugs.COPIES_INLINE_FUNCTIONS))
+    return tvm_bugs.COPIES_INLINE_FUNCTIONS
 
 
 class PassFailed(RuntimeError):

@@ -29,10 +29,21 @@ Known bugs::
     #   helper_change_dtypes_to_uint8_int8) first shifts its int8 data to uint8 on every x86 CPU
     #   with SSE4.2, so the nn.dense it becomes is uint8 x int8 (checked: units 8 and 100, K 2 to
     #   66, batch 1 and 3 build and are exact; refusing it blocked ONNX Runtime's S8S8 models).
+
+    # an inline function (e.g. a Primitive=1 group a ``start`` pass made) whose result has several
+    # readers, one of which SimplifyExpr rewrites   -> "variable p0 is bound more than once"
+    #   simplify_expr.cc's rewrites (SimplifyAdd: add(x, x) -> multiply(x, 2), ...) return
+    #   InferType(new call): type inference rebuilds the sub-expression, the function included, with
+    #   the same parameter Vars, while the other readers keep the original: two functions bind p0,
+    #   and the pattern rewriter's own well-formedness check fails inside relay.build's prefix
+    #   (fuzz seed 2211, FuseWideningIntoPool at ``start``). tvm_ext.build detects the error
+    #   (is_inline_function_copy_error) and runs the prefix again without SimplifyExpr (an
+    #   optimization only; a logged warning).
 """
 from __future__ import annotations
 
-__all__ = ["UnsupportedByTVM", "check_module", "check_target", "is_llvm_debug_info_error", "NO_TIR_CSE"]
+__all__ = ["UnsupportedByTVM", "check_module", "check_target", "is_llvm_debug_info_error",
+           "is_inline_function_copy_error", "NO_TIR_CSE", "COPIES_INLINE_FUNCTIONS"]
 
 #: PassContext option that turns TIR's common-subexpression elimination off.
 NO_TIR_CSE = "tir.disable_cse_tir"
@@ -45,6 +56,31 @@ class UnsupportedByTVM(ValueError):
 def is_llvm_debug_info_error(err) -> bool:
     """True when ``err`` is LLVM 22 rejecting TVM 0.19's debug info for a non-pointer, non-int value."""
     return "#dbg_declare must be a pointer or int" in str(err)
+
+
+#: relay.build prefix passes that can copy an inline function with its parameter Vars
+#: (:func:`is_inline_function_copy_error`); optimizations, safe to disable.
+COPIES_INLINE_FUNCTIONS = ("SimplifyExpr",)
+
+
+def is_inline_function_copy_error(err, mod) -> bool:
+    """True when ``err`` is relay's well-formedness check failing (a Var bound twice), for a module
+    ``mod`` that holds inline functions (what SimplifyExpr's rewrites copy; see the design note)."""
+    from tvm import relay
+
+    msg = str(err)  # the Var is named in TVM's log; the error holds the check and the marked IR
+    if "bound more than once" not in msg and not ("WellFormed" in msg and "-malformed-ir" in msg):
+        return False
+    found = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.op, relay.Function):
+            found.append(node)
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relay.Function) and not found:
+            relay.analysis.post_order_visit(func.body, visit)
+    return bool(found)
 
 
 def _x86_int8_gemm(target) -> bool:
