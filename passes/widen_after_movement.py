@@ -32,8 +32,8 @@ Moving a constant: it is broadcast to the shape the link computes on, moved by t
 the concatenated axis only). Scalar constants are left as they are.
 
 Exact: the same elementwise operations on the same values, only in another order with respect to
-data movement, which moves values without computing. Sweeps repeat (types re-inferred, at most
-:data:`MAX_ROUNDS`) so the widening moves past a sequence of movements (``concat -> split ->
+data movement, which moves values without computing. Sweeps repeat (types re-inferred, one per
+movement call at most: :data:`MAX_ROUNDS`) so the widening moves past a sequence of movements (``concat -> split ->
 reshape -> transpose``); it stops in front of the first call that computes. There, an elementwise
 or reducing reader takes it into its kernel, a softmax or pool gets it from
 :class:`~tvm_ext.passes.fuse_widening_into_pool.FuseWideningIntoPool` (run after this pass), and any
@@ -76,7 +76,9 @@ _log = pass_logger(PASS_NAME)
 #: their own).
 MOVEMENT = ("reshape", "transpose", "layout_transform", "squeeze", "expand_dims", "strided_slice",
             "nn.batch_flatten")
-#: Sweeps before giving up (one movement per sweep along a sequence of movements).
+#: Sweeps at least allowed (one movement per sweep along a sequence of movements); a function with
+#: more movement calls gets one sweep per movement call, plus one (each sweep that rewrites turns at
+#: least one movement into a reader of an 8-bit value, which no later sweep rewrites again).
 MAX_ROUNDS = 16
 _MAX_CHAIN = 64
 _K_BROADCAST = 1
@@ -338,11 +340,26 @@ def _sweep(func):
     return with_body(func, rebuild(func.body, subst))
 
 
+def _movements(func) -> int:
+    from tvm import relay
+
+    count = [0]
+
+    def visit(node):
+        if isinstance(node, relay.Call) and op_name(node) in (*MOVEMENT, "concatenate", "split"):
+            count[0] += 1
+
+    relay.analysis.post_order_visit(func.body, visit)
+    return count[0]
+
+
 def _run(func):
-    """Sweeps of :func:`_sweep` until none rewrites (at most :data:`MAX_ROUNDS`)."""
-    func, done = until_unchanged(func, _sweep, _log, MAX_ROUNDS)
+    """Sweeps of :func:`_sweep` until none rewrites (at most one per movement call, or
+    :data:`MAX_ROUNDS` if more; the bound is a guard: see MAX_ROUNDS)."""
+    rounds = max(MAX_ROUNDS, _movements(func) + 1)
+    func, done = until_unchanged(func, _sweep, _log, rounds)
     if not done:
-        _log.warning("still rewriting after %d rounds: the widening stops here", MAX_ROUNDS)
+        _log.warning("still rewriting after %d rounds: the widening stops here", rounds)
     return func
 
 

@@ -137,6 +137,28 @@ def test_head_structure_and_idempotence():
     assert_unchanged(WidenAfterMovement(), after)
 
 
+def test_sequence_longer_than_max_rounds_moves_at_once(caplog):
+    """MAX_ROUNDS + 4 movements in a row: one run moves the widening past all of them (a second run
+    finds nothing), and the outputs are exact."""
+    from tvm_ext.passes.widen_after_movement import MAX_ROUNDS
+
+    n = _u8("n", (1, 4, 6))
+    v = _dq(n, 3, np.float32(0.5))
+    for i in range(MAX_ROUNDS + 4):
+        v = relay.transpose(v, (0, 2, 1)) if i % 2 else relay.reshape(v, (1, 6, 4) if i % 4 == 0 else (1, 4, 6))
+    mod = infer(relay.exp(v))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        after = WidenAfterMovement()(mod)
+    assert "still rewriting" not in caplog.text
+    moved = []
+    relay.analysis.post_order_visit(after["main"], lambda e: isinstance(e, relay.Call) and isinstance(
+        e.op, tvm.ir.Op) and e.op.name in ("reshape", "transpose") and moved.append(e.args[0].checked_type.dtype))
+    assert moved == ["uint8"] * (MAX_ROUNDS + 4)
+    assert_unchanged(WidenAfterMovement(), after)
+    data = {"n": rng.integers(0, 256, (1, 4, 6)).astype("uint8")}
+    assert_same_outputs(tvm_ext.build(mod), tvm_ext.build(after), data, rtol=0, atol=0)
+
+
 def test_runs_in_sequential():
     mod, _ = _head()
     seq = tvm.transform.Sequential([WidenAfterMovement(), relay.transform.InferType()])
