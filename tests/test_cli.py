@@ -44,6 +44,18 @@ def test_report_json(tmp_path, capsys):
     assert "contrib_conv2d_NCHWc" in " ".join(op for k in out["kernels"] for op in k["ops"])
 
 
+@pytest.mark.parametrize("target", [None, "llvm -mcpu=znver4", "llvm -mcpu=znver3"])
+def test_report_builds_for_the_target_tvm_ext_build_uses(tmp_path, capsys, target):
+    """report (and explain, tune) resolve --target as tvm_ext.build does: the report shows the build
+    that `compile` and `bench` make (AVX-512 VNNI kept where tvm_ext.x86_int8 builds it), not a
+    VNNI-masked one. Compiles only: nothing built for a foreign CPU runs here."""
+    from tvm_ext.target import build_target
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    assert main(["report", str(model), "--json", *(["--target", target] if target else [])]) == 0
+    assert json.loads(capsys.readouterr().out)["target"] == str(build_target(target))
+
+
 def test_report_table(tmp_path, capsys):
     model = tiny_onnx(tmp_path / "tiny.onnx")
     assert main(["report", str(model), "--opt-level", "2"]) == 0
