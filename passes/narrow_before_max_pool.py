@@ -57,7 +57,8 @@ Left alone, with a logged reason (both rules' reasons): no 8-bit point in the ch
 outside the table (a negative scale, a stop_fusion barrier, ...), a constant that varies along a
 pooled axis, a link or 8-bit clip in front of the pool with other users, a pool input with other users (its wide tensor would cross anyway), an output layout different
 from the input layout, a window without a real element, dynamic shapes. Idempotent (the pool's
-output is then 8-bit: no chain to move). Functions with ``If``/``Let``/``Match``/references/
+output is then 8-bit: no chain to move; sweeps repeat until nothing moves, so a chain crosses
+a sequence of pools in one run). Functions with ``If``/``Let``/``Match``/references/
 closures are skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
 Run at stage ``before_fuse`` (after relay.build's prefix has folded batch norms into constants).
 """
@@ -79,15 +80,18 @@ from ._util import (
     pass_logger,
     rebuild,
     static_tensor_type,
+    until_unchanged,
     with_body,
 )
 
-__all__ = ["NarrowBeforeMaxPool", "MAX_POOLS"]
+__all__ = ["NarrowBeforeMaxPool", "MAX_POOLS", "MAX_ROUNDS"]
 
 PASS_NAME = "NarrowBeforeMaxPool"
 _log = pass_logger(PASS_NAME)
 
 MAX_POOLS = ("nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "nn.global_max_pool2d")
+#: Sweeps at least allowed (:func:`_run`).
+MAX_ROUNDS = 8
 _ANY_DTYPE_UNARY = ("nn.relu", "clip", "round", "floor", "ceil", "trunc", "tvm_ext.round_half_to_even")
 _FLOAT_BINARY = ("add", "subtract", "multiply", "divide")
 
@@ -325,7 +329,7 @@ def _rewrite_widening(pool, users, axes, ranges):
     return n, copy_chain(links, pooled)  # g on the pooled value (n occurs in it: no rebuild)
 
 
-def _run(func):
+def _sweep(func):
     from tvm import relay
 
     nodes = dataflow_nodes(func, PASS_NAME)
@@ -359,6 +363,22 @@ def _run(func):
             continue
         _log.debug("%s not rewritten: %s; %s", op_name(node), out, widening)
     return with_body(func, rebuild(func.body, subst))
+
+
+def _run(func):
+    """Sweeps until none rewrites: a chain moved in front of a pool may meet the next pool in front
+    of that one (``f(pool(pool(x)))``, fuzz seed 3301). Each pool is crossed by a chain at most once
+    per rule, so ``2 * pools + 1`` sweeps bound it (:data:`MAX_ROUNDS` at least)."""
+    from tvm import relay
+
+    pools = [0]
+    relay.analysis.post_order_visit(
+        func.body, lambda e: isinstance(e, relay.Call) and op_name(e) in MAX_POOLS and pools.__setitem__(0, pools[0] + 1))
+    rounds = max(MAX_ROUNDS, 2 * pools[0] + 1)
+    func, done = until_unchanged(func, _sweep, _log, rounds)
+    if not done:
+        _log.warning("still rewriting after %d rounds: stopped", rounds)
+    return func
 
 
 @register_pass(PASS_NAME)

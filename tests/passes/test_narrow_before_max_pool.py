@@ -56,6 +56,18 @@ def test_structure_and_idempotence():
     assert_unchanged(NarrowBeforeMaxPool(), after)
 
 
+def test_chain_moves_in_front_of_nested_pools_at_once():
+    """f(pool(pool(x))) -> pool(pool(f(x))) in one run (fuzz seed 3301: one pool per run before)."""
+    def graph(moved):
+        s = _stem(_x())
+        if moved:
+            return infer(relay.cast(_pool(_pool(_quantize(_bn_relu(s)))), "int32"))
+        return infer(relay.cast(_quantize(_bn_relu(_pool(_pool(s)))), "int32"))
+
+    after = check(NarrowBeforeMaxPool(), graph(False), graph(True))
+    assert_unchanged(NarrowBeforeMaxPool(), after)
+
+
 def test_kernels_crossing_and_outputs():
     """Same kernels; the conv kernel writes int8 (16x16x8 B) instead of float32 (16x16x8x4 B)."""
     fb = tvm_ext.build(before())
