@@ -399,3 +399,65 @@ def test_shared_dequantize_idempotent_and_no_match():
     qconv = relay.qnn.op.conv2d(x, relay.const(W), relay.const(0), relay.const(0), relay.const(0.1),
                                 relay.const(0.02), kernel_size=(1, 1), channels=16)
     assert_unchanged(QDQToInteger(shared_dequantize=True), infer(qconv))
+
+
+# -- products of two computed tensors (attention) stay float ---------------------------------------
+def attention_block(weight_const=False):
+    """q, k (uint8, zero point 128) -> dq -> batch_matmul(q, k^T) -> q: an attention score as in
+    PP-OCRv4 rec (SVTR). With ``weight_const`` the right operand is a dequantized constant instead."""
+    zp = relay.const(128, "int32")
+    q = relay.var("q", shape=(2, 8, 16), dtype="uint8")
+    if weight_const:
+        k = relay.const(np.random.default_rng(1).integers(-20, 20, (2, 8, 16)).astype("int8"))
+        kd = _dq(k, relay.const(0.02), relay.const(0, "int32"))
+        params = [q]
+    else:
+        k = relay.var("k", shape=(2, 8, 16), dtype="uint8")
+        kd = _dq(k, S, zp)
+        params = [q, k]
+    if not weight_const:  # as the ONNX importer writes q @ k^T: the heads reshaped, k transposed
+        kd = relay.transpose(relay.reshape(kd, (2, 16, 8)), (0, 2, 1))
+    out = _q(relay.nn.batch_matmul(_dq(q, S, zp), kd), relay.const(0.1), zp)
+    return infer(relay.Function(params, out))
+
+
+def test_product_of_two_activations_stays_float():
+    """Plain FQ2I makes qnn.batch_matmul, whose zero points cost two `sum` kernels and int32
+    crossings; ours leaves the region as stock TVM has it (unchanged) and builds no more kernels."""
+    mod = attention_block()
+    plain = relay.transform.FakeQuantizationToInteger()(mod)
+    assert "qnn.batch_matmul" in plain.astext()
+    # a QDQ graph needs a float conv/dense reading a dequantize to be converted at all: add one
+    before = _with_qdq_conv(mod)
+    out = QDQToInteger()(before)
+    assert "qnn.conv2d" in out.astext()  # the conv converted, the product did not:
+    tvm.ir.assert_structural_equal(out["main"].body.fields[0], before["main"].body.fields[0], map_free_vars=True)
+    n_stock = tvm_ext.build(mod).kernel_report
+    n_plain = tvm_ext.build(plain).kernel_report
+    assert "sum" in n_plain.anchor_counts() and n_plain.num_kernels > n_stock.num_kernels
+    assert tvm_ext.build(out).kernel_report.num_kernels <= tvm_ext.build(before).kernel_report.num_kernels
+
+
+def test_product_with_a_constant_operand_still_converts():
+    out = QDQToInteger()(_with_qdq_conv(attention_block(weight_const=True)))
+    assert "qnn.batch_matmul" in out.astext()
+
+
+def test_attention_numerics_bit_exact_and_idempotent():
+    mod = _with_qdq_conv(attention_block())
+    out = QDQToInteger()(mod)
+    rng = np.random.default_rng(5)
+    x = {v.name_hint: rng.integers(0, 256, [int(d) for d in v.type_annotation.shape]).astype("uint8")
+         for v in mod["main"].params}
+    for got, want in zip(run_module(out, x), run_module(mod, x)):
+        np.testing.assert_array_equal(got, want)
+    assert_unchanged(QDQToInteger(), out)
+
+
+def _with_qdq_conv(mod):
+    """``mod``'s outputs plus a QDQ conv of a new input (so ``is_qdq_graph`` holds)."""
+    main = mod["main"]
+    a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+    w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
+    conv = _q(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1))
+    return infer(relay.Function([*main.params, a], relay.Tuple([main.body, conv])))
