@@ -30,17 +30,22 @@ excite convs of SE blocks, PP-OCRv4 det's 42-channel convs). x86 pads an int8 co
 channels to a multiple of 16 and slices them back; the reader pads them again to 4: a
 ``layout_transform strided_slice nn.pad layout_transform`` kernel between the two convs::
 
-    # qnn.conv2d(requantize(bias_add(qnn.conv2d(x, W), b)), V)    C % 4 != 0
+    # qnn.conv2d(requantize(bias_add(qnn.conv2d(x, W), b)), V)    C % 4 != 0, or x86 pads C
+    #                                                              (C % 16 != 0 and no narrower
+    #                                                              output block divides it)
     #   -> qnn.conv2d(requantize'(bias_add(qnn.conv2d'(x, [W; zp_w]), [b; 0])), [V | 0])
     #      C' = C rounded up to 16; per-channel weight scales / zero points and requantize input
     #      scales padded with 1 / 0; the new accumulators are 0 and requantize to the output zero
     #      point, the readers' input zero point (or the readers' weight zero point is 0): exact
 
+Where 4 divides ``C`` but x86 pads the output all the same (60 channels: PP-OCRv4 rec's SVTR
+mixer convs), the reader pads nothing and the kernel between them is ``layout_transform
+strided_slice layout_transform``; the rule removes it the same way.
 The readers then compute on ``C'`` instead of ``4 * ceil(C / 4)`` input channels; the rule applies
 only while that extra work stays below :data:`MAX_EXTRA_MACS` (an SE block's 1x1 tensors always).
 
 Left alone, with the reason logged at DEBUG on ``tvm_ext.passes.PadChannelsAtProducer``: channel
-counts already a multiple of 4; a quantized value with any reader that is not the data of a
+counts already a multiple of 4 (int8 producers: that x86 does not pad either); a quantized value with any reader that is not the data of a
 ``groups=1`` NCHW/OIHW ``qnn.conv2d`` with a constant weight (a slice for the others would cost
 the kernel saved); per-channel quantize parameters; chain values with more than one reader; ops
 not in the chain table or with a constant that is not scalar / per-channel; producers that are
@@ -317,8 +322,9 @@ def _match_int8(r, users):
     if len(shape) != 4 or str(r.checked_type.dtype) not in ("uint8", "int8"):
         return Reject(f"requantize to {r.checked_type.dtype} of rank {len(shape)}")
     channels = shape[1]
-    if channels % MULTIPLE == 0:
-        return Reject(f"{channels} channels: already a multiple of {MULTIPLE}")
+    new = _int8_written(channels)
+    if channels % MULTIPLE == 0 and new == channels:
+        return Reject(f"{channels} channels: already a multiple of {MULTIPLE}, and x86 writes them unpadded")
     if int(r.attrs.axis) != 1 or _scalar(r.args[2]) != 0 or _scalar(r.args[3]) is None or _scalar(r.args[4]) is None:
         return Reject("requantize is not per channel 1 with input zero point 0 and scalar output parameters")
     readers = _int8_readers(r, users)
@@ -351,6 +357,16 @@ def _match_int8(r, users):
     if not isinstance(node.args[1], relay.Constant) or not all(isinstance(a, relay.Constant) for a in node.args[2:6]):
         return Reject("producer qnn.conv2d has non-constant weight or quantization parameters")
     return readers, bias, node
+
+
+def _int8_written(channels: int) -> int:
+    """Channels x86 writes for an int8 conv with ``channels`` outputs on the current target
+    (:func:`tvm_ext.x86_int8.int8_out_channels`: padded to 16 unless a policy block divides them)."""
+    import tvm
+
+    from tvm_ext.x86_int8 import int8_out_channels
+
+    return int8_out_channels(channels, tvm.target.Target.current(allow_none=True))
 
 
 def _rewrite_int8(r, readers, bias, conv):

@@ -674,6 +674,18 @@ def int8_block(channels: int, target=None):
     return next((b for b in blocks if channels % b == 0), None)
 
 
+def int8_out_channels(channels: int, target=None) -> int:
+    """The output channels x86's int8 legalization gives an int8 conv with ``channels`` outputs:
+    ``channels`` where 16 or (with ``target``) the policy's narrower output block divides it
+    (fix 6), else ``channels`` padded to a multiple of 16, sliced back after the conv."""
+    if channels % INT8_CONV_BLOCK == 0:
+        return channels
+    blocks = policy(target).int8_out_blocks if target is not None else KernelPolicy.int8_out_blocks
+    if any(channels % b == 0 for b in blocks):
+        return channels
+    return -(-channels // INT8_CONV_BLOCK) * INT8_CONV_BLOCK
+
+
 def _current_target():
     import tvm
 

@@ -247,3 +247,55 @@ def test_per_channel_dequantized_weight_bit_exact():
     after = PadChannelsAtProducer()(before)
     assert "channels=8" in after.astext(show_meta_data=False)
     assert_same_outputs(before, after, random_inputs(before, seed=3))
+
+
+# -- int8 producers whose channel count 4 divides but x86 pads all the same (PP-OCRv4 rec: 60) -----
+def wide_pair(c=12, n=None, spatial=2, out_zp=7):
+    """int8 conv 16 -> c (per-tensor) -> requantize -> int8 conv c -> 16; ``n``: the padded form."""
+    n = n or c
+    rng = np.random.default_rng(12)
+    w1, w2 = rng.integers(-40, 40, (c, 16, 1, 1)).astype("int8"), rng.integers(-40, 40, (16, c, 3, 3)).astype("int8")
+    b = rng.integers(-500, 500, c).astype("int32")
+    x = relay.var("x", shape=(1, 16, spatial, spatial), dtype="uint8")
+    a = relay.qnn.op.conv2d(x, _const(_pad(w1, 0, n)), _const(3), _const(0), _const(np.float32(0.02)),
+                            _const(np.full(n, 0.01, "float32")) if n != c else _const(np.float32(0.01)),
+                            kernel_size=(1, 1), channels=n, out_dtype="int32")
+    a = relay.nn.bias_add(a, _const(_pad(b, 0, n)))
+    r = relay.qnn.op.requantize(a, _const(np.full(n, 0.0002, "float32")) if n != c else _const(np.float32(0.0002)),
+                                _const(0), _const(np.float32(0.05)), _const(out_zp), axis=1, out_dtype="uint8")
+    y = relay.qnn.op.conv2d(r, _const(_pad(w2, 1, n)), _const(out_zp), _const(0), _const(np.float32(0.05)),
+                            _const(np.float32(0.01)), kernel_size=(3, 3), padding=(1, 1), channels=16,
+                            out_dtype="int32")
+    return infer(relay.Function([x], y))
+
+
+def test_x86_padded_multiple_of_4_structure_idempotent_bit_exact():
+    """12 channels (4 divides them; no policy block does): written as 16 by the producer."""
+    with tvm.target.Target("llvm -mcpu=znver3"):
+        after = PadChannelsAtProducer()(wide_pair())
+    assert "channels=16" in after.astext(show_meta_data=False).split("qnn.requantize")[0]
+    with tvm.target.Target("llvm -mcpu=znver3"):
+        assert_unchanged(PadChannelsAtProducer(), after)
+    with tvm.transform.PassContext(opt_level=3):
+        built = [relay.build(m, target="llvm") for m in (wide_pair(), after)]
+    for seed in (1, 2):
+        assert_same_outputs(*built, random_inputs(wide_pair(), seed=seed))
+
+
+@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
+def test_x86_padded_multiple_of_4_one_kernel_fewer(target):
+    """The slice kernel between the two convs goes (compiled for each CPU class, not run here)."""
+    pipe = tvm_ext.pipelines.int8()
+    base = tvm_ext.build(wide_pair(), target=target, passes=pipe, disabled_pass=["PadChannelsAtProducer"])
+    new = tvm_ext.build(wide_pair(), target=target, passes=pipe)
+    assert new.kernel_report.num_kernels == base.kernel_report.num_kernels - 1, (
+        base.kernel_report.table(), new.kernel_report.table())
+
+
+def test_channels_an_output_block_divides_unchanged(caplog):
+    """24 channels: 8 divides them, the AVX2 policy's output block: x86 writes 24, nothing to pad.
+    TVM's own rule (no target) pads 24 to 32, so there the rule applies."""
+    with tvm.target.Target("llvm -mcpu=znver3"), caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(PadChannelsAtProducer(), wide_pair(c=24))
+    assert "x86 writes them unpadded" in caplog.text
+    assert "channels=32" in PadChannelsAtProducer()(wide_pair(c=24)).astext(show_meta_data=False)
