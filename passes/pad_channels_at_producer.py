@@ -61,7 +61,18 @@ import numpy as np
 
 from tvm_ext.registry import register_pass
 
-from ._util import Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
+from ._util import (
+    Check,
+    Reject,
+    consumers,
+    dataflow_nodes,
+    function_pass,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    with_body,
+)
 
 __all__ = ["PadChannelsAtProducer", "MULTIPLE"]
 
@@ -224,6 +235,9 @@ def _match(q, users):
     for p in q.args[1:3]:
         if not isinstance(p, relay.Constant) or p.data.numpy().size != 1:
             return Reject("quantize scale / zero point not scalar constants")
+    static = static_tensor_type(q)
+    if not static:
+        return static
     shape = _shape(q)
     if len(shape) != 4:
         return Reject(f"quantized value of rank {len(shape)}")
@@ -318,6 +332,9 @@ def _match_int8(r, users):
     """(readers, bias_add or None, conv) for an int8 producer ``r = requantize([bias_add](qnn.conv2d))``, or a Reject."""
     from tvm import relay
 
+    static = static_tensor_type(r)
+    if not static:
+        return static
     shape = _shape(r)
     if len(shape) != 4 or str(r.checked_type.dtype) not in ("uint8", "int8"):
         return Reject(f"requantize to {r.checked_type.dtype} of rank {len(shape)}")
@@ -333,6 +350,9 @@ def _match_int8(r, users):
     new = -(-channels // INT8_MULTIPLE) * INT8_MULTIPLE
     extra = 0
     for reader, _ in readers:
+        static = static_tensor_type(reader)
+        if not static:
+            return Reject(f"int8 reader: {static}")
         oshape = _shape(reader)
         kh, kw = (int(d) for d in reader.args[1].checked_type.shape[2:4])
         extra += (new - -(-channels // MULTIPLE) * MULTIPLE) * oshape[1] * oshape[2] * oshape[3] * kh * kw

@@ -153,6 +153,14 @@ def test_unchanged_on_no_match(make, reason, caplog):
     assert reason in caplog.text
 
 
+def test_dynamic_shapes_skipped_with_reason(caplog):
+    """A dynamic batch (fuzz seed 3301: int() of a symbolic dimension raised TypeError): left alone."""
+    x = relay.var("x", shape=(relay.Any(), IC, 7, 7), dtype="float32")
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(PadChannelsAtProducer(), infer(relay.Function([x], qconv(producer(x), V))))
+    assert "dynamic shape" in caplog.text
+
+
 def test_skipped_for_non_x86_target(caplog):
     """The padding is x86's: under another target (only named, nothing is compiled) no change."""
     with caplog.at_level(logging.DEBUG, logger=LOGGER), tvm.target.Target("cuda"):
