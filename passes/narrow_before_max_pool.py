@@ -371,10 +371,14 @@ def _run(func):
     per rule, so ``2 * pools + 1`` sweeps bound it (:data:`MAX_ROUNDS` at least)."""
     from tvm import relay
 
-    pools = [0]
-    relay.analysis.post_order_visit(
-        func.body, lambda e: isinstance(e, relay.Call) and op_name(e) in MAX_POOLS and pools.__setitem__(0, pools[0] + 1))
-    rounds = max(MAX_ROUNDS, 2 * pools[0] + 1)
+    pools = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and op_name(node) in MAX_POOLS:
+            pools.append(node)
+
+    relay.analysis.post_order_visit(func.body, visit)
+    rounds = max(MAX_ROUNDS, 2 * len(pools) + 1)
     func, done = until_unchanged(func, _sweep, _log, rounds)
     if not done:
         _log.warning("still rewriting after %d rounds: stopped", rounds)
