@@ -127,6 +127,12 @@ def test_no_passes_equals_relay_build(model, at):
         np.testing.assert_array_equal(a, b)
 
 
+def test_passes_none_is_no_passes():
+    mod, params, _ = small_cnn()
+    a, b = tvm_ext.build(mod, TARGET, params, passes=None), tvm_ext.build(mod, TARGET, params)
+    assert [k.ops for k in a.kernel_report.kernels] == [k.ops for k in b.kernel_report.kernels]
+
+
 def test_caller_module_not_mutated():
     qmod, params, _ = small_int8()
     text = qmod.astext()

@@ -118,7 +118,10 @@ def _as_module(mod):
 
 
 def _stage_passes(passes, at) -> dict:
-    """``passes`` as {stage: [Pass, ...]}: a sequence runs at ``at``; a mapping names its stages."""
+    """``passes`` as {stage: [Pass, ...]}: a sequence runs at ``at``; a mapping names its stages;
+    None is no passes (as ``()``)."""
+    if passes is None:
+        passes = ()
     if isinstance(passes, Mapping):
         unknown = sorted(set(passes) - set(AT_CHOICES))
         if unknown:
