@@ -14,8 +14,9 @@ four times the 8-bit bytes.
 
 Rule::
 
-    # v = w_k(...w_1(n)...), readers r_1(v), ..., r_m(v)  (m >= 2; each r_i elementwise/broadcast
-    #                                                      or a pool FuseWideningIntoPool takes)
+    # v = w_k(...w_1(n)...), readers r_1(v), ..., r_m(v)  (m >= 2; each r_i elementwise/broadcast,
+    #                                                      a reduction, or a pool FuseWideningIntoPool
+    #                                                      takes)
     #   -> c = n (8-bit typed) or cast(n, u8|i8) (clip);  r_i(w_k(...w_1(widen(c))...)), a copy each
     #      widen(c) = c, or cast(c, dtype(n)) for the clip form
 
@@ -29,10 +30,14 @@ own)::
     #   -> c = cast(v, u8);  cast(v, u8) -> c,  r_i(cast(c, dtype(v)))
 
 The producer's kernel then ends at ``c`` and writes 8 bits; each copy of the chain is elementwise
-and fuses into its reader's kernel (an elementwise/broadcast reader), or is taken into the pool's
+and fuses into its reader's kernel (an elementwise/broadcast reader, or a reduction such as a
+LayerNorm's ``mean`` next to its ``subtract``: FuseOps fuses an elementwise producer into a
+reduction that post-dominates it), or is taken into the pool's
 kernel by :mod:`~tvm_ext.passes.fuse_widening_into_pool`, which runs next. No kernel is added (the
 chain is recomputed per reader: a few elementwise operations per element). Exact: the same
 operations on the same values; ``clip`` to 8-bit bounds makes ``cast(cast(n, u8), dtype(n)) == n``.
+(A float chain recomputed inside a reduction's loop may be contracted by LLVM into a fused
+multiply-add with the reduction's own arithmetic: the last bit of a float result can differ.)
 
 *Nested widenings* (PP-OCRv4 det QOperator's RSE blocks under ``pipelines.int8()``): the chain's
 first step ``cast(n, i32) - zp`` is read by the float dequantize (``cast f32 -> multiply``, read by
@@ -42,7 +47,7 @@ re-inferred; at most ``_MAX_ROUNDS`` sweeps, a clear error beyond) until nothing
 sweep left those eight dequantizes (4.1 MB float32 per inference) crossing kernels.
 
 Left alone, with a logged reason: values without such a chain, chains whose intermediate values
-have other readers, readers that are neither elementwise/broadcast nor such a pool (a conv would
+have other readers, readers that are neither elementwise/broadcast, a reduction nor such a pool (a conv would
 get the widening as an unfusable producer: a kernel more), the function's result, dynamic shapes.
 Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage ``before_fuse``, before
@@ -72,6 +77,10 @@ __all__ = ["WidenInEachReader"]
 PASS_NAME = "WidenInEachReader"
 _log = pass_logger(PASS_NAME)
 _K_BROADCAST = 1
+#: a reduction (``mean``, ``sum``, ``max``, ...) takes an elementwise producer into its kernel
+#: (``graph_partitioner.cc``: an elementwise node fuses into a post-dominator that is injective or
+#: a reduction)
+_K_COMM_REDUCE = 3
 _MAX_CHAIN = 64
 #: sweeps before giving up: a rewrite can free a chain for the next sweep (module note)
 _MAX_ROUNDS = 8
@@ -122,13 +131,15 @@ def _match(v, users, body):
 
 
 def _bad_reader(readers):
-    """A Reject naming the first reader that is neither elementwise/broadcast nor a pool, else None."""
+    """A Reject naming the first reader that is neither elementwise/broadcast, a reduction nor a
+    pool, else None."""
     from tvm import relay
 
     for r, _ in readers:
         name = op_name(r) if isinstance(r, relay.Call) else None
-        if name is None or not (_pattern(r) <= _K_BROADCAST or name in POOLS):
-            return Reject(f"reader {name or type(r).__name__} is neither elementwise/broadcast nor a pool")
+        if name is None or not (_pattern(r) <= _K_BROADCAST or _pattern(r) == _K_COMM_REDUCE or name in POOLS):
+            return Reject(f"reader {name or type(r).__name__} is neither elementwise/broadcast, a reduction "
+                          f"nor a pool")
     return None
 
 

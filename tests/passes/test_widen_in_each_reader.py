@@ -92,6 +92,36 @@ def test_build_clip_read_twice_crosses_as_uint8_bit_exact():
     assert_same_outputs(base, new, inputs)
 
 
+def layer_norm_of_dequantized():
+    """A QDQ transformer's LayerNorm input: n (uint8, a conv's output) -> dequantize = v, read by
+    mean(v) and v - mean(v) (ONNX LayerNormalization decomposed: ReduceMean, Sub, ...)."""
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="float32")
+    w = relay.const(RNG.standard_normal((16, 8, 1, 1)).astype("float32"))
+    q = relay.cast(relay.clip(relay.round(relay.nn.conv2d(x, w, kernel_size=(1, 1), channels=16)), 0.0, 255.0),
+                   "uint8")
+    v = relay.multiply(relay.subtract(relay.cast(q, "float32"), relay.const(3.0)), relay.const(0.05))
+    centred = relay.subtract(v, relay.mean(v, axis=[1], keepdims=True))
+    return infer(relay.divide(centred, relay.sqrt(relay.add(relay.mean(relay.multiply(centred, centred), axis=[1],
+                                                                       keepdims=True), relay.const(1e-5)))))
+
+
+def test_reduction_reader_widens_in_its_kernel_bit_exact():
+    """The conv kernel wrote v as float32 (its post-dominator lies past mean and subtract); each
+    reader now widens n itself, mean included (an elementwise producer fuses into a reduction)."""
+    mod = layer_norm_of_dequantized()
+    base, new = tvm_ext.build(mod), tvm_ext.build(mod, passes={"before_fuse": [WidenInEachReader()]})
+    rb, rn = base.kernel_report, new.kernel_report
+    assert rn.num_kernels <= rb.num_kernels
+    assert "float32" in rb.crossing.nbytes and rn.crossing.nbytes.get("float32", 0) < rb.crossing.nbytes["float32"]
+    assert "uint8" in rn.crossing.nbytes, rn.table()
+    inputs = {"x": RNG.standard_normal((1, 8, 6, 6)).astype("float32") * 40}
+    # float: the widening recomputed inside the reduction's loop may be contracted into a fused
+    # multiply-add by LLVM, so the last bit can differ (module note)
+    assert_same_outputs(base, new, inputs, rtol=1e-6, atol=1e-6)
+    after = WidenInEachReader()(mod)
+    assert_unchanged(WidenInEachReader(), after)
+
+
 def qnn_se_block():
     """QOperator-style squeeze-and-excitation after an integer conv::
 
@@ -126,7 +156,7 @@ def test_build_conv_writes_uint8_bit_exact(caplog):
 
 # -- no match: unchanged, with the reason logged ----------------------------------------------
 @pytest.mark.parametrize("case,reason", [
-    ("conv_reader", "reader nn.conv2d is neither elementwise/broadcast nor a pool"),
+    ("conv_reader", "reader nn.conv2d is neither elementwise/broadcast, a reduction nor a pool"),
     ("no_narrow", "no 8-bit point on its private elementwise chain"),
     ("shared_middle", "an intermediate value of the chain has other readers"),
 ])
