@@ -33,6 +33,7 @@ __all__ = [
     "unsupported_construct",
     "is_primitive",
     "post_order",
+    "count_calls",
     "consumers",
     "rebuild",
     "with_body",
@@ -113,6 +114,20 @@ def _children(node) -> list:
     if isinstance(node, relay.TupleGetItem):
         return [node.tuple_value]
     return []  # Var, Constant, Op, GlobalVar, nested (primitive) Function: leaves
+
+
+def count_calls(expr, names) -> int:
+    """Calls of the ops ``names`` anywhere in ``expr`` (any construct; a bound for sweep counts)."""
+    from tvm import relay
+
+    found = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and op_name(node) in names:
+            found.append(node)
+
+    relay.analysis.post_order_visit(expr, visit)
+    return len(found)
 
 
 def post_order(expr, resolve=None) -> list:

@@ -74,6 +74,7 @@ from .widen_in_each_reader import _copy as copy_chain
 from ._util import (
     Reject,
     consumers,
+    count_calls,
     dataflow_nodes,
     function_pass,
     op_name,
@@ -369,16 +370,7 @@ def _run(func):
     """Sweeps until none rewrites: a chain moved in front of a pool may meet the next pool in front
     of that one (``f(pool(pool(x)))``, fuzz seed 3301). Each pool is crossed by a chain at most once
     per rule, so ``2 * pools + 1`` sweeps bound it (:data:`MAX_ROUNDS` at least)."""
-    from tvm import relay
-
-    pools = []
-
-    def visit(node):
-        if isinstance(node, relay.Call) and op_name(node) in MAX_POOLS:
-            pools.append(node)
-
-    relay.analysis.post_order_visit(func.body, visit)
-    rounds = max(MAX_ROUNDS, 2 * len(pools) + 1)
+    rounds = max(MAX_ROUNDS, 2 * count_calls(func.body, MAX_POOLS) + 1)
     func, done = until_unchanged(func, _sweep, _log, rounds)
     if not done:
         _log.warning("still rewriting after %d rounds: stopped", rounds)

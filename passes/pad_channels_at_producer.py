@@ -347,7 +347,6 @@ def _match_int8(r, users):
     readers = _int8_readers(r, users)
     if isinstance(readers, Reject):
         return readers
-    new = -(-channels // INT8_MULTIPLE) * INT8_MULTIPLE
     extra = 0
     for reader, _ in readers:
         static = static_tensor_type(reader)

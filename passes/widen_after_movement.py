@@ -56,6 +56,7 @@ from tvm_ext.registry import register_pass
 from ._util import (
     Reject,
     consumers,
+    count_calls,
     dataflow_nodes,
     function_pass,
     op_name,
@@ -340,23 +341,10 @@ def _sweep(func):
     return with_body(func, rebuild(func.body, subst))
 
 
-def _movements(func) -> int:
-    from tvm import relay
-
-    count = [0]
-
-    def visit(node):
-        if isinstance(node, relay.Call) and op_name(node) in (*MOVEMENT, "concatenate", "split"):
-            count[0] += 1
-
-    relay.analysis.post_order_visit(func.body, visit)
-    return count[0]
-
-
 def _run(func):
     """Sweeps of :func:`_sweep` until none rewrites (at most one per movement call, or
     :data:`MAX_ROUNDS` if more; the bound is a guard: see MAX_ROUNDS)."""
-    rounds = max(MAX_ROUNDS, _movements(func) + 1)
+    rounds = max(MAX_ROUNDS, count_calls(func.body, (*MOVEMENT, "concatenate", "split")) + 1)
     func, done = until_unchanged(func, _sweep, _log, rounds)
     if not done:
         _log.warning("still rewriting after %d rounds: the widening stops here", rounds)
