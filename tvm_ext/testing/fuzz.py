@@ -793,6 +793,29 @@ def _is_float_graph(mod) -> bool:
     return bool(found)
 
 
+def _output_steps(mod) -> list:
+    """Per graph output (tuples flattened as the graph executor returns them): the quantization step
+    of a float output that is a ``qnn.dequantize`` with a constant scalar scale, else None.
+
+    A dequantized output holds 8-bit levels: one level of difference (which the oracle allows
+    ``QDQToInteger`` for integer outputs) shows there as one step of the scale.
+    """
+    from tvm import relay
+
+    from ..passes._util import constant_scalar, op_name
+
+    def leaves(expr):
+        if isinstance(expr, relay.Tuple):
+            return [leaf for f in expr.fields for leaf in leaves(f)]
+        return [expr]
+
+    steps = []
+    for out in leaves(mod["main"].body):
+        scale = constant_scalar(out.args[1]) if isinstance(out, relay.Call) and op_name(out) == "qnn.dequantize" else None
+        steps.append(abs(float(scale)) if scale is not None else None)
+    return steps
+
+
 def _well_formed(mod) -> str | None:
     """None, or what is wrong with ``mod`` (type errors, malformed functions, free vars)."""
     import tvm
@@ -873,11 +896,16 @@ def _inputs(mod) -> list:
     return [random_inputs(mod, seed=s) for s in range(NUM_INPUTS)]
 
 
-def compare_outputs(ref, got, float_graph: bool, int_steps: int = 0) -> str | None:
-    """None when ``got`` matches ``ref`` under the oracle's tolerance, else what differs."""
+def compare_outputs(ref, got, float_graph: bool, int_steps: int = 0, output_steps=None) -> str | None:
+    """None when ``got`` matches ``ref`` under the oracle's tolerance, else what differs.
+
+    ``output_steps`` (:func:`_output_steps`): for a dequantized float output, ``int_steps`` levels
+    of its scale are allowed as well.
+    """
     for n, (ra, ga) in enumerate(zip(ref, got)):
         if len(ra) != len(ga):
             return f"input {n}: {len(ra)} outputs vs {len(ga)}"
+        steps = output_steps if output_steps is not None and len(output_steps) == len(ra) else [None] * len(ra)
         for i, (r, g) in enumerate(zip(ra, ga)):
             if r.dtype != g.dtype or r.shape != g.shape:
                 return f"input {n} output {i}: {r.dtype}{r.shape} vs {g.dtype}{g.shape}"
@@ -895,6 +923,8 @@ def compare_outputs(ref, got, float_graph: bool, int_steps: int = 0) -> str | No
                 scale = max(1.0, float(np.abs(r[finite]).max(initial=0)))
                 err = np.abs(r[finite] - g[finite])
                 tol = FLOAT_ATOL * scale + FLOAT_RTOL * np.abs(r[finite])
+                if int_steps and steps[i] is not None:  # a dequantized output: int_steps levels
+                    tol = tol + int_steps * steps[i] * (1 + FLOAT_RTOL)
                 if (err > tol).any():
                     return f"input {n} output {i} (float): max abs diff {float(err.max()):.3g} (scale {scale:.3g})"
     return None
@@ -931,6 +961,7 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
     control = variant in ("if", "let", "closure", "control")
     runnable = numeric and variant == "static"
     float_graph = _is_float_graph(mod)
+    out_steps = _output_steps(mod)
     tgt, masked = _host_targets()
     cache: dict = {}
     built: dict = {}  # (stage, structural hash) -> [(module, outputs)]
@@ -982,7 +1013,7 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
             res.failures.append(Failure(subject, stage, "build_error", _short(err)))
             return
         res.compared += 1
-        why = compare_outputs(ref, got, float_graph, steps)
+        why = compare_outputs(ref, got, float_graph, steps, out_steps)
         if why:
             res.failures.append(Failure(subject, stage, "mismatch", why))
 
