@@ -259,6 +259,30 @@ def run_engine(engine: str, model_path: str, xs_path: str, out_path: str, config
     return info
 
 
+def _drop_per_tensor_axis(model) -> int:
+    """ORT's optimizer writes an ``axis`` attribute on per-tensor (De)QuantizeLinear nodes even in an
+    opset < 13 model, which ORT then refuses to load ("Unrecognized attribute: axis"; PP-OCRv4 det
+    QDQ S8S8). With a one-element scale the attribute means nothing: drop it. Returns how many."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset >= 13:
+        return 0
+    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    sizes.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t).size for n in model.graph.node
+                  if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    dropped = 0
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.domain in ("", "ai.onnx"):
+            keep = [a for a in node.attribute if a.name != "axis" or sizes.get(node.input[1]) != 1]
+            if len(keep) != len(node.attribute):
+                del node.attribute[:]
+                node.attribute.extend(keep)
+                dropped += 1
+    return dropped
+
+
 def _run_ort_optimized(exposed, out: Path, in_name: str, xs):
     import onnx
     import onnxruntime as ort
@@ -269,6 +293,7 @@ def _run_ort_optimized(exposed, out: Path, in_name: str, xs):
     so.optimized_model_filepath = str(out / "ort_optimized.onnx")
     ort.InferenceSession(str(out / "plain.onnx"), so, providers=["CPUExecutionProvider"])
     opt = onnx.load(str(out / "ort_optimized.onnx"))
+    _drop_per_tensor_axis(opt)
     produced = {o for n in opt.graph.node for o in n.output}
     have = {o.name for o in opt.graph.output}
     for o in exposed.graph.output:
