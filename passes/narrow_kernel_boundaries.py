@@ -44,7 +44,9 @@ the anchor's kernel ends in front of the first of them, so the cut is made upstr
 
 Left alone, with a logged reason: joins where fewer than two chains start at an anchor (the
 argument that does not is already a kernel boundary: e.g. the identity shortcut, an 8-bit value
-also read by a convolution), chains without a narrow point, dynamic shapes. Run it at stage
+also read by a convolution), joins whose two chains start at the *same* anchor (a diamond, which
+FuseOps fuses into one kernel: a cut would add one; fuzz seed 4401, a max pool read by two
+widening chains after ``WidenInEachReader``), chains without a narrow point, dynamic shapes. Run it at stage
 ``before_fuse`` (after QNN lowering, ``SimplifyExpr`` removes the explicit ``cast(u8)`` of
 ``clip -> cast(u8) -> cast(f32)``, hence the ``clip`` form). Idempotent: after the rewrite the
 chain starts at ``stop_fusion``, not an anchor. Functions with ``If``/``Let``/``Match``/
@@ -264,6 +266,12 @@ def _run(func):
             others = ", ".join(_describe(src) for src, _ in sides)
             _log.debug("%s join: chains start at %s: at most one anchor fuses into it, the other "
                        "input is a kernel boundary already", name, others)
+            continue
+        if anchored[0][0].same_as(anchored[1][0]):
+            # a diamond: FuseOps fuses the anchor, both chains and the join into one kernel (the join
+            # post-dominates the anchor through elementwise paths); a cut would add a kernel
+            _log.debug("%s join: both chains start at the same %s: one kernel already", name,
+                       _describe(anchored[0][0]))
             continue
         for src, nar in anchored:
             if nar is None:

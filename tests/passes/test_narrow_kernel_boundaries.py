@@ -146,6 +146,30 @@ def test_chains_without_narrow_point_unchanged(caplog):
     assert "no 8-bit point" in caplog.text
 
 
+def diamond():
+    """One anchor read by two private widening chains that meet again (a max pool of uint8 values
+    widened twice with different scales and added, as WidenInEachReader leaves a QDQ add of one
+    tensor; fuzz seed 4401)::
+
+        x -> max_pool (u8) -> requant(1.5) -> clip -+-> add -> clip -> cast u8
+                          \-> requant(0.5) --------+
+    """
+    x = _x()
+    pool = relay.nn.max_pool2d(x, pool_size=(2, 2), strides=(2, 2))
+    lhs = _requant(_clip8(_requant(pool, 1.5)), 1.0)
+    rhs = _requant(pool, 0.5)
+    return infer(relay.cast(_clip8(relay.add(lhs, rhs)), "uint8"))
+
+
+def test_diamond_from_one_anchor_unchanged(caplog):
+    """Both chains start at the same anchor: FuseOps fuses the whole diamond into one kernel, and a
+    cut would make it two. Left alone with the reason; one kernel either way."""
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(NarrowKernelBoundaries(), diamond())
+    assert "same" in caplog.text and "one kernel already" in caplog.text
+    assert tvm_ext.build(diamond(), passes=[NarrowKernelBoundaries()]).kernel_report.num_kernels == 1
+
+
 def test_untyped_module_raises():
     x = _x()
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.add(_conv(x, W1), _conv(x, W2))))
