@@ -46,8 +46,8 @@ Left alone, with a logged reason: joins where fewer than two chains start at an 
 argument that does not is already a kernel boundary: e.g. the identity shortcut, an 8-bit value
 also read by a convolution), joins whose two chains start at the *same* anchor (a diamond, which
 FuseOps fuses into one kernel: a cut would add one; fuzz seed 4401, a max pool read by two
-widening chains after ``WidenInEachReader``), chains without a narrow point, dynamic shapes. Run it at stage
-``before_fuse`` (after QNN lowering, ``SimplifyExpr`` removes the explicit ``cast(u8)`` of
+widening chains after ``WidenInEachReader``), chains without a narrow point, dynamic shapes.
+Run it at stage ``before_fuse`` (after QNN lowering, ``SimplifyExpr`` removes the explicit ``cast(u8)`` of
 ``clip -> cast(u8) -> cast(f32)``, hence the ``clip`` form). Idempotent: after the rewrite the
 chain starts at ``stop_fusion``, not an anchor. Functions with ``If``/``Let``/``Match``/
 references/closures are skipped; untyped input raises

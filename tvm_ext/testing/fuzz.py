@@ -811,7 +811,8 @@ def _output_steps(mod) -> list:
 
     steps = []
     for out in leaves(mod["main"].body):
-        scale = constant_scalar(out.args[1]) if isinstance(out, relay.Call) and op_name(out) == "qnn.dequantize" else None
+        dequantized = isinstance(out, relay.Call) and op_name(out) == "qnn.dequantize"
+        scale = constant_scalar(out.args[1]) if dequantized else None
         steps.append(abs(float(scale)) if scale is not None else None)
     return steps
 
