@@ -595,6 +595,64 @@ def test_float_conv_register_tile_only_on_avx2(target, changed, k):
     assert (asm(True) != asm(False)) == changed
 
 
+def _depthwise(dtype, channels, size, k, seed=0):
+    """A depthwise conv as mobile nets have them: 8-bit (QOperator's qnn.conv2d with a requantize)
+    or float (with relu)."""
+    rng = np.random.default_rng(seed)
+    h, w = size
+    x = relay.var("x", shape=(1, channels, h, w), dtype=dtype)
+    if dtype == "uint8":
+        wt = relay.const(rng.integers(-127, 128, (channels, 1, k, k)).astype("int8"))
+        y = relay.qnn.op.conv2d(x, wt, relay.const(3), relay.const(0), relay.const(0.02), relay.const(0.01),
+                                kernel_size=(k, k), channels=channels, groups=channels, padding=(k // 2, k // 2),
+                                out_dtype="int32")
+        y = relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(5),
+                                    out_dtype="uint8")
+    else:
+        wt = relay.const(rng.standard_normal((channels, 1, k, k)).astype("float32"))
+        y = relay.nn.relu(relay.nn.conv2d(x, wt, kernel_size=(k, k), channels=channels, groups=channels,
+                                          padding=(k // 2, k // 2)))
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _depthwise_build(mod, target, fix12, monkeypatch):
+    """relay.build inside kernels(), with or without fix 12 (the depthwise register tile)."""
+    with monkeypatch.context() as mp:
+        if not fix12:
+            mp.setattr(x86_int8, "_depthwise_register_tile", lambda fallback: fallback)
+        with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
+            return relay.build(mod, target=target)
+
+
+_DEPTHWISE_CASES = [("uint8", 88, (3, 96), 5), ("float32", 64, (28, 28), 3), ("uint8", 24, (7, 7), 3)]
+
+
+@pytest.mark.parametrize("case", _DEPTHWISE_CASES, ids=["u8-5x5-wide", "f32-3x3", "u8-prime-width"])
+@pytest.mark.skipif(not runs_on_host("llvm -mcpu=znver3"), reason="host lacks AVX2")
+def test_depthwise_register_tile_is_bit_identical_on_avx2(case, monkeypatch):
+    """Fix 12: untuned depthwise convs on AVX2 take a tile that fits the 16 ymm registers (TVM's
+    fallback: 24 pixels of one vector each for a width of 96); same bits, different code."""
+    dtype, channels, size, k = case
+    mod = _depthwise(dtype, channels, size, k)
+    rng = np.random.default_rng(1)
+    shape = (1, channels, *size)
+    x = rng.integers(0, 256, shape).astype("uint8") if dtype == "uint8" else rng.standard_normal(shape).astype(dtype)
+    libs = [_depthwise_build(mod, "llvm -mcpu=znver3", fix, monkeypatch) for fix in (False, True)]
+    outs = [_run(lib, x) for lib in libs]
+    assert outs[0].tobytes() == outs[1].tobytes() and np.abs(outs[0]).max() > 0
+    if size[1] > 12:  # a wide row: the fallback's tile spilled, fix 12 cut it
+        assert libs[0].get_lib().get_source("asm") != libs[1].get_lib().get_source("asm")
+
+
+@pytest.mark.parametrize("target,changed", [("llvm -mcpu=znver3", True), ("llvm -mcpu=alderlake", True),
+                                            ("llvm -mcpu=znver4", False), ("llvm -mcpu=skylake-avx512", False)])
+def test_depthwise_register_tile_only_on_avx2(target, changed, monkeypatch):
+    """Compiled only: fix 12 changes a depthwise conv's code on AVX2 and leaves AVX-512's alone."""
+    mod = _depthwise("uint8", 88, (3, 96), 5)
+    asm = [_depthwise_build(mod, target, fix, monkeypatch).get_lib().get_source("asm") for fix in (False, True)]
+    assert (asm[0] != asm[1]) == changed
+
+
 def _int8_conv_24(k, size=10, seed=3):
     """uint8 x int8 conv 32 -> 24 channels (x86 pads 24 to 32 and slices, unless the block is 8),
     with a requantize epilogue."""
