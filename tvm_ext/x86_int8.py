@@ -675,6 +675,19 @@ def _depthwise_int8_block(fallback):
     return wrapped
 
 
+def _fallback_tile_budget(cfg):
+    """``(accumulator registers, vector registers per pixel)`` for cutting an untuned conv's tile on
+    the current target (fixes 10 and 12), or None where TVM's tile is kept
+    (:data:`_FLOAT_TILE_ACCUMULATORS`)."""
+    from tvm.target.x86 import get_simd_32bit_lanes
+
+    target = _current_target()
+    budget = _FLOAT_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
+    if budget is None:
+        return None
+    return budget, -(-cfg["tile_oc"].size[-1] // get_simd_32bit_lanes())
+
+
 def _depthwise_register_tile(fallback):
     """``fallback`` (a TVM x86 depthwise default config), then, on classes with a tile budget
     (AVX2: :data:`_FLOAT_TILE_ACCUMULATORS`), ``tile_ow`` cut to the widest tile whose
@@ -687,13 +700,10 @@ def _depthwise_register_tile(fallback):
     @functools.wraps(fallback)
     def wrapped(cfg, wkl):
         fallback(cfg, wkl)
-        target = _current_target()
-        budget = _FLOAT_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
-        if budget is None:
+        tile = _fallback_tile_budget(cfg)
+        if tile is None:
             return None
-        from tvm.target.x86 import get_simd_32bit_lanes
-
-        groups = -(-cfg["tile_oc"].size[-1] // get_simd_32bit_lanes())  # vector registers per pixel
+        budget, groups = tile
         out_w = 1
         for size in cfg["tile_ow"].size:
             out_w *= int(size)
@@ -885,13 +895,10 @@ def _float_conv_register_tile(fallback, one_by_one: bool):
     @functools.wraps(fallback)
     def wrapped(cfg, wkl):
         fallback(cfg, wkl)
-        target = _current_target()
-        budget = _FLOAT_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
-        if budget is None or str(wkl.in_dtype) != "float32":
+        tile = _fallback_tile_budget(cfg) if str(wkl.in_dtype) == "float32" else None
+        if tile is None:
             return None
-        from tvm.target.x86 import get_simd_32bit_lanes
-
-        groups = -(-cfg["tile_oc"].size[-1] // get_simd_32bit_lanes())  # vector registers per pixel
+        budget, groups = tile
         out_h = (wkl.height + wkl.padt + wkl.padb - ((wkl.kernel_h - 1) * wkl.dilation_h + 1)) // wkl.stride_h + 1
         out_w = (wkl.width + wkl.padl + wkl.padr - ((wkl.kernel_w - 1) * wkl.dilation_w + 1)) // wkl.stride_w + 1
         cols = cfg["tile_ow"].size[-1]
