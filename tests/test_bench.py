@@ -184,3 +184,27 @@ def test_an_engine_that_dies_while_timed_is_dropped_and_reported(monkeypatch):
     assert list(errors) == ["onnxruntime"] and "exit -11" in errors["onnxruntime"]
     assert dying.times_ms == [], "a partly timed engine reports no latency"
     assert len(ok.times_ms) == 15, "the other engines keep every round"
+
+
+def test_avx2_int8_peak_script_prints_a_rate_per_core():
+    """benchmarks/avx2_int8_peak.py (issue 10's AVX2 ceiling) compiles its micro-kernel, runs it on
+    every core alone and on all at once, and prints positive rates and the latency bound."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tvm_ext import isa
+
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    if "avx2" not in isa.host_features():
+        pytest.skip("host has no AVX2")
+    script = Path(__file__).parents[1] / "benchmarks/avx2_int8_peak.py"
+    out = subprocess.run([sys.executable, str(script), "--iters", "200000", "--rounds", "1", "--gmac", "1"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| core") or line.startswith("| all")]
+    assert len(rows) >= 2, out  # at least one core alone, and all cores at once
+    rates = [float(v) for row in rows for v in re.findall(r"(\d+\.\d+)", row.split("|")[2])]
+    assert rates and all(r > 0 for r in rates), out
