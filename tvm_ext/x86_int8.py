@@ -151,7 +151,7 @@ TVM's own behaviour.
 10. **Float convs on AVX2.** TVM's float conv fallback (no TopHub records) takes ``tile_ow`` = the
    largest divisor of the width up to 31 (1x1: ``tile_oh x tile_ow`` under 32 pixels), one vector
    register per pixel: that fits AVX-512's 32 zmm but spills AVX2's 16 ymm. While :func:`kernels`
-   is entered, on AVX2 (:data:`_FLOAT_TILE_ACCUMULATORS`) an untuned float conv's tile is cut to
+   is entered, on AVX2 (:data:`_FALLBACK_TILE_ACCUMULATORS`) an untuned float conv's tile is cut to
    the widest that fits 12 registers (:func:`_float_conv_register_tile`). ``-mcpu=znver3``,
    2 threads: 0.53-0.72x TVM's time on five ResNet-like float convs (stem 3.26 -> 1.73 ms);
    ResNet-50 relay.quantize (float stem) 0.879 -> 0.831x stock. Bit-identical.
@@ -177,7 +177,7 @@ TVM's own behaviour.
    (``depthwise_conv2d._fallback_schedule``) takes ``tile_ow`` = the largest divisor of the output
    width up to 31, one accumulator register per pixel and channel block: 24 pixels for a width of
    96 (PP-OCR's 48x192 text lines), which spills AVX2's 16 ymm registers. While :func:`kernels` is
-   entered, on AVX2 (:data:`_FLOAT_TILE_ACCUMULATORS`) an untuned depthwise conv's tile is cut to
+   entered, on AVX2 (:data:`_FALLBACK_TILE_ACCUMULATORS`) an untuned depthwise conv's tile is cut to
    the widest that fits 12 (:func:`_depthwise_register_tile`, after fix 4's blocking; 8-bit and
    float depthwise alike; tuned configs untouched). ``-mcpu=znver3``, one thread, stand-alone
    (conv + requantize, or float conv + relu), timed interleaved: 0.64-0.81x the time (88 channels
@@ -292,9 +292,10 @@ _NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
 #: AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
 #: take three, and one is left spare.
 _TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
-#: The same for untuned *float* convs (fix 10): TVM's fallback takes up to 31 pixels of one
-#: register each, which fits AVX-512's 32 zmm but spills AVX2's 16 ymm.
-_FLOAT_TILE_ACCUMULATORS = {"avx2": 12}
+#: The same for the tiles of TVM's *fallback* (untuned) configs: float convs (fix 10) and 8-bit
+#: depthwise convs (fix 12). TVM's fallback takes up to 31 pixels of one register each, which fits
+#: AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry (AVX-512 was not measured).
+_FALLBACK_TILE_ACCUMULATORS = {"avx2": 12}
 
 
 def policy(target) -> KernelPolicy:
@@ -678,11 +679,11 @@ def _depthwise_int8_block(fallback):
 def _fallback_tile_budget(cfg):
     """``(accumulator registers, vector registers per pixel)`` for cutting an untuned conv's tile on
     the current target (fixes 10 and 12), or None where TVM's tile is kept
-    (:data:`_FLOAT_TILE_ACCUMULATORS`)."""
+    (:data:`_FALLBACK_TILE_ACCUMULATORS`)."""
     from tvm.target.x86 import get_simd_32bit_lanes
 
     target = _current_target()
-    budget = _FLOAT_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
+    budget = _FALLBACK_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
     if budget is None:
         return None
     return budget, -(-cfg["tile_oc"].size[-1] // get_simd_32bit_lanes())
@@ -690,7 +691,7 @@ def _fallback_tile_budget(cfg):
 
 def _depthwise_register_tile(fallback):
     """``fallback`` (a TVM x86 depthwise default config), then, on classes with a tile budget
-    (AVX2: :data:`_FLOAT_TILE_ACCUMULATORS`), ``tile_ow`` cut to the widest tile whose
+    (AVX2: :data:`_FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` cut to the widest tile whose
     accumulators fit the registers (fix 12; 8-bit and float depthwise convs alike). The other knobs
     stay; tuned configs are not touched."""
     import functools
@@ -885,7 +886,7 @@ def _float_conv_int8_blocks(fallback):
 
 def _float_conv_register_tile(fallback, one_by_one: bool):
     """``fallback`` (a TVM x86 float conv default config), then, on classes with a tile budget
-    narrower than TVM's rule (AVX2: :data:`_FLOAT_TILE_ACCUMULATORS`), ``tile_ow`` (and
+    narrower than TVM's rule (AVX2: :data:`_FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` (and
     ``tile_oh`` for 1x1 convs) cut to the widest tile whose accumulators fit the registers
     (fix 10). The other knobs stay TVM's; tuned configs are not touched."""
     import functools
