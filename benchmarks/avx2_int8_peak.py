@@ -138,13 +138,15 @@ def main(argv=None):
             f.write(SOURCE)
         subprocess.run([gcc, "-O2", "-mavx2", src, "-o", exe], check=True)
         cmd = [exe, str(args.iters), str(args.rounds)]
+
+        def pinned(cpu):
+            return ([taskset, "-c", str(cpu)] if taskset else []) + cmd
+
         rows = []
         for cpu in _cpus():
-            pin = [taskset, "-c", str(cpu)] if taskset else []
-            rows.append((f"core {cpu} alone", [_parse(subprocess.run(pin + cmd, capture_output=True, text=True,
-                                                                     check=True).stdout)]))
-        procs = [subprocess.Popen(([taskset, "-c", str(c)] if taskset else []) + cmd, stdout=subprocess.PIPE,
-                                  text=True) for c in _cpus()]
+            out = subprocess.run(pinned(cpu), capture_output=True, text=True, check=True).stdout
+            rows.append((f"core {cpu} alone", [_parse(out)]))
+        procs = [subprocess.Popen(pinned(c), stdout=subprocess.PIPE, text=True) for c in _cpus()]
         rows.append((f"all {len(procs)} cores at once (per core)", [_parse(p.communicate()[0]) for p in procs]))
     print(f"| run | registers only, GMAC/s per core | with loads, GMAC/s per core | {args.gmac:g} GMAC at the "
           f"best rate: 1 core / all cores |")

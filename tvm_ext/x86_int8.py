@@ -292,8 +292,8 @@ _NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
 #: AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
 #: take three, and one is left spare.
 _TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
-#: The same for the tiles of TVM's *fallback* (untuned) configs: float convs (fix 10) and 8-bit
-#: depthwise convs (fix 12). TVM's fallback takes up to 31 pixels of one register each, which fits
+#: The same for the tiles of TVM's *fallback* (untuned) configs: float convs (fix 10) and
+#: depthwise convs, 8-bit and float (fix 12). TVM's fallback takes up to 31 pixels of one register each, which fits
 #: AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry (AVX-512 was not measured).
 _FALLBACK_TILE_ACCUMULATORS = {"avx2": 12}
 
