@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -61,7 +62,14 @@ def _load_onnx_module(path: str, shapes: dict):
     try:
         return from_onnx(p, shape=shapes or None)
     except (FileNotFoundError, ValueError) as err:
-        raise UsageError(str(err).splitlines()[0]) from None
+        raise UsageError(_as_cli_words(str(err).splitlines()[0])) from None
+
+
+def _as_cli_words(message: str) -> str:
+    """The frontend's errors name its Python keyword (``shape={'x': (...)}``); on the command line
+    the option is ``--shape x=D1,D2,..``."""
+    message = re.sub(r"pass shape=\{'([^']*)': \(\.\.\.\)\}", r"pass --shape \1=D1,D2,..", message)
+    return message.replace("shape= names unknown input", "--shape names unknown input")
 
 
 def _resolve_target(text: str | None):
@@ -118,7 +126,7 @@ def _report_relax(args) -> int:
     try:
         mod = from_onnx(p, shape=_parse_shapes(args.shape) or None)
     except (FileNotFoundError, ValueError) as err:
-        raise UsageError(str(err).splitlines()[0]) from None
+        raise UsageError(_as_cli_words(str(err).splitlines()[0])) from None
     target = _resolve_target(args.target)
     report = build(mod, target=target, passes=passes).kernel_report
     if args.json:
