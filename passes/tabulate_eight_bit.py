@@ -23,6 +23,14 @@ than itself that is an output or has a consumer with another source. Each root w
 a transcendental op is tabulated; chains of cheap arithmetic (requantize, hard-swish) are left
 alone, where a table read costs more than the arithmetic it replaces.
 
+*One table per value.* A root that is a function of another tabulated 8-bit root of the same
+source through cheap ops only (``dq(r)`` of a quantized SiLU ``r`` read by a float residual add,
+while ``r`` itself feeds the next convolution) is not tabulated: it keeps its ops and reads the
+other root's lookup. Tabulating both would give the source two lookups as readers, and the one
+feeding the convolution could then not fuse into the source's kernel (a kernel of its own)::
+
+    r = f(x) (8-bit), s = g(r), g cheap  ->  r = table_lookup(x, T), s = g(r)   (not g∘f tabulated)
+
 *Wide sources.* TVM's simplifier drops a requantize's narrowing cast, so a lookup's source can be
 an ``int32`` clip the interval analysis proves to take at most 256 values. When those lie inside
 an 8-bit dtype the lookup reads ``cast(source, uint8|int8)`` (one cast per source, shared by its
@@ -260,6 +268,55 @@ def _lookup(source, table, ranges, narrowed):
     return table_lookup(relay.subtract(source, relay.const(lo, dtype)), tab)
 
 
+def _tail(root, inner, source):
+    """Op names between ``inner`` and ``root`` if every path from ``source`` to ``root`` passes
+    through ``inner`` (``root`` is a function of ``inner`` alone), else None."""
+    from tvm import relay
+
+    names, stack, seen = set(), [root], set()
+    while stack:
+        node = stack.pop()
+        if node in seen or node.same_as(inner):
+            continue
+        if node.same_as(source):
+            return None
+        seen.add(node)
+        if isinstance(node, relay.Call):
+            names.add(op_name(node))
+            stack.extend(node.args)
+    return names
+
+
+def _drop_dequantized_readers(chains, ops):
+    """One table per 8-bit value: a root that is cheap arithmetic on another tabulated root of the
+    same source keeps that arithmetic and reads the other root's lookup.
+
+    ``r1 = q(silu(x))`` (uint8, read by a conv) and ``r2 = dequantize(r1)`` (float, read by a residual
+    add) are both roots of ``x``; tabulated separately, ``x`` has two lookups as readers, so the
+    first one cannot fuse into ``x``'s kernel and becomes a kernel of its own (ddddocr's YOLOX
+    detector, QDQ: five extra kernels). ``r2`` is dropped from the chains: it then reads
+    ``table_lookup(x, T1)`` through its own ops, which compute on the same values (exact).
+    Roots are in post-order, so the inner root comes first; the nearest 8-bit one is taken.
+    """
+    kept = []
+    for root, source in chains:
+        inner = None
+        for prev, prev_source in reversed(kept):
+            if prev_source is not source or str(prev.checked_type.dtype) not in _EIGHT_BIT:
+                continue
+            tail = _tail(root, prev, source)
+            if tail is not None and not tail & ops:
+                inner = prev
+                break
+        if inner is None:
+            kept.append((root, source))
+        else:
+            _log.debug("%s: not tabulated (%s): %s", RULE, Reject(
+                f"a function of the tabulated 8-bit {op_name(inner)} by cheap ops {sorted(tail)}: it reads that "
+                "lookup (one table per value)"), op_name(root))
+    return kept
+
+
 def _rewrite(func, ops: frozenset):
     from tvm import relay
 
@@ -282,6 +339,7 @@ def _rewrite(func, ops: frozenset):
             continue
         chains.append((root, source))
         used_ops |= used & ops
+    chains = _drop_dequantized_readers(chains, ops)
     if not chains:
         return func
     narrowed: dict = {}

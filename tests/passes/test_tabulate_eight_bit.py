@@ -140,6 +140,72 @@ def test_differential_conv_silu_bit_exact_and_fused(dtype):
         np.testing.assert_array_equal(run_module(tab, {"x": xv})[0], run_module(plain, {"x": xv})[0])
 
 
+
+def test_a_dequantized_reader_reads_the_one_lookup():
+    """r1 = q(silu(x)) is read as 8 bits (an output) and as dq(r1) by a float add with y: one table
+    for r1; the add's dequantize stays arithmetic on the lookup (before: a second, float32 table of
+    x, so x had two lookups as readers)."""
+    y = relay.var("y", shape=SHAPE, dtype="uint8")
+
+    def body(x, r1):
+        return relay.Tuple([r1, relay.add(_dequantize(r1, 3, 0.04), _dequantize(y, 5, 0.03))])
+
+    x = relay.var("x", shape=SHAPE, dtype="uint8")
+    before = infer(relay.Function([x, y], body(x, _silu(x))))
+    table = run_module(_fn(_silu), {"x": _all_values("uint8")})[0].reshape(-1)
+    x = relay.var("x", shape=SHAPE, dtype="uint8")
+    expected = infer(relay.Function([x, y], body(x, table_lookup(x, relay.const(table)))))
+    after = check(TabulateEightBit(), before, expected)
+    assert after.astext().count("tvm_ext.table_lookup") == 1
+    rng = np.random.default_rng(4)
+    feed = {"x": _all_values("uint8"), "y": rng.integers(0, 256, SHAPE).astype("uint8")}
+    for got, want in zip(run_module(after, feed), run_module(before, feed)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_reader_with_its_own_transcendental_keeps_its_table():
+    """dq(r1) followed by another sigmoid is not cheap: it keeps a table of its own (of x)."""
+    x = relay.var("x", shape=SHAPE, dtype="uint8")
+    r1 = _silu(x)
+    before = infer(relay.Function([x], relay.Tuple([r1, relay.sigmoid(_dequantize(r1, 3, 0.04))])))
+    after = TabulateEightBit()(before)
+    assert after.astext().count("tvm_ext.table_lookup") == 2 and "sigmoid" not in after.astext()
+
+
+def test_differential_csp_bottleneck_one_lookup_fused_into_the_conv():
+    """A YOLOX/CSP bottleneck: s = SiLU(conv1(x)) is read by conv2 (as 8 bits) and by the float
+    residual add (dequantized). Built with TVM: the SiLU lookup fuses into conv1's kernel (no
+    lookup-only kernel), as many kernels as without the pass, outputs bit-exact."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    rng = np.random.default_rng(5)
+
+    def conv_silu(data, zp_in, scale_in, k):
+        w = relay.const(rng.integers(-100, 100, (16, 16, k, k)).astype("int8"))
+        c = relay.qnn.op.conv2d(data, w, relay.const(zp_in), relay.const(0), relay.const(scale_in),
+                                relay.const(0.02), kernel_size=(k, k), channels=16, padding=(k // 2, k // 2))
+        r = relay.qnn.op.requantize(c, relay.const(scale_in * 0.02), relay.const(0), relay.const(0.05),
+                                    relay.const(3), out_dtype="uint8")
+        d = relay.qnn.op.dequantize(r, relay.const(0.05), relay.const(3))
+        sg = relay.qnn.op.quantize(relay.sigmoid(d), relay.const(1 / 256), relay.const(0), out_dtype="uint8")
+        m = relay.multiply(d, relay.qnn.op.dequantize(sg, relay.const(1 / 256), relay.const(0)))
+        return relay.qnn.op.quantize(m, relay.const(0.04), relay.const(3), out_dtype="uint8")
+
+    s1 = conv_silu(x, 3, 0.1, 1)
+    s2 = conv_silu(s1, 3, 0.04, 3)
+    add = relay.add(relay.qnn.op.dequantize(s1, relay.const(0.04), relay.const(3)),
+                    relay.qnn.op.dequantize(s2, relay.const(0.04), relay.const(3)))
+    out = relay.qnn.op.quantize(add, relay.const(0.07), relay.const(2), out_dtype="uint8")
+    mod = infer(relay.Function([x], out))
+    plain, tab = (tvm_ext.build(mod, passes=p) for p in ([], [TabulateEightBit()]))
+    kernels = [KernelReport.from_factory(f).kernels for f in (plain, tab)]
+    assert len(kernels[1]) <= len(kernels[0]), ([k.ops for k in kernels[0]], [k.ops for k in kernels[1]])
+    assert not any(k.ops == ("tvm_ext.table_lookup",) or list(k.ops) == ["tvm_ext.table_lookup"]
+                   for k in kernels[1]), [k.ops for k in kernels[1]]
+    assert sum(k.ops.count("tvm_ext.table_lookup") for k in kernels[1]) == 2, [k.ops for k in kernels[1]]
+    for xv in (_all_values("uint8").reshape(1, 16, 4, 4).repeat(2, 2).repeat(2, 3),
+               rng.integers(0, 256, (1, 16, 8, 8)).astype("uint8")):
+        np.testing.assert_array_equal(run_module(tab, {"x": xv})[0], run_module(plain, {"x": xv})[0])
+
 def test_idempotent():
     before = _fn(lambda x: relay.nn.max_pool2d(_silu(x), (2, 2)))
     once = TabulateEightBit()(before)
