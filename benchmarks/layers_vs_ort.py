@@ -170,11 +170,15 @@ def _ort_conv_geometry(path):
 
     m = onnx.load(path)
     inits = {t.name: t for t in m.graph.initializer}
+    # a QDQ conv's weight is a DequantizeLinear of the int8 initializer
+    dequantized = {n.output[0]: n.input[0] for n in m.graph.node
+                   if n.op_type == "DequantizeLinear" and n.input[0] in inits}
     convs = {}
     for n in m.graph.node:
         w = {"QLinearConv": 3, "ConvInteger": 1, "Conv": 1}.get(n.op_type)
-        if w is not None and n.input[w] in inits:
-            convs[n.name] = (n, list(inits[n.input[w]].dims))
+        weight = None if w is None else dequantized.get(n.input[w], n.input[w])
+        if weight in inits:
+            convs[n.name] = (n, list(inits[weight].dims))
     existing = {o.name for o in m.graph.output}
     for n, _ in convs.values():
         if n.output[0] not in existing:

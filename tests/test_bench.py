@@ -208,3 +208,34 @@ def test_avx2_int8_peak_script_prints_a_rate_per_core():
     assert len(rows) >= 2, out  # at least one core alone, and all cores at once
     rates = [float(v) for row in rows for v in re.findall(r"(\d+\.\d+)", row.split("|")[2])]
     assert rates and all(r > 0 for r in rates), out
+
+
+def test_layers_vs_ort_finds_the_convolutions_of_a_qdq_model(tmp_path):
+    """benchmarks/layers_vs_ort.py maps ONNX Runtime's conv nodes to geometries; in a QDQ model the
+    weight is a DequantizeLinear of the int8 initializer (it found no conv there before)."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    spec = importlib.util.spec_from_file_location(
+        "layers_vs_ort", Path(__file__).parents[1] / "benchmarks/layers_vs_ort.py")
+    lvo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lvo)
+    rng = np.random.default_rng(0)
+    init = [helper.make_tensor("w", TensorProto.INT8, [6, 3, 3, 3], rng.integers(-50, 50, 162).tolist()),
+            helper.make_tensor("wf", TensorProto.FLOAT, [5, 6, 1, 1], rng.normal(size=30).tolist()),
+            helper.make_tensor("s", TensorProto.FLOAT, [], [0.02]), helper.make_tensor("z", TensorProto.UINT8, [], [128]),
+            helper.make_tensor("ws", TensorProto.FLOAT, [], [0.01]), helper.make_tensor("wz", TensorProto.INT8, [], [0])]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], name="qdq_conv", strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "wf"], ["y"], name="float_conv")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 8, 8])], init)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    assert lvo._ort_conv_geometry(str(path)) == {"qdq_conv": (6, 3, 3, 8, 8), "float_conv": (5, 1, 1, 8, 8)}
