@@ -172,14 +172,23 @@ def _sources(nodes):
 _TRAPPING = frozenset({"divide", "floor_divide", "trunc_divide", "mod", "floor_mod", "trunc_mod"})
 
 
-def _chain_ops(root, source) -> set:
-    """Names of the ops between ``source`` and ``root`` (integer division ops as ``int:<name>``)."""
+def _chain_ops(root, source, through=None):
+    """Names of the ops between ``source`` and ``root`` (integer division ops as ``int:<name>``).
+
+    With ``through``: the ops between ``through`` and ``root``, or None when a path from ``source``
+    reaches ``root`` without passing ``through`` (``root`` is then not a function of ``through`` alone).
+    """
     from tvm import relay
 
+    stop = source if through is None else through
     ops, stack, seen = set(), [root], set()
     while stack:
         node = stack.pop()
-        if node in seen or node.same_as(source) or not isinstance(node, relay.Call):
+        if node in seen or node.same_as(stop):
+            continue
+        if node.same_as(source):
+            return None
+        if not isinstance(node, relay.Call):
             continue
         seen.add(node)
         name = op_name(node)
@@ -268,25 +277,6 @@ def _lookup(source, table, ranges, narrowed):
     return table_lookup(relay.subtract(source, relay.const(lo, dtype)), tab)
 
 
-def _tail(root, inner, source):
-    """Op names between ``inner`` and ``root`` if every path from ``source`` to ``root`` passes
-    through ``inner`` (``root`` is a function of ``inner`` alone), else None."""
-    from tvm import relay
-
-    names, stack, seen = set(), [root], set()
-    while stack:
-        node = stack.pop()
-        if node in seen or node.same_as(inner):
-            continue
-        if node.same_as(source):
-            return None
-        seen.add(node)
-        if isinstance(node, relay.Call):
-            names.add(op_name(node))
-            stack.extend(node.args)
-    return names
-
-
 def _drop_dequantized_readers(chains, ops):
     """One table per 8-bit value: a root that is cheap arithmetic on another tabulated root of the
     same source keeps that arithmetic and reads the other root's lookup.
@@ -304,7 +294,7 @@ def _drop_dequantized_readers(chains, ops):
         for prev, prev_source in reversed(kept):
             if prev_source is not source or str(prev.checked_type.dtype) not in _EIGHT_BIT:
                 continue
-            tail = _tail(root, prev, source)
+            tail = _chain_ops(root, source, through=prev)
             if tail is not None and not tail & ops:
                 inner = prev
                 break
