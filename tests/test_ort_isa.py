@@ -15,14 +15,15 @@ from tvm_ext import bench, isa, ort_isa
 
 HOST = isa.host_features()
 HOST_INT8_DOT = "int32" if ({"avx512vnni", "avxvnni"} & HOST) else "int16-saturating"
-CAN_MASK = "avx512f" in HOST and shutil.which("objdump") is not None
-needs_mask = pytest.mark.skipif(not CAN_MASK, reason="masking AVX-512 needs an AVX-512 host and objdump")
+CANNOT_MASK = ort_isa.mask_unavailable_reason() or (
+    None if shutil.which("objdump") else "finding xgetbv in ONNX Runtime's libraries needs objdump")
+needs_mask = pytest.mark.skipif(CANNOT_MASK is not None, reason=f"cannot mask ONNX Runtime here: {CANNOT_MASK}")
 
 
 @pytest.fixture(scope="module")
 def masked(tmp_path_factory):
-    if not CAN_MASK:
-        pytest.skip("masking AVX-512 needs an AVX-512 host and objdump")
+    if CANNOT_MASK is not None:
+        pytest.skip(f"cannot mask ONNX Runtime here: {CANNOT_MASK}")
     return ort_isa.masked_package(tmp_path_factory.mktemp("cache") / "ort-avx2")
 
 
@@ -98,9 +99,23 @@ def test_not_an_elf_file_is_refused(tmp_path):
 
 
 def test_without_objdump_the_reason_is_given(monkeypatch, tmp_path):
+    monkeypatch.setattr(ort_isa, "mask_unavailable_reason", lambda: None)
     monkeypatch.setattr(ort_isa.shutil, "which", lambda name: None)
     with pytest.raises(ort_isa.OrtIsaError, match="objdump"):
         ort_isa.masked_package(tmp_path)
+
+
+def test_a_host_with_avx_vnni_is_refused_before_copying(monkeypatch, tmp_path):
+    """AVX-VNNI is read from CPUID alone: no XCR0 mask hides it, so no copy is made."""
+    monkeypatch.setattr(isa, "host_features", lambda: frozenset({"avx2", "avx512f", "avx512bw", "avxvnni"}))
+    assert "AVX-VNNI" in ort_isa.mask_unavailable_reason()
+    with pytest.raises(ort_isa.OrtIsaError, match="AVX-VNNI"):
+        ort_isa.masked_package(tmp_path)
+    assert not any(tmp_path.iterdir()), "nothing was copied"
+    monkeypatch.setattr(isa, "host_features", lambda: frozenset({"avx2", "avx512f", "avx512bw", "avx512vnni"}))
+    assert ort_isa.mask_unavailable_reason() is None
+    monkeypatch.setattr(isa, "host_features", lambda: frozenset({"avx2", "fma"}))
+    assert "no AVX-512" in ort_isa.mask_unavailable_reason()
 
 
 def test_child_session_equals_in_process_onnxruntime(tmp_path):
@@ -133,13 +148,13 @@ def test_masked_child_session_gives_avx2_numerics(masked, tmp_path):
 
 
 def test_bench_peer_choice(monkeypatch):
-    host = bench.ort_peer("llvm -mcpu=znver3", "host")
+    host = bench.ort_peer("llvm -mcpu=x86-64-v3", "host")
     assert host["isa"] == "host" and host["package"] is None
     assert bench.ort_peer("llvm -mcpu=znver4", "auto")["isa"] == "host", "an AVX-512 target needs no masking"
     with pytest.raises(ValueError, match="ort_isa"):
-        bench.ort_peer("llvm -mcpu=znver3", "avx512")
+        bench.ort_peer("llvm -mcpu=x86-64-v3", "avx512")
     monkeypatch.setattr(ort_isa, "masked_package", lambda: (_ for _ in ()).throw(ort_isa.OrtIsaError("no way")))
-    got = bench.ort_peer("llvm -mcpu=znver3", "auto")
+    got = bench.ort_peer("llvm -mcpu=x86-64-v3", "auto")
     assert got["package"] is None
     if "avx512f" in HOST:
         assert "no way" in got["note"], "the reason masking failed is recorded"
@@ -151,7 +166,7 @@ def test_bench_at_an_avx2_target_times_the_masked_onnxruntime(masked, monkeypatc
     import json
 
     monkeypatch.setattr(ort_isa, "_cache_root", lambda: masked.parent.parent)
-    target = "llvm -mcpu=haswell"  # AVX2 class, and every AVX-512 host runs its code (znver3's sse4a: AMD only)
+    target = "llvm -mcpu=x86-64-v3"  # AVX2 class, vendor-neutral: every AVX-512 host runs its code
     if not isa.runs_on_host(target):
         pytest.skip(f"this host cannot run {target} code: {isa.missing_on_host(target)}")
     results = bench.run(["qoperator"], small=True, target=target, repeat=2, out=str(tmp_path),

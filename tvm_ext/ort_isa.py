@@ -2,7 +2,7 @@
 
 Why
 ---
-tvm-ext compares TVM code built for an AVX2 CPU (``-mcpu=znver3``) with ONNX Runtime. MLAS, ONNX
+tvm-ext compares TVM code built for an AVX2 CPU (``-mcpu=x86-64-v3``) with ONNX Runtime. MLAS, ONNX
 Runtime's CPU kernel library, picks its kernels from the *host's* CPUID and XCR0 and has no
 switch to restrict them: on an AVX-512 VNNI host it runs ``vpdpbusd`` zmm kernels whatever TVM's
 target is, so "tvm-ext on AVX2 versus ONNX Runtime on AVX2" could not be measured there.
@@ -13,8 +13,13 @@ Every AVX-512 check in MLAS (``MlasPlatform``) and in ONNX Runtime's ``CPUIDInfo
 to save the AVX-512 register state, which they read with ``xgetbv`` (XCR0 bits 5-7). A copy of
 the installed ``onnxruntime`` package whose ``xgetbv`` instructions are replaced by ``push 7; pop
 rax`` (3 bytes for 3 bytes: XCR0 = x87 | SSE | AVX) therefore dispatches exactly as on an AVX2-only
-CPU with the same CPUID otherwise (AMX and AVX-VNNI, absent on the AMD hosts seen, would still be
-read from CPUID). The copy is made once per onnxruntime version in the cache
+CPU with the same CPUID otherwise.
+
+What it cannot hide: AVX-VNNI (the VEX ``vpdpbusd`` of Alder Lake, Sapphire Rapids and later Intel
+CPUs, and of Zen 5) needs no state beyond AVX's, so MLAS enables its int32 int8 kernels from CPUID
+leaf 7 alone. On such a host :func:`mask_unavailable_reason` says so and :func:`masked_package`
+raises :class:`OrtIsaError` before copying anything; the benchmark then times the installed ORT
+and records the reason, and the tests skip with it. The copy is made once per onnxruntime version in the cache
 (``$TVM_EXT_CACHE/ort-avx2/``), never touches the installed package, and is only ever imported in
 a child process (:class:`ChildSession`), so the test and benchmark processes keep the real ORT.
 
@@ -44,7 +49,7 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OrtIsaError", "masked_package", "probe", "ChildSession", "child_env", "session_options",
+__all__ = ["OrtIsaError", "masked_package", "mask_unavailable_reason", "probe", "ChildSession", "child_env", "session_options",
            "ORT_ISA_CHOICES", "XGETBV", "REPLACEMENT"]
 
 #: Which ONNX Runtime a benchmark compares with (``tvm_ext.bench.ort_peer``): ``auto`` masks
@@ -196,12 +201,37 @@ def probe(package_dir: Optional[Path] = None) -> dict:
     return out
 
 
+def mask_unavailable_reason() -> Optional[str]:
+    """Why this host's ONNX Runtime cannot be made to dispatch as on an AVX2-only CPU, or None.
+
+    Only the host's CPU decides (not objdump or the ORT build; :func:`masked_package` checks those).
+    """
+    from .isa import host_features
+
+    feats = host_features()
+    if "avx512f" not in feats:
+        return "the host has no AVX-512: its ONNX Runtime already runs AVX2-class kernels"
+    if "avxvnni" in feats:
+        return ("the host has AVX-VNNI, which MLAS enables from CPUID alone (no XCR0 state to hide): "
+                "a masked copy would still run int32 vpdpbusd kernels")
+    return None
+
+
 def masked_package(cache: Optional[Path] = None) -> Path:
     """A directory holding an ``onnxruntime`` package that dispatches as on an AVX2-only CPU.
 
     Put it first on ``PYTHONPATH`` of a *child* process. Made once per installed onnxruntime
     (keyed by its version and the libraries' sha256) and checked with :func:`probe`.
+
+    Raises
+    ------
+    OrtIsaError
+        The host cannot be masked (:func:`mask_unavailable_reason`), objdump is missing, or the
+        copy's probe still shows int32 int8 kernels.
     """
+    reason = mask_unavailable_reason()
+    if reason is not None:
+        raise OrtIsaError(f"ort_isa: cannot restrict ONNX Runtime to AVX2 here: {reason}")
     src = _installed_package()
     libs = sorted(p for p in src.rglob("*.so*") if p.is_file())
     h = hashlib.sha256()
