@@ -14,8 +14,10 @@ arguments, expanding 1-D ones to ``(1, j)``) and splits/squeezes the result back
 * it builds the batch call with **empty attributes**: ``("nn.dense", "nn.batch_matmul")`` and
   ``("cast", "cast")`` kill the process (segfault in type inference), ``out_dtype`` is lost;
 * it does not compare the grouped ops' attributes and it stacks broadcast arguments blindly:
-  ``add(x[3, 8], y_i[8])`` x 3 silently computes a different result; a scalar argument of a
-  following op (``multiply(add(x, y_i), 2.0)``) yields an ill-typed graph;
+  ``add(x[3, 8], y_i[8])`` x 3 silently computes a different result; a following op's argument
+  is stacked as is unless it is 1-D (then ``expand_dims(b, 0)`` first), which is right for the
+  2-D output of a dense (a bias ``b_i[j]`` becomes ``[n, 1, j]``) but misaligns the new batch axis
+  for other ranks: a scalar (``multiply(add(x, y_i), 2.0)``) yields an ill-typed graph;
 * an unknown op name fails deep inside C++; a consumer that calls a function (after FuseOps)
   is downcast to an ``Op`` unchecked.
 
@@ -30,6 +32,16 @@ function pass named ``"CombineParallelOpBatch"`` at opt_level 1. It plans the co
   PassContext at opt_level >= 4 that keeps the caller's config; or
 * **rewrites in Python** (``nn.dense -> nn.batch_matmul`` always, elementwise pairs otherwise),
   stopping each branch at the first op it cannot stack safely.
+
+A following op's other argument ``a_i`` is stacked when it broadcasts to the branch's shape
+``S`` without changing it (each of its dims 1 or equal to the aligned dim of ``S``, rank at most
+``len(S)``). One of lower rank first gets leading unit axes up to ``len(S)`` (``expand_dims(a_i, 0,
+len(S) - rank)``), so that after stacking the new axis 0 meets the batch axis and the per-branch
+broadcast is unchanged behind it. For a dense's 1-D bias this is exactly what TVM's
+``CombineParallelDense(to_batch=True)`` builds::
+
+    # add(dense(x, W_i), b_i[j]) x n
+    #   -> add(batch_matmul(stack(x..x), stack(W_i)), stack(expand_dims(b_i, 0)))   b: [n, 1, j]
 
 Supported pairs (``SUPPORTED_PAIRS``)::
 
@@ -173,8 +185,17 @@ def _axis_attrs(call) -> bool:
     return any(k in ("axis", "axes") for k in keys)
 
 
-def _follow_check(parent, call, parent_index) -> Check:
-    """A following op can be stacked when none of its other arguments broadcasts."""
+def _broadcasts_into(shape, out) -> bool:
+    """``shape`` broadcasts to ``out`` without changing it (rank at most ``len(out)``)."""
+    return len(shape) <= len(out) and all(d in (1, o) for d, o in zip(reversed(shape), reversed(out)))
+
+
+def _follow_check(parent, call, parent_index, exact: bool = False) -> Check:
+    """A following op can be stacked when its other arguments broadcast into the branch's shape.
+
+    ``exact``: every other argument has the branch's shape (what the C++ pass stacks correctly
+    for every rank).
+    """
     if _axis_attrs(call):
         return Reject(f"{op_name(call)} has an axis attribute (axis 0 is the new batch axis)")
     ok = _static_args(call)
@@ -182,11 +203,24 @@ def _follow_check(parent, call, parent_index) -> Check:
         return ok
     out = _shape(parent)
     for i, arg in enumerate(call.args):
-        if i != parent_index and _shape(arg) != out:
-            return Reject(f"{op_name(call)} argument {i} {list(_shape(arg))} broadcasts against {list(out)}")
+        if i == parent_index:
+            continue
+        shape = _shape(arg)
+        if exact and shape != out:
+            return Reject(f"{op_name(call)} argument {i} {list(shape)} broadcasts against {list(out)}")
+        if not _broadcasts_into(shape, out):
+            return Reject(f"{op_name(call)} argument {i} {list(shape)} does not broadcast into {list(out)}")
     if _shape(call) != out:
         return Reject(f"{op_name(call)} changes the shape")
     return True
+
+
+def _to_rank(arg, rank: int):
+    """``arg`` with leading unit axes up to ``rank`` (TVM's ``expand_dims(b, 0)`` for a 1-D bias)."""
+    from tvm import relay
+
+    missing = rank - len(_shape(arg))
+    return relay.expand_dims(arg, axis=0, num_newaxis=missing) if missing > 0 else arg
 
 
 def _branch(root, users, body):
@@ -314,9 +348,10 @@ def _rewrite(func, plans, rule, batch_op):
         data = rule.make([b[0] for b in branches], batch_op)
         for d, pidx in enumerate(pidxs, start=1):
             first = branches[0][d]
+            rank = len(_shape(branches[0][d - 1]))
             args = []
             for i in range(len(first.args)):
-                args.append(data if i == pidx else relay.stack([b[d].args[i] for b in branches], axis=0))
+                args.append(data if i == pidx else relay.stack([_to_rank(b[d].args[i], rank) for b in branches], axis=0))
             data = relay.Call(first.op, args, first.attrs)
         split = relay.split(data, n, axis=0).astuple()
         for k, b in enumerate(branches):
@@ -358,7 +393,7 @@ def _cpp_safe(func, op) -> Check:
             pidx = [i for i, a in enumerate(nxt.args) if a.same_as(last)]
             if len(pidx) != 1:
                 return Reject("a following op reads the branch twice")
-            ok = _follow_check(last, nxt, pidx[0])
+            ok = _follow_check(last, nxt, pidx[0], exact=True)
             if not ok:
                 return ok
             if any(len(_shape(a)) < 2 for a in nxt.args):
@@ -427,11 +462,15 @@ def CombineParallelOpBatch(op_name: str, batch_op_name: str, min_num_branches: i
     The safe Python binding of TVM's ``relay._transform.CombineParallelOpBatch``: calls of
     ``op_name`` sharing their first argument, with equal argument shapes, dtypes and attributes,
     are stacked on a new axis 0 and computed by one ``batch_op_name`` call; single-user
-    elementwise/broadcast ops following them are stacked too while that needs no broadcasting;
-    ``split`` + ``squeeze`` give each branch its result back.
+    elementwise/broadcast ops following them are stacked too while their other arguments broadcast
+    into the branch's shape (a lower-rank one, such as a dense's 1-D bias, gets leading unit axes
+    first, as TVM's ``CombineParallelDense(to_batch=True)`` does); ``split`` + ``squeeze`` give each
+    branch its result back.
 
     Supported pairs: ``("nn.dense", "nn.batch_matmul")`` (built in Python with ``transpose_b=True``
-    and the dense's ``out_dtype``; numerically equal to ``CombineParallelDense(to_batch=True)``),
+    and the dense's ``out_dtype``; the graph TVM's ``CombineParallelDense(to_batch=True)`` builds,
+    1-D bias and scale included; a scalar argument of a following op, which makes TVM's graph
+    ill-typed, is stacked as ``[n, 1, 1]``),
     and ``(op, op)`` for ``op`` in add, subtract, multiply, divide, maximum, minimum without
     broadcasting (delegated to the C++ pass when proven safe, else rewritten in Python).
 

@@ -122,13 +122,104 @@ def test_broadcasting_add_is_not_combined(caplog):
     assert "broadcasts" in caplog.text
 
 
-def test_following_op_with_scalar_stops_the_branch(caplog):
-    """C++ would build an ill-typed graph here; the Python rewrite stops before the multiply."""
+def test_following_op_with_scalar_is_stacked_with_unit_axes(caplog):
+    """C++ would stack the scalars to [3] and build an ill-typed graph; the Python rewrite gives each
+    scalar two unit axes first ([3, 1, 1] against the batched [3, 3, 8])."""
     before = ewise_before(follow=lambda e, i: relay.multiply(e, relay.const(float(i + 1))))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         after = CombineParallelOpBatch("add", "add")(before)
     assert "not delegated" in caplog.text
     assert sum(1 for c in _calls(after) if c.op.name == "add") == 1
+    (mul,) = [c for c in _calls(after) if c.op.name == "multiply"]
+    assert [int(d) for d in mul.args[1].checked_type.shape] == [3, 1, 1]
+    assert_same_outputs(after, before, random_inputs(before))
+
+
+def test_following_op_argument_that_would_grow_the_branch_stops_it(caplog):
+    """add(add(x, y_i)[3, 8], z_i[2, 3, 8]) is [2, 3, 8]: stacking z_i would misalign the batch axis."""
+    before = ewise_before(follow=lambda e, i: relay.add(e, relay.var(f"z{i}", shape=(2, 3, 8))))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        after = CombineParallelOpBatch("add", "add")(before)
+    assert "does not broadcast into [3, 8]" in caplog.text
+    assert sum(1 for c in _calls(after) if c.op.name == "add") == 1 + 3  # the roots combined, the branches stop
+    assert_same_outputs(after, before, random_inputs(before))
+
+
+# -- dense with a bias: TVM's own test graphs (tests/python/relay/test_pass_combine_parallel_dense.py) ---------
+def dense_bias_before(i=3, j=5, k=4, bias_shape=None, scale=False, newshape=None, n=2):
+    """x -> n x (dense(x, w_b) -> add(b_b) [-> multiply(s_b) -> reshape])
+
+    ::
+
+        x -+-> dense(w1) -> add(b1[j]) [-> multiply(s1[1]) -> reshape]
+           +-> dense(w2) -> add(b2[j]) [-> multiply(s2[1]) -> reshape]
+    """
+    x = relay.var("x", shape=(i, k))
+    outs = []
+    for b in range(1, n + 1):
+        y = relay.add(relay.nn.dense(x, relay.var(f"w{b}", shape=(j, k))),
+                      relay.var(f"b{b}", shape=bias_shape or (j,)))
+        if scale:
+            y = relay.multiply(y, relay.var(f"scale{b}", shape=(1,)))
+        if newshape:
+            y = relay.reshape(y, newshape=newshape)
+        outs.append(y)
+    return infer(relay.Tuple(outs))
+
+
+def dense_bias_expected(i=3, j=5, k=4, bias_shape=None, scale=False, newshape=None):
+    """stack -> batch_matmul -> add(stack(expand_dims(b_i, 0))) [-> multiply(stack(expand_dims(s_i, 0)))]
+    -> split -> squeeze [-> reshape]: TVM's expected graph, with the same variables."""
+    x = relay.var("x", shape=(i, k))
+    w = [relay.var(f"w{b}", shape=(j, k)) for b in (1, 2)]
+    bias = [relay.var(f"b{b}", shape=bias_shape or (j,)) for b in (1, 2)]
+    s = [relay.var(f"scale{b}", shape=(1,)) for b in (1, 2)]
+    y = relay.nn.batch_matmul(relay.stack([x, x], axis=0), relay.stack(w, axis=0))
+    y = relay.add(y, relay.stack([relay.expand_dims(b, 0) if bias_shape is None else b for b in bias], axis=0))
+    if scale:
+        y = relay.multiply(y, relay.stack([relay.expand_dims(v, 0) for v in s], axis=0))
+    parts = relay.split(y, 2, axis=0).astuple()
+    outs = [relay.squeeze(relay.TupleGetItem(parts, b), axis=[0]) for b in (0, 1)]
+    if newshape:
+        outs = [relay.reshape(o, newshape=newshape) for o in outs]
+    params = [x, w[0], bias[0]] + ([s[0]] if scale else []) + [w[1], bias[1]] + ([s[1]] if scale else [])
+    return infer(relay.Function(params, relay.Tuple(outs)))
+
+
+BIAS_CASES = {
+    "biasadd_1d": dict(),
+    "biasadd_2d": dict(bias_shape=(3, 5)),
+    "biasadd_scale_reshape": dict(scale=True, newshape=(1, 1, 15)),
+}
+
+
+@pytest.mark.parametrize("case", list(BIAS_CASES))
+def test_dense_bias_is_stacked_as_tvm_does(case):
+    kw = BIAS_CASES[case]
+    p = CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 2)
+    before = dense_bias_before(**kw)
+    after = check(p, before, dense_bias_expected(**kw))
+    # TVM's own pass builds the same graph
+    tvm.ir.assert_structural_equal(after["main"], relay.transform.CombineParallelDense(2, to_batch=True)(before)["main"])
+    assert_same_outputs(after, before, random_inputs(before, seed=2))
+
+
+def test_dense_bias_idempotent_and_unchanged_without_match():
+    p = CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 2)
+    combined = p(dense_bias_before(scale=True, newshape=(1, 1, 15)))
+    assert_unchanged(p, combined)
+    assert_unchanged(CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 3), dense_bias_before())
+    # one dense only: nothing to combine
+    assert_unchanged(p, dense_bias_before(n=1))
+
+
+def test_dense_bias_of_other_shape_stops_the_branch():
+    """A bias [i, j] x 2 broadcast from [2, i, j] would grow each branch: the adds stay per branch."""
+    p = CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 2)
+    before = dense_bias_before(bias_shape=(2, 3, 5))
+    after = p(before)
+    assert [c.op.name for c in _calls(after)].count("add") == 2
+    assert any(c.op.name == "nn.batch_matmul" for c in _calls(after))
     assert_same_outputs(after, before, random_inputs(before))
 
 
@@ -206,16 +297,16 @@ def test_registered():
 
 
 def dependent_before():
-    """Found by the fuzzer (issue 12): the second add reads the first one's result.
+    """The second add reads the first one's result.
 
     ::
 
         x -> a = x * 0.05 -+-> s1 = add(a, x * 0.1) ----------------+--> (s1, s2)
                            +-> s2 = add(a, round(s1 / 0.1) * 0.1) <-+
 
-    Both adds share ``a`` and have equal shapes, so C++ and the Python planner grouped them; the
-    stacked arguments then need ``s1`` itself. The rewrite computed the group twice (once to feed
-    s2's argument), kept the original add, and a second run changed the graph again.
+    Both adds share ``a`` and have equal shapes, so C++ and the Python planner group them; the
+    stacked arguments would then need ``s1`` itself (the group computed twice, the original add
+    kept, and a second run changing the graph again), so the group is not combined.
     """
     x = relay.var("x", shape=(1, 4, 2, 8))
     a = relay.multiply(x, relay.const(0.05))
