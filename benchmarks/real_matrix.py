@@ -36,7 +36,7 @@ is kept as the ``int8()`` reference: its kernels and numerics are shown next to 
 target ``kernels_le_int8`` checks that the option adds no kernel::
 
     nice -n 10 .venv/bin/python benchmarks/real_matrix.py --numerics onnxruntime \
-        --stock-from benchmarks/results/real-matrix-znver4/matrix.json --out DIR
+        --stock-from DIR0/matrix.json --out DIR
 
 Writes ``DIR/matrix.json`` (after every variant) and ``DIR/matrix.md``; progress through logging.
 ``--merge A/matrix.json,B/matrix.json,... --out DIR`` joins earlier runs (targets re-checked) into

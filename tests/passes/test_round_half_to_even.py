@@ -292,7 +292,7 @@ np.save(out, np.stack(ys))
     ("ppocr_cls_v2_int8_qoperator", "int8"),
     ("ppocr_cls_v2_int8_qdq", "onnxruntime_numerics"),
     # was xfail (14 steps, top-1 6/8: SE pools made integer by FQ2I); QDQToInteger(shared_dequantize=True)
-    # keeps them float: 2 steps, 8/8 (benchmarks/results/real-matrix-ortnum-znver4, 2026-11-24)
+    # keeps them float: 2 steps, 8/8 (docs/numerics.md)
     ("ppocr_cls_v2_int8_qdq", "int8"),
 ])
 def test_real_classifier_within_two_steps_of_onnxruntime(name, pipeline, tmp_path):
