@@ -81,18 +81,28 @@ def _other_branch_free(join, cur, users, decided, claimed) -> bool:
 
     FuseOps lets only one anchor's kernel absorb a join (``add(conv_a..., conv_b...)``): the
     second anchor's path then fails ``kind <= kBroadcast`` and its kernel ends *before* the join,
-    writing the wide value. So the chain may pass a join only when every other input reaches,
-    going upstream through single-use elementwise/broadcast ops, a kept barrier, a parameter,
-    a constant or a value with several users (a kernel boundary anyway) - or a barrier not
-    decided yet, which then finds the join claimed and ends its own chain before it.
+    writing the wide value. So the chain may pass a join only when every other input is
+    :func:`_brings_no_anchor` - or reaches a barrier not decided yet, which then finds the join
+    claimed (if it brings an anchor) and ends its own chain before it.
+    """
+    if join in claimed:
+        return False
+    return _brings_no_anchor([a for a in join.args if not a.same_as(cur)], users, decided)
+
+
+def _brings_no_anchor(starts, users, decided, undecided_free: bool = True) -> bool:
+    """Going upstream from ``starts`` through single-use elementwise/broadcast ops and removed
+    barriers, every path ends at a kept, moved or undecided barrier, a parameter, a constant or a
+    value with several users (a kernel boundary anyway): no anchor's kernel reaches ``starts``.
+
+    With ``undecided_free=False`` a barrier not decided yet counts as bringing an anchor (it may
+    be removed later and let one through).
     """
     from tvm import relay
 
     from tvm_ext.report import op_pattern
 
-    if join in claimed:
-        return False
-    stack = [a for a in join.args if not a.same_as(cur)]
+    stack = list(starts)
     seen = set()
     while stack:
         node = stack.pop()
@@ -108,6 +118,8 @@ def _other_branch_free(join, cur, users, decided, claimed) -> bool:
         if op_name(node) == _STOP:
             if decided.get(node) == "remove":
                 stack.append(node.args[0])
+            elif node not in decided and not undecided_free:
+                return False
             continue
         if op_pattern(op_name(node)) > _K_BROADCAST:
             return False
@@ -229,6 +241,12 @@ def _rewrite(func):
         chain = _chain(stop, users, decided, claimed, func.body)
         end = chain[-1] if chain else x
         joins = [n for n in chain if sum(not isinstance(a, relay.Constant) for a in n.args) > 1]
+        if joins and _brings_no_anchor([x], users, decided, undecided_free=False):
+            # no anchor's kernel reaches x (a parameter, a value with other users, a kept
+            # barrier): the chain's ops form a kernel of no anchor, which competes with none for
+            # the joins. Claiming them would stop another barrier's chain at a join that the
+            # same barrier's chain passes once this barrier is gone (a second run).
+            joins = []
         if _bits(end) <= _bits(x):
             claimed.update(joins)
             decided[stop] = "remove"

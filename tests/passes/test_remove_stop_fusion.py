@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.remove_stop_fusion (issue 6c: relay.quantize's fusion barriers)."""
+"""Tests of tvm_ext.passes.remove_stop_fusion (relay.quantize's fusion barriers)."""
 from __future__ import annotations
 
 import logging
@@ -149,6 +149,40 @@ def test_removed_when_the_wide_value_crosses_anyway():
     assert rep.num_kernels == stock.num_kernels - 1
 
 
+# -- barriers on the graph input: no anchor behind them, none competes for the join -----------------
+def input_barriers(barriers=True):
+    """the uint8 input read by two branches, each behind its own barrier, joined by an add
+
+    ::
+
+        x(u8) -> [stop] -> cast i32 -> relu -> multiply 2 -+-> add
+        x(u8) -> [stop] -> cast i32 -> relu ---------------+
+    """
+    s = stop if barriers else (lambda e: e)
+    x = relay.var("x", shape=(1, 4, 3, 3), dtype="uint8")
+    a = relay.multiply(relay.nn.relu(relay.cast(s(x), "int32")), relay.const(2))
+    b = relay.nn.relu(relay.cast(s(x), "int32"))
+    return infer(relay.add(a, b))
+
+
+def test_input_barriers_both_removed_in_one_run():
+    """The second branch's barrier is decided first; its chain passes the add. A parameter brings no
+    anchor, so that chain claims no join and the first branch's chain passes the add too: both
+    barriers go in one run (a second run finds nothing)."""
+    after = check(RemoveStopFusion(), input_barriers(), input_barriers(barriers=False))
+    assert_unchanged(RemoveStopFusion(), after)
+
+
+def test_input_barriers_removed_bit_exact():
+    before = input_barriers()
+    stock = tvm_ext.build(before)
+    ours = tvm_ext.build(before, passes=[RemoveStopFusion()])
+    assert ours.kernel_report.num_kernels <= stock.kernel_report.num_kernels
+    x = RNG.integers(0, 256, (1, 4, 3, 3)).astype("uint8")
+    out, _ = assert_same_outputs(stock, ours, {"x": x})
+    assert out[0].std() > 0
+
+
 # -- float: bit-exactness rules ----------------------------------------------------------------------
 def test_float_multiply_then_add_kept(caplog):
     x = relay.var("x", shape=(1, 64), dtype="float32")
@@ -194,7 +228,7 @@ def test_zoo_small_fewer_kernels_bit_exact(small_zoo):
 
 # -- properties ------------------------------------------------------------------------------------
 def test_idempotent():
-    for mod in (chain(), move_before(), residual()):
+    for mod in (chain(), move_before(), residual(), input_barriers()):
         once = RemoveStopFusion()(mod)
         assert_unchanged(RemoveStopFusion(), once)
 
