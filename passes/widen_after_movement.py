@@ -24,6 +24,19 @@ Rules (``g'`` is ``g`` with every non-scalar constant moved as the data is moved
     #                                                   broadcast to each part and concatenated
     # split(g(n))[i]         -> g_i(split(n)[i])        g_i's constants: the i-th part of g's
     # (n a clip: n's place is taken by cast(cast(n, u8|i8), dtype(n)), equal to n)
+    # (a link of g below M's input also read by others: M's chain is a copy, the link stays
+    #  for them, when each of them takes the widening into its kernel; see below)
+
+A link with other readers. ``cast(n, i32)`` read by the chain to ``M`` and by a pool (an 8-bit
+conv's output read by a depthwise conv's dequantize through a ``layout_transform`` and by a
+global average pool): when every reader of the link takes the widening into its own kernel
+(elementwise/broadcast, a reduction, or a pool / softmax, which ``FuseWideningIntoPool`` takes),
+``M`` gets its own copy of the chain from ``n`` and the link keeps the other readers. These are
+the readers ``WidenInEachReader`` (run after this pass) gives a copy of the chain each; deciding
+the same here moves the widening in the same run, where the chain would otherwise become private
+only after ``WidenInEachReader`` and a second run of the pipeline would move it. Another reader
+(a convolution, data movement, a tuple) leaves the link as a kernel writing the wide value: then
+the chain is left alone, since a copy would add a kernel.
 
 Moving a constant: it is broadcast to the shape the link computes on, moved by the same call
 (TVM's own constant folding of ``M`` on it: exactly what ``M`` does to the data; ``numpy`` for
@@ -41,7 +54,8 @@ other reader (a convolution) gets it fused into the movement's kernel, which wri
 before. No kernel added; the movement kernels move 8-bit values.
 
 Left alone, with a logged reason: a movement reading an 8-bit value already (nothing to move) or a
-value that is not such a chain; chains with a link read by others, a link that broadcasts the value
+value that is not such a chain; chains with a link read by others that do not take the widening
+(above), a link that broadcasts the value
 to a larger shape, a link with two non-constant operands; concatenations whose parts differ in the
 calls of their chains, in their 8-bit dtypes or forms; a split whose result is used other than
 through its fields; dynamic shapes. Idempotent: afterwards every movement reads 8-bit values.
@@ -66,6 +80,7 @@ from ._util import (
     until_unchanged,
     with_body,
 )
+from .fuse_widening_into_pool import POOLS
 from .narrow_kernel_boundaries import _pattern, narrow_type
 
 __all__ = ["WidenAfterMovement", "MOVEMENT", "MAX_ROUNDS"]
@@ -83,6 +98,7 @@ MOVEMENT = ("reshape", "transpose", "layout_transform", "squeeze", "expand_dims"
 MAX_ROUNDS = 16
 _MAX_CHAIN = 64
 _K_BROADCAST = 1
+_K_COMM_REDUCE = 3
 
 
 def _shape(expr) -> list:
@@ -92,7 +108,8 @@ def _shape(expr) -> list:
 def _widening(v, users):
     """``(n, dtype, kind, links)`` for ``v = l_1(...l_k(n)...)`` (``links`` from ``v`` back); or a Reject.
 
-    ``v`` is read by the movement only (the caller checks); every other link has one reader.
+    ``v`` is read by the movement only (the caller checks); every other link has one reader, or
+    readers that all take the widening into their kernels (:func:`_readers_take_widening`).
     """
     from tvm import relay
 
@@ -111,7 +128,9 @@ def _widening(v, users):
         if len(live) != 1:
             return Reject(f"{op_name(node)} has {len(live)} non-constant operands")
         if links and len(users.get(node, ())) != 1:
-            return Reject(f"{op_name(node)} in the chain has other readers")
+            ok = _readers_take_widening(users[node])
+            if not ok:
+                return Reject(f"{op_name(node)} in the chain has other readers: {ok}")
         ok = static_tensor_type(live[0])
         if not ok:
             return ok
@@ -127,6 +146,30 @@ def _widening(v, users):
     if kind == "clip" and len(users.get(n, ())) != 1:
         return Reject("the 8-bit clip has other readers")
     return n, dtype, kind, links
+
+
+def _readers_take_widening(readers):
+    """True when every reader of a shared link takes the widening into its own kernel; or a Reject.
+
+    The movement then gets its own copy of the chain from the 8-bit value, and the link keeps its
+    other readers. A reader takes it when it is elementwise/broadcast or a reduction (FuseOps fuses
+    an elementwise producer into it) or a pool / softmax (``FuseWideningIntoPool``, run after this
+    pass): the readers ``WidenInEachReader`` gives a copy each. Any other reader (a convolution,
+    data movement, a tuple) would leave the link as a kernel writing the wide value, and the copy
+    would add one: the chain is left alone.
+    """
+    from tvm import relay
+
+    from tvm_ext.report import op_pattern
+
+    for reader, _ in readers:
+        name = op_name(reader) if isinstance(reader, relay.Call) else None
+        if name is None:
+            return Reject(f"a {type(reader).__name__} reads it")
+        pat = op_pattern(name)
+        if not (pat <= _K_BROADCAST or pat == _K_COMM_REDUCE or name in POOLS):
+            return Reject(f"{name} reads it and would not fuse the widening")
+    return True
 
 
 def _source(n, dtype, kind):

@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.widen_after_movement (issue 11: YOLOv8n's dequantized float head inputs)."""
+"""Tests of tvm_ext.passes.widen_after_movement (dequantized float inputs of data movement: a detector head)."""
 from __future__ import annotations
 
 import logging
@@ -87,6 +87,58 @@ def test_clip_form_moves_as_8_bits():
     moved = relay.cast(relay.reshape(relay.cast(q, "uint8"), (1, 36)), "float32")
     expected = infer(relay.exp(relay.multiply(relay.subtract(moved, relay.const(5.0)), relay.const(0.125))))
     check(WidenAfterMovement(), before, expected)
+
+
+# -- a link of the chain also read by a pool ---------------------------------------------------------
+def _shared_with_pool(moved):
+    """the widening's first link, cast(n, i32), also read by a global average pool
+
+    ::
+
+        n(u8) -> cast i32 -+-> subtract 128 -> cast f32 -> layout_transform NCHW2c -> relu
+                           +-> global_avg_pool2d
+
+    moved: the layout_transform reads n, the chain to relu is a copy; the pool keeps its cast.
+    """
+    n = _u8("n", (1, 4, 3, 3))
+    wide = relay.cast(n, "int32")
+    if moved:
+        blocked = relay.layout_transform(n, "NCHW", "NCHW2c")
+        dq = relay.cast(relay.subtract(relay.cast(blocked, "int32"), relay.const(128)), "float32")
+        head = relay.nn.relu(dq)
+    else:
+        dq = relay.cast(relay.subtract(wide, relay.const(128)), "float32")
+        head = relay.nn.relu(relay.layout_transform(dq, "NCHW", "NCHW2c"))
+    return infer(head, relay.nn.global_avg_pool2d(wide))
+
+
+def test_link_shared_with_a_pool_structure():
+    after = check(WidenAfterMovement(), _shared_with_pool(False), _shared_with_pool(True))
+    assert_unchanged(WidenAfterMovement(), after)
+
+
+def test_link_shared_with_a_pool_bit_exact():
+    before = _shared_with_pool(False)
+    stock, ours = tvm_ext.build(before), tvm_ext.build(before, passes=[WidenAfterMovement(), FuseWideningIntoPool()])
+    assert ours.kernel_report.num_kernels <= stock.kernel_report.num_kernels
+    data = {"n": rng.integers(0, 256, (1, 4, 3, 3)).astype("uint8")}
+    out, _ = assert_same_outputs(stock, ours, data, rtol=0, atol=0)
+    assert out[0].std() > 0 and out[1].std() > 0
+
+
+def test_link_shared_with_a_pool_moved_before_the_readers_widen():
+    """WidenInEachReader (after this pass) gives the pool a copy of the cast; had the movement
+    waited for that, a second run of the three passes would move it: one run does everything."""
+    from tvm_ext.passes.widen_in_each_reader import WidenInEachReader
+
+    seq = tvm.transform.Sequential([WidenAfterMovement(), WidenInEachReader(), FuseWideningIntoPool()])
+    with tvm.transform.PassContext(opt_level=3):
+        once = seq(_shared_with_pool(False))
+    assert_unchanged(seq, once)
+    blocked = []
+    relay.analysis.post_order_visit(once["main"], lambda e: isinstance(e, relay.Call) and isinstance(
+        e.op, tvm.ir.Op) and e.op.name == "layout_transform" and blocked.append(e.args[0].checked_type.dtype))
+    assert blocked == ["uint8"]
 
 
 # -- a detector head: concat -> split -> reshape -> transpose -> softmax / sigmoid ----------------
@@ -195,6 +247,17 @@ def test_link_with_other_readers_unchanged(caplog):
     wide = relay.cast(n, "float32")
     scaled = relay.multiply(wide, relay.const(0.5))
     _assert_rejected(infer(relay.Tuple([relay.reshape(scaled, (1, 24)), wide])), "other readers", caplog)
+
+
+def test_link_shared_with_a_conv_unchanged(caplog):
+    """A convolution takes no elementwise producer: the shared link stays a kernel writing float32,
+    and a copy of the chain for the movement would add one."""
+    n = _u8("n", (1, 4, 3, 3))
+    wide = relay.cast(n, "float32")
+    w = relay.const(rng.standard_normal((4, 4, 1, 1)).astype("float32"))
+    moved = relay.reshape(relay.multiply(wide, relay.const(0.5)), (1, 36))
+    mod = infer(moved, relay.nn.conv2d(wide, w, channels=4, kernel_size=(1, 1)))
+    _assert_rejected(mod, "nn.conv2d reads it and would not fuse the widening", caplog)
 
 
 def test_concatenate_of_different_chains_unchanged(caplog):
