@@ -446,14 +446,14 @@ def float_conv_into_int8_conv(channels=6):
 
 
 def test_channel_pad_names_pad_channels_at_producer():
-    # explain compiles nothing: a znver3 target is only read here, on any host
-    ex = explain(float_conv_into_int8_conv(), target="llvm -mcpu=znver3")
+    # explain compiles nothing: an x86-64-v3 target is only read here, on any host
+    ex = explain(float_conv_into_int8_conv(), target="llvm -mcpu=x86-64-v3")
     (b,) = [b for b in ex.boundaries if b.pads_channels]
     assert b.kind == "prologue_into_anchor" and b.remedy == "PadChannelsAtProducer"
     (rr,) = [r for r in ex.check_remedies(["PadChannelsAtProducer"]) if r.remedy == "PadChannelsAtProducer"]
     assert rr.measured and rr.remaining == 0 and rr.kernels_saved == 1
     # 8 channels: x86 pads nothing, no such boundary
-    assert not [b for b in explain(float_conv_into_int8_conv(8), target="llvm -mcpu=znver3").boundaries
+    assert not [b for b in explain(float_conv_into_int8_conv(8), target="llvm -mcpu=x86-64-v3").boundaries
                 if b.pads_channels]
 
 
@@ -476,3 +476,144 @@ def test_dequantize_in_conv_transpose_group_is_named_as_a_pass_group():
                  passes={"before_fuse": [DequantizeInConvTranspose()]})
     groups = [b for b in ex.boundaries if b.entry == "DequantizeInConvTranspose"]
     assert groups and all(b.remedy == "tvm-ext pass group" for b in groups)
+
+
+# -- closures and control flow, as FuseOps handles them ---------------------------------------------------
+def let_closure():
+    """fn (%a: Tensor[(4), float32]) { let %f = fn () { exp(%a) }; %f() }"""
+    a = relay.var("a", shape=(4,), dtype="float32")
+    f = relay.var("f")
+    return tvm.IRModule.from_expr(relay.Function([a], relay.Let(f, relay.Function([], relay.exp(a)), relay.Call(f, []))))
+
+
+def if_of_closures():
+    """TVM's test_fuse_myia_regression (tests/python/relay/test_pass_fuse_ops.py): a call of the
+    closure an If returns."""
+    x = relay.var("x", shape=(), dtype="int64")
+    y = relay.var("y", shape=(), dtype="int64")
+    sb = relay.ScopeBuilder()
+    with sb.if_scope(relay.op.greater(x, y)):
+        sb.ret(relay.Function([], x))
+    with sb.else_scope():
+        sb.ret(relay.Function([], y))
+    return tvm.IRModule.from_expr(relay.Function([x, y], relay.Call(sb.get(), [])))
+
+
+def let_tuple_if():
+    """let %v = relu(x); let %f = fn () { exp(%v) }; %t = (%f(), tanh(%v));
+    if (%c) { %t.0 + 1 } else { sigmoid(%t.1) }"""
+    x, c = relay.var("x", shape=(1, 8)), relay.var("c", shape=(), dtype="bool")
+    v, f = relay.var("v"), relay.var("f")
+    t = relay.Tuple([relay.Call(f, []), relay.tanh(v)])
+    body = relay.If(c, relay.add(relay.TupleGetItem(t, 0), relay.const(1.0)), relay.sigmoid(relay.TupleGetItem(t, 1)))
+    return tvm.IRModule.from_expr(
+        relay.Function([x, c], relay.Let(v, relay.nn.relu(x), relay.Let(f, relay.Function([], relay.exp(v)), body))))
+
+
+def _vm_kernels(mod):
+    """The kernels relay.vm.compile builds (its names carry the prefix vm_mod_ instead of tvmgen_default_)."""
+    exe = relay.vm.compile(mod, target="llvm")
+    return sorted(n[len("vm_mod_"):] for n in exe.primitive_ops)
+
+
+@pytest.mark.parametrize("graph, kernels, construct", [
+    (let_closure, ["fused_exp"], "call of the closure %f"),
+    (if_of_closures, ["fused_greater"], "call of the function an If returns"),
+    (let_tuple_if, ["fused_add", "fused_exp", "fused_nn_relu", "fused_sigmoid", "fused_tanh"], "call of the closure %f"),
+])
+def test_closures_and_control_flow_are_explained_as_fuse_ops_does(graph, kernels, construct):
+    """The kernels inside closures and If branches are FuseOps' own (and the VM's), named as TVM names
+    them; compile=True names the construct the graph executor cannot run."""
+    from tvm_ext.tvm_bugs import UnsupportedByTVM
+
+    mod = graph()
+    ex = explain(mod)
+    assert ex.verified is True, ex.verify_note
+    names = sorted(k.name for k in ex.kernels)
+    assert names == ["tvmgen_default_" + k for k in kernels]
+    assert [n[len("tvmgen_default_"):] for n in names] == _vm_kernels(mod)
+    json.loads(ex.to_json())
+    assert ex.to_html().count('class="kernel"') == len(kernels) and all(n in ex.table() for n in names)
+    with pytest.raises(UnsupportedByTVM, match=construct):
+        explain(mod, compile=True)
+
+
+def test_let_tuple_if_boundaries():
+    """A kernel inside a closure reads a Let-bound value; an If's branches read a Let-bound tuple whole
+    (TVM passes the tuple to each branch's kernel); the closure call's result is not followed."""
+    ex = explain(let_tuple_if())
+    kernel = {k.ops[0]: k.index for k in ex.kernels}
+    by_op = {b.op: b for b in ex.boundaries}
+    assert set(by_op) == {"nn.relu", "tanh"}
+    relu, tanh = by_op["nn.relu"], by_op["tanh"]
+    assert relu.consumers == tuple(sorted((kernel["exp"], kernel["tanh"]))) and relu.kind == "no_post_dominator"
+    assert "Let/If/Match operand" in relu.detail
+    assert tanh.consumers == tuple(sorted((kernel["add"], kernel["sigmoid"]))) and tanh.kind == "tuple"
+
+
+def test_value_passed_to_a_closure_is_a_closure_call_boundary():
+    """relu(x) read by tanh and passed to a let-bound closure %f: the call is kOpaque, no kernel."""
+    x, q, f = relay.var("x", shape=(1, 8)), relay.var("q", shape=(1, 8)), relay.var("f")
+    r = relay.nn.relu(x)
+    body = relay.Let(f, relay.Function([q], relay.exp(q)), relay.Tuple([relay.Call(f, [r]), relay.tanh(r)]))
+    ex = explain(tvm.IRModule.from_expr(relay.Function([x], body)))
+    assert ex.verified is True and ex.num_kernels == 3
+    (b,) = ex.boundaries
+    assert b.op == "nn.relu" and b.kind == "closure_call" and "call of the closure %f" in b.detail
+    assert b.remedy == "none"
+
+
+def test_reasons_have_colours():
+    from tvm_ext._explain_html import COLOURS
+
+    assert set(COLOURS) == {k for k, _ in REASONS}
+
+
+# -- kernel names: the built module's ------------------------------------------------------------------
+def named_kernels():
+    """Kernels whose names exercise TVM's naming: a reshape-only kernel (the graph executor's
+    ``__nop``), two structurally equal kernels (one name), two of equal ops and other shapes
+    (``_1``), and a name over 80 characters (truncated, with libstdc++'s hash)."""
+    x, z, y = relay.var("x", shape=(2, 16)), relay.var("z", shape=(2, 16)), relay.var("y", shape=(4, 4))
+    w = relay.const(np.ones((8, 16), "float32"))
+    a = relay.reshape(relay.nn.dense(x, w), (16,))
+    b = relay.tanh(relay.nn.dense(z, w))
+    c = relay.tanh(relay.nn.dense(relay.sigmoid(x), w))
+    d = relay.tanh(relay.nn.dense(y, relay.const(np.ones((8, 4), "float32"))))
+    e = y
+    for i in range(14):
+        e = relay.sigmoid(e) if i % 2 else relay.tanh(e)
+    return mod_of(relay.Tuple([a, b, c, d, e]))
+
+
+def test_kernel_names_are_the_built_modules():
+    ex = explain(named_kernels(), mod_name="m1", compile=True, disabled_pass=["AlterOpLayout"])
+    assert ex.verified is True, ex.verify_note
+    built = [k.func_name for k in ex.kernel_report.kernels]
+    assert [k.func_name for k in ex.kernels] == built  # names, count and order
+    names = [k.name for k in ex.kernels]
+    assert names.count("tvmgen_m1_fused_nn_dense_tanh") == 2 and "tvmgen_m1_fused_nn_dense_tanh_1" in names
+    (nop,) = [k for k in ex.kernels if k.reshape_only]
+    assert nop.name == "tvmgen_m1_fused_reshape" and nop.func_name == "__nop"
+    (long,) = [k for k in ex.kernels if len(k.ops) == 14]
+    assert len(long.name) > 80 and long.name.endswith("_") and long.name.startswith("tvmgen_m1_fused_tanh_sigmoid_")
+    # the text, the JSON and the HTML page carry them
+    d = json.loads(ex.to_json())
+    assert [k["name"] for k in d["kernels"]] == names and [k["func_name"] for k in d["kernels"]] == built
+    page, text = ex.to_html(), ex.table()
+    assert all(n in page and n in text for n in names) and "tvmgen_m1_fused_reshape (graph executor: __nop)" in text
+
+
+def test_kernel_names_of_a_zoo_model_match_the_kernel_report():
+    """ONNX Runtime's QOperator ResNet (small) at the host target: names (hash-truncated and _N ones
+    included) and count equal the kernel report's, kernel for kernel."""
+    m = tvm_ext.zoo.load("resnet50_int8_qoperator", small=True)
+    ex = explain(m.mod, params=m.params, compile=True)
+    assert ex.verified is True, ex.verify_note
+    report = ex.kernel_report
+    assert ex.num_kernels == report.num_kernels
+    assert [k.func_name for k in ex.kernels] == [k.func_name for k in report.kernels]
+    assert all(sorted(a.ops) == sorted(b.ops) for a, b in zip(ex.kernels, report.kernels))
+    names = {k.name for k in ex.kernels}
+    assert any(n.endswith("_") for n in names) and any(n.rsplit("_", 1)[-1].isdigit() for n in names)
+    assert ex.kernels[0].name.startswith("tvmgen_default_fused_") and "layout_transform" in ex.kernels[0].name

@@ -24,6 +24,7 @@ COLOURS = {
     "no_post_dominator": "#bcbd22",
     "stop_fusion": "#d62728",
     "function_boundary": "#9467bd",
+    "closure_call": "#aec7e8",
     "opaque_op": "#e377c2",
     "dynamic_shape": "#2ca02c",
     "tuple": "#393b79",
@@ -113,7 +114,7 @@ def render(ex, title: str) -> str:
     for k in ex.kernels:
         x, y = coords[k.index]
         fill = "#fff3cd" if k.anchor else "#e8f0fe"
-        name = k.func_name or k.name
+        name = k.title
         short = " ".join(k.ops)
         short = short if len(short) <= 34 else short[:31] + "..."
         tip = f"#{k.index} {name}\nops: {' '.join(k.ops)}\nanchor: {k.anchor or '-'}\noutput: " + \
@@ -159,7 +160,9 @@ pre {{ background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }}
     g.addEventListener('click', function () {{
       clear(); g.classList.add('hl');
       var k = data.kernels[+g.getAttribute('data-k')];
-      var lines = ['#' + k.index + ' ' + (k.func_name || k.name), 'ops: ' + k.ops.join(' ')];
+      var title = k.name === null ? '(no TVM kernel of these ops)' :
+        (k.func_name === null || k.func_name === k.name ? k.name : k.name + ' (graph executor: ' + k.func_name + ')');
+      var lines = ['#' + k.index + ' ' + title, 'ops: ' + k.ops.join(' ')];
       data.boundaries.forEach(function (b) {{
         if (b.consumers.indexOf(k.index) >= 0) lines.push('<- #' + b.producer + ' ' + b.dtype + ' [' + b.kind + '] ' + b.detail);
         if (b.producer === k.index) lines.push('-> #' + b.consumers.join(', #') + ' ' + b.dtype + ' [' + b.kind + '] remedy: ' + b.remedy);

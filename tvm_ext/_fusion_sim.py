@@ -15,8 +15,17 @@ recorded per node and phase, with the node where ``CheckPath`` failed, so the ex
 It is checked, not trusted: :func:`tvm_ext.explain.explain` runs TVM's real ``FuseOps`` on the
 same module and compares the kernels op for op (``Explanation.verified``).
 
+Control flow and closures are replayed as FuseOps handles them: Let/If/Match/Ref nodes fuse
+nothing through them (their operands are external); a call of anything but an op or a
+``Primitive`` function literal (a let-bound closure, a function chosen by an ``If``, a global
+function, a constructor, a non-``Primitive`` function literal) is a ``closure_call`` node:
+kOpaque, never a kernel, its callee external. The bodies of closures and of ``If``/``Match``
+branches are in the same graph and FuseMutator makes kernels inside them, so their groups are
+kernels too (``Node.outer``); only ``Primitive`` (and external ``Compiler``) function bodies are
+not.
+
 Not replayed: the ``max_function_args`` limit (0, i.e. off, on CPU targets) and the postponed
-fusing it drives; Let/If/Match/Ref nodes are treated as TVM does (their operands are external).
+fusing it drives.
 """
 from __future__ import annotations
 
@@ -36,12 +45,12 @@ class Node:
 
     index: int
     expr: object
-    kind: str  # call | var | const | tuple | getitem | other
-    op: Optional[str]  # op name, "fn:<name>" for a function call, None otherwise
+    kind: str  # call | closure_call | var | const | tuple | getitem | other
+    op: Optional[str]  # op name, "fn:<name>" for a call of a Primitive function literal, None otherwise
     pattern: int = K_OPAQUE
     extern: bool = False
     outputs: list = field(default_factory=list)  # [(node index, edge pattern)]
-    outer: bool = True  # False: inside a nested (Primitive/Composite) function body
+    outer: bool = True  # False: inside a Primitive (or Compiler) function body, which FuseMutator leaves alone
     noncomputational: bool = False  # stop_fusion and TNonComputational ops: no kernel
 
 
@@ -129,9 +138,13 @@ class FusionGraph:
         for i, e in enumerate(order):
             self.index_of[e] = i
             self.nodes.append(Node(i, e, *self._kind_op(e)))
-        outer = self._outer_nodes()
+        # FuseMutator returns Primitive functions unchanged: their groups are no kernels of this function
+        inner = set()
+        for fn in nested:
+            if is_primitive_function(fn):
+                relay.analysis.post_order_visit(fn, lambda e: inner.add(e))
         for n in self.nodes:
-            n.outer = n.expr in outer
+            n.outer = n.expr not in inner
 
         def update(child, parent: Optional[Node], pattern: int):
             idx = self.index_of.get(child)
@@ -154,6 +167,9 @@ class FusionGraph:
                 n.pattern = K_ELEMWISE if scalar else K_OPAQUE
             elif isinstance(e, relay.Call):
                 pat = K_OPAQUE
+                if not isinstance(e.op, tvm.ir.Op):  # the callee is an operand of the call, and external
+                    update(e.op, n, K_OPAQUE)
+                    update(e.op, None, K_OPAQUE)
                 if isinstance(e.op, tvm.ir.Op):
                     dep = _op_attr(e.op, "TShapeDataDependent")
                     data_dep = bool(dep) and any(bool(x) for x in dep)
@@ -198,7 +214,9 @@ class FusionGraph:
         if isinstance(e, relay.Call):
             if isinstance(e.op, tvm.ir.Op):
                 return "call", e.op.name
-            return "call", "fn:" + function_label(e.op)
+            if is_primitive_function(e.op):  # a group made before FuseOps: one kernel, opaque to it
+                return "call", "fn:" + function_label(e.op)
+            return "closure_call", None  # FuseMutator leaves the call as it is: no kernel
         if isinstance(e, relay.Var):
             return "var", None
         if isinstance(e, relay.Constant):
@@ -208,20 +226,6 @@ class FusionGraph:
         if isinstance(e, relay.TupleGetItem):
             return "getitem", None
         return "other", None
-
-    def _outer_nodes(self) -> set:
-        """Nodes of the function itself, not inside nested functions (iterative walk)."""
-        from tvm import relay
-
-        seen = set()
-        stack = [self.func.body, *self.func.params]
-        while stack:
-            e = stack.pop()
-            if e in seen or isinstance(e, relay.Function):
-                continue
-            seen.add(e)
-            stack.extend(_children(e))
-        return seen
 
     # -- DominatorTree::PostDom --------------------------------------------------------------
     def _post_dom(self):
@@ -429,6 +433,7 @@ class FusionGraph:
 
 
 def _children(e) -> list:
+    """The operands IndexedForwardGraphCreator marks external for a Let/If/Match/Ref node."""
     from tvm import relay
 
     if isinstance(e, relay.Call):
@@ -441,12 +446,56 @@ def _children(e) -> list:
         return [e.var, e.value, e.body]
     if isinstance(e, relay.If):
         return [e.cond, e.true_branch, e.false_branch]
-    for attr in ("value", "ref", "data"):
-        if hasattr(e, attr):
-            v = getattr(e, attr)
-            if isinstance(v, relay.Expr):
-                return [v]
+    if isinstance(e, relay.adt.Match):
+        return [e.data, *(c.rhs for c in e.clauses)]
+    if isinstance(e, relay.RefWrite):
+        return [e.ref, e.value]
+    if isinstance(e, relay.RefRead):
+        return [e.ref]
+    if isinstance(e, relay.RefCreate):
+        return [e.value]
     return []
+
+
+def is_primitive_function(e) -> bool:
+    """A function literal with a nonzero ``Primitive`` attribute (FuseMutator leaves it alone)."""
+    from tvm import relay
+
+    if not isinstance(e, relay.Function) or e.attrs is None or "Primitive" not in e.attrs:
+        return False
+    try:
+        return int(e.attrs["Primitive"]) != 0
+    except (TypeError, ValueError):
+        return False
+
+
+def callee_label(callee) -> str:
+    """What a ``closure_call`` calls, for messages: ``%f``, ``@g``, ``an If``, ``a function literal``, ..."""
+    import tvm
+    from tvm import relay
+
+    if isinstance(callee, relay.Var):
+        return f"the closure %{callee.name_hint}"
+    if isinstance(callee, tvm.ir.GlobalVar):
+        return f"the global function @{callee.name_hint}"
+    if isinstance(callee, relay.If):
+        return "the function an If returns"
+    if isinstance(callee, relay.Let):
+        return "the function a Let returns"
+    if isinstance(callee, relay.Function):
+        return "a function literal (not Primitive)"
+    if type(callee).__name__ == "Constructor":
+        return f"the constructor {getattr(callee, 'name_hint', '?')}"
+    return f"a {type(callee).__name__}"
+
+
+def node_label(n: Node) -> str:
+    """A node's name in messages: its op, its function's name, or what a closure call calls."""
+    if n.kind == "closure_call":
+        return "call of " + callee_label(n.expr.op)
+    if n.op:
+        return n.op[3:] if n.op.startswith("fn:") else n.op
+    return n.kind
 
 
 def function_label(fn) -> str:

@@ -41,7 +41,7 @@ from typing import Callable, Optional, Sequence
 
 from . import _compat  # noqa: F401
 from ._fusion_sim import (K_COMM_REDUCE, K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE, MAX_FUSED_OPS,
-                          PATTERN_NAMES, FusionGraph)
+                          PATTERN_NAMES, FusionGraph, node_label)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ REASONS = (
     ("no_post_dominator", "the readers never join again (or the value is also a graph output): no post-dominator"),
     ("stop_fusion", "an annotation.stop_fusion barrier"),
     ("function_boundary", "a Primitive/Composite function (a pattern-table group) is opaque to FuseOps"),
+    ("closure_call", "the value is an argument of a call of a closure, a global function or a function an If "
+                     "returns (not an op): FuseOps makes such a call kOpaque and leaves it out of every kernel"),
     ("opaque_op", "an op whose TOpPattern is kOpaque"),
     ("dynamic_shape", "a data-dependent op with a dynamic shape is kOpaque"),
     ("tuple", "the value goes into a tuple; FuseOps fuses only injective producers into tuples (phase 2)"),
@@ -75,16 +77,34 @@ _REASON_ORDER = {k: i for i, (k, _) in enumerate(REASONS)}
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel (a fused group with at least one op)."""
+    """One kernel (a fused group with at least one op).
+
+    ``name`` is the built module's function name, as TVM's TE compiler gives it
+    (``tvmgen_<mod_name>_fused_<ops>``, long names truncated with a hash, ``_1``, ``_2`` for
+    different kernels of equal names, one name for structurally equal kernels); ``func_name`` is
+    the graph executor's (and so the kernel report's and the debug executor's) name for the call:
+    ``name``, or ``"__nop"`` for a reshape-only kernel, which the graph executor does not run.
+    Both are ``None`` when the replay's kernel has no counterpart in TVM's FuseOps
+    (``Explanation.verified`` is then ``False``).
+    """
 
     index: int
-    name: str
+    name: Optional[str]
     ops: tuple
     anchor: Optional[str]
     pattern: str
     outputs: tuple  # ((shape, dtype), ...)
     reshape_only: bool = False
-    func_name: Optional[str] = None  # graph executor name (compile=True)
+    func_name: Optional[str] = None
+
+    @property
+    def title(self) -> str:
+        """The built function name, with the graph executor's when it differs (``__nop``)."""
+        if self.name is None:
+            return "(no TVM kernel of these ops)"
+        if self.func_name in (None, self.name):
+            return self.name
+        return f"{self.name} (graph executor: {self.func_name})"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -365,6 +385,7 @@ class Explanation:
         self.kernel_report = kernel_report
         self._request = request
         self._prefused = None  # (module FuseOps saw, target, config, opt_level), set by explain
+        self._fusion_graph = None  # the FuseOps replay (FusionGraph), set by explain
         self.remedies: list[RemedyResult] = self._structural_remedies()
 
     # -- numbers ---------------------------------------------------------------------------
@@ -506,7 +527,7 @@ class Explanation:
                 incoming.setdefault(c, []).append(b)
         shown_k = self.kernels if max_rows is None else self.kernels[:max_rows]
         for k in shown_k:
-            name = k.func_name or k.name
+            name = k.title
             anchor = f" anchor {k.anchor}" if k.anchor else ""
             lines.append(f"  #{k.index} {name}{anchor}: {' '.join(k.ops)}")
             for b in incoming.get(k.index, []):
@@ -597,11 +618,14 @@ class FuseOpsInput:
         return _Capture()
 
 
-def explain_prefused(mod, target=None, opt_level: int = 3, config: Optional[dict] = None) -> "Explanation":
+def explain_prefused(mod, target=None, opt_level: int = 3, config: Optional[dict] = None,
+                     mod_name: str = "default") -> "Explanation":
     """Explain a module exactly as FuseOps receives it (e.g. captured by :class:`FuseOpsInput`).
 
     No pass runs first, so ops created earlier are not attributed and remedies that re-run the
-    pipeline are not applied; pass remedies and the max_depth config still are.
+    pipeline are not applied; pass remedies and the max_depth config still are. Kernels are named
+    as ``relay.build(..., mod_name=mod_name)`` names them. Control flow and closures as in
+    :func:`explain`.
     """
     import tvm
 
@@ -610,8 +634,8 @@ def explain_prefused(mod, target=None, opt_level: int = 3, config: Optional[dict
     tgt = build_target(target) if not isinstance(target, tvm.target.Target) else target
     cfg = dict(config or {})
     settings = {"target": str(tgt), "opt_level": opt_level, "at": "FuseOps input", "passes": [],
-                "disabled_pass": [], "config": {k: str(v) for k, v in cfg.items()}}
-    return _explain_prefused(_copy(mod), tgt, cfg, opt_level, {}, settings, {"tuned": False})
+                "disabled_pass": [], "config": {k: str(v) for k, v in cfg.items()}, "mod_name": mod_name}
+    return _explain_prefused(_copy(mod), tgt, cfg, opt_level, {}, settings, {"tuned": False, "mod_name": mod_name})
 
 
 # -- the pipeline up to FuseOps ------------------------------------------------------------------
@@ -712,29 +736,116 @@ def _prefuse_module(mod, target, params, passes, at, opt_level, config, disabled
     return mod, tgt, cfg
 
 
-def _tvm_fuse_signatures(mod, tgt, opt_level, cfg) -> list:
-    """Sorted op-multisets of the Primitive functions TVM's FuseOps makes of ``mod``'s main."""
+def _tvm_fused_functions(mod, tgt, opt_level, cfg) -> list:
+    """The Primitive functions TVM's FuseOps makes of ``mod``'s main, one per call, in the order
+    LowerTE lowers (and names) them: post-order of the calls."""
     import tvm
     from tvm import relay
 
+    from ._fusion_sim import is_primitive_function
+
     with tgt, tvm.transform.PassContext(opt_level=opt_level, config=cfg):
         fused = relay.transform.FuseOps()(relay.transform.InferType()(mod))
-    sigs = []
+    fns = []
+    relay.analysis.post_order_visit(
+        fused["main"], lambda e: fns.append(e.op) if isinstance(e, relay.Call) and is_primitive_function(e.op)
+        and int(e.op.attrs["Primitive"]) == 1 else None)
+    return fns
 
-    def visit(e):
-        if isinstance(e, relay.Call) and isinstance(e.op, relay.Function) and e.op.attrs is not None \
-                and "Primitive" in e.op.attrs and int(e.op.attrs["Primitive"]) == 1:
-            ops = []
 
-            def inner(x):
-                if isinstance(x, relay.Call) and isinstance(x.op, tvm.ir.Op):
-                    ops.append(x.op.name)
+# -- kernel names, as TVM's TE compiler gives them ---------------------------------------------------
+# TVM 0.19: LowerToTECompute (src/relay/backend/te_compiler_cache.cc) names a Primitive function
+# "fused" + "_<op>" per op call in post-order, truncated past kMaxFuncNameLength; TECompiler's
+# GlobalVarSupply (src/ir/name_supply.cc, prefix "tvmgen_<mod_name>" from relay.build's
+# mangle_module_name) prefixes it, turns '.' into '_' and appends "_1", "_2", ... to a name taken by
+# another kernel; structurally equal functions share one lowered kernel (the CCacheKey cache).
+_MAX_FUNC_NAME = 80  # kMaxFuncNameLength
+_U64 = (1 << 64) - 1
 
-            relay.analysis.post_order_visit(e.op.body, inner)
-            sigs.append(tuple(sorted(ops)))
 
-    relay.analysis.post_order_visit(fused["main"], visit)
-    return sorted(sigs)
+def _std_hash(text: str) -> int:
+    """libstdc++'s ``std::hash<std::string>`` on 64-bit (``_Hash_bytes``, seed 0xc70f6907), which TVM
+    appends to a truncated kernel name."""
+    data = text.encode()
+    mul = (0xC6A4A793 << 32) + 0x5BD1E995
+
+    def shift_mix(v):
+        return v ^ (v >> 47)
+
+    h = (0xC70F6907 ^ (len(data) * mul)) & _U64
+    aligned = len(data) & ~7
+    for i in range(0, aligned, 8):
+        h = ((h ^ (shift_mix(int.from_bytes(data[i:i + 8], "little") * mul & _U64) * mul & _U64)) * mul) & _U64
+    if len(data) & 7:
+        h = ((h ^ int.from_bytes(data[aligned:], "little")) * mul) & _U64
+    return shift_mix(shift_mix(h) * mul & _U64)
+
+
+def _candidate_name(ops) -> str:
+    """LowerToTECompute's ``candidate_name_`` for a function calling ``ops`` (post-order)."""
+    name = "_".join(["fused", *ops])
+    if len(name) > _MAX_FUNC_NAME:
+        name = f"{name[:_MAX_FUNC_NAME]}_{_std_hash(name):x}_"
+    return name
+
+
+class _NameSupply:
+    """TVM's ``NameSupply::FreshName`` with ``add_prefix`` and ``add_underscore``."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.taken: dict = {}
+
+    def fresh(self, name: str) -> str:
+        base = (f"{self.prefix}_{name}" if self.prefix else name).replace(".", "_")
+        if base not in self.taken:
+            self.taken[base] = 0
+            return base
+        new = base
+        while new in self.taken:
+            self.taken[base] += 1
+            new = f"{base}_{self.taken[base]}"
+        self.taken[new] = 0
+        return new
+
+
+def _tvm_kernel_names(fns, mod_name: str = "default") -> list:
+    """``[(function name, graph executor name)]`` for ``fns`` (:func:`_tvm_fused_functions`), as
+    ``relay.build(..., mod_name=mod_name)`` names them."""
+    import tvm
+
+    supply = _NameSupply(f"tvmgen_{mod_name}" if mod_name else "tvmgen")
+    cache: dict = {}  # structural hash -> [(function, name)]
+    out = []
+    for fn in fns:
+        bucket = cache.setdefault(tvm.ir.structural_hash(fn), [])
+        name = next((n for f, n in bucket if tvm.ir.structural_equal(f, fn)), None)
+        if name is None:
+            name = supply.fresh(_candidate_name(_fn_ops(fn)))
+            bucket.append((fn, name))
+        # GraphExecutorCodegen: a reshape-only kernel aliases its input and becomes "__nop"
+        reshape = "relay.reshape_only" in fn.attrs and int(fn.attrs["relay.reshape_only"]) == 1
+        out.append((name, "__nop" if reshape and len(fn.params) == 1 else name))
+    return out
+
+
+def _name_kernels(kernels, fns, names) -> tuple:
+    """Give each replay kernel the name of its TVM kernel: the first unnamed one with the same ops
+    and outputs, in lowering order. Returns (kernels, number left without a TVM kernel)."""
+    pool: dict = {}
+    for fn, nm in zip(fns, names):
+        key = (tuple(sorted(_fn_ops(fn))), _Analysis._outputs(fn.ret_type or fn.body.checked_type))
+        pool.setdefault(key, []).append(nm)
+    out, unmatched = [], 0
+    for k in kernels:
+        got = pool.get((tuple(sorted(k.ops)), k.outputs))
+        if got:
+            name, func_name = got.pop(0)
+            out.append(replace(k, name=name, func_name=func_name))
+        else:
+            out.append(replace(k, name=None, func_name=None))
+            unmatched += 1
+    return out, unmatched
 
 
 # -- kernels and boundaries from the replay -------------------------------------------------------
@@ -752,11 +863,6 @@ def _tensor_info(ty):
         nbytes = int(math.prod(max(d, 0) for d in shape) * _dtype_bytes(ty.dtype)) if -1 not in shape else 0
         return shape, str(ty.dtype), nbytes
     return (), "tuple", 0
-
-
-def _kernel_name(ops) -> str:
-    name = "fused_" + "_".join(o.replace(".", "_") for o in ops)
-    return name if len(name) <= 80 else name[:77] + "..."
 
 
 class _Analysis:
@@ -787,7 +893,8 @@ class _Analysis:
                         n.noncomputational = True
                         continue
             elif n.kind == "getitem":
-                if self.root[self.fg.index_of[n.expr.tuple_value]] != r:
+                src = self.fg.index_of.get(n.expr.tuple_value)
+                if src is None or self.root[src] != r:
                     continue
             else:
                 continue
@@ -819,7 +926,7 @@ class _Analysis:
             reshape_only = all(_bool_attr_name(o, "TReshapeOp") for o in ops) and bool(ops)
             pat = max(self.fg.g_pattern[r], max((self.fg.nodes[i].pattern for i in self.members[r]
                                                   if self.fg.nodes[i].kind == "call"), default=0))
-            out.append(Kernel(ki, _kernel_name(ops), tuple(ops), best, PATTERN_NAMES.get(pat, str(pat)), outs,
+            out.append(Kernel(ki, None, tuple(ops), best, PATTERN_NAMES.get(pat, str(pat)), outs,
                               reshape_only))
         return out
 
@@ -832,26 +939,47 @@ class _Analysis:
         s, d, _ = _tensor_info(ty)
         return ((s, d),)
 
-    def resolve(self, idx: int) -> list:
-        """[(kernel index, output field or None)] that value ``idx`` comes from."""
+    def resolve(self, idx: Optional[int]) -> list:
+        """[(kernel index, output field or None)] that value ``idx`` comes from.
+
+        Followed: Let-bound variables to their values, a Let to its body, tuples to their fields,
+        non-computational ops to their input. Not followed (``[]``): parameters (of the function
+        or of a closure), constants, and what a closure call or an ``If``/``Match`` returns.
+        """
+        from tvm import relay
+
+        if idx is None:  # not a node of the graph (a function literal, a global)
+            return []
         n = self.fg.nodes[idx]
         r = self.root[idx]
         if r in self.kernel_of_group:
             return [(self.kernel_of_group[r], None)]
+        index_of = self.fg.index_of
         if n.kind == "var" and n.expr in self.let_values:  # a Let-bound value: its producer
-            return self.resolve(self.fg.index_of[self.let_values[n.expr]])
-        if n.kind in ("var", "const"):
+            return self.resolve(index_of.get(self.let_values[n.expr]))
+        if n.kind in ("var", "const", "closure_call"):
             return []
         if n.kind == "tuple":
             out = []
             for f in n.expr.fields:
-                out += self.resolve(self.fg.index_of[f])
+                out += self.resolve(index_of.get(f))
             return out
         if n.kind == "getitem":
-            src = self.resolve(self.fg.index_of[n.expr.tuple_value])
+            tup = n.expr.tuple_value
+            while isinstance(tup, relay.Var) and tup in self.let_values:  # a Let-bound tuple
+                tup = self.let_values[tup]
+            if isinstance(tup, relay.Tuple):  # the field itself
+                fields = list(tup.fields)
+                return self.resolve(index_of.get(fields[n.expr.index])) if n.expr.index < len(fields) else []
+            src = self.resolve(index_of.get(tup))
             return [(k, n.expr.index) for k, _ in src[:1]] if len(src) == 1 else src
         if n.kind == "call" and n.noncomputational and len(n.expr.args) >= 1:
-            return self.resolve(self.fg.index_of[n.expr.args[0]])
+            return self.resolve(index_of.get(n.expr.args[0]))
+        if isinstance(n.expr, relay.Let):  # its value is its body's (the innermost body of a chain)
+            body = n.expr.body
+            while isinstance(body, relay.Let):
+                body = body.body
+            return self.resolve(index_of.get(body))
         return []
 
     def boundaries(self) -> list:
@@ -890,6 +1018,7 @@ class _Analysis:
         out = {"rule": "", "join": None, "blocker": None, "entry": None}
         readers = self.direct_readers(r)
         out["readers"] = tuple(fg.nodes[x].op or fg.nodes[x].kind for x in readers)
+        closure_readers = [x for x in readers if fg.nodes[x].kind == "closure_call"]
         gp = PATTERN_NAMES.get(fg.g_pattern[r], "?")
         anchor = self.group_anchor(r)
         what = f"{n.op}" + (f" (kernel anchor {anchor})" if anchor and anchor != n.op else "")
@@ -915,10 +1044,17 @@ class _Analysis:
             else:
                 out.update(kind="opaque_op", detail=f"{n.op} has TOpPattern kOpaque", rule=f"{phase}: group pattern kOpaque")
             return out
+        if closure_readers:  # a closure call reads it: kOpaque, the value cannot fuse onward
+            c = fg.nodes[closure_readers[0]]
+            out.update(kind="closure_call", blocker=self.describe(closure_readers[0]),
+                       detail=f"{what} is passed to the {node_label(c)} (not an op): FuseOps makes the call "
+                              "kOpaque and no kernel",
+                       rule=f"{phase}: a reader is a call of a non-op (kOpaque)")
+            return out
         if d.code == "no_dom":
             if n.extern:
-                detail = (f"{what} is a graph output (or a Let/If operand: FuseOps does not fuse through them), "
-                          "so it has no post-dominator")
+                detail = (f"{what} is a graph output (or a Let/If/Match operand: FuseOps does not fuse through "
+                          "them), so it has no post-dominator")
             else:
                 detail = f"{what} has {len(readers)} readers whose paths never join again"
             out.update(kind="no_post_dominator", detail=detail, rule=f"{phase}: post-dominator is null")
@@ -1011,7 +1147,9 @@ class _Analysis:
 
     def tuple_reader(self, t: int) -> str:
         outs = [o for o, _ in self.fg.nodes[t].outputs]
-        return self.describe(outs[0]) if outs else "the graph output"
+        if outs:
+            return self.describe(outs[0])
+        return "the graph output" if self.fg.nodes[t].expr.same_as(self.fg.func.body) else "a Let/If/Match operand"
 
     def reader_casts(self, r: int) -> tuple:
         out = []
@@ -1063,7 +1201,7 @@ class _Analysis:
         for m in self.members[root]:
             n = self.fg.nodes[m]
             if n.kind == "call" and n.pattern in (K_COMM_REDUCE, K_OUT_EWISE_FUSABLE) and n.pattern > best_pat:
-                best, best_pat = (n.op[3:] if n.op.startswith("fn:") else n.op), n.pattern
+                best, best_pat = node_label(n), n.pattern
         return best
 
     def max_edge(self, r: int, dom: int) -> Optional[int]:
@@ -1090,7 +1228,7 @@ class _Analysis:
         if i is None:
             return "(none)"
         n = self.fg.nodes[i]
-        label = n.op[3:] if n.op and n.op.startswith("fn:") else (n.op or n.kind)
+        label = node_label(n)
         r = self.root[i]
         if r in self.kernel_of_group:
             return f"{label} in kernel #{self.kernel_of_group[r]}"
@@ -1098,11 +1236,13 @@ class _Analysis:
 
 
 def _fn_ops(fn) -> list:
-    """Op names called inside a (Primitive/Composite) function, in post-order."""
+    """Op names called inside a function literal, in post-order ([] for any other callee)."""
     import tvm
     from tvm import relay
 
     ops = []
+    if not isinstance(fn, relay.Function):
+        return ops
     relay.analysis.post_order_visit(fn.body, lambda x: ops.append(x.op.name) if isinstance(x, relay.Call)
                                     and isinstance(x.op, tvm.ir.Op) else None)
     return ops
@@ -1160,23 +1300,23 @@ def _bool_attr_name(op_name: str, name: str) -> bool:
         return False
 
 
-def _match_report(kernels, report):
-    """Give each kernel the graph executor's func_name, matching op multisets in order."""
-    pool: dict = {}
-    for k in report.kernels:
-        pool.setdefault(tuple(sorted(k.ops)), []).append(k.func_name)
-    out, unmatched = [], 0
-    for k in kernels:
-        key = tuple(sorted(k.ops))
-        names = pool.get(key)
-        if names:
-            out.append(replace(k, func_name=names.pop(0)))
-        elif k.reshape_only and pool.get(("__nop",)):
-            out.append(replace(k, func_name=pool[("__nop",)].pop(0)))
-        else:
-            out.append(k)
-            unmatched += 1
-    return out, unmatched
+def _check_report_names(kernels, report) -> str:
+    """'' when the kernels' graph executor names are the built module's, name for name; else what differs."""
+    from collections import Counter
+
+    mine, built = Counter(k.func_name for k in kernels), Counter(k.func_name for k in report.kernels)
+    if mine == built:
+        return ""
+    missing, extra = sorted((built - mine).elements()), sorted(str(n) for n in (mine - built).elements())
+    return (f"graph executor has {report.num_kernels} kernels, replay {len(kernels)}; names only built: "
+            f"{', '.join(missing[:3]) or '-'}; only predicted: {', '.join(extra[:3]) or '-'}")
+
+
+def _closure_calls(fg) -> list:
+    """Labels of the calls of closures (or other non-op callees) in the explained function."""
+    from ._fusion_sim import node_label
+
+    return [node_label(n) for n in fg.nodes if n.kind == "closure_call"]
 
 
 def explain(
@@ -1193,6 +1333,7 @@ def explain(
     check_remedies: bool = False,
     allow_vnni: Optional[bool] = None,
     tuned: bool = True,
+    mod_name: str = "default",
 ) -> Explanation:
     """Explain every kernel boundary FuseOps leaves in ``mod``, and what would remove it.
 
@@ -1200,12 +1341,13 @@ def explain(
     ----------
     mod : tvm.IRModule or relay.Function
         The model (never modified).
-    target, params, passes, at, opt_level, config, disabled_pass, allow_vnni, tuned
+    target, params, passes, at, opt_level, config, disabled_pass, allow_vnni, tuned, mod_name
         As for :func:`tvm_ext.build`: the explained graph is the one FuseOps sees in that build.
-        ``config["relay.FuseOps.max_depth"]`` is honoured.
+        ``config["relay.FuseOps.max_depth"]`` is honoured; kernels are named as that build names
+        them (``tvmgen_<mod_name>_fused_...``, see :class:`Kernel`), without compiling.
     compile : bool
-        Also build with :func:`tvm_ext.build`, attach its ``KernelReport`` and name each kernel as
-        the graph executor does (slower: compiles every kernel).
+        Also build with :func:`tvm_ext.build`, attach its ``KernelReport`` and check the kernels'
+        names against it (slower: compiles every kernel). A difference sets ``verified`` to False.
     check_remedies : bool
         Apply every applicable remedy and measure what it removes
         (:meth:`Explanation.check_remedies`).
@@ -1214,34 +1356,52 @@ def explain(
     -------
     Explanation
 
+    Control flow and closures are explained as FuseOps handles them: kernels inside a closure's
+    body or an ``If``/``Match`` branch are kernels; a ``Let``, ``If``, ``Match`` or reference
+    node fuses nothing through it (a value read across one is a ``no_post_dominator``
+    boundary); a call of a ``let``-bound closure, of a function an ``If`` returns, of a global
+    function or of a constructor is no kernel and fuses nothing into it (``closure_call``).
+    Values passed into a closure's parameters or returned by a closure call or an ``If`` are not
+    followed across it: a kernel reading one has no boundary recorded for it.
+
     Raises
     ------
     TypeError, ValueError
         Bad module, passes or ``at`` (from the build stages, naming ``tvm_ext.build``).
+    tvm_ext.tvm_bugs.UnsupportedByTVM
+        A ``ValueError``: ``compile=True`` on a graph relay.build's graph executor cannot run, naming
+        the construct: a call of a closure (``let``-bound, returned by an ``If``, ...) here, or
+        ``If``/``Match``/references from :func:`tvm_ext.build`. ``compile=False`` explains them.
     """
     request = dict(mod=mod, target=target, params=params, passes=passes, at=at, opt_level=opt_level,
-                   config=config, disabled_pass=list(disabled_pass), allow_vnni=allow_vnni, tuned=tuned)
+                   config=config, disabled_pass=list(disabled_pass), allow_vnni=allow_vnni, tuned=tuned,
+                   mod_name=mod_name)
     counter = _OpCounter()
     logger.info("explain: running relay.build's stages up to FuseOps")
     pre, tgt, cfg = _prefuse_module(mod, target, params, passes, at, opt_level, config, disabled_pass,
                                     [counter.make()], allow_vnni, tuned)
     settings = {"target": str(tgt), "opt_level": opt_level, "at": at,
                 "passes": _pass_names(passes), "disabled_pass": list(disabled_pass),
-                "config": {k: str(v) for k, v in (config or {}).items()}}
+                "config": {k: str(v) for k, v in (config or {}).items()}, "mod_name": mod_name}
     ex = _explain_prefused(pre, tgt, cfg, opt_level, {op: dict(ps) for op, ps in counter.created.items()},
                            settings, request)
     if compile:
         from .build import build
+        from .tvm_bugs import UnsupportedByTVM
 
+        closures = _closure_calls(ex._fusion_graph)
+        if closures:
+            raise UnsupportedByTVM(f"explain(compile=True): main makes a {closures[0]}: relay.build's graph "
+                                   "executor cannot run closures (explain with compile=False, or relay.vm)")
         factory = build(mod, target=target, params=params, passes=passes, at=at, opt_level=opt_level,
-                        config=config, disabled_pass=disabled_pass, allow_vnni=allow_vnni, tuned=tuned)
+                        config=config, disabled_pass=disabled_pass, allow_vnni=allow_vnni, tuned=tuned,
+                        mod_name=mod_name)
         report = factory.kernel_report
-        kernels, unmatched = _match_report(ex.kernels, report)
-        ex.kernels, ex.kernel_report = kernels, report
-        if report.num_kernels != len(kernels) or unmatched:
+        ex.kernel_report = report
+        note = _check_report_names(ex.kernels, report)
+        if note:
             ex.verified = False
-            ex.verify_note = (ex.verify_note + "; " if ex.verify_note else "") + \
-                f"graph executor has {report.num_kernels} kernels, replay {len(kernels)} ({unmatched} unmatched)"
+            ex.verify_note = (ex.verify_note + "; " if ex.verify_note else "") + note
     if check_remedies:
         ex.check_remedies()
     return ex
@@ -1258,15 +1418,19 @@ def _explain_prefused(pre, tgt, cfg, opt_level, created, settings, request) -> "
     an = _Analysis(fg, created)
     kernels = an.kernel_list()
 
-    # check the replay against TVM's FuseOps
+    # check the replay against TVM's FuseOps, and name the kernels as the build will
     mine = sorted(tuple(sorted(k.ops)) for k in kernels)
     try:  # on a copy: FuseOps may rewrite the module object it is given
-        theirs = _tvm_fuse_signatures(_copy(pre), tgt, opt_level, cfg)
+        fns = _tvm_fused_functions(_copy(pre), tgt, opt_level, cfg)
+        theirs = sorted(tuple(sorted(_fn_ops(f))) for f in fns)
         verified = mine == theirs
         note = "" if verified else f"replay {len(mine)} kernels, TVM {len(theirs)}; first difference: " + \
             next((f"{a} vs {b}" for a, b in zip(mine, theirs) if a != b), "count")
+        kernels, unnamed = _name_kernels(kernels, fns, _tvm_kernel_names(fns, request.get("mod_name", "default")))
+        if unnamed and verified:
+            verified, note = False, f"{unnamed} kernels without a TVM kernel of the same ops and outputs"
     except Exception as err:  # the check must not hide the explanation
-        verified, note = None, f"TVM FuseOps failed: {str(err).splitlines()[0]}"
+        verified, note = None, f"TVM FuseOps failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
     if verified is False:
         logger.warning("explain: FuseOps replay differs from TVM's FuseOps: %s", note)
 
@@ -1294,6 +1458,7 @@ def _explain_prefused(pre, tgt, cfg, opt_level, created, settings, request) -> "
     ex = Explanation(kernels, boundaries, settings=settings, verified=verified, verify_note=note,
                      inserted_by=created, request=request)
     ex._prefused = (pre, tgt, cfg, opt_level)
+    ex._fusion_graph = fg
     return ex
 
 
