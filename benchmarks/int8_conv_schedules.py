@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Per-ISA measurement behind tvm_ext.x86_int8.policy: TVM's int8 conv schedule vs per-row vs per-tile.
 
-For each instruction-set class this host can execute (AVX2 via -mcpu=znver3, AVX-512 without
-VNNI, AVX-512 VNNI), builds ResNet-50's int8 convolutions (uint8 x int8 -> int32, requantize
-epilogue, as the int8 pipeline compiles them) with TVM's own schedules, with the per-row
-schedule (fix 2; 3x3/7x7 only) and with the per-tile schedules (fix 9, 3x3/7x7 and 1x1) of
+For each instruction-set class this host can execute (AVX2 as -mcpu=x86-64-v3, AVX-512
+without VNNI as x86-64-v4, AVX-512 VNNI as x86-64-v4 + avx512vnni: vendor-neutral CPU levels),
+builds ResNet-50's int8 convolutions (uint8 x int8 -> int32, requantize epilogue, as the int8
+pipeline compiles them) with TVM's own schedules, with the per-row schedule (3x3/7x7 only) and
+with the per-tile schedules (3x3/7x7 and 1x1) of
 tvm_ext.x86_int8, checks that the three give the same outputs, and prints the median time of
 each (timed in alternation; one thread unless TVM_NUM_THREADS says otherwise). For 1x1 convs the
 per-row column compiles TVM's 1x1 schedule again: its ratio shows the noise.
@@ -27,9 +28,9 @@ from tvm_ext import x86_int8  # noqa: E402
 from tvm_ext.isa import runs_on_host  # noqa: E402
 
 TARGETS = {
-    "avx2": "llvm -mcpu=znver3",
-    "avx512": "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
-    "avx512_vnni": "llvm -mcpu=znver4",
+    "avx2": "llvm -mcpu=x86-64-v3",
+    "avx512": "llvm -mcpu=x86-64-v4",
+    "avx512_vnni": "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni",
 }
 # (in channels, out channels, size, kernel, stride): ResNet-50's 3x3 convs, and 1x1s as a control
 SHAPES = [

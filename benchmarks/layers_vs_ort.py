@@ -14,7 +14,7 @@ AVX-512 dispatch is masked (:mod:`tvm_ext.ort_isa`, in a child process), so both
 code; ``--ort-isa host`` times the installed one. The table says which ISA each side ran. Builds
 run in child processes (a crash is reported, not fatal).
 
-    python benchmarks/layers_vs_ort.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=znver3"]
+    python benchmarks/layers_vs_ort.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=x86-64-v3"]
                                        [--threads 2] [--repeat 7] [--ort-isa auto|host] [--out layers.json]
 """
 import argparse

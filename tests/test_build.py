@@ -7,6 +7,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
+from tvm_ext import isa, pipelines
 from tvm_ext.build import PassFailed, prefix_pass_names
 from tvm_ext.report import KernelReport
 from tvm_ext.testing import random_inputs, run_module
@@ -190,6 +191,89 @@ def test_function_input_and_inputs_helper():
     inputs = random_inputs(tvm.IRModule.from_expr(f))
     out = run_module(fac, inputs)[0]
     np.testing.assert_array_equal(out, (inputs["x"] + 1).astype("int8"))
+
+
+# Target classes: vendor-neutral CPU levels, so that both AMD and Intel hosts run what they can.
+AVX2 = "llvm -mcpu=x86-64-v3"
+AVX512_VNNI = "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"
+
+
+def _relay_build_at(mod, params, target):
+    """Plain relay.build at ``target``; for a VNNI target inside ``x86_int8.kernels(schedule=False)``,
+    which only gives TVM's VNNI intrinsic LLVM 22's operand types (without it LLVM aborts)."""
+    from tvm_ext import x86_int8
+
+    with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
+        return relay.build(tvm_ext.copy_module(mod), target=target, params=params)
+
+
+def _assert_no_passes_is_relay_build(m, target, sample):
+    tgt = tvm_ext.build_target(target)
+    ext = tvm_ext.build(m.mod, target, m.params)
+    stock = _relay_build_at(m.mod, m.params, tgt)
+    want = KernelReport.from_factory(stock)
+    assert ext.kernel_report.num_kernels == want.num_kernels, (target, ext.kernel_report.num_kernels,
+                                                               want.num_kernels)
+    assert [k.ops for k in ext.kernel_report.kernels] == [k.ops for k in want.kernels]
+    assert [k.name for k in ext.kernel_report.kernels] == [k.name for k in want.kernels]
+    if not isa.runs_on_host(tgt):
+        return f"compiled only: the host lacks {isa.missing_on_host(tgt)}"
+    for seed in (0, 1):
+        x = {m.input_name: sample(seed)}
+        for a, b in zip(run_module(stock, x), run_module(ext, x)):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)  # the same kernels and schedules: the same bits
+    return "run"
+
+
+# QDQ at AVX2 is where the x86 kernel policy used to reach a graph that still computes in float;
+# every other pair runs with the slow tests (minutes each on 2 cores)
+_SLOW = pytest.mark.slow
+ZOO_CASES = [("resnet50_int8_qdq", AVX2), ("resnet50_int8_qoperator", AVX512_VNNI),
+             pytest.param("resnet50_int8_qdq", AVX512_VNNI, marks=_SLOW),
+             pytest.param("resnet50_int8_qoperator", AVX2, marks=_SLOW)]
+
+
+@pytest.mark.parametrize("name, target", ZOO_CASES)
+def test_no_passes_equals_relay_build_on_zoo_resnets(name, target):
+    """Without a pipeline, tvm-ext's x86 kernel policy and tuned records stay out: relay.build's
+    kernels and outputs, for QDQ (a graph that computes in float) and QOperator alike."""
+    from tvm_ext import zoo
+
+    m = zoo.load(name, small=True)
+    _assert_no_passes_is_relay_build(m, target, lambda seed: zoo.sample_input(m, seed=seed, small=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", [AVX2, AVX512_VNNI])
+def test_no_passes_equals_relay_build_on_a_real_model(target):
+    from tvm_ext import zoo, zoo_real
+
+    try:
+        m = zoo.load("ppocr_cls_v2_int8_qdq")
+    except zoo_real.ModelUnavailable as err:
+        pytest.skip(f"the real model's wheel is not available here: {err}")
+    _assert_no_passes_is_relay_build(m, target, lambda seed: zoo.sample_input(m, seed=seed))
+
+
+def test_a_pipeline_turns_the_kernel_policy_on():
+    from tvm_ext.build import kernel_settings
+
+    assert kernel_settings(()) == (False, False)
+    assert kernel_settings([relay.transform.InferType()]) == (False, False)
+    assert kernel_settings(pipelines.int8()) == (True, True)
+    assert kernel_settings(pipelines.int8(), tuned=False) == (True, False)
+    assert kernel_settings((), kernels=True) == (True, True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", [AVX2, AVX512_VNNI])
+@pytest.mark.parametrize("name", ["resnet50_int8_qdq", "resnet50_int8_qoperator"])
+def test_no_passes_equals_relay_build_on_full_size_resnet50s(name, target):
+    from tvm_ext import zoo
+
+    m = zoo.load(name)
+    _assert_no_passes_is_relay_build(m, target, lambda seed: zoo.sample_input(m, seed=seed))
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ def test_report_json(tmp_path, capsys):
     assert "contrib_conv2d_NCHWc" in " ".join(op for k in out["kernels"] for op in k["ops"])
 
 
-@pytest.mark.parametrize("target", [None, "llvm -mcpu=znver4", "llvm -mcpu=znver3"])
+@pytest.mark.parametrize("target", [None, "llvm -mcpu=znver4", "llvm -mcpu=x86-64-v3"])
 def test_report_builds_for_the_target_tvm_ext_build_uses(tmp_path, capsys, target):
     """report (and explain, tune) resolve --target as tvm_ext.build does: the report shows the build
     that `compile` and `bench` make (AVX-512 VNNI kept where tvm_ext.x86_int8 builds it), not a

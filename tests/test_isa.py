@@ -19,11 +19,26 @@ def test_host_features_come_from_cpuid_not_the_cpu_name():
     assert "sse2" in feats and "avx2" in feats, "the suite's floor is x86-64 with AVX2"
     assert isa.runs_on_host(tvm_ext.host_target()), "the host target must run on the host"
     assert isa.runs_on_host(tvm_ext.build_target()), "tvm_ext.build's default target must run on the host"
-    assert isa.runs_on_host("llvm -mcpu=znver3") == ({"avx2", "fma", "bmi2"} <= feats)
+    assert isa.runs_on_host("llvm -mcpu=x86-64-v3"), "AVX2 code (x86-64-v3) runs on every host of the suite"
+    # a named CPU's code runs only where all of its code-generation features do: znver3 enables
+    # AMD's sse4a, which no Intel CPU has
+    assert isa.runs_on_host("llvm -mcpu=znver3") == ({"avx2", "fma", "bmi2", "sse4a"} <= feats)
+
+
+def test_avx2_code_is_vendor_neutral():
+    """x86-64-v3 asks for nothing that an AVX2 CPU of either vendor lacks (compile-time features only)."""
+    v3 = isa._codegen(isa.llvm_features("llvm -mcpu=x86-64-v3"))
+    assert {"avx2", "fma", "bmi2"} <= v3
+    for cpu in ("haswell", "alderlake", "sapphirerapids", "znver3", "znver4"):
+        assert v3 <= isa._codegen(isa.llvm_features(f"llvm -mcpu={cpu}")), cpu
+    assert "sse4a" in isa.llvm_features("llvm -mcpu=znver3"), "znver3 is AMD code"
 
 
 @pytest.mark.parametrize("target, expected", [
+    ("llvm -mcpu=x86-64-v3", "avx2"),
     ("llvm -mcpu=znver3", "avx2"),
+    ("llvm -mcpu=x86-64-v4", "avx512"),
+    ("llvm -mcpu=sapphirerapids", "avx512_vnni"),
     ("llvm -mcpu=alderlake", "avx2"),          # AVX-VNNI only: TVM has no 256-bit VNNI intrinsic
     ("llvm -mcpu=skylake-avx512", "avx512"),
     ("llvm -mcpu=znver4 -mattr=-avx512vnni", "avx512"),
@@ -64,6 +79,7 @@ def test_host_target_masks_features_a_hypervisor_hides(monkeypatch):
 
 # What each CPU's target must compile a uint8 x int8 conv to (the instruction-set promise).
 ISA_PROMISE = {
+    "x86-64-v3": {"isa": "avx2", "dot": "vpmaddubsw", "zmm": False},
     "znver3": {"isa": "avx2", "dot": "vpmaddubsw", "zmm": False},
     "alderlake": {"isa": "avx2", "dot": "vpmaddubsw", "zmm": False},
     "skylake-avx512": {"isa": "avx512", "dot": "vpmaddubsw", "zmm": True},

@@ -105,7 +105,7 @@ def test_records_of_another_cpu_or_isa_are_ignored(small, some_records, cache):
     tune.write_records(lines, target)
     assert len(tuning.load_records(target)) == len(lines)
     host_cpu = str(target.attrs.get("mcpu", ""))
-    other = tvm.target.Target(f"llvm -mcpu={'znver3' if host_cpu != 'znver3' else 'skylake-avx512'}")
+    other = tvm.target.Target(f"llvm -mcpu={'x86-64-v3' if host_cpu != 'x86-64-v3' else 'skylake-avx512'}")
     assert tuning.load_records(other) == []
     masked = tvm.target.Target(f"llvm -mcpu={host_cpu} -mattr=-avx512f")  # same CPU name, AVX2 code
     if tuning.target_key(masked) != tuning.target_key(target):
@@ -140,7 +140,7 @@ def test_layout_records_change_the_channel_blocking_and_keep_bits(small, plain, 
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("mcpu, isa", [("znver3", "avx2"), ("znver4", "avx512_vnni")])
+@pytest.mark.parametrize("mcpu, isa", [("x86-64-v3", "avx2"), ("znver4", "avx512_vnni")])
 def test_shipped_records_parse_and_match_their_file(mcpu, isa):
     target = tvm.target.Target(f"llvm -mcpu={mcpu}")
     assert tuning.records_name(target) == f"x86_int8_{mcpu}_{isa}.log"
@@ -169,7 +169,7 @@ def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
     from tvm_ext.isa import runs_on_host
     from tvm_ext.tune import tune_model
 
-    target = tvm.target.Target("llvm -mcpu=znver3")
+    target = tvm.target.Target("llvm -mcpu=x86-64-v3")
     if not runs_on_host(target):
         pytest.skip("host lacks AVX2")
     sys.path.insert(0, str(Path(__file__).parent))

@@ -63,7 +63,7 @@ def test_build_target_policy():
     assert "avx512vnni" not in _llvm_features(build_target(masked)), "an explicit mask is kept"
     assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=znver4", allow_vnni=False))
     assert "avx512vnni" in _llvm_features(build_target("llvm -mcpu=znver4")), "auto keeps VNNI"
-    assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=znver3")), "no VNNI to keep"
+    assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=x86-64-v3")), "no VNNI to keep"
     assert build_target("cuda").kind.name == "cuda"
 
 
@@ -92,7 +92,7 @@ def _run(lib, x):
 
 #: One target per int8 instruction-set class without VNNI (executed only where the host can).
 NON_VNNI_TARGETS = {
-    "avx2": "llvm -mcpu=znver3",
+    "avx2": "llvm -mcpu=x86-64-v3",
     "avx512": "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
 }
 
@@ -171,7 +171,7 @@ def test_masked_path_saturates_pmaddubsw_pairs():
     assert np.array_equal(_run(tvm_ext.build(mod, target=masked), xs), got)
 
 
-@pytest.mark.parametrize("target,expected", [("llvm -mcpu=znver3", "per_tile"),
+@pytest.mark.parametrize("target,expected", [("llvm -mcpu=x86-64-v3", "per_tile"),
                                              ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", "per_row"),
                                              ("llvm -mcpu=core2", "tvm")])
 def test_conv_schedule_follows_the_isa_policy(target, expected):
@@ -188,7 +188,7 @@ def test_conv_schedule_follows_the_isa_policy(target, expected):
     assert (asm(schedule=True) != asm(schedule=False)) == (chosen != "tvm")
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
                                     "llvm -mcpu=znver4", "llvm -mcpu=core2"])
 def test_1x1_conv_schedule_follows_the_isa_policy(target):
     """Compiled only: 1x1 int8 convs are computed per register tile on AVX2 and AVX-512 (fix 9).
@@ -304,7 +304,7 @@ def _kernel_names(factory):
     return [n["attrs"]["func_name"] for n in nodes if n["op"] == "tvm_op"]
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
 def test_depthwise_int8_conv_takes_the_int8_conv_block(target):
     """Compiled only (fix 4): no layout_transform kernel around an 8-bit depthwise conv; TVM's own
     rule puts two there on AVX2 (block 8 between convs blocked by 16), none on AVX-512."""
@@ -324,9 +324,9 @@ def test_depthwise_int8_conv_takes_the_int8_conv_block(target):
 def test_depthwise_block_leaves_float_convs_alone():
     mod = _conv_depthwise_conv(dtype="float32")
     with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
-        fixed = relay.build(mod, target="llvm -mcpu=znver3")
+        fixed = relay.build(mod, target="llvm -mcpu=x86-64-v3")
     with tvm.transform.PassContext(opt_level=3):
-        stock = relay.build(mod, target="llvm -mcpu=znver3")
+        stock = relay.build(mod, target="llvm -mcpu=x86-64-v3")
     assert _kernel_names(fixed) == _kernel_names(stock)
     assert fixed.get_graph_json() == stock.get_graph_json()
 
@@ -363,7 +363,7 @@ def _int8_float_int8(seed=0, size=10, mid=24):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-@pytest.mark.parametrize("target,removed", [("llvm -mcpu=znver3", 1), ("llvm -mcpu=znver4", 2),
+@pytest.mark.parametrize("target,removed", [("llvm -mcpu=x86-64-v3", 1), ("llvm -mcpu=znver4", 2),
                                             ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", 1)])
 def test_float_conv_in_an_int8_graph_takes_int8_blocks(target, removed):
     """Compiled only (fix 5): the float conv reads the int8 conv's NCHW16c output as it is; TVM's
@@ -389,7 +389,7 @@ def test_one_pixel_float_conv_takes_the_int8_output_block_on_avx2():
     (24 channels, as in PP-OCRv4 det, are blocked by 8 on AVX2 since fix 6.)"""
     def layouts(mod, **kw):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
-            return sum("layout_transform" in n for n in _kernel_names(relay.build(mod, target="llvm -mcpu=znver3")))
+            return sum("layout_transform" in n for n in _kernel_names(relay.build(mod, target="llvm -mcpu=x86-64-v3")))
 
     one_pixel, ten = _int8_float_int8(size=1, mid=36), _int8_float_int8(size=10, mid=36)
     assert layouts(one_pixel) - layouts(one_pixel, int8_graph=True) == 2
@@ -412,7 +412,7 @@ def test_int8_block():
     assert [x86_int8.int8_block(c) for c in (48, 24, 360, 40, 6, 42)] == [16, 12, 12, 8, None, None]
     # fix 6: on AVX2 no block wider than a register but the int8 conv block
     # ... and on AVX-512 VNNI (fix 11: an 8-lane vpdpbusd); elsewhere TVM's rule
-    for target in ("llvm -mcpu=znver3", "llvm -mcpu=znver4"):
+    for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"):
         narrow = [x86_int8.int8_block(c, target) for c in (48, 24, 360, 40, 12, 36, 20, 6)]
         assert narrow == [16, 8, 8, 8, 12, 12, 4, None], target
     for target in ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", "llvm -mcpu=skylake-avx512", "llvm"):
@@ -452,7 +452,7 @@ def _layout_kernels(names):
     return [n for n in names if "layout_transform" in n or "strided_slice" in n]
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4",
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4",
                                     "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"])
 def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
     """Fixes 6 and 11, compiled for AVX2, AVX-512 VNNI and AVX-512. On AVX2 and VNNI the float
@@ -509,7 +509,7 @@ def _blocked_global_pool(shape, dtype="uint8", out_dtype="float32"):
     return tvm.IRModule.from_expr(relay.Function([x], relay.cast(relay.round(y), out_dtype)))
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4"])
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"])
 def test_global_pool_is_vectorized_over_its_channel_block(target):
     """Compile-only: the pool's kernel adds a vector of 16 channels per window position with fix 7
     and none with TVM's schedule (strided scalar sums)."""
@@ -567,7 +567,7 @@ _FLOAT_CASES = [(3, 16, 32, 56, 1), (7, 3, 32, 64, 2), (1, 32, 32, 28, 1), (3, 8
 
 
 @pytest.mark.parametrize("case", _FLOAT_CASES, ids=["3x3", "7x7-stem", "1x1", "prime-width"])
-@pytest.mark.skipif(not runs_on_host("llvm -mcpu=znver3"), reason="host lacks AVX2")
+@pytest.mark.skipif(not runs_on_host("llvm -mcpu=x86-64-v3"), reason="host lacks AVX2")
 def test_float_conv_register_tile_is_bit_identical_on_avx2(case):
     """Fix 10: untuned float convs on AVX2 take a tile that fits the 16 ymm registers; same bits."""
     k, cin, cout, size, stride = case
@@ -576,11 +576,11 @@ def test_float_conv_register_tile_is_bit_identical_on_avx2(case):
     outs = []
     for schedule in (False, True):
         with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
-            outs.append(_run(relay.build(mod, target="llvm -mcpu=znver3"), xs))
+            outs.append(_run(relay.build(mod, target="llvm -mcpu=x86-64-v3"), xs))
     assert np.array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("target,changed", [("llvm -mcpu=znver3", True), ("llvm -mcpu=znver4", False),
+@pytest.mark.parametrize("target,changed", [("llvm -mcpu=x86-64-v3", True), ("llvm -mcpu=znver4", False),
                                             ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", False)])
 @pytest.mark.parametrize("k", [3, 1])
 def test_float_conv_register_tile_only_on_avx2(target, changed, k):
@@ -628,7 +628,7 @@ _DEPTHWISE_CASES = [("uint8", 88, (3, 96), 5), ("float32", 64, (28, 28), 3), ("u
 
 
 @pytest.mark.parametrize("case", _DEPTHWISE_CASES, ids=["u8-5x5-wide", "f32-3x3", "u8-prime-width"])
-@pytest.mark.skipif(not runs_on_host("llvm -mcpu=znver3"), reason="host lacks AVX2")
+@pytest.mark.skipif(not runs_on_host("llvm -mcpu=x86-64-v3"), reason="host lacks AVX2")
 def test_depthwise_register_tile_is_bit_identical_on_avx2(case, monkeypatch):
     """Fix 12: untuned depthwise convs on AVX2 take a tile that fits the 16 ymm registers (TVM's
     fallback: 24 pixels of one vector each for a width of 96); same bits, different code."""
@@ -637,14 +637,14 @@ def test_depthwise_register_tile_is_bit_identical_on_avx2(case, monkeypatch):
     rng = np.random.default_rng(1)
     shape = (1, channels, *size)
     x = rng.integers(0, 256, shape).astype("uint8") if dtype == "uint8" else rng.standard_normal(shape).astype(dtype)
-    libs = [_depthwise_build(mod, "llvm -mcpu=znver3", fix, monkeypatch) for fix in (False, True)]
+    libs = [_depthwise_build(mod, "llvm -mcpu=x86-64-v3", fix, monkeypatch) for fix in (False, True)]
     outs = [_run(lib, x) for lib in libs]
     assert outs[0].tobytes() == outs[1].tobytes() and np.abs(outs[0]).max() > 0
     if size[1] > 12:  # a wide row: the fallback's tile spilled, fix 12 cut it
         assert libs[0].get_lib().get_source("asm") != libs[1].get_lib().get_source("asm")
 
 
-@pytest.mark.parametrize("target,changed", [("llvm -mcpu=znver3", True), ("llvm -mcpu=alderlake", True),
+@pytest.mark.parametrize("target,changed", [("llvm -mcpu=x86-64-v3", True), ("llvm -mcpu=alderlake", True),
                                             ("llvm -mcpu=znver4", False), ("llvm -mcpu=skylake-avx512", False)])
 def test_depthwise_register_tile_only_on_avx2(target, changed, monkeypatch):
     """Compiled only: fix 12 changes a depthwise conv's code on AVX2 and leaves AVX-512's alone."""

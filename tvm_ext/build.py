@@ -32,7 +32,7 @@ from . import _compat
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build", "copy_module", "prefix_pass_names", "AT_CHOICES"]
+__all__ = ["build", "copy_module", "prefix_pass_names", "kernel_settings", "kernel_contexts", "AT_CHOICES"]
 
 AT_CHOICES = ("before_fuse", "start")
 
@@ -207,7 +207,8 @@ def build(
     runtime=None,
     mod_name: str = "default",
     allow_vnni: bool | None = None,
-    tuned: bool = True,
+    kernels: bool | None = None,
+    tuned: bool | None = None,
 ):
     """Build a Relay module like ``relay.build``, running ``passes`` at an insertion point.
 
@@ -241,10 +242,18 @@ def build(
     allow_vnni : bool, optional
         None (default): use AVX-512 VNNI where the CPU has it. False: mask it (the instruction
         set a plain ``relay.build`` can survive). See :func:`tvm_ext.target.build_target`.
-    tuned : bool
+        AMX is always masked (:data:`tvm_ext.target.AMX_FEATURES`).
+    kernels : bool, optional
+        Compile x86 int8 ops with tvm-ext's kernel policy (:mod:`tvm_ext.x86_int8`: layouts,
+        channel blocks and schedules per instruction set). None (default): on when ``passes`` is a
+        :class:`tvm_ext.pipelines.Pipeline` (such as :func:`tvm_ext.pipelines.int8`), off
+        otherwise, so that without a pipeline the kernels and outputs are ``relay.build``'s. Off,
+        only TVM's VNNI intrinsic is replaced by one LLVM 22 accepts (the same instruction).
+    tuned : bool, optional
         Use the int8 conv layouts and schedules tuned for this CPU and instruction set
         (:mod:`tvm_ext.tuning`): the user's records (``tvm-ext tune``) first, then shipped ones.
-        ``kernel_report`` marks the kernels they reached (``Kernel.tuned``).
+        None (default): as ``kernels``. ``kernel_report`` marks the kernels they reached
+        (``Kernel.tuned``).
 
     Returns
     -------
@@ -264,7 +273,7 @@ def build(
     """
     import tvm
 
-    from . import tuning, tvm_bugs, x86_int8
+    from . import tvm_bugs
     from .target import build_target
 
     if at not in AT_CHOICES:
@@ -277,9 +286,8 @@ def build(
     tgt = build_target(target, allow_vnni)
     if tgt.kind.name == "llvm" and tgt.host is None:
         tgt = tvm.target.Target(tgt, host=tgt)
-    kernels = (x86_int8.kernels(int8_graph=_has_8bit_tensors(mod)) if tgt.kind.name == "llvm"
-               else contextlib.nullcontext())
-    schedules = tuning.apply(tgt) if tuned else contextlib.nullcontext()
+    use_kernels, use_tuned = kernel_settings(passes, kernels, tuned)
+    kernels, schedules = kernel_contexts(tgt, mod, use_kernels, use_tuned)
     requantize = dict(getattr(passes, "requantize", ()) or ())  # a Pipeline may fix QNN requantize's lowering
     if requantize:
         from tvm.relay.qnn.op import requantize_config
@@ -294,6 +302,36 @@ def build(
     if hits:
         factory.kernel_report = factory.kernel_report.with_tuned(hits)
     return factory
+
+
+def kernel_settings(passes=(), kernels: bool | None = None, tuned: bool | None = None) -> tuple[bool, bool]:
+    """``(kernels, tuned)`` for a build with ``passes``: see :func:`build`'s parameters of those names.
+
+    tvm-ext's x86 kernel policy and tuned records change layouts (and so kernels); they are for
+    graphs a tvm-ext pipeline made, and a build without one stays ``relay.build``'s.
+    """
+    from .pipelines import Pipeline
+
+    if kernels is None:
+        kernels = isinstance(passes, Pipeline)
+    if tuned is None:
+        tuned = kernels
+    return bool(kernels), bool(tuned)
+
+
+def kernel_contexts(tgt, mod, kernels: bool, tuned: bool) -> tuple:
+    """The (kernel policy, tuned records) context managers a build of ``mod`` at ``tgt`` enters.
+
+    For an LLVM target the first is always :func:`tvm_ext.x86_int8.kernels`: with ``kernels``
+    False it only makes TVM's VNNI intrinsic buildable with LLVM 22 (TVM's layouts and schedules
+    stay); the second has ``hits`` when records were applied.
+    """
+    from . import tuning, x86_int8
+
+    if tgt.kind.name != "llvm":
+        return contextlib.nullcontext(), contextlib.nullcontext()
+    policy = x86_int8.kernels(schedule=kernels, int8_graph=kernels and _has_8bit_tensors(mod))
+    return policy, tuning.apply(tgt) if tuned else contextlib.nullcontext()
 
 
 def _has_8bit_tensors(mod) -> bool:

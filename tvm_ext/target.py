@@ -13,6 +13,11 @@ Two traps of this stack are handled here, once:
   function with a bad signature!") while generating int8 convolutions. :func:`safe_target` masks
   the VNNI features (``-mattr=-avx512vnni,-avxvnni``) and logs why. AVX-512 stays enabled, so the
   int8 kernels still use 512-bit vectors.
+* On CPUs with AMX (Sapphire Rapids and later Xeons), TVM 0.19 schedules uint8 x int8 ``dense``
+  and ``batch_matmul`` on AMX tiles (``topi/x86/dense.py``) but emits no ``ldtilecfg``, and nothing
+  asks Linux for the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``): such code dies with SIGILL.
+  Every target that passes through here has the AMX features masked (:data:`AMX_FEATURES`), for
+  plain ``relay.build`` and ``tvm_ext.build`` alike; AVX-512 VNNI still computes those ops.
 
 :func:`safe_target` is what a *plain* ``relay.build`` needs (the benchmark's "stock" column).
 :func:`tvm_ext.build` compiles inside :func:`tvm_ext.x86_int8.kernels`, whose VNNI intrinsic
@@ -30,10 +35,12 @@ from .isa import isa_class, llvm_features, missing_on_host
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["host_target", "safe_target", "build_target", "describe_target", "VNNI_FEATURES"]
+__all__ = ["host_target", "safe_target", "build_target", "describe_target", "VNNI_FEATURES", "AMX_FEATURES"]
 
 #: LLVM feature names whose TVM 0.19 tensor intrinsic crashes LLVM 22.
 VNNI_FEATURES = ("avx512vnni", "avxvnni")
+#: LLVM feature names of AMX: TVM 0.19 emits tile instructions for them without configuring tiles.
+AMX_FEATURES = ("amx-tile", "amx-int8", "amx-bf16", "amx-fp16", "amx-complex")
 
 _WARNED: set[str] = set()
 TargetLike = Union[str, object]  # str or tvm.target.Target
@@ -75,10 +82,11 @@ def host_target(mcpu: str | None = None, *, allow_vnni: bool = False):
 
 
 def safe_target(target: TargetLike, *, allow_vnni: bool = False):
-    """Return ``target`` with the features that would abort LLVM 22 masked.
+    """Return ``target`` with the features that would abort LLVM 22 or the process masked.
 
-    ``"native"`` as ``-mcpu`` is replaced by the real host CPU name. Non-LLVM targets and LLVM
-    targets without VNNI are returned unchanged (as :class:`tvm.target.Target`).
+    VNNI (unless ``allow_vnni``) and AMX (always) are masked; ``"native"`` as ``-mcpu`` is
+    replaced by the real host CPU name. Non-LLVM targets and LLVM targets without those features
+    are returned unchanged (as :class:`tvm.target.Target`).
 
     Parameters
     ----------
@@ -108,24 +116,26 @@ def _safe(target, allow_vnni: bool, level: int):
         logger.info("-mcpu=native resolved to -mcpu=%s (TVM 0.19 + LLVM 22 would use 'generic')", real)
         text = text.replace("-mcpu=native", f"-mcpu={real}")
         tgt = tvm.target.Target(text, host=host)
-    if allow_vnni:
-        return tgt
-    present = [f for f in VNNI_FEATURES if f in llvm_features(tgt)]
-    if not present:
+    feats = llvm_features(tgt)
+    amx = [f for f in AMX_FEATURES if f in feats]
+    vnni = [] if allow_vnni else [f for f in VNNI_FEATURES if f in feats]
+    if not amx and not vnni:
         return tgt
     mattr = [str(a) for a in tgt.attrs.get("mattr", [])]
-    mattr += [f"-{f}" for f in VNNI_FEATURES if f"-{f}" not in mattr]
+    mattr += [f"-{f}" for f in (*VNNI_FEATURES, *AMX_FEATURES) if f in amx + vnni and f"-{f}" not in mattr]
     base = " ".join(p for p in text.split() if not p.startswith("-mattr="))
     masked = tvm.target.Target(f"{base} -mattr={','.join(mattr)}", host=host)
     if text in _WARNED:
         level = logging.DEBUG
     _WARNED.add(text)
-    logger.log(
-        level,
-        "masking %s on target '%s': TVM 0.19's VNNI int8 intrinsic aborts LLVM %s "
-        "('Calling a function with a bad signature!'); building for '%s'",
-        ",".join(present), tgt, codegen.llvm_version_major(), masked,
-    )
+    if vnni:
+        logger.log(level, "masking %s on target '%s': TVM 0.19's VNNI int8 intrinsic aborts LLVM %s "
+                   "('Calling a function with a bad signature!')", ",".join(vnni), tgt, codegen.llvm_version_major())
+    if amx:
+        # AMX is masked on every path, so it is expected: INFO at most
+        logger.log(min(level, logging.INFO), "masking %s on target '%s': TVM 0.19's AMX schedules configure no "
+                   "tiles (no ldtilecfg) and would die with SIGILL", ",".join(amx), tgt)
+    logger.debug("building for '%s'", masked)
     return masked
 
 

@@ -279,10 +279,10 @@ def wide_pair(c=12, n=None, spatial=2, out_zp=7):
 
 def test_x86_padded_multiple_of_4_structure_idempotent_bit_exact():
     """12 channels (4 divides them; no policy block does): written as 16 by the producer."""
-    with tvm.target.Target("llvm -mcpu=znver3"):
+    with tvm.target.Target("llvm -mcpu=x86-64-v3"):
         after = PadChannelsAtProducer()(wide_pair())
     assert "channels=16" in after.astext(show_meta_data=False).split("qnn.requantize")[0]
-    with tvm.target.Target("llvm -mcpu=znver3"):
+    with tvm.target.Target("llvm -mcpu=x86-64-v3"):
         assert_unchanged(PadChannelsAtProducer(), after)
     with tvm.transform.PassContext(opt_level=3):
         built = [relay.build(m, target="llvm") for m in (wide_pair(), after)]
@@ -290,7 +290,7 @@ def test_x86_padded_multiple_of_4_structure_idempotent_bit_exact():
         assert_same_outputs(*built, random_inputs(wide_pair(), seed=seed))
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
 def test_x86_padded_multiple_of_4_one_kernel_fewer(target):
     """The slice kernel between the two convs goes (compiled for each CPU class, not run here)."""
     pipe = tvm_ext.pipelines.int8()
@@ -303,7 +303,7 @@ def test_x86_padded_multiple_of_4_one_kernel_fewer(target):
 def test_channels_an_output_block_divides_unchanged(caplog):
     """24 channels: 8 divides them, the AVX2 policy's output block: x86 writes 24, nothing to pad.
     TVM's own rule (no target) pads 24 to 32, so there the rule applies."""
-    with tvm.target.Target("llvm -mcpu=znver3"), caplog.at_level(logging.DEBUG, logger=LOGGER):
+    with tvm.target.Target("llvm -mcpu=x86-64-v3"), caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(PadChannelsAtProducer(), wide_pair(c=24))
     assert "x86 writes them unpadded" in caplog.text
     assert "channels=32" in PadChannelsAtProducer()(wide_pair(c=24)).astext(show_meta_data=False)

@@ -309,7 +309,7 @@ def test_padded_conv_with_a_long_reduction_becomes_integer():
 
 
 def test_small_padded_conv_converts_for_avx2_and_vnni_targets():
-    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=znver3) or AVX-512 VNNI (znver4),
+    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=x86-64-v3) or AVX-512 VNNI (znver4),
     the small 8- and 6-channel convs convert too (8-channel int8 blocks there: no padding); for
     AVX-512 without VNNI and without a target they stay float. The pass only reads the target:
     the graphs are the same QNN graphs whatever it is, and run on any host."""
@@ -321,7 +321,7 @@ def test_small_padded_conv_converts_for_avx2_and_vnni_targets():
 
     x = {"a": np.random.default_rng(2).integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
     for oc in (8, 6):
-        for target in ("llvm -mcpu=znver3", "llvm -mcpu=znver4"):
+        for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"):
             with tvm.target.Target(target):
                 got = QDQToInteger()(block(oc))
                 check(QDQToInteger(), block(oc), relay.transform.FakeQuantizationToInteger()(block(oc)))
