@@ -5,8 +5,12 @@ Design note
 *What is explained.* The module FuseOps sees: ``explain`` runs the same stages as
 :func:`tvm_ext.build` (bind params, relay.build's optimisation prefix, the user passes, under the
 same target, PassContext, x86 int8 kernels and tuned-schedule contexts), stopping right before
-FuseOps. ``compile=True`` also builds the model with :func:`tvm_ext.build` and names each kernel
-as the graph executor does.
+FuseOps. Closures and control flow are explained as FuseOps handles them (see :func:`explain`).
+
+*Kernel names.* Each kernel carries the name the build gives it (``tvmgen_default_fused_...``):
+TVM 0.19's naming (``te_compiler_cache.cc``, ``name_supply.cc``) replayed on the Primitive
+functions TVM's own FuseOps makes of the same module, without compiling; ``compile=True`` also
+builds with :func:`tvm_ext.build` and checks them against its ``KernelReport``.
 
 *How a reason is found.* :mod:`tvm_ext._fusion_sim` replays FuseOps (TVM 0.19 ``fuse_ops.cc`` and
 ``graph_partitioner.cc``) with a decision log: op patterns from ``TOpPattern``, edge patterns,
@@ -834,7 +838,8 @@ def _name_kernels(kernels, fns, names) -> tuple:
     and outputs, in lowering order. Returns (kernels, number left without a TVM kernel)."""
     pool: dict = {}
     for fn, nm in zip(fns, names):
-        key = (tuple(sorted(_fn_ops(fn))), _Analysis._outputs(fn.ret_type or fn.body.checked_type))
+        ret = fn.ret_type if fn.ret_type is not None else fn.body.checked_type
+        key = (tuple(sorted(_fn_ops(fn))), _Analysis._outputs(ret))
         pool.setdefault(key, []).append(nm)
     out, unmatched = [], 0
     for k in kernels:
