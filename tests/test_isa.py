@@ -124,3 +124,56 @@ def test_int8_conv_uses_the_promised_instruction_set_per_cpu():
             assert g["zmm"] > 0, f"{cpu}: AVX-512 promised, no zmm register used: {g}"
         else:
             assert g["zmm"] == 0 and g["ymm"] > 0, f"{cpu}: AVX2 promised: {g}"
+
+
+_AMX_COMPILE = r"""
+import json, re, sys
+import numpy as np, tvm
+from tvm import relay
+import tvm_ext
+from tvm_ext import x86_int8
+
+rng = np.random.default_rng(0)
+x = relay.var("x", shape=(32, 128), dtype="uint8")
+w = relay.const(rng.integers(-128, 128, (64, 128)).astype("int8"))
+dense = tvm.IRModule.from_expr(relay.Function([x], relay.nn.dense(x, w, out_dtype="int32")))
+d = relay.var("d", shape=(1, 64, 14, 14), dtype="uint8")
+k = relay.const(rng.integers(-128, 128, (64, 64, 3, 3)).astype("int8"))
+conv = tvm.IRModule.from_expr(relay.Function([d], relay.nn.conv2d(d, k, padding=1, channels=64, kernel_size=3,
+                                                                  out_dtype="int32")))
+
+
+def count(lib):
+    asm = lib.get_lib().get_source("asm")
+    return {i: len(re.findall(rf"\b{i}\b", asm)) for i in ("tdpbusd", "ldtilecfg", "tileloadd", "vpdpbusd")}
+
+
+out = {}
+for cpu in sys.argv[1:]:
+    target = f"llvm -mcpu={cpu}"
+    out[cpu] = {"ext_dense": count(tvm_ext.build(dense, target=target)),  # compiled only: never run here
+                "ext_conv": count(tvm_ext.build(conv, target=target))}
+    with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):  # TVM's own choice
+        out[cpu]["tvm_dense"] = count(relay.build(dense, target=target))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_no_amx_code_leaves_tvm_ext_builds():
+    """TVM 0.19 puts an AMX-capable CPU's uint8 x int8 dense on tiles (tdpbusd) without ldtilecfg: such code
+    dies with SIGILL. Builds through tvm-ext mask AMX, so neither tile instruction appears; the dense and
+    the conv still compute with VNNI. Compiled in a child process, never run."""
+    cpus = ["sapphirerapids", "graniterapids", "x86-64-v3", "znver4"]
+    r = subprocess.run([sys.executable, "-c", _AMX_COMPILE, *cpus], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.split("RESULT ", 1)[1])
+    for cpu in cpus:
+        for kind in ("ext_dense", "ext_conv"):
+            g = got[cpu][kind]
+            assert g["tdpbusd"] == g["ldtilecfg"] == g["tileloadd"] == 0, (cpu, kind, g)
+            if cpu != "x86-64-v3":
+                assert g["vpdpbusd"] > 0, (cpu, kind, g)
+    for cpu in ("sapphirerapids", "graniterapids"):
+        tvm_own = got[cpu]["tvm_dense"]
+        assert tvm_own["tdpbusd"] > 0 and tvm_own["ldtilecfg"] == 0, (
+            f"TVM's own AMX dense at {cpu}: {tvm_own} (tile code without tile configuration is why AMX is masked)")
