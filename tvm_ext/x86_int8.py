@@ -2,195 +2,146 @@
 
 Design note
 -----------
-TVM 0.19's x86 int8 path has two defects on AVX-512 VNNI CPUs (Zen 4/5, Ice Lake and later),
-and its pool schedules one on every x86 CPU (3.); :func:`kernels` fixes them, only while it is
-entered (``tvm_ext.build`` enters it), so a plain ``relay.build`` in the same process keeps
-TVM's own behaviour.
+:func:`kernels` replaces TVM 0.19 x86 TOPI functions (schedules, fallback configs, a
+legalization, a tensor intrinsic) while it is entered and restores TVM's own when the outermost
+entry exits, so a plain ``relay.build`` in the same process keeps TVM's behaviour.
+:func:`tvm_ext.build` enters it for every LLVM target: with a tvm-ext pipeline (or
+``kernels=True``) as ``kernels(schedule=True)``, and every change below applies; without one as
+``kernels(schedule=False)``, and only ``vnni_operand_types`` does (the kernels are
+``relay.build``'s). Each change is decided per instruction-set class
+(:func:`tvm_ext.isa.isa_class` of the target being compiled, read at schedule time, so one process
+can build for several classes) from measurements on that class; :func:`policy` holds the conv
+schedule choices and their evidence (``_POLICY``, from ``benchmarks/int8_conv_schedules.py``).
+The measurements in full: ``docs/x86-kernels.md``. "AVX2 code" below was measured as
+``-mcpu=znver3`` code on Zen 4, "AVX-512 VNNI" as ``-mcpu=znver4`` on Zen 4.
 
-1. **Operand types.** ``topi/x86/tensor_intrin.py`` calls ``llvm.x86.avx512.vpdpbusd.512`` with
-   three ``<16 x i32>`` operands. LLVM 22 changed the intrinsic to take the byte operands as
-   ``<64 x i8>`` (llvm-project PR #155194, Aug. 2025); the old call aborts the whole process
-   ("Calling a function with a bad signature!"). The replacement intrinsic below passes the
-   broadcast data word and the kernel as ``int8x64``. On LLVM <= 21 TVM's own intrinsic is kept.
+No change alters results: integer accumulation is exact in every schedule and the epilogue's
+arithmetic is the same per element; the block and pool changes only re-block tensors, inline
+elementwise stages or reorder a pool's loops; the transposed conv sums the same non-zero products
+in the same order. Tests check bit-equality against TVM's own schedule. VNNI itself differs from
+the AVX-512 fallback only where ``vpmaddubsw`` saturates its int16 pair sums
+(|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
 
-2. **Epilogue placement.** ``schedule_conv_NCHWc_cpu_common_int8`` (3x3/7x7 convs) is called
-   with ``inline_fused=True``: when the conv has a fused epilogue (bias, requantize, ...), the
-   conv is computed *per output pixel* inside the epilogue loop. Then one accumulator register
-   carries the whole (kh, kw, ic) reduction. With ``vpmaddubsw + vpmaddwd + vpaddd`` only the
-   1-cycle add is on that chain; with VNNI the 4-5-cycle ``vpdpbusd`` is, and the conv runs at a
-   quarter of its speed. Measured on one 3x3 conv, 256->256 channels, 14x14, one thread, Zen 4:
+The changes, each with where it applies, its rule and its measured reason:
 
-   ============================  ==========  ================
-   schedule                      AVX-512     AVX-512 VNNI
-   ============================  ==========  ================
-   no epilogue                   1.07 ms     0.52 ms
-   requantize epilogue (TVM)     1.35 ms     1.83 ms
-   requantize, per-row (here)    1.10 ms     0.55 ms
-   ============================  ==========  ================
+``vnni_operand_types`` -- AVX-512 VNNI with LLVM >= 22 (:func:`needs_operand_fix`), also with
+    ``schedule=False``. TVM's ``dot_16x1x16_uint8_int8_int32_cascadelake`` calls
+    ``llvm.x86.avx512.vpdpbusd.512`` with three ``<16 x i32>`` operands; LLVM 22 takes the byte
+    operands as ``<64 x i8>`` (llvm-project #155194). :func:`dot_u8s8_vnni` replaces it (LLVM <= 21
+    keeps TVM's)::
 
-   :func:`kernels` computes the conv per output *row* (``inline_fused=False``, what TVM already
-   does for 1x1 convs), so ``reg_n`` independent accumulators hide the latency -- **where it was
-   measured to be faster**: the choice is made per instruction set by :func:`policy`, at schedule
-   time, from the target being compiled. On AVX2 the per-row schedule is 1.1-1.9x *slower* than
-   TVM's (the 8-lane ``vpmaddubsw`` chain has no latency to hide, and a row of accumulators spills
-   AVX2's 16 registers), so AVX2 takes fix 9 instead. The table behind each choice is in
-   ``_POLICY`` and comes from ``benchmarks/int8_conv_schedules.py``.
+        # vpdpbusd(acc, a: i32x16, b: i32x16) -> vpdpbusd(acc, reinterpret<i8x64>(a), reinterpret<i8x64>(b))
 
-3. **Pool prologues.** ``FuseWideningIntoPool`` makes a pool's kernel read the 8-bit value and
-   widen it (``cast -> subtract -> multiply -> floor -> cast``) itself. TVM's x86 pool schedules
-   (``topi/x86/pooling.py``) inline only the pool's injective *consumers* (and the pad of
-   ``avg_pool2d``); every producer stage stays a separate, serial, unvectorized loop nest with
-   its own temporary buffer. Stock TVM never fuses producers into a pool, so it never meets this.
-   Measured on the PP-OCR classifier's SE pools (1x20x2x96x10 uint8 -> int32, Zen 4): 500 us
-   per pool with TVM's schedule, 65 us inlined, 63 us for the unfused pair. :func:`kernels`
-   wraps ``schedule_pool`` / ``schedule_adaptive_pool`` to also inline the injective producers
-   of the pool (:func:`_inline_pool_producers`).
+    Reason: TVM's call aborts the whole process ("Calling a function with a bad signature!").
 
-4. **Depthwise channel block.** AlterOpLayout blocks every int8 conv's channels by 16
-   (``conv2d_alter_op.py`` asks the int8 template with ``int32_lanes=16`` on every x86 CPU), but an
-   int8 *depthwise* conv by the SIMD width of 32-bit lanes (``depthwise_conv2d._fallback_schedule``:
-   16 on AVX-512, 8 on AVX2 and 4 on SSE). On AVX2 every depthwise conv of a mobile net therefore
-   sits between two ``layout_transform`` kernels (``NCHW16c -> NCHW8c -> NCHW16c``): PP-OCRv4 det
-   QDQ built for ``-mcpu=znver3`` had 135 kernels, 30 of them such lone re-blockings. While
-   :func:`kernels` is entered, an untuned depthwise conv on 8-bit data takes the int8 conv block
-   (:data:`INT8_CONV_BLOCK`) when its channels divide by it, else the int8 rule's block where
-   that fits one vector register (88 channels: 8, where TVM's rule gives 11 on AVX-512 and the
-   int8 convs and SE gates around it use 8) (:func:`_depthwise_int8_block`). Float depthwise
-   convs are unchanged.
+``epilogue_per_row`` -- 3x3/7x7 int8 convs on AVX-512 VNNI and AVX-512
+    (:attr:`KernelPolicy.per_row`). TVM's ``schedule_conv_NCHWc_cpu_common_int8`` runs with
+    ``inline_fused=True``: with a fused epilogue (bias, requantize) the conv is computed per output
+    pixel inside the epilogue loop, so one accumulator carries the whole (kh, kw, ic) reduction and
+    VNNI's 4-5-cycle ``vpdpbusd`` is on that chain. Here ``inline_fused=False`` (TVM's 1x1 form)::
 
-5. **Float convs in an 8-bit graph.** Convs an int8 pipeline keeps in float on purpose (SE
-   blocks, channel counts x86's int8 path would pad) read 8-bit tensors, through a dequantize,
-   that int8 convs wrote blocked by 16. TVM blocks a float conv's *input* channels by the largest
-   divisor up to its output block (itself the largest divisor up to the SIMD width): a 384 -> 360
-   channel conv reads ``NCHW12c`` on AVX-512 and ``NCHW8c`` on AVX2, so a ``layout_transform``
-   kernel re-blocks what the int8 conv wrote. When :func:`kernels` is entered with ``int8_graph=True``
-   (``tvm_ext.build`` does for modules with 8-bit tensors), an untuned float conv blocks its input
-   channels by the int8 rule (:func:`int8_block`, the largest of 16, 12, 8, 4 dividing them), and
-   its output channels too where that block fits one vector register (as TVM's own output block
-   does: the float schedule vectorizes over it). On AVX2 the int8 rule's 12 (for 24 or 360
-   channels) is wider than the 8 lanes, and taking it made those convs 9-13x slower (PP-OCRv4 det,
-   per-kernel debug-executor times): there the output block stays TVM's, except for convs with
-   one output pixel (SE blocks' convs after a global pool), which have no loop to vectorize.
+        # for p in row: out[p] = epilogue(conv(p))  ->  acc[0:reg_n] = conv(row); out[row] = epilogue(acc)
 
-6. **Channel blocks wider than an AVX2 register.** TVM's x86 int8 rule blocks an 8-bit tensor's
-   channels by the largest of 16, 12, 8, 4 dividing them where an int8 conv (and, fix 5, a float
-   conv) reads it. On AVX2 a 24- or 360-channel tensor that a float conv writes is blocked by 8
-   (TVM's float output block is at most the 8 lanes, and fix 5 keeps it: 12 made those convs 9-13x
-   slower) but read by 12: a re-blocking kernel in front of each reader. While :func:`kernels` is
-   entered, on AVX2 only (:attr:`KernelPolicy.channel_blocks`), 8 comes before 12 in the int8 rule
-   (:func:`int8_block`): 24 and 360 channels take 8 on every side, in int8, float (fix 5) and
-   depthwise (fix 4) convs alike; channel counts 8 does not divide keep TVM's choice. PP-OCRv4 det
-   QDQ at ``-mcpu=znver3``: 98 -> 95 kernels (stock 90), 12.02 -> 11.99 MB, bit-identical; the
-   three re-blocking kernels removed took 0.023 ms together; of the convs whose blocks changed, the
-   SE convs (one pixel) take the same time and the int8 conv 360 -> 96 (10x10, input block 12 -> 8)
-   0.0417 vs 0.0425 ms alone (median of 15 interleaved rounds) and 0.068 vs 0.065 ms in the model
-   (median of 12 rounds, 200 runs each; min 0.0598 vs 0.0589): within noise, not faster. PP-OCR
-   cls QDQ: 78 -> 77 kernels, 1.30 -> 1.24 MB (its 24 -> 8 float conv 0.0058 vs 0.0059 ms).
+    Measured: 0.19-0.49x TVM's time per ResNet-50 3x3/7x7 conv on AVX-512 VNNI and 0.82-0.99x on
+    AVX-512 without VNNI, but 0.86-1.65x as AVX2 code, which therefore takes
+    ``per_tile_accumulators``.
 
-   Output channels too: ``_conv2d_legalize`` pads an int8 conv's *output* channels to a multiple
-   of 16 (32 computed for 24, then a ``layout_transform + strided_slice`` kernel back to NCHW). On
-   AVX2 an int8 conv whose output channels 8 divides but 16 does not takes output block 8 (one
-   8-lane ``vpmaddubsw`` tensorize step): the legalization pads to 8
-   (:func:`_int8_legalize_out_block`) and the fallback config gets ``tile_oc`` 8
-   (:func:`_int8_conv_blocks`; TVM's AutoTVM space for the template admits only multiples of 16,
-   so the config is given ``tile_oc`` before the space would be defined,
-   :func:`_int8_conv_compute`). det QDQ at ``-mcpu=znver3``: 95 -> 91 kernels, 11.99 -> 11.83 MB,
-   bit-identical; its three 3x3 int8 convs 96 -> 24 run 17-18 % faster (0.41 -> 0.33, 1.64 ->
-   1.36, 1.64 -> 1.35 ms; debug executor, one thread). The global pools reading their NCHW8c
-   output were 2.8-3.6x slower with TVM's pool schedule; with fix 7 they are not (10 pools 0.117
-   vs 0.112 ms), and end to end det runs 19.68 vs 19.91 ms (median of 60 interleaved runs, quiet,
-   Zen 4 running the AVX2 code; the neck's upsample-and-concat kernel measured 0.67 -> 0.76 ms on
-   its own). Also measured and rejected: 12 channels (a 48 -> 12 float conv at 80x80 in front of an
-   int8 conv) blocked by 4 would remove det's last re-blocking kernel
-   there (0.03 ms), but the float conv at 4 lanes took 0.23 -> 0.32 ms with TVM's register tile and
-   0.25-0.28 ms with 5 or 10 output columns per tile (median of 12 rounds): it keeps TVM's 6 and
-   the int8 rule's 12. AVX-512 without VNNI and SSE keep TVM's blocks; AVX-512 VNNI takes the
-   same blocks since fix 11.
+``per_tile_accumulators`` -- 3x3/7x7 int8 convs on AVX2, 1x1 int8 convs on AVX2, AVX-512 and
+    AVX-512 VNNI (:attr:`KernelPolicy.tile_accumulators`: 12 ymm, 28 zmm). A row of TVM's
+    ``tile_ow`` (28 pixels x 2 ymm) spills AVX2's 16 registers, TVM's per-pixel form reloads the
+    kernel vectors for every pixel, and TVM's 1x1 form accumulates whole rows into a buffer, copies
+    it and runs the epilogue over the copy. Here the conv is computed per tile of output pixels
+    whose accumulators fit the registers, the epilogue per tile (:func:`tile_width`,
+    :func:`_schedule_int8_per_tile`; 1x1: :func:`tile_shape`, :func:`_schedule_1x1_int8_per_tile`)::
 
-7. **Global pools over a channel block.** TVM's x86 ``schedule_adaptive_pool`` parallelizes a
-   global pool's outer axes and leaves the channel block *outside* the window reduction: per
-   channel a scalar sum strided by the block (16 or 8 elements). While :func:`kernels` is entered
-   the reduction moves outside the block and the block is vectorized
-   (:func:`_vectorize_pool_channel_block`). Measured (one pool, ``cast -> multiply ->
-   global_avg_pool2d``, 2 threads, quiet, bit-identical): 1x6x80x80x16 (PP-OCRv4 det's SE pool)
-   0.294 -> 0.045 ms at ``-mcpu=znver4`` and 0.296 -> 0.047 ms at ``-mcpu=znver3``; 1x12x10x10x16
-   0.013 -> 0.008 ms; 1x3x20x20x8 0.015 -> 0.012 ms; 1x128x7x7x16 (ResNet-50's) 0.013 both.
+        # tile pixels * (oc_bn / lanes) <= accumulators; each kernel vector loaded once per tile
 
-8. **Transposed convolutions whose stride equals their kernel** (2x2 stride-2 upsampling in
-   segmentation/text-detection heads) are computed without the zeros TVM's x86 compute dilates
-   their input with, one output row at a time (:mod:`tvm_ext.x86_conv_transpose`, every x86
-   CPU). PP-OCRv4 det's two head layers (int16 after QNN lowering, 24 -> 24 at 80x80 and
-   24 -> 1 at 160x160, with their requantize epilogue): 6.8 -> 0.45 ms and 1.2 -> 0.17 ms at
-   ``-mcpu=znver4``, 8.0 -> 0.58 and 3.5 -> 0.26 ms at ``-mcpu=znver3`` (one build each, 2
-   threads, machine loaded: ratios, not absolute times); bit-identical.
+    Measured: 0.86-1.02x TVM's time per ResNet-50 3x3/7x7 conv as AVX2 code (0.94-0.96x summed),
+    and ResNet-50's 1x1 convs 2-9 % faster as AVX2 code and 4-15 % on AVX-512 VNNI.
 
-9. **AVX2: the conv per register tile.** Fix 2's per-row form keeps TVM's ``tile_ow`` pixels
-   (the fallback takes the largest divisor of the width up to 31: 28 pixels) with ``oc_bn / 8 = 2``
-   ymm accumulators each; on AVX2's 16 registers that spills, which is why per-row is 1.1-1.9x
-   slower there. TVM's per-pixel form has no spills but reloads both kernel vectors for every
-   pixel. On AVX2 (:attr:`KernelPolicy.tile_accumulators`) the conv is computed per *tile* of
-   ``reg_n`` pixels of one row (:func:`tile_width`: the tuned ``tile_ow`` when its accumulators fit
-   12 registers, else the largest divisor of the width that fits; a 7-pixel row is one tile of 14),
-   the epilogue applied per tile (:func:`_schedule_int8_per_tile`). ResNet-50's 3x3/7x7 convs
-   with a requantize epilogue, ``-mcpu=znver3`` code on Zen 4, medians of 10 alternating rounds:
-   0.86-1.02x TVM's time per conv, 0.96x / 0.94x summed (1 / 2 threads; widths 56 and 28 gain
-   nothing: TVM's form already runs at the ``vpmaddubsw`` peak there; 14 and 7 gain 6-14 %, the
-   stem 2-10 %); per-row on the same convs 0.86-1.65x, 1.16x / 1.32x summed.
-   Bit-identical (same products summed in the same order per output).
+``fallback_register_tile`` -- untuned float convs and untuned depthwise convs (8-bit and float) on
+    AVX2 (:data:`_FALLBACK_TILE_ACCUMULATORS`; tuned configs are not touched). TVM's fallback takes
+    ``tile_ow`` = the largest divisor of the output width up to 31 (float 1x1: ``tile_oh x tile_ow``
+    under 32 pixels), one vector register per pixel and channel block: that fits AVX-512's 32 zmm
+    and spills AVX2's 16 ymm. Here the tile is cut (:func:`_float_conv_register_tile`,
+    :func:`_depthwise_register_tile`)::
 
-   **1x1 convs, AVX2 and AVX-512** (:attr:`KernelPolicy.tile_accumulators`: 12 ymm, 28 zmm):
-   TVM's 1x1 form accumulates ``tile_oh`` whole rows into a buffer, copies the buffer into the
-   conv's output and runs the epilogue over the copy: two extra passes over int32 values, which
-   matter where the reduction is short (64 input channels). Here the conv is computed per tile
-   of ``tile_oh x tile_ow`` pixels (:func:`tile_shape`: the tuned tile when its accumulators fit,
-   else the rows and the widest divisor of the width that fit) and the epilogue runs per tile
-   (:func:`_schedule_1x1_int8_per_tile`). Stand-alone ResNet-50 1x1 convs, same tile both ways:
-   2-9 % faster as AVX2 code, 4-15 % with VNNI; ResNet-50 QOperator end to end (interleaved,
-   bit-identical): ``-mcpu=znver3`` 0.841 -> 0.829x stock, ``-mcpu=znver4`` 12.55 -> 12.40 ms.
+        # tile_ow = tile_width(out_w, registers per pixel, tile_ow, 12)
 
-10. **Float convs on AVX2.** TVM's float conv fallback (no TopHub records) takes ``tile_ow`` = the
-   largest divisor of the width up to 31 (1x1: ``tile_oh x tile_ow`` under 32 pixels), one vector
-   register per pixel: that fits AVX-512's 32 zmm but spills AVX2's 16 ymm. While :func:`kernels`
-   is entered, on AVX2 (:data:`_FALLBACK_TILE_ACCUMULATORS`) an untuned float conv's tile is cut to
-   the widest that fits 12 registers (:func:`_float_conv_register_tile`). ``-mcpu=znver3``,
-   2 threads: 0.53-0.72x TVM's time on five ResNet-like float convs (stem 3.26 -> 1.73 ms);
-   ResNet-50 relay.quantize (float stem) 0.879 -> 0.831x stock. Bit-identical.
+    Measured: 0.53-0.72x TVM's time on five ResNet-like float convs and 0.64-0.81x on 8-bit and
+    float depthwise convs, as AVX2 code.
 
-11. **AVX-512 VNNI: 8-channel blocks too.** On AVX-512 an int8 conv whose output channels 16 does
-   not divide is padded to 16 and sliced back (fix 6 above): the slice is an injective kernel of
-   its own (``layout_transform strided_slice layout_transform``), so an int8 pipeline kept such
-   convs in float, and a mobile net's 8-bit tensors of 24, 40, 88, 104 or 200 channels crossed
-   kernels in float32. With VNNI (AVX-512 VL) the 8-lane ``vpdpbusd`` on ymm registers computes
-   an 8-channel block exactly as the 16-lane one computes 16 (:func:`dot_u8s8_vnni` with
-   ``lanes=8``), so AVX-512 VNNI takes AVX2's blocks (fix 6: 8 before 12 on the input side,
-   output block 8 where 8 divides the channels and 16 does not) and its schedules tensorize such a
-   conv with the ymm form (:func:`_dot_for_block`). Measured (``-mcpu=znver4``, Zen 4, 2 threads,
-   saved builds timed interleaved with ONNX Runtime, outputs unchanged on the timing input):
-   PP-OCR cls QOperator 93 -> 78 kernels, 0.63 -> 0.59 ms; PP-OCRv4 det QOperator 97 -> 84,
-   10.75 -> 10.78 ms (noise); with ``QDQToInteger`` converting every conv on VNNI: PP-OCR cls QDQ
-   77 -> 78 kernels (stock 89), 0.66 -> 0.55 ms and no float32 tensor between convs; PP-OCRv4 det
-   QDQ 93 -> 84 kernels (stock 98), 10.97 -> 10.96 ms; YOLOv8n and ResNet-50 have no such channel
-   counts: unchanged. AVX-512 without VNNI keeps TVM's blocks (its ``vpmaddubsw`` intrinsic is
-   TVM's, at the full register width).
+``depthwise_int8_block`` -- untuned 8-bit depthwise convs, every x86 class. AlterOpLayout blocks
+    int8 convs by :data:`INT8_CONV_BLOCK` channels (TVM asks its int8 template with
+    ``int32_lanes=16`` on every x86 CPU) but an int8 depthwise conv by the SIMD width of 32-bit
+    lanes (``depthwise_conv2d._fallback_schedule``: 8 on AVX2, 4 on SSE), so on AVX2 every
+    depthwise conv sits between two ``layout_transform`` kernels (:func:`_depthwise_int8_block`)::
 
-12. **Depthwise convs on AVX2: a register tile that fits.** TVM's x86 depthwise fallback
-   (``depthwise_conv2d._fallback_schedule``) takes ``tile_ow`` = the largest divisor of the output
-   width up to 31, one accumulator register per pixel and channel block: 24 pixels for a width of
-   96 (PP-OCR's 48x192 text lines), which spills AVX2's 16 ymm registers. While :func:`kernels` is
-   entered, on AVX2 (:data:`_FALLBACK_TILE_ACCUMULATORS`) an untuned depthwise conv's tile is cut to
-   the widest that fits 12 (:func:`_depthwise_register_tile`, after fix 4's blocking; 8-bit and
-   float depthwise alike; tuned configs untouched). ``-mcpu=znver3``, one thread, stand-alone
-   (conv + requantize, or float conv + relu), timed interleaved: 0.64-0.81x the time (88 channels
-   3x96 5x5 uint8 0.80x, float 0.64x; 64 channels 56x56 3x3 uint8 0.81x, float 0.71x);
-   PP-OCR cls at ``-mcpu=znver3``, 2 threads, saved builds interleaved (300 runs, two sessions):
-   QOperator 1.02 -> 0.94 and 0.86 -> 0.79 ms (stock 1.18, 1.01), QDQ 0.63 -> 0.58 and 0.80 ->
-   0.74 ms (stock 1.05, 1.46). Bit-identical (same products, same order per output).
+        # tile_ic = tile_oc = 16 if 16 | C, else int8_block(C) where it fits one vector register, else TVM's
 
-No change alters results (3. only inlines elementwise stages; 4., 5., 6. and 11. only change channel
-blockings; 7. only reorders and vectorizes a pool's loops; 8. sums the same non-zero products in
-the same order; 2., 9., 10. and 12. only move where the accumulators live): integer accumulation is exact in both schedules, and the epilogue's arithmetic is the
-same per element (tests check bit-equality against TVM's own schedule). VNNI itself differs from the AVX-512 fallback only where ``vpmaddubsw`` saturates
-its int16 pair sums (|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
+    Measured: PP-OCRv4 det QDQ as AVX2 code has 107 kernels instead of 135, of which 30 are lone
+    re-blockings.
+
+``int8_graph_float_conv_blocks`` -- untuned float convs, every x86 class, only with
+    ``int8_graph=True`` (:func:`tvm_ext.build` sets it for modules with int8/uint8 tensors). The
+    float convs an int8 pipeline keeps (SE blocks, channel counts x86's int8 path would pad) read
+    tensors int8 convs wrote blocked by :func:`int8_block`, but TVM blocks a float conv's input
+    channels by the largest divisor up to its output block (384 -> 360 channels: ``NCHW12c`` on
+    AVX-512, ``NCHW8c`` on AVX2), a re-blocking kernel in between (:func:`_float_conv_int8_blocks`)::
+
+        # tile_ic = int8_block(C_in); tile_oc = int8_block(C_out) where it fits one vector register
+        #                                       or the conv has one output pixel
+
+    Measured: PP-OCRv4 det QDQ 135 -> 98 kernels and 22.39 -> 20.96 ms as AVX2 code, 102 -> 94
+    kernels on AVX-512 VNNI (with ``depthwise_int8_block``); the register-width condition because
+    an output block of 12 on AVX2's 8 lanes made those convs 9-13x slower.
+
+``narrow_channel_blocks`` -- AVX2 and AVX-512 VNNI (:attr:`KernelPolicy.channel_blocks`,
+    :attr:`KernelPolicy.int8_out_blocks`). TVM's int8 rule blocks 24 or 360 channels by 12, wider
+    than AVX2's 8 lanes, and x86's conv2d legalization pads an int8 conv's output channels to a
+    multiple of 16 and slices them back (a ``layout_transform + strided_slice`` kernel). Here 8
+    comes before 12 on every side (:func:`int8_block`), and an int8 conv whose output channels 8
+    divides and 16 does not takes output block 8 (:func:`_int8_legalize_out_block`,
+    :func:`_int8_conv_blocks`; :func:`_int8_conv_compute` gives the fallback config ``tile_oc``
+    first, since TVM's AutoTVM space admits only multiples of 16)::
+
+        # block(C) = first of (16, 8, 12, 4) dividing C;  out_block(C) = 8 where 8 | C and 16 does not
+
+    On AVX-512 VNNI such a conv tensorizes with the 8-lane ymm ``vpdpbusd`` (AVX-512 VL;
+    :func:`dot_u8s8_vnni` with ``lanes=8``, :func:`_dot_for_block`), which computes an 8-channel
+    block exactly as the 16-lane form computes 16; AVX-512 without VNNI and SSE keep TVM's blocks.
+    Measured: PP-OCRv4 det QDQ's three 96 -> 24 int8 convs 17-18 % faster as AVX2 code, and PP-OCR
+    cls QDQ 0.66 -> 0.55 ms on AVX-512 VNNI with no float32 tensor left between its convs.
+
+``pool_prologue_inline`` -- pools, every x86 class. ``FuseWideningIntoPool`` puts the widening of
+    an 8-bit value (``cast -> subtract -> multiply -> floor -> cast``) in the pool's kernel; TVM's
+    x86 pool schedules (``topi/x86/pooling.py``) inline only a pool's injective consumers, so each
+    producer stage stays a serial, unvectorized loop nest with its own buffer (stock TVM never fuses
+    producers into a pool) (:func:`_inline_pool_producers`)::
+
+        # s = schedule_pool(outs); s[p].compute_inline() for every injective producer p of the pool
+
+    Measured: PP-OCR cls's SE pools (1x20x2x96x10 uint8 -> int32) 500 -> 65 us per pool on Zen 4.
+
+``global_pool_channel_vector`` -- global/adaptive pools over ``NCHW[x]c``, every x86 class. TVM's
+    ``schedule_adaptive_pool`` leaves the channel block outside the window reduction: per channel a
+    scalar sum strided by the block (:func:`_vectorize_pool_channel_block`, blocks up to
+    ``_MAX_POOL_VECTOR``)::
+
+        # for c in block: for w in window: s[c] += v[w, c]  ->  for w in window: s[0:block] += v[w, 0:block]
+
+    Measured: PP-OCRv4 det's SE pool (1x6x80x80x16) 0.294 -> 0.045 ms on AVX-512 VNNI and
+    0.296 -> 0.047 ms as AVX2 code.
+
+``conv_transpose_without_zeros`` -- transposed convs whose stride equals their kernel, without
+    padding, every x86 class (:mod:`tvm_ext.x86_conv_transpose`). TVM's x86 compute dilates the
+    input with zeros and runs a dense conv over it; here each output pixel reads its one input
+    pixel, per output row::
+
+        # out[n, co, y, x] = sum_ci data[n, ci, y // kh, x // kw] * w[ci, co, y % kh, x % kw]
+
+    Measured: PP-OCRv4 det's two DB-head layers 6.8 -> 0.45 and 1.2 -> 0.17 ms on AVX-512 VNNI,
+    8.0 -> 0.58 and 3.5 -> 0.26 ms as AVX2 code.
 """
 from __future__ import annotations
 
@@ -211,7 +162,8 @@ __all__ = ["kernels", "active", "policy", "KernelPolicy", "vnni_ready", "needs_o
 LLVM_VNNI_I8_OPERANDS = 22
 #: Channel block AlterOpLayout gives an untuned int8 conv on every x86 CPU (TVM's ``int32_lanes=16``).
 INT8_CONV_BLOCK = 16
-#: Widest channel block fix 7 vectorizes a global pool over (TVM's own limit for its pool vectorizer).
+#: Widest channel block ``global_pool_channel_vector`` vectorizes a global pool over (TVM's own limit
+#: for its pool vectorizer).
 _MAX_POOL_VECTOR = 64
 
 _LOCK = threading.RLock()
@@ -233,22 +185,24 @@ class KernelPolicy:
         The instruction of the int8 dot product: ``vpdpbusd`` (VNNI) or ``vpmaddubsw``
         (+ ``vpmaddwd``; saturates int16 pair sums).
     per_row : bool
-        Compute 3x3/7x7 int8 convs per output row (fix 2 above) instead of TVM's per-pixel form.
+        Compute 3x3/7x7 int8 convs per output row (``epilogue_per_row``) instead of TVM's
+        per-pixel form.
     evidence : str
         The measurement behind ``per_row`` and ``tile_accumulators``
         (``benchmarks/int8_conv_schedules.py``).
     channel_blocks : tuple of int
         The channel blocks of 8-bit tensors in order of preference (:func:`int8_block` takes the
         first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 and AVX-512
-        VNNI 8 before 12 (fix 6: a full 8-lane register, not one and a half; fix 11).
+        VNNI 8 before 12 (``narrow_channel_blocks``: a full 8-lane register, not one and a half).
     int8_out_blocks : tuple of int
         The output blocks an int8 conv may take, largest first; output channels no block divides
         are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 and
-        AVX-512 VNNI (16, 8) (fixes 6 and 11: 24 output channels are not padded to 32 and sliced).
+        AVX-512 VNNI (16, 8) (``narrow_channel_blocks``: 24 output channels are not padded to 32
+        and sliced).
     tile_accumulators : int
         Compute 1x1 int8 convs, and 3x3/7x7 ones when not ``per_row``, per *tile* of output
-        pixels whose accumulators fit this many vector registers (fix 9), instead of TVM's
-        forms; 0 keeps TVM's.
+        pixels whose accumulators fit this many vector registers (``per_tile_accumulators``),
+        instead of TVM's forms; 0 keeps TVM's.
     """
 
     isa: str
@@ -271,30 +225,35 @@ class KernelPolicy:
         return "per_tile" if self.tile_accumulators else "tvm"
 
 
-# Per-ISA choices; sums of ResNet-50's int8 convs with a requantize epilogue, one thread, Zen 4
-# (AVX2 measured by building for -mcpu=znver3), benchmarks/int8_conv_schedules.py.
+# Per-ISA choices (vector bits, dot instruction, epilogue_per_row, evidence); ResNet-50's 3x3/7x7
+# int8 convs with a requantize epilogue, one thread, Zen 4 (AVX2 measured by building for
+# -mcpu=znver3), benchmarks/int8_conv_schedules.py.
 _POLICY = {
-    "avx512_vnni": (512, "vpdpbusd", True, "per-row 0.19-0.49x TVM's time per conv (Zen 4, -mcpu=znver4)"),
-    "avx512": (512, "vpmaddubsw", True, "per-row 0.82-0.99x TVM's time per conv, 0.90x summed (Zen 4, VNNI "
-               "masked)"),
-    "avx2": (256, "vpmaddubsw", False, "per-row 0.86-1.65x TVM's time per conv, 1.16-1.32x summed; per-tile "
-             "0.86-1.02x, 0.94-0.96x summed (Zen 4 running -mcpu=znver3 code)"),
+    "avx512_vnni": (512, "vpdpbusd", True, "epilogue_per_row: 0.19-0.49x TVM's time per conv (Zen 4, "
+                    "-mcpu=znver4)"),
+    "avx512": (512, "vpmaddubsw", True, "epilogue_per_row: 0.82-0.99x TVM's time per conv, 0.90x summed (Zen 4, "
+               "VNNI masked)"),
+    "avx2": (256, "vpmaddubsw", False, "epilogue_per_row: 0.86-1.65x TVM's time per conv, 1.16-1.32x summed; "
+             "per_tile_accumulators: 0.86-1.02x, 0.94-0.96x summed (Zen 4 running -mcpu=znver3 code)"),
     "sse": (128, "pmaddubsw", False, "not measured: TVM's schedule kept"),
     "other": (0, "", False, "not x86: TVM's schedule"),
 }
 
 
-#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule (fixes 6, 11).
+#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule
+#: (``narrow_channel_blocks``).
 _NARROW_BLOCKS = {"avx2": (16, 8, 12, 4), "avx512_vnni": (16, 8, 12, 4)}
-#: Int8 conv output blocks per class where they differ from TVM's (fix 6; fix 11: VNNI has an 8-lane form).
+#: Int8 conv output blocks per class where they differ from TVM's (``narrow_channel_blocks``; on
+#: AVX-512 VNNI through the 8-lane ymm ``vpdpbusd``).
 _NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
-#: Accumulator registers of the per-tile schedules per class (fix 9): AVX2 has 16 ymm registers,
-#: AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
+#: Accumulator registers of the per-tile schedules per class (``per_tile_accumulators``): AVX2 has
+#: 16 ymm registers, AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
 #: take three, and one is left spare.
 _TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
-#: The same for the tiles of TVM's *fallback* (untuned) configs: float convs (fix 10) and
-#: depthwise convs, 8-bit and float (fix 12). TVM's fallback takes up to 31 pixels of one register each, which fits
-#: AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry (AVX-512 was not measured).
+#: The same for the tiles of TVM's *fallback* (untuned) configs of float convs and of depthwise
+#: convs, 8-bit and float (``fallback_register_tile``). TVM's fallback takes up to 31 pixels of one
+#: register each, which fits AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry
+#: (AVX-512 is not measured).
 _FALLBACK_TILE_ACCUMULATORS = {"avx2": 12}
 
 
@@ -325,8 +284,8 @@ def dot_u8s8_vnni(lanes: int = 16):
     ``lanes`` 16: a zmm ``vpdpbusd``, the same computation, buffers and body/reset/update protocol
     as TVM's ``dot_16x1x16_uint8_int8_int32_cascadelake``, so TVM's int8 schedules tensorize with
     it unchanged. ``lanes`` 8: the ymm form (AVX-512 VL + VNNI), for int8 convs whose output block
-    is 8 (fix 11). On LLVM <= 21 the byte operands are passed as ``int32`` vectors, the intrinsic's
-    old signature.
+    is 8 (``narrow_channel_blocks`` on AVX-512 VNNI). On LLVM <= 21 the byte operands are passed
+    as ``int32`` vectors, the intrinsic's old signature.
     """
     import tvm
     from tvm import te
@@ -380,7 +339,7 @@ def dot_u8s8_vnni(lanes: int = 16):
 def _dot_for_block(oc_bn: int) -> tuple:
     """``(int32 lanes, tensor intrinsic)`` an int8 conv with output block ``oc_bn`` tensorizes
     with on the target being compiled: TVM's (the SIMD width's) unless the block is narrower than
-    that, which only fix 11 gives (8 on AVX-512 VNNI: the ymm ``vpdpbusd``)."""
+    that, which only ``narrow_channel_blocks`` gives (8 on AVX-512 VNNI: the ymm ``vpdpbusd``)."""
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
 
@@ -407,8 +366,9 @@ def _chosen_schedule(kind: str) -> tuple:
 
 
 def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
-    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row (fix 2) or per
-    register tile (fix 9) where :func:`policy` says so for the target being compiled."""
+    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row
+    (``epilogue_per_row``) or per register tile (``per_tile_accumulators``) where :func:`policy`
+    says so for the target being compiled."""
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.utils import get_const_tuple
@@ -420,7 +380,7 @@ def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
             s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=False)
     if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
         return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
-    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (fix 11)
+    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (8-lane VNNI)
         return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
             s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=True)
     return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
@@ -441,7 +401,7 @@ def _largest_divisor(n: int, at_most: int) -> int:
 
 
 def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> int:
-    """Output pixels per tile of the per-tile schedule (fix 9).
+    """Output pixels per tile of the per-tile schedule (``per_tile_accumulators``).
 
     ``groups`` accumulator registers per pixel (output block / int32 lanes); ``wanted`` is the
     config's ``tile_ow`` (tuned or TVM's fallback, which takes the largest divisor of the width up
@@ -461,7 +421,7 @@ def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> i
 
 
 def _tile_stages(s, data_vec, conv_out, last, rows, cols):
-    """Fix 9's stages: the conv's output computed per ``rows x cols`` tile of the fused output
+    """The per-tile schedules' stages: the conv's output computed per ``rows x cols`` tile of the fused output
     (parallel over channel chunks and row blocks, channel block vectorized), its accumulation
     stage per tile. Returns the accumulation stage; the caller orders its reduction."""
     from tvm import autotvm, te
@@ -498,12 +458,12 @@ def _tile_stages(s, data_vec, conv_out, last, rows, cols):
 
 
 def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
-    """Fix 9: the int8 NCHWc conv computed per tile of ``reg_n`` output pixels of one row, every
+    """``per_tile_accumulators``: the int8 NCHWc conv computed per tile of ``reg_n`` output pixels of one row, every
     pixel's accumulators in registers (:func:`tile_width`), the epilogue applied per tile.
 
     TVM's form (``inline_fused=True``) computes one pixel at a time: the kernel vectors are loaded
     again for every pixel and only ``oc_bn / lanes`` accumulators are live. Per row
-    (``inline_fused=False``, fix 2) with TVM's ``tile_ow`` (up to 28 pixels) spills on AVX2's 16
+    (``inline_fused=False``, ``epilogue_per_row``) with TVM's ``tile_ow`` (up to 28 pixels) spills on AVX2's 16
     registers. A tile reuses each kernel vector ``reg_n`` times and keeps the tile in registers.
     Same products, summed in the same order per output: bit-identical to TVM's schedule.
     """
@@ -531,8 +491,8 @@ def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, acc
 
 
 def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
-    """TVM's x86 NCHWc int8 1x1 conv schedule, or the per-tile one (fix 9) where :func:`policy`
-    says so for the target being compiled."""
+    """TVM's x86 NCHWc int8 1x1 conv schedule, or the per-tile one (``per_tile_accumulators``)
+    where :func:`policy` says so for the target being compiled."""
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.utils import get_const_tuple
@@ -541,14 +501,14 @@ def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
     if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
         return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
-    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (fix 11)
+    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (8-lane VNNI)
         return conv2d_generic.schedule_conv_NCHWc_cpu_1x1_int8(
             s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin)
     return _SAVED["schedule_1x1"](s, cfg, data_vec, kernel_vec, conv_out, last)
 
 
 def tile_shape(out_height: int, out_width: int, groups: int, wanted: tuple, accumulators: int) -> tuple:
-    """``(rows, pixels per row)`` of a 1x1 conv's tile (fix 9): the config's ``(tile_oh, tile_ow)``
+    """``(rows, pixels per row)`` of a 1x1 conv's tile (``per_tile_accumulators``): the config's ``(tile_oh, tile_ow)``
     when its accumulators fit, else as many of its rows as fit (dividing the height) and the
     widest divisor of the width that fits beside them."""
     rows, cols = wanted
@@ -561,7 +521,7 @@ def tile_shape(out_height: int, out_width: int, groups: int, wanted: tuple, accu
 
 
 def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
-    """Fix 9 for 1x1 convs: the conv computed per tile of ``rows x cols`` output pixels
+    """``per_tile_accumulators`` for 1x1 convs: the conv computed per tile of ``rows x cols`` output pixels
     (:func:`tile_shape`), accumulators in registers, the epilogue applied per tile.
 
     TVM's 1x1 form accumulates a block of ``tile_oh`` whole rows into a buffer, copies it into the
@@ -614,17 +574,18 @@ def _inline_pool_producers(schedule_fn):
             stack.extend(op.input_tensors)
         return s
 
-    wrapped._tvm_ext_pool_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "pool_prologue_inline"  # pylint: disable=protected-access
     return wrapped
 
 
 def _vectorize_pool_channel_block(schedule_fn):
     """``schedule_fn`` (TVM's x86 ``schedule_adaptive_pool``), then every global/adaptive pool over a
-    channel-blocked layout (``NCHW[x]c``) vectorized over its channel block (fix 7): the reduction
-    loops move outside the block, so each step adds one contiguous vector of channels.
+    channel-blocked layout (``NCHW[x]c``) vectorized over its channel block
+    (``global_pool_channel_vector``): the reduction loops move outside the block, so each step adds
+    one contiguous vector of channels.
 
-    Every channel's sum runs over the same window positions in the same order as before: the
-    results are bit-identical; only the loop order and the vector width change."""
+    Every channel's sum runs over the same window positions in the same order as in TVM's schedule:
+    the results are bit-identical; only the loop order and the vector width change."""
     import functools
 
     from tvm import te
@@ -645,13 +606,13 @@ def _vectorize_pool_channel_block(schedule_fn):
             stage.vectorize(block)
         return s
 
-    wrapped._tvm_ext_pool_vector_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "global_pool_channel_vector"  # pylint: disable=protected-access
     return wrapped
 
 
 def _depthwise_int8_block(fallback):
     """``fallback`` (TVM's x86 depthwise default config), then an 8-bit depthwise conv blocked like
-    the int8 convs around it (fix 4): ``tile_ic = tile_oc = INT8_CONV_BLOCK`` when the channels
+    the int8 convs around it (``depthwise_int8_block``): ``tile_ic = tile_oc = INT8_CONV_BLOCK`` when the channels
     divide by it, else the int8 rule's block (:func:`int8_block`) where it fits one vector
     register. The other knobs (``tile_ow``, ``unroll_kw``) stay TVM's."""
     import functools
@@ -672,13 +633,13 @@ def _depthwise_int8_block(fallback):
         cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
         return None
 
-    wrapped._tvm_ext_depthwise_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "depthwise_int8_block"  # pylint: disable=protected-access
     return wrapped
 
 
 def _fallback_tile_budget(cfg):
     """``(accumulator registers, vector registers per pixel)`` for cutting an untuned conv's tile on
-    the current target (fixes 10 and 12), or None where TVM's tile is kept
+    the current target (``fallback_register_tile``), or None where TVM's tile is kept
     (:data:`_FALLBACK_TILE_ACCUMULATORS`)."""
     from tvm.target.x86 import get_simd_32bit_lanes
 
@@ -692,7 +653,7 @@ def _fallback_tile_budget(cfg):
 def _depthwise_register_tile(fallback):
     """``fallback`` (a TVM x86 depthwise default config), then, on classes with a tile budget
     (AVX2: :data:`_FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` cut to the widest tile whose
-    accumulators fit the registers (fix 12; 8-bit and float depthwise convs alike). The other knobs
+    accumulators fit the registers (``fallback_register_tile``; 8-bit and float depthwise convs alike). The other knobs
     stay; tuned configs are not touched."""
     import functools
 
@@ -720,8 +681,8 @@ def int8_block(channels: int, target=None):
 
     Without ``target``: the block TVM's x86 int8 rule gives ``channels`` on a conv's input side
     (the largest of 16, 12, 8, 4 dividing it). With ``target`` (a target or its string): the
-    first of that target's :attr:`KernelPolicy.channel_blocks` dividing it (fixes 6 and 11: on AVX2 and AVX-512 VNNI 8
-    comes before 12, so 24 and 360 channels take 8; 12 and 36 keep 12).
+    first of that target's :attr:`KernelPolicy.channel_blocks` dividing it (``narrow_channel_blocks``:
+    on AVX2 and AVX-512 VNNI 8 comes before 12, so 24 and 360 channels take 8; 12 and 36 keep 12).
     """
     blocks = policy(target).channel_blocks if target is not None else KernelPolicy.channel_blocks
     return next((b for b in blocks if channels % b == 0), None)
@@ -730,7 +691,7 @@ def int8_block(channels: int, target=None):
 def int8_out_channels(channels: int, target=None) -> int:
     """The output channels x86's int8 legalization gives an int8 conv with ``channels`` outputs:
     ``channels`` where 16 or (with ``target``) the policy's narrower output block divides it
-    (fix 6), else ``channels`` padded to a multiple of 16, sliced back after the conv."""
+    (``narrow_channel_blocks``), else ``channels`` padded to a multiple of 16, sliced back after the conv."""
     if channels % INT8_CONV_BLOCK == 0:
         return channels
     blocks = policy(target).int8_out_blocks if target is not None else KernelPolicy.int8_out_blocks
@@ -752,7 +713,7 @@ def _block_here(channels: int):
 
 def _int8_out_block(out_channels):
     """The output block an int8 conv with ``out_channels`` channels takes for the target being
-    compiled (fix 6), or None where TVM's (a multiple of 16, padded) stays, also for
+    compiled (``narrow_channel_blocks``), or None where TVM's (a multiple of 16, padded) stays, also for
     channel counts that are not compile-time integers."""
     target = _current_target()
     if target is None:
@@ -772,8 +733,9 @@ def _int8_out_block(out_channels):
 def _int8_legalize_out_block(alter):
     """``alter`` (TVM's ``conv2d_alter_int8_common`` as x86's conv2d legalization calls it, padding
     output channels to 16 and slicing them off again), with the output channels padded to the
-    policy's narrower int8 output block where that divides them (fix 6: on AVX2 24 channels
-    are not padded to 32; 8 lanes are one ``vpmaddubsw`` tensorize step)."""
+    policy's narrower int8 output block where that divides them (``narrow_channel_blocks``: 24
+    channels are not padded to 32; 8 lanes are one tensorize step, ``vpmaddubsw`` on AVX2, the ymm
+    ``vpdpbusd`` on AVX-512 VNNI)."""
     import functools
 
     @functools.wraps(alter)
@@ -787,16 +749,16 @@ def _int8_legalize_out_block(alter):
         return alter(data, data_tensor, kernel, kernel_tensor, output_tensor, attrs, data_dtype,
                      in_channel_vector_length, out_channel_vector_length)
 
-    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "narrow_channel_blocks"  # pylint: disable=protected-access
     return wrapped
 
 
 def _int8_conv_compute(compute):
     """``compute`` (TVM's x86 ``conv2d_NCHWc_int8``), able to take an output block narrower than 16
-    (fix 6). Its AutoTVM space admits only output blocks that 16 divides (``define_split("tile_oc",
-    filter=...% 16 == 0)``): for 24 channels the space is empty and defining it raises. A fallback
-    config that already holds ``tile_oc`` skips that definition, so the config is given the
-    policy's block first; :func:`_int8_conv_blocks` then fills in the rest as for any fallback."""
+    (``narrow_channel_blocks``). Its AutoTVM space admits only output blocks that 16 divides
+    (``define_split("tile_oc", filter=...% 16 == 0)``): for 24 channels the space is empty and
+    defining it raises. A fallback config that already holds ``tile_oc`` skips that definition, so
+    the config is given the policy's block first; :func:`_int8_conv_blocks` then fills in the rest as for any fallback."""
     import functools
 
     from tvm.autotvm.task import DispatchContext
@@ -817,15 +779,15 @@ def _int8_conv_compute(compute):
                 entities["tile_oc"] = SplitEntity([channels // block, block])
         return compute(*args)
 
-    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "narrow_channel_blocks"  # pylint: disable=protected-access
     return wrapped
 
 
 def _int8_conv_blocks(fallback):
     """``fallback`` (TVM's generic int8 conv default config, which x86 calls with ``int32_lanes=16``),
-    with the policy's blocks for the target being compiled (fix 6): the input block of
-    :func:`int8_block` and the output block the legalization above kept (8 for 24 channels on
-    AVX2). Elsewhere, and for other callers (other ``int32_lanes``), TVM's own config."""
+    with the policy's blocks for the target being compiled (``narrow_channel_blocks``): the input
+    block of :func:`int8_block` and the output block the legalization above kept (8 for 24 channels
+    on AVX2 and AVX-512 VNNI). Elsewhere, and for other callers (other ``int32_lanes``), TVM's own config."""
     import functools
 
     from tvm.autotvm.task.space import SplitEntity
@@ -844,7 +806,7 @@ def _int8_conv_blocks(fallback):
             cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
         return None
 
-    wrapped._tvm_ext_int8_blocks_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "narrow_channel_blocks"  # pylint: disable=protected-access
     return wrapped
 
 
@@ -859,8 +821,9 @@ def _one_output_pixel(wkl) -> bool:
 def _float_conv_int8_blocks(fallback):
     """``fallback`` (a TVM x86 float conv default config), then ``tile_ic`` by the int8 rule
     (:func:`int8_block`) where it has a block, and ``tile_oc`` where that block is no wider than
-    the target's 32-bit SIMD lanes or the conv has one output pixel, while the graph being built computes in 8 bits (fix 5). The
-    other knobs (``tile_ow``, ``tile_oh``, ``unroll_kw``) stay TVM's."""
+    the target's 32-bit SIMD lanes or the conv has one output pixel, while the graph being built
+    computes in 8 bits (``int8_graph_float_conv_blocks``). The other knobs (``tile_ow``,
+    ``tile_oh``, ``unroll_kw``) stay TVM's."""
     import functools
 
     from tvm.autotvm.task.space import SplitEntity
@@ -880,7 +843,7 @@ def _float_conv_int8_blocks(fallback):
             cfg["tile_oc"] = SplitEntity([wkl.out_filter // block, block])
         return None
 
-    wrapped._tvm_ext_float_conv_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "int8_graph_float_conv_blocks"  # pylint: disable=protected-access
     return wrapped
 
 
@@ -888,7 +851,7 @@ def _float_conv_register_tile(fallback, one_by_one: bool):
     """``fallback`` (a TVM x86 float conv default config), then, on classes with a tile budget
     narrower than TVM's rule (AVX2: :data:`_FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` (and
     ``tile_oh`` for 1x1 convs) cut to the widest tile whose accumulators fit the registers
-    (fix 10). The other knobs stay TVM's; tuned configs are not touched."""
+    (``fallback_register_tile``). The other knobs stay TVM's; tuned configs are not touched."""
     import functools
 
     from tvm.autotvm.task.space import OtherOptionEntity, SplitEntity
@@ -985,33 +948,34 @@ def _uninstall():
 
 @contextlib.contextmanager
 def kernels(schedule=True, int8_graph=False):
-    """Enter to build x86 int8 kernels with the fixes of this module.
+    """Enter to build x86 int8 kernels with the changes of this module's design note.
 
     Parameters
     ----------
-    schedule : bool
-        Also compute 3x3/7x7 int8 convs per output row (fix 2) or per register tile (fix 9) where
-        :func:`policy` chooses it for the target being compiled, inline pool producers and vectorize global pools over their
-        channel block (fixes 3 and 7), block 8-bit depthwise
-        convs like int8 convs (fix 4), on AVX2, block 8-bit tensors by at most one register
-        where 8 divides their channels (fix 6), and compute stride-equals-kernel transposed
-        convs without zeros (fix 8). ``False`` keeps TVM's schedules and layouts everywhere and
-        only makes VNNI buildable (fix 1): that is "stock TVM" for a VNNI target. ``"per_row"``
-        (``"per_tile"``) uses the per-row (per-tile, fix 9) schedule on every instruction set (for
-        measurements such as ``benchmarks/int8_conv_schedules.py``).
+    schedule : bool or {"per_row", "per_tile"}
+        ``True``: every change where the target being compiled takes it (:func:`policy`):
+        ``epilogue_per_row`` or ``per_tile_accumulators`` for int8 convs,
+        ``fallback_register_tile``, ``depthwise_int8_block``, ``narrow_channel_blocks``,
+        ``pool_prologue_inline``, ``global_pool_channel_vector`` and
+        ``conv_transpose_without_zeros``. ``False`` keeps TVM's schedules and layouts everywhere
+        and only applies ``vnni_operand_types`` (VNNI buildable with LLVM 22): that is "stock TVM"
+        for a VNNI target. ``"per_row"`` (``"per_tile"``) uses the per-row (per-tile) int8 conv
+        schedule on every instruction set (for measurements such as
+        ``benchmarks/int8_conv_schedules.py``).
     int8_graph : bool
         The graph being built computes in 8 bits: float convs read their input blocked as the
-        int8 convs write it (fix 5; only with ``schedule``). Float models keep TVM's blocking.
+        int8 convs write it (``int8_graph_float_conv_blocks``; only with ``schedule``). Float
+        models keep TVM's blocking.
 
     Re-entrant and thread-safe: nested entries share the outermost setting, and TVM's own
     functions are restored when the outermost entry exits. Other threads that call
-    ``relay.build`` meanwhile see the fixed functions too (TOPI has no per-thread state).
+    ``relay.build`` meanwhile see the replaced functions too (TOPI has no per-thread state).
     """
     global _DEPTH
     with _LOCK:
         if _DEPTH == 0:
             _install(schedule, int8_graph)
-            logger.debug("x86 int8 kernels: operand fix %s, conv schedules %s", needs_operand_fix(), schedule)
+            logger.debug("x86 int8 kernels: vnni_operand_types %s, schedule %s", needs_operand_fix(), schedule)
         _DEPTH += 1
     try:
         yield
