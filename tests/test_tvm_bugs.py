@@ -1,4 +1,5 @@
-"""Tests of tvm_ext.tvm_bugs: known TVM 0.19 bugs are refused with a clear error (issue 12)."""
+"""Tests of tvm_ext.tvm_bugs: a known TVM 0.19 bug is refused with a clear error naming the cause,
+or, where tvm-ext can route around it, the build is retried without the pass at fault."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ from tvm_ext.tvm_bugs import UnsupportedByTVM, check_module
 
 
 def dense(units, k=8, dtype="int8", qnn=False):
-    """x:int8[1, k] -> dense(W:int8[units, k]) (found by the fuzzer: units=8 fails inside relay.build)"""
+    """x:int8[1, k] -> dense(W:int8[units, k]) (units=8 fails inside relay.build for AVX-512)"""
     x = relay.var("x", shape=(1, k), dtype=dtype)
     w = relay.const(np.ones((units, k), "int8"))
     if qnn:
@@ -113,7 +114,8 @@ def test_other_build_errors_are_not_retried(monkeypatch):
 def inline_function_read_twice():
     """x:int8 -> f(x) = fn(p) {avg_pool(cast(p, i32))} Primitive=1, read by a pool and by
     add(cast(f(x), i16), cast(f(x), i16)), which SimplifyExpr rewrites to multiply(cast(...), 2)
-    (fuzz seed 2211: FuseWideningIntoPool at stage ``start``); and the same graph without ``fn``."""
+    (what FuseWideningIntoPool at stage ``start`` makes of ``tvm_ext.testing.fuzz``'s graph for seed
+    2211); and the same graph without ``fn``."""
     def graph(inline: bool):
         x = relay.var("x", shape=(1, 2, 4, 4), dtype="int8")
         if inline:

@@ -1,4 +1,5 @@
-"""Tests of tvm_ext.x86_conv_transpose (x86 fix 8: stride-equals-kernel transposed convs without zeros)."""
+"""Tests of tvm_ext.x86_conv_transpose (``conv_transpose_without_zeros``: stride-equals-kernel
+transposed convs without zeros)."""
 from __future__ import annotations
 
 import numpy as np

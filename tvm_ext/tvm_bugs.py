@@ -2,11 +2,14 @@
 
 Design note
 -----------
-Each entry is a TVM bug found by differential fuzzing (``tvm_ext.testing.fuzz``) that tvm-ext
-cannot route around without changing TVM itself. :func:`check_module` looks for the triggering
-construct in a typed module for a given target and raises :class:`UnsupportedByTVM` (a
-``ValueError``) naming the op, the shapes, the TVM source at fault and a workaround. It is called
-by :func:`tvm_ext.build` before relay.build's prefix (after the ``start`` passes).
+Each entry is a TVM bug that a differentially fuzzed graph (``tvm_ext.testing.fuzz``) or a real
+model triggers. For those tvm-ext cannot route around without changing TVM itself,
+:func:`check_module` looks for the triggering construct in a typed module for a given target
+and raises :class:`UnsupportedByTVM` (a ``ValueError``) naming the op, the shapes, the TVM source
+at fault and a workaround. It is called by :func:`tvm_ext.build` before relay.build's prefix
+(after the ``start`` passes). The others :func:`tvm_ext.build` recognises by their error and
+builds again without the pass at fault (:func:`is_llvm_debug_info_error`,
+:func:`is_inline_function_copy_error`).
 
 Known bugs::
 
@@ -17,9 +20,9 @@ Known bugs::
     # LLVM 22 verifier: "location of #dbg_declare must be a pointer or int"   -> build fails
     #   TVM 0.19's CodeGenLLVM::AddDebugInformation declares debug info for every let variable;
     #   a vector-typed one (e.g. <11 x i32> cse_var_1, made by TIR's CommonSubexprElimTIR in an
-    #   AVX-512 schedule) is rejected by LLVM 22's module verifier. Seen: PP-OCR mobile v2 cls
-    #   (QOperator) on znver4, stock relay.build included. tvm_ext.build detects the error
-    #   (is_llvm_debug_info_error) and builds again with tir.disable_cse_tir=True (which built it).
+    #   AVX-512 schedule) is rejected by LLVM 22's module verifier. Triggered by PP-OCR mobile v2
+    #   cls (QOperator) on znver4, stock relay.build included. tvm_ext.build detects the error
+    #   (is_llvm_debug_info_error) and builds again with tir.disable_cse_tir=True, which builds it.
 
     # int8 x int8 nn.dense, units % 16 != 0, x86 target with AVX-512BW (or AMX-INT8)
     #   topi/x86/dense_alter_op.py::int8_int8_legalize pads the weight to a multiple of 16 rows
@@ -28,7 +31,8 @@ Known bugs::
     #   qnn.dense is not affected: qnn.Legalize (relay/qnn/op/legalizations.py,
     #   helper_change_dtypes_to_uint8_int8) first shifts its int8 data to uint8 on every x86 CPU
     #   with SSE4.2, so the nn.dense it becomes is uint8 x int8 (checked: units 8 and 100, K 2 to
-    #   66, batch 1 and 3 build and are exact; refusing it blocked ONNX Runtime's S8S8 models).
+    #   66, batch 1 and 3 build and are exact), so it is not refused: ONNX Runtime's S8S8 models
+    #   are made of it.
 
     # an inline function (e.g. a Primitive=1 group a ``start`` pass made) whose result has several
     # readers, one of which SimplifyExpr rewrites   -> "variable p0 is bound more than once"
@@ -36,8 +40,8 @@ Known bugs::
     #   InferType(new call): type inference rebuilds the sub-expression, the function included, with
     #   the same parameter Vars, while the other readers keep the original: two functions bind p0,
     #   and the pattern rewriter's own well-formedness check fails inside relay.build's prefix
-    #   (fuzz seed 2211, FuseWideningIntoPool at ``start``). tvm_ext.build detects the error
-    #   (is_inline_function_copy_error) and runs the prefix again without SimplifyExpr (an
+    #   (fuzz seed 2211 with FuseWideningIntoPool at ``start`` reproduces it). tvm_ext.build
+    #   detects the error (is_inline_function_copy_error) and runs the prefix again without SimplifyExpr (an
     #   optimization only; a logged warning).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Transposed convolutions whose stride equals their kernel, computed without the zeros (x86 fix 8).
+"""Transposed convolutions whose stride equals their kernel, computed without the zeros.
 
 Design note
 -----------
@@ -7,8 +7,8 @@ TVM 0.19's x86 ``conv2d_transpose_nchw`` (``topi/x86/conv2d_transpose.py``) dila
 over the result: for a ``k x k`` kernel with stride ``k`` (the 2x2 / stride-2 upsampling
 ConvTranspose of segmentation and text-detection heads, PP-OCRv4 det's DB head) ``k*k - 1`` of
 every ``k*k`` multiply-accumulates read an inserted zero, and the schedule cannot vectorize the
-int16 arithmetic QNN lowering gives it. Those two kernels took a third of PP-OCRv4 det QDQ's
-kernel time on Zen 4 (2.26 + 1.20 of 10.6 ms, debug executor).
+int16 arithmetic QNN lowering gives it. With TVM's schedule those two kernels take a third of
+PP-OCRv4 det QDQ's kernel time on Zen 4 (2.26 + 1.20 of 10.6 ms, debug executor).
 
 With stride ``(kh, kw)`` equal to the kernel, no padding and no output padding, every output
 pixel reads exactly one input pixel::
@@ -23,8 +23,8 @@ injective stages computing the conv's *data* inside the same kernel (a dequantiz
 ReLU, a layout_transform: what :mod:`~tvm_ext.passes.dequantize_in_conv_transpose` groups with the
 conv) are computed once per output row into a row buffer (the input row ``y // kh``, all input
 channels; the output channels then loop inside the row), so the kernel reads the 8-bit tensor.
-Inlining them instead computed them per read, once per output channel and phase: PP-OCRv4 det
-QOperator's head 1.1 ms slower end to end. FuseOps itself never puts producers in a conv's kernel:
+Inlining them instead would compute them per read, once per output channel and phase: PP-OCRv4
+det QOperator's head measured 1.1 ms slower end to end that way. FuseOps itself never puts producers in a conv's kernel:
 then the data is a placeholder and nothing changes.
 Other transposed convolutions (overlapping windows, padding) keep TVM's compute and schedule.
 
@@ -34,7 +34,8 @@ identical (integer addition is exact), float ones hold the same terms in the sam
 zero terms TVM adds do not change a float sum). Tests compare both schedules bit for bit.
 
 :func:`tvm_ext.x86_int8.kernels` installs both functions while it is entered (``schedule=True``),
-as it installs its other x86 kernel changes.
+as it installs its other x86 kernel changes; this one is named ``conv_transpose_without_zeros``
+there (every x86 class).
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def conv2d_transpose_nchw(fallback):
                 axis=ci),
             name="conv2d_transpose_nchw", tag=TAG)
 
-    wrapped._tvm_ext_conv_transpose_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "conv_transpose_without_zeros"  # pylint: disable=protected-access
     return wrapped
 
 
@@ -141,7 +142,7 @@ def schedule_conv2d_transpose_nchw(fallback):
         traverse_inline(s, last.op, callback)
         return s
 
-    wrapped._tvm_ext_conv_transpose_fix = True  # pylint: disable=protected-access
+    wrapped._tvm_ext_change = "conv_transpose_without_zeros"  # pylint: disable=protected-access
     return wrapped
 
 
