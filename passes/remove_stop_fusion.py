@@ -24,7 +24,17 @@ users, the function result, or a consumer that is an anchor, injective or opaque
     #     int8 -> cast i32 -> global_avg_pool2d): e is written either way, the barrier only adds a kernel
 
 so the tensor crossing the kernel boundary is never wider than with the barrier, and as many ops
-as possible join the producer's kernel. Bit-exactness: ``stop_fusion`` is the identity and
+as possible join the producer's kernel. (A removed barrier after ``e`` is looked through when
+asking where ``e``'s kernel goes: it will not be there.)
+
+*Joins.* Only one anchor's kernel can absorb a join (``add`` of two branches), so a chain passes a
+join only when no other input brings an anchor (walking upstream through removed barriers). A
+chain that passes a join *claims* it - when an anchor's kernel can reach the barrier's ``x``
+(through barriers not decided yet, which may be removed): a barrier on a parameter, or on a
+value with other users, starts a kernel without an anchor, which competes for no join. A claimed
+join stops every later chain except those that reach it through the claimant (they carry the
+anchor the claim was made for). Decided that way, a second run, which sees the removed barriers
+gone, makes the same decisions: the pass is idempotent. Bit-exactness: ``stop_fusion`` is the identity and
 integer arithmetic does not depend on kernel boundaries. Float arithmetic can (LLVM may contract a
 ``fmul`` and the following ``fadd`` into one ``fma`` when they share a kernel), so a barrier on a
 float ``multiply`` whose consumer is ``add``/``subtract`` is kept. Two anchors never share a
@@ -76,27 +86,29 @@ def _same_shape(a, b) -> bool:
     return tvm.ir.structural_equal(a.checked_type.shape, b.checked_type.shape)
 
 
-def _other_branch_free(join, cur, users, decided, claimed) -> bool:
+def _other_branch_free(join, cur, users, decided, claimed, passed=()) -> bool:
     """No other input of ``join`` brings an anchor that FuseOps could fuse into it before ours.
 
     FuseOps lets only one anchor's kernel absorb a join (``add(conv_a..., conv_b...)``): the
     second anchor's path then fails ``kind <= kBroadcast`` and its kernel ends *before* the join,
     writing the wide value. So the chain may pass a join only when every other input is
     :func:`_brings_no_anchor` - or reaches a barrier not decided yet, which then finds the join
-    claimed (if it brings an anchor) and ends its own chain before it.
+    claimed (if it brings an anchor) and ends its own chain before it. A join claimed by a
+    removed barrier in ``passed`` (downstream on this chain) was claimed for the anchor behind
+    this barrier: it is this chain's own.
     """
-    if join in claimed:
+    if join in claimed and not any(claimed[join].same_as(b) for b in passed):
         return False
     return _brings_no_anchor([a for a in join.args if not a.same_as(cur)], users, decided)
 
 
-def _brings_no_anchor(starts, users, decided, undecided_free: bool = True) -> bool:
+def _brings_no_anchor(starts, users, decided, through_undecided: bool = False) -> bool:
     """Going upstream from ``starts`` through single-use elementwise/broadcast ops and removed
     barriers, every path ends at a kept, moved or undecided barrier, a parameter, a constant or a
     value with several users (a kernel boundary anyway): no anchor's kernel reaches ``starts``.
 
-    With ``undecided_free=False`` a barrier not decided yet counts as bringing an anchor (it may
-    be removed later and let one through).
+    With ``through_undecided`` the walk also goes through barriers not decided yet (they may be
+    removed later and let an anchor through).
     """
     from tvm import relay
 
@@ -116,10 +128,8 @@ def _brings_no_anchor(starts, users, decided, undecided_free: bool = True) -> bo
         if len(users.get(node, ())) > 1:
             continue
         if op_name(node) == _STOP:
-            if decided.get(node) == "remove":
+            if decided.get(node) == "remove" or (through_undecided and node not in decided):
                 stack.append(node.args[0])
-            elif node not in decided and not undecided_free:
-                return False
             continue
         if op_pattern(op_name(node)) > _K_BROADCAST:
             return False
@@ -131,13 +141,15 @@ def _chain(stop, users, decided, claimed, body):
     """Values x's kernel would extend over without ``stop``: ``[c1, ..., e]`` (e last; [] if none).
 
     ``decided``: stop node -> "remove" / "keep" / "move" for barriers downstream; ``claimed``:
-    joins (ops with several non-constant inputs) already on another barrier's chain.
+    join (an op with several non-constant inputs) -> the barrier whose chain claimed it for an
+    anchor.
     """
     from tvm import relay
 
     from tvm_ext.report import op_pattern
 
     chain = []
+    passed = []  # removed barriers the chain goes through
     cur = stop
     while True:
         if cur.same_as(body):
@@ -152,35 +164,41 @@ def _chain(stop, users, decided, claimed, body):
             if decided.get(nxt) != "remove":
                 return chain
             cur = nxt  # transparent: it goes away too
+            passed.append(nxt)
             continue
         if op_pattern(op_name(nxt)) > _K_BROADCAST or not static_tensor_type(nxt) or not _same_shape(nxt, cur):
             return chain
         inputs = [a for a in nxt.args if not isinstance(a, relay.Constant)]
-        if len(inputs) > 1 and not _other_branch_free(nxt, cur, users, decided, claimed):
+        if len(inputs) > 1 and not _other_branch_free(nxt, cur, users, decided, claimed, passed):
             return chain
         chain.append(nxt)
         cur = nxt
 
 
-def _fuses_forward(end, users, body):
+def _fuses_forward(end, users, body, decided):
     """``True`` if a kernel ending at ``end`` (no anchor in it) fuses into its consumer's kernel.
 
     FuseOps fuses an elementwise group into its post-dominator when the edge is injective or a
     reduction (``dom pattern <= kInjective or == kCommReduce``); never into an anchor such as
     conv2d, pooling (``kOutEWiseFusable``) or an opaque op, and not past a value with several
     users. When it cannot, ``end`` is written whether the barrier stays or not, so keeping the
-    barrier would only add a kernel and the ``x`` tensor.
+    barrier would only add a kernel and the ``x`` tensor. A removed barrier after ``end`` is
+    looked through (its consumer is ``end``'s once it is gone).
     """
     from tvm import relay
 
     from tvm_ext.report import op_pattern
 
-    if end.same_as(body):
-        return Reject("it is the function's result")
-    us = users.get(end, [])
-    if len(us) != 1:
-        return Reject(f"it has {len(us)} users")
-    user = us[0][0]
+    while True:
+        if end.same_as(body):
+            return Reject("it is the function's result")
+        us = users.get(end, [])
+        if len(us) != 1:
+            return Reject(f"it has {len(us)} users")
+        user = us[0][0]
+        if not (isinstance(user, relay.Call) and op_name(user) == _STOP and decided.get(user) == "remove"):
+            break
+        end = user
     name = op_name(user) if isinstance(user, relay.Call) else None
     if name is None:
         return Reject(f"its user is a {type(user).__name__}")
@@ -205,6 +223,13 @@ def _float_contraction(stop, x, users) -> Reject | None:
     return None
 
 
+def _claim(claimed, joins, stop):
+    """Record ``stop`` as the claimant of ``joins`` (a join keeps its first, most downstream
+    claimant: every chain through a later one passes that one too)."""
+    for join in joins:
+        claimed.setdefault(join, stop)
+
+
 def _describe(node) -> str:
     from tvm import relay
 
@@ -223,7 +248,7 @@ def _rewrite(func):
         return func
     users = consumers(nodes)
     decided: dict = {}
-    claimed: set = set()
+    claimed: dict = {}
     subst: dict = {}
     stops = [n for n in nodes if isinstance(n, relay.Call) and op_name(n) == _STOP]
     for stop in reversed(stops):  # downstream barriers first
@@ -241,24 +266,24 @@ def _rewrite(func):
         chain = _chain(stop, users, decided, claimed, func.body)
         end = chain[-1] if chain else x
         joins = [n for n in chain if sum(not isinstance(a, relay.Constant) for a in n.args) > 1]
-        if joins and _brings_no_anchor([x], users, decided, undecided_free=False):
+        if joins and _brings_no_anchor([x], users, decided, through_undecided=True):
             # no anchor's kernel reaches x (a parameter, a value with other users, a kept
             # barrier): the chain's ops form a kernel of no anchor, which competes with none for
             # the joins. Claiming them would stop another barrier's chain at a join that the
             # same barrier's chain passes once this barrier is gone (a second run).
             joins = []
         if _bits(end) <= _bits(x):
-            claimed.update(joins)
+            _claim(claimed, joins, stop)
             decided[stop] = "remove"
             subst[stop] = x
             _log.info("%s.remove: barrier on %s removed (kernel now ends at %s)", PASS_NAME,
                       _describe(x), _describe(end))
             continue
-        absorbed = _fuses_forward(end, users, func.body)
+        absorbed = _fuses_forward(end, users, func.body, decided)
         if not absorbed:
             decided[stop] = "remove"
             subst[stop] = x
-            claimed.update(joins)
+            _claim(claimed, joins, stop)
             _log.info("%s.remove: barrier on %s removed (%s crosses either way: %s)", PASS_NAME,
                       _describe(x), _describe(end), absorbed)
             continue
@@ -271,7 +296,7 @@ def _rewrite(func):
             continue
         decided[stop] = "move"
         upto = [n for n in chain[: [i for i, n in enumerate(chain) if n.same_as(m)][0] + 1]]
-        claimed.update(n for n in joins if any(n.same_as(u) for u in upto))
+        _claim(claimed, [n for n in joins if any(n.same_as(u) for u in upto)], stop)
         consumer, idx = users[m][0]
         args = list(consumer.args)
         args[idx] = relay.annotation.stop_fusion(m)

@@ -113,6 +113,57 @@ def test_residual_join_claimed_once(caplog):
     assert_same_outputs(stock, ours, {"x": RNG.integers(-128, 128, (1, 16, 8, 8)).astype("int8")})
 
 
+def barrier_behind_barrier(order, expected=False):
+    """residual join; one branch has a second barrier after its widening cast
+
+    ::
+
+        x -> conv(W1) -> requant -> [stop c] -> cast i32 -> [stop b] -+-> add -> clip -> cast i8
+        x -> conv(W3) -> requant -> [stop a] -> cast i32 --------------+
+
+    ``order`` 1 makes the add read the first branch first (its barriers are decided after ``a``).
+    Expected (order 1): ``a`` and ``b`` removed, ``c`` kept: conv(W3)'s kernel takes the add and
+    conv(W1)'s writes int8.
+    """
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
+    if expected:
+        first = relay.cast(stop(_requant(_conv(x, W1))), "int32")
+        second = relay.cast(_requant(_conv(x, W3)), "int32")
+    else:
+        first = stop(relay.cast(stop(_requant(_conv(x, W1))), "int32"))
+        second = relay.cast(stop(_requant(_conv(x, W3))), "int32")
+    s = relay.add(first, second) if order else relay.add(second, first)
+    return infer(relay.cast(relay.clip(s, -127, 127), "int8"))
+
+
+def test_barrier_behind_a_removed_barrier_keeps_the_narrow_crossing():
+    """``b`` is removed (and ``a`` takes the add) before ``c`` is decided: ``c``'s chain ends at
+    the cast, whose consumer is ``b``, which goes away: the cast fuses into the add's kernel, so
+    ``c`` stays and int8 crosses, not the int32 cast."""
+    after = check(RemoveStopFusion(), barrier_behind_barrier(1), barrier_behind_barrier(1, expected=True))
+    assert_unchanged(RemoveStopFusion(), after)
+    stock = tvm_ext.build(barrier_behind_barrier(1))
+    ours = tvm_ext.build(barrier_behind_barrier(1), passes=[RemoveStopFusion()])
+    assert ours.kernel_report.num_kernels == stock.kernel_report.num_kernels - 1
+    assert "int32" in stock.kernel_report.crossing.count
+    assert not {"int32", "float32"} & set(ours.kernel_report.crossing.count)
+    assert_same_outputs(stock, ours, {"x": RNG.integers(-128, 128, (1, 16, 8, 8)).astype("int8")})
+
+
+def test_barrier_behind_a_removed_barrier_other_order():
+    """Decided the other way round (``b`` first): ``b``'s chain claims the add for the anchor behind
+    ``c``, and ``c``'s chain, which goes through ``b``, may pass it (its own claim): ``b`` and ``c``
+    go, ``a`` stays. One run decides all; the kernels are as narrow."""
+    once = RemoveStopFusion()(barrier_behind_barrier(0))
+    assert_unchanged(RemoveStopFusion(), once)
+    stops = []
+    relay.analysis.post_order_visit(once["main"], lambda n: stops.append(n) if isinstance(n, relay.Call)
+                                    and getattr(n.op, "name", "") == "annotation.stop_fusion" else None)
+    assert len(stops) == 1
+    ours = tvm_ext.build(once).kernel_report
+    assert not {"int32", "float32"} & set(ours.crossing.count)
+
+
 # -- move: the barrier goes after the narrowest value ------------------------------------------------
 def move_before():
     """int8 |stop| -> cast i32 -> add -> cast i8 -> cast i32 -> reshape (injective)"""
@@ -150,15 +201,16 @@ def test_removed_when_the_wide_value_crosses_anyway():
 
 
 # -- barriers on the graph input: no anchor behind them, none competes for the join -----------------
-def input_barriers(barriers=True):
-    """the uint8 input read by two branches, each behind its own barrier, joined by an add
+def input_barriers(barriers=True, nested=False):
+    """the uint8 input read by two branches, each behind its own barrier (two with ``nested``),
+    joined by an add
 
     ::
 
         x(u8) -> [stop] -> cast i32 -> relu -> multiply 2 -+-> add
         x(u8) -> [stop] -> cast i32 -> relu ---------------+
     """
-    s = stop if barriers else (lambda e: e)
+    s = (lambda e: stop(stop(e)) if nested else stop(e)) if barriers else (lambda e: e)
     x = relay.var("x", shape=(1, 4, 3, 3), dtype="uint8")
     a = relay.multiply(relay.nn.relu(relay.cast(s(x), "int32")), relay.const(2))
     b = relay.nn.relu(relay.cast(s(x), "int32"))
@@ -170,6 +222,13 @@ def test_input_barriers_both_removed_in_one_run():
     anchor, so that chain claims no join and the first branch's chain passes the add too: both
     barriers go in one run (a second run finds nothing)."""
     after = check(RemoveStopFusion(), input_barriers(), input_barriers(barriers=False))
+    assert_unchanged(RemoveStopFusion(), after)
+
+
+def test_nested_input_barriers_all_removed_in_one_run():
+    """stop(stop(x)) per branch: the outer barrier is decided while the inner one is undecided;
+    behind it is the parameter, no anchor, so the outer chain claims no join either."""
+    after = check(RemoveStopFusion(), input_barriers(nested=True), input_barriers(barriers=False))
     assert_unchanged(RemoveStopFusion(), after)
 
 
@@ -228,7 +287,8 @@ def test_zoo_small_fewer_kernels_bit_exact(small_zoo):
 
 # -- properties ------------------------------------------------------------------------------------
 def test_idempotent():
-    for mod in (chain(), move_before(), residual(), input_barriers()):
+    for mod in (chain(), move_before(), residual(), input_barriers(), input_barriers(nested=True),
+                barrier_behind_barrier(0), barrier_behind_barrier(1)):
         once = RemoveStopFusion()(mod)
         assert_unchanged(RemoveStopFusion(), once)
 
