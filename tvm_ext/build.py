@@ -209,6 +209,7 @@ def build(
     allow_vnni: bool | None = None,
     kernels: bool | None = None,
     tuned: bool | None = None,
+    amx: bool = False,
 ):
     """Build a Relay module like ``relay.build``, running ``passes`` at an insertion point.
 
@@ -242,7 +243,7 @@ def build(
     allow_vnni : bool, optional
         None (default): use AVX-512 VNNI where the CPU has it. False: mask it (the instruction
         set a plain ``relay.build`` can survive). See :func:`tvm_ext.target.build_target`.
-        AMX is always masked (:data:`tvm_ext.target.AMX_FEATURES`).
+        AMX is masked (:data:`tvm_ext.target.AMX_FEATURES`) unless ``amx``.
     kernels : bool, optional
         Compile x86 int8 ops with tvm-ext's kernel policy (:mod:`tvm_ext.x86_int8`: layouts,
         channel blocks and schedules per instruction set). None (default): on when ``passes`` is a
@@ -254,6 +255,15 @@ def build(
         (:mod:`tvm_ext.tuning`): the user's records (``tvm-ext tune``) first, then shipped ones.
         None (default): as ``kernels``. ``kernel_report`` marks the kernels they reached
         (``Kernel.tuned``).
+    amx : bool
+        Opt-in, off by default: keep ``amx-tile`` and ``amx-int8`` on a target that has them
+        (Sapphire/Granite Rapids), so TVM's uint8 x int8 dense and batch_matmul compute on AMX
+        tiles where their shapes fit whole tiles, each kernel configuring its tiles in the thread
+        that runs it (:mod:`tvm_ext.amx`: :func:`~tvm_ext.amx.ConfigureTiles` as a TIR lower pass,
+        :func:`~tvm_ext.amx.tile_schedules`). Convolutions stay on AVX-512 VNNI. Running the result
+        needs Linux's tile permission (:func:`tvm_ext.amx.request_tile_state`; ``import tvm_ext``
+        asks on an AMX host). Checked by reading the generated assembly; never run on an AMX CPU
+        by this project's tests.
 
     Returns
     -------
@@ -283,7 +293,7 @@ def build(
     mod = copy_module(_as_module(mod))
     if target is not None:
         tvm_bugs.check_target(target)  # an unknown -mtriple segfaults LLVM's feature query
-    tgt = build_target(target, allow_vnni)
+    tgt = build_target(target, allow_vnni, allow_amx=amx)
     if tgt.kind.name == "llvm" and tgt.host is None:
         tgt = tvm.target.Target(tgt, host=tgt)
     use_kernels, use_tuned = kernel_settings(passes, kernels, tuned)
@@ -295,7 +305,12 @@ def build(
         rq = requantize_config(**requantize)
     else:
         rq = contextlib.nullcontext()
-    with kernels, schedules, rq:
+    tiles = contextlib.nullcontext()
+    if amx and tgt.kind.name == "llvm":
+        from . import amx as amx_tiles
+
+        config, tiles = amx_tiles.lower_config(config), amx_tiles.tile_schedules()
+    with kernels, schedules, rq, tiles:
         factory = _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,
                          runtime, mod_name)
     hits = getattr(schedules, "hits", None)

@@ -20,12 +20,20 @@ A leaf module (it imports only TVM): :mod:`tvm_ext.target`, :mod:`tvm_ext.x86_in
   ===============  =====================================  =================================
   class            features                               int8 dot product
   ===============  =====================================  =================================
+  ``amx``          ``avx512_vnni`` + amx-tile + amx-int8  ``tdpbusd`` tiles (dense,
+                                                          batch_matmul); convs as
+                                                          ``avx512_vnni``
   ``avx512_vnni``  avx512f + avx512bw + avx512vnni        ``vpdpbusd`` zmm
   ``avx512``       avx512f + avx512bw                     ``vpmaddubsw`` + ``vpmaddwd`` zmm
   ``avx2``         avx2 (AVX-VNNI masked, see target)     ``vpmaddubsw`` + ``vpmaddwd`` ymm
   ``sse``          ssse3 / sse4.2                         ``pmaddubsw`` + ``pmaddwd`` xmm
   ``other``        not x86, or no LLVM target             --
   ===============  =====================================  =================================
+
+  A target reaches ``amx`` only when it keeps the AMX features: a CPU name such as
+  ``-mcpu=sapphirerapids`` as written, or ``tvm_ext.build(..., amx=True)``
+  (:mod:`tvm_ext.amx`). What :func:`tvm_ext.target.safe_target` and
+  :func:`tvm_ext.target.build_target` return otherwise masks AMX, so it is ``avx512_vnni``.
 """
 from __future__ import annotations
 
@@ -44,7 +52,7 @@ __all__ = [
 ]
 
 #: Most capable first.
-ISA_CLASSES = ("avx512_vnni", "avx512", "avx2", "sse", "other")
+ISA_CLASSES = ("amx", "avx512_vnni", "avx512", "avx2", "sse", "other")
 
 # Feature-name prefixes that change the instructions LLVM emits for tensor code. System features
 # (pku, rdpru, mwaitx, wbnoinvd, ...) are left out: hypervisors hide them and kernels never use them.
@@ -120,7 +128,9 @@ def isa_class(target) -> str:
     if not feats or not any(f.startswith("sse") for f in feats):
         return "other"
     if {"avx512f", "avx512bw"} <= feats:
-        return "avx512_vnni" if "avx512vnni" in feats else "avx512"
+        if "avx512vnni" not in feats:
+            return "avx512"
+        return "amx" if {"amx-tile", "amx-int8"} <= feats else "avx512_vnni"
     if "avx2" in feats:
         return "avx2"
     return "sse"

@@ -18,6 +18,8 @@ Two traps of this stack are handled here, once:
   asks Linux for the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``): such code dies with SIGILL.
   Every target that passes through here has the AMX features masked (:data:`AMX_FEATURES`), for
   plain ``relay.build`` and ``tvm_ext.build`` alike; AVX-512 VNNI still computes those ops.
+  ``allow_amx=True`` (what ``tvm_ext.build(..., amx=True)`` passes) keeps ``amx-tile`` and
+  ``amx-int8``: :mod:`tvm_ext.amx` then configures the tiles inside each kernel.
 
 :func:`safe_target` is what a *plain* ``relay.build`` needs (the benchmark's "stock" column).
 :func:`tvm_ext.build` compiles inside :func:`tvm_ext.x86_int8.kernels`, whose VNNI intrinsic
@@ -46,7 +48,7 @@ _WARNED: set[str] = set()
 TargetLike = Union[str, object]  # str or tvm.target.Target
 
 
-def host_target(mcpu: str | None = None, *, allow_vnni: bool = False):
+def host_target(mcpu: str | None = None, *, allow_vnni: bool = False, allow_amx: bool = False):
     """The host CPU as a TVM ``llvm`` target, safe to build with.
 
     Parameters
@@ -56,6 +58,8 @@ def host_target(mcpu: str | None = None, *, allow_vnni: bool = False):
         ``getHostCPUName()`` (what ``-mcpu=native`` should have meant).
     allow_vnni : bool
         Keep VNNI features (see the module note). Default False.
+    allow_amx : bool
+        Keep ``amx-tile`` and ``amx-int8`` where the CPU has them (:mod:`tvm_ext.amx`). Default False.
 
     Returns
     -------
@@ -78,13 +82,14 @@ def host_target(mcpu: str | None = None, *, allow_vnni: bool = False):
             logger.info("host CPU %s lacks %s: masked", cpu, ",".join(hidden))
             text += " -mattr=" + ",".join(f"-{f}" for f in hidden)
     # the VNNI mask is the expected default here: say it at INFO, not WARNING
-    return _safe(tvm.target.Target(text), allow_vnni, logging.INFO)
+    return _safe(tvm.target.Target(text), allow_vnni, logging.INFO, allow_amx)
 
 
-def safe_target(target: TargetLike, *, allow_vnni: bool = False):
+def safe_target(target: TargetLike, *, allow_vnni: bool = False, allow_amx: bool = False):
     """Return ``target`` with the features that would abort LLVM 22 or the process masked.
 
-    VNNI (unless ``allow_vnni``) and AMX (always) are masked; ``"native"`` as ``-mcpu`` is
+    VNNI (unless ``allow_vnni``) and AMX (all of it, or with ``allow_amx`` all but ``amx-tile`` and
+    ``amx-int8``) are masked; ``"native"`` as ``-mcpu`` is
     replaced by the real host CPU name. Non-LLVM targets and LLVM targets without those features
     are returned unchanged (as :class:`tvm.target.Target`).
 
@@ -93,15 +98,18 @@ def safe_target(target: TargetLike, *, allow_vnni: bool = False):
     target : str or tvm.target.Target
     allow_vnni : bool
         Do not mask VNNI (only for a TVM whose VNNI intrinsic matches its LLVM).
+    allow_amx : bool
+        Keep ``amx-tile`` and ``amx-int8`` (:data:`tvm_ext.amx.KEPT_FEATURES`): only for a build
+        that configures the tiles itself (``tvm_ext.build(..., amx=True)``).
 
     Returns
     -------
     tvm.target.Target
     """
-    return _safe(target, allow_vnni, logging.WARNING)
+    return _safe(target, allow_vnni, logging.WARNING, allow_amx)
 
 
-def _safe(target, allow_vnni: bool, level: int):
+def _safe(target, allow_vnni: bool, level: int, allow_amx: bool = False):
     import tvm
     from tvm.target import codegen
 
@@ -117,7 +125,7 @@ def _safe(target, allow_vnni: bool, level: int):
         text = text.replace("-mcpu=native", f"-mcpu={real}")
         tgt = tvm.target.Target(text, host=host)
     feats = llvm_features(tgt)
-    amx = [f for f in AMX_FEATURES if f in feats]
+    amx = [f for f in AMX_FEATURES if f in feats and not (allow_amx and f in ("amx-tile", "amx-int8"))]
     vnni = [] if allow_vnni else [f for f in VNNI_FEATURES if f in feats]
     if not amx and not vnni:
         return tgt
@@ -139,7 +147,7 @@ def _safe(target, allow_vnni: bool, level: int):
     return masked
 
 
-def build_target(target: TargetLike | None = None, allow_vnni: bool | None = None):
+def build_target(target: TargetLike | None = None, allow_vnni: bool | None = None, allow_amx: bool = False):
     """The target :func:`tvm_ext.build` compiles for.
 
     Like :func:`safe_target` (or :func:`host_target` when ``target`` is None), except that VNNI
@@ -153,6 +161,8 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
     allow_vnni : bool, optional
         None (default): keep AVX-512 VNNI when the CPU has it (with AVX-512 BW). False: mask it,
         as for a plain ``relay.build``. True: keep any VNNI feature.
+    allow_amx : bool
+        Keep ``amx-tile`` and ``amx-int8`` (see :func:`safe_target`). Default False.
 
     Returns
     -------
@@ -161,12 +171,14 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
     from . import x86_int8
 
     if allow_vnni is None:
-        probe = host_target(allow_vnni=True) if target is None else safe_target(target, allow_vnni=True)
+        probe = (host_target(allow_vnni=True, allow_amx=allow_amx) if target is None
+                 else safe_target(target, allow_vnni=True, allow_amx=allow_amx))
         if probe.kind.name == "llvm" and x86_int8.vnni_ready(probe):
             logger.debug("building for '%s' with AVX-512 VNNI (tvm_ext.x86_int8 kernels)", probe)
             return probe
         allow_vnni = False
-    return host_target(allow_vnni=allow_vnni) if target is None else safe_target(target, allow_vnni=allow_vnni)
+    return (host_target(allow_vnni=allow_vnni, allow_amx=allow_amx) if target is None
+            else safe_target(target, allow_vnni=allow_vnni, allow_amx=allow_amx))
 
 
 def describe_target(target) -> dict:

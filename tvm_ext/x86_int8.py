@@ -257,13 +257,19 @@ _TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
 _FALLBACK_TILE_ACCUMULATORS = {"avx2": 12}
 
 
+#: Classes whose convs take another class's choices in every table above: an AMX target's convs
+#: run on AVX-512 VNNI (its tiles compute dense and batch_matmul only, :mod:`tvm_ext.amx`).
+_CONVS_AS = {"amx": "avx512_vnni"}
+
+
 def policy(target) -> KernelPolicy:
     """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
     cls = isa_class(target)
-    bits, dot, per_row, evidence = _POLICY[cls]
-    return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(cls, KernelPolicy.channel_blocks),
-                        _NARROW_OUT_BLOCKS.get(cls, KernelPolicy.int8_out_blocks),
-                        _TILE_ACCUMULATORS.get(cls, 0))
+    key = _CONVS_AS.get(cls, cls)
+    bits, dot, per_row, evidence = _POLICY[key]
+    return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
+                        _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
+                        _TILE_ACCUMULATORS.get(key, 0))
 
 
 def needs_operand_fix() -> bool:
@@ -275,7 +281,8 @@ def needs_operand_fix() -> bool:
 
 def vnni_ready(target) -> bool:
     """True when ``target`` has AVX-512 VNNI and :func:`kernels` can build for it safely."""
-    return isa_class(target) == "avx512_vnni"
+    cls = isa_class(target)
+    return _CONVS_AS.get(cls, cls) == "avx512_vnni"
 
 
 def dot_u8s8_vnni(lanes: int = 16):
