@@ -34,10 +34,13 @@ bench-small: $(STAMP)
 
 # Differential fuzzing of every pass, pipelines.int8() and tvm_ext.build (child processes, table on stdout).
 # N=400 takes about 5 min on 2 quiet cores (1.33 graphs/s measured); N=10000 about 2.1 h.
-N    ?= 400
-SEED ?= 0
+# TARGET: what the graphs are compiled for (default: the host CPU); one campaign per instruction
+# set, e.g. make fuzz TARGET="llvm -mcpu=x86-64-v3" (AVX2); code the host cannot run is only compiled.
+N      ?= 400
+SEED   ?= 0
+TARGET ?=
 fuzz: $(STAMP)
-	$(PY) -m tvm_ext.testing.fuzz -n $(N) --seed $(SEED) --out fuzz-failures
+	$(PY) -m tvm_ext.testing.fuzz -n $(N) --seed $(SEED) --out fuzz-failures $(if $(TARGET),--target "$(TARGET)")
 
 clean:
 	rm -rf $(VENV) bench-results .pytest_cache

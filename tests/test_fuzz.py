@@ -102,6 +102,88 @@ def test_dequantized_outputs_get_the_steps_integer_outputs_get():
     assert "float" in fuzz.compare_outputs(ref, off, True, fuzz.QDQ_STEPS, steps)
 
 
+# -- --target: compile for another instruction set; execute only what this host runs ---------------
+def _stop_graph():
+    """x -> abs -> stop_fusion -> cast i32: RemoveStopFusion rewrites it at stage start."""
+    x = relay.var("x", shape=(1, 4, 4, 4), dtype="int8")
+    body = relay.cast(relay.annotation.stop_fusion(relay.abs(x)), "int32")
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], body)))
+
+
+def _foreign_target():
+    """An x86 target whose code this host cannot run (an Intel host lacks AMD's sse4a, an AMD host
+    Intel's avx512fp16), or None."""
+    from tvm_ext.isa import runs_on_host
+
+    for t in ("llvm -mcpu=znver3", "llvm -mcpu=sapphirerapids"):
+        if not runs_on_host(fuzz._targets(t)[0]):
+            return t
+    return None
+
+
+def test_foreign_target_is_compiled_not_run(monkeypatch):
+    target = _foreign_target()
+    if target is None:
+        pytest.skip("this host runs both znver3 and sapphirerapids code")
+
+    def no_run(*_a, **_k):
+        raise AssertionError("code compiled for a target this host lacks was executed")
+
+    monkeypatch.setattr(fuzz, "_run_factory", no_run)
+    res = fuzz.check_graph(_stop_graph(), passes=("RemoveStopFusion",), stages=("start",), pipeline=False,
+                           target=target)
+    assert not res.failures, res.failures
+    assert res.rewrites == {"RemoveStopFusion@start": 1}
+    assert res.builds >= 3 and res.compared == 0  # reference, rewrite, plain relay.build: compiled
+    assert [r for r in res.skips if "compiled only" in r and "lacks" in r]
+
+
+def test_host_runnable_target_is_compared():
+    from tvm_ext.isa import runs_on_host
+
+    target = "llvm -mcpu=x86-64-v3"
+    if not runs_on_host(target):
+        pytest.skip("this host does not run x86-64-v3 (AVX2) code")
+    res = fuzz.check_graph(_stop_graph(), passes=("RemoveStopFusion",), stages=("start",), pipeline=False,
+                           build_check=False, target=target)
+    assert not res.failures and not res.skips
+    assert res.compared == 1
+
+
+def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
+    seen = {}
+
+    def fake_run(n, seed, workers, out, max_steps, shrink_failures, kw):
+        seen.update(kw)
+        return fuzz.Summary(target=kw["target"])
+
+    monkeypatch.setattr(fuzz, "run", fake_run)
+    assert fuzz.main(["-n", "1", "--target", "llvm -mcpu=x86-64-v3"]) == 0
+    assert seen["target"] == "llvm -mcpu=x86-64-v3"
+    assert "target: llvm -mcpu=x86-64-v3" in capsys.readouterr().out
+    assert fuzz.main(["-n", "1"]) == 0 and seen["target"] is None
+    assert "target: host CPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        fuzz.main(["-n", "1", "--target", "llvm -mcpu=no-such-cpu"])
+    assert "--target" in capsys.readouterr().err
+
+
+def test_make_fuzz_passes_the_target():
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["make", "-n", "-C", str(root), "fuzz", "TARGET=llvm -mcpu=x86-64-v3"], capture_output=True,
+                         text=True, check=True).stdout
+    line = [ln for ln in out.splitlines() if "tvm_ext.testing.fuzz" in ln]
+    assert line and line[0].endswith('--target "llvm -mcpu=x86-64-v3"'), out
+    out = subprocess.run(["make", "-n", "-C", str(root), "fuzz"], capture_output=True, text=True, check=True).stdout
+    assert "--target" not in out
+
+
 def test_worker_crash_is_reported_and_the_run_goes_on():
     specs = [fuzz.Spec(seed=s, steps=(("ewise", 0, "relu"),)) for s in (1, 666, 2)]
     results = {i: r for i, _, r in fuzz.run_specs(specs, workers=1, kw={"selftest_abort_seed": 666, "numeric": False,
@@ -116,9 +198,11 @@ def test_shrink_finds_a_minimal_spec_and_failure_file_loads(tmp_path):
     # "fails" while the graph has a stop_fusion: the minimal failing spec is that one step
     small = fuzz.shrink(spec, lambda s: any(st[0] == "stop" for st in s.steps))
     assert small.steps == (("stop", 0),) and small.variant == "static" and small.channels == 2
-    path = fuzz.write_failure(tmp_path, "x", small, fuzz.Failure("P", "start", "mismatch", "m"), spec)
+    path = fuzz.write_failure(tmp_path, "x", small, fuzz.Failure("P", "start", "mismatch", "m"), spec,
+                              target="llvm -mcpu=x86-64-v3")
     loaded, mod, failure = fuzz.load_failure(path)
     assert loaded == small and failure["kind"] == "mismatch"
+    assert failure["target"] == "llvm -mcpu=x86-64-v3"  # the regression replays at the target it failed at
     assert "annotation.stop_fusion" in mod.astext()
 
 

@@ -39,6 +39,13 @@ passes), plus ``pipelines.int8()`` and ``tvm_ext.build`` itself:
 * ``tvm_ext.build`` without passes equals plain ``relay.build`` at the masked host target
   (weights are small, so no int16 saturation separates VNNI from the masked path).
 
+*Targets.* ``check_graph(..., target=)`` (``--target``, ``make fuzz TARGET=...``) applies the
+passes, relay.build's prefix and every build at that target (default: the host CPU), so one
+campaign covers one instruction set (``llvm -mcpu=x86-64-v3`` for AVX2, an AVX-512 VNNI CPU for
+the 512-bit layouts and kernels). Code for a target this host cannot execute
+(:func:`tvm_ext.isa.runs_on_host`) is compiled, never run: structure, idempotence and build
+errors are still checked, output comparisons are skipped and the table says why.
+
 *Crash safety.* :func:`run` sends specs to worker processes (``multiprocessing`` spawn); a worker
 that dies (segfault, LLVM abort) or hangs is reported as a crash of that spec and replaced; the
 run goes on. Failing specs are shrunk (:func:`shrink`, each candidate again in a child) and
@@ -842,13 +849,27 @@ def _same(a, b) -> bool:
     return tvm.ir.structural_equal(a["main"], b["main"], map_free_vars=True)
 
 
-def _host_targets():
+def _targets(target=None):
+    """``(what tvm_ext.build compiles for, what a plain relay.build compiles for)`` at ``target``
+    (None: the host CPU)."""
     import tvm
 
-    from tvm_ext.target import build_target, host_target
+    from tvm_ext.target import build_target, host_target, safe_target
 
-    tgt = build_target(None, None)
-    return tvm.target.Target(tgt, host=tgt), host_target()
+    tgt = build_target(target, None)
+    return tvm.target.Target(tgt, host=tgt), host_target() if target is None else safe_target(target)
+
+
+def compiled_only_reason(target) -> str | None:
+    """None when code compiled for ``target`` runs on this host, else why outputs are not compared
+    (the oracle then compiles every build and executes none)."""
+    from tvm_ext.isa import missing_on_host, runs_on_host
+
+    tgt, _ = _targets(target)
+    if runs_on_host(tgt):
+        return None
+    missing = missing_on_host(tgt) if tgt.kind.name == "llvm" else [tgt.kind.name]
+    return f"outputs not compared, compiled only (the target needs {','.join(missing)}, which this host lacks)"
 
 
 def _prefixed(mod, tgt):
@@ -932,7 +953,8 @@ def compare_outputs(ref, got, float_graph: bool, int_steps: int = 0, output_step
 
 
 def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_check: bool = True,
-                passes=PASSES, stages=("start", "before_fuse"), pipeline: bool = True) -> GraphResult:
+                passes=PASSES, stages=("start", "before_fuse"), pipeline: bool = True,
+                target: str | None = None) -> GraphResult:
     """Run the oracle on one type-inferred module (in this process: may crash with TVM).
 
     Parameters
@@ -946,6 +968,11 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
         Build and run every rewrite (else structure only).
     build_check : bool
         Also compare ``tvm_ext.build`` without passes with plain ``relay.build``.
+    target : str, optional
+        The target passes, prefix and builds are for (default: the host CPU, as
+        ``tvm_ext.build``). One whose code this host cannot execute
+        (:func:`tvm_ext.isa.runs_on_host`) is compiled only: every build is made, none is run,
+        and the graph's skips say that its outputs were not compared.
     """
     import tvm
     from tvm import relay
@@ -960,10 +987,13 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
     factories = _make_passes()
     text0 = mod.astext()
     control = variant in ("if", "let", "closure", "control")
-    runnable = numeric and variant == "static"
+    runnable = numeric and variant == "static"  # built (and run, when the target runs here)
     float_graph = _is_float_graph(mod)
     out_steps = _output_steps(mod)
-    tgt, masked = _host_targets()
+    tgt, masked = _targets(target)
+    not_run = compiled_only_reason(target) if runnable else None
+    if not_run:
+        res.skips.append(not_run)
     cache: dict = {}
     built: dict = {}  # (stage, structural hash) -> [(module, outputs)]
     pre, prefix_names = None, []
@@ -977,8 +1007,8 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
                 tvm_bugs.check_module(mod, tgt)  # what tvm_ext.build checks before its prefix
                 factory = _build_prefixed(pre, tgt, prefix_names)
             else:
-                factory = tvm_ext.build(mod)
-            cache["ref"] = _run_factory(factory, cache["inputs"])
+                factory = tvm_ext.build(mod, target=target)
+            cache["ref"] = None if not_run else _run_factory(factory, cache["inputs"])
         return cache["ref"]
 
     def outputs_of(stage, rewritten, build):
@@ -989,7 +1019,8 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
             if tvm.ir.structural_equal(other, rewritten):
                 return outs
         res.builds += 1
-        outs = _run_factory(build(), cache["inputs"])
+        factory = build()
+        outs = None if not_run else _run_factory(factory, cache["inputs"])
         built.setdefault(key, []).append((rewritten, outs))
         return outs
 
@@ -1005,13 +1036,16 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
         try:
             if rewritten is None:  # the whole pipeline: through tvm_ext.build's own stages
                 res.builds += 1
-                got = _run_factory(tvm_ext.build(mod, passes=passes_arg, at=at), cache["inputs"])
+                factory = tvm_ext.build(mod, passes=passes_arg, at=at, target=target)
+                got = None if not_run else _run_factory(factory, cache["inputs"])
             elif at == "before_fuse":
                 got = outputs_of(at, rewritten, lambda: _build_prefixed(rewritten, tgt, prefix_names))
             else:  # tvm_ext.build(mod, passes, at="start") == the prefix and relay.build on the output
-                got = outputs_of(at, rewritten, lambda: tvm_ext.build(rewritten, at="start"))
+                got = outputs_of(at, rewritten, lambda: tvm_ext.build(rewritten, at="start", target=target))
         except Exception as err:  # noqa: BLE001
             res.failures.append(Failure(subject, stage, "build_error", _short(err)))
+            return
+        if not_run:
             return
         res.compared += 1
         why = compare_outputs(ref, got, float_graph, steps, out_steps)
@@ -1101,12 +1135,16 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
                 with tvm.transform.PassContext(opt_level=3):
                     stock = relay.build(mod, target=masked)
                 res.builds += 1
-                why = compare_outputs(ref, _run_factory(stock, cache["inputs"]), float_graph)
-                res.compared += 1
-                if why:
-                    res.failures.append(Failure("build", "build", "mismatch", f"tvm_ext.build vs relay.build: {why}"))
+                got = None if not_run else _run_factory(stock, cache["inputs"])
             except Exception as err:  # noqa: BLE001
                 res.skips.append(f"relay.build fails: {_short(err)}")
+            else:
+                if not not_run:
+                    why = compare_outputs(ref, got, float_graph)
+                    res.compared += 1
+                    if why:
+                        res.failures.append(Failure("build", "build", "mismatch",
+                                                    f"tvm_ext.build vs relay.build: {why}"))
     res.seconds = time.time() - t0
     return res
 
@@ -1319,8 +1357,10 @@ def shrink(spec: Spec, still_fails, budget: int = 80) -> Spec:
     return best
 
 
-def write_failure(out_dir, name: str, spec: Spec, failure: Failure, original: Spec | None = None) -> Path:
-    """Write ``<out_dir>/<name>.json``: the spec, the failure and the module's Relay text."""
+def write_failure(out_dir, name: str, spec: Spec, failure: Failure, original: Spec | None = None,
+                  target: str | None = None) -> Path:
+    """Write ``<out_dir>/<name>.json``: the spec, the failure, the module's Relay text and the
+    target the oracle compiled for (None: the host CPU)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -1331,6 +1371,7 @@ def write_failure(out_dir, name: str, spec: Spec, failure: Failure, original: Sp
         "failure": dataclasses.asdict(failure),
         "spec": spec.to_json(),
         "original_spec": original.to_json() if original else None,
+        "target": target,
         "relay": text,
     }
     path = out_dir / f"{name}.json"
@@ -1339,10 +1380,11 @@ def write_failure(out_dir, name: str, spec: Spec, failure: Failure, original: Sp
 
 
 def load_failure(path):
-    """``(spec, module, failure dict)`` of a file written by the fuzzer (for regression tests)."""
+    """``(spec, module, failure dict)`` of a file written by the fuzzer (for regression tests); the
+    failure dict's ``"target"`` is the target it was found at (None: the host CPU)."""
     doc = json.loads(Path(path).read_text())
     spec = Spec.from_json(doc["spec"])
-    return spec, build_graph(spec), doc["failure"]
+    return spec, build_graph(spec), {**doc["failure"], "target": doc.get("target")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1362,6 +1404,7 @@ class Summary:
     skips: dict = field(default_factory=dict)
     seconds: float = 0.0
     files: list = field(default_factory=list)
+    target: str = ""  # what the graphs were compiled for ("" : the host CPU)
 
     def add(self, spec: Spec, res: GraphResult):
         self.graphs += 1
@@ -1380,6 +1423,7 @@ class Summary:
     def table(self) -> str:
         rate = self.graphs / self.seconds if self.seconds else 0.0
         lines = [
+            f"target: {self.target or 'host CPU'}",
             f"graphs tried: {self.graphs} in {self.seconds:.0f} s ({rate:.2f} graphs/s); "
             + "variants: " + ", ".join(f"{k} {v}" for k, v in sorted(self.variants.items())),
             f"TVM builds: {self.builds}; output comparisons: {self.compared} (x {NUM_INPUTS} inputs)",
@@ -1412,6 +1456,22 @@ def _skip_key(reason: str) -> str:
     return head[:120]
 
 
+def _bad_target(target: str) -> str | None:
+    """None for a target the oracle can compile for, else why not."""
+    import tvm
+
+    from tvm_ext import tvm_bugs
+
+    try:
+        tgt = tvm.target.Target(target)
+        tvm_bugs.check_target(target)
+    except Exception as err:  # noqa: BLE001  (TVMError, ValueError of tvm_bugs)
+        return _short(err)
+    if tgt.kind.name != "llvm":
+        return f"a {tgt.kind.name} target (the oracle builds in its own process: CPU (llvm) targets only)"
+    return None
+
+
 def generate(n: int, seed: int = 0, max_steps: int = 6, variants=VARIANTS) -> list:
     """``n`` specs drawn by hypothesis from :func:`graph_specs`, reproducibly for a seed."""
     from hypothesis import HealthCheck, Phase, given, settings
@@ -1439,10 +1499,12 @@ def generate(n: int, seed: int = 0, max_steps: int = 6, variants=VARIANTS) -> li
 
 def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures", max_steps: int = 6,
         shrink_failures: bool = True, kw=None, progress: bool = True) -> Summary:
-    """Generate ``n`` graphs, check them in child processes, shrink and write the failures."""
+    """Generate ``n`` graphs, check them in child processes, shrink and write the failures.
+
+    ``kw`` goes to :func:`check_graph` (``target``: what every graph is compiled for)."""
     t0 = time.time()
     specs = generate(n, seed, max_steps)
-    summary = Summary()
+    summary = Summary(target=str((kw or {}).get("target") or ""))
     done = [0]
     last = [0.0]
 
@@ -1471,13 +1533,13 @@ def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures"
                 return any(f.signature() == sig for f in r.failures)
             small = shrink(spec, still)
         name = "_".join(x.replace("(", "_").replace(")", "").replace(".", "_") for x in sig) + f"_{n_sig}"
-        summary.files.append(str(write_failure(out_dir, name, small, failure, spec)))
+        summary.files.append(str(write_failure(out_dir, name, small, failure, spec, (kw or {}).get("target"))))
     summary.seconds = time.time() - t0
     return summary
 
 
 def main(argv=None) -> int:
-    """``python -m tvm_ext.testing.fuzz [-n N] [--seed S] [--workers W] [--out DIR]``."""
+    """``python -m tvm_ext.testing.fuzz [-n N] [--seed S] [--workers W] [--out DIR] [--target T]``."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m tvm_ext.testing.fuzz", description=__doc__.splitlines()[0])
@@ -1488,9 +1550,19 @@ def main(argv=None) -> int:
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--no-build-check", action="store_true", help="skip tvm_ext.build vs relay.build per graph")
+    ap.add_argument("--target", default=None,
+                    help='TVM target the passes, prefix and builds are for (default: the host CPU), e.g. '
+                         '"llvm -mcpu=x86-64-v3"; code this host cannot execute is compiled, not run')
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    kw = {"build_check": not args.no_build_check}
+    if args.target:
+        bad = _bad_target(args.target)
+        if bad:
+            ap.error(f"--target {args.target!r}: {bad}")
+        why = compiled_only_reason(args.target)
+        if why:
+            sys.stderr.write(f"--target {args.target}: {why}\n")
+    kw = {"build_check": not args.no_build_check, "target": args.target}
     summary = run(args.n, args.seed, args.workers, args.out, args.max_steps, not args.no_shrink, kw)
     print(summary.table())
     return 1 if summary.failures else 0
