@@ -5,6 +5,9 @@ Built on Apache TVM 0.19 (the last release with Relay). Importing :mod:`tvm_ext`
 TVM 0.19's ONNX frontend works with current onnx releases.
 """
 from . import _compat  # noqa: F401  (environment and onnx compatibility, before TVM is used)
+from . import amx as _amx
+
+_amx.prepare_process()  # on an AMX host, ask Linux for the tile state (cheap; nothing elsewhere)
 from .build import build, copy_module
 from .report import KernelReport
 from .target import build_target, host_target, safe_target

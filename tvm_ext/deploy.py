@@ -301,6 +301,9 @@ def load_library(lib_path):
     """
     import tvm
 
+    from . import amx
+
+    amx.request_tile_state()  # AMX kernels need Linux's tile permission (asked once; no-op without AMX)
     path = Path(lib_path)
     if path.suffix != ".tar":
         return tvm.runtime.load_module(str(path))
