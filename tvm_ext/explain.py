@@ -36,7 +36,6 @@ remain; otherwise the numbers are structural estimates (the bytes of the boundar
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -198,13 +197,13 @@ def _apply_remedy(ex, remedy) -> Optional["Explanation"]:
     if remedy.pass_name is not None:
         import importlib
 
-        from . import tuning, x86_int8
         from .registry import create_pass
 
         b = importlib.import_module(".build", __package__)
         counter = _OpCounter()
-        kernels = x86_int8.kernels() if tgt.kind.name == "llvm" else contextlib.nullcontext()
-        schedules = tuning.apply(tgt) if ex._request.get("tuned", True) else contextlib.nullcontext()
+        use_kernels, use_tuned = b.kernel_settings(ex._request.get("passes", ()), ex._request.get("kernels"),
+                                                   ex._request.get("tuned"))
+        kernels, schedules = b.kernel_contexts(tgt, pre, use_kernels, use_tuned)
         with kernels, schedules:
             counter._last = _OpCounter.counts(pre)
             mod = b._run_user_passes(_copy(pre), [create_pass(remedy.pass_name)], tgt, opt_level, cfg,
@@ -708,13 +707,11 @@ class _OpCounter:
 
 
 def _prefuse_module(mod, target, params, passes, at, opt_level, config, disabled_pass, instruments, allow_vnni,
-                    tuned):
+                    kernels, tuned):
     """The module relay.build hands to FuseOps, built as tvm_ext.build builds it."""
     import tvm
 
     import importlib
-
-    from . import tuning, x86_int8
 
     b = importlib.import_module(".build", __package__)  # the module (tvm_ext.build is the function)
     from .target import build_target
@@ -724,8 +721,7 @@ def _prefuse_module(mod, target, params, passes, at, opt_level, config, disabled
     tgt = build_target(target, allow_vnni)
     if tgt.kind.name == "llvm" and tgt.host is None:
         tgt = tvm.target.Target(tgt, host=tgt)
-    kernels = x86_int8.kernels() if tgt.kind.name == "llvm" else contextlib.nullcontext()
-    schedules = tuning.apply(tgt) if tuned else contextlib.nullcontext()
+    kernels, schedules = b.kernel_contexts(tgt, mod, *b.kernel_settings(passes, kernels, tuned))
     cur_config, cur_disabled, cur_instr = b._current_ctx_settings()
     cfg = {**cur_config, **(config or {})}
     disabled = list(dict.fromkeys([*cur_disabled, *disabled_pass]))
@@ -1337,7 +1333,8 @@ def explain(
     compile: bool = False,  # noqa: A002  (the natural name)
     check_remedies: bool = False,
     allow_vnni: Optional[bool] = None,
-    tuned: bool = True,
+    kernels: Optional[bool] = None,
+    tuned: Optional[bool] = None,
     mod_name: str = "default",
 ) -> Explanation:
     """Explain every kernel boundary FuseOps leaves in ``mod``, and what would remove it.
@@ -1346,7 +1343,7 @@ def explain(
     ----------
     mod : tvm.IRModule or relay.Function
         The model (never modified).
-    target, params, passes, at, opt_level, config, disabled_pass, allow_vnni, tuned, mod_name
+    target, params, passes, at, opt_level, config, disabled_pass, allow_vnni, kernels, tuned, mod_name
         As for :func:`tvm_ext.build`: the explained graph is the one FuseOps sees in that build.
         ``config["relay.FuseOps.max_depth"]`` is honoured; kernels are named as that build names
         them (``tvmgen_<mod_name>_fused_...``, see :class:`Kernel`), without compiling.
@@ -1379,12 +1376,12 @@ def explain(
         ``If``/``Match``/references from :func:`tvm_ext.build`. ``compile=False`` explains them.
     """
     request = dict(mod=mod, target=target, params=params, passes=passes, at=at, opt_level=opt_level,
-                   config=config, disabled_pass=list(disabled_pass), allow_vnni=allow_vnni, tuned=tuned,
-                   mod_name=mod_name)
+                   config=config, disabled_pass=list(disabled_pass), allow_vnni=allow_vnni, kernels=kernels,
+                   tuned=tuned, mod_name=mod_name)
     counter = _OpCounter()
     logger.info("explain: running relay.build's stages up to FuseOps")
     pre, tgt, cfg = _prefuse_module(mod, target, params, passes, at, opt_level, config, disabled_pass,
-                                    [counter.make()], allow_vnni, tuned)
+                                    [counter.make()], allow_vnni, kernels, tuned)
     settings = {"target": str(tgt), "opt_level": opt_level, "at": at,
                 "passes": _pass_names(passes), "disabled_pass": list(disabled_pass),
                 "config": {k: str(v) for k, v in (config or {}).items()}, "mod_name": mod_name}
@@ -1399,8 +1396,8 @@ def explain(
             raise UnsupportedByTVM(f"explain(compile=True): main makes a {closures[0]}: relay.build's graph "
                                    "executor cannot run closures (explain with compile=False, or relay.vm)")
         factory = build(mod, target=target, params=params, passes=passes, at=at, opt_level=opt_level,
-                        config=config, disabled_pass=disabled_pass, allow_vnni=allow_vnni, tuned=tuned,
-                        mod_name=mod_name)
+                        config=config, disabled_pass=disabled_pass, allow_vnni=allow_vnni, kernels=kernels,
+                        tuned=tuned, mod_name=mod_name)
         report = factory.kernel_report
         ex.kernel_report = report
         note = _check_report_names(ex.kernels, report)

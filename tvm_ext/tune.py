@@ -139,7 +139,7 @@ def record_workloads(mod, params=None, target=None, passes=(), records=()) -> Wo
             answers[workload] = cfg
 
     with _Recorder():
-        build(mod, target=target, params=params, passes=passes, tuned=False)
+        build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
     return found
 
 
@@ -230,8 +230,9 @@ def tune_workloads(workloads, target, *, deadline: float = float("inf"), progres
             task = autotvm.task.create(wl[0], args=wl[1:], target=target)
             cands = _conv_candidates(task) if wl[0] == tuning.TASK else _dense_candidates(task)
             base = time_config(task, _fallback(task), target, number, repeat)
-        except Exception as err:  # noqa: BLE001  TVM's template cannot describe it (e.g. x86 fix 6's
-            # AVX2 output block 8: AutoTVM's int8 conv space admits only multiples of 16): say so, go on
+        except Exception as err:  # noqa: BLE001  TVM's template cannot describe it (e.g. the output
+            # block 8 of x86_int8's narrow_channel_blocks: AutoTVM's int8 conv space admits only
+            # multiples of 16): say so, go on
             logger.warning("not tuned (TVM's rule kept): %s: %s: %s", _describe(wl), type(err).__name__,
                            (str(err).strip().splitlines() or [""])[-1])
             continue
@@ -293,9 +294,9 @@ def _model_ms(mod, params, target, passes, records, repeat: int = 20) -> float:
     ctx = tuning.apply(target, records) if records else None
     if ctx is not None:
         with ctx:
-            lib = build(mod, target=target, params=params, passes=passes, tuned=False)
+            lib = build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
     else:
-        lib = build(mod, target=target, params=params, passes=passes, tuned=False)
+        lib = build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
     gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     rng = np.random.default_rng(0)
     bound = set(params or {})
@@ -313,7 +314,8 @@ def _model_ms(mod, params, target, passes, records, repeat: int = 20) -> float:
 def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 600.0,
                layouts: bool = True, progress: Optional[Callable] = None, number: int = 10,
                repeat: int = 3, skip=()) -> TuneResult:
-    """Tune ``mod``'s int8 convs and denses as ``tvm_ext.build(mod, target, params, passes)`` compiles them.
+    """Tune ``mod``'s int8 convs and denses as ``tvm_ext.build(mod, target, params, passes)`` compiles them
+    with tvm-ext's x86 kernel policy (``kernels=True``), the only builds tuned records apply to.
 
     Parameters
     ----------
