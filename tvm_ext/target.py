@@ -130,7 +130,9 @@ def _safe(target, allow_vnni: bool, level: int, allow_amx: bool = False):
     if not amx and not vnni:
         return tgt
     mattr = [str(a) for a in tgt.attrs.get("mattr", [])]
-    mattr += [f"-{f}" for f in (*VNNI_FEATURES, *AMX_FEATURES) if f in amx + vnni and f"-{f}" not in mattr]
+    # every VNNI feature is masked once one is present (a later -mattr=+avxvnni cannot bring one back)
+    masked_feats = [*(VNNI_FEATURES if vnni else ()), *amx]
+    mattr += [f"-{f}" for f in masked_feats if f"-{f}" not in mattr]
     base = " ".join(p for p in text.split() if not p.startswith("-mattr="))
     masked = tvm.target.Target(f"{base} -mattr={','.join(mattr)}", host=host)
     if text in _WARNED:
