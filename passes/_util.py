@@ -20,8 +20,9 @@ Contract every pass built on this module keeps:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Iterable
+
+from tvm_ext._reject import Check, Reject
 
 __all__ = [
     "Reject",
@@ -40,28 +41,17 @@ __all__ = [
     "static_tensor_type",
     "op_name",
     "function_pass",
+    "until_unchanged",
+    "fixed_point",
+    "describe",
+    "static_shape",
+    "lift_constants",
     "ANCHOR_OPS",
 ]
 
 #: Relay ops (before layout alteration) FuseOps makes a kernel's anchor: they take elementwise
 #: epilogues but never a producer into their kernel.
 ANCHOR_OPS = ("nn.conv2d", "nn.dense", "nn.conv2d_transpose", "nn.batch_matmul", "nn.matmul")
-
-
-@dataclass(frozen=True)
-class Reject:
-    """A failed check: falsy, carries the reason (logged by the driver)."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        return self.reason
-
-
-Check = Union[bool, Reject]
 
 
 class UntypedModuleError(ValueError):
@@ -83,7 +73,7 @@ def op_name(call) -> str | None:
     """Name of the op a Call calls, or None when it calls a function or a global (or is no Call)."""
     import tvm
 
-    op = getattr(call, "op", None)  # a Tuple user, e.g.: None (fuzz find: AttributeError before)
+    op = getattr(call, "op", None)  # None for a node without an op (a Tuple user, e.g.)
     return op.name if isinstance(op, tvm.ir.Op) else None
 
 
@@ -309,6 +299,28 @@ def until_unchanged(func, step, log, max_rounds: int):
     return func, False
 
 
+def fixed_point(func, step, pass_name: str, max_rounds: int, on_cap: str = "raise"):
+    """``step`` applied until it changes nothing, at most ``max_rounds`` rewriting rounds.
+
+    The bounded fixed-point loop of the passes that rewrite in sweeps (a rewrite can enable another
+    in the next sweep). Rounds run through :func:`until_unchanged` (re-typed between rounds). When
+    ``max_rounds`` rounds all rewrote, one more sweep tells whether the function still changes; if
+    it does, ``on_cap="raise"`` raises ``RuntimeError`` naming the pass and the cap (the graph is
+    taken for malformed), ``on_cap="warn"`` logs a warning on the pass's logger and returns the
+    result of the last counted round.
+    """
+    if on_cap not in ("raise", "warn"):
+        raise ValueError(f"fixed_point: on_cap must be 'raise' or 'warn', got {on_cap!r}")
+    log = pass_logger(pass_name)
+    func, done = until_unchanged(func, step, log, max_rounds)
+    if done or step(func).same_as(func):
+        return func
+    if on_cap == "raise":
+        raise RuntimeError(f"{pass_name}: still rewriting after {max_rounds} rounds (a malformed graph?)")
+    log.warning("still rewriting after %d rounds: stopped", max_rounds)
+    return func
+
+
 def with_body(func, body):
     """A copy of ``func`` with a new body (params, attributes and type params kept).
 
@@ -351,3 +363,57 @@ def conv_padding(attrs) -> list | None:
     if pad is None:
         return None
     return {1: pad * 4, 2: pad + pad, 4: pad}.get(len(pad))
+
+
+def static_shape(expr) -> tuple:
+    """The shape of ``expr``'s tensor type as a tuple of ints (the type must be static)."""
+    return tuple(int(d) for d in expr.checked_type.shape)
+
+
+def describe(node, unnamed: str = "a function call", with_dtype: bool = False) -> str:
+    """A short name of ``node`` for log messages: its op, ``%var``, or its node type.
+
+    ``unnamed`` names a call of a function (no op); ``with_dtype`` appends ``:dtype`` to a call.
+    """
+    from tvm import relay
+
+    if isinstance(node, relay.Call):
+        name = op_name(node) or unnamed
+        return f"{name}:{node.checked_type.dtype}" if with_dtype else name
+    if isinstance(node, relay.Var):
+        return f"%{node.name_hint}"
+    return type(node).__name__
+
+
+#: Scalar constant dtypes FuseOps keeps inline in a kernel (``relay/transforms/fuse_ops.cc``).
+SIMPLE_CONST = {"int32", "int64", "float32", "float64", "bool"}
+
+
+def lift_constants(func):
+    """Non-inlinable constants of ``func``'s body become parameters: (new func, extra args).
+
+    What FuseOps does to the functions it makes: scalar constants of :data:`SIMPLE_CONST` dtypes
+    stay inline, every other constant becomes a parameter (one per distinct constant), appended.
+    """
+    from tvm import relay
+
+    consts = []
+
+    class _Lift(relay.ExprMutator):
+        def __init__(self):
+            super().__init__()
+            self.vars = {}
+
+        def visit_constant(self, const):
+            if const.data.shape == () and const.data.dtype in SIMPLE_CONST:
+                return const
+            if const not in self.vars:
+                v = relay.var(f"p_const{len(consts)}", relay.TensorType(const.data.shape, const.data.dtype))
+                self.vars[const] = v
+                consts.append(const)
+            return self.vars[const]
+
+    lifter = _Lift()
+    body = lifter.visit(func.body)
+    params = list(func.params) + [lifter.vars[c] for c in consts]
+    return relay.Function(params, body, func.ret_type, func.type_params, func.attrs), consts

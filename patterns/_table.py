@@ -25,6 +25,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional
 
+from tvm_ext._op_pattern import (  # noqa: F401  (re-exported: the TOpPattern values checks compare with)
+    K_BROADCAST,
+    K_COMM_REDUCE,
+    K_ELEMWISE,
+    K_INJECTIVE,
+    K_OPAQUE,
+    K_OUT_EWISE_FUSABLE,
+    K_TUPLE,
+)
+from tvm_ext._reject import Reject
+
 logger = logging.getLogger("tvm_ext.patterns")
 
 __all__ = [
@@ -45,25 +56,6 @@ __all__ = [
     "K_TUPLE",
     "K_OPAQUE",
 ]
-
-# TOpPattern (include/tvm/relay/op_attr_types.h)
-K_ELEMWISE, K_BROADCAST, K_INJECTIVE, K_COMM_REDUCE, K_OUT_EWISE_FUSABLE, K_TUPLE, K_OPAQUE = 0, 1, 2, 3, 4, 7, 8
-
-
-class Reject:
-    """A falsy check result that says why: ``return Reject("bias is not per-channel")``."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str):
-        self.reason = str(reason)
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return f"Reject({self.reason!r})"
-
 
 class MatchContext:
     """What a check sees: the matched ``root`` call and, on demand, the matched sub-expressions.

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from . import _crossings
+from ._op_pattern import K_COMM_REDUCE, op_pattern
 
 __all__ = ["Kernel", "TensorTraffic", "KernelReport", "Crossing", "CROSSING_REASONS", "dtype_bytes", "op_pattern",
            "anchor_of"]
@@ -45,7 +46,6 @@ PATTERN_NAMES = {
     7: "tuple",
     8: "opaque",
 }
-K_COMM_REDUCE = 3
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -57,20 +57,6 @@ def dtype_bytes(dtype: str) -> int:
 
     t = tvm.DataType(dtype)
     return (t.bits * t.lanes + 7) // 8
-
-
-def op_pattern(op_name: str) -> int:
-    """TOpPattern of a Relay op (8, opaque, when unknown)."""
-    import tvm
-
-    from .ops import register_ops
-
-    register_ops()  # tvm-ext's own ops (tvm_ext.table_lookup) have a pattern too
-    try:
-        pat = tvm.ir.Op.get(op_name).get_attr("TOpPattern")
-    except Exception:  # unknown op
-        return 8
-    return 8 if pat is None else int(pat)
 
 
 def anchor_of(ops) -> Optional[str]:
