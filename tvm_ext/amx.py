@@ -20,12 +20,13 @@ built only with ``USE_AMX``):
   puts one in each kernel: the configuration of exactly the tiles the kernel uses (TVM's
   intrinsics use tiles of :data:`TILE_ROWS` rows x :data:`TILE_COLSB` bytes: an A tile of 16
   rows x 64 uint8, a B tile of 16 rows x 16 columns x 4 int8, a C tile of 16 x 16 int32), loaded
-  at the start of each iteration of the parallel loop that holds the tile code (so in the thread
-  that runs it) and released (``tilerelease``) at its end::
+  in each iteration of the parallel loop that holds the tile code (so in the thread that runs it),
+  before the loop nest of the tiles, and released (``tilerelease``) after it::
 
-      # for t in parallel: body  ->  for t in parallel: ldtilecfg(cfg); body; tilerelease()
+      # for t in parallel: alloc; tiles  ->  for t in parallel: alloc; ldtilecfg(cfg); tiles; tilerelease()
 
-  Tile code outside any parallel loop is configured around the whole function body.
+  Tile code outside any parallel loop is configured the same way in the function body (the
+  calling thread).
 
 TVM's AMX schedule tensorizes 32x32 output blocks over 128-deep slices and fails to build
 (``Tensorize failed``) for any other shape; :func:`tile_schedules` keeps it for dense and
@@ -242,21 +243,47 @@ def _configured(body, tiles):
     return tir.Allocate(buf.data, "int64", [8], tvm.tir.const(True, "bool"), tir.DeclBuffer(buf, seq))
 
 
+def _around_tile_code(stmt, ids):
+    """``stmt`` with the smallest statement that holds all its tile code configured
+    (:func:`_configured`): descend through bindings (let, attribute, allocation, buffer
+    declaration) and through sequences where one element holds it all, stop at a loop or at a
+    sequence where several do. Allocations (workspace calls) around the tile code then run before
+    the configuration, never between it and the tiles."""
+    from tvm import tir
+
+    if isinstance(stmt, tir.SeqStmt):
+        holders = [i for i, s in enumerate(stmt.seq) if _tile_uses(s, ids)[1]]
+        if len(holders) == 1:
+            seq = list(stmt.seq)
+            seq[holders[0]] = _around_tile_code(seq[holders[0]], ids)
+            return tir.SeqStmt(seq, stmt.span)
+    elif isinstance(stmt, tir.LetStmt):
+        return tir.LetStmt(stmt.var, stmt.value, _around_tile_code(stmt.body, ids), stmt.span)
+    elif isinstance(stmt, tir.AttrStmt):
+        return tir.AttrStmt(stmt.node, stmt.attr_key, stmt.value, _around_tile_code(stmt.body, ids), stmt.span)
+    elif isinstance(stmt, tir.Allocate):
+        return tir.Allocate(stmt.buffer_var, stmt.dtype, stmt.extents, stmt.condition,
+                            _around_tile_code(stmt.body, ids), stmt.annotations, stmt.span)
+    elif isinstance(stmt, tir.DeclBuffer):
+        return tir.DeclBuffer(stmt.buffer, _around_tile_code(stmt.body, ids), stmt.span)
+    return _configured(stmt, _tile_uses(stmt, ids)[0])
+
+
 def _configure(func, ids):
     import tvm
     from tvm import tir
 
-    tiles, calls, has_config = _tile_uses(func.body, ids)
+    _tiles, calls, has_config = _tile_uses(func.body, ids)
     if not calls or has_config:  # no tile code, or it configures its tiles already: unchanged
         return func
     inside = {"calls": 0}
 
     def pre(stmt):  # the outermost parallel loop holding tile code: configure in its body
         if isinstance(stmt, tir.For) and stmt.kind == tir.ForKind.PARALLEL:
-            used, n, _ = _tile_uses(stmt.body, ids)
+            n = _tile_uses(stmt.body, ids)[1]
             if n:
                 inside["calls"] += n
-                return tir.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, _configured(stmt.body, used),
+                return tir.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, _around_tile_code(stmt.body, ids),
                                stmt.thread_binding, stmt.annotations, stmt.span)
         return None
 
@@ -267,17 +294,18 @@ def _configure(func, ids):
         name = func.attrs.get("global_symbol", "?") if func.attrs else "?"
         raise ValueError(f"{_PASS_NAME}: {name} has tile code both inside and outside parallel loops; "
                          "one configuration per thread cannot cover both")
-    return func.with_body(_configured(func.body, tiles))  # serial tile code: the calling thread
+    return func.with_body(_around_tile_code(func.body, ids))  # serial tile code: the calling thread
 
 
 def ConfigureTiles():  # noqa: N802  (a pass factory is named like the pass)
     """Configure AMX tiles inside each kernel that uses them (see the module note).
 
     A kernel with tile intrinsics (``tilezero``, ``tileloadd``, ``tdpbusd``, ``tilestored``, ...)
-    and no ``ldtilecfg`` gets, at the start of each iteration of the outermost parallel loop that
-    holds its tile code (or around the whole body when that code is serial), a 64-byte stack
-    configuration of the tiles it uses (:func:`tile_config_bytes`), ``llvm.x86.ldtilecfg`` on it,
-    and ``llvm.x86.tilerelease`` at the end. Kernels without tile code, and kernels that already
+    and no ``ldtilecfg`` gets, in each iteration of the outermost parallel loop that holds its
+    tile code (or in the function body when that code is serial), around the smallest statement
+    that holds all of it (past allocations and bindings, never inside a loop), a 64-byte stack
+    configuration of the tiles it uses (:func:`tile_config_bytes`), ``llvm.x86.ldtilecfg`` on it
+    before, and ``llvm.x86.tilerelease`` after. Kernels without tile code, and kernels that already
     load a configuration, are returned unchanged, so the pass is idempotent.
 
     Returns
