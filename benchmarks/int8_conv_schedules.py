@@ -38,7 +38,8 @@ SHAPES = [
     (128, 128, 56, 3, 2), (256, 256, 28, 3, 2), (512, 512, 14, 3, 2), (4, 64, 224, 7, 2),
     (64, 256, 56, 1, 1), (256, 64, 56, 1, 1), (512, 128, 28, 1, 1), (1024, 256, 14, 1, 1),
 ]
-SCHEDULES = (False, "per_row", "per_tile")  # kernels(schedule=...): TVM's 3x3/7x7 schedule, fix 2, fix 9
+# kernels(schedule=...): TVM's 3x3/7x7 schedule, epilogue_per_row, per_tile_accumulators
+SCHEDULES = (False, "per_row", "per_tile")
 
 
 def conv_epilogue(cin, cout, size, k, stride, seed=0):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Per convolution: TVM's kernel time (stock and tvm-ext) next to ONNX Runtime's time for the same layer.
 
-Issue 10 asks, where tvm-ext cannot reach ONNX Runtime on a CPU class, for the per-kernel profile:
+Where tvm-ext does not reach ONNX Runtime on a CPU class, this is the per-kernel profile that says
 which convolutions, and how far each is from ONNX Runtime's time for the same layer. This script
 builds an int8 ONNX model with plain ``relay.build`` and with ``tvm_ext.build(...,
 passes=pipelines.int8())`` for a target, times every kernel with TVM's debug executor, times every

@@ -1,6 +1,6 @@
 """Where do TVM's outputs first depart from ONNX Runtime's? Layer-by-layer comparison.
 
-Not a test: a measurement tool for issue 11 (numerics of real int8 models). Every 8-bit tensor
+Not a test: a measurement tool for the numerics of real int8 models. Every 8-bit tensor
 of a quantized ONNX model (QOperator: every node output; QDQ: every QuantizeLinear output) is
 exposed as a graph output; ONNX Runtime and a TVM build run the same inputs; for each tensor, in
 topological order, the difference is printed in quantization levels (the tensor's own step).

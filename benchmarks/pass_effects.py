@@ -3,7 +3,8 @@
 
 Prints one table: stock kernels at opt_level 2 and 3, with CombineParallelCast, the composites
 MergeComposite finds per entry of the `qnn` and `generic` tables, and kernels with
-FuseByPattern(table). Numbers for the issue notes; about 10 minutes on 2 cores.
+FuseByPattern(table): what each pass and table does to kernel counts on its own
+(``docs/benchmarks.md``); about 10 minutes on 2 cores.
 
     python benchmarks/pass_effects.py [--small] [--models qoperator,qdq,relay]
 """

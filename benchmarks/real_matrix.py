@@ -1,4 +1,4 @@
-"""Issue 11's target matrix for the real models: kernels, bytes crossing kernels, crashes, numerics.
+"""The real models' target matrix: kernels, bytes crossing kernels, crashes, numerics, per variant.
 
 Design note
 -----------
@@ -8,15 +8,16 @@ For each real zoo variant (``<model>_int8_<qoperator|qdq>[_s8s8][_perchannel]``)
 child process, with the benchmark's own build job (:func:`tvm_ext.bench._run_builds`), so a
 segfault or an LLVM assertion is a table cell, not the end of the run. When stock ``relay.build``
 fails (LLVM 22's verifier on some Zen 4 builds), stock is also built as ``tvm_ext.build`` without
-passes at the same masked target (the same kernels as ``relay.build``; README "Real models",
-footnote 1), and the table says so.
+passes at the same masked target (the same kernels as ``relay.build``, built again with TIR CSE off:
+``docs/real-models.md``, "Running them", and the TVM bugs table of ``docs/fuzzing.md``), and the
+table says so.
 
 Then, in another child process, both builds and ONNX Runtime run on the benchmark's inputs
 (``tvm_ext.zoo_real.images(name, n, seed=1000)``) and the benchmark's numerics are computed
 (:func:`tvm_ext.bench._numerics`, output step from :func:`tvm_ext.bench._real_variant`).
 
 **No latency**: this measures structure and numerics only (the machine is shared). Per variant it
-checks issue 11's targets: tvm-ext kernels <= stock, no crash, no int32 (or wider) tensor crossing
+checks these targets: tvm-ext kernels <= stock, no crash, no int32 (or wider) tensor crossing
 kernels, float32 crossing only on purpose (every float crossing's reason in the kernel report is
 one of the on-purpose ones, ``tvm_ext.report.CROSSING_REASONS``), bytes crossing <= 0.5x stock,
 max difference to ONNX Runtime <= 2 output steps, and (the classifier) top-1 equal to ONNX Runtime; and it lists the kernel-list difference (ops of the
@@ -58,7 +59,8 @@ from pathlib import Path
 
 logger = logging.getLogger("real_matrix")
 
-#: Issue 11's untested cells, in the order of the brief (cheap builds first).
+#: The variants measured without ``--variants``, cheap builds first: every quantization setting of
+#: the PP-OCR classifier, then a sample of the detectors' (each of their builds takes minutes).
 DEFAULT_VARIANTS = (
     "ppocr_cls_v2_int8_qoperator", "ppocr_cls_v2_int8_qdq",
     "ppocr_cls_v2_int8_qoperator_s8s8", "ppocr_cls_v2_int8_qdq_s8s8",
@@ -249,7 +251,7 @@ def _on_purpose(reason: str) -> bool:
 
 
 def check_targets(res: dict) -> dict:
-    """Issue 11's targets for one measured variant: {target: True / False / None (not measured)}."""
+    """The matrix's targets for one measured variant: {target: True / False / None (not measured)}."""
     stock, ext = res["builds"].get(res.get("stock", "tvm"), {}), res["builds"].get("tvm_ext", {})
     num = res.get("numerics", {})
     have = "kernels" in stock and "kernels" in ext

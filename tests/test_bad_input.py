@@ -1,8 +1,8 @@
-"""Bad input end to end (issue 12): every case gets one clear line naming the cause, never a crash.
+"""Bad input end to end: every case gets one clear line naming the cause, never a crash.
 
 CLI cases run ``tvm_ext.cli.main`` in ONE child process (a crash there fails every CLI case
 instead of killing pytest); Python API cases run here. ``python tests/test_bad_input.py``
-prints the README table from the same cases.
+prints the CLI table of ``docs/bad-input.md`` from the same cases.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ CLI_CASES = [
      'Target kind "nonsense" is not defined'),
     ("target_mcpu", "--target 'llvm -mcpu=foo' (LLVM does not know the CPU)",
      ["report", "{d}/ok.onnx", "--target", "llvm -mcpu=foo"], 2, "-mcpu=foo: LLVM does not know this CPU"),
-    ("target_triple", "--target 'llvm -mtriple=foo-bar-baz' (segfaulted before)",
+    ("target_triple", "--target 'llvm -mtriple=foo-bar-baz' (plain TVM 0.19 segfaults)",
      ["report", "{d}/ok.onnx", "--target", "llvm -mtriple=foo-bar-baz"], 2, "no back end for 'foo'"),
     ("target_cuda", "--target cuda (not in this TVM)", ["report", "{d}/ok.onnx", "--target", "cuda"], 2,
      "target kind 'cuda' is not enabled"),
@@ -251,7 +251,8 @@ def test_build_refuses_what_the_graph_executor_cannot_run():
 
 
 def test_build_with_unknown_triple_in_a_child():
-    """tvm_ext.build(target='llvm -mtriple=foo-bar-baz') segfaulted the process; now a ValueError."""
+    """tvm_ext.build(target='llvm -mtriple=foo-bar-baz') raises a ValueError (plain TVM 0.19
+    segfaults on it, so the check runs in a child process)."""
     code = textwrap.dedent("""
         import tvm, tvm_ext
         from tvm import relay
@@ -266,8 +267,9 @@ def test_build_with_unknown_triple_in_a_child():
     assert r.returncode == 0 and "REFUSED -mtriple=foo-bar-baz" in r.stdout, (r.returncode, r.stderr[-1000:])
 
 
-def readme_table(d) -> str:
-    """The README table: each CLI case and what the user gets (exit code, the error line)."""
+def docs_table(d) -> str:
+    """The CLI table of ``docs/bad-input.md``: each CLI case and what the user gets (exit code, the
+    error line)."""
     results, _ = run_cli_cases(d)
     rows = ["| input | exit | what the user sees |", "|---|---|---|"]
     for cid, what, _, _, _ in CLI_CASES:
@@ -285,4 +287,4 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        print(readme_table(d))
+        print(docs_table(d))

@@ -187,8 +187,8 @@ def test_an_engine_that_dies_while_timed_is_dropped_and_reported(monkeypatch):
 
 
 def test_avx2_int8_peak_script_prints_a_rate_per_core():
-    """benchmarks/avx2_int8_peak.py (issue 10's AVX2 ceiling) compiles its micro-kernel, runs it on
-    every core alone and on all at once, and prints positive rates and the latency bound."""
+    """benchmarks/avx2_int8_peak.py (the machine's AVX2 int8 ceiling) compiles its micro-kernel,
+    runs it on every core alone and on all at once, and prints positive rates and the latency bound."""
     import re
     import shutil
     import subprocess
@@ -212,7 +212,8 @@ def test_avx2_int8_peak_script_prints_a_rate_per_core():
 
 def test_layers_vs_ort_finds_the_convolutions_of_a_qdq_model(tmp_path):
     """benchmarks/layers_vs_ort.py maps ONNX Runtime's conv nodes to geometries; in a QDQ model the
-    weight is a DequantizeLinear of the int8 initializer (it found no conv there before)."""
+    weight is a DequantizeLinear of the int8 initializer, whose shape gives the geometry; a float
+    conv's weight is the initializer itself."""
     import importlib.util
     from pathlib import Path
 

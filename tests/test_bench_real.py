@@ -131,8 +131,8 @@ def test_bench_on_the_real_classifier(tmp_path):
     assert v["real"]["kind"] == "classifier" and v["real"]["output_step"] > 0
     for p in ("tvm", "onnxruntime"):
         assert "latency" in v["pipelines"][p], v["pipelines"][p]
-    # tvm-ext's own build may fail on a real model (on Zen 4, 2026-11-23: an LLVM module verification
-    # error); the benchmark must then report it in one line and go on
+    # tvm-ext's own build may fail on a real model (e.g. an LLVM module verification error on some
+    # Zen 4 builds); the benchmark must then report it in one line and go on
     ext = v["pipelines"]["tvm_ext"]
     assert "latency" in ext or ("\n" not in ext["error"] and ext["error"]), ext
     n = v["numerics"]

@@ -226,7 +226,8 @@ def _assert_no_passes_is_relay_build(m, target, sample):
     return "run"
 
 
-# QDQ at AVX2 is where the x86 kernel policy used to reach a graph that still computes in float;
+# QDQ at AVX2 is the pair the x86 kernel policy would change if it applied without a pipeline (the
+# QDQ graph computes its convs in float, and on AVX2 fallback_register_tile changes float convs);
 # every other pair runs with the slow tests (minutes each on 2 cores)
 _SLOW = pytest.mark.slow
 ZOO_CASES = [("resnet50_int8_qdq", AVX2), ("resnet50_int8_qoperator", AVX512_VNNI),
@@ -292,7 +293,7 @@ def test_no_passes_equals_relay_build_full_resnet50_int8():
         np.testing.assert_array_equal(a, b)
 
 
-# -- issue 11: YOLOv8n QDQ segfaulted in relay.build ---------------------------------------------
+# -- QNN lookup ops: their legalization runs a nested VM build inside the prefix ------------------
 def qnn_sigmoid_module():
     """x: u8 -> qnn.sigmoid -> u8: QNN legalization computes the lookup table with a nested VM build.
 
@@ -305,8 +306,8 @@ def qnn_sigmoid_module():
 
 
 def test_nested_compilation_passes_are_not_prefix_passes():
-    """The table's VM build inside QNN Legalize ran PlanDevices, FuseOps, ... under the prefix's
-    PassContext; recorded as prefix passes, they were disabled in the final relay.build."""
+    """The table's VM build inside QNN Legalize runs PlanDevices, FuseOps, ... under the prefix's
+    PassContext; they are not prefix passes, so relay.build must not see them disabled."""
     names = prefix_pass_names(qnn_sigmoid_module(), TARGET)
     assert "Legalize" in names or "QnnLegalize" in names or "CanonicalizeOps" in names, names
     for nested in ("PlanDevices", "FuseOps", "LowerTE", "AnnotateMemoryScope", "ManifestAlloc"):
@@ -331,7 +332,9 @@ print("OK")
 
 
 def test_qnn_lookup_op_builds_and_equals_relay_build():
-    """In a child process: it segfaulted (AnnotateMemoryScope with PlanDevices disabled)."""
+    """A QNN lookup op whose legalization compiles a nested VM build: relay.build must not see the
+    nested passes disabled (with PlanDevices disabled, AnnotateMemoryScope segfaults, so the build
+    runs in a child process), and the result equals relay.build's."""
     import os
     import subprocess
     import sys

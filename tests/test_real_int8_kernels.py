@@ -1,4 +1,4 @@
-"""The int8 pipeline on real QDQ models never has more kernels than stock TVM (issue 11).
+"""The int8 pipeline on real QDQ models never has more kernels than stock TVM.
 
 Slow: each build of the PP-OCR mobile classifier takes minutes. The builds run in a child process
 (the LLVM in the TVM wheel is an assertions build: a crash must not take pytest down). Skips when

@@ -158,8 +158,9 @@ def test_tune_refuses_targets_that_do_not_run_here(small):
 
 
 def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
-    """x86 fix 6 gives an AVX2 int8 conv with 24 output channels output block 8, which AutoTVM's
-    int8 conv space (multiples of 16) cannot hold: tuning says so and goes on (it used to raise)."""
+    """``narrow_channel_blocks`` gives an AVX2 int8 conv with 24 output channels output block 8,
+    which AutoTVM's int8 conv space (multiples of 16) cannot hold: tuning logs that it keeps TVM's
+    rule for that workload and goes on, rather than raising."""
     import logging
     import sys
     from pathlib import Path

@@ -8,13 +8,13 @@ copy of the module, since relay.build mutates its input) and *tvm-ext*
 (:func:`tvm_ext.build` with :func:`tvm_ext.pipelines.int8`). ONNX models also run in ONNX
 Runtime (``ORT_ENABLE_ALL``).
 
-Measurement rules, learnt the hard way on this machine:
+Measurement rules (each one changes the numbers on a shared 2-core machine):
 
 * the same thread count for every engine: ``TVM_NUM_THREADS`` / TVM's thread pool and ORT's
   ``intra_op_num_threads`` (inter-op 1);
 * engines are timed *interleaved*, in rounds, after warm-up; at every switch between engines
   a settle pause and two untimed calls, because TVM's worker threads keep spinning after a run
-  and slowed ONNX Runtime 3x when it was timed right after TVM;
+  and slow ONNX Runtime down 3x when it is timed right after TVM;
 * latency is reported as the median with the inter-quartile range over all timed calls.
 
 Numerics: on 8 seeded inputs, tvm-ext vs stock (bit-exact or max |diff|), each TVM build vs ORT
@@ -314,8 +314,8 @@ def _build_job(job: dict) -> dict:
 
     fuse_input = FuseOpsInput()  # the module FuseOps sees, for the explainer summary
     if job["pipeline"] in ("tvm", "tvm_same"):
-        # "tvm_same": stock relay.build at tvm-ext's target, with only the VNNI operand types fixed
-        # (without that fix it aborts): the bit-exactness reference for a VNNI build
+        # "tvm_same": stock relay.build at tvm-ext's target, with only x86_int8's vnni_operand_types
+        # (TVM's own VNNI intrinsic aborts under LLVM 22): the bit-exactness reference for a VNNI build
         def stock_build(config):
             fix = x86_int8.kernels(schedule=False) if job["pipeline"] == "tvm_same" else contextlib.nullcontext()
             with fix, tvm.transform.PassContext(opt_level=3, config=config, instruments=[fuse_input.make()]):
@@ -729,7 +729,7 @@ def _tuning_text(env: dict, results: dict) -> str:
 
 def _ort_isa_text(env: dict) -> str:
     peer = env.get("onnxruntime_isa")
-    if not peer:  # results written before ONNX Runtime's ISA was recorded
+    if not peer:  # a results file without ONNX Runtime's ISA (older format)
         return "- ONNX Runtime kernels: the host's (not recorded)"
     which = "AVX2" if peer["isa"] == "avx2" else "the host's"
     return f"- ONNX Runtime kernels: {which} ({peer['note']})"

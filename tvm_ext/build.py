@@ -54,9 +54,9 @@ class _PassRecorder:
     Passes run by a compilation *nested* inside a pass are not recorded: QNN legalization of
     ``qnn.sigmoid`` & co. computes its lookup table with a VM executor inside a new PassContext
     that inherits the instruments (``relay/qnn/op/canonicalizations.py::run_const_expr``), so
-    PlanDevices, FuseOps, LowerTE, AnnotateMemoryScope... ran "during the prefix". Recorded, they
-    were disabled in the final relay.build, which then segfaulted in AnnotateMemoryScope
-    (unplanned devices; YOLOv8n QDQ, issue 11). The instrument's ``enter_pass_ctx`` sees those
+    PlanDevices, FuseOps, LowerTE, AnnotateMemoryScope... run "during the prefix". Recorded, they
+    would be disabled in the final relay.build, which then segfaults in AnnotateMemoryScope
+    (unplanned devices; a QDQ YOLOv8n has such ops). The instrument's ``enter_pass_ctx`` sees those
     nested contexts.
     """
 
