@@ -160,3 +160,23 @@ def test_inline_function_copy_error_needs_an_inline_function():
     assert is_inline_function_copy_error(err, mod)
     assert not is_inline_function_copy_error(err, plain)  # nothing to copy: a different bug, not retried
     assert not is_inline_function_copy_error(tvm.TVMError("something else"), mod)
+
+
+def _let_bound_closure():
+    """fn (%a) { let %f = fn () { exp(%a) }; %f() }: relay.vm runs it, the graph executor cannot."""
+    a = relay.var("a", shape=(4,))
+    f = relay.var("f")
+    body = relay.Let(f, relay.Function([], relay.exp(a)), relay.Call(f, []))
+    return infer(tvm.IRModule.from_expr(relay.Function([a], body)))
+
+
+def test_a_closure_call_is_refused_naming_the_construct():
+    with pytest.raises(UnsupportedByTVM, match="call of a closure"):
+        tvm_ext.build(_let_bound_closure(), target="llvm")
+
+
+def test_a_directly_called_function_literal_is_not_a_closure_call():
+    a = relay.var("a", shape=(4,))
+    b = relay.var("b", shape=(4,))
+    mod = infer(tvm.IRModule.from_expr(relay.Function([a], relay.Call(relay.Function([b], relay.exp(b)), [a]))))
+    check_module(mod, tvm.target.Target("llvm"), True)  # no error

@@ -100,7 +100,7 @@ def check_module(mod, target, graph_executor: bool = True) -> None:
     """Raise :class:`UnsupportedByTVM` when ``mod`` (typed) would trip a known TVM bug on ``target``.
 
     With ``graph_executor`` (relay.build's default executor), also what that executor cannot run:
-    dynamic shapes, ``If``, ``match`` and references (TVM fails on them deep in its codegen).
+    dynamic shapes, ``If``, ``match``, calls of closures and references (TVM fails on them deep in its codegen).
     """
     import tvm
     from tvm import relay
@@ -198,10 +198,14 @@ def _check_graph_executor(mod) -> None:
     banned = (relay.If, relay.adt.Match, relay.RefCreate, relay.RefRead, relay.RefWrite)
 
     def visit(node):
-        if not found and isinstance(node, banned):
+        if found:
+            return
+        if isinstance(node, banned):
             found.append(type(node).__name__)
+        elif isinstance(node, relay.Call) and isinstance(node.op, (relay.Var, relay.Call)):
+            found.append(f"call of a closure ({'a let-bound function' if isinstance(node.op, relay.Var) else 'a returned function'})")
 
     relay.analysis.post_order_visit(main, visit)
     if found:
-        raise UnsupportedByTVM(f"main contains {found[0]}: relay.build's graph executor cannot run control flow or "
-                               f"references (use relay.vm.compile)")
+        raise UnsupportedByTVM(f"main contains {found[0]}: relay.build's graph executor cannot run control flow, "
+                               f"closures or references (use relay.vm.compile)")
