@@ -41,8 +41,8 @@ Known bugs::
     #   the same parameter Vars, while the other readers keep the original: two functions bind p0,
     #   and the pattern rewriter's own well-formedness check fails inside relay.build's prefix
     #   (fuzz seed 2211 with FuseWideningIntoPool at ``start`` reproduces it). tvm_ext.build
-    #   detects the error (is_inline_function_copy_error) and runs the prefix again without SimplifyExpr (an
-    #   optimization only; a logged warning).
+    #   detects the error (is_inline_function_copy_error) and runs the prefix again without
+    #   SimplifyExpr (an optimization only; a logged warning).
 """
 from __future__ import annotations
 
