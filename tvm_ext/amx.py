@@ -35,8 +35,12 @@ VNNI schedule. Convolutions stay on AVX-512 VNNI (``isa_class`` ``"amx"`` takes 
 ``avx512_vnni`` conv policy): there is no AMX conv schedule here.
 
 All of it is off by default: every target masks AMX (:data:`tvm_ext.target.AMX_FEATURES`) unless
-``tvm_ext.build(..., amx=True)`` keeps ``amx-tile`` and ``amx-int8``. The tile code has been
-checked by reading the generated assembly only; it has never run on an AMX CPU here.
+``tvm_ext.build(..., amx=True)`` keeps ``amx-tile`` and ``amx-int8``. The tile code has never run
+on an AMX CPU here. It is checked by reading the generated code (on every LLVM path an
+``ldtilecfg`` before the tile instructions and a ``tilerelease`` after them) and by running the
+kernels with each tile instruction replaced by a scalar emulation of it (``tests/test_amx.py``):
+bit-exact with the VNNI build. That covers the configuration, its placement and TVM's tile
+addressing, not the real instructions' encoding or Linux's tile state.
 """
 from __future__ import annotations
 

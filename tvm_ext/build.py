@@ -262,8 +262,8 @@ def build(
         that runs it (:mod:`tvm_ext.amx`: :func:`~tvm_ext.amx.ConfigureTiles` as a TIR lower pass,
         :func:`~tvm_ext.amx.tile_schedules`). Convolutions stay on AVX-512 VNNI. Running the result
         needs Linux's tile permission (:func:`tvm_ext.amx.request_tile_state`; ``import tvm_ext``
-        asks on an AMX host). Checked by reading the generated assembly; never run on an AMX CPU
-        by this project's tests.
+        asks on an AMX host). Never run on an AMX CPU by this project's tests: checked by reading
+        the generated code and by running it with the tile instructions emulated.
 
     Returns
     -------
