@@ -1,6 +1,7 @@
-"""tvm_ext.x86_int8: the VNNI operand-type fix and the per-row and per-tile int8 conv schedules.
+"""tvm_ext.x86_int8: each named kernel change (see the module's design note) against TVM's own.
 
-VNNI builds run in a child process: if the fix regressed, LLVM would abort the test session.
+VNNI builds run in a child process: if ``vnni_operand_types`` did not apply, LLVM would abort the
+test session.
 Code is executed only where the host has every instruction it was compiled for
 (:func:`tvm_ext.isa.runs_on_host`); other CPUs are checked by compiling and reading the assembly.
 """
@@ -52,7 +53,7 @@ def test_kernels_restores_tvm_functions_even_on_error():
     assert not x86_int8.active()
 
 
-def test_operand_fix_only_where_llvm_needs_it():
+def test_vnni_operand_types_only_where_llvm_needs_them():
     from tvm.target import codegen
 
     assert x86_int8.needs_operand_fix() == (codegen.llvm_version_major() >= 22)
@@ -104,8 +105,9 @@ def _runnable(target):
 
 @pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
 @pytest.mark.parametrize("k", [3, 1])
-def test_per_row_schedule_is_bit_identical_without_vnni(k, target):
-    """Fix 2 alone (AVX2, AVX-512 without VNNI): same bits as TVM's own schedule."""
+def test_policy_conv_schedules_are_bit_identical_without_vnni(k, target):
+    """The policy's int8 conv schedules without VNNI (AVX2: ``per_tile_accumulators``; AVX-512:
+    ``epilogue_per_row`` for 3x3, per tile for 1x1): same bits as TVM's own schedule."""
     masked = target
     mod = _conv_epilogue(k)
     x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
@@ -142,7 +144,8 @@ print("OK")
 @needs_vnni
 @pytest.mark.parametrize("k", [3, 1])
 def test_vnni_builds_and_is_exact(k, tmp_path):
-    """Fix 1: VNNI builds (no abort) and equals TVM's schedule and the intrinsic-free build."""
+    """``vnni_operand_types``: VNNI builds (no abort) and equals TVM's schedule and the
+    intrinsic-free build."""
     import os
 
     out = tmp_path / "outs.npz"
@@ -191,7 +194,8 @@ def test_conv_schedule_follows_the_isa_policy(target, expected):
 @pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
                                     "llvm -mcpu=znver4", "llvm -mcpu=core2"])
 def test_1x1_conv_schedule_follows_the_isa_policy(target):
-    """Compiled only: 1x1 int8 convs are computed per register tile on AVX2 and AVX-512 (fix 9).
+    """Compiled only: 1x1 int8 convs are computed per register tile on AVX2 and AVX-512
+    (``per_tile_accumulators``).
     30 pixels wide: TVM's fallback takes a whole row (30 accumulators on AVX-512, 60 on AVX2),
     more than either budget, so the tile differs from TVM's row block on both."""
     mod = _conv_epilogue(1, size=30)
@@ -202,7 +206,8 @@ def test_1x1_conv_schedule_follows_the_isa_policy(target):
 
     chosen = x86_int8.policy(tvm.target.Target(target)).conv1x1_schedule
     assert chosen == ("tvm" if "core2" in target else "per_tile")
-    # on a VNNI target schedule=False still swaps in the LLVM 22 intrinsic: compare fix 9 on and off
+    # on a VNNI target schedule=False still swaps in the LLVM 22 intrinsic: compare the 1x1 per-tile
+    # form with TVM's 1x1 form under the same intrinsic
     with x86_int8.kernels(schedule="per_row"), tvm.transform.PassContext(opt_level=3):
         tvm_form = relay.build(mod, target=target).get_lib().get_source("asm")  # per_row: TVM's 1x1 form
     assert (asm(schedule=True) != tvm_form) == (chosen == "per_tile")
@@ -243,7 +248,7 @@ _TILE_CASES = [
     (3, 32, 28, 2, True, None),    # stride 2
     (3, 64, 14, 1, False, None),   # no epilogue: int32 out, the conv is the kernel's last stage
     (7, 16, 30, 2, True, 4),       # ResNet's stem: 4 input channels, 7x7, stride 2
-    (1, 64, 14, 1, True, 32),      # 1x1 (fix 9's 1x1 form)
+    (1, 64, 14, 1, True, 32),      # 1x1 (the 1x1 per-tile form)
     (1, 32, 28, 2, True, 64),      # 1x1, stride 2 (ResNet's downsample)
     (1, 64, 13, 1, False, 32),     # 1x1, prime width, no epilogue
 ]
@@ -253,7 +258,8 @@ _TILE_CASES = [
 @pytest.mark.parametrize("case", _TILE_CASES, ids=["3x3", "prime-width", "stride2", "no-epilogue", "stem",
                                                     "1x1", "1x1-stride2", "1x1-prime-no-epilogue"])
 def test_per_tile_schedule_is_bit_identical(case, target):
-    """Fix 9 (forced on every class here; the policy takes it on AVX2): same bits as TVM's schedule."""
+    """``per_tile_accumulators`` (forced on every class here; the policy takes it on AVX2 and for
+    1x1 convs on AVX-512): same bits as TVM's schedule."""
     k, channels, size, stride, epilogue, cin = case
     cin = cin or channels
     rng = np.random.default_rng(3)
@@ -306,29 +312,30 @@ def _kernel_names(factory):
 
 @pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
 def test_depthwise_int8_conv_takes_the_int8_conv_block(target):
-    """Compiled only (fix 4): no layout_transform kernel around an 8-bit depthwise conv; TVM's own
-    rule puts two there on AVX2 (block 8 between convs blocked by 16), none on AVX-512."""
+    """Compiled only (``depthwise_int8_block``): no layout_transform kernel around an 8-bit
+    depthwise conv; TVM's own rule puts two there on AVX2 (block 8 between convs blocked by 16),
+    none on AVX-512."""
     mod = _conv_depthwise_conv()
 
     def names(**kw):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             return _kernel_names(relay.build(mod, target=target))
 
-    fixed, tvms = names(), names(schedule=False)
+    ours, tvms = names(), names(schedule=False)
     # the only re-blockings left: into the first conv and out of the last one
-    assert sum("layout_transform" in n for n in fixed) == 2, fixed
+    assert sum("layout_transform" in n for n in ours) == 2, ours
     avx2 = x86_int8.policy(tvm.target.Target(target)).vector_bits == 256
-    assert len(tvms) - len(fixed) == (2 if avx2 else 0), (tvms, fixed)
+    assert len(tvms) - len(ours) == (2 if avx2 else 0), (tvms, ours)
 
 
 def test_depthwise_block_leaves_float_convs_alone():
     mod = _conv_depthwise_conv(dtype="float32")
     with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
-        fixed = relay.build(mod, target="llvm -mcpu=x86-64-v3")
+        ours = relay.build(mod, target="llvm -mcpu=x86-64-v3")
     with tvm.transform.PassContext(opt_level=3):
         stock = relay.build(mod, target="llvm -mcpu=x86-64-v3")
-    assert _kernel_names(fixed) == _kernel_names(stock)
-    assert fixed.get_graph_json() == stock.get_graph_json()
+    assert _kernel_names(ours) == _kernel_names(stock)
+    assert ours.get_graph_json() == stock.get_graph_json()
 
 
 @pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
@@ -338,8 +345,8 @@ def test_depthwise_int8_block_is_bit_identical(target):
     with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
         stock = relay.build(mod, target=target)
     with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
-        fixed = relay.build(mod, target=target)
-    assert np.array_equal(_run(fixed, x), _run(stock, x))
+        ours = relay.build(mod, target=target)
+    assert np.array_equal(_run(ours, x), _run(stock, x))
 
 
 def _int8_float_int8(seed=0, size=10, mid=24):
@@ -366,27 +373,28 @@ def _int8_float_int8(seed=0, size=10, mid=24):
 @pytest.mark.parametrize("target,removed", [("llvm -mcpu=x86-64-v3", 1), ("llvm -mcpu=znver4", 2),
                                             ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", 1)])
 def test_float_conv_in_an_int8_graph_takes_int8_blocks(target, removed):
-    """Compiled only (fix 5): the float conv reads the int8 conv's NCHW16c output as it is; TVM's
-    rule (and kernels() without int8_graph) re-blocks it to the float conv's input block first.
-    On AVX-512 VNNI (fix 11) the int8 conv reads the float conv's 24 channels blocked by 8, which
-    TVM's float rule writes blocked by 12 (the largest divisor up to 16 lanes): with int8_graph the
-    float conv writes them blocked by 8, a second re-blocking kernel fewer."""
+    """Compiled only (``int8_graph_float_conv_blocks``): the float conv reads the int8 conv's
+    NCHW16c output as it is; TVM's rule (and kernels() without int8_graph) re-blocks it to the
+    float conv's input block first. On AVX-512 VNNI (``narrow_channel_blocks``) the int8 conv
+    reads the float conv's 24 channels blocked by 8, which TVM's float rule writes blocked by 12
+    (the largest divisor up to 16 lanes): with int8_graph the float conv writes them blocked by 8,
+    a second re-blocking kernel fewer."""
     mod = _int8_float_int8()
 
     def names(**kw):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             return _kernel_names(relay.build(mod, target=target))
 
-    fixed, tvms = names(int8_graph=True), names()
-    assert sum("layout_transform" in n for n in tvms) - sum("layout_transform" in n for n in fixed) == removed
-    float_conv = next(i for i, n in enumerate(fixed) if "conv2d" in n and "round" in n)  # its quantize
-    assert "conv2d" in fixed[float_conv - 1], fixed  # read straight from the int8 conv
+    ours, tvms = names(int8_graph=True), names()
+    assert sum("layout_transform" in n for n in tvms) - sum("layout_transform" in n for n in ours) == removed
+    float_conv = next(i for i, n in enumerate(ours) if "conv2d" in n and "round" in n)  # its quantize
+    assert "conv2d" in ours[float_conv - 1], ours  # read straight from the int8 conv
 
 
 def test_one_pixel_float_conv_takes_the_int8_output_block_on_avx2():
     """SE-block convs (one output pixel): on AVX2 the output block 12 (36 channels) is taken too,
     so neither side of the float conv is re-blocked; at 10x10 the output side keeps TVM's 6.
-    (24 channels, as in PP-OCRv4 det, are blocked by 8 on AVX2 since fix 6.)"""
+    (24 channels, as in PP-OCRv4 det, are blocked by 8 on AVX2: ``narrow_channel_blocks``.)"""
     def layouts(mod, **kw):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             return sum("layout_transform" in n for n in _kernel_names(relay.build(mod, target="llvm -mcpu=x86-64-v3")))
@@ -404,14 +412,14 @@ def test_float_conv_int8_blocks_are_bit_identical(target, size):
     with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
         stock = relay.build(mod, target=target)
     with x86_int8.kernels(int8_graph=True), tvm.transform.PassContext(opt_level=3):
-        fixed = relay.build(mod, target=target)
-    assert np.array_equal(_run(fixed, x), _run(stock, x))
+        ours = relay.build(mod, target=target)
+    assert np.array_equal(_run(ours, x), _run(stock, x))
 
 
 def test_int8_block():
     assert [x86_int8.int8_block(c) for c in (48, 24, 360, 40, 6, 42)] == [16, 12, 12, 8, None, None]
-    # fix 6: on AVX2 no block wider than a register but the int8 conv block
-    # ... and on AVX-512 VNNI (fix 11: an 8-lane vpdpbusd); elsewhere TVM's rule
+    # narrow_channel_blocks: on AVX2 no block wider than a register but the int8 conv block,
+    # and on AVX-512 VNNI the same (an 8-lane vpdpbusd); elsewhere TVM's rule
     for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"):
         narrow = [x86_int8.int8_block(c, target) for c in (48, 24, 360, 40, 12, 36, 20, 6)]
         assert narrow == [16, 8, 8, 8, 12, 12, 4, None], target
@@ -455,9 +463,9 @@ def _layout_kernels(names):
 @pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4",
                                     "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"])
 def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
-    """Fixes 6 and 11, compiled for AVX2, AVX-512 VNNI and AVX-512. On AVX2 and VNNI the float
-    conv's 24 output channels are read by the int8 conv blocked by 8, as the float conv writes them
-    (fixes 1-5: 12, a re-blocking kernel), and the 24-channel int8 conv takes output block 8
+    """``narrow_channel_blocks``, compiled for AVX2, AVX-512 VNNI and AVX-512. On AVX2 and VNNI the
+    float conv's 24 output channels are read by the int8 conv blocked by 8, as the float conv writes
+    them (TVM's int8 rule: 12, a re-blocking kernel), and the 24-channel int8 conv takes output block 8
     (neither padded to 32 nor sliced), so the SE conv reads the pool's NCHW8c output as it is:
     only the graph's input and output are re-blocked. On AVX-512 without VNNI nothing changes.
     Where the host runs the code: the same bits."""
@@ -470,23 +478,24 @@ def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
         with x86_int8.kernels(int8_graph=True), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target)
 
-    before, fixed = build(narrow=False, outputs=False), build()
+    tvm_blocks, ours = build(narrow=False, outputs=False), build()
     if x86_int8.policy(tvm.target.Target(target)).isa not in ("avx2", "avx512_vnni"):
-        assert fixed.get_graph_json() == before.get_graph_json()
+        assert ours.get_graph_json() == tvm_blocks.get_graph_json()
         return
     blocks_only = build(outputs=False)
-    names, old, mid = _kernel_names(fixed), _kernel_names(before), _kernel_names(blocks_only)
+    names, tvm_names, in_only = _kernel_names(ours), _kernel_names(tvm_blocks), _kernel_names(blocks_only)
     # AVX2: the float conv writes 24 channels blocked by 8 (its lanes), TVM's int8 rule reads 12;
-    # AVX-512 VNNI: both sides 12 before, both 8 after (the int8 conv's output block 8 needs that)
+    # AVX-512 VNNI: both sides 12 with TVM's blocks, both 8 with narrow ones (the int8 conv's output
+    # block 8 needs that)
     avx2 = x86_int8.policy(tvm.target.Target(target)).isa == "avx2"
-    assert len(old) - len(mid) == (1 if avx2 else 0), (old, mid)
+    assert len(tvm_names) - len(in_only) == (1 if avx2 else 0), (tvm_names, in_only)
     assert _layout_kernels(names) == ["tvmgen_default_fused_layout_transform",
                                       "tvmgen_default_fused_layout_transform_1"], names
-    assert len(old) - len(names) == (3 if avx2 else 2), (old, names)
+    assert len(tvm_names) - len(names) == (3 if avx2 else 2), (tvm_names, names)
     if runs_on_host(target):
         x = np.random.default_rng(5).integers(0, 256, (1, 32, 8, 8)).astype("uint8")
-        want = _run(before, x)
-        assert np.array_equal(_run(fixed, x), want)
+        want = _run(tvm_blocks, x)
+        assert np.array_equal(_run(ours, x), want)
         assert np.array_equal(_run(blocks_only, x), want)
 
 
@@ -500,7 +509,7 @@ def test_build_blocks_float_convs_by_int8_rule_only_in_8bit_graphs():
     assert not _has_8bit_tensors(ill_typed)  # says False; the build itself reports the type error
 
 
-# -- fix 7: global pools vectorized over their channel block -----------------------------------
+# -- global_pool_channel_vector: global pools vectorized over their channel block ----------------
 def _blocked_global_pool(shape, dtype="uint8", out_dtype="float32"):
     """SE-style global pool over an NCHW[x]c tensor: cast -> multiply -> global_avg_pool2d."""
     x = relay.var("x", shape=shape, dtype=dtype)
@@ -511,8 +520,8 @@ def _blocked_global_pool(shape, dtype="uint8", out_dtype="float32"):
 
 @pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"])
 def test_global_pool_is_vectorized_over_its_channel_block(target):
-    """Compile-only: the pool's kernel adds a vector of 16 channels per window position with fix 7
-    and none with TVM's schedule (strided scalar sums)."""
+    """Compile-only: the pool's kernel adds a vector of 16 channels per window position with
+    ``global_pool_channel_vector`` and none with TVM's schedule (strided scalar sums)."""
     mod = _blocked_global_pool((1, 6, 20, 20, 16))
 
     def source(schedule):
@@ -569,7 +578,8 @@ _FLOAT_CASES = [(3, 16, 32, 56, 1), (7, 3, 32, 64, 2), (1, 32, 32, 28, 1), (3, 8
 @pytest.mark.parametrize("case", _FLOAT_CASES, ids=["3x3", "7x7-stem", "1x1", "prime-width"])
 @pytest.mark.skipif(not runs_on_host("llvm -mcpu=x86-64-v3"), reason="host lacks AVX2")
 def test_float_conv_register_tile_is_bit_identical_on_avx2(case):
-    """Fix 10: untuned float convs on AVX2 take a tile that fits the 16 ymm registers; same bits."""
+    """``fallback_register_tile``: untuned float convs on AVX2 take a tile that fits the 16 ymm
+    registers; same bits."""
     k, cin, cout, size, stride = case
     mod = _float_conv(k, cin, cout, size, stride)
     xs = np.random.default_rng(1).standard_normal((1, cin, size, size)).astype("float32")
@@ -584,7 +594,7 @@ def test_float_conv_register_tile_is_bit_identical_on_avx2(case):
                                             ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", False)])
 @pytest.mark.parametrize("k", [3, 1])
 def test_float_conv_register_tile_only_on_avx2(target, changed, k):
-    """Compiled only: fix 10 changes a float conv's code on AVX2 (TVM's fallback tile of 28
+    """Compiled only: ``fallback_register_tile`` changes a float conv's code on AVX2 (TVM's fallback tile of 28
     pixels spills 16 ymm registers) and leaves AVX-512's (32 zmm) alone."""
     mod = _float_conv(k, 16, 32, 56, 1)
 
@@ -615,10 +625,10 @@ def _depthwise(dtype, channels, size, k, seed=0):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-def _depthwise_build(mod, target, fix12, monkeypatch):
-    """relay.build inside kernels(), with or without fix 12 (the depthwise register tile)."""
+def _depthwise_build(mod, target, register_tile, monkeypatch):
+    """relay.build inside kernels(), with or without ``fallback_register_tile`` for depthwise convs."""
     with monkeypatch.context() as mp:
-        if not fix12:
+        if not register_tile:
             mp.setattr(x86_int8, "_depthwise_register_tile", lambda fallback: fallback)
         with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target)
@@ -630,26 +640,28 @@ _DEPTHWISE_CASES = [("uint8", 88, (3, 96), 5), ("float32", 64, (28, 28), 3), ("u
 @pytest.mark.parametrize("case", _DEPTHWISE_CASES, ids=["u8-5x5-wide", "f32-3x3", "u8-prime-width"])
 @pytest.mark.skipif(not runs_on_host("llvm -mcpu=x86-64-v3"), reason="host lacks AVX2")
 def test_depthwise_register_tile_is_bit_identical_on_avx2(case, monkeypatch):
-    """Fix 12: untuned depthwise convs on AVX2 take a tile that fits the 16 ymm registers (TVM's
-    fallback: 24 pixels of one vector each for a width of 96); same bits, different code."""
+    """``fallback_register_tile``: untuned depthwise convs on AVX2 take a tile that fits the 16 ymm
+    registers (TVM's fallback: 24 pixels of one vector each for a width of 96); same bits,
+    different code."""
     dtype, channels, size, k = case
     mod = _depthwise(dtype, channels, size, k)
     rng = np.random.default_rng(1)
     shape = (1, channels, *size)
     x = rng.integers(0, 256, shape).astype("uint8") if dtype == "uint8" else rng.standard_normal(shape).astype(dtype)
-    libs = [_depthwise_build(mod, "llvm -mcpu=x86-64-v3", fix, monkeypatch) for fix in (False, True)]
+    libs = [_depthwise_build(mod, "llvm -mcpu=x86-64-v3", tile, monkeypatch) for tile in (False, True)]
     outs = [_run(lib, x) for lib in libs]
     assert outs[0].tobytes() == outs[1].tobytes() and np.abs(outs[0]).max() > 0
-    if size[1] > 12:  # a wide row: the fallback's tile spilled, fix 12 cut it
+    if size[1] > 12:  # a wide row: the fallback's tile spills, fallback_register_tile cuts it
         assert libs[0].get_lib().get_source("asm") != libs[1].get_lib().get_source("asm")
 
 
 @pytest.mark.parametrize("target,changed", [("llvm -mcpu=x86-64-v3", True), ("llvm -mcpu=alderlake", True),
                                             ("llvm -mcpu=znver4", False), ("llvm -mcpu=skylake-avx512", False)])
 def test_depthwise_register_tile_only_on_avx2(target, changed, monkeypatch):
-    """Compiled only: fix 12 changes a depthwise conv's code on AVX2 and leaves AVX-512's alone."""
+    """Compiled only: ``fallback_register_tile`` changes a depthwise conv's code on AVX2 and leaves
+    AVX-512's alone."""
     mod = _depthwise("uint8", 88, (3, 96), 5)
-    asm = [_depthwise_build(mod, target, fix, monkeypatch).get_lib().get_source("asm") for fix in (False, True)]
+    asm = [_depthwise_build(mod, target, tile, monkeypatch).get_lib().get_source("asm") for tile in (False, True)]
     assert (asm[0] != asm[1]) == changed
 
 
@@ -666,9 +678,10 @@ def _int8_conv_24(k, size=10, seed=3):
 @pytest.mark.parametrize("k", [3, 1])
 @pytest.mark.parametrize("schedule", [True, "per_row"])
 def test_vnni_int8_conv_takes_8_channel_blocks(k, schedule):
-    """Fix 11, compiled only: at -mcpu=znver4 a 24-channel int8 conv takes output block 8 and the
-    ymm vpdpbusd (no slice kernel, no zmm vpdpbusd), in the policy's schedules and in TVM's form
-    (``schedule="per_row"`` forces TVM's for 1x1 convs); AVX-512 without VNNI keeps the padding."""
+    """``narrow_channel_blocks`` on AVX-512 VNNI, compiled only: at -mcpu=znver4 a 24-channel int8
+    conv takes output block 8 and the ymm vpdpbusd (no slice kernel, no zmm vpdpbusd), in the
+    policy's schedules and in TVM's form (``schedule="per_row"`` forces TVM's for 1x1 convs);
+    AVX-512 without VNNI keeps the padding."""
     import re
 
     mod = _int8_conv_24(k)
@@ -677,11 +690,11 @@ def test_vnni_int8_conv_takes_8_channel_blocks(k, schedule):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target)
 
-    fixed = build("llvm -mcpu=znver4", schedule=schedule)
-    asm = fixed.get_lib().get_source("asm")
+    ours = build("llvm -mcpu=znver4", schedule=schedule)
+    asm = ours.get_lib().get_source("asm")
     assert re.search(r"vpdpbusd\s+[^\n]*%ymm", asm), "8-lane VNNI expected"
     assert not re.search(r"vpdpbusd\s+[^\n]*%zmm", asm), "no 16-lane VNNI for an 8-channel block"
-    assert not any("strided_slice" in n for n in _kernel_names(fixed)), _kernel_names(fixed)
+    assert not any("strided_slice" in n for n in _kernel_names(ours)), _kernel_names(ours)
     stock = build("llvm -mcpu=znver4", schedule=False)
     assert any("strided_slice" in n for n in _kernel_names(stock)), "TVM pads 24 to 32 and slices"
     masked = build("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", schedule=schedule)
@@ -698,7 +711,7 @@ outs = {}
 x = np.random.default_rng(4).integers(0, 256, (1, 32, 10, 10)).astype("uint8")
 for k in (3, 1):
     mod = _int8_conv_24(k)
-    for name, kw in (("stock", dict(schedule=False)), ("fixed", dict()), ("forced", dict(schedule="per_row"))):
+    for name, kw in (("stock", dict(schedule=False)), ("policy", dict()), ("forced", dict(schedule="per_row"))):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             outs[f"{name}{k}"] = _run(relay.build(mod, target="llvm -mcpu=znver4"), x)
 np.savez(sys.argv[2], **outs)
@@ -708,7 +721,7 @@ print("OK")
 
 @needs_vnni
 def test_vnni_8_channel_blocks_are_bit_identical(tmp_path):
-    """Fix 11 executed (host with AVX-512 VNNI, child process): the 8-lane vpdpbusd build equals
+    """``narrow_channel_blocks`` executed (host with AVX-512 VNNI, child process): the 8-lane vpdpbusd build equals
     TVM's own (padded, 16-lane) build bit for bit, 3x3 and 1x1, policy and TVM's form."""
     import os
 
@@ -718,5 +731,5 @@ def test_vnni_8_channel_blocks_are_bit_identical(tmp_path):
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
     outs = np.load(out)
     for k in (3, 1):
-        assert np.array_equal(outs[f"fixed{k}"], outs[f"stock{k}"]), k
+        assert np.array_equal(outs[f"policy{k}"], outs[f"stock{k}"]), k
         assert np.array_equal(outs[f"forced{k}"], outs[f"stock{k}"]), k
