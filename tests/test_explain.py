@@ -410,7 +410,7 @@ def conv24_pair():
     """uint8 -> qnn.conv2d (24 output channels) -> requantize -> qnn.conv2d (16) -> requantize.
     At AVX-512 targets without VNNI x86 int8 legalization pads the first conv to 32 output channels
     and slices back: its int32 accumulators cross to the slice's kernel. (AVX2 and AVX-512 VNNI
-    targets block 24 channels by 8: no padding, ``tvm_ext.x86_int8`` fixes 6 and 11.)"""
+    targets block 24 channels by 8: no padding, ``tvm_ext.x86_int8``'s ``narrow_channel_blocks``.)"""
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
 
     def qconv(d, ci, co, seed):
