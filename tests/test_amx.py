@@ -9,6 +9,7 @@ is skipped with the reason.
 """
 import errno
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -18,7 +19,6 @@ import pytest
 import tvm
 from tvm.script import tir as T
 
-import tvm_ext
 from tvm_ext import amx, isa, x86_int8
 from tvm_ext.target import AMX_FEATURES, build_target, safe_target
 
@@ -487,7 +487,7 @@ def test_amx_opt_in_compiles_configured_tile_code():
     for cpu in ("sapphirerapids", "graniterapids"):
         for case in ("dense", "dense_epilogue", "batch_matmul"):
             g = got[cpu][case]
-            assert g["tdpbusd"] > 0 and g["tileloadd"] > 0 and g["ldtilecfg"] > 0 and g["tilerelease"] > 0, (cpu, case, g)
+            assert min(g["tdpbusd"], g["tileloadd"], g["ldtilecfg"], g["tilerelease"]) > 0, (cpu, case, g)
             assert g["ll_ldtilecfg"] > 0 and g["ll_tilerelease"] > 0 and g["ordered"], (cpu, case, g)
         own = got[cpu]["tvm_own"]
         assert own["tdpbusd"] > 0 and own["ll_ldtilecfg"] == 0 and not own["ordered"], (
@@ -674,7 +674,8 @@ def emulated_tiles():
         tvm.tir.stmt_functor.post_order_visit(body, lambda n: left.append(n) if (
             isinstance(n, tir.Call) and n.op.same_as(intrin) and isinstance(n.args[0], tir.IntImm)
             and int(n.args[0].value) in ids) else None)
-        assert not left, f"tile instructions outside a configured region: {[ids[int(c.args[0].value)] for c in left][:4]}"
+        names = [ids[int(c.args[0].value)] for c in left]
+        assert not left, f"tile instructions outside a configured region: {names[:4]}"
         return func.with_body(body)
 
     assert "llvm.x86.tdpbusd" in by_name
@@ -705,7 +706,10 @@ def dense(m, k, n, epilogue):
     y = relay.nn.dense(x, relay.const(w), out_dtype="int32")
     if epilogue:
         y = relay.nn.relu(relay.nn.bias_add(y, relay.const(b)))
-    ref = lambda d: np.maximum(d.astype("int64") @ w.astype("int64").T + b, 0) if epilogue else d.astype("int64") @ w.astype("int64").T
+
+    def ref(d):
+        out = d.astype("int64") @ w.astype("int64").T
+        return np.maximum(out + b, 0) if epilogue else out
     return tvm.IRModule.from_expr(relay.Function([x], y)), (m, k), ref
 
 
@@ -744,8 +748,6 @@ print("RESULT " + json.dumps(out))
 
 
 def _emulated_run(variant):
-    import os
-
     if set(isa.missing_on_host("llvm -mcpu=sapphirerapids")) - set(AMX_FEATURES):
         pytest.skip("this host lacks Sapphire Rapids features besides AMX: the emulated kernels cannot run")
     r = subprocess.run([sys.executable, "-c", _EMULATED, os.path.dirname(__file__), variant],
@@ -770,4 +772,5 @@ def test_emulated_tiles_detect_a_configuration_that_does_not_match():
     """The same kernels with 8-row tiles configured where TVM's intrinsics use 16: wrong results (the emulation
     would not catch a wrong configuration otherwise)."""
     got = _emulated_run("rows8")
-    assert len(got) == 4 and all("refused" not in g and g["emulated"] and not g["equal_numpy"] for g in got.values()), got
+    assert len(got) == 4, got
+    assert all("refused" not in g and g["emulated"] and not g["equal_numpy"] for g in got.values()), got

@@ -301,7 +301,7 @@ def _configure(func, ids):
     return func.with_body(_around_tile_code(func.body, ids))  # serial tile code: the calling thread
 
 
-def ConfigureTiles():  # noqa: N802  (a pass factory is named like the pass)
+def ConfigureTiles():  # a pass factory is named like the pass
     """Configure AMX tiles inside each kernel that uses them (see the module note).
 
     A kernel with tile intrinsics (``tilezero``, ``tileloadd``, ``tdpbusd``, ``tilestored``, ...)
@@ -410,21 +410,21 @@ def _fits_tiles(cfg, C) -> bool:
 
 
 def _guard_dense(amx_schedule, vnni_schedule):
-    def dense_amx_int8_schedule(cfg, s, C, O, do_parallel=True):  # noqa: N803  (TVM's names)
-        if _fits_tiles(cfg, C):
-            return amx_schedule(cfg, s, C, O, do_parallel)
-        logger.debug("dense %s: not in whole AMX tiles, AVX-512 VNNI instead", C.shape)
-        return vnni_schedule(cfg, s, C, O, do_parallel)
+    def dense_amx_int8_schedule(cfg, s, gemm, out, do_parallel=True):
+        if _fits_tiles(cfg, gemm):
+            return amx_schedule(cfg, s, gemm, out, do_parallel)
+        logger.debug("dense %s: not in whole AMX tiles, AVX-512 VNNI instead", gemm.shape)
+        return vnni_schedule(cfg, s, gemm, out, do_parallel)
 
     return dense_amx_int8_schedule
 
 
 def _guard_batch_matmul(amx_schedule, vnni_schedule):
-    def batch_matmul_amx_schedule(cfg, s, C, O, layout_trans):  # noqa: N803
-        if _fits_tiles(cfg, C):
-            return amx_schedule(cfg, s, C, O, layout_trans)
-        logger.debug("batch_matmul %s: not in whole AMX tiles, AVX-512 VNNI instead", C.shape)
-        return vnni_schedule(cfg, s, C, O, layout_trans)
+    def batch_matmul_amx_schedule(cfg, s, gemm, out, layout_trans):
+        if _fits_tiles(cfg, gemm):
+            return amx_schedule(cfg, s, gemm, out, layout_trans)
+        logger.debug("batch_matmul %s: not in whole AMX tiles, AVX-512 VNNI instead", gemm.shape)
+        return vnni_schedule(cfg, s, gemm, out, layout_trans)
 
     return batch_matmul_amx_schedule
 
