@@ -94,6 +94,30 @@ def test_passes_lists_registered():
     assert r.returncode == 0
 
 
+@pytest.mark.parametrize("numerics", [None, "tvm", "onnxruntime"])
+def test_passes_pipeline_lists_every_pass_in_order_with_its_reason(capsys, numerics):
+    """`tvm-ext passes --pipeline int8 [--numerics N]` prints the pipeline's table: per stage, every
+    pass in order (numbered), what it does and why it stands there."""
+    from tvm_ext import pipelines
+
+    assert main(["passes", "--pipeline", "int8", *(["--numerics", numerics] if numerics else [])]) == 0
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    stages = pipelines.int8_stages(numerics or "tvm")
+    assert flat.startswith(pipelines.int8(numerics=numerics or "tvm").name)
+    for stage in stages:
+        at = flat.index(f"{stage.key} (Sequential")
+        for i, step in enumerate(stage.steps, 1):
+            at = flat.index(f"{i}. {step.label} does:", at)
+            why = " ".join(step.why.replace("``", "").split())
+            assert flat.index(why, at) == flat.index("order: ", at) + len("order: "), step.name
+    assert ("RoundHalfToEven" in out) == (numerics == "onnxruntime")
+
+
+def test_passes_numerics_needs_a_pipeline():
+    _one_line_error(run_cli("passes", "--numerics", "onnxruntime"), "--numerics selects a variant of --pipeline int8")
+
+
 def test_tune_usage_errors(tmp_path):
     _one_line_error(run_cli("tune"), "give one ONNX model, or --zoo")
     model = tiny_onnx(tmp_path / "tiny.onnx")

@@ -200,6 +200,13 @@ def _pipeline_or_passes(args):
 
 
 def cmd_passes(args) -> int:
+    if args.pipeline:  # the pipeline's table: passes in order, what each does, why it stands there
+        from . import pipelines
+
+        print(pipelines.listing(args.numerics or "tvm"))
+        return 0
+    if args.numerics:
+        raise UsageError("--numerics selects a variant of --pipeline int8; give --pipeline int8 too")
     from .registry import list_passes
 
     specs = list_passes()
@@ -483,7 +490,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build with a tvm-ext pipeline (int8: tvm_ext.pipelines.int8()); not with --passes")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("passes", help="list registered tvm-ext passes", description="List registered tvm-ext passes with one-line docs.")
+    p = sub.add_parser("passes", help="list registered tvm-ext passes, or a pipeline's passes in order",
+                       description="List registered tvm-ext passes with one-line docs; with --pipeline, the "
+                                   "pipeline's passes per stage, in order, with what each does and why it stands "
+                                   "where it stands.")
+    p.add_argument("--pipeline", choices=["int8"], help="list this pipeline (tvm_ext.pipelines.int8()) instead")
+    p.add_argument("--numerics", choices=["tvm", "onnxruntime"],
+                   help="with --pipeline int8: the variant int8(numerics=...) (default tvm; onnxruntime rounds as "
+                        "ONNX Runtime does)")
     p.set_defaults(func=cmd_passes)
 
     p = sub.add_parser("patterns", help="list pattern tables and their entries", description="List pattern tables and entries.")
