@@ -84,8 +84,8 @@ def test_every_kind_of_difference_is_reported_with_model_and_kernel(tmp_path):
         assert d.model == "toy_int8"
         by_kind.setdefault(d.kind, []).append(d.detail)
     assert set(by_kind) == {"kernel", "tuned", "bytes", "code", "outputs"}, diffs
-    assert by_kind["kernel"] == [f"kernel 1 {conv}: ops [\"nn.contrib_conv2d_NCHWc\", \"add\"] -> "
-                                 f"[\"nn.contrib_conv2d_NCHWc\", \"add\", \"clip\"]"]
+    assert by_kind["kernel"] == [(f'kernel 1 {conv}: ops ["nn.contrib_conv2d_NCHWc", "add"] -> '
+                                  '["nn.contrib_conv2d_NCHWc", "add", "clip"]')]
     assert "kernel 2 tvmgen_default_fused_nn_global_avg_pool2d: tuned False -> True" in by_kind["tuned"]
     assert by_kind["bytes"] == ["crossing bytes int32: 0 -> 1024", "crossing count int32: 0 -> 1"]
     assert by_kind["code"] == [f"function {conv}_compute_ (kernel {conv}): assembly differs"]
@@ -221,7 +221,8 @@ def test_worktree_of_head_is_imported_and_removed(tmp_path):
 @pytest.mark.slow
 def test_head_against_head_is_identical_end_to_end(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "HEAD", "HEAD", "--models", "resnet50_int8_qoperator",
-                           "--small", "--seeds", "0", "--out", str(tmp_path)], capture_output=True, text=True)
+                           "--small", "--seeds", "0", "--out", str(tmp_path)], check=False, capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     comparison = json.loads((tmp_path / "comparison.json").read_text())
     assert comparison["differences"] == []
