@@ -119,6 +119,10 @@ def test_insert_by_neighbour_rejects_a_bad_neighbour():
         stage.insert(_step("RoundHalfToEven"), after="FoldPadIntoConv", before="TabulateEightBit")
     with pytest.raises(ValueError, match="stand more than once"):
         stage.insert(_step("FoldPadIntoConv"), after="FoldPadIntoConv")
+    with pytest.raises(ValueError, match="no pass 'QDQToIntegers'"):
+        pipelines.Insertion("start", _step("AddAsOnnxRuntime"), after="QDQToIntegers").apply(pipelines.INT8)
+    with pytest.raises(ValueError, match="no stage 'after_fuse'"):
+        pipelines.Insertion("after_fuse", _step("AddAsOnnxRuntime"), after="QDQToInteger").apply(pipelines.INT8)
     new = stage.insert(_step("RoundHalfToEven"), before="TabulateEightBit")
     assert new.names()[new.names().index("TabulateEightBit") - 1] == "RoundHalfToEven"
     assert "RoundHalfToEven" not in stage.names()  # the table itself is unchanged

@@ -177,13 +177,12 @@ class Stage:
             if s.place and i != (0 if s.place == "first" else len(self.steps) - 1):
                 raise ValueError(f"pipelines.Stage {self.key!r}: {s.name} must stand {s.place}, but stands at {i + 1} "
                                  f"of {len(self.steps)}")
-            for rel, others, ok in (("follow", s.after, lambda j, i=i: j < i), ("precede", s.before,
-                                                                                 lambda j, i=i: j > i)):
+            for rel, others in (("follow", s.after), ("precede", s.before)):
                 for other in others:
                     if other not in pos:
                         raise ValueError(f"pipelines.Stage {self.key!r}: {s.name} must {rel} {other}, which is not "
                                          f"in the stage ({', '.join(names)})")
-                    if not ok(pos[other]):
+                    if (pos[other] < i) != (rel == "follow"):
                         raise ValueError(f"pipelines.Stage {self.key!r}: {s.name} must {rel} {other}, but stands "
                                          f"at {i + 1} and {other} at {pos[other] + 1}")
 
@@ -226,6 +225,9 @@ class Insertion:
     before: str | None = None
 
     def apply(self, stages: tuple) -> tuple:
+        """``stages`` with the step inserted (``ValueError``: no such stage, or no such neighbour in it)."""
+        if self.stage not in [s.key for s in stages]:
+            raise ValueError(f"pipelines.Insertion {self.step.name}: no stage {self.stage!r}")
         return tuple(s.insert(self.step, after=self.after, before=self.before) if s.key == self.stage else s
                      for s in stages)
 
