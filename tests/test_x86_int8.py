@@ -60,10 +60,10 @@ def test_vnni_operand_types_only_where_llvm_needs_them():
 
 
 def test_build_target_policy():
-    masked = "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"
+    masked = "llvm -mcpu=x86-64-v4"
     assert "avx512vnni" not in _llvm_features(build_target(masked)), "an explicit mask is kept"
-    assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=znver4", allow_vnni=False))
-    assert "avx512vnni" in _llvm_features(build_target("llvm -mcpu=znver4")), "auto keeps VNNI"
+    assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", allow_vnni=False))
+    assert "avx512vnni" in _llvm_features(build_target("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni")), "auto keeps VNNI"
     assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=x86-64-v3")), "no VNNI to keep"
     assert build_target("cuda").kind.name == "cuda"
 
@@ -94,7 +94,7 @@ def _run(lib, x):
 #: One target per int8 instruction-set class without VNNI (executed only where the host can).
 NON_VNNI_TARGETS = {
     "avx2": "llvm -mcpu=x86-64-v3",
-    "avx512": "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
+    "avx512": "llvm -mcpu=x86-64-v4",
 }
 
 
@@ -130,10 +130,10 @@ mod = _conv_epilogue(int(sys.argv[2]))
 x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
 outs = {}
 with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
-    outs["tvm_schedule"] = _run(relay.build(mod, target="llvm -mcpu=znver4"), x)
-outs["tvm_ext"] = _run(tvm_ext.build(mod, target="llvm -mcpu=znver4"), x)
+    outs["tvm_schedule"] = _run(relay.build(mod, target="llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"), x)
+outs["tvm_ext"] = _run(tvm_ext.build(mod, target="llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"), x)
 conv = _conv_epilogue(int(sys.argv[2]), epilogue=False)  # int32 out: no float rounding to differ in
-outs["conv_vnni"] = _run(tvm_ext.build(conv, target="llvm -mcpu=znver4"), x)
+outs["conv_vnni"] = _run(tvm_ext.build(conv, target="llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"), x)
 with tvm.transform.PassContext(opt_level=3):  # exact reference: no int8 intrinsics at all
     outs["conv_generic"] = _run(relay.build(conv, target="llvm"), x)
 np.savez(sys.argv[3], **outs)
@@ -175,7 +175,7 @@ def test_masked_path_saturates_pmaddubsw_pairs():
 
 
 @pytest.mark.parametrize("target,expected", [("llvm -mcpu=x86-64-v3", "per_tile"),
-                                             ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", "per_row"),
+                                             ("llvm -mcpu=x86-64-v4", "per_row"),
                                              ("llvm -mcpu=core2", "tvm")])
 def test_conv_schedule_follows_the_isa_policy(target, expected):
     """Compiled only: kernels() changes the 3x3 conv's code exactly where policy() says per-row
@@ -191,8 +191,8 @@ def test_conv_schedule_follows_the_isa_policy(target, expected):
     assert (asm(schedule=True) != asm(schedule=False)) == (chosen != "tvm")
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
-                                    "llvm -mcpu=znver4", "llvm -mcpu=core2"])
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4",
+                                    "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", "llvm -mcpu=core2"])
 def test_1x1_conv_schedule_follows_the_isa_policy(target):
     """Compiled only: 1x1 int8 convs are computed per register tile on AVX2 and AVX-512
     (``per_tile_accumulators``).
@@ -310,7 +310,8 @@ def _kernel_names(factory):
     return [n["attrs"]["func_name"] for n in nodes if n["op"] == "tvm_op"]
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni",
+                                    "llvm -mcpu=skylake-avx512"])
 def test_depthwise_int8_conv_takes_the_int8_conv_block(target):
     """Compiled only (``depthwise_int8_block``): no layout_transform kernel around an 8-bit
     depthwise conv; TVM's own rule puts two there on AVX2 (block 8 between convs blocked by 16),
@@ -370,8 +371,8 @@ def _int8_float_int8(seed=0, size=10, mid=24):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-@pytest.mark.parametrize("target,removed", [("llvm -mcpu=x86-64-v3", 1), ("llvm -mcpu=znver4", 2),
-                                            ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", 1)])
+@pytest.mark.parametrize("target,removed", [("llvm -mcpu=x86-64-v3", 1), ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", 2),
+                                            ("llvm -mcpu=x86-64-v4", 1)])
 def test_float_conv_in_an_int8_graph_takes_int8_blocks(target, removed):
     """Compiled only (``int8_graph_float_conv_blocks``): the float conv reads the int8 conv's
     NCHW16c output as it is; TVM's rule (and kernels() without int8_graph) re-blocks it to the
@@ -420,10 +421,10 @@ def test_int8_block():
     assert [x86_int8.int8_block(c) for c in (48, 24, 360, 40, 6, 42)] == [16, 12, 12, 8, None, None]
     # narrow_channel_blocks: on AVX2 no block wider than a register but the int8 conv block,
     # and on AVX-512 VNNI the same (an 8-lane vpdpbusd); elsewhere TVM's rule
-    for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"):
+    for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"):
         narrow = [x86_int8.int8_block(c, target) for c in (48, 24, 360, 40, 12, 36, 20, 6)]
         assert narrow == [16, 8, 8, 8, 12, 12, 4, None], target
-    for target in ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", "llvm -mcpu=skylake-avx512", "llvm"):
+    for target in ("llvm -mcpu=x86-64-v4", "llvm -mcpu=skylake-avx512", "llvm"):
         assert [x86_int8.int8_block(c, target) for c in (48, 24, 12)] == [16, 12, 12], target
 
 
@@ -460,8 +461,8 @@ def _layout_kernels(names):
     return [n for n in names if "layout_transform" in n or "strided_slice" in n]
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4",
-                                    "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"])
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni",
+                                    "llvm -mcpu=x86-64-v4"])
 def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
     """``narrow_channel_blocks``, compiled for AVX2, AVX-512 VNNI and AVX-512. On AVX2 and VNNI the
     float conv's 24 output channels are read by the int8 conv blocked by 8, as the float conv writes
@@ -518,7 +519,7 @@ def _blocked_global_pool(shape, dtype="uint8", out_dtype="float32"):
     return tvm.IRModule.from_expr(relay.Function([x], relay.cast(relay.round(y), out_dtype)))
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"])
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"])
 def test_global_pool_is_vectorized_over_its_channel_block(target):
     """Compile-only: the pool's kernel adds a vector of 16 channels per window position with
     ``global_pool_channel_vector`` and none with TVM's schedule (strided scalar sums)."""
@@ -590,8 +591,9 @@ def test_float_conv_register_tile_is_bit_identical_on_avx2(case):
     assert np.array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("target,changed", [("llvm -mcpu=x86-64-v3", True), ("llvm -mcpu=znver4", False),
-                                            ("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", False)])
+@pytest.mark.parametrize("target,changed", [("llvm -mcpu=x86-64-v3", True),
+                                            ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", False),
+                                            ("llvm -mcpu=x86-64-v4", False)])
 @pytest.mark.parametrize("k", [3, 1])
 def test_float_conv_register_tile_only_on_avx2(target, changed, k):
     """Compiled only: ``fallback_register_tile`` changes a float conv's code on AVX2 (TVM's fallback tile of 28
@@ -656,7 +658,8 @@ def test_depthwise_register_tile_is_bit_identical_on_avx2(case, monkeypatch):
 
 
 @pytest.mark.parametrize("target,changed", [("llvm -mcpu=x86-64-v3", True), ("llvm -mcpu=alderlake", True),
-                                            ("llvm -mcpu=znver4", False), ("llvm -mcpu=skylake-avx512", False)])
+                                            ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", False),
+                                            ("llvm -mcpu=skylake-avx512", False)])
 def test_depthwise_register_tile_only_on_avx2(target, changed, monkeypatch):
     """Compiled only: ``fallback_register_tile`` changes a depthwise conv's code on AVX2 and leaves
     AVX-512's alone."""
@@ -678,7 +681,7 @@ def _int8_conv_24(k, size=10, seed=3):
 @pytest.mark.parametrize("k", [3, 1])
 @pytest.mark.parametrize("schedule", [True, "per_row"])
 def test_vnni_int8_conv_takes_8_channel_blocks(k, schedule):
-    """``narrow_channel_blocks`` on AVX-512 VNNI, compiled only: at -mcpu=znver4 a 24-channel int8
+    """``narrow_channel_blocks`` on AVX-512 VNNI, compiled only: at an AVX-512 VNNI target a 24-channel int8
     conv takes output block 8 and the ymm vpdpbusd (no slice kernel, no zmm vpdpbusd), in the
     policy's schedules and in TVM's form (``schedule="per_row"`` forces TVM's for 1x1 convs);
     AVX-512 without VNNI keeps the padding."""
@@ -690,14 +693,14 @@ def test_vnni_int8_conv_takes_8_channel_blocks(k, schedule):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target)
 
-    ours = build("llvm -mcpu=znver4", schedule=schedule)
+    ours = build("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", schedule=schedule)
     asm = ours.get_lib().get_source("asm")
     assert re.search(r"vpdpbusd\s+[^\n]*%ymm", asm), "8-lane VNNI expected"
     assert not re.search(r"vpdpbusd\s+[^\n]*%zmm", asm), "no 16-lane VNNI for an 8-channel block"
     assert not any("strided_slice" in n for n in _kernel_names(ours)), _kernel_names(ours)
-    stock = build("llvm -mcpu=znver4", schedule=False)
+    stock = build("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", schedule=False)
     assert any("strided_slice" in n for n in _kernel_names(stock)), "TVM pads 24 to 32 and slices"
-    masked = build("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni", schedule=schedule)
+    masked = build("llvm -mcpu=x86-64-v4", schedule=schedule)
     assert any("strided_slice" in n for n in _kernel_names(masked)), "no VNNI: TVM's padding stays"
 
 
@@ -713,7 +716,7 @@ for k in (3, 1):
     mod = _int8_conv_24(k)
     for name, kw in (("stock", dict(schedule=False)), ("policy", dict()), ("forced", dict(schedule="per_row"))):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
-            outs[f"{name}{k}"] = _run(relay.build(mod, target="llvm -mcpu=znver4"), x)
+            outs[f"{name}{k}"] = _run(relay.build(mod, target="llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"), x)
 np.savez(sys.argv[2], **outs)
 print("OK")
 """
