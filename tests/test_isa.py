@@ -38,7 +38,8 @@ def test_avx2_code_is_vendor_neutral():
     ("llvm -mcpu=x86-64-v3", "avx2"),
     ("llvm -mcpu=znver3", "avx2"),
     ("llvm -mcpu=x86-64-v4", "avx512"),
-    ("llvm -mcpu=sapphirerapids", "avx512_vnni"),
+    ("llvm -mcpu=sapphirerapids", "amx"),
+    ("llvm -mcpu=sapphirerapids -mattr=-amx-int8", "avx512_vnni"),
     ("llvm -mcpu=alderlake", "avx2"),          # AVX-VNNI only: TVM has no 256-bit VNNI intrinsic
     ("llvm -mcpu=skylake-avx512", "avx512"),
     ("llvm -mcpu=znver4 -mattr=-avx512vnni", "avx512"),
@@ -145,7 +146,7 @@ conv = tvm.IRModule.from_expr(relay.Function([d], relay.nn.conv2d(d, k, padding=
 
 def count(lib):
     asm = lib.get_lib().get_source("asm")
-    return {i: len(re.findall(rf"\b{i}\b", asm)) for i in ("tdpbusd", "ldtilecfg", "tileloadd", "vpdpbusd")}
+    return {i: len(re.findall(rf"\b{i}\w*", asm)) for i in ("tdpbusd", "ldtilecfg", "tileloadd", "vpdpbusd")}
 
 
 out = {}
