@@ -402,10 +402,18 @@ ONNXRUNTIME_INSERTIONS = (
              "to even, as ONNX's ``QuantizeLinear`` and ONNX Runtime do, instead of away from zero; a rounded "
              "division by a scalar constant stays a true division; a requantize's zero point is added after "
              "rounding.",
-        why="right before ``TabulateEightBit``, so the tables it computes round as ONNX does, and before "
-            "``DequantizeInConvTranspose``, which takes the quantize this pass writes "
-            "(``clip(round_half_to_even(x))``) as an 8-bit point. At ``before_fuse``: most of the rounds it "
-            "rewrites are created by relay.build's prefix when it lowers QNN ops.",
+        why="after the passes that find 8-bit points with ``narrow_type`` (``NarrowBeforeMaxPool``, "
+            "``EpilogueBeforeChannelSlice``, ``NarrowKernelBoundaries``, ``WidenAfterMovement``, "
+            "``WidenInEachReader``, ``FuseWideningIntoPool``): they take a float quantize "
+            "``clip(round(x / s) + z)`` for one, not the ``round_half_to_even`` this pass writes. Right "
+            "before ``TabulateEightBit``, so the tables it computes round as ONNX does, and before "
+            "``DequantizeInConvTranspose``, which takes either form. It does not enter the ``Primitive`` "
+            "functions ``FuseWideningIntoPool`` made before it: a ``round`` among a pool's elementwise "
+            "consumers keeps rounding ties away from zero (PP-OCR cls QDQ: 11 rounds in its pool groups). "
+            "At ``before_fuse``: most of the rounds it rewrites are created by relay.build's prefix "
+            "when it lowers QNN ops.",
+        after=("NarrowBeforeMaxPool", "EpilogueBeforeChannelSlice", "NarrowKernelBoundaries", "WidenAfterMovement",
+               "WidenInEachReader", "FuseWideningIntoPool"),
         before=("TabulateEightBit", "DequantizeInConvTranspose")), before="TabulateEightBit"),
 )
 
