@@ -2,15 +2,19 @@
 
 Design note
 -----------
-One rule per convolution op, tried on every convolution whose data argument is an ``nn.pad``::
+One rule per convolution op (:data:`RULES`; order is priority)::
 
-    # conv(pad(x, 0, [.., (t, b) on H, (l, r) on W, ..]), w, padding=p)      -> conv(x, w, padding=p + (t, l, b, r))
-    # qnn.conv2d(pad(x, zp_x, ...), w, zp_x, zp_w, s_x, s_w, padding=p)      -> qnn.conv2d(x, w, zp_x, ..., padding=p + ...)
+    # conv2d(pad(x, 0), w, padding=p)                      -> conv2d(x, w, padding=p + pad)
+    # conv2d_NCHWc(pad(x, 0), w, padding=p)                -> conv2d_NCHWc(x, w, padding=p + pad)
+    # depthwise_conv2d_NCHWc(pad(x, 0), w, padding=p)      -> depthwise_conv2d_NCHWc(x, w, padding=p + pad)
+    # qnn.conv2d(pad(x, zx), w, zx, zw, sx, sw, padding=p) -> qnn.conv2d(x, w, zx, zw, sx, sw, padding=p + pad)
 
-``nn.conv2d``, ``nn.contrib_conv2d_NCHWc`` and ``nn.contrib_depthwise_conv2d_NCHWc`` pad with 0,
-so only a zero pad value folds into them (a non-zero one:
-:mod:`~tvm_ext.passes.fold_zero_point_pad_into_conv`); ``qnn.conv2d`` pads with the input zero
-point, so the pad value must equal it. Either way every element the convolution reads is the same as before: the rewrite is exact (bit for bit).
+``p + pad`` adds the pad's (before, after) widths on H and W to the conv's (top, left, bottom,
+right). ``nn.conv2d``, ``nn.contrib_conv2d_NCHWc`` and ``nn.contrib_depthwise_conv2d_NCHWc`` pad
+with 0, so only a zero pad value folds into them (a non-zero one:
+:mod:`~tvm_ext.passes.fold_zero_point_pad_into_conv`); ``qnn.conv2d`` pads with its input zero
+point ``zx``, so the pad value must equal it. Either way every element the convolution reads is
+the same as before: the rewrite is exact (bit for bit).
 
 Why. The QNN conv lowering (``src/relay/qnn/op/convolution.cc``, ``Conv2DPadInput``) pads the
 input with its zero point *explicitly* and calls ``nn.conv2d`` with ``padding=0``. When that
@@ -19,27 +23,36 @@ value is 0 (uint8 activations after a ReLU), the ``nn.pad`` is a kernel of its o
 74 kernels. TVM's ``FoldExplicitPadding`` handles the same pattern but is not in relay.build's
 prefix, and on blocked layouts it leaves the pad in place (its ``get_padding`` compares the
 layout *string* ``"NCHW16c"``, 7 characters, with the pad's rank, 5). This pass parses blocked
-layouts (``NCHW16c``: axes
-``N C H W 16c``), so it runs after ``AlterOpLayout`` (stage ``before_fuse``) on the
-``nn.contrib_conv2d_NCHWc`` calls that stage contains, and also before the prefix on
-``nn.conv2d`` / ``qnn.conv2d``.
+layouts (``NCHW16c``: axes ``N C H W 16c``), so it runs after ``AlterOpLayout`` (stage
+``before_fuse``) on the ``nn.contrib_conv2d_NCHWc`` calls that stage contains, and also before
+the prefix on ``nn.conv2d`` / ``qnn.conv2d``.
 
-The pad is not required to have a single user: each convolution reading it reads ``x`` instead,
-and the pad stays only while another consumer needs it (a dead pad disappears with the rebuild).
+Patterns and checks. Each rule's left side is a ``tvm.relay.dataflow_pattern`` pattern; its side
+conditions are the named checks below (:func:`_constant_mode`, :func:`_pads_with_conv_value`,
+:func:`_static_shapes`, :func:`_spatial_widths`, :func:`_conv_padding`), each rejecting with its
+reason, logged at DEBUG under the rule's name; folds are logged at INFO. Nothing is walked by
+hand. TVM's ``rewrite`` does not apply the rules: its grouper refuses a match whose inner node (the
+pad) has a reader outside the match, so a pad shared by two convolutions, or read by a conv and a
+``max``, would not fold. The pass matches each convolution call itself and rebuilds the function
+once; the pad stays only while another consumer needs it (a dead pad disappears with the
+rebuild). A pattern is matched on the call cut :data:`_DEPTH` calls deep (TVM's matcher indexes
+the whole graph under the expression it is given: matching every conv of a model would be
+quadratic). A fold's result is matched again, so ``conv(pad(pad(x)))`` folds both pads in one run
+(the pass is idempotent), at most :data:`MAX_FOLDS` per convolution (a warning names the cap).
 
-Rejected with a logged reason (the convolution is left as is): pad mode other than
-``"constant"``, a pad value that is not a constant scalar or not the value the convolution pads
-with, padding on a non-spatial axis (batch, channels, the ``16c`` block), non-constant pad widths,
-a layout without exactly the H and W spatial axes, padding attributes of unexpected length,
-dynamic shapes. Functions with ``If``/``Let``/``Match``/references/closures are skipped; an
-untyped function raises :class:`~tvm_ext.passes._util.UntypedModuleError`. Folds are logged at
-INFO and rejections at DEBUG on ``tvm_ext.passes.FoldPadIntoConv``.
+Rejected (the convolution is left as is): pad mode other than ``"constant"``, a pad value that is
+not a constant scalar or not the value the convolution pads with, padding on a non-spatial axis
+(batch, channels, the ``16c`` block), non-constant pad widths, a layout without exactly the H and
+W spatial axes, padding attributes of unexpected length, dynamic shapes. Functions with
+``If``/``Let``/``Match``/references/closures are skipped; an untyped function raises
+:class:`~tvm_ext.passes._util.UntypedModuleError`. Loggers: ``tvm_ext.passes.FoldPadIntoConv``.
 """
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tvm_ext.registry import register_pass
 
@@ -57,11 +70,15 @@ from ._util import (
     with_body,
 )
 
-__all__ = ["FoldPadIntoConv", "RULES", "spatial_axes"]
+__all__ = ["MAX_FOLDS", "RULES", "FoldPadIntoConv", "spatial_axes"]
 
 PASS_NAME = "FoldPadIntoConv"
 _log = pass_logger(PASS_NAME)
 _SPATIAL = ("H", "W")
+#: Folds into one convolution at most (pads of a longer chain stay, with a warning).
+MAX_FOLDS = 16
+#: Calls below the root a rule's pattern looks at (conv -> pad -> x): the matched copy's depth.
+_DEPTH = 2
 
 
 def spatial_axes(layout: str):
@@ -78,16 +95,23 @@ def spatial_axes(layout: str):
         return Reject(f"layout {layout!r} has no H and W axes")
 
 
+# --- the rules --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Rule:
-    """Fold rule for one convolution op: ``pad_value(conv)`` is the value the conv pads with."""
+    """One fold. ``pattern(dfp)`` builds its left side, a call of one conv op, from the module
+    ``tvm.relay.dataflow_pattern`` (passed in: importing the pass does not import TVM);
+    ``pad_value(conv)`` is the value that conv pads with (a Python scalar) or a Reject."""
 
     name: str
-    op: str
-    pad_value: Callable  # conv call -> expected pad value (python scalar) or a Reject
+    pattern: Callable
+    pad_value: Callable
 
 
-def _zero(conv):  # nn.conv2d / nn.contrib_conv2d_NCHWc pad with 0
+def _pad(dfp):
+    return dfp.is_op("nn.pad")(dfp.wildcard(), dfp.wildcard())  # pad(x, value); widths, mode: attributes
+
+
+def _zero(conv):  # nn.conv2d and the NCHWc convs pad with 0
     return 0
 
 
@@ -98,24 +122,44 @@ def _input_zero_point(conv):  # qnn.conv2d pads with its input zero point (args[
 
 #: Ordered rule table (order is priority).
 RULES = (
-    # conv(pad(x, 0), w)                         -> conv(x, w, padding += pad)
-    Rule(f"{PASS_NAME}.conv2d", "nn.conv2d", _zero),
-    # conv_NCHWc(pad(x, 0), w)                   -> conv_NCHWc(x, w, padding += pad)
-    Rule(f"{PASS_NAME}.conv2d_NCHWc", "nn.contrib_conv2d_NCHWc", _zero),
-    # depthwise_conv_NCHWc(pad(x, 0), w)         -> depthwise_conv_NCHWc(x, w, padding += pad)
-    Rule(f"{PASS_NAME}.depthwise_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc", _zero),
-    # qnn.conv2d(pad(x, zp_x), w, zp_x, ...)     -> qnn.conv2d(x, w, zp_x, ..., padding += pad)
-    Rule(f"{PASS_NAME}.qnn_conv2d", "qnn.conv2d", _input_zero_point),
+    # conv2d(pad(x, 0), w, padding=p)                      -> conv2d(x, w, padding=p + pad)
+    Rule(f"{PASS_NAME}.conv2d",
+         lambda dfp: dfp.is_op("nn.conv2d")(_pad(dfp), dfp.wildcard()), _zero),
+    # conv2d_NCHWc(pad(x, 0), w, padding=p)                -> conv2d_NCHWc(x, w, padding=p + pad)
+    Rule(f"{PASS_NAME}.conv2d_NCHWc",
+         lambda dfp: dfp.is_op("nn.contrib_conv2d_NCHWc")(_pad(dfp), dfp.wildcard()), _zero),
+    # depthwise_conv2d_NCHWc(pad(x, 0), w, padding=p)      -> depthwise_conv2d_NCHWc(x, w, padding=p + pad)
+    Rule(f"{PASS_NAME}.depthwise_conv2d_NCHWc",
+         lambda dfp: dfp.is_op("nn.contrib_depthwise_conv2d_NCHWc")(_pad(dfp), dfp.wildcard()), _zero),
+    # qnn.conv2d(pad(x, zx), w, zx, zw, sx, sw, padding=p) -> qnn.conv2d(x, w, zx, zw, sx, sw, padding=p + pad)
+    Rule(f"{PASS_NAME}.qnn_conv2d",
+         lambda dfp: dfp.is_op("qnn.conv2d")(_pad(dfp), *(dfp.wildcard() for _ in range(5))), _input_zero_point),
 )
-_RULE_BY_OP = {r.op: r for r in RULES}
-_MAX_CHAIN = 16  # pads folded into one convolution at most (a chain longer than that is left)
 
 
-def _fold(rule: Rule, conv, pad, old=None):
-    """The padding [t, l, b, r] of ``conv`` (or ``old``) with ``pad`` folded in, or a Reject."""
-    attrs = pad.attrs
-    if str(attrs.pad_mode) != "constant":
-        return Reject(f"pad mode {attrs.pad_mode!r} (only 'constant' folds)")
+@functools.cache
+def _table() -> dict:
+    """conv op -> [(rule, its pattern)] in table order: only calls of these ops are matched."""
+    import tvm
+    from tvm.relay import dataflow_pattern as dfp
+
+    by_op: dict = {}
+    for rule in RULES:
+        pattern = rule.pattern(dfp)
+        op = getattr(getattr(pattern, "op", None), "expr", None)
+        if not isinstance(pattern, dfp.CallPattern) or not isinstance(op, tvm.ir.Op):
+            raise ValueError(f"{rule.name}: the pattern must be a call of one op, not {pattern}")
+        by_op.setdefault(op.name, []).append((rule, pattern))
+    return by_op
+
+
+# --- side conditions --------------------------------------------------------------------------
+def _constant_mode(rule, conv, pad):
+    mode = str(pad.attrs.pad_mode)
+    return True if mode == "constant" else Reject(f"pad mode {mode!r} (only 'constant' folds)")
+
+
+def _pads_with_conv_value(rule, conv, pad):
     value = constant_scalar(pad.args[1])
     if value is None:
         return Reject("pad value is not a constant scalar")
@@ -123,17 +167,27 @@ def _fold(rule: Rule, conv, pad, old=None):
     if isinstance(expected, Reject):
         return expected
     if value != expected:
-        return Reject(f"pad value {value} but {rule.op} pads with {expected}")
+        return Reject(f"pad value {value} but {op_name(conv)} pads with {expected}")
+    return True
+
+
+def _static_shapes(rule, conv, pad):
     for e in (pad.args[0], pad, conv):
         ok = static_tensor_type(e)
         if not ok:
             return ok
+    return True
+
+
+def _spatial_widths(conv, pad):
+    """The pad's ((top, bottom), (left, right)) in ``conv``'s data layout, or a Reject when it pads
+    another axis or its widths or the layout cannot be read."""
     layout = str(conv.attrs.data_layout)
     axes = spatial_axes(layout)
     if not axes:
         return axes
     (h, w), rank = axes
-    widths = [int_list(p) for p in attrs.pad_width]
+    widths = [int_list(p) for p in pad.attrs.pad_width]
     if any(p is None or len(p) != 2 for p in widths):
         return Reject("pad widths are not constant (before, after) pairs")
     if len(widths) != rank:
@@ -141,15 +195,35 @@ def _fold(rule: Rule, conv, pad, old=None):
     for i, p in enumerate(widths):
         if i not in (h, w) and p != [0, 0]:
             return Reject(f"pads non-spatial axis {i} of {layout!r} by {p}")
-    old = conv_padding(conv.attrs) if old is None else old
-    if old is None:
-        return Reject(f"conv padding {list(conv.attrs.padding)} is not 1, 2 or 4 constants")
-    # (t, l, b, r) + (pad_H.before, pad_W.before, pad_H.after, pad_W.after)
-    return [old[0] + widths[h][0], old[1] + widths[w][0], old[2] + widths[h][1], old[3] + widths[w][1]]
+    return tuple(widths[h]), tuple(widths[w])
 
 
+def _conv_padding(conv):
+    """``conv``'s padding as [top, left, bottom, right], or a Reject."""
+    old = conv_padding(conv.attrs)
+    return old if old is not None else Reject(f"conv padding {list(conv.attrs.padding)} is not 1, 2 or 4 constants")
+
+
+def _folded_padding(rule, conv):
+    """``conv``'s padding with the pad it reads added ([t, l, b, r]), or the first check's Reject."""
+    pad = conv.args[0]
+    for check in (_constant_mode, _pads_with_conv_value, _static_shapes):
+        ok = check(rule, conv, pad)
+        if not ok:
+            return ok
+    hw = _spatial_widths(conv, pad)
+    if not hw:
+        return hw
+    old = _conv_padding(conv)
+    if not old:
+        return old
+    (top, bottom), (left, right) = hw
+    return [old[0] + top, old[1] + left, old[2] + bottom, old[3] + right]
+
+
+# --- the rewrite ------------------------------------------------------------------------------
 def _with_padding(conv, padding, data):
-    """``conv`` reading ``data`` (below its pads), with ``padding``; every other attribute kept."""
+    """``conv`` reading ``data`` (below its pad), with ``padding``; every other attribute kept."""
     from tvm import relay
 
     a = conv.attrs
@@ -169,6 +243,55 @@ def _with_padding(conv, padding, data):
     return relay.Call(new.op, new.args, new.attrs, conv.type_args, conv.span)
 
 
+def _cut(expr, depth: int):
+    """``expr`` with the calls deeper than ``depth`` replaced by fresh variables (constants and
+    variables kept): what a pattern of that depth sees, without the graph below it."""
+    import tvm
+    from tvm import relay
+
+    if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and depth > 0:
+        return relay.Call(expr.op, [_cut(a, depth - 1) for a in expr.args], expr.attrs, expr.type_args)
+    if isinstance(expr, (relay.Var, relay.Constant)):
+        return expr
+    return relay.var("below")
+
+
+def _fold_once(conv):
+    """``(rule, padding, replacement)`` of the first rule whose pattern matches ``conv`` and whose
+    checks pass, or None; each rejection is logged under its rule's name."""
+    candidates = _table().get(op_name(conv), ())
+    local = _cut(conv, _DEPTH) if candidates else None
+    for rule, pattern in candidates:
+        if not pattern.match(local):
+            continue
+        padding = _folded_padding(rule, conv)
+        if not padding:
+            _log.debug("%s: pad not folded: %s", rule.name, padding)
+            continue
+        return rule, padding, _with_padding(conv, padding, conv.args[0].args[0])
+    return None
+
+
+def _rewrite(conv):
+    """``conv`` with every pad the rules accept folded in, one after the other (a pad of a pad)."""
+    from tvm import relay
+
+    new = conv
+    for folds in range(MAX_FOLDS + 1):
+        found = _fold_once(new)
+        if found is None:
+            break
+        rule, padding, folded = found
+        if folds == MAX_FOLDS:
+            _log.warning("%s: %d pads folded into one %s; the rest of the chain stays", rule.name, MAX_FOLDS,
+                         op_name(conv))
+            break
+        _log.info("%s: folded pad into %s padding=%s", rule.name, op_name(conv), padding)
+        relay.transform.InferTypeLocal(folded)  # the next match's checks read its type
+        new = folded
+    return new
+
+
 def _run(func):
     from tvm import relay
 
@@ -177,25 +300,10 @@ def _run(func):
         return func
     subst: dict = {}
     for node in nodes:
-        if not isinstance(node, relay.Call):
-            continue
-        rule = _RULE_BY_OP.get(op_name(node))
-        if rule is None or not node.args:
-            continue
-        # conv(pad(pad(x))) -> conv(x): every foldable pad of a chain at once (idempotence)
-        data, padding = node.args[0], None
-        for _ in range(_MAX_CHAIN):
-            if not (isinstance(data, relay.Call) and op_name(data) == "nn.pad"):
-                break
-            folded = _fold(rule, node, data, padding)
-            if isinstance(folded, Reject):
-                _log.debug("%s: pad not folded: %s", rule.name, folded)
-                break
-            padding, data = folded, data.args[0]
-        if padding is None:
-            continue
-        _log.info("%s: folded pad into %s padding=%s", rule.name, rule.op, padding)
-        subst[node] = _with_padding(node, padding, data)
+        if isinstance(node, relay.Call):
+            new = _rewrite(node)
+            if new is not node:
+                subst[node] = new
     return with_body(func, rebuild(func.body, subst))
 
 
@@ -209,6 +317,7 @@ def FoldPadIntoConv():  # pylint: disable=invalid-name
     ``qnn.conv2d`` when ``v`` equals its input zero point, padding only on the H and W axes (blocked
     layouts such as ``NCHW16c`` understood). Exact. Removes the lone pad kernels the QNN conv
     lowering leaves in front of 3x3 convolutions; the pad stays when another consumer reads it.
+    A pad of a pad folds too.
 
     Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN and altered
     layouts); it also works at ``start`` on ``nn.conv2d`` / ``qnn.conv2d``.

@@ -10,11 +10,12 @@ kernel of its own (``nn.pad`` is injective and FuseOps fuses neither into the co
 producer's anchor): 11 extra kernels on the PP-OCR mobile classifier, where stock TVM keeps the
 conv in float and folds a zero pad.
 
-The convolution is linear in its (padded) input, and ``pad(x, z) == pad(x, 0) + pad(0, z)``::
+The convolution is linear in its (padded) input, and ``pad(x, z) == pad(x, 0) + pad(0, z)``
+(:data:`RULES`; ``C = conv(pad(zeros_like(x), z), w)``, a compile-time constant, zero off the
+border)::
 
-    # conv(pad(x, z), w)  ->  add(conv(x, w, padding += pad), cast(C, int32))
-    #     C = conv(pad(zeros_like(x), z), w)       (a compile-time constant, zero off the border)
-    # conv(layout_transform(pad(x, z)), w) -> add(conv(layout_transform(x), w, padding += pad), ...)
+    # conv(pad(x, z), w)                   -> add(conv(x, w, padding=p + pad), cast(C, int32))
+    # conv(layout_transform(pad(x, z)), w) -> add(conv(layout_transform(x), w, padding=p + pad), cast(C, int32))
 
 for ``nn.conv2d``, ``nn.contrib_conv2d_NCHWc`` and ``nn.contrib_depthwise_conv2d_NCHWc`` with an
 integer input, an integer constant weight and an ``int32`` output: integer sums are exact and
@@ -32,19 +33,35 @@ TVM's conv is not the exact integer conv to begin with, and which pairs saturate
 border (``pad(x, 0)`` holds zeros where ``pad(x, z)`` held ``z``: less saturation). The
 differences are confined to border outputs where the original saturated.
 
-Folded only when every reader of the pad is a conv this pass folds (else the pad kernel stays and
-the constant read would be paid for nothing). Rejected with a logged reason: pad value 0 (that is
-:mod:`~tvm_ext.passes.fold_pad_into_conv`'s case) or not a constant scalar, pad mode other than
+Patterns and checks. Each rule's left side is a ``tvm.relay.dataflow_pattern`` pattern; its side
+conditions are the named checks of :data:`_CHECKS`, tried in order, the first rejection logged at
+DEBUG under the rule's name (folds at INFO). Folded only when every reader of the pad is a conv
+(:func:`_only_conv_readers`: else the pad kernel stays and the constant would be read for
+nothing). Rejected with a logged reason: pad value 0 (that is
+:mod:`~tvm_ext.passes.fold_pad_into_conv`'s case) or not a constant integer, pad mode other than
 ``constant``, padding of non-spatial axes, float convs or outputs other than int32, non-constant
 weights, layouts without plain ``H``/``W`` axes, a ``layout_transform`` that splits ``H``/``W``,
-dynamic shapes, pads with other readers. Functions with ``If``/``Let``/``Match``/references/
-closures are skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
-Run it at stage ``before_fuse`` (after QNN lowering and AlterOpLayout). Idempotent: the folded
+dynamic shapes, pads with other readers. Nothing is walked by hand. TVM's ``rewrite`` does not
+apply the rules: its grouper refuses a match whose pad has a reader outside the match, so a
+rejection such as "other readers" would go unlogged; the pass matches each conv call itself
+(on the call cut :data:`_DEPTH` calls deep: TVM's matcher indexes the whole graph under the
+expression it is given) and rebuilds. ``conv(pad(pad(x)))`` folds one pad per sweep, each
+constant computed against the conv's padding so far, and the sweeps repeat until none folds
+(at most :data:`MAX_ROUNDS`, then an error naming the pass): the readers check must see the graph
+the previous fold left, where the inner pad's reader is the folded conv. Idempotent: the folded
 conv reads ``x``, not a pad.
+
+Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
+:class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage ``before_fuse`` (after QNN
+lowering and AlterOpLayout).
 """
 from __future__ import annotations
 
+import functools
+import operator
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,24 +73,25 @@ from ._util import (
     consumers,
     conv_padding,
     dataflow_nodes,
+    fixed_point,
     function_pass,
     int_list,
     op_name,
     pass_logger,
     rebuild,
+    static_shape,
     static_tensor_type,
-    until_unchanged,
     with_body,
 )
 
-__all__ = ["FoldZeroPointPadIntoConv", "CONV_OPS", "border_constant", "unblock", "block"]
+__all__ = ["CONV_OPS", "FoldZeroPointPadIntoConv", "block", "border_constant", "unblock"]
 
 PASS_NAME = "FoldZeroPointPadIntoConv"
 _log = pass_logger(PASS_NAME)
 #: Sweeps before giving up (one pad of a chain of pads in front of a conv folds per sweep).
 MAX_ROUNDS = 8
 
-#: conv op -> builder of the same conv with another data argument and padding
+#: The convolutions the rules are rooted at (their data input is read through a pad).
 CONV_OPS = ("nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc")
 _NARROW = (("int8", -128, 127), ("int16", -32768, 32767), ("int32", -(2**31), 2**31 - 1))
 
@@ -180,28 +198,86 @@ def _hw(layout: str):
     return tuple(sorted(pos, key=lambda i: axes[i][0]))  # (H, W)
 
 
-def _match(conv, users):
-    """(pad, layout_transform or None, x, (pad_h, pad_w), value) for ``conv``, or a Reject."""
+# --- the rules --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """One fold. ``pattern(dfp)`` builds its left side, rooted at a call of :data:`CONV_OPS`, from the
+    module ``tvm.relay.dataflow_pattern`` (passed in: importing the pass does not import TVM);
+    ``operands(conv)`` names the matched nodes: ``(pad, layout_transform or None)``."""
+
+    name: str
+    pattern: Callable
+    operands: Callable
+
+
+def _conv(dfp):
+    return functools.reduce(operator.or_, (dfp.is_op(op) for op in CONV_OPS))
+
+
+def _pad(dfp):
+    return dfp.is_op("nn.pad")(dfp.wildcard(), dfp.wildcard())  # pad(x, value); widths, mode: attributes
+
+
+#: Ordered rule table (order is priority). C = conv(pad(zeros_like(x), z), w), a constant.
+RULES = (
+    # conv(pad(x, z), w)                   -> add(conv(x, w, padding=p + pad), cast(C, int32))
+    Rule(f"{PASS_NAME}.pad",
+         lambda dfp: _conv(dfp)(_pad(dfp), dfp.wildcard()),
+         lambda conv: (conv.args[0], None)),
+    # conv(layout_transform(pad(x, z)), w) -> add(conv(layout_transform(x), w, padding=p + pad), cast(C, int32))
+    Rule(f"{PASS_NAME}.layout_transform_of_pad",
+         lambda dfp: _conv(dfp)(dfp.is_op("layout_transform")(_pad(dfp)), dfp.wildcard()),
+         lambda conv: (conv.args[0].args[0], conv.args[0])),
+)
+#: Calls below the root the rules' patterns look at (conv -> layout_transform -> pad -> x).
+_DEPTH = 3
+
+
+@functools.cache
+def _patterns() -> tuple:
+    from tvm.relay import dataflow_pattern as dfp
+
+    return tuple(rule.pattern(dfp) for rule in RULES)
+
+
+def _cut(expr, depth: int):
+    """``expr`` with the calls deeper than ``depth`` replaced by fresh variables (constants and
+    variables kept): what a pattern of that depth sees, without the graph below it."""
+    import tvm
     from tvm import relay
 
-    data = conv.args[0]
-    lt = None
-    if isinstance(data, relay.Call) and op_name(data) == "layout_transform":
-        lt, data = data, data.args[0]
-    if not (isinstance(data, relay.Call) and op_name(data) == "nn.pad"):
-        return Reject("the conv does not read an nn.pad")
-    pad = data
-    if str(pad.attrs.pad_mode) != "constant":
-        return Reject(f"pad mode {pad.attrs.pad_mode!r} (only 'constant' folds)")
+    if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and depth > 0:
+        return relay.Call(expr.op, [_cut(a, depth - 1) for a in expr.args], expr.attrs, expr.type_args)
+    if isinstance(expr, (relay.Var, relay.Constant)):
+        return expr
+    return relay.var("below")
+
+
+# --- side conditions (in the order they are tried; the first rejection is logged) --------------
+def _constant_mode(conv, pad, lt, users):
+    mode = str(pad.attrs.pad_mode)
+    return True if mode == "constant" else Reject(f"pad mode {mode!r} (only 'constant' folds)")
+
+
+def _nonzero_integer_value(conv, pad, lt, users):
     value = constant_scalar(pad.args[1])
     if value is None or value != int(value):
         return Reject("pad value is not a constant integer scalar")
     if value == 0:
         return Reject("pad value 0: FoldPadIntoConv's case")
+    return True
+
+
+def _static_shapes(conv, pad, lt, users):
     for e in (pad.args[0], pad, conv, conv.args[1]) + ((lt,) if lt is not None else ()):
         ok = static_tensor_type(e)
         if not ok:
             return ok
+    return True
+
+
+def _exact_integer_conv(conv, pad, lt, users):
+    """Integer input and weight, int32 output, a pad value the input dtype holds."""
     xdt, wdt = pad.args[0].checked_type.dtype, conv.args[1].checked_type.dtype
     if not (xdt.startswith(("int", "uint")) and wdt.startswith(("int", "uint"))):
         return Reject(f"not an integer conv ({xdt} x {wdt})")
@@ -211,18 +287,33 @@ def _match(conv, users):
         info = np.iinfo(xdt)
     except (TypeError, ValueError):
         return Reject(f"input dtype {xdt} has no numpy integer type")
+    value = constant_scalar(pad.args[1])
     if not info.min <= value <= info.max:
         return Reject(f"pad value {value} does not fit {xdt}")
-    if not isinstance(conv.args[1], relay.Constant):
-        return Reject("the weight is not a constant")
+    return True
+
+
+def _constant_weight(conv, pad, lt, users):
+    from tvm import relay
+
+    return True if isinstance(conv.args[1], relay.Constant) else Reject("the weight is not a constant")
+
+
+def _layout_transform_keeps_hw(conv, pad, lt, users):
+    if lt is None:
+        return True
+    for layout in (str(lt.attrs.src_layout), str(lt.attrs.dst_layout)):
+        hw = _hw(layout)
+        if not hw:
+            return Reject(f"layout_transform between pad and conv: {hw}")
+    if str(lt.attrs.dst_layout) != str(conv.attrs.data_layout):
+        return Reject("layout_transform's destination is not the conv's data layout")
+    return True
+
+
+def _pad_hw(conv, pad, lt):
+    """((top, bottom), (left, right)) the pad adds on H and W, or a Reject when it pads another axis."""
     pad_layout = str(lt.attrs.src_layout) if lt is not None else str(conv.attrs.data_layout)
-    if lt is not None:
-        for layout in (str(lt.attrs.src_layout), str(lt.attrs.dst_layout)):
-            hw = _hw(layout)
-            if not hw:
-                return Reject(f"layout_transform between pad and conv: {hw}")
-        if str(lt.attrs.dst_layout) != str(conv.attrs.data_layout):
-            return Reject("layout_transform's destination is not the conv's data layout")
     hw = _hw(pad_layout)
     if not hw:
         return hw
@@ -232,11 +323,25 @@ def _match(conv, users):
     for i, p in enumerate(widths):
         if i not in hw and p != [0, 0]:
             return Reject(f"pads non-spatial axis {i} of {pad_layout!r} by {p}")
+    return tuple(widths[hw[0]]), tuple(widths[hw[1]])
+
+
+def _spatial_only(conv, pad, lt, users):
+    return _pad_hw(conv, pad, lt)
+
+
+def _only_conv_readers(conv, pad, lt, users):
+    """Every reader of the pad (and of the layout_transform) is a conv: else its kernel stays, and
+    the constant would be read for nothing."""
     for node in (pad, lt) if lt is not None else (pad,):
         readers = users.get(node, [])
         if any(op_name(r) not in CONV_OPS and not (lt is not None and r.same_as(lt)) for r, _ in readers):
             return Reject("the pad has readers other than convolutions: its kernel would stay")
-    return pad, lt, (tuple(widths[hw[0]]), tuple(widths[hw[1]])), int(value)
+    return True
+
+
+_CHECKS = (_constant_mode, _nonzero_integer_value, _static_shapes, _exact_integer_conv, _constant_weight,
+           _layout_transform_keeps_hw, _spatial_only, _only_conv_readers)
 
 
 def _constant(conv, pad_hw, value):
@@ -298,15 +403,18 @@ def _rebuilt_conv(conv, data, padding):
     return relay.Call(new.op, new.args, new.attrs, conv.type_args, conv.span)
 
 
-def _fold(conv, users):
-    """The replacement of ``conv``, or a Reject."""
+def _fold(rule, conv, users):
+    """The replacement of ``conv`` (and the constant's dtype and size), or the first check's Reject."""
     import tvm
     from tvm import relay
 
-    m = _match(conv, users)
-    if not m:
-        return m
-    pad, lt, pad_hw, value = m
+    pad, lt = rule.operands(conv)
+    for check in _CHECKS:
+        ok = check(conv, pad, lt, users)
+        if not ok:
+            return ok
+    pad_hw = _pad_hw(conv, pad, lt)
+    value = int(constant_scalar(pad.args[1]))
     full = _constant(conv, pad_hw, value)
     if isinstance(full, Reject):
         return full
@@ -323,21 +431,16 @@ def _fold(conv, users):
     dtype = next(name for name, tlo, thi in _NARROW if tlo <= lo and hi <= thi)
     const = relay.const(tvm.nd.array(full.astype(dtype)))
     corr = const if dtype == "int32" else relay.cast(const, "int32")
-    # conv(pad(x, z), w) -> conv(x, w, padding += pad) + cast(C, int32)
     return relay.add(new, corr), dtype, full.size
 
 
 def _run(func):
-    """Sweeps of :func:`_sweep` until none folds: ``conv(pad(pad(x)))`` folds one pad per sweep
-    (each fold's border constant is computed against the conv's padding so far), at most
-    :data:`MAX_ROUNDS`."""
-    func, done = until_unchanged(func, _sweep, _log, MAX_ROUNDS)
-    if not done and not _sweep(func).same_as(func):
-        raise RuntimeError(f"{PASS_NAME}: still folding after {MAX_ROUNDS} rounds (a malformed graph?)")
-    return func
+    """Sweeps of :func:`_sweep` until none folds, at most :data:`MAX_ROUNDS` (then an error)."""
+    return fixed_point(func, _sweep, PASS_NAME, MAX_ROUNDS)
 
 
 def _sweep(func):
+    """One rebuild: every conv the rules match and the checks accept, folded."""
     from tvm import relay
 
     nodes = dataflow_nodes(func, PASS_NAME)
@@ -346,16 +449,21 @@ def _sweep(func):
     users = consumers(nodes)
     subst: dict = {}
     for node in nodes:
-        if not (isinstance(node, relay.Call) and op_name(node) in CONV_OPS and len(node.args) == 2):
+        if not (isinstance(node, relay.Call) and op_name(node) in CONV_OPS):
             continue
-        folded = _fold(node, users)
-        if isinstance(folded, Reject):
-            _log.debug("%s: not folded: %s", op_name(node), folded)
-            continue
-        new, dtype, size = folded
-        _log.info("%s %s: zero-point pad folded; border constant %s x %d added in the epilogue",
-                  op_name(node), [int(d) for d in node.checked_type.shape], dtype, size)
-        subst[node] = new
+        local = _cut(node, _DEPTH)
+        for rule, pattern in zip(RULES, _patterns()):
+            if not pattern.match(local):
+                continue
+            folded = _fold(rule, node, users)
+            if isinstance(folded, Reject):
+                _log.debug("%s: %s not folded: %s", rule.name, op_name(node), folded)
+                continue
+            new, dtype, size = folded
+            _log.info("%s: %s %s: zero-point pad folded; border constant %s x %d added in the epilogue",
+                      rule.name, op_name(node), list(static_shape(node)), dtype, size)
+            subst[node] = new
+            break
     return with_body(func, rebuild(func.body, subst))
 
 

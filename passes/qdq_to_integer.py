@@ -30,12 +30,13 @@ costs more than int8 saves on a small conv (below 2^24 multiply-accumulates; a l
 faster in int8, slice and all). Regions holding such an op stay in float::
 
     # quantize(add(dequantize(a), dequantize(b)))        -> unchanged (float add, one rounding)
+    # quantize(avg_pool(dequantize(a)))                  -> unchanged (float pool, one rounding)
     # quantize(...op(v, c)...),  c a float constant, v not an anchor's output
     #                                                    -> unchanged (float, as stock TVM)
     # quantize(...sigmoid(v)...)  (tanh, exp, ...)        -> unchanged (float, fuses into the conv)
-    # quantize(conv2d(...)), groups 1, channels % 16 != 0, < 2^24 MACs
-    #                                                    -> unchanged (float, as stock TVM)
     # quantize(batch_matmul(dequantize(a), dequantize(b))), a and b both computed (not constants)
+    #                                                    -> unchanged (float, as stock TVM)
+    # quantize(conv2d(...)), groups 1, channels % 16 != 0, small (see _padded_int8_conv)
     #                                                    -> unchanged (float, as stock TVM)
     # quantize(f(dequantize(x), dequantize(w), ...))     -> qnn form of f       (TVM's FQ2I rules)
 
@@ -46,8 +47,18 @@ operand (``qnn/op/batch_matmul.cc``): each a kernel of its own with an int32 out
 the product's kernel (PP-OCRv4 rec QDQ, two SVTR blocks: 6 ``sum`` kernels and 0.15 MB of int32
 more than stock TVM). Those products stay in float as well (a constant weight's dense converts).
 
-It marks every such op, runs FQ2I (which leaves a region alone when it meets an op it has no
-rule for: the marker), and removes its markers again; nothing else of the graph changes.
+Patterns and checks. Each kept region is a row of :data:`KEEP_FLOAT` (order is priority): a
+``tvm.relay.dataflow_pattern`` pattern of its op and a named side condition on the matched op,
+whose rejections (the op is left to FQ2I) are logged at DEBUG under the row's name. One callback
+applies the table: it wraps each accepted op in ``annotation.stop_fusion`` (FQ2I has no rule for
+the marker, so it leaves the region alone), FQ2I runs, and the same table's patterns under the
+marker remove it again; nothing else of the graph changes. The marking uses TVM's ``rewrite``,
+grouper included (see *shared dequantizes* below), in two rewrites: the rows around an op first
+(their checks read the input's types), then the rows under a ``qnn.quantize``. Walked by hand:
+the data movement (``reshape``, ``transpose``, ...) between a product's operand and its
+dequantize (:func:`_computed_dequantize`), a chain of any length, and with the dequantize inside
+the pattern the grouper would refuse products whose dequantize has other readers; and
+:func:`is_qdq_graph`, a question about the whole graph, not a local rule.
 (``op(anchor(...), c)``, a conv/dense bias, is left to FQ2I: the constant is quantized to int32
 at the accumulator's scale, which is exact enough and what makes QDQ convs integer.)
 
@@ -60,27 +71,41 @@ ONNX frontend creates for ``QLinearAdd``).
 uses). The add and pool markers are placed by a dataflow-pattern rewrite whose pattern holds the
 ``qnn.dequantize`` nodes; TVM's pattern grouper rejects a match whose root does not post-dominate
 its inner nodes, so an add or pool whose dequantize is also read on a path that bypasses it is
-*not* marked and FQ2I converts it: MobileNetV3's SE pools (the dequantized block output is read by the pool and by the
-gating multiply) became integer pools (``requantize`` to int32, int32 pool, ``requantize``:
-57.8 % of PP-OCR cls QDQ's first SE pool levels one off ONNX Runtime's, 14 output steps), and
-YOLOv8n's residual adds (the block input's dequantize is read by the add and the first conv)
-became ``qnn.add`` (two roundings). With ``shared_dequantize=True`` the pattern's inputs are
+*not* marked and FQ2I converts it: MobileNetV3's SE pools (the dequantized block output is read
+by the pool and by the gating multiply) become integer pools (``requantize`` to int32, int32
+pool, ``requantize``: 57.8 % of PP-OCR cls QDQ's first SE pool levels one off ONNX Runtime's, 14
+output steps), and YOLOv8n's residual adds (the block input's dequantize is read by the add and
+the first conv) become ``qnn.add`` (two roundings). With ``shared_dequantize=True`` the pattern's inputs are
 wildcards and the callback checks that they are dequantizes, so those are kept in float as well.
-The default (``False``) keeps the matching ``pipelines.int8()`` has always had (its outputs and
-kernels stay as measured); whether it should change is the lead's decision.
+The default (``False``) keeps TVM's grouping, with which ``pipelines.int8()``'s outputs and
+kernels are measured.
 
 Runs at stage ``start`` (the QNN ops must still exist). Untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`; functions with ``If``/``Let``/... are skipped.
 """
 from __future__ import annotations
 
+import functools
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from tvm_ext.registry import register_pass
 
-from ._util import ANCHOR_OPS, Reject, op_name, pass_logger, post_order, require_typed, unsupported_construct
+from ._util import (
+    ANCHOR_OPS,
+    Reject,
+    describe,
+    op_name,
+    pass_logger,
+    post_order,
+    require_typed,
+    unsupported_construct,
+)
 
-__all__ = ["QDQToInteger", "is_qdq_graph"]
+__all__ = ["KEEP_FLOAT", "QDQToInteger", "is_qdq_graph"]
 
 PASS_NAME = "QDQToInteger"
 _log = pass_logger(PASS_NAME)
@@ -100,68 +125,26 @@ def is_qdq_graph(func):
     return Reject("no float conv2d/dense reads a qnn.dequantize (not a QDQ graph)")
 
 
-def _marked_add_pattern(marked: bool, shared_dequantize: bool = False):
-    from tvm.relay.dataflow_pattern import is_op, wildcard
-
-    if shared_dequantize:  # the dequantizes are the match's inputs (checked in the callback), not inner nodes
-        deq = wildcard
-    else:
-        deq = lambda: is_op("qnn.dequantize")(wildcard(), wildcard(), wildcard())  # noqa: E731
-    add = is_op("add")(deq(), deq()) | is_op("nn.global_avg_pool2d")(deq()) | is_op("nn.avg_pool2d")(deq())
-    if marked:
-        return is_op("annotation.stop_fusion")(add)
-    return is_op("qnn.quantize")(add, wildcard(), wildcard())
-
-
 #: binary ops whose float-constant operand FQ2I quantizes with the other operand's parameters
 _CONST_BINOPS = ("add", "multiply", "subtract")
 #: producers whose constant operand FQ2I handles well (a bias at the accumulator's scale)
 _BIAS_PRODUCERS = ANCHOR_OPS + ("nn.bias_add",)
-
-
 #: unary ops FQ2I turns into a table lookup (``take``, which does not fuse into a conv epilogue)
 _TABLE_UNARY = ("sigmoid", "tanh", "exp", "erf", "sqrt", "rsqrt", "log", "abs")
-
-
 #: products FQ2I makes integer with ``sum`` reductions for zero points when both operands are computed
 _PRODUCTS = ("nn.batch_matmul", "nn.matmul", "nn.dense")
-
-
 #: single-input data movement the ONNX importer puts between a MatMul's dequantize and its product
 _MOVEMENT = ("reshape", "transpose", "squeeze", "expand_dims", "layout_transform", "nn.batch_flatten")
+#: average pools kept in float (one rounding, as ONNX Runtime computes them)
+_AVG_POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d")
 
-
-def _computed_dequantize(arg) -> bool:
-    """``qnn.dequantize(v, ...)`` of a computed ``v`` (not a constant weight), possibly moved
-    (``reshape``/``transpose``/...: attention's heads split and ``K`` transposed on the way)."""
-    from tvm import relay
-
-    while isinstance(arg, relay.Call) and op_name(arg) in _MOVEMENT:
-        arg = arg.args[0]
-    return isinstance(arg, relay.Call) and op_name(arg) == "qnn.dequantize" and not isinstance(arg.args[0], relay.Constant)
-
-
-def _const_binop_pattern():
-    from tvm.relay.dataflow_pattern import is_constant, is_op, wildcard
-
-    pat = None
-    for name in _CONST_BINOPS:
-        p = is_op(name)(wildcard(), is_constant()) | is_op(name)(is_constant(), wildcard())
-        pat = p if pat is None else pat | p
-    for name in _TABLE_UNARY:
-        pat = pat | is_op(name)(wildcard())
-    for name in _PRODUCTS:
-        pat = pat | is_op(name)(wildcard(), wildcard())
-    return pat | is_op("nn.conv2d")(wildcard(), wildcard())
-
-
-#: Multiply-accumulates from which a padded int8 conv pays for its slice kernel (see below).
+#: Multiply-accumulates from which a padded int8 conv pays for its slice kernel (:func:`_padded_int8_conv`).
 PADDED_INT8_MIN_MACS = 1 << 24
 #: The same per instruction-set class (:func:`tvm_ext.isa.isa_class` of the current target) where
-#: it differs: on AVX2 and AVX-512 VNNI every such conv is converted (see :func:`_padded_int8_conv`).
+#: it differs: AVX2 and AVX-512 VNNI take 8-channel int8 blocks (no padding), every conv converts.
 PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0}
 #: A padded conv also converts when each output sums at least this many products and the conv
-#: has at least :data:`PADDED_INT8_LONG_MIN_MACS` (see :func:`_padded_int8_conv`).
+#: has at least :data:`PADDED_INT8_LONG_MIN_MACS` (:func:`_padded_int8_conv`).
 PADDED_INT8_LONG_REDUCTION = 48
 PADDED_INT8_LONG_MIN_MACS = 1 << 20
 
@@ -178,153 +161,194 @@ def _min_macs() -> int:
     return PADDED_INT8_MIN_MACS_BY_ISA.get(isa_class(tgt), PADDED_INT8_MIN_MACS)
 
 
+# --- side conditions: True keeps the op in float, a Reject leaves it to FQ2I (reason logged) ---
+def _float_constant_operand(call):
+    """One operand a float constant, the other no anchor's (or bias_add's) output."""
+    from tvm import relay
+
+    consts = [a for a in call.args if isinstance(a, relay.Constant)]
+    others = [a for a in call.args if not isinstance(a, relay.Constant)]
+    if len(consts) != 1 or len(others) != 1:
+        return Reject(f"{len(consts)} constant operands, not one")
+    if not str(consts[0].data.dtype).startswith("float"):
+        return Reject(f"the constant is {consts[0].data.dtype}, not float")
+    if op_name(others[0]) in _BIAS_PRODUCERS:
+        return Reject(f"a bias of {op_name(others[0])}: FQ2I quantizes it at the accumulator's scale")
+    return True
+
+
+def _computed_dequantize(arg) -> bool:
+    """``qnn.dequantize(v, ...)`` of a computed ``v`` (not a constant weight), possibly moved
+    (``reshape``/``transpose``/...: attention's heads split and ``K`` transposed on the way)."""
+    from tvm import relay
+
+    while isinstance(arg, relay.Call) and op_name(arg) in _MOVEMENT:
+        arg = arg.args[0]
+    return isinstance(arg, relay.Call) and op_name(arg) == "qnn.dequantize" and not isinstance(arg.args[0], relay.Constant)
+
+
+def _product_of_activations(call):
+    """Both operands dequantized activations (a constant weight's product converts)."""
+    for i, arg in enumerate(call.args[:2]):
+        if not _computed_dequantize(arg):
+            return Reject(f"operand {i} ({describe(arg)}) is not a dequantized activation")
+    return True
+
+
 def _padded_int8_conv(call):
-    """A *small* conv x86's int8 legalization pads to a multiple of 16 output channels and slices back.
+    """True for a small conv that x86's int8 legalization pads to a multiple of 16 output channels.
 
-    ``topi/generic/conv2d.py::conv2d_alter_int8_common``: the ``strided_slice`` after the conv is
-    injective, so it does not fuse into the conv: one kernel more (unless it fuses into an
-    injective reader) per conv. For a small conv that kernel costs more than int8 saves (PP-OCR
-    mobile cls at ``-mcpu=znver4``: 29 convs of 2 to 200 output channels and at most a few million
-    MACs; converting them all gave 93 kernels where stock TVM has 89 and this rule 77, before
-    fix 11 of ``tvm_ext.x86_int8`` took VNNI out of this rule);
-    from :data:`PADDED_INT8_MIN_MACS` multiply-accumulates on, the integer conv wins by far
-    (PP-OCRv4 det's 96 -> 24-channel 3x3 convs at 80x80, 133 M MACs, 4.7 ms each in float in
-    the per-kernel profile; converting every such conv took the detector from 15.8-17.0 to
-    12.2-13.0 ms on Zen 4, for two slice kernels more).
-
-    On AVX2 (:data:`PADDED_INT8_MIN_MACS_BY_ISA`) every conv converts: the AVX2 policy gives
-    convs whose output channels 8 divides an 8-channel block (no padding, no slice; fix 6 of
-    ``tvm_ext.x86_int8``), and converting the rest cost at most one kernel on the models
-    measured. Measured at ``-mcpu=znver3``
-    (saved builds timed interleaved with ONNX Runtime on AVX2, 2026-11-24): PP-OCRv4 det QDQ 88 ->
-    84 kernels, 0.94-0.96x the time; PP-OCR cls QDQ 77 -> 78 kernels (stock: 85), 0.83-0.86x the
-    time, outputs closer to ONNX Runtime's (which runs these convs in int8).
-
-    On AVX-512 VNNI too: there 8-channel blocks take the ymm ``vpdpbusd`` (fix 11 of
-    ``tvm_ext.x86_int8``), so the same convs are not padded either. Measured at ``-mcpu=znver4``
-    (saved builds timed interleaved with ONNX Runtime, 2026-11-25): PP-OCR cls QDQ 77 -> 78
-    kernels (stock 89), 0.66 -> 0.55 ms, no float32 between its convs; PP-OCRv4 det QDQ 93 -> 84
-    kernels (stock 98), 10.97 -> 10.96 ms; YOLOv8n QDQ 94 kernels and 5.7 ms either way; outputs
-    as close to ONNX Runtime's as before (equal for det and YOLOv8n, one step for cls). The
-    rules below remain for AVX-512 without VNNI and other targets.
-
-    Elsewhere (AVX-512 without VNNI, SSE, no target) a padded conv also converts when every
-    output sums at least :data:`PADDED_INT8_LONG_REDUCTION` products (int8 saves per output in
-    proportion to that, the slice costs one copy per output) and the conv is not a tiny one
-    (:data:`PADDED_INT8_LONG_MIN_MACS`: squeeze-and-excitation convs on pooled vectors stay
-    float). PP-OCRv4 det QDQ at ``-mcpu=znver4`` before fix 11: its 12- to 360-channel convs (48 to 864
-    products per output, 2-14 M MACs) convert, 91 -> 93 kernels (stock: 98), 11.96 -> 11.39 ms
-    and 11.62 -> 10.18 ms in two sessions of saved builds timed interleaved with ONNX Runtime
-    (14.35, 12.16 ms; outputs equal to ONNX Runtime's on them); YOLOv8n QDQ: one 18-channel
-    head conv converts, 94 kernels and 6.58 ms either way; PP-OCR cls keeps its float convs (8 to
-    32 products per output: converting them added kernels beyond stock's).
+    A ``groups=1`` conv whose output channels 16 does not divide is computed for the next multiple
+    of 16 and sliced back (``topi/generic/conv2d.py::conv2d_alter_int8_common``): the
+    ``strided_slice`` is a kernel of its own and an int32 crossing more. Such a conv stays float
+    below :func:`_min_macs` multiply-accumulates, unless every output sums at least
+    :data:`PADDED_INT8_LONG_REDUCTION` products over at least :data:`PADDED_INT8_LONG_MIN_MACS`.
+    Measured reason: on AVX-512 without VNNI and SSE targets (16-channel int8 blocks) the slice
+    costs a small or short-reduction conv more than int8 saves, while AVX2 and AVX-512 VNNI
+    targets take 8-channel blocks, so there every conv converts (numbers in ``docs/passes.md``).
     """
     attrs = call.attrs
     if int(attrs.groups) != 1:
-        return False
+        return Reject(f"groups={int(attrs.groups)}: not padded")
     shape = call.checked_type.shape
     axis = str(attrs.out_layout or attrs.data_layout).find("C")
-    if axis < 0 or int(shape[axis]) % 16 == 0:
-        return False
+    if axis < 0:
+        return Reject(f"layout {attrs.out_layout or attrs.data_layout} has no C axis")
+    if int(shape[axis]) % 16 == 0:
+        return Reject(f"{int(shape[axis])} output channels: a multiple of 16, not padded")
     weight = [int(d) for d in call.args[1].checked_type.shape]
     reduction = int(np.prod(weight)) // int(shape[axis])  # products per output (any kernel layout)
     macs = int(np.prod([int(d) for d in shape])) * reduction
     if reduction >= PADDED_INT8_LONG_REDUCTION and macs >= PADDED_INT8_LONG_MIN_MACS:
-        return False
-    return macs < _min_macs()
+        return Reject(f"{reduction} products per output, {macs} MACs: int8 pays for the slice")
+    if macs >= _min_macs():
+        return Reject(f"{macs} MACs >= {_min_macs()} for this target: int8 pays for the slice")
+    return True
 
 
-def _float_const_operand(call):
-    """True for a region FQ2I should leave in float: a table-lookup unary op, a small padded conv, a
-    product of two computed tensors, or exactly one float Constant operand and the other no anchor's
-    output."""
+def _dequantized_inputs(call):
+    """Every input a ``qnn.dequantize`` (the pattern's inputs are wildcards with ``shared_dequantize``)."""
     from tvm import relay
 
-    if op_name(call) in _TABLE_UNARY:
-        return True
-    if op_name(call) == "nn.conv2d":
-        return _padded_int8_conv(call)
-    if op_name(call) in _PRODUCTS:
-        return all(_computed_dequantize(a) for a in call.args[:2])
-    consts = [a for a in call.args if isinstance(a, relay.Constant)]
-    others = [a for a in call.args if not isinstance(a, relay.Constant)]
-    if len(consts) != 1 or len(others) != 1 or not str(consts[0].data.dtype).startswith("float"):
-        return False
-    return op_name(others[0]) not in _BIAS_PRODUCERS
+    for arg in call.args:
+        if not (isinstance(arg, relay.Call) and op_name(arg) == "qnn.dequantize"):
+            return Reject(f"input {describe(arg)} is not a qnn.dequantize")
+    return True
 
 
-def _mark_const_binops(expr):
-    """op(v, c) -> stop_fusion(op(v, c)) (c a float constant), sigmoid(v) -> stop_fusion(sigmoid(v)), ...
+# --- the table --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KeepFloat:
+    """A region FQ2I is to leave in float. ``pattern(dfp, shared_dequantize)`` builds the pattern of
+    its op from the module ``tvm.relay.dataflow_pattern`` (passed in: importing the pass does not
+    import TVM); ``check(op)`` is the side condition on the matched op (None: none). With
+    ``in_quantize`` the op must be read by a ``qnn.quantize`` and the marker goes between them;
+    otherwise it goes around the op."""
 
-    FQ2I has no rule for the marker, so it leaves the region in float.
+    name: str
+    pattern: Callable
+    check: Callable | None
+    in_quantize: bool
+
+
+def _any_op(dfp, names):
+    return functools.reduce(operator.or_, (dfp.is_op(n) for n in names))
+
+
+def _dq(dfp, shared_dequantize):
+    if shared_dequantize:  # the dequantizes are the match's inputs (checked), not inner nodes
+        return dfp.wildcard()
+    return dfp.is_op("qnn.dequantize")(dfp.wildcard(), dfp.wildcard(), dfp.wildcard())
+
+
+#: Ordered rule table (order is priority); ``sf`` is ``annotation.stop_fusion``, ``dq`` ``qnn.dequantize``.
+KEEP_FLOAT = (
+    # op(v, c) -> sf(op(v, c))      op add/multiply/subtract, c a float constant, v no anchor's output
+    KeepFloat(f"{PASS_NAME}.float_constant_operand",
+              lambda dfp, shared: (_any_op(dfp, _CONST_BINOPS)(dfp.wildcard(), dfp.is_constant())
+                                   | _any_op(dfp, _CONST_BINOPS)(dfp.is_constant(), dfp.wildcard())),
+              _float_constant_operand, in_quantize=False),
+    # f(v) -> sf(f(v))              f sigmoid/tanh/exp/erf/sqrt/rsqrt/log/abs (FQ2I: a table lookup)
+    KeepFloat(f"{PASS_NAME}.table_lookup_unary",
+              lambda dfp, shared: _any_op(dfp, _TABLE_UNARY)(dfp.wildcard()), None, in_quantize=False),
+    # p(a, b) -> sf(p(a, b))        p batch_matmul/matmul/dense, a and b dequantized activations
+    KeepFloat(f"{PASS_NAME}.product_of_activations",
+              lambda dfp, shared: _any_op(dfp, _PRODUCTS)(dfp.wildcard(), dfp.wildcard()),
+              _product_of_activations, in_quantize=False),
+    # conv2d(v, w) -> sf(conv2d(v, w))     a small conv x86 pads to 16 output channels
+    KeepFloat(f"{PASS_NAME}.small_padded_conv",
+              lambda dfp, shared: dfp.is_op("nn.conv2d")(dfp.wildcard(), dfp.wildcard()),
+              _padded_int8_conv, in_quantize=False),
+    # quantize(add(dq(a), dq(b))) -> quantize(sf(add(dq(a), dq(b))))      one rounding
+    KeepFloat(f"{PASS_NAME}.residual_add",
+              lambda dfp, shared: dfp.is_op("add")(_dq(dfp, shared), _dq(dfp, shared)),
+              _dequantized_inputs, in_quantize=True),
+    # quantize(avg_pool(dq(a))) -> quantize(sf(avg_pool(dq(a))))          one rounding
+    KeepFloat(f"{PASS_NAME}.average_pool",
+              lambda dfp, shared: _any_op(dfp, _AVG_POOLS)(_dq(dfp, shared)),
+              _dequantized_inputs, in_quantize=True),
+)
+
+
+def _apply(expr, rows, shared_dequantize: bool, mark: bool):
+    """One TVM ``rewrite`` of ``expr`` over ``rows`` (all with the same ``in_quantize``).
+
+    ``mark``: every op a row matches and accepts gets the marker; returns ``(expr, counts per
+    row)``. Otherwise ``sf(op) -> op`` for the ops the rows match; returns ``(expr, {})``.
     """
     from tvm import relay
-    from tvm.relay.dataflow_pattern import DFPatternCallback, rewrite
+    from tvm.relay import dataflow_pattern as dfp
 
-    class Mark(DFPatternCallback):
+    patterns = [row.pattern(dfp, shared_dequantize) for row in rows]
+    region = functools.reduce(operator.or_, patterns)
+    in_quantize = rows[0].in_quantize
+    if not mark:
+        pattern = dfp.is_op("annotation.stop_fusion")(region)
+    elif in_quantize:
+        pattern = dfp.is_op("qnn.quantize")(region, dfp.wildcard(), dfp.wildcard())
+    else:
+        pattern = region
+    counts = {row.name: 0 for row in rows}
+
+    class Apply(dfp.DFPatternCallback):
         def __init__(self):
             super().__init__(require_type=False, rewrite_once=True)
-            self.pattern = _const_binop_pattern()
-            self.count = 0
+            self.pattern = pattern
 
         def callback(self, pre, post, node_map):
-            if not _float_const_operand(pre):
+            if not mark:
+                return post.args[0]
+            row = next(r for r, p in zip(rows, patterns) if p in node_map)
+            ok = row.check(pre.args[0] if in_quantize else pre) if row.check is not None else True
+            if not ok:
+                _log.debug("%s: left to FQ2I: %s", row.name, ok)
                 return post
-            self.count += 1
+            counts[row.name] += 1
+            if in_quantize:
+                return relay.Call(post.op, [relay.annotation.stop_fusion(post.args[0]), *post.args[1:]], post.attrs)
             return relay.annotation.stop_fusion(post)
 
-    cb = Mark()
-    return rewrite(cb, expr), cb.count
+    return dfp.rewrite(Apply(), expr), (counts if mark else {})
 
 
-def _unmark_const_binops(expr):
-    from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite
-
-    class Unmark(DFPatternCallback):
-        def __init__(self):
-            super().__init__(require_type=False, rewrite_once=True)
-            self.pattern = is_op("annotation.stop_fusion")(_const_binop_pattern())
-
-        def callback(self, pre, post, node_map):
-            return post.args[0]
-
-    return rewrite(Unmark(), expr)
+def _stages():
+    """The table's rows in marking order: around an op first (their checks read the input's
+    types, which the second rewrite's new nodes lack), then under a quantize."""
+    return ([r for r in KEEP_FLOAT if not r.in_quantize], [r for r in KEEP_FLOAT if r.in_quantize])
 
 
-def _mark_adds(expr, shared_dequantize: bool = False):
-    """quantize(add(dq, dq)) -> quantize(stop_fusion(add(dq, dq))): FQ2I has no rule for the marker."""
-    from tvm import relay
-    from tvm.relay.dataflow_pattern import DFPatternCallback, rewrite
-
-    class Mark(DFPatternCallback):
-        def __init__(self):
-            super().__init__(require_type=False, rewrite_once=True)
-            self.pattern = _marked_add_pattern(marked=False, shared_dequantize=shared_dequantize)
-            self.count = 0
-
-        def callback(self, pre, post, node_map):
-            inputs = pre.args[0].args
-            if not all(isinstance(a, relay.Call) and op_name(a) == "qnn.dequantize" for a in inputs):
-                return post  # (shared_dequantize: the pattern's inputs are wildcards)
-            self.count += 1
-            return relay.Call(post.op, [relay.annotation.stop_fusion(post.args[0]), *post.args[1:]], post.attrs)
-
-    cb = Mark()
-    return rewrite(cb, expr), cb.count
+def _mark(expr, shared_dequantize: bool):
+    counts: dict = {}
+    for rows in _stages():
+        expr, n = _apply(expr, rows, shared_dequantize, mark=True)
+        counts.update(n)
+    return expr, counts
 
 
-def _unmark_adds(expr, shared_dequantize: bool = False):
-    from tvm.relay.dataflow_pattern import DFPatternCallback, rewrite
-
-    class Unmark(DFPatternCallback):
-        def __init__(self):
-            super().__init__(require_type=False, rewrite_once=True)
-            self.pattern = _marked_add_pattern(marked=True, shared_dequantize=shared_dequantize)
-
-        def callback(self, pre, post, node_map):
-            return post.args[0]
-
-    return rewrite(Unmark(), expr)
+def _unmark(expr, shared_dequantize: bool):
+    for rows in reversed(_stages()):
+        expr, _ = _apply(expr, rows, shared_dequantize, mark=False)
+    return expr
 
 
 def _skip(mod, reason):
@@ -367,18 +391,17 @@ def QDQToInteger(hard_fail: bool = False, shared_dequantize: bool = False):
             return mod
         if any(op_name(n) == "annotation.stop_fusion" for n in post_order(main.body)):
             return _skip(mod, Reject("the graph already has annotation.stop_fusion (the pass's marker)"))
-        body, n_const = _mark_const_binops(main.body)  # first: its checks read the (typed) input's types
-        body, n_marked = _mark_adds(body, shared_dequantize)
+        body, counts = _mark(main.body, shared_dequantize)
         work = tvm.IRModule.from_expr(relay.Function(main.params, body, main.ret_type, main.type_params, main.attrs))
         work = relay.transform.InferType()(work)
         work = relay.transform.FakeQuantizationToInteger(hard_fail=hard_fail, use_qat=False)(work)
         new_main = work["main"]
-        new_body = _unmark_const_binops(_unmark_adds(new_main.body, shared_dequantize))
+        new_body = _unmark(new_main.body, shared_dequantize)
         new_main = relay.Function(new_main.params, new_body, None, new_main.type_params, new_main.attrs)
         out = tvm.IRModule(dict(mod.functions.items()), mod.type_definitions)
         out["main"] = new_main
-        _log.info("QDQ graph converted to integer; %d residual add(s) and %d region(s) with a float "
-                  "constant operand kept in float", n_marked, n_const)
+        _log.info("QDQ graph converted to integer; kept in float: %s",
+                  ", ".join(f"{name.split('.', 1)[1]} {n}" for name, n in counts.items() if n) or "nothing")
         return relay.transform.InferType()(out)
 
     return _pass

@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.fold_pad_into_conv (issue 6: lone pad kernels of the QNN conv lowering)."""
+"""Tests of tvm_ext.passes.fold_pad_into_conv (the lone pad kernels of the QNN conv lowering)."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +11,7 @@ from tvm import relay
 import tvm_ext
 import tvm_ext.zoo
 from tvm_ext.passes._util import UntypedModuleError
-from tvm_ext.passes.fold_pad_into_conv import FoldPadIntoConv, spatial_axes
+from tvm_ext.passes.fold_pad_into_conv import MAX_FOLDS, RULES, FoldPadIntoConv, spatial_axes
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
 LOGGER = "tvm_ext.passes.FoldPadIntoConv"
@@ -108,11 +108,12 @@ def test_qnn_conv2d_other_pad_value_kept(caplog):
     before = infer(_qconv(relay.nn.pad(_x(), HW1, 0), (0, 0)))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(FoldPadIntoConv(), before)
-    assert "pad value 0 but qnn.conv2d pads with 3" in caplog.text
+    assert "FoldPadIntoConv.qnn_conv2d: pad not folded: pad value 0 but qnn.conv2d pads with 3" in caplog.text
 
 
 def test_pad_with_other_consumers_stays_for_them():
-    """pad feeds conv and max: conv reads x directly, the pad remains for max."""
+    """pad feeds conv and max: conv reads x directly, the pad remains for max (TVM's ``rewrite``
+    would not fold it: its grouper refuses a match whose pad has a reader outside the match)."""
     x = _x()
     p = relay.nn.pad(x, HW1, 0)
     before = infer(relay.Tuple([_conv(p), relay.max(p)]))
@@ -193,7 +194,7 @@ def test_small_qoperator_resnet_no_lone_pad_kernels():
 
 @pytest.mark.parametrize("qnn", [False, True])
 def test_nested_pads_fold_at_once(qnn):
-    """Found by the fuzzer (issue 12): conv(pad(pad(x))) folded one pad per run (not idempotent).
+    """A fold's result is matched again: both pads fold in one run, so a second run changes nothing.
 
     ::
 
@@ -224,3 +225,27 @@ def test_fold_depthwise_conv2d_nchwc():
     assert_unchanged(FoldPadIntoConv(), after)
     out_b, out_a = assert_same_outputs(before, after, random_inputs(before))
     np.testing.assert_allclose(out_b[0], out_a[0], rtol=1e-6, atol=1e-6)
+
+
+def test_chain_longer_than_the_cap_keeps_its_last_pad(caplog):
+    """MAX_FOLDS pads fold into one conv; the pad below them stays, with a warning naming the cap."""
+    data = _x()
+    for _ in range(MAX_FOLDS + 1):
+        data = relay.nn.pad(data, HW1, 0)
+    before = infer(_conv(data))
+    inner = relay.nn.pad(_x(), HW1, 0)
+    expected = infer(_conv(inner, padding=(MAX_FOLDS, MAX_FOLDS)))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        after = check(FoldPadIntoConv(), before, expected)
+    assert f"{MAX_FOLDS} pads folded into one nn.conv2d" in caplog.text
+    assert_same_outputs(before, after, random_inputs(before))
+
+
+def test_rule_table():
+    """One rule per convolution op, named after the pass; each pattern is a call of its op."""
+    from tvm.relay import dataflow_pattern as dfp
+
+    assert [r.name for r in RULES] == [f"FoldPadIntoConv.{n}" for n in
+                                       ("conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc", "qnn_conv2d")]
+    ops = [r.pattern(dfp).op.expr.name for r in RULES]
+    assert ops == ["nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc", "qnn.conv2d"]

@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.fold_zero_point_pad_into_conv (issue 11: zero-point pad kernels of QDQ models)."""
+"""Tests of tvm_ext.passes.fold_zero_point_pad_into_conv (the zero-point pad kernels of QDQ models)."""
 from __future__ import annotations
 
 import logging
@@ -85,19 +85,45 @@ def test_unblock_inverts_tvm_layout_transform(layout, primal, shape):
 
 
 # -- structure ---------------------------------------------------------------------------------
-def _expected_correction(w, z, x_hw, pad, dtype, **kw):
-    c = reference_border(w, z, x_hw, pad, **kw)[None].astype(dtype)
-    const = relay.const(c)
+def _narrowest(c):
+    for dtype in ("int8", "int16", "int32"):
+        if np.iinfo(dtype).min <= c.min() and c.max() <= np.iinfo(dtype).max:
+            return dtype
+    raise AssertionError("constant exceeds int32")
+
+
+def _expected_correction(w, z, x_hw, pad, dtype=None, **kw):
+    """cast(C, int32) (or C when int32) for the border constant C, stored in ``dtype`` (default: the
+    narrowest integer type holding it)."""
+    c = reference_border(w, z, x_hw, pad, **kw)[None]
+    dtype = dtype or _narrowest(c)
+    const = relay.const(c.astype(dtype))
     return const if dtype == "int32" else relay.cast(const, "int32")
 
 
 def test_fold_conv2d_nchw():
-    """x -> pad(3) -> conv2d(padding 0)  =>  conv2d(x, padding 1) + cast(C int16, int32)"""
+    """x -> pad(3) -> conv2d(padding 0)  =>  conv2d(x, padding 1) + cast(C int8, int32)"""
     before = infer(_conv(relay.nn.pad(_x(), HW1, 3)))
     expected = infer(relay.add(_conv(_x(), padding=(1, 1, 1, 1)),
                                _expected_correction(W, 3, (6, 7), ((1, 1), (1, 1)), "int8")))
     after = check(FoldZeroPointPadIntoConv(), before, expected)
     assert_unchanged(FoldZeroPointPadIntoConv(), after)  # idempotent: the conv reads x now
+
+
+def test_nested_pads_fold_in_one_run():
+    """x -> pad(3) -> pad(3) -> conv(padding 0)  =>  conv(x, padding 2) + C_inner + C_outer
+
+    One pad per sweep, the sweeps in one run: the outer pad's constant is computed for the conv
+    without padding, the inner one's for the conv padded by the outer pad (a second run changes
+    nothing). Bit-exact against the unfolded graph."""
+    before = infer(_conv(relay.nn.pad(relay.nn.pad(_x(), HW1, 3), HW1, 3)))
+    inner = _expected_correction(W, 3, (6, 7), ((1, 1), (1, 1)), conv_padding=(1, 1, 1, 1))
+    outer = _expected_correction(W, 3, (8, 9), ((1, 1), (1, 1)))
+    expected = infer(relay.add(relay.add(_conv(_x(), padding=(2, 2, 2, 2)), inner), outer))
+    after = check(FoldZeroPointPadIntoConv(), before, expected)
+    assert_unchanged(FoldZeroPointPadIntoConv(), after)
+    out_b, out_a = assert_same_outputs(before, after, random_inputs(before), opt_level=0)
+    np.testing.assert_array_equal(out_b[0], out_a[0])
 
 
 def test_fold_through_layout_transform_nchwc():
@@ -202,6 +228,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(FoldZeroPointPadIntoConv(), mod)
     assert reason in caplog.text
+    assert "FoldZeroPointPadIntoConv.pad: nn.conv2d not folded" in caplog.text  # under the rule's name
 
 
 def test_untyped_module_raises():

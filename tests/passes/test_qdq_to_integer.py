@@ -1,6 +1,8 @@
 """Tests of tvm_ext.passes.qdq_to_integer (QDQ graphs to integer, residual adds at one rounding)."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import tvm
@@ -9,7 +11,7 @@ from tvm import relay
 import tvm_ext
 import tvm_ext.zoo
 from tvm_ext.passes._util import UntypedModuleError
-from tvm_ext.passes.qdq_to_integer import QDQToInteger, is_qdq_graph
+from tvm_ext.passes.qdq_to_integer import KEEP_FLOAT, QDQToInteger, is_qdq_graph
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
 S, ZP = relay.const(0.05), relay.const(0, "int32")
@@ -204,6 +206,30 @@ def test_bias_constant_still_converted():
     mod = infer(_q(relay.add(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1), bias)))
     out = QDQToInteger()(mod).astext()
     assert "qnn.conv2d" in out and "stop_fusion" not in out
+
+
+def test_rows_log_rejections_and_counts(caplog):
+    """A row whose check rejects leaves the op to FQ2I, logged under the row's name with the reason;
+    the INFO summary counts the regions kept per row."""
+    a, b = _xs()
+    w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
+    bias = relay.const(np.full((1, 16, 1, 1), 0.3, "float32"))
+    conv = _q(relay.add(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1), bias))
+    mod = infer(relay.Function([a, b], _q(relay.add(_dq(conv), _dq(b)))))
+    with caplog.at_level(logging.DEBUG, logger="tvm_ext.passes.QDQToInteger"):
+        out = QDQToInteger()(mod)
+    assert "qnn.conv2d" in out.astext() and "qnn.add" not in out.astext()
+    assert "QDQToInteger.float_constant_operand: left to FQ2I: a bias of nn.conv2d" in caplog.text
+    assert "QDQToInteger.small_padded_conv: left to FQ2I: 16 output channels" in caplog.text
+    assert "kept in float: residual_add 1" in caplog.text
+
+
+def test_keep_float_table():
+    """Rows named after the pass, each once; the rows under a quantize come last (marked second)."""
+    names = [r.name for r in KEEP_FLOAT]
+    assert len(set(names)) == len(names) and all(n.startswith("QDQToInteger.") for n in names)
+    flags = [r.in_quantize for r in KEEP_FLOAT]
+    assert flags == sorted(flags) and any(flags) and not all(flags)
 
 
 def test_float_constant_idempotent_and_no_marker_left():
