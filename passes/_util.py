@@ -16,6 +16,16 @@ Contract every pass built on this module keeps:
   change. The pass infrastructure re-runs ``InferType`` on a function pass's output.
 * **Every rejection says why.** Checks return ``True`` or a :class:`Reject` (falsy, with a
   reason); drivers log the reason under the pass's logger ``tvm_ext.passes.<PassName>``.
+* **One sweep, one frame.** :func:`substitute` gives a pass's ``collect(nodes, users, body)`` the
+  function's dataflow nodes and their users and rebuilds from the ``{node: replacement}`` map it
+  returns; :func:`substitution_pass` makes a pass of one sweep. Passes whose rewrites enable
+  others sweep with :func:`fixed_point`: bounded, and at the bound an error (or a warning, where
+  the pass asks for one) naming the pass.
+
+Shared machinery lives in underscore modules, never in a pass's module: this one, ``_chains``
+(elementwise chains and their 8-bit points), ``_intervals`` (value ranges), and the leaves
+``tvm_ext._op_pattern`` (TOpPattern values) and ``tvm_ext._reject`` (:class:`Reject`, also the
+pattern tables').
 """
 from __future__ import annotations
 
@@ -36,6 +46,9 @@ __all__ = [
     "post_order",
     "count_calls",
     "consumers",
+    "op_calls",
+    "substitute",
+    "substitution_pass",
     "rebuild",
     "with_body",
     "static_tensor_type",
@@ -46,6 +59,10 @@ __all__ = [
     "describe",
     "static_shape",
     "lift_constants",
+    "SIMPLE_CONST",
+    "int_list",
+    "constant_scalar",
+    "conv_padding",
     "ANCHOR_OPS",
 ]
 
@@ -215,6 +232,34 @@ def dataflow_nodes(func, pass_name: str):
         pass_logger(pass_name).debug("skipped function: %s", ok)
         return None
     return post_order(func.body)
+
+
+def op_calls(nodes, ops):
+    """The calls among ``nodes`` of an op named in ``ops`` (a collection of names), in order."""
+    from tvm import relay
+
+    return [n for n in nodes if isinstance(n, relay.Call) and op_name(n) in ops]
+
+
+def substitute(func, pass_name: str, collect):
+    """``func`` rewritten by the substitution ``collect(nodes, users, body)`` returns.
+
+    The frame of a rewrite sweep: ``nodes`` are the post-order dataflow nodes of ``func``
+    (:func:`dataflow_nodes`: a function the pass leaves alone is returned as it is), ``users`` their
+    :func:`consumers`, ``body`` the function's result; ``collect`` returns ``{node: replacement}``,
+    which :func:`rebuild` applies (an empty map returns ``func`` itself).
+    """
+    nodes = dataflow_nodes(func, pass_name)
+    if nodes is None:
+        return func
+    subst = collect(nodes, consumers(nodes), func.body)
+    return with_body(func, rebuild(func.body, subst))
+
+
+def substitution_pass(pass_name: str, collect, opt_level: int = 1):
+    """The function pass named ``pass_name`` that rewrites each function by one :func:`substitute`
+    sweep of ``collect`` (see :func:`function_pass`)."""
+    return function_pass(pass_name, lambda func: substitute(func, pass_name, collect), opt_level)
 
 
 def rebuild(expr, subst: dict):

@@ -42,6 +42,10 @@ Scope. Scales and zero points must be scalar constants (per-tensor quantization,
 the reason logged at DEBUG on ``tvm_ext.passes.AddAsOnnxRuntime``. This reproduces MLAS's x86
 AVX2/AVX-512 kernel; other CPUs' kernels (ARM NEON, pre-AVX2 x86) round differently. Run it at
 stage ``start`` after ``QDQToInteger`` (``pipelines.int8(numerics="onnxruntime")`` does).
+
+Matched by op names, not with ``tvm.relay.dataflow_pattern``: the rule is local (a pattern could
+state it), but the rewrite reads the other readers of the operands' dequantizes (an operand also
+read by an anchor is recovered from that dequantize), which a pattern callback does not see.
 """
 from __future__ import annotations
 
@@ -50,18 +54,7 @@ import numpy as np
 from tvm_ext.ops import round_half_to_even
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    ANCHOR_OPS,
-    Check,
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    with_body,
-)
+from ._util import ANCHOR_OPS, Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
 __all__ = ["AddAsOnnxRuntime"]
 
@@ -194,17 +187,10 @@ def _clip_implied(clip, sc, zc, out_dtype) -> Check:
     return True
 
 
-def _rewrite(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
+def _collect(nodes, users, body) -> dict:
+    """Each quantized add, replaced by MLAS's computation of it."""
     subst: dict = {}
-    for node in nodes:
-        if not isinstance(node, relay.Call):
-            continue
+    for node in op_calls(nodes, ("qnn.add", "qnn.quantize")):
         m = _match(node)
         if m is None:
             continue
@@ -224,10 +210,9 @@ def _rewrite(func):
         if _read_by_an_anchor(deq_b, users) and _one_element_value(b) is None:
             b = _recovered(deq_b, consts[2], consts[3])
         subst[node] = mlas_add(a, b, *consts, out_dtype)
-    if not subst:
-        return func
-    _log.info("%s: %d quantized add(s) now computed as ONNX Runtime's MLAS does", PASS_NAME, len(subst))
-    return with_body(func, rebuild(func.body, subst))
+    if subst:
+        _log.info("%s: %d quantized add(s) now computed as ONNX Runtime's MLAS does", PASS_NAME, len(subst))
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -259,4 +244,4 @@ def AddAsOnnxRuntime():  # pylint: disable=invalid-name
     float (not dequantized) operand, and functions with ``If``/``Let``/``Match``/references/closures
     are left unchanged; each reason is logged at DEBUG on ``tvm_ext.passes.AddAsOnnxRuntime``.
     """
-    return function_pass(PASS_NAME, _rewrite)
+    return substitution_pass(PASS_NAME, _collect)

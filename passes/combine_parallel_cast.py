@@ -50,37 +50,26 @@ functions containing ``If``/``Let``/``Match``/references/closures, casts with dy
 non-tensor (tuple) types. An untyped function raises :class:`~tvm_ext.passes._util.UntypedModuleError`
 (run ``InferType`` first) rather than guessing. Merges are logged at INFO and rejections at DEBUG
 on the ``tvm_ext.passes.CombineParallelCast`` logger.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: it groups the sibling casts of one producer
+(any number of users) and then their identical users, level by level; a pattern matches one
+expression tree, not a set of siblings.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from tvm_ext._op_pattern import K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, op_pattern
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Check,
-    Reject,
-    consumers,
-    function_pass,
-    is_primitive,
-    op_name,
-    pass_logger,
-    post_order,
-    rebuild,
-    require_typed,
-    static_tensor_type,
-    unsupported_construct,
-    with_body,
-)
+from ._util import (Check, Reject, consumers, dataflow_nodes, describe, function_pass, is_primitive, op_name,
+                    pass_logger, rebuild, static_tensor_type, with_body)
 
 __all__ = ["CombineParallelCast", "is_narrowing_cast", "RULES"]
 
 PASS_NAME = "CombineParallelCast"
 _log = pass_logger(PASS_NAME)
-
-# TOpPattern values (include/tvm/relay/op_attr_types.h)
-_K_INJECTIVE, _K_OUT_EWISE_FUSABLE = 2, 4
 
 
 def is_narrowing_cast(src: str, dst: str) -> Check:
@@ -115,8 +104,6 @@ def _cast_key(call):
 def _fusable_producer(producer, casts, users, body) -> Check:
     from tvm import relay
 
-    from tvm_ext.report import op_pattern
-
     if producer.same_as(body):
         return Reject("the producer is also the function's result")
     if isinstance(producer, relay.Var):
@@ -129,7 +116,7 @@ def _fusable_producer(producer, casts, users, body) -> Check:
     if name is None:
         return Reject("producer calls a function, not an op (already fused?)")
     pat = op_pattern(name)
-    if not (pat <= _K_INJECTIVE or pat == _K_OUT_EWISE_FUSABLE):
+    if not (pat <= K_INJECTIVE or pat == K_OUT_EWISE_FUSABLE):
         return Reject(f"producer {name} has TOpPattern {pat}: FuseOps fuses no consumer into it")
     others = [u for u, _ in users if not any(u.same_as(c) for c in casts)]
     if others:
@@ -215,16 +202,6 @@ def _groups(users_of_value):
     return groups
 
 
-def _describe(producer) -> str:
-    from tvm import relay
-
-    if isinstance(producer, relay.Var):
-        return f"%{producer.name_hint}"
-    if isinstance(producer, relay.Call):
-        return op_name(producer) or "a fused call"
-    return type(producer).__name__
-
-
 def _same_callee(u, v) -> bool:
     import tvm
     from tvm import relay
@@ -265,8 +242,6 @@ def _propagate(first_reps, members_of, users, subst, body):
     """
     from tvm import relay
 
-    from tvm_ext.report import op_pattern
-
     def resolve(n):
         return subst.get(n, n)
 
@@ -290,7 +265,7 @@ def _propagate(first_reps, members_of, users, subst, body):
             if len(group) < 2:
                 continue
             name = op_name(group[0])
-            if name is not None and op_pattern(name) >= 8:
+            if name is not None and op_pattern(name) >= K_OPAQUE:
                 _log.debug("%s.propagate: %d identical %s not merged: opaque op", PASS_NAME, len(group), name)
                 continue
             if name == "cast":
@@ -324,14 +299,9 @@ def _single_identical_users(group, users, subst, body) -> bool:
 
 
 def _combine(func, min_num_branches: int):
-    if is_primitive(func):
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
         return func
-    require_typed(func, PASS_NAME)
-    ok = unsupported_construct(func)
-    if not ok:
-        _log.debug("skipped function: %s", ok)
-        return func
-    nodes = post_order(func.body)
     users = consumers(nodes)
     subst: dict = {}
     members_of: dict = {}
@@ -343,10 +313,10 @@ def _combine(func, min_num_branches: int):
             dst = str(calls[0].checked_type.dtype) if calls[0]._checked_type_ is not None else "?"
             if not ok:
                 _log.debug("%s: %d casts to %s of %s not merged: %s", rule.name, len(calls), dst,
-                           _describe(producer), ok)
+                           describe(producer, unnamed="a fused call"), ok)
                 continue
             _log.info("%s: merged %d casts to %s of %s into one", rule.name, len(calls), dst,
-                      _describe(producer))
+                      describe(producer, unnamed="a fused call"))
             for c in calls[1:]:
                 subst[c] = calls[0]
             members_of[calls[0]] = calls

@@ -53,40 +53,26 @@ Supported pairs (``SUPPORTED_PAIRS``)::
 Skipped with a logged reason (function unchanged): ``Primitive`` functions, functions with
 ``If``/``Let``/``Match``/references/closures, grouped ops with dynamic shapes or tuple-typed
 arguments. Untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: it groups parallel branches reading one
+value (any number of them, each a chain of any length), which a pattern, matching one expression
+tree, cannot enumerate.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Check,
-    Reject,
-    consumers,
-    function_pass,
-    is_primitive,
-    op_name,
-    pass_logger,
-    post_order,
-    rebuild,
-    require_typed,
-    static_tensor_type,
-    unsupported_construct,
-    with_body,
-)
+from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, post_order, rebuild,
+                    static_shape, static_tensor_type, with_body)
 
 __all__ = ["CombineParallelOpBatch", "SUPPORTED_PAIRS"]
 
 PASS_NAME = "CombineParallelOpBatch"
 _log = pass_logger(PASS_NAME)
-_K_BROADCAST = 1
-
-
-def _shape(expr) -> tuple:
-    return tuple(int(d) for d in expr.checked_type.shape)
-
 
 def _static_args(call) -> Check:
     for i, arg in enumerate(call.args):
@@ -98,7 +84,7 @@ def _static_args(call) -> Check:
 
 def _same_arg_types(a, b) -> bool:
     return len(a.args) == len(b.args) and all(
-        _shape(x) == _shape(y) and x.checked_type.dtype == y.checked_type.dtype for x, y in zip(a.args, b.args)
+        static_shape(x) == static_shape(y) and x.checked_type.dtype == y.checked_type.dtype for x, y in zip(a.args, b.args)
     )
 
 
@@ -107,8 +93,8 @@ def _dense_check(call) -> Check:
     ok = _static_args(call)
     if not ok:
         return ok
-    if len(_shape(call.args[0])) != 2:
-        return Reject(f"dense data has rank {len(_shape(call.args[0]))}; batch_matmul needs rank 2")
+    if len(static_shape(call.args[0])) != 2:
+        return Reject(f"dense data has rank {len(static_shape(call.args[0]))}; batch_matmul needs rank 2")
     return True
 
 
@@ -132,10 +118,10 @@ def _ewise_check(call) -> Check:
     ok = _static_args(call)
     if not ok:
         return ok
-    out = _shape(call)
+    out = static_shape(call)
     for i, arg in enumerate(call.args):
-        if _shape(arg) != out:
-            return Reject(f"argument {i} {list(_shape(arg))} broadcasts to {list(out)}: stacking would change the result")
+        if static_shape(arg) != out:
+            return Reject(f"argument {i} {list(static_shape(arg))} broadcasts to {list(out)}: stacking would change the result")
     return True
 
 
@@ -201,16 +187,16 @@ def _follow_check(parent, call, parent_index, exact: bool = False) -> Check:
     ok = _static_args(call)
     if not ok:
         return ok
-    out = _shape(parent)
+    out = static_shape(parent)
     for i, arg in enumerate(call.args):
         if i == parent_index:
             continue
-        shape = _shape(arg)
+        shape = static_shape(arg)
         if exact and shape != out:
             return Reject(f"{op_name(call)} argument {i} {list(shape)} broadcasts against {list(out)}")
         if not _broadcasts_into(shape, out):
             return Reject(f"{op_name(call)} argument {i} {list(shape)} does not broadcast into {list(out)}")
-    if _shape(call) != out:
+    if static_shape(call) != out:
         return Reject(f"{op_name(call)} changes the shape")
     return True
 
@@ -219,15 +205,13 @@ def _to_rank(arg, rank: int):
     """``arg`` with leading unit axes up to ``rank`` (TVM's ``expand_dims(b, 0)`` for a 1-D bias)."""
     from tvm import relay
 
-    missing = rank - len(_shape(arg))
+    missing = rank - len(static_shape(arg))
     return relay.expand_dims(arg, axis=0, num_newaxis=missing) if missing > 0 else arg
 
 
 def _branch(root, users, body):
     """root and the chain of single-user elementwise/broadcast op calls after it."""
     from tvm import relay
-
-    from tvm_ext.report import op_pattern
 
     chain = [root]
     while True:
@@ -236,7 +220,7 @@ def _branch(root, users, body):
         if last.same_as(body) or len(us) != 1:
             return chain
         nxt = us[0][0]
-        if not isinstance(nxt, relay.Call) or op_name(nxt) is None or op_pattern(op_name(nxt)) > _K_BROADCAST:
+        if not isinstance(nxt, relay.Call) or call_pattern(nxt) > K_BROADCAST:
             return chain
         if sum(1 for a in nxt.args if a.same_as(last)) != 1:
             return chain
@@ -348,7 +332,7 @@ def _rewrite(func, plans, rule, batch_op):
         data = rule.make([b[0] for b in branches], batch_op)
         for d, pidx in enumerate(pidxs, start=1):
             first = branches[0][d]
-            rank = len(_shape(branches[0][d - 1]))
+            rank = len(static_shape(branches[0][d - 1]))
             args = []
             for i in range(len(first.args)):
                 args.append(data if i == pidx else relay.stack([_to_rank(b[d].args[i], rank) for b in branches], axis=0))
@@ -365,8 +349,6 @@ def _cpp_safe(func, op) -> Check:
     """Every group the C++ pass would form in ``func`` is safe for it (elementwise pairs only)."""
     import tvm
     from tvm import relay
-
-    from tvm_ext.report import op_pattern
 
     nodes = post_order(func.body)
     children: dict = {}  # C++ BranchGroupFinder: an op call is a child of its first argument only
@@ -388,7 +370,7 @@ def _cpp_safe(func, op) -> Check:
         last = n
         while len(children.get(last, ())) == 1:
             nxt = children[last][0]
-            if op_pattern(op_name(nxt)) > _K_BROADCAST:
+            if call_pattern(nxt) > K_BROADCAST:
                 break
             pidx = [i for i, a in enumerate(nxt.args) if a.same_as(last)]
             if len(pidx) != 1:
@@ -396,7 +378,7 @@ def _cpp_safe(func, op) -> Check:
             ok = _follow_check(last, nxt, pidx[0], exact=True)
             if not ok:
                 return ok
-            if any(len(_shape(a)) < 2 for a in nxt.args):
+            if any(len(static_shape(a)) < 2 for a in nxt.args):
                 return Reject("a following op has a rank-1 argument (C++ would expand it)")
             last = nxt
     return True
@@ -416,12 +398,7 @@ def _run_cpp(func, op, batch_op, min_num_branches):
 
 
 def _combine(func, op, batch_op, rule, min_num_branches):
-    if is_primitive(func):
-        return func
-    require_typed(func, PASS_NAME)
-    ok = unsupported_construct(func)
-    if not ok:
-        _log.debug("skipped function: %s", ok)
+    if dataflow_nodes(func, PASS_NAME) is None:
         return func
     plans, dependent = _plan(func, op, rule, min_num_branches)
     if not plans:

@@ -52,39 +52,30 @@ Functions with ``If``/``Let``/... are skipped; untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it last at stage ``before_fuse`` (the passes
 before it do not look inside ``Primitive`` functions). Idempotent: a grouped conv is inside a
 ``Primitive`` function, which the pass does not enter.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the chains in front of and after the
+transposed conv have unbounded length, run through injective calls, and each link must have one
+reader; a fixed pattern cannot express a chain of any length nor count readers.
 """
 from __future__ import annotations
 
+from tvm_ext._op_pattern import K_INJECTIVE, call_pattern
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Reject,
-    consumers,
-    dataflow_nodes,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    until_unchanged,
-    with_body,
-)
-from .narrow_kernel_boundaries import _chain_arg, narrow_type
+from ._chains import chain_arg, narrow_type
+from ._util import (Reject, consumers, dataflow_nodes, fixed_point, function_pass, lift_constants, op_name, pass_logger,
+                    rebuild, static_tensor_type, with_body)
 
 __all__ = ["DequantizeInConvTranspose"]
 
 PASS_NAME = "DequantizeInConvTranspose"
 _log = pass_logger(PASS_NAME)
-_K_BROADCAST, _K_INJECTIVE = 1, 2
 _MAX_CHAIN = 64
+#: transposed convs grouped in one function at most; one more is taken for a malformed graph
+_MAX_GROUPS = _MAX_CHAIN - 1
 _8BIT = ("uint8", "int8")
 #: ops whose float result holds integers, beyond narrow_type's round/floor/ceil/trunc
 _INTEGRAL_EXTRA = ("tvm_ext.round_half_to_even",)
-
-
-def _pattern(call) -> int:
-    from tvm_ext.report import op_pattern
-
-    return op_pattern(op_name(call) or "")
 
 
 def _eight_bit_point(node):
@@ -154,8 +145,8 @@ def _data_chain(t, users):
                 and len(users.get(node, [])) == 1:
             fallback = (node, list(chain))
         if _is_typed_8bit(node):
-            inner = _chain_arg(node, injective=True)
-            if (inner is None or _pattern(node) != _K_INJECTIVE or not _is_typed_8bit(inner)
+            inner = chain_arg(node, injective=True)
+            if (inner is None or call_pattern(node) != K_INJECTIVE or not _is_typed_8bit(inner)
                     or len(users.get(inner, [])) != 1):
                 if not chain:
                     return Reject("the conv reads an 8-bit value already")
@@ -165,7 +156,7 @@ def _data_chain(t, users):
             continue
         # float one-argument injective calls too (a layout_transform of the dequantized value: at
         # -mcpu=znver3 the det head conv's dequantize is fused before the NCHW8c -> NCHW transform)
-        prev = _chain_arg(node, injective=True)
+        prev = chain_arg(node, injective=True)
         if prev is None:
             return fallback or Reject("no 8-bit value at the start of its private elementwise input chain")
         if len(users.get(prev, [])) != 1:
@@ -187,7 +178,7 @@ def _epilogue(t, users, body):
         if len(us) != 1:
             break
         u = us[0][0]
-        if not isinstance(u, relay.Call) or _chain_arg(u) is None or not _chain_arg(u).same_as(node):
+        if not isinstance(u, relay.Call) or chain_arg(u) is None or not chain_arg(u).same_as(node):
             break
         epi.append(u)
         node = u
@@ -202,8 +193,6 @@ def _group(n, chain, t, epi_kept, out_dtype):
     """Call of a Primitive function computing ``epi_kept[-1]`` (cast to ``out_dtype``) from ``n``."""
     import tvm
     from tvm import relay
-
-    from .fuse_by_pattern import _lift_constants
 
     memo, params, args = {}, [], []
 
@@ -238,7 +227,7 @@ def _group(n, chain, t, epi_kept, out_dtype):
     if out_dtype is not None:
         last = relay.cast(last, out_dtype)
     fn = relay.Function(params, last)
-    fn, consts = _lift_constants(fn)
+    fn, consts = lift_constants(fn)
     attrs = tvm.ir.make_node("DictAttrs", **{"Primitive": tvm.tir.IntImm("int32", 1), "tvm_ext.pattern": PASS_NAME})
     fn = relay.Function(fn.params, fn.body, None, fn.type_params, attrs)
     return relay.Call(fn, [*args, *consts], span=t.span)
@@ -296,10 +285,7 @@ def _run(func):
         _log.info("skipped: target %s is not llvm (the grouped kernel needs tvm-ext's CPU schedule)",
                   tgt.kind.name)
         return func
-    func, done = until_unchanged(func, _one, _log, _MAX_CHAIN)
-    if not done:
-        raise RuntimeError(f"{PASS_NAME}: more than {_MAX_CHAIN} transposed convs grouped (a malformed graph?)")
-    return func
+    return fixed_point(func, _one, PASS_NAME, _MAX_GROUPS)
 
 
 @register_pass(PASS_NAME)
@@ -327,6 +313,4 @@ def DequantizeInConvTranspose():  # pylint: disable=invalid-name
     -----
     Rejections are logged at DEBUG on ``tvm_ext.passes.DequantizeInConvTranspose``, rewrites at INFO.
     """
-    from ._util import function_pass
-
     return function_pass(PASS_NAME, _run)

@@ -35,6 +35,10 @@ region read from outside it. Functions with ``If``/``Let``/``Match``/references/
 skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage
 ``before_fuse`` (after AlterOpLayout blocked the conv). Idempotent: afterwards the slice's reader
 is a (narrowing) cast or not elementwise.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the epilogue after the slice is a region of
+elementwise calls of any size, each checked for its readers and its shape; a fixed pattern cannot
+express a region of unbounded size nor count readers.
 """
 from __future__ import annotations
 
@@ -42,40 +46,19 @@ import re
 
 import numpy as np
 
+from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    int_list,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
-from .narrow_kernel_boundaries import narrow_type
+from ._chains import narrow_type
+from ._util import Reject, int_list, op_calls, op_name, pass_logger, static_shape, static_tensor_type, substitution_pass
 
 __all__ = ["EpilogueBeforeChannelSlice"]
 
 PASS_NAME = "EpilogueBeforeChannelSlice"
 _log = pass_logger(PASS_NAME)
 
-_K_BROADCAST = 1  # TOpPattern (include/tvm/relay/op_attr_types.h)
 _INT_DIVISIONS = ("divide", "floor_divide", "trunc_divide", "mod", "floor_mod", "trunc_mod", "right_shift",
                   "left_shift")
-
-
-def _pattern(call) -> int:
-    from tvm_ext.report import op_pattern
-
-    return op_pattern(op_name(call) or "")
-
-
-def _shape(e):
-    return tuple(int(d) for d in e.checked_type.shape)
 
 
 def _match_slice(sl, users):
@@ -94,7 +77,7 @@ def _match_slice(sl, users):
         return Reject(f"layout_transform {lt.attrs.src_layout} -> {lt.attrs.dst_layout}, not NCHW<k>c -> NCHW")
     if len(users.get(lt, [])) != 1:
         return Reject("the layout_transform has other readers")
-    full, out = _shape(lt), _shape(sl)
+    full, out = static_shape(lt), static_shape(sl)
     if len(out) != 4 or [a for i, (a, b) in enumerate(zip(full, out)) if i != 1 and a != b]:
         return Reject(f"slices other axes than channels: {list(full)} -> {list(out)}")
     a = sl.attrs
@@ -119,11 +102,11 @@ def _region(sl, nodes, users, channels):
 
     region = [sl]
     inside = {sl}
-    shape = _shape(sl)
+    shape = static_shape(sl)
     for n in nodes[nodes.index(sl) + 1:]:
         if not isinstance(n, relay.Call) or op_name(n) is None or not any(a in inside for a in n.args):
             continue
-        if _pattern(n) > _K_BROADCAST or not static_tensor_type(n) or _shape(n) != shape:
+        if call_pattern(n) > K_BROADCAST or not static_tensor_type(n) or static_shape(n) != shape:
             continue
         ok = all(a in inside or (isinstance(a, relay.Constant) and _constant_ok(a, channels)) for a in n.args)
         if ok and op_name(n) in _INT_DIVISIONS and not str(n.checked_type.dtype).startswith("float") \
@@ -182,7 +165,7 @@ def _blocked_constant(c, k, full_channels):
 def _rewrite(sl, lt, y, k, e, anc, region, dtype, how):
     from tvm import relay
 
-    full = _shape(lt)[1]
+    full = static_shape(lt)[1]
     new = {sl: y}
     for n in region:
         if n.same_as(sl) or n not in anc:
@@ -197,32 +180,25 @@ def _rewrite(sl, lt, y, k, e, anc, region, dtype, how):
     return out if how == "typed" else relay.cast(out, str(e.checked_type.dtype))
 
 
-def _run(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
+def _collect(nodes, users, body) -> dict:
+    """Each movable epilogue's end, replaced by the epilogue in front of the slice."""
     subst: dict = {}
-    for sl in nodes:
-        if not (isinstance(sl, relay.Call) and op_name(sl) == "strided_slice"):
-            continue
+    for sl in op_calls(nodes, ("strided_slice",)):
         m = _match_slice(sl, users)
         if isinstance(m, Reject):
             _log.debug("strided_slice: not moved: %s", m)
             continue
         lt, y, k, channels = m
         region = _region(sl, nodes, users, channels)
-        end = _end(sl, region, users, func.body)
+        end = _end(sl, region, users, body)
         if isinstance(end, Reject):
-            _log.debug("strided_slice %s: not moved: %s", list(_shape(sl)), end)
+            _log.debug("strided_slice %s: not moved: %s", list(static_shape(sl)), end)
             continue
         e, anc, dtype, how = end
         subst[e] = _rewrite(sl, lt, y, k, e, anc, region, dtype, how)
         _log.info("strided_slice %s: %d elementwise ops moved in front of it; %s crosses instead of %s",
-                  list(_shape(sl)), len(anc) - 1, dtype, sl.checked_type.dtype)
-    return with_body(func, rebuild(func.body, subst))
+                  list(static_shape(sl)), len(anc) - 1, dtype, sl.checked_type.dtype)
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -251,4 +227,4 @@ def EpilogueBeforeChannelSlice():  # pylint: disable=invalid-name
     -----
     Rejections are logged at DEBUG on ``tvm_ext.passes.EpilogueBeforeChannelSlice``, moves at INFO.
     """
-    return function_pass(PASS_NAME, _run)
+    return substitution_pass(PASS_NAME, _collect)

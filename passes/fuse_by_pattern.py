@@ -33,20 +33,15 @@ from __future__ import annotations
 
 import logging
 
+from .._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_TUPLE, call_pattern
 from ..registry import register_pass
+from ._util import Reject, SIMPLE_CONST, lift_constants
 
 logger = logging.getLogger("tvm_ext.passes.fuse_by_pattern")
 
 __all__ = ["FuseByPattern", "tvm_fusible", "fused_counts"]
 
 _PREFIX = "__tvm_ext_fbp__:"
-_SIMPLE_CONST = {"int32", "int64", "float32", "float64", "bool"}  # FuseOps inlines these scalars
-K_BROADCAST, K_INJECTIVE, K_COMM_REDUCE, K_TUPLE, K_OPAQUE = 1, 2, 3, 7, 8
-
-
-def _op_pattern(op) -> int:
-    pat = op.get_attr("TOpPattern")
-    return K_OPAQUE if pat is None else int(pat)
 
 
 def _static(ty) -> bool:
@@ -63,8 +58,6 @@ def tvm_fusible(ctx):
     """Can TVM compile the matched group as one kernel? ``True`` or a :class:`Reject` saying why."""
     import tvm
     from tvm import relay
-
-    from ..patterns import Reject
 
     calls = ctx.calls
     if not calls:
@@ -83,10 +76,10 @@ def tvm_fusible(ctx):
         if c.op.name in ("nn.conv2d", "nn.dense") and str(c.args[0].checked_type.dtype) == "int8" \
                 and str(c.args[1].checked_type.dtype) == "int8":
             # x86 Legalize (relay.build's prefix) rewrites int8 x int8 into a +128 shift, the op and a
-            # `sum` compensation: two anchors in one Primitive fn, which TVM cannot schedule (fuzz find)
+            # `sum` compensation: two anchors in one Primitive fn, which TVM cannot schedule
             return Reject(f"{c.op.name} with int8 data and int8 weight is legalized into two anchors on x86: "
                           f"run FuseByPattern at stage before_fuse")
-        kinds.append((c.op.name, _op_pattern(c.op)))
+        kinds.append((c.op.name, call_pattern(c)))
     if not isinstance(ctx.root.checked_type, relay.TensorType):
         return Reject("the group's output is not a single tensor")
     if len(calls) > 1:
@@ -101,32 +94,6 @@ def tvm_fusible(ctx):
         if bad:
             return Reject(f"{bad[0]} (injective) cannot join the {anchors[0][0]} kernel: only elementwise/broadcast ops fuse with an anchor")
     return True
-
-
-def _lift_constants(func):
-    """Non-inlinable constants of ``func``'s body become parameters: (new func, extra args)."""
-    from tvm import relay
-
-    consts = []
-
-    class _Lift(relay.ExprMutator):
-        def __init__(self):
-            super().__init__()
-            self.vars = {}
-
-        def visit_constant(self, const):
-            if const.data.shape == () and const.data.dtype in _SIMPLE_CONST:
-                return const
-            if const not in self.vars:
-                v = relay.var(f"p_const{len(consts)}", relay.TensorType(const.data.shape, const.data.dtype))
-                self.vars[const] = v
-                consts.append(const)
-            return self.vars[const]
-
-    lifter = _Lift()
-    body = lifter.visit(func.body)
-    params = list(func.params) + [lifter.vars[c] for c in consts]
-    return relay.Function(params, body, func.ret_type, func.type_params, func.attrs), consts
 
 
 MAX_ABSORBED = 8  # producer ops pulled into one group, at most
@@ -171,20 +138,20 @@ def _absorb_producers(fn, new_args, old_args, uses):
         anchor_inputs = set()
 
         def visit(node):
-            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and _op_pattern(node.op) >= K_COMM_REDUCE:
+            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and call_pattern(node) >= K_COMM_REDUCE:
                 anchor_inputs.update(a for a in node.args if isinstance(a, relay.Var))
 
         relay.analysis.post_order_visit(body, visit)
         for i, (p, a_new, a_old) in enumerate(zip(params, new_args, old_args)):
             if p in anchor_inputs or not isinstance(a_new, relay.Call) or not isinstance(a_new.op, tvm.ir.Op):
                 continue
-            if _op_pattern(a_new.op) > K_BROADCAST or uses.get(a_old, 0) != 1:
+            if call_pattern(a_new) > K_BROADCAST or uses.get(a_old, 0) != 1:
                 continue
             if not all(_static(a.checked_type) for a in a_old.args) or not _static(a_old.checked_type):
                 continue
             inner_args, extra_params, extra_new, extra_old = [], [], [], []
             for a_n, a_o in zip(a_new.args, a_old.args):
-                if isinstance(a_o, relay.Constant) and a_o.data.shape == () and a_o.data.dtype in _SIMPLE_CONST:
+                if isinstance(a_o, relay.Constant) and a_o.data.shape == () and a_o.data.dtype in SIMPLE_CONST:
                     inner_args.append(a_o)  # FuseOps inlines such scalars too
                     continue
                 v = relay.var(f"p_in{len(params) + len(extra_params)}", a_o.checked_type)
@@ -226,7 +193,7 @@ def _to_primitive(mod, counts):
                     if n_abs:
                         logger.debug("%s: absorbed %d elementwise producer op(s)", entry, n_abs)
                     new = relay.Call(new.op, args, span=new.span)
-                    fn, consts = _lift_constants(fn)
+                    fn, consts = lift_constants(fn)
                     attrs = {k: fn.attrs[k] for k in fn.attrs.keys() if k != "Composite"}
                     attrs.update({"Primitive": tvm.tir.IntImm("int32", 1), "tvm_ext.pattern": entry})
                     fn = relay.Function(fn.params, fn.body, fn.ret_type, fn.type_params, tvm.ir.make_node("DictAttrs", **attrs))

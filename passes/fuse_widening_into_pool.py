@@ -7,7 +7,7 @@ Where. A pooling call ``P`` (``nn.global_avg_pool2d``, ``nn.avg_pool2d``,
 FuseOps treats alike: no elementwise producers) whose input is a private chain of
 elementwise/broadcast calls (constants as other arguments, one user each) holding an 8-bit point
 ``n`` (a uint8/int8 value, or an integer ``clip`` within 8-bit bounds;
-:func:`~tvm_ext.passes.narrow_kernel_boundaries.narrow_type`) that is not the pool's direct input.
+:func:`~tvm_ext.passes._chains.narrow_type`) that is not the pool's direct input.
 
 FuseOps cannot fuse that chain into the pool's kernel: an out-elemwise-fusable op takes no
 elementwise *producers* (``graph_partitioner.cc``: phase 0 fuses an elementwise node only into an
@@ -35,42 +35,24 @@ direct input (nothing to gain), dynamic shapes. Idempotent (the
 rewritten pool sits in a Primitive function, which walks never enter). Functions with
 ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`. Run at stage ``before_fuse``.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the pool's input chain and its elementwise
+consumers have unbounded length and each link must be private (one reader), which a fixed pattern
+cannot express.
 """
 from __future__ import annotations
 
+from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
-from .narrow_kernel_boundaries import walk_chain
+from ._chains import POOLS, walk_chain
+from ._util import (Reject, lift_constants, op_calls, op_name, pass_logger, rebuild, static_tensor_type,
+                    substitution_pass)
 
 __all__ = ["FuseWideningIntoPool", "POOLS"]
 
 PASS_NAME = "FuseWideningIntoPool"
 _log = pass_logger(PASS_NAME)
-
-#: Readers the rule applies to: pools (each reads every input element about once) and softmax (a
-#: classifier's 8-bit logits; TVM's schedule recomputes the inlined widening in its 2-3 passes over
-#: a row, a few elementwise ops next to an ``exp``).
-POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d", "nn.global_max_pool2d", "nn.softmax",
-         "nn.log_softmax")
-_K_BROADCAST = 1
-_SIMPLE_CONST = {"int32", "int64", "float32", "float64", "bool"}  # scalars FuseOps keeps inline
-
-
-def _pattern(call) -> int:
-    from tvm_ext.report import op_pattern
-
-    name = op_name(call)
-    return 8 if name is None else op_pattern(name)
 
 
 def _post_chain(pool, users, body):
@@ -83,7 +65,7 @@ def _post_chain(pool, users, body):
         if len(us) != 1:
             break
         user = us[0][0]
-        if not isinstance(user, relay.Call) or op_name(user) is None or _pattern(user) > _K_BROADCAST:
+        if not isinstance(user, relay.Call) or call_pattern(user) > K_BROADCAST:
             break
         if any(not isinstance(a, relay.Constant) for a in user.args if not a.same_as(end)):
             break
@@ -96,33 +78,19 @@ def _primitive(params, body):
     import tvm
     from tvm import relay
 
-    consts, lifted = [], {}
-
-    class _Lift(relay.ExprMutator):
-        def visit_constant(self, const):
-            if const.data.shape == () and const.data.dtype in _SIMPLE_CONST:
-                return const
-            if const not in lifted:
-                lifted[const] = relay.var(f"p_const{len(consts)}", relay.TensorType(const.data.shape, const.data.dtype))
-                consts.append(const)
-            return lifted[const]
-
-    body = _Lift().visit(body)
+    fn, consts = lift_constants(relay.Function(list(params), body))
     attrs = tvm.ir.make_node("DictAttrs", Primitive=tvm.tir.IntImm("int32", 1))
-    fn = relay.Function(list(params) + [lifted[c] for c in consts], body, None, [], attrs)
-    return fn, consts
+    return relay.Function(fn.params, fn.body, None, [], attrs), consts
 
 
 def _rewrite(pool, users, body):
     """The call replacing the pool group's end, with the group's end; or a Reject."""
     from tvm import relay
 
-    from ._util import Reject
-
     ok = static_tensor_type(pool)
     if not ok:
         return ok
-    _, narrow = walk_chain(pool.args[0], users, body)
+    _, narrow = walk_chain(pool.args[0], users, body, PASS_NAME)
     if narrow is None:
         return Reject("its input chain has no 8-bit point")
     node, dtype, kind = narrow
@@ -138,25 +106,18 @@ def _rewrite(pool, users, body):
     return end, relay.Call(fn, [arg, *consts], span=end.span)
 
 
-def _run(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
+def _collect(nodes, users, body) -> dict:
+    """The pool groups' ends, each replaced by the call of its Primitive function."""
     subst: dict = {}
-    for node in nodes:
-        if not (isinstance(node, relay.Call) and op_name(node) in POOLS):
-            continue
-        out = _rewrite(node, users, func.body)
+    for node in op_calls(nodes, POOLS):
+        out = _rewrite(node, users, body)
         if not isinstance(out, tuple):
             _log.debug("%s not rewritten: %s", op_name(node), out)
             continue
         end, call = out
         _log.info("%s: now reads the 8-bit value and widens it in its own kernel", op_name(node))
         subst[end] = call
-    return with_body(func, rebuild(func.body, subst))
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -186,4 +147,4 @@ def FuseWideningIntoPool():  # pylint: disable=invalid-name
     -----
     Rejections are logged at DEBUG on ``tvm_ext.passes.FuseWideningIntoPool``, rewrites at INFO.
     """
-    return function_pass(PASS_NAME, _run)
+    return substitution_pass(PASS_NAME, _collect)

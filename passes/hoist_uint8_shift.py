@@ -41,38 +41,23 @@ otherwise, and for dynamic shapes. Functions with ``If``/``Let``/``Match``/refer
 skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage
 ``before_fuse`` (after QNN legalization and lowering created the shift). Idempotent: afterwards the
 shift is ``b``'s only reader.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the rewrite reads every other reader of the
+shifted value (any number of them) and the function's value ranges, which a pattern over one
+expression tree does not see.
 """
 from __future__ import annotations
 
+from tvm_ext._op_pattern import K_INJECTIVE, K_OUT_EWISE_FUSABLE, call_pattern
 from tvm_ext.registry import register_pass
 
 from ._intervals import value_ranges
-from ._util import (
-    Reject,
-    constant_scalar,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
+from ._util import Reject, constant_scalar, op_name, pass_logger, static_tensor_type, substitution_pass
 
 __all__ = ["HoistUint8Shift"]
 
 PASS_NAME = "HoistUint8Shift"
 _log = pass_logger(PASS_NAME)
-
-# TOpPattern values (include/tvm/relay/op_attr_types.h)
-_K_INJECTIVE, _K_OUT_EWISE_FUSABLE = 2, 4
-
-
-def _pattern(call) -> int:
-    from tvm_ext.report import op_pattern
-
-    return op_pattern(op_name(call) or "")
 
 
 def _shift_of(add, users):
@@ -125,31 +110,28 @@ def _match(add, users, ranges, body):
         return Reject("the value is also the function's result")
     if not isinstance(v, relay.Call) or op_name(v) is None:
         return Reject(f"produced by a {type(v).__name__}, not an op call (the shift would be a kernel)")
-    if _pattern(v) > _K_OUT_EWISE_FUSABLE:
+    if call_pattern(v) > K_OUT_EWISE_FUSABLE:
         return Reject(f"producer {op_name(v)} does not fuse an elementwise consumer")
     for r, _ in others:
         # a Tuple field is read by the tuple's users (concatenate): those must be injective too
         calls = [u for u, _ in users.get(r, [])] if isinstance(r, relay.Tuple) else [r]
         for c in calls:
-            if not isinstance(c, relay.Call) or op_name(c) is None or _pattern(c) > _K_INJECTIVE:
+            if not isinstance(c, relay.Call) or call_pattern(c) > K_INJECTIVE:
                 name = op_name(c) if isinstance(c, relay.Call) else type(c).__name__
                 return Reject(f"reader {name} is not elementwise/broadcast/injective (the widening would be a kernel)")
     return v, s, vdtype, others
 
 
-def _run(func):
+def _collect(nodes, users, body) -> dict:
+    """The other readers of each hoisted value, rewritten to read the unshifted copy."""
     from tvm import relay
 
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
     ranges = value_ranges(nodes)
     subst: dict = {}
     for add in nodes:
         if _shift_of(add, users) is None:
             continue
-        m = _match(add, users, ranges, func.body)
+        m = _match(add, users, ranges, body)
         if isinstance(m, Reject):
             _log.debug("shift of %s: not hoisted: %s", op_name(add.args[0]) or type(add.args[0]).__name__, m)
             continue
@@ -164,7 +146,7 @@ def _run(func):
             subst[r] = relay.Call(r_new.op, args, r_new.attrs, r_new.type_args, r_new.span)
         _log.info("%s %s %s: +128 uint8 shift hoisted into the producer; %d other reader(s) read the shifted value",
                   op_name(v), vdtype, [int(d) for d in v.checked_type.shape], len(others))
-    return with_body(func, rebuild(func.body, subst))
+    return subst
 
 
 def _unshift(s, dtype):
@@ -202,4 +184,4 @@ def HoistUint8Shift():  # pylint: disable=invalid-name
     result, dynamic shapes) are logged at DEBUG on ``tvm_ext.passes.HoistUint8Shift``, rewrites
     at INFO.
     """
-    return function_pass(PASS_NAME, _run)
+    return substitution_pass(PASS_NAME, _collect)

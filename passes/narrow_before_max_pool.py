@@ -61,6 +61,10 @@ output is then 8-bit: no chain to move; sweeps repeat until nothing moves, so a 
 a sequence of pools in one run). Functions with ``If``/``Let``/``Match``/references/
 closures are skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
 Run at stage ``before_fuse`` (after relay.build's prefix has folded batch norms into constants).
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the chains have unbounded length with a
+per-link check against the table above (constants, dtypes, value ranges) and one reader per link,
+which a fixed pattern cannot express.
 """
 from __future__ import annotations
 
@@ -68,22 +72,10 @@ import re
 
 from tvm_ext.registry import register_pass
 
-from ._intervals import value_ranges
-from .narrow_kernel_boundaries import narrow_type
-from .widen_in_each_reader import _copy as copy_chain
-from ._util import (
-    Reject,
-    consumers,
-    count_calls,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    until_unchanged,
-    with_body,
-)
+from ._chains import copy_chain, narrow_type
+from ._intervals import full_range, value_ranges
+from ._util import (Reject, count_calls, fixed_point, function_pass, op_calls, op_name, pass_logger, rebuild,
+                    static_tensor_type, substitute)
 
 __all__ = ["NarrowBeforeMaxPool", "MAX_POOLS", "MAX_ROUNDS"]
 
@@ -110,8 +102,6 @@ def _int_range(dtype: str):
 
 def _within(interval, dtype: str) -> bool:
     """``interval`` is a proven range strictly inside ``dtype`` (full range: may have wrapped)."""
-    from ._intervals import full_range
-
     return interval is not None and tuple(interval) != full_range(dtype)
 
 
@@ -330,25 +320,18 @@ def _rewrite_widening(pool, users, axes, ranges):
     return n, copy_chain(links, pooled)  # g on the pooled value (n occurs in it: no rebuild)
 
 
-def _sweep(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
+def _collect(nodes, users, body) -> dict:
+    """One sweep's moves: a quantizing chain's end or a pool, replaced by the moved form."""
     subst: dict = {}
     ranges = None
-    for node in nodes:
-        if not (isinstance(node, relay.Call) and op_name(node) in MAX_POOLS):
-            continue
+    for node in op_calls(nodes, MAX_POOLS):
         axes = _pool_checks(node, users)
         if not axes:
             _log.debug("%s not rewritten: %s", op_name(node), axes)
             continue
         if ranges is None:
             ranges = value_ranges(nodes)
-        out = _rewrite(node, users, func.body, axes, ranges)
+        out = _rewrite(node, users, body, axes, ranges)
         if isinstance(out, tuple):
             n, moved = out
             _log.info("%s now pools 8-bit values: the quantizing chain up to %s moved in front of it",
@@ -363,18 +346,19 @@ def _sweep(func):
             subst[node] = moved
             continue
         _log.debug("%s not rewritten: %s; %s", op_name(node), out, widening)
-    return with_body(func, rebuild(func.body, subst))
+    return subst
+
+
+def _sweep(func):
+    return substitute(func, PASS_NAME, _collect)
 
 
 def _run(func):
     """Sweeps until none rewrites: a chain moved in front of a pool may meet the next pool in front
-    of that one (``f(pool(pool(x)))``, fuzz seed 3301). Each pool is crossed by a chain at most once
+    of that one (``f(pool(pool(x)))``). Each pool is crossed by a chain at most once
     per rule, so ``2 * pools + 1`` sweeps bound it (:data:`MAX_ROUNDS` at least)."""
     rounds = max(MAX_ROUNDS, 2 * count_calls(func.body, MAX_POOLS) + 1)
-    func, done = until_unchanged(func, _sweep, _log, rounds)
-    if not done:
-        _log.warning("still rewriting after %d rounds: stopped", rounds)
-    return func
+    return fixed_point(func, _sweep, PASS_NAME, rounds, on_cap="warn")
 
 
 @register_pass(PASS_NAME)

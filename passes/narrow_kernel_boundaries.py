@@ -45,151 +45,30 @@ the anchor's kernel ends in front of the first of them, so the cut is made upstr
 Left alone, with a logged reason: joins where fewer than two chains start at an anchor (the
 argument that does not is already a kernel boundary: e.g. the identity shortcut, an 8-bit value
 also read by a convolution), joins whose two chains start at the *same* anchor (a diamond, which
-FuseOps fuses into one kernel: a cut would add one; fuzz seed 4401, a max pool read by two
+FuseOps fuses into one kernel: a cut would add one; e.g. a max pool read by two
 widening chains after ``WidenInEachReader``), chains without a narrow point, dynamic shapes.
 Run it at stage ``before_fuse`` (after QNN lowering, ``SimplifyExpr`` removes the explicit ``cast(u8)`` of
 ``clip -> cast(u8) -> cast(f32)``, hence the ``clip`` form). Idempotent: after the rewrite the
 chain starts at ``stop_fusion``, not an anchor. Functions with ``If``/``Let``/``Match``/
 references/closures are skipped; untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: it walks chains of unbounded length back
+from a join with a per-link type check and one reader per link, and compares the two chains'
+sources, which a fixed pattern cannot express.
 """
 from __future__ import annotations
 
+from tvm_ext._op_pattern import K_BROADCAST, K_OUT_EWISE_FUSABLE, call_pattern
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
+from ._chains import walk_chain
+from ._util import describe, op_name, pass_logger, static_tensor_type, substitution_pass
 
-__all__ = ["NarrowKernelBoundaries", "narrow_type", "walk_chain"]
+__all__ = ["NarrowKernelBoundaries"]
 
 PASS_NAME = "NarrowKernelBoundaries"
 _log = pass_logger(PASS_NAME)
-
-# TOpPattern values (include/tvm/relay/op_attr_types.h)
-_K_BROADCAST, _K_INJECTIVE, _K_OUT_EWISE_FUSABLE = 1, 2, 4
-_NARROW = {"uint8": (0, 255), "int8": (-128, 127)}
-_INTEGRAL_FLOAT_OPS = ("round", "floor", "ceil", "trunc")
-
-
-def _pattern(call) -> int:
-    from tvm_ext.report import op_pattern
-
-    name = op_name(call)
-    return 8 if name is None else op_pattern(name)
-
-
-def _integral_float(expr, depth: int = 0) -> bool:
-    """True when the float ``expr`` holds integral values: ``round``/``floor``/``ceil``/``trunc``,
-    or such a value plus or minus an integral constant (a quantize's zero point, ``round(x/s) + zp``:
-    below 2**24 the sum is exact, above it every float is an integer)."""
-    import numpy as np
-    from tvm import relay
-
-    if depth > 8 or not isinstance(expr, relay.Call):
-        return False
-    name = op_name(expr)
-    if name in _INTEGRAL_FLOAT_OPS:
-        return True
-    if name in ("add", "subtract") and len(expr.args) == 2:
-        a, b = list(expr.args)
-        for x, c in ((a, b), (b, a)):
-            if isinstance(c, relay.Constant) and np.all(np.mod(c.data.numpy(), 1) == 0) \
-                    and _integral_float(x, depth + 1):
-                return True
-    return False
-
-
-def narrow_type(node):
-    """The 8-bit dtype ``node``'s value fits in and how, or a Reject.
-
-    Returns ``(dtype, "typed")`` for a uint8/int8 tensor, ``(dtype, "clip")`` for a ``clip`` with
-    integral bounds within uint8 (preferred) or int8, on an integer tensor or on a float tensor of
-    integral values (the clip reads ``round``/``floor``/``ceil``/``trunc``, possibly plus an
-    integral constant: a quantize ``clip(round(x / s) + zp)``).
-    """
-    from tvm import relay
-
-    ok = static_tensor_type(node)
-    if not ok:
-        return ok
-    dtype = node.checked_type.dtype
-    if dtype in _NARROW:
-        return dtype, "typed"
-    if not (isinstance(node, relay.Call) and op_name(node) == "clip"):
-        return Reject(f"{dtype} value, not a clip")
-    if dtype.startswith("float"):
-        if not _integral_float(node.args[0]):
-            return Reject(f"clip on {dtype} values not known to be integral")
-        if int(dtype[5:] or 32) < 16:
-            return Reject(f"clip on {dtype}: cannot hold every 8-bit integer exactly")
-    elif not dtype.startswith(("int", "uint")):
-        return Reject(f"clip on {dtype}")
-    lo, hi = float(node.attrs.a_min), float(node.attrs.a_max)
-    if lo != int(lo) or hi != int(hi):
-        return Reject(f"clip bounds [{lo:g}, {hi:g}] are not integers")
-    for cand, (tlo, thi) in _NARROW.items():
-        if tlo <= lo and hi <= thi:
-            return cand, "clip"
-    return Reject(f"clip bounds [{lo:g}, {hi:g}] exceed 8 bits")
-
-
-def _chain_arg(call, injective: bool = False):
-    """The one non-constant argument of an elemwise/broadcast call, else None.
-
-    With ``injective``, also the one argument of a one-argument injective call (``layout_transform``,
-    ``reshape``, ``squeeze``, ``transpose``, ...).
-    """
-    from tvm import relay
-
-    if not isinstance(call, relay.Call):
-        return None
-    kind = _pattern(call)
-    if kind > (_K_INJECTIVE if injective else _K_BROADCAST):
-        return None
-    if kind == _K_INJECTIVE and len(call.args) != 1:
-        return None
-    live = [a for a in call.args if not isinstance(a, relay.Constant)]
-    return live[0] if len(live) == 1 else None
-
-
-def walk_chain(arg, users, body, injective: bool = False):
-    """Follow a private chain back from a join argument.
-
-    Returns (source, narrow) where ``source`` is the first node that is not a private chain
-    call and ``narrow`` the (node, dtype, kind) narrow point nearest to the join (or None).
-
-    With ``injective``, the chain may also pass through one-argument injective calls
-    (``layout_transform``, ``reshape``, ...). FuseOps fuses an anchor only through elemwise and
-    broadcast calls, so the anchor's kernel ends in front of the first of them: ``narrow`` is then
-    the narrow point nearest to the join *upstream* of every injective call (a cut further down
-    would start a kernel of its own).
-    """
-    from tvm import relay
-
-    node, narrow, steps = arg, None, 0
-    while True:
-        steps += 1
-        if steps > 10_000:  # a chain is acyclic; this only guards against a malformed graph
-            raise RuntimeError(f"{PASS_NAME}: chain walk did not terminate")
-        if narrow is None:
-            nt = narrow_type(node)
-            if nt:
-                narrow = (node, *nt)
-        if injective and isinstance(node, relay.Call) and _pattern(node) == _K_INJECTIVE:
-            narrow = None  # points at or below an injective call are outside the anchor's kernel
-        prev = _chain_arg(node, injective)
-        if prev is None or len(users.get(node, ())) != 1 or node.same_as(body):
-            return node, narrow
-        node = prev
 
 
 def _cut(node, dtype, kind):
@@ -217,53 +96,40 @@ def _broadcast_edge(arg, join) -> bool:
     return [int(d) for d in arg.checked_type.shape] != [int(d) for d in join.checked_type.shape]
 
 
-def _describe(node) -> str:
+def _collect(nodes, users, body) -> dict:
+    """The narrow points cut at the joins, each replaced by its cut (:func:`_cut`)."""
     from tvm import relay
 
-    if isinstance(node, relay.Call):
-        return op_name(node) or "a function call"
-    if isinstance(node, relay.Var):
-        return f"%{node.name_hint}"
-    return type(node).__name__
-
-
-def _run(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
     subst: dict = {}
     for join in nodes:
-        if not isinstance(join, relay.Call) or _pattern(join) > _K_BROADCAST:
+        if not isinstance(join, relay.Call) or call_pattern(join) > K_BROADCAST:
             continue
         live = [a for a in join.args if not isinstance(a, relay.Constant)]
         if len(live) != 2 or live[0].same_as(live[1]):
             continue
-        sides = [walk_chain(a, users, func.body) for a in live]
+        sides = [walk_chain(a, users, body, PASS_NAME) for a in live]
         anchored = [(src, nar) for src, nar in sides
-                    if isinstance(src, relay.Call) and _pattern(src) == _K_OUT_EWISE_FUSABLE]
+                    if isinstance(src, relay.Call) and call_pattern(src) == K_OUT_EWISE_FUSABLE]
         name = op_name(join)
         # a side whose shape is not the join's reaches it through a broadcast edge, and FuseOps
         # fuses an anchor only through elementwise edges: that side's kernel ends before the join
         # in any case, so its chain is cut at its 8-bit point whatever the other side is
         # (the gate may reach the join through a layout_transform or reshape: walked through)
-        bcast = [(src, nar) for src, nar in (walk_chain(a, users, func.body, injective=True)
+        bcast = [(src, nar) for src, nar in (walk_chain(a, users, body, PASS_NAME, injective=True)
                                              for a in live if _broadcast_edge(a, join))
-                 if isinstance(src, relay.Call) and _pattern(src) == _K_OUT_EWISE_FUSABLE]
+                 if isinstance(src, relay.Call) and call_pattern(src) == K_OUT_EWISE_FUSABLE]
         if bcast:
             for src, nar in bcast:
                 if nar is None or nar[0] in subst:
-                    _log.debug("%s join: broadcast chain from %s has no 8-bit point", name, _describe(src))
+                    _log.debug("%s join: broadcast chain from %s has no 8-bit point", name, describe(src))
                     continue
                 node, dtype, kind = nar
                 _log.info("%s join: broadcast chain from %s cut after its %s value (a %s %s); the widening "
-                          "ops fuse into the consumer", name, _describe(src), dtype, kind, _describe(node))
+                          "ops fuse into the consumer", name, describe(src), dtype, kind, describe(node))
                 subst[node] = _cut(node, dtype, kind)
             continue
         if len(anchored) < 2:
-            others = ", ".join(_describe(src) for src, _ in sides)
+            others = ", ".join(describe(src) for src, _ in sides)
             _log.debug("%s join: chains start at %s: at most one anchor fuses into it, the other "
                        "input is a kernel boundary already", name, others)
             continue
@@ -271,20 +137,20 @@ def _run(func):
             # a diamond: FuseOps fuses the anchor, both chains and the join into one kernel (the join
             # post-dominates the anchor through elementwise paths); a cut would add a kernel
             _log.debug("%s join: both chains start at the same %s: one kernel already", name,
-                       _describe(anchored[0][0]))
+                       describe(anchored[0][0]))
             continue
         for src, nar in anchored:
             if nar is None:
-                _log.debug("%s join: chain from %s has no 8-bit point", name, _describe(src))
+                _log.debug("%s join: chain from %s has no 8-bit point", name, describe(src))
                 continue
             node, dtype, kind = nar
             if node in subst:
                 break
             _log.info("%s join: chain from %s cut after its %s value (a %s %s); the widening "
-                      "ops fuse into the consumer", name, _describe(src), dtype, kind, _describe(node))
+                      "ops fuse into the consumer", name, describe(src), dtype, kind, describe(node))
             subst[node] = _cut(node, dtype, kind)
             break
-    return with_body(func, rebuild(func.body, subst))
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -317,4 +183,4 @@ def NarrowKernelBoundaries():  # pylint: disable=invalid-name
     has a narrow point; the reason is logged at DEBUG on ``tvm_ext.passes.NarrowKernelBoundaries``
     (cuts at INFO).
     """
-    return function_pass(PASS_NAME, _run)
+    return substitution_pass(PASS_NAME, _collect)

@@ -26,23 +26,17 @@ Must run **before** ``Legalize`` (tvm_ext.build stage ``"start"``), on ``nn.conv
 ``groups == 1`` and dilation 1 (the only convs the legalization shifts). Other users of the int8
 cast keep it. Rejections are logged at DEBUG on ``tvm_ext.passes.NonNegativeConvInputToUint8``
 with the reason (range not provable, not a cast, already uint8, ...); rewrites at INFO.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the data input is peeled through any number
+of ``stop_fusion`` barriers, and the check is the function's value-range analysis; a fixed pattern
+has no repetition.
 """
 from __future__ import annotations
 
 from tvm_ext.registry import register_pass
 
 from ._intervals import value_ranges
-from ._util import (
-    Check,
-    Reject,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
+from ._util import Check, Reject, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass
 
 __all__ = ["NonNegativeConvInputToUint8"]
 
@@ -90,18 +84,14 @@ def _check(conv, ranges) -> Check:
     return True
 
 
-def _rewrite(func):
+def _collect(nodes, users, body) -> dict:
+    """Each conv2d whose int8 input is proven in [0, 127], reading it as uint8."""
     from tvm import relay
 
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
     ranges = value_ranges(nodes)
     subst: dict = {}
     new_data: dict = {}  # old data arg -> new data arg (shared by every conv reading it)
-    for node in nodes:
-        if not (isinstance(node, relay.Call) and op_name(node) == "nn.conv2d"):
-            continue
+    for node in op_calls(nodes, ("nn.conv2d",)):
         ok = _check(node, ranges)
         if not ok:
             _log.debug("%s: not rewritten: %s", RULE, ok)
@@ -115,9 +105,7 @@ def _rewrite(func):
             new_data[data] = expr
         subst[node] = relay.Call(node.op, [new_data[data], node.args[1]], node.attrs, node.type_args, node.span)
         _log.info("%s: conv2d reads uint8 data (input proven in [0, 127])", RULE)
-    if not subst:
-        return func
-    return with_body(func, rebuild(func.body, subst))
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -149,4 +137,4 @@ def NonNegativeConvInputToUint8():  # pylint: disable=invalid-name
     references/closures; each reason is logged at DEBUG on
     ``tvm_ext.passes.NonNegativeConvInputToUint8``.
     """
-    return function_pass(PASS_NAME, _rewrite)
+    return substitution_pass(PASS_NAME, _collect)

@@ -22,7 +22,7 @@ One rule, at stage ``start`` (QNN ops still present)::
     #   the new channels hold conv 0 -> g 0.0 -> quantize zp_x; V's new input rows are 0, so in
     #   QNN's expansion sum((x - zp_x) * (w - zp_w)) each new channel adds (zp_x - zp_x) * ... = 0
 
-So the float conv writes the padded tensor itself (its quantize fuses into it as before) and the
+So the float conv writes the padded tensor itself (its quantize still fuses into it) and the
 int8 conv reads it without a pad: exact, every output bit unchanged, one kernel fewer per match.
 
 A second rule for int8 producers (ONNX Runtime's QOperator ``QLinearConv``s: the squeeze and
@@ -54,6 +54,11 @@ weight. Every function when the current target is not x86 (the padding is x86's)
 
 Functions with ``If``/``Let``/... are skipped; untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the chain from the int8 conv back to its
+producer has unbounded length with a per-link check of how padded channels pass through it, and
+every reader of the quantized value must be such a conv, which a pattern over one expression tree
+cannot check.
 """
 from __future__ import annotations
 
@@ -61,18 +66,8 @@ import numpy as np
 
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Check,
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
+from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild,
+                    static_shape, static_tensor_type, with_body)
 
 __all__ = ["PadChannelsAtProducer", "MULTIPLE"]
 
@@ -94,10 +89,6 @@ MAX_EXTRA_MACS = 1 << 20
 _BINARY_PAD = {"nn.bias_add": 0.0, "add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
 #: unary chain ops with f(0) == 0 (``clip`` is checked for 0 in its range).
 _UNARY = ("nn.relu", "nn.leaky_relu", "negative", "abs", "tanh", "clip")
-
-
-def _shape(expr) -> list:
-    return [int(d) for d in expr.checked_type.shape]
 
 
 def _pad_axis(arr: np.ndarray, axis: int, new: int, value) -> np.ndarray:
@@ -238,7 +229,7 @@ def _match(q, users):
     static = static_tensor_type(q)
     if not static:
         return static
-    shape = _shape(q)
+    shape = static_shape(q)
     if len(shape) != 4:
         return Reject(f"quantized value of rank {len(shape)}")
     channels = shape[1]
@@ -289,7 +280,7 @@ def _match(q, users):
 def _rewrite_one(q, readers, chain, conv):
     from tvm import relay
 
-    channels = _shape(q)[1]
+    channels = static_shape(q)[1]
     new = -(-channels // MULTIPLE) * MULTIPLE
     weight = _padded_weight(conv.args[1], channels, new)
     if isinstance(weight, Reject):
@@ -335,7 +326,7 @@ def _match_int8(r, users):
     static = static_tensor_type(r)
     if not static:
         return static
-    shape = _shape(r)
+    shape = static_shape(r)
     if len(shape) != 4 or str(r.checked_type.dtype) not in ("uint8", "int8"):
         return Reject(f"requantize to {r.checked_type.dtype} of rank {len(shape)}")
     channels = shape[1]
@@ -352,7 +343,7 @@ def _match_int8(r, users):
         static = static_tensor_type(reader)
         if not static:
             return Reject(f"int8 reader: {static}")
-        oshape = _shape(reader)
+        oshape = static_shape(reader)
         kh, kw = (int(d) for d in reader.args[1].checked_type.shape[2:4])
         extra += (new - -(-channels // MULTIPLE) * MULTIPLE) * oshape[1] * oshape[2] * oshape[3] * kh * kw
         zp_w = reader.args[3].data.numpy() if isinstance(reader.args[3], relay.Constant) else None
@@ -391,7 +382,7 @@ def _int8_written(channels: int) -> int:
 def _rewrite_int8(r, readers, bias, conv):
     from tvm import relay
 
-    channels = _shape(r)[1]
+    channels = static_shape(r)[1]
     new = -(-channels // INT8_MULTIPLE) * INT8_MULTIPLE
     w, in_zp, k_zp, in_scale, k_scale = conv.args[1:6]
     zp = k_zp.data.numpy()

@@ -50,6 +50,10 @@ Hand-matched rather than a dataflow pattern: the rule needs "one consumer at eve
 ``IsNoBranchPathToQuantizeLinear``), which the pattern language does not express.
 Run it at stage ``start`` after ``QDQToInteger`` (whose FQ2I would otherwise turn the float op with
 a dequantized weight into an integer QNN op): ``pipelines.int8(numerics="onnxruntime")`` does.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the path from the anchor to its quantize
+passes through any number of pass-through calls, each with one reader, which a fixed pattern cannot
+express.
 """
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ import numpy as np
 
 from tvm_ext.registry import register_pass
 
-from ._util import Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
+from ._util import Reject, op_calls, op_name, pass_logger, substitution_pass
 
 __all__ = ["QuantizeWeightsAsOnnxRuntime", "ort_int8_weight_parameters"]
 
@@ -164,27 +168,20 @@ def _match(node, users):
     return subst
 
 
-def _rewrite(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
+def _collect(nodes, users, body) -> dict:
+    """Each float weight's dequantize (and bias), replaced by ONNX Runtime's int8 form."""
     subst: dict = {}
-    for node in nodes:
-        if not (isinstance(node, relay.Call) and op_name(node) in WEIGHT_OPS):
-            continue
+    for node in op_calls(nodes, WEIGHT_OPS):
         m = _match(node, users)
         if isinstance(m, Reject):
             _log.debug("%s.%s: not rewritten: %s", PASS_NAME, op_name(node), m)
             continue
         subst.update(m)
-    if not subst:
-        return func
-    n = sum(1 for k in subst if op_name(k) in WEIGHT_OPS)
-    _log.info("%s: %d float weight(s) quantized to int8 as ONNX Runtime's WeightBiasQuantization does", PASS_NAME, n)
-    return with_body(func, rebuild(func.body, subst))
+    if subst:
+        n = sum(1 for k in subst if op_name(k) in WEIGHT_OPS)
+        _log.info("%s: %d float weight(s) quantized to int8 as ONNX Runtime's WeightBiasQuantization does", PASS_NAME,
+                  n)
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -219,4 +216,4 @@ def QuantizeWeightsAsOnnxRuntime():  # pylint: disable=invalid-name
     ``qnn.quantize``, and functions with ``If``/``Let``/``Match``/references/closures, are left
     unchanged; each reason is logged at DEBUG on ``tvm_ext.passes.QuantizeWeightsAsOnnxRuntime``.
     """
-    return function_pass(PASS_NAME, _rewrite)
+    return substitution_pass(PASS_NAME, _collect)

@@ -48,29 +48,23 @@ batch norm into its weights (different float bits) and ``SimplifyExpr`` from dro
 ``cast(cast(clip(x), i8), i32)`` pairs that keep the crossing tensors int8; and ``CanonicalizeCast``
 has by then given each consumer its own widening cast, so the int8 value, not the int32 one,
 is what the producer's kernel writes.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: each barrier's decision depends on the
+chains to the next kernel boundaries and on the decisions already made for the barriers downstream
+(an ordered, whole-function walk), not on a local shape.
 """
 from __future__ import annotations
 
+from tvm_ext._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_INJECTIVE, op_pattern
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
+from ._util import Reject, describe, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass
 
 __all__ = ["RemoveStopFusion"]
 
 PASS_NAME = "RemoveStopFusion"
 _log = pass_logger(PASS_NAME)
 _STOP = "annotation.stop_fusion"
-_K_BROADCAST, _K_INJECTIVE, _K_COMM_REDUCE = 1, 2, 3
 _CONTRACTIBLE_CONSUMERS = frozenset({"add", "subtract"})
 
 
@@ -112,8 +106,6 @@ def _brings_no_anchor(starts, users, decided, through_undecided: bool = False) -
     """
     from tvm import relay
 
-    from tvm_ext.report import op_pattern
-
     stack = list(starts)
     seen = set()
     while stack:
@@ -131,7 +123,7 @@ def _brings_no_anchor(starts, users, decided, through_undecided: bool = False) -
             if decided.get(node) == "remove" or (through_undecided and node not in decided):
                 stack.append(node.args[0])
             continue
-        if op_pattern(op_name(node)) > _K_BROADCAST:
+        if op_pattern(op_name(node)) > K_BROADCAST:
             return False
         stack.extend(node.args)
     return True
@@ -145,8 +137,6 @@ def _chain(stop, users, decided, claimed, body):
     anchor.
     """
     from tvm import relay
-
-    from tvm_ext.report import op_pattern
 
     chain = []
     passed = []  # removed barriers the chain goes through
@@ -166,7 +156,7 @@ def _chain(stop, users, decided, claimed, body):
             cur = nxt  # transparent: it goes away too
             passed.append(nxt)
             continue
-        if op_pattern(op_name(nxt)) > _K_BROADCAST or not static_tensor_type(nxt) or not _same_shape(nxt, cur):
+        if op_pattern(op_name(nxt)) > K_BROADCAST or not static_tensor_type(nxt) or not _same_shape(nxt, cur):
             return chain
         inputs = [a for a in nxt.args if not isinstance(a, relay.Constant)]
         if len(inputs) > 1 and not _other_branch_free(nxt, cur, users, decided, claimed, passed):
@@ -187,8 +177,6 @@ def _fuses_forward(end, users, body, decided):
     """
     from tvm import relay
 
-    from tvm_ext.report import op_pattern
-
     while True:
         if end.same_as(body):
             return Reject("it is the function's result")
@@ -203,7 +191,7 @@ def _fuses_forward(end, users, body, decided):
     if name is None:
         return Reject(f"its user is a {type(user).__name__}")
     pat = op_pattern(name)
-    if pat <= _K_INJECTIVE or pat == _K_COMM_REDUCE:
+    if pat <= K_INJECTIVE or pat == K_COMM_REDUCE:
         return True
     return Reject(f"its user {name} (TOpPattern {pat}) takes no fused producer")
 
@@ -231,26 +219,17 @@ def _claim(claimed, joins, stop):
 
 
 def _describe(node) -> str:
+    return describe(node, unnamed="call", with_dtype=True)
+
+
+def _collect(nodes, users, body) -> dict:
+    """Each barrier removed (replaced by its input) or moved (see the module note)."""
     from tvm import relay
 
-    if isinstance(node, relay.Call):
-        return f"{op_name(node) or 'call'}:{node.checked_type.dtype}"
-    if isinstance(node, relay.Var):
-        return f"%{node.name_hint}"
-    return type(node).__name__
-
-
-def _rewrite(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
     decided: dict = {}
     claimed: dict = {}
     subst: dict = {}
-    stops = [n for n in nodes if isinstance(n, relay.Call) and op_name(n) == _STOP]
+    stops = op_calls(nodes, (_STOP,))
     for stop in reversed(stops):  # downstream barriers first
         x = stop.args[0]
         ok = static_tensor_type(stop)
@@ -263,7 +242,7 @@ def _rewrite(func):
             decided[stop] = "keep"
             _log.debug("%s.keep: barrier on %s kept: %s", PASS_NAME, _describe(x), why)
             continue
-        chain = _chain(stop, users, decided, claimed, func.body)
+        chain = _chain(stop, users, decided, claimed, body)
         end = chain[-1] if chain else x
         joins = [n for n in chain if sum(not isinstance(a, relay.Constant) for a in n.args) > 1]
         if joins and _brings_no_anchor([x], users, decided, through_undecided=True):
@@ -279,7 +258,7 @@ def _rewrite(func):
             _log.info("%s.remove: barrier on %s removed (kernel now ends at %s)", PASS_NAME,
                       _describe(x), _describe(end))
             continue
-        absorbed = _fuses_forward(end, users, func.body, decided)
+        absorbed = _fuses_forward(end, users, body, decided)
         if not absorbed:
             decided[stop] = "remove"
             subst[stop] = x
@@ -304,9 +283,7 @@ def _rewrite(func):
         subst[consumer] = relay.Call(consumer.op, args, consumer.attrs, consumer.type_args, consumer.span)
         _log.info("%s.move: barrier on %s moved after %s (narrowest on the way to %s)", PASS_NAME,
                   _describe(x), _describe(m), _describe(end))
-    if not subst:
-        return func
-    return with_body(func, rebuild(func.body, subst))
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -339,4 +316,4 @@ def RemoveStopFusion():  # pylint: disable=invalid-name
     dynamically shaped values are left unchanged; reasons are logged at DEBUG on
     ``tvm_ext.passes.RemoveStopFusion``, removals and moves at INFO.
     """
-    return function_pass(PASS_NAME, _rewrite)
+    return substitution_pass(PASS_NAME, _collect)

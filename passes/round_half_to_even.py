@@ -36,13 +36,13 @@ The third rule: TVM lowers ``qnn.requantize`` with a float compute dtype and
 
 The replacement, :func:`tvm_ext.ops.round_half_to_even`, is one TIR ``nearbyint`` per element
 (LLVM's ``llvm.nearbyint``: round to nearest even under the default rounding mode, which TVM code
-never changes): exact for every float, ``inf`` and ``nan`` included. It used to be the Relay formula
-``f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(0.5 * f), 0))`` (``f = floor(v)``,
-``d = v - f``), equal in value (the formula gives ``+0.0`` where ``nearbyint`` gives ``-0.0``) but
-reading ``v`` seven times: TVM inlines a fused kernel's elementwise chain into one TIR expression, so
-``k`` roundings in one kernel (a requantize feeding a quantized SiLU, TabulateEightBit's table
-build) made ``7**k`` copies and TIR's simplifier ran for minutes (the YOLOv8n QDQ build with
-``pipelines.int8(numerics="onnxruntime")``: > 23 CPU-minutes, 6 without). The replacement contains
+never changes): exact for every float, ``inf`` and ``nan`` included. It is an op rather than the Relay
+formula ``f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(0.5 * f), 0))`` (``f = floor(v)``,
+``d = v - f``), equal in value (the formula gives ``+0.0`` where ``nearbyint`` gives ``-0.0``), because
+the formula reads ``v`` seven times: TVM inlines a fused kernel's elementwise chain into one TIR
+expression, so ``k`` roundings in one kernel (a requantize feeding a quantized SiLU, TabulateEightBit's
+table build) make ``7**k`` copies and TIR's simplifier runs for minutes (the YOLOv8n QDQ build with
+``pipelines.int8(numerics="onnxruntime")``: > 23 CPU-minutes with the formula, 6 with the op). The replacement contains
 no ``round``, so a second run changes nothing. Non-float ``round`` calls (none in TVM 0.19) and functions with
 ``If``/``Let``/... are left alone, with the reason logged at DEBUG on
 ``tvm_ext.passes.RoundHalfToEven``.
@@ -50,13 +50,16 @@ no ``round``, so a second run changes nothing. Non-float ``round`` calls (none i
 Where to run it: at ``before_fuse`` (the default of :func:`tvm_ext.build`), after relay.build's
 prefix has lowered the QNN ops; at ``start`` only explicit ``round`` calls exist. The rewrite is
 elementwise and fuses with its neighbours (kernel count unchanged on the tested models).
+
+Matched by op name (``round``), not with ``tvm.relay.dataflow_pattern``: the rule has no structure
+beyond the one call, so a pattern would add nothing to the name test and the dtype check.
 """
 from __future__ import annotations
 
 from tvm_ext.ops import round_half_to_even  # the replacement (re-exported: AddAsOnnxRuntime, tests)
 from tvm_ext.registry import register_pass
 
-from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
+from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
 __all__ = ["RoundHalfToEven"]
 
@@ -109,25 +112,18 @@ def _replacement(call):
     return out if zp is None else relay.add(out, zp)
 
 
-def _rewrite(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
+def _collect(nodes, users, body) -> dict:
+    """Each round of a requantize, replaced by rounding half to even."""
     subst: dict = {}
-    for node in nodes:
-        if not isinstance(node, relay.Call) or op_name(node) != "round":
-            continue
+    for node in op_calls(nodes, ("round",)):
         ok = _check(node)
         if not ok:
             _log.debug("%s: not rewritten: %s", RULE, ok)
             continue
         subst[node] = _replacement(node)
-    if not subst:
-        return func
-    _log.info("%s: %d round(s) now round half to even", RULE, len(subst))
-    return with_body(func, rebuild(func.body, subst))
+    if subst:
+        _log.info("%s: %d round(s) now round half to even", RULE, len(subst))
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -161,4 +157,4 @@ def RoundHalfToEven():  # pylint: disable=invalid-name
     Non-float ``round`` calls and functions with ``If``/``Let``/``Match``/references/closures are
     left unchanged; each reason is logged at DEBUG on ``tvm_ext.passes.RoundHalfToEven``.
     """
-    return function_pass(PASS_NAME, _rewrite)
+    return substitution_pass(PASS_NAME, _collect)

@@ -55,26 +55,21 @@ pass at ``before_fuse`` (after AlterOpLayout), as :func:`tvm_ext.pipelines.int8`
 
 *Idempotent:* a lookup is a source of its own (its table has 256 elements), so a second run finds
 nothing new. *No match* (no transcendental op on an 8-bit chain) returns the module unchanged.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: a chain is the subgraph a dataflow analysis
+finds to depend on one 8-bit value (any shape, any size), not a fixed expression tree.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
 from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
+from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,
+                    static_tensor_type, with_body)
 
 PASS_NAME = "TabulateEightBit"
 RULE = "f(x: 8-bit) -> table_lookup(x, [f(i) for i in 0..255])"
@@ -86,7 +81,6 @@ TRANSCENDENTAL = frozenset({
     "sqrt", "rsqrt", "power", "sin", "cos", "tan", "sinh", "cosh", "asin", "acos", "atan", "asinh",
     "acosh", "atanh",
 })
-_K_BROADCAST = 1
 
 
 def _domain(node, ranges):
@@ -112,10 +106,6 @@ def _domain(node, ranges):
     return (dtype, lo, hi - lo + 1, None) if hi - lo + 1 <= 256 else None
 
 
-def _shape(node) -> tuple:
-    return tuple(int(d) for d in node.checked_type.shape)
-
-
 def _small_constant(node) -> bool:
     from tvm import relay
 
@@ -123,13 +113,7 @@ def _small_constant(node) -> bool:
 
 
 def _elementwise(node) -> bool:
-    import tvm
-    from tvm import relay
-
-    if not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op) or node.op.name == TABLE_LOOKUP:
-        return False
-    pat = node.op.get_attr("TOpPattern")
-    return pat is not None and int(pat) <= _K_BROADCAST
+    return op_name(node) not in (None, TABLE_LOOKUP) and call_pattern(node) <= K_BROADCAST
 
 
 _CONST = "const"
@@ -154,7 +138,7 @@ def _sources(nodes):
                 s = src.get(arg)
                 if s is _CONST:
                     continue
-                if s is None or _shape(arg) != _shape(node):
+                if s is None or static_shape(arg) != static_shape(node):
                     ok = False
                     break
                 seen.add(s)
@@ -308,8 +292,6 @@ def _drop_dequantized_readers(chains, ops):
 
 
 def _rewrite(func, ops: frozenset):
-    from tvm import relay
-
     nodes = dataflow_nodes(func, PASS_NAME)
     if nodes is None:
         return func

@@ -27,12 +27,16 @@ points that are already scalars are left alone; each rejection is logged at DEBU
 Run it at stage ``"start"`` (QNN ops exist only before relay.build's prefix canonicalizes
 them); :func:`tvm_ext.pipelines.int8` runs it first, so ``QDQToInteger`` propagates scalar
 zero points from ``qnn.dequantize`` into the integer ops it creates.
+
+Matched by op name against the table of zero-point argument positions, not with
+``tvm.relay.dataflow_pattern``: each rule is one call and an argument check, which a pattern would
+only restate.
 """
 from __future__ import annotations
 
 from tvm_ext.registry import register_pass
 
-from ._util import Check, Reject, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, with_body
+from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
 __all__ = ["UniformZeroPointsToScalar", "ZERO_POINT_ARGS"]
 
@@ -71,18 +75,14 @@ def _check(zp) -> Check:
     return True
 
 
-def _rewrite(func):
+def _collect(nodes, users, body) -> dict:
+    """Each QNN call with a uniform zero-point vector, reading the scalar instead."""
     from tvm import relay
 
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
     subst: dict = {}
-    for node in nodes:
-        if not isinstance(node, relay.Call):
-            continue
-        positions = ZERO_POINT_ARGS.get(op_name(node))
-        if positions is None or len(node.args) <= max(positions):
+    for node in op_calls(nodes, ZERO_POINT_ARGS):
+        positions = ZERO_POINT_ARGS[op_name(node)]
+        if len(node.args) <= max(positions):
             continue
         args = list(node.args)
         changed = []
@@ -97,9 +97,7 @@ def _rewrite(func):
         if changed:
             subst[node] = relay.Call(node.op, args, node.attrs, node.type_args, node.span)
             _log.info("%s: %s zero point(s) at %s are uniform vectors: now scalars", RULE, op_name(node), changed)
-    if not subst:
-        return func
-    return with_body(func, rebuild(func.body, subst))
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -132,4 +130,4 @@ def UniformZeroPointsToScalar():  # pylint: disable=invalid-name
     unchanged, as are functions with ``If``/``Let``/``Match``/references/closures; each reason is
     logged at DEBUG on ``tvm_ext.passes.UniformZeroPointsToScalar``.
     """
-    return function_pass(PASS_NAME, _rewrite)
+    return substitution_pass(PASS_NAME, _collect)

@@ -4,7 +4,7 @@ Design note
 -----------
 Where. A widening chain ``g`` (a private chain of shape-preserving elementwise calls, constants as
 the other arguments, from an 8-bit point ``n``: a uint8/int8 tensor, or a ``clip`` within 8-bit
-bounds; :func:`~tvm_ext.passes.narrow_kernel_boundaries.narrow_type`) read by a data-movement call
+bounds; :func:`~tvm_ext.passes._chains.narrow_type`) read by a data-movement call
 ``M``: ``reshape``, ``transpose``, ``layout_transform``, ``squeeze``, ``expand_dims``,
 ``strided_slice``, ``nn.batch_flatten``, ``split``, or ``concatenate`` of several such chains.
 
@@ -62,26 +62,19 @@ through its fields; dynamic shapes. Idempotent: afterwards every movement reads 
 Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`. Run at stage ``before_fuse``, before
 ``WidenInEachReader`` and ``FuseWideningIntoPool``.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the widening chains have unbounded length
+with a per-link shape check and reader checks, and a concatenation joins any number of them, which a
+fixed pattern cannot express.
 """
 from __future__ import annotations
 
+from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Reject,
-    consumers,
-    count_calls,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    until_unchanged,
-    with_body,
-)
-from .fuse_widening_into_pool import POOLS
-from .narrow_kernel_boundaries import _pattern, narrow_type
+from ._chains import narrow_type, takes_widening
+from ._util import (Reject, count_calls, fixed_point, function_pass, op_name, pass_logger, static_shape,
+                    static_tensor_type, substitute)
 
 __all__ = ["WidenAfterMovement", "MOVEMENT", "MAX_ROUNDS"]
 
@@ -97,12 +90,6 @@ MOVEMENT = ("reshape", "transpose", "layout_transform", "squeeze", "expand_dims"
 #: least one movement into a reader of an 8-bit value, which no later sweep rewrites again).
 MAX_ROUNDS = 16
 _MAX_CHAIN = 64
-_K_BROADCAST = 1
-_K_COMM_REDUCE = 3
-
-
-def _shape(expr) -> list:
-    return [int(d) for d in expr.checked_type.shape]
 
 
 def _widening(v, users):
@@ -121,7 +108,7 @@ def _widening(v, users):
         nt = narrow_type(node)
         if nt:
             break
-        if not isinstance(node, relay.Call) or _pattern(node) > _K_BROADCAST:
+        if not isinstance(node, relay.Call) or call_pattern(node) > K_BROADCAST:
             what = op_name(node) or type(node).__name__
             return Reject(f"no 8-bit value behind its elementwise chain (reached {what})")
         live = [a for a in node.args if not isinstance(a, relay.Constant)]
@@ -134,7 +121,7 @@ def _widening(v, users):
         ok = static_tensor_type(live[0])
         if not ok:
             return ok
-        if _shape(node) != _shape(live[0]):
+        if static_shape(node) != static_shape(live[0]):
             return Reject(f"{op_name(node)} broadcasts the value to a larger shape")
         links.append(node)
         node = live[0]
@@ -158,16 +145,11 @@ def _readers_take_widening(readers):
     data movement, a tuple) would leave the link as a kernel writing the wide value, and the copy
     would add one: the chain is left alone.
     """
-    from tvm import relay
-
-    from tvm_ext.report import op_pattern
-
     for reader, _ in readers:
-        name = op_name(reader) if isinstance(reader, relay.Call) else None
+        name = op_name(reader)
         if name is None:
             return Reject(f"a {type(reader).__name__} reads it")
-        pat = op_pattern(name)
-        if not (pat <= _K_BROADCAST or pat == _K_COMM_REDUCE or name in POOLS):
+        if not takes_widening(reader):
             return Reject(f"{name} reads it and would not fuse the widening")
     return True
 
@@ -238,8 +220,9 @@ def _is_scalar(const) -> bool:
     return const.data.numpy().size == 1
 
 
-def _unary(call, users):
-    """M(g(n)) -> g'(M(n)); or a Reject."""
+def _moved(call, users):
+    """``(links, moved, restore)``: the movement ``call`` on the 8-bit source of its input's widening
+    chain ``links`` (:func:`_widening`, :func:`_source`); or a Reject."""
     from tvm import relay
 
     v = call.args[0]
@@ -250,12 +233,20 @@ def _unary(call, users):
         return m
     n, dtype, kind, links = m
     src, restore = _source(n, dtype, kind)
-    moved = relay.Call(call.op, [src], call.attrs, call.type_args, call.span)
+    return links, relay.Call(call.op, [src], call.attrs, call.type_args, call.span), restore
+
+
+def _unary(call, users):
+    """M(g(n)) -> g'(M(n)); or a Reject."""
+    m = _moved(call, users)
+    if isinstance(m, Reject):
+        return m
+    links, moved, restore = m
 
     def new_const(i, _j, const):
         if _is_scalar(const):
             return const
-        return _shrink(_fold(call, _full(const, _shape(links[i]))))
+        return _shrink(_fold(call, _full(const, static_shape(links[i]))))
 
     return _relink(links, moved, restore, new_const)
 
@@ -301,7 +292,7 @@ def _concat(call, users):
     ok = _same_calls(chains)
     if not ok:
         return ok
-    rank = len(_shape(call))
+    rank = len(static_shape(call))
     axis = int(call.attrs.axis)
     axis = axis + rank if axis < 0 else axis
     srcs = [_source(n, dtype, kind) for n, dtype, kind, _ in parts]
@@ -313,7 +304,7 @@ def _concat(call, users):
         if all(_is_scalar(c) for c in consts) and \
                 len({c.data.numpy().reshape(()).tobytes() for c in consts}) == 1 and const.data.ndim <= rank:
             return const  # one scalar for every part
-        pieces = [_full(c, _shape(ch[i])) for c, ch in zip(consts, chains)]
+        pieces = [_full(c, static_shape(ch[i])) for c, ch in zip(consts, chains)]
         return _shrink(np.concatenate(pieces, axis=axis))
 
     return _relink(chains[0], moved, srcs[0][1], new_const)
@@ -324,19 +315,14 @@ def _split(call, users):
     import numpy as np
     from tvm import relay
 
-    v = call.args[0]
-    if len(users.get(v, ())) != 1:
-        return Reject("its input has other readers")
+    m = _moved(call, users)
+    if isinstance(m, Reject):
+        return m
+    links, moved, restore = m
     items = users.get(call, ())
     if not items or any(not isinstance(u, relay.TupleGetItem) for u, _ in items):
         return Reject("its result is used other than through its fields")
-    m = _widening(v, users)
-    if isinstance(m, Reject):
-        return m
-    n, dtype, kind, links = m
-    src, restore = _source(n, dtype, kind)
-    moved = relay.Call(call.op, [src], call.attrs, call.type_args, call.span)
-    rank = len(_shape(v))
+    rank = len(static_shape(call.args[0]))
     axis = int(call.attrs.axis)
     axis = axis + rank if axis < 0 else axis
     fields = [[int(d) for d in t.shape] for t in call.checked_type.fields]
@@ -348,20 +334,17 @@ def _split(call, users):
         def new_const(i, _j, const, k=k):
             if _is_scalar(const):
                 return const
-            piece = np.take(_full(const, _shape(links[i])), np.arange(bounds[k], bounds[k + 1]), axis=axis)
+            piece = np.take(_full(const, static_shape(links[i])), np.arange(bounds[k], bounds[k + 1]), axis=axis)
             return _shrink(piece)
 
         out[item] = _relink(links, relay.TupleGetItem(moved, k), restore, new_const)
     return out
 
 
-def _sweep(func):
+def _collect(nodes, users, body) -> dict:
+    """One sweep: each movement (or its fields' readers) rewritten to move the 8-bit value."""
     from tvm import relay
 
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
     subst: dict = {}
     for node in nodes:
         name = op_name(node) if isinstance(node, relay.Call) else None
@@ -381,17 +364,18 @@ def _sweep(func):
             subst.update(out)
         else:
             subst[node] = out
-    return with_body(func, rebuild(func.body, subst))
+    return subst
+
+
+def _sweep(func):
+    return substitute(func, PASS_NAME, _collect)
 
 
 def _run(func):
     """Sweeps of :func:`_sweep` until none rewrites (at most one per movement call, or
     :data:`MAX_ROUNDS` if more; the bound is a guard: see MAX_ROUNDS)."""
     rounds = max(MAX_ROUNDS, count_calls(func.body, (*MOVEMENT, "concatenate", "split")) + 1)
-    func, done = until_unchanged(func, _sweep, _log, rounds)
-    if not done:
-        _log.warning("still rewriting after %d rounds: the widening stops here", rounds)
-    return func
+    return fixed_point(func, _sweep, PASS_NAME, rounds, on_cap="warn")
 
 
 @register_pass(PASS_NAME)

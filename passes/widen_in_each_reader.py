@@ -4,7 +4,7 @@ Design note
 -----------
 Where. A value ``v`` at the end of a private chain of elementwise calls (constants as other
 arguments, one user each) that starts at an 8-bit point ``n`` (a uint8/int8 tensor, or an integer
-``clip`` within 8-bit bounds; :func:`~tvm_ext.passes.narrow_kernel_boundaries.narrow_type`), read
+``clip`` within 8-bit bounds; :func:`~tvm_ext.passes._chains.narrow_type`), read
 by two or more calls. ONNX Runtime's QOperator squeeze-and-excitation blocks have it: the
 requantized conv output is dequantized once (``cast f32 -> multiply``: TVM's import of
 ``QLinearGlobalAveragePool`` and ``QLinearMul``) and read by the SE pool and by the gating
@@ -52,50 +52,29 @@ get the widening as an unfusable producer: a kernel more), the function's result
 Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
 :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage ``before_fuse``, before
 ``FuseWideningIntoPool``. Idempotent: afterwards ``c`` is read by chains, each with one reader.
+
+Walked by hand, not with ``tvm.relay.dataflow_pattern``: the shared value has any number of readers,
+each checked, and its chain has unbounded length with one reader per link, which a fixed pattern
+cannot express.
 """
 from __future__ import annotations
 
 from tvm_ext.registry import register_pass
 
-from ._util import (
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    until_unchanged,
-    with_body,
-)
-from .fuse_widening_into_pool import POOLS
-from .narrow_kernel_boundaries import _chain_arg, narrow_type
+from ._chains import chain_arg, copy_chain, narrow_type, takes_widening
+from ._util import Reject, fixed_point, function_pass, op_name, pass_logger, static_tensor_type, substitute
 
 __all__ = ["WidenInEachReader"]
 
 PASS_NAME = "WidenInEachReader"
 _log = pass_logger(PASS_NAME)
-_K_BROADCAST = 1
-#: a reduction (``mean``, ``sum``, ``max``, ...) takes an elementwise producer into its kernel
-#: (``graph_partitioner.cc``: an elementwise node fuses into a post-dominator that is injective or
-#: a reduction)
-_K_COMM_REDUCE = 3
 _MAX_CHAIN = 64
 #: sweeps before giving up: a rewrite can free a chain for the next sweep (module note)
 _MAX_ROUNDS = 8
 
 
-def _pattern(call) -> int:
-    from tvm_ext.report import op_pattern
-
-    return op_pattern(op_name(call) or "")
-
-
 def _match(v, users, body):
     """(n, narrow dtype, kind, readers) for a shared widened value ``v``, or a Reject."""
-    from tvm import relay
-
     readers = users.get(v, [])
     if len(readers) < 2:
         return Reject("fewer than two readers")
@@ -113,7 +92,7 @@ def _match(v, users, body):
     node, chain = v, []
     for _ in range(_MAX_CHAIN):
         chain.append(node)
-        prev = _chain_arg(node)
+        prev = chain_arg(node)
         if prev is None:
             return Reject("no 8-bit point on its private elementwise chain")
         nt = narrow_type(prev)
@@ -133,12 +112,9 @@ def _match(v, users, body):
 def _bad_reader(readers):
     """A Reject naming the first reader that is neither elementwise/broadcast, a reduction nor a
     pool, else None."""
-    from tvm import relay
-
     for r, _ in readers:
-        name = op_name(r) if isinstance(r, relay.Call) else None
-        if name is None or not (_pattern(r) <= _K_BROADCAST or _pattern(r) == _K_COMM_REDUCE or name in POOLS):
-            return Reject(f"reader {name or type(r).__name__} is neither elementwise/broadcast, a reduction "
+        if not takes_widening(r):
+            return Reject(f"reader {op_name(r) or type(r).__name__} is neither elementwise/broadcast, a reduction "
                           f"nor a pool")
     return None
 
@@ -147,37 +123,20 @@ def _is_cast_to(node, dtype: str) -> bool:
     return op_name(node) == "cast" and str(node.checked_type.dtype) == dtype
 
 
-def _copy(chain, x):
-    """A fresh copy of ``chain`` (``v`` first, down to the call reading the 8-bit point) on ``x``."""
-    from tvm import relay
-
-    for node in reversed(chain):
-        prev = _chain_arg(node)
-        x = relay.Call(node.op, [x if a.same_as(prev) else a for a in node.args], node.attrs, node.type_args,
-                       node.span)
-    return x
-
-
 def _run(func):
     """Sweeps of :func:`_sweep` until none rewrites (at most :data:`_MAX_ROUNDS`)."""
-    func, done = until_unchanged(func, _sweep, _log, _MAX_ROUNDS)
-    if not done and not _sweep(func).same_as(func):
-        raise RuntimeError(f"{PASS_NAME}: still rewriting after {_MAX_ROUNDS} rounds (a malformed graph?)")
-    return func
+    return fixed_point(func, _sweep, PASS_NAME, _MAX_ROUNDS)
 
 
-def _sweep(func):
+def _collect(nodes, users, body) -> dict:
+    """One sweep: each reader of a shared widened value, rewritten to read its own copy of the chain."""
     from tvm import relay
 
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
     subst: dict = {}
     for v in nodes:
         if not (isinstance(v, relay.Call) and len(users.get(v, [])) >= 2):
             continue
-        m = _match(v, users, func.body)
+        m = _match(v, users, body)
         if isinstance(m, Reject):
             _log.debug("%s: not rewritten: %s", op_name(v), m)
             continue
@@ -189,12 +148,16 @@ def _sweep(func):
                 continue
             r_new = subst.get(r, r)
             # a fresh copy of the chain per reader: w_k(...w_1(widen(c))...)
-            copy = _copy(chain, c if kind == "typed" else relay.cast(c, str(n.checked_type.dtype)))
+            copy = copy_chain(chain, c if kind == "typed" else relay.cast(c, str(n.checked_type.dtype)))
             args = [copy if a.same_as(v) else a for a in r_new.args]
             subst[r] = relay.Call(r_new.op, args, r_new.attrs, r_new.type_args, r_new.span)
         _log.info("%s %s %s: crosses as %s; each of its %d readers widens it", op_name(v), v.checked_type.dtype,
                   [int(d) for d in v.checked_type.shape], dtype, len(readers))
-    return with_body(func, rebuild(func.body, subst))
+    return subst
+
+
+def _sweep(func):
+    return substitute(func, PASS_NAME, _collect)
 
 
 @register_pass(PASS_NAME)

@@ -25,15 +25,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from tvm_ext._op_pattern import (  # noqa: F401  (re-exported: the TOpPattern values checks compare with)
-    K_BROADCAST,
-    K_COMM_REDUCE,
-    K_ELEMWISE,
-    K_INJECTIVE,
-    K_OPAQUE,
-    K_OUT_EWISE_FUSABLE,
-    K_TUPLE,
-)
+# the TOpPattern values a check compares with (one copy, tvm_ext._op_pattern)
+from tvm_ext._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_ELEMWISE, K_INJECTIVE  # noqa: F401
+from tvm_ext._op_pattern import K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE  # noqa: F401
 from tvm_ext._reject import Reject
 
 logger = logging.getLogger("tvm_ext.patterns")
@@ -48,13 +42,6 @@ __all__ = [
     "get_table",
     "list_tables",
     "group_calls",
-    "K_ELEMWISE",
-    "K_BROADCAST",
-    "K_INJECTIVE",
-    "K_COMM_REDUCE",
-    "K_OUT_EWISE_FUSABLE",
-    "K_TUPLE",
-    "K_OPAQUE",
 ]
 
 class MatchContext:

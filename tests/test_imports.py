@@ -82,3 +82,36 @@ def test_leaves_do_not_import_the_layers_above():
     for leaf in ("tvm_ext.errors", "tvm_ext.isa", "tvm_ext.x86_int8", "tvm_ext.tuning", "tvm_ext.target"):
         above = {"tvm_ext.cli", "tvm_ext.bench", "tvm_ext.build", "tvm_ext.tune"}
         assert not (_imports(leaf, mods[leaf], mods) & above), leaf
+
+
+def _pass_modules(mods: dict) -> set:
+    """The modules of tvm_ext.passes that hold a pass (not ``__init__``, not an underscore module)."""
+    return {n for n in mods if n.startswith("tvm_ext.passes.") and not n.rsplit(".", 1)[1].startswith("_")}
+
+
+def test_no_pass_imports_another_pass():
+    """Shared machinery lives in the underscore modules of passes/ (and tvm_ext leaves), never in
+    another pass's module: every import of every passes/*.py is parsed, lazy ones included."""
+    mods = _modules()
+    passes = _pass_modules(mods)
+    assert len(passes) >= 20  # the finder sees the pass modules
+    for name in sorted(n for n in mods if n.startswith("tvm_ext.passes.")):
+        reached = _imports(name, mods[name], mods) & passes
+        assert not reached, f"{name} imports pass module(s) {sorted(reached)}"
+
+
+def test_shared_leaves_import_no_pass_or_table():
+    """TOpPattern values and Reject come from leaves that the passes and pattern tables both import."""
+    mods = _modules()
+    for leaf in ("tvm_ext._op_pattern", "tvm_ext._reject"):
+        reached = _imports(leaf, mods[leaf], mods)
+        assert not {m for m in reached if m.startswith(("tvm_ext.passes", "tvm_ext.patterns"))}, leaf
+
+
+def test_the_pass_import_check_sees_a_pass_import(tmp_path):
+    """The parser resolves ``from .other_pass import x`` inside passes/ to the pass module."""
+    mods = {"tvm_ext.passes.a_pass": tmp_path / "a_pass.py", "tvm_ext.passes.other_pass": tmp_path / "other_pass.py",
+            "tvm_ext.passes._util": tmp_path / "_util.py"}
+    mods["tvm_ext.passes.a_pass"].write_text("from ._util import op_name\n\ndef f():\n    from .other_pass import g\n")
+    assert _imports("tvm_ext.passes.a_pass", mods["tvm_ext.passes.a_pass"], mods) & _pass_modules(mods) == {
+        "tvm_ext.passes.other_pass"}

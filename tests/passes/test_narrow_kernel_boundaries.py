@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.narrow_kernel_boundaries (issue 6: wide tensors crossing at residual adds)."""
+"""Tests of tvm_ext.passes.narrow_kernel_boundaries (wide tensors crossing at residual adds)."""
 from __future__ import annotations
 
 import logging
@@ -11,11 +11,13 @@ from tvm import relay
 import tvm_ext
 import tvm_ext.pipelines
 import tvm_ext.zoo
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.fold_pad_into_conv import FoldPadIntoConv
 from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
-from tvm_ext.passes.narrow_kernel_boundaries import NarrowKernelBoundaries, narrow_type
+from tvm_ext.passes._chains import narrow_type
+from tvm_ext.passes.narrow_kernel_boundaries import NarrowKernelBoundaries
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs, run_module
+
+from _helpers import assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.NarrowKernelBoundaries"
 W1 = np.random.default_rng(1).integers(-3, 4, (8, 8, 1, 1)).astype("int8")
@@ -109,7 +111,7 @@ def test_float_quantize_clip_is_a_narrow_point():
         (lambda v: relay.cast(v, "int8"), ("int8", "typed")),
         (lambda v: relay.clip(relay.cast(v, "float32"), 0.0, 255.0), None),  # floats not known integral
         (lambda v: relay.clip(relay.round(relay.cast(v, "float32")), 0.0, 255.0), ("uint8", "clip")),
-        # a quantize with its zero point: clip(round(x) + 16) is integral (issue 11: QOperator hard-swish)
+        # a quantize with its zero point: clip(round(x) + 16) is integral (a QOperator hard-swish)
         (lambda v: relay.clip(relay.add(relay.round(relay.cast(v, "float32")), relay.const(16.0)), 0.0, 255.0),
          ("uint8", "clip")),
         (lambda v: relay.clip(relay.add(relay.round(relay.cast(v, "float32")), relay.const(0.5)), 0.0, 255.0), None),
@@ -149,7 +151,7 @@ def test_chains_without_narrow_point_unchanged(caplog):
 def diamond():
     """One anchor read by two private widening chains that meet again (a max pool of uint8 values
     widened twice with different scales and added, as WidenInEachReader leaves a QDQ add of one
-    tensor; fuzz seed 4401)::
+    tensor)::
 
         x -> max_pool (u8) -> requant(1.5) -> clip -+-> add -> clip -> cast u8
                           \-> requant(0.5) --------+
@@ -173,8 +175,7 @@ def test_diamond_from_one_anchor_unchanged(caplog):
 def test_untyped_module_raises():
     x = _x()
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.add(_conv(x, W1), _conv(x, W2))))
-    with pytest.raises(UntypedModuleError, match="NarrowKernelBoundaries"):
-        NarrowKernelBoundaries()(mod)
+    assert_untyped_raises(NarrowKernelBoundaries(), mod, "NarrowKernelBoundaries")
 
 
 def test_let_skipped_safely(caplog):
@@ -225,7 +226,7 @@ def test_small_qoperator_resnet_only_8bit_crosses_bit_exact():
         np.testing.assert_array_equal(run_module(ref, data)[0], run_module(f, data)[0])
 
 
-# -- broadcast joins (issue 11: the squeeze-and-excitation gate of QDQ MobileNets) ---------------
+# -- broadcast joins (the squeeze-and-excitation gate of QDQ MobileNets) --------------------------
 W16 = [np.random.default_rng(s).integers(-3, 4, (16, 16, 1, 1)).astype("int8") for s in (3, 4)]
 
 
