@@ -11,9 +11,10 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.passes import AddAsOnnxRuntime, RoundHalfToEven
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.add_as_onnxruntime import mlas_add
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
+
+from _helpers import assert_not_mutated_and_disabled_by_name, assert_untyped_raises
 
 ort = pytest.importorskip("onnxruntime")
 LOGGER = "tvm_ext.passes.AddAsOnnxRuntime"
@@ -206,16 +207,8 @@ def test_untyped_module_raises_naming_the_pass():
     a = relay.var("a", shape=SHAPE, dtype="uint8")
     y = relay.qnn.op.add(a, a, _c(0.1, "float32"), _c(0, "int32"), _c(0.1, "float32"), _c(0, "int32"),
                          _c(0.2, "float32"), _c(0, "int32"))
-    with pytest.raises(UntypedModuleError, match="AddAsOnnxRuntime"):
-        AddAsOnnxRuntime()(tvm.IRModule.from_expr(relay.Function([a], y)))
+    assert_untyped_raises(AddAsOnnxRuntime(), tvm.IRModule.from_expr(relay.Function([a], y)), "AddAsOnnxRuntime")
 
 
 def test_caller_module_not_mutated_and_disabled_by_name():
-    mod = _qnn_add(RES)[0]
-    text = mod.astext()
-    seq = tvm.transform.Sequential([AddAsOnnxRuntime(), relay.transform.InferType()])
-    with tvm.transform.PassContext(opt_level=3):
-        out = seq(mod)
-    assert mod.astext() == text and "qnn.add" not in out.astext()
-    with tvm.transform.PassContext(opt_level=3, disabled_pass=["AddAsOnnxRuntime"]):
-        tvm.ir.assert_structural_equal(seq(mod)["main"], mod["main"])
+    assert_not_mutated_and_disabled_by_name(AddAsOnnxRuntime(), _qnn_add(RES)[0], "AddAsOnnxRuntime", "qnn.add")

@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.combine_parallel_cast (issue 3: the seed's graphs and both directions)."""
+"""Tests of tvm_ext.passes.combine_parallel_cast: the seed graphs and both directions."""
 from __future__ import annotations
 
 import logging
@@ -9,10 +9,11 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.combine_parallel_cast import CombineParallelCast, is_narrowing_cast
 from tvm_ext.report import KernelReport
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs, run_module
+
+from _helpers import assert_if_and_let_skipped, assert_untyped_raises, pass_names_seen
 
 LOGGER = "tvm_ext.passes.CombineParallelCast"
 W1 = np.random.default_rng(1).integers(-3, 4, (16, 16)).astype("int8")
@@ -255,11 +256,7 @@ def test_untyped_module_raises_naming_the_pass():
     data = relay.var("data", shape=(1, 16), dtype="float32")
     c = relay.cast(data, "int32")
     mod = tvm.IRModule.from_expr(relay.Function([data], relay.add(relay.cast(c, "int8"), relay.cast(c, "int8"))))
-    text = mod.astext()
-    with pytest.raises(Exception, match="CombineParallelCast: the module is not type-inferred") as info:
-        CombineParallelCast()(mod)
-    assert isinstance(info.value, (UntypedModuleError, tvm.TVMError))
-    assert mod.astext() == text
+    assert_untyped_raises(CombineParallelCast(), mod, "CombineParallelCast")
 
 
 def test_dynamic_shapes_skipped(caplog):
@@ -275,12 +272,7 @@ def test_if_and_let_skipped(caplog):
     x = relay.var("x", shape=(4,), dtype="int32")
     r = relay.nn.relu(x)
     pair = relay.add(relay.cast(r, "int8"), relay.cast(r, "int8"))
-    cond = relay.var("c", shape=(), dtype="bool")
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(CombineParallelCast(), infer(relay.If(cond, pair, pair)))
-        v = relay.var("v")
-        assert_unchanged(CombineParallelCast(), infer(relay.Let(v, pair, relay.nn.relu(v))))
-    assert "If" in caplog.text and "Let" in caplog.text
+    assert_if_and_let_skipped(CombineParallelCast(), pair, LOGGER, caplog)
 
 
 def test_tuple_values_skipped():
@@ -314,16 +306,7 @@ def test_disabled_pass_skips_it():
 
 
 def test_visible_to_instruments():
-    seen = []
-
-    @tvm.instrument.pass_instrument
-    class Names:  # pylint: disable=too-few-public-methods
-        def run_before_pass(self, mod, info):
-            seen.append(info.name)
-
-    with tvm.transform.PassContext(opt_level=2, instruments=[Names()]):
-        CombineParallelCast()(small_before())
-    assert "CombineParallelCast" in seen
+    assert "CombineParallelCast" in pass_names_seen(lambda: CombineParallelCast()(small_before()))
 
 
 def test_registered():
@@ -334,8 +317,7 @@ def test_registered():
 
 
 def test_casts_of_a_value_also_returned_in_a_tuple():
-    """Found by the fuzzer (issue 12): a producer whose other user is the output Tuple raised
-    AttributeError (``op_name`` of a Tuple) instead of being left alone.
+    """A producer whose other user is the output Tuple is left alone (``op_name`` of a Tuple is None).
 
     ::
 

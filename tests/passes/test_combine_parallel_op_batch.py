@@ -18,6 +18,8 @@ from tvm_ext.passes import combine_parallel_op_batch as cpob
 from tvm_ext.passes.combine_parallel_op_batch import SUPPORTED_PAIRS, CombineParallelOpBatch
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
+from _helpers import pass_names_seen
+
 LOGGER = "tvm_ext.passes.CombineParallelOpBatch"
 
 
@@ -252,20 +254,11 @@ def test_runs_under_default_context_unlike_cpp():
 
 
 def test_disabled_and_instrumented():
-    seen = []
-
-    @tvm.instrument.pass_instrument
-    class Names:  # pylint: disable=too-few-public-methods
-        def run_before_pass(self, mod, info):
-            seen.append(info.name)
-
     before = dense_before()
     seq = tvm.transform.Sequential([CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 3)])
     with tvm.transform.PassContext(opt_level=3, disabled_pass=["CombineParallelOpBatch"]):
         tvm.ir.assert_structural_equal(seq(before)["main"], before["main"])
-    with tvm.transform.PassContext(opt_level=2, instruments=[Names()]):
-        seq(before)
-    assert "CombineParallelOpBatch" in seen
+    assert "CombineParallelOpBatch" in pass_names_seen(lambda: seq(before))
 
 
 def test_idempotent_and_unchanged_without_match():

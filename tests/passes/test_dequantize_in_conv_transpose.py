@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.dequantize_in_conv_transpose (issue 11: PP-OCRv4 det QOperator's float DB head)."""
+"""Tests of tvm_ext.passes.dequantize_in_conv_transpose (PP-OCRv4 det QOperator's float DB head)."""
 from __future__ import annotations
 
 import logging
@@ -10,8 +10,9 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.passes import DequantizeInConvTranspose
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
+
+from _helpers import assert_untyped_raises, child_json, require_real_model
 
 LOGGER = "tvm_ext.passes.DequantizeInConvTranspose"
 RNG = np.random.default_rng(11)
@@ -205,25 +206,19 @@ def test_unchanged_on_no_match(case, reason, caplog):
 
 def test_untyped_module_raises():
     mod = tvm.IRModule.from_expr(_convt(_dq(_x(), 0.05, 128), W1))
-    with pytest.raises(UntypedModuleError, match="DequantizeInConvTranspose"):
-        DequantizeInConvTranspose()(mod)
+    assert_untyped_raises(DequantizeInConvTranspose(), mod, "DequantizeInConvTranspose")
 
 
 # -- the real model (slow: two full builds of PP-OCRv4 det, in a child process) -----------------
 _CHILD = """
 import json, sys
-import numpy as np, tvm
-from tvm.contrib import graph_executor
+import numpy as np
 import tvm_ext
 from tvm_ext import zoo, pipelines
+from tvm_ext.testing import run_module
 name, numerics = sys.argv[1], sys.argv[2]
 m = zoo.load(name)
-x = zoo.sample_input(name)
-def run(fac):
-    gm = graph_executor.GraphModule(fac["default"](tvm.cpu()))
-    gm.set_input(m.input_name, x)
-    gm.run()
-    return gm.get_output(0).numpy()
+x = {m.input_name: zoo.sample_input(name)}
 p = pipelines.int8(numerics)  # DequantizeInConvTranspose is its last pass
 new = tvm_ext.build(m.mod, params=m.params, passes=p)
 old = tvm_ext.build(m.mod, params=m.params, passes=p, disabled_pass=["DequantizeInConvTranspose"])
@@ -231,32 +226,18 @@ rn, ro = new.kernel_report, old.kernel_report
 print(json.dumps({"kernels": [rn.num_kernels, ro.num_kernels],
                   "f32": [rn.crossing.nbytes.get("float32", 0), ro.crossing.nbytes.get("float32", 0)],
                   "bytes": [rn.crossing.total_bytes, ro.crossing.total_bytes],
-                  "equal": bool(np.array_equal(run(new), run(old)))}))
+                  "equal": bool(np.array_equal(run_module(new, x)[0], run_module(old, x)[0]))}))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("numerics", ["tvm", "onnxruntime"])
-def test_ppocr_det_qoperator_head_bit_exact_no_float_crossing(tmp_path, numerics):
+def test_ppocr_det_qoperator_head_bit_exact_no_float_crossing(numerics):
     """PP-OCRv4 det QOperator's DB head: with the pass, no float32 crosses kernels (both pipelines),
     one kernel fewer, outputs bit-identical to the pipeline without it."""
-    import json
-    import subprocess
-    import sys
-
-    from tvm_ext import zoo, zoo_real
-
     name = "ppocr_det_v4_int8_qoperator"
-    try:
-        zoo.onnx_path(name)
-    except zoo_real.ModelUnavailable as err:
-        pytest.skip(f"real model unavailable: {err}")
-    script = tmp_path / "child.py"
-    script.write_text(_CHILD)
-    proc = subprocess.run([sys.executable, str(script), name, numerics], capture_output=True, text=True,
-                          timeout=3600)
-    assert proc.returncode == 0, f"child exited with {proc.returncode}: {proc.stderr[-3000:]}"
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    require_real_model(name)
+    res = child_json(_CHILD, name, numerics)
     assert res["equal"], res
     assert res["kernels"][0] == res["kernels"][1] - 1, res
     assert res["f32"][0] == 0 < res["f32"][1], res

@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.epilogue_before_channel_slice (issue 11: int32 crossing after x86's channel slice)."""
+"""Tests of tvm_ext.passes.epilogue_before_channel_slice (int32 crossing after x86's channel slice)."""
 from __future__ import annotations
 
 import logging
@@ -10,8 +10,9 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.passes import EpilogueBeforeChannelSlice
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+from _helpers import assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.EpilogueBeforeChannelSlice"
 RNG = np.random.default_rng(5)
@@ -132,8 +133,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
 
 def test_untyped_module_raises():
     mod = tvm.IRModule.from_expr(relay.cast(_slice(_y()), "uint8"))
-    with pytest.raises(UntypedModuleError, match="EpilogueBeforeChannelSlice"):
-        EpilogueBeforeChannelSlice()(mod)
+    assert_untyped_raises(EpilogueBeforeChannelSlice(), mod, "EpilogueBeforeChannelSlice")
 
 
 def test_in_int8_pipeline():

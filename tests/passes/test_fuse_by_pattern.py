@@ -286,9 +286,9 @@ def test_shared_producer_stays_outside():
 
 
 def test_unlowered_qnn_ops_are_not_grouped(caplog):
-    """Found by the fuzzer (issue 12): FuseByPattern(qnn) at stage start made a Primitive function of
-    qnn.conv2d -> bias_add -> qnn.requantize whose scales were parameters; relay.build's QNN
-    canonicalization then failed ("Expr must be a constant expr"). Now rejected with the reason."""
+    """FuseByPattern(qnn) at stage start does not group qnn.conv2d -> bias_add -> qnn.requantize: in a
+    Primitive function their scales would be parameters, and relay.build's QNN canonicalization
+    fails on them ("Expr must be a constant expr"). Rejected with the reason."""
     import numpy as np
     from tvm import relay
 
@@ -307,9 +307,9 @@ def test_unlowered_qnn_ops_are_not_grouped(caplog):
 
 
 def test_int8_int8_conv_not_grouped_before_legalization(caplog):
-    """Found by the fuzzer (issue 12): FuseByPattern(qnn) at stage start grouped an int8 x int8 conv2d
-    with its requantize; x86 Legalize then put conv + sum (two anchors) into that Primitive function
-    and relay.build failed ("Cannot apply TOPI schedule ... two complicated ops")."""
+    """FuseByPattern(qnn) at stage start does not group an int8 x int8 conv2d with its requantize: x86
+    Legalize would put conv + sum (two anchors) into that Primitive function, and relay.build fails
+    on it ("Cannot apply TOPI schedule ... two complicated ops")."""
     import numpy as np
     from tvm import relay
 

@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.fuse_widening_into_pool (issue 6: the int32 tensor in front of the avgpool)."""
+"""Tests of tvm_ext.passes.fuse_widening_into_pool (the int32 tensor in front of the avgpool)."""
 from __future__ import annotations
 
 import logging
@@ -9,9 +9,10 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+from _helpers import assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.FuseWideningIntoPool"
 W = np.random.default_rng(1).integers(-3, 4, (8, 8, 1, 1)).astype("int8")
@@ -133,8 +134,7 @@ def test_no_narrow_point_unchanged(caplog):
 def test_untyped_module_raises():
     x = relay.var("x", shape=(1, 8, 6, 6), dtype="float32")
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.global_avg_pool2d(x)))
-    with pytest.raises(UntypedModuleError, match="FuseWideningIntoPool"):
-        FuseWideningIntoPool()(mod)
+    assert_untyped_raises(FuseWideningIntoPool(), mod, "FuseWideningIntoPool")
 
 
 def test_if_skipped_safely(caplog):
@@ -155,7 +155,7 @@ def test_dynamic_shape_skipped():
     assert_unchanged(FuseWideningIntoPool(), mod)
 
 
-# -- the kernel it makes: the widening is inlined into the pool (tvm_ext.x86_int8 fix 3) ----------
+# -- the kernel it makes: tvm_ext.x86_int8's pool schedule inlines the widening into the pool --
 def _pool_with_prologue(op):
     from tvm import te, topi
 

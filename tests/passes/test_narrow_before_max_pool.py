@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.narrow_before_max_pool (issue 6: the float32 tensor in front of max_pool)."""
+"""Tests of tvm_ext.passes.narrow_before_max_pool (the float32 tensor in front of max_pool)."""
 from __future__ import annotations
 
 import logging
@@ -9,9 +9,10 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.narrow_before_max_pool import NarrowBeforeMaxPool
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+from _helpers import assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.NarrowBeforeMaxPool"
 rng = np.random.default_rng(2)
@@ -57,7 +58,7 @@ def test_structure_and_idempotence():
 
 
 def test_chain_moves_in_front_of_nested_pools_at_once():
-    """f(pool(pool(x))) -> pool(pool(f(x))) in one run (fuzz seed 3301: one pool per run before)."""
+    """f(pool(pool(x))) -> pool(pool(f(x))) in one run (the sweeps repeat until nothing moves)."""
     def graph(moved):
         s = _stem(_x())
         if moved:
@@ -99,11 +100,13 @@ def test_other_layouts(layout):
     assert_same_outputs(mod, after, xs, rtol=0, atol=0)
 
 
-def test_runs_in_sequential():
+@pytest.mark.parametrize("graphs", ["quantizing", "widening"])
+def test_runs_in_sequential(graphs):
+    build, want = (before, expected) if graphs == "quantizing" else (before_widening, expected_widening)
     seq = tvm.transform.Sequential([NarrowBeforeMaxPool(), relay.transform.InferType()])
     with tvm.transform.PassContext(opt_level=3):
-        after = seq(before())
-    tvm.ir.assert_structural_equal(after, expected())
+        after = seq(build())
+    tvm.ir.assert_structural_equal(after, want())
 
 
 def test_caller_module_not_mutated():
@@ -178,13 +181,6 @@ def test_widening_of_typed_value(dtype):
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     data = {"x": np.random.default_rng(4).integers(lo, hi, (1, 8, 9, 9)).astype(dtype)}
     assert_same_outputs(fb, fa, data, rtol=0, atol=0)
-
-
-def test_widening_in_sequential():
-    seq = tvm.transform.Sequential([NarrowBeforeMaxPool(), relay.transform.InferType()])
-    with tvm.transform.PassContext(opt_level=3):
-        after = seq(before_widening())
-    tvm.ir.assert_structural_equal(after, expected_widening())
 
 
 def test_widening_link_with_other_users_unchanged(caplog):
@@ -268,8 +264,7 @@ def test_window_entirely_in_padding_unchanged(caplog):
 def test_untyped_module_raises():
     x = _x()
     mod = tvm.IRModule.from_expr(relay.Function([x], _quantize(_pool(x))))
-    with pytest.raises(UntypedModuleError, match="NarrowBeforeMaxPool"):
-        NarrowBeforeMaxPool()(mod)
+    assert_untyped_raises(NarrowBeforeMaxPool(), mod, "NarrowBeforeMaxPool")
 
 
 def test_if_skipped_safely(caplog):

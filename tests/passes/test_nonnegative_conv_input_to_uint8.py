@@ -11,9 +11,11 @@ from tvm import relay
 import tvm_ext
 import tvm_ext.zoo
 from tvm_ext.passes._intervals import value_ranges
-from tvm_ext.passes._util import UntypedModuleError, post_order
+from tvm_ext.passes._util import post_order
 from tvm_ext.passes.nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, run_module
+
+from _helpers import assert_if_and_let_skipped, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.NonNegativeConvInputToUint8"
 RNG = np.random.default_rng(60)
@@ -149,11 +151,7 @@ def test_unchanged_when_nothing_matches():
 def test_untyped_module_raises_naming_the_pass():
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     mod = tvm.IRModule.from_expr(relay.Function([x], _conv(relay.cast(relay.abs(x), "int8"))))
-    text = mod.astext()
-    with pytest.raises(Exception, match="NonNegativeConvInputToUint8: the module is not type-inferred") as info:
-        NonNegativeConvInputToUint8()(mod)
-    assert isinstance(info.value, (UntypedModuleError, tvm.TVMError))
-    assert mod.astext() == text
+    assert_untyped_raises(NonNegativeConvInputToUint8(), mod, "NonNegativeConvInputToUint8")
 
 
 def test_dynamic_shapes_skipped(caplog):
@@ -167,12 +165,7 @@ def test_dynamic_shapes_skipped(caplog):
 def test_if_and_let_skipped(caplog):
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     body = _conv(relay.cast(_bn_relu_requant(x), "int8"))
-    cond = relay.var("c", shape=(), dtype="bool")
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), infer(relay.If(cond, body, body)))
-        v = relay.var("v")
-        assert_unchanged(NonNegativeConvInputToUint8(), infer(relay.Let(v, body, relay.nn.relu(v))))
-    assert "If" in caplog.text and "Let" in caplog.text
+    assert_if_and_let_skipped(NonNegativeConvInputToUint8(), body, LOGGER, caplog)
 
 
 def test_registered_and_named():

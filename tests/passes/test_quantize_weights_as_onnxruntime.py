@@ -15,6 +15,8 @@ from tvm_ext.passes import QuantizeWeightsAsOnnxRuntime
 from tvm_ext.passes.quantize_weights_as_onnxruntime import ort_int8_weight_parameters
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
+from _helpers import assert_untyped_raises, real_model_vs_onnxruntime
+
 ort = pytest.importorskip("onnxruntime")
 LOGGER = "tvm_ext.passes.QuantizeWeightsAsOnnxRuntime"
 C, O, HW = 8, 6, 12
@@ -175,54 +177,18 @@ def test_default_pipeline_does_not_run_it():
 def test_untyped_module_raises_naming_the_pass():
     import tvm
 
-    from tvm_ext.passes._util import UntypedModuleError
-
     x = relay.var("x", shape=(1, C, HW, HW), dtype="uint8")
     d = relay.qnn.op.dequantize(x, _c(SX, "float32"), _c(ZX, "int32"))
     y = relay.nn.conv2d_transpose(d, relay.const(_weights()), channels=O, kernel_size=(2, 2), strides=(2, 2))
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.qnn.op.quantize(y, _c(SY, "float32"), _c(ZY, "int32"),
                                                                           out_dtype="uint8")))
-    with pytest.raises(UntypedModuleError, match="QuantizeWeightsAsOnnxRuntime"):
-        QuantizeWeightsAsOnnxRuntime()(mod)
-
-
-# --- real model (slow: PP-OCRv4 det builds for minutes; built in a child process) ---------------------
-_CHILD = r"""
-import sys, numpy as np, tvm, tvm_ext
-from tvm.contrib import graph_executor
-from tvm_ext import pipelines, zoo, zoo_real
-name, out = sys.argv[1], sys.argv[2]
-m = zoo.load(name)
-lib = tvm_ext.build(m.mod, params=m.params, passes=pipelines.int8(numerics="onnxruntime"))
-gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-ys = []
-for x in zoo_real.images(name, 8, seed=1000):
-    gm.set_input(m.input_name, x); gm.run(); ys.append(gm.get_output(0).numpy())
-np.save(out, np.stack(ys))
-"""
+    assert_untyped_raises(QuantizeWeightsAsOnnxRuntime(), mod, "QuantizeWeightsAsOnnxRuntime")
 
 
 @pytest.mark.slow
 def test_real_detector_qoperator_within_two_steps_of_onnxruntime(tmp_path):
     """PP-OCRv4 det QOperator: its head ConvTranspose has a float weight between a DequantizeLinear and
-    a QuantizeLinear, which ORT quantizes; without the pass 60 output steps from ORT, with it 0 (8 images)."""
-    import subprocess
-    import sys
-
-    from tvm_ext import bench, zoo, zoo_real
-
-    name = "ppocr_det_v4_int8_qoperator"
-    try:
-        path = zoo._real_onnx_path(name, False, None)  # pylint: disable=protected-access
-    except zoo_real.ModelUnavailable as err:
-        pytest.skip(f"{name}: {err}")
-    out = tmp_path / "tvm.npy"
-    proc = subprocess.run([sys.executable, "-c", _CHILD, name, str(out)], capture_output=True, text=True,
-                          check=False, timeout=3600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = np.load(out)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    input_name = sess.get_inputs()[0].name
-    ref = np.stack([sess.run(None, {input_name: x})[0] for x in zoo_real.images(name, 8, seed=1000)])
-    step = bench._output_step(path)["output_step"]  # pylint: disable=protected-access
+    a QuantizeLinear, which ORT quantizes; without the pass 60 output steps from ORT, with it 0 (8 images).
+    Built in a child process (minutes)."""
+    got, ref, step = real_model_vs_onnxruntime(tmp_path, "ppocr_det_v4_int8_qoperator")
     assert np.abs(got - ref).max() / step <= 2.0

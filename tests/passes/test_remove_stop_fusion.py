@@ -10,10 +10,11 @@ from tvm import relay
 
 import tvm_ext
 import tvm_ext.zoo
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.remove_stop_fusion import RemoveStopFusion
 from tvm_ext.report import op_pattern
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+from _helpers import assert_if_and_let_skipped, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.RemoveStopFusion"
 RNG = np.random.default_rng(6)
@@ -300,11 +301,7 @@ def test_unchanged_when_nothing_matches():
 def test_untyped_module_raises_naming_the_pass():
     x = relay.var("x", shape=(4,), dtype="int8")
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.cast(stop(x), "int32")))
-    text = mod.astext()
-    with pytest.raises(Exception, match="RemoveStopFusion: the module is not type-inferred") as info:
-        RemoveStopFusion()(mod)
-    assert isinstance(info.value, (UntypedModuleError, tvm.TVMError))
-    assert mod.astext() == text
+    assert_untyped_raises(RemoveStopFusion(), mod, "RemoveStopFusion")
 
 
 def test_dynamic_shapes_skipped(caplog):
@@ -318,12 +315,7 @@ def test_dynamic_shapes_skipped(caplog):
 def test_if_and_let_skipped(caplog):
     x = relay.var("x", shape=(4,), dtype="int8")
     body = relay.cast(stop(relay.abs(x)), "int32")
-    cond = relay.var("c", shape=(), dtype="bool")
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(RemoveStopFusion(), infer(relay.If(cond, body, body)))
-        v = relay.var("v")
-        assert_unchanged(RemoveStopFusion(), infer(relay.Let(v, body, relay.nn.relu(v))))
-    assert "If" in caplog.text and "Let" in caplog.text
+    assert_if_and_let_skipped(RemoveStopFusion(), body, LOGGER, caplog)
 
 
 def test_tuples_pass_through():

@@ -13,9 +13,10 @@ from tvm import relay
 import tvm_ext
 from tvm_ext import pipelines
 from tvm_ext.passes import RoundHalfToEven
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.round_half_to_even import round_half_to_even
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
+
+from _helpers import assert_not_mutated_and_disabled_by_name, assert_untyped_raises, real_model_vs_onnxruntime
 
 LOGGER = "tvm_ext.passes.RoundHalfToEven"
 TIES = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 3.0, -4.0, 0.49999997, -0.49999997,
@@ -140,19 +141,11 @@ def test_if_graph_left_alone_says_why(caplog):
 def test_untyped_module_raises_naming_the_pass():
     x = relay.var("x", shape=(4,), dtype="float32")
     untyped = tvm.IRModule.from_expr(relay.Function([x], relay.round(x)))
-    with pytest.raises(UntypedModuleError, match="RoundHalfToEven"):
-        RoundHalfToEven()(untyped)
+    assert_untyped_raises(RoundHalfToEven(), untyped, "RoundHalfToEven")
 
 
 def test_caller_module_not_mutated_and_disabled_by_name():
-    mod = _round_graph()
-    text = mod.astext()
-    seq = tvm.transform.Sequential([RoundHalfToEven(), relay.transform.InferType()])
-    with tvm.transform.PassContext(opt_level=3):
-        out = seq(mod)
-    assert mod.astext() == text and "round(" not in out.astext()
-    with tvm.transform.PassContext(opt_level=3, disabled_pass=["RoundHalfToEven"]):
-        tvm.ir.assert_structural_equal(seq(mod)["main"], mod["main"])
+    assert_not_mutated_and_disabled_by_name(RoundHalfToEven(), _round_graph(), "RoundHalfToEven", "round(")
 
 
 # --- pipelines.int8(numerics="onnxruntime") ------------------------------------------------------
@@ -271,54 +264,19 @@ def test_onnxruntime_numerics_pipeline_requantizes_as_mlas(zp_out):
 
 
 # --- real model (slow: a PP-OCR classifier build takes minutes; built in a child process) --------
-_CHILD = r"""
-import sys, numpy as np, tvm, tvm_ext
-from tvm.contrib import graph_executor
-from tvm_ext import pipelines, zoo, zoo_real
-name, pipeline, out = sys.argv[1], sys.argv[2], sys.argv[3]
-m = zoo.load(name)
-passes = pipelines.int8(numerics="onnxruntime") if pipeline == "int8" else pipelines.onnxruntime_numerics()
-lib = tvm_ext.build(m.mod, params=m.params, passes=passes)
-gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-ys = []
-for x in zoo_real.images(name, 8, seed=1000):
-    gm.set_input(m.input_name, x); gm.run(); ys.append(gm.get_output(0).numpy())
-np.save(out, np.stack(ys))
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name, pipeline", [
     ("ppocr_cls_v2_int8_qoperator", "int8"),
     ("ppocr_cls_v2_int8_qdq", "onnxruntime_numerics"),
-    # was xfail (14 steps, top-1 6/8: SE pools made integer by FQ2I); QDQToInteger(shared_dequantize=True)
-    # keeps them float: 2 steps, 8/8 (docs/numerics.md)
+    # QDQToInteger(shared_dequantize=True) keeps the SE pools float (FQ2I would make them integer:
+    # 14 steps, top-1 6/8; docs/numerics.md)
     ("ppocr_cls_v2_int8_qdq", "int8"),
 ])
 def test_real_classifier_within_two_steps_of_onnxruntime(name, pipeline, tmp_path):
-    """Issue 11's target on PP-OCR's text-direction classifier: with ONNX Runtime's numerics, TVM
-    is within 2 output steps of ONNX Runtime and agrees on top-1 for all 8 images (stock and the
-    default pipeline were 13-32 steps away, top-1 6-8/8)."""
-    import subprocess
-    import sys
-
-    import onnxruntime as ort
-
-    from tvm_ext import bench, zoo, zoo_real
-
-    try:
-        path = zoo._real_onnx_path(name, False, None)  # pylint: disable=protected-access
-    except zoo_real.ModelUnavailable as err:
-        pytest.skip(f"{name}: {err}")
-    out = tmp_path / "tvm.npy"
-    proc = subprocess.run([sys.executable, "-c", _CHILD, name, pipeline, str(out)], capture_output=True,
-                          text=True, check=False, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = np.load(out)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    input_name = sess.get_inputs()[0].name
-    ref = np.stack([sess.run(None, {input_name: x})[0] for x in zoo_real.images(name, 8, seed=1000)])
-    step = bench._output_step(path)["output_step"]  # pylint: disable=protected-access
+    """PP-OCR's text-direction classifier: with ONNX Runtime's numerics, TVM is within 2 output
+    steps of ONNX Runtime and agrees on top-1 for all 8 images (stock and the default pipeline are
+    13-32 steps away, top-1 6-8/8)."""
+    got, ref, step = real_model_vs_onnxruntime(tmp_path, name, pipeline, timeout=1800)
     assert np.abs(got - ref).max() / step <= 2.0
     assert (got.reshape(8, -1).argmax(1) == ref.reshape(8, -1).argmax(1)).all()
 
@@ -360,9 +318,9 @@ def _nested_roundings(k, rne):
 
 
 def test_nested_roundings_bit_exact_to_the_formula_and_linear_code():
-    """Regression (the YOLOv8n QDQ build with numerics="onnxruntime" ran > 23 CPU-minutes): the formula
-    made 7**k copies of its operand in a fused kernel (3 nested: 71 s to compile, 4: > 5 min); the op
-    is one nearbyint per rounding. Same values on every 8-bit input, ties at every level."""
+    """Nested roundings: the op is one nearbyint per rounding, where the Relay formula makes 7**k
+    copies of its operand in a fused kernel (3 nested: 71 s to compile, 4: > 5 min). Same values on
+    every 8-bit input, ties at every level."""
     x = np.arange(256).astype("uint8").reshape(1, 16, 4, 4)
     want = run_module(_nested_roundings(2, _formula_rne), {"x": x})[0]
     fac = tvm_ext.build(_nested_roundings(2, round_half_to_even), "llvm")
@@ -409,9 +367,9 @@ def test_rounded_float64_division_keeps_its_dtype():
 
 
 def test_pipeline_onnxruntime_silu_feeding_a_quantized_add():
-    """Regression (YOLOv8n QDQ): a SiLU output read by a quantized add. AddAsOnnxRuntime's float64 adds
-    extend the SiLU chain, TabulateEightBit tabulates it with a float64 table (was made float32: type
-    error). Bit-exact to the same pipeline without the tables, and no more kernels than int8()."""
+    """A SiLU output read by a quantized add (YOLOv8n QDQ). AddAsOnnxRuntime's float64 adds extend the
+    SiLU chain, TabulateEightBit tabulates it with a float64 table (the chain's dtype). Bit-exact to
+    the same pipeline without the tables, and no more kernels than int8()."""
     rng = np.random.default_rng(4)
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
     w = relay.const(rng.integers(-20, 20, (16, 16, 3, 3)).astype("int8"))

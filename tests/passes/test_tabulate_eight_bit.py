@@ -11,9 +11,10 @@ from tvm import relay
 import tvm_ext
 from tvm_ext import KernelReport, pipelines
 from tvm_ext.passes import TabulateEightBit
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.ops import table_lookup
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
+
+from _helpers import assert_untyped_raises
 
 SHAPE = (1, 16, 4, 4)  # 256 elements: one of each 8-bit value fits
 
@@ -263,8 +264,7 @@ def test_unchanged_on_no_match(case, caplog):
 def test_untyped_module_raises():
     x = relay.var("x", shape=SHAPE, dtype="uint8")
     mod = tvm.IRModule.from_expr(relay.Function([x], _silu(x)))
-    with pytest.raises(UntypedModuleError, match="TabulateEightBit"):
-        TabulateEightBit()(mod)
+    assert_untyped_raises(TabulateEightBit(), mod, "TabulateEightBit")
 
 
 def test_if_and_dynamic_shapes_are_skipped():

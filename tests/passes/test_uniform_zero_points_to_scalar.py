@@ -10,8 +10,9 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.passes import UniformZeroPointsToScalar
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
+
+from _helpers import assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.UniformZeroPointsToScalar"
 RNG = np.random.default_rng(71)
@@ -120,8 +121,7 @@ def test_non_constant_zero_point_left_alone(caplog):
 def test_untyped_module_raises_naming_the_pass():
     x = relay.var("x", shape=(1, 8, 12, 12), dtype="uint8")
     untyped = tvm.IRModule.from_expr(relay.Function([x], qconv(x, _zp(np.zeros(OC)))))
-    with pytest.raises(UntypedModuleError, match="UniformZeroPointsToScalar"):
-        UniformZeroPointsToScalar()(untyped)
+    assert_untyped_raises(UniformZeroPointsToScalar(), untyped, "UniformZeroPointsToScalar")
 
 
 def test_caller_module_not_mutated_and_works_in_sequential():

@@ -4,15 +4,15 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pytest
 import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.passes.widen_after_movement import WidenAfterMovement
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+from _helpers import assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.WidenAfterMovement"
 rng = np.random.default_rng(11)
@@ -289,8 +289,7 @@ def test_broadcasting_link_unchanged(caplog):
 def test_untyped_module_raises():
     n = _u8("n", (1, 6, 4))
     mod = tvm.IRModule.from_expr(relay.Function([n], relay.reshape(relay.cast(n, "float32"), (24,))))
-    with pytest.raises(UntypedModuleError, match="WidenAfterMovement"):
-        WidenAfterMovement()(mod)
+    assert_untyped_raises(WidenAfterMovement(), mod, "WidenAfterMovement")
 
 
 def test_if_skipped_safely(caplog):

@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.passes.widen_in_each_reader (issue 11: float32 SE-block inputs of QOperator models)."""
+"""Tests of tvm_ext.passes.widen_in_each_reader (float32 SE-block inputs of QOperator models)."""
 from __future__ import annotations
 
 import logging
@@ -10,8 +10,9 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.passes import FuseWideningIntoPool, WidenInEachReader
-from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
+
+from _helpers import assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.WidenInEachReader"
 RNG = np.random.default_rng(3)
@@ -179,8 +180,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
 def test_untyped_module_raises():
     v = _widen(relay.clip(_x(), 0, 255))
     mod = tvm.IRModule.from_expr(relay.multiply(relay.multiply(v, _g()), relay.nn.global_avg_pool2d(v)))
-    with pytest.raises(UntypedModuleError, match="WidenInEachReader"):
-        WidenInEachReader()(mod)
+    assert_untyped_raises(WidenInEachReader(), mod, "WidenInEachReader")
 
 
 def test_in_int8_pipeline():
