@@ -12,13 +12,14 @@ checkout is never touched, and removed at the end. For each model a child proces
 commit's ``tvm_ext``, loads the model with ``tvm_ext.zoo.load(name, small=...)`` (``--small``
 applies to the zoo ResNets, the real models have no small variant), builds it with
 ``tvm_ext.build(mod, target, params, passes=tvm_ext.pipelines.int8())`` (``--pipeline none``:
-no passes) and records, in ``<out>/<label>-<sha>/<model>/result.json``:
+no passes) and records, in ``<out>/{base,head}-<sha>-<pipeline>[-small]/<model>/result.json``:
 
 * the kernel report (``factory.kernel_report.to_dict()``, what ``tvm-ext report --json`` prints):
   every kernel's name, ops, anchor, input and output tensors and tuned flag; the bytes crossing
   between kernels, entering and leaving the graph, by dtype;
 * the generated code: the assembly of every function, its local labels renumbered so that a
-  function's hash does not depend on where the other functions sit in the module;
+  function's hash does not depend on where the other functions sit in the module (LLVM generates
+  the listing again, a fraction of the build time: ``--ignore code`` skips it);
 * digests of the model as loaded (ONNX file, Relay structural hash) and of the built params;
 * when code for the target runs on this host (``tvm_ext.isa.runs_on_host``), the outputs on
   seeded inputs (``tvm_ext.zoo.sample_input``), saved as ``.npy``. HEAD runs on BASE's saved
@@ -42,8 +43,8 @@ to stdout with every difference below it, naming the model and kernel. ``--ignor
 kinds of difference (``code``, ``tuned``, ``model``, ...: see :data:`KINDS`).
 
 Exit status: 0 when every model is identical, 1 when any differs, 2 when a model could not be
-built or run at one commit (or a usage error). Progress is logged to stderr. Everything runs one
-child at a time (two-core machines are shared).
+built or run at one commit, or took longer than ``--timeout`` seconds (or a usage error). Progress
+is logged to stderr. Everything runs one child at a time (two-core machines are shared).
 """
 from __future__ import annotations
 
@@ -196,36 +197,54 @@ def modules_outside(root, package: str = PACKAGE) -> list:
 # child process: one model at one commit
 # --------------------------------------------------------------------------- #
 _LABEL = re.compile(r"\.L[\w.$]+")
+#: Key of :func:`function_hashes` for the text after the last function (debug info, strings).
+MODULE_TAIL = "(after the last function)"
 
 
 def function_hashes(asm: str) -> dict:
-    """``{function name: sha256}`` of an assembly listing, one entry per ``.type NAME,@function``.
+    """``{function name: sha256}`` of an assembly listing, one entry per global function.
 
-    A function's text runs to the next global function's ``.type`` line: local functions (TVM's
-    ``.L__tvm_parallel_lambda.N``, emitted right after the function that launches them) belong to
-    the function before them. Local labels (``.LBB12_3``, ``.Ltmp40``, ``.LCPI7_0``: numbered
-    across the whole module) are renumbered in order of first appearance inside each function, so
-    a function's hash does not change when others are added or removed before it.
+    A function's text runs from its ``.type NAME,@function`` line to its ``.size NAME, ...`` line,
+    preceded by what LLVM emits between the previous function and it (its constant pools, the
+    section switch). Local functions (TVM's ``.L__tvm_parallel_lambda.N``, emitted right after the
+    function that launches them) belong to the global function before them, with their constant
+    pools. What follows the last function (debug info, strings) is :data:`MODULE_TAIL`. Local
+    labels (``.LBB12_3``, ``.Ltmp40``, ``.LCPI7_0``: numbered across the whole module) are
+    renumbered in order of first appearance inside each entry, so a function's hash does not
+    change when others are added or removed before it.
     """
-    out: dict = {}
-    name, lines = None, []
-
-    def flush():
-        if name is not None:
-            labels: dict = {}
-            text = _LABEL.sub(lambda m: labels.setdefault(m.group(0), f".L{len(labels)}"), "\n".join(lines))
-            out[name] = hashlib.sha256(text.encode()).hexdigest()
-
+    chunks: dict = {}
+    pending: list = []  # text between two functions: it belongs to the next one
+    owner, open_fn, last_global = None, None, None
     for line in asm.splitlines():
         s = line.strip()
         if s.startswith(".type") and s.endswith("@function"):
             fn = s[len(".type"):].strip().rsplit(",", 1)[0].strip()
             if not fn.startswith(".L"):
-                flush()
-                name, lines = fn, []
-        lines.append(line)
-    flush()
-    return out
+                owner = last_global = fn
+                chunks[fn] = []
+            else:
+                owner = last_global if last_global is not None else MODULE_TAIL
+                chunks.setdefault(owner, [])
+            chunks[owner] += pending
+            pending, open_fn = [], fn
+            chunks[owner].append(line)
+        elif open_fn is not None:
+            chunks[owner].append(line)
+            if s.startswith(".size") and s[len(".size"):].strip().split(",", 1)[0].strip() == open_fn:
+                open_fn = None
+        else:
+            pending.append(line)
+    if pending:
+        chunks.setdefault(MODULE_TAIL, []).extend(pending)
+    return {name: hashlib.sha256(_renumber_labels("\n".join(lines)).encode()).hexdigest()
+            for name, lines in chunks.items()}
+
+
+def _renumber_labels(text: str) -> str:
+    """``text`` with its local labels renamed ``.L0``, ``.L1``, ... in order of first appearance."""
+    labels: dict = {}
+    return _LABEL.sub(lambda m: labels.setdefault(m.group(0), f".L{len(labels)}"), text)
 
 
 def _sha256_arrays(arrays) -> str:
@@ -453,11 +472,14 @@ def _compare_code(model: str, b: dict, h: dict, kernels: list) -> list:
         return f" (kernel {best})" if best and best != fn else ""
 
     diffs = []
-    for fn in sorted(set(bf) | set(hf)):
+    for fn in sorted((set(bf) | set(hf)) - {MODULE_TAIL}):
         if fn not in bf or fn not in hf:
-            diffs.append(Difference(model, "code", f"function {fn}{owner(fn)} only in {'head' if fn in hf else 'base'}"))
+            side = "head" if fn in hf else "base"
+            diffs.append(Difference(model, "code", f"function {fn}{owner(fn)} only in {side}"))
         elif bf[fn] != hf[fn]:
             diffs.append(Difference(model, "code", f"function {fn}{owner(fn)}: assembly differs"))
+    if not diffs and bf.get(MODULE_TAIL) != hf.get(MODULE_TAIL):  # debug info follows every function's code
+        diffs.append(Difference(model, "code", f"assembly {MODULE_TAIL} differs"))
     if b.get("params_sha256") and h.get("params_sha256") and b["params_sha256"] != h["params_sha256"]:
         diffs.append(Difference(model, "code", "built params differ"))
     return diffs
@@ -641,10 +663,6 @@ def _run_child(tree, label: str, model: str, args, out_dir: Path, inputs_from=No
     return result
 
 
-def _result_name(model: str, small: bool) -> str:
-    return model + ("-small" if small else "")
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["_child"]:
@@ -688,11 +706,11 @@ def main(argv=None) -> int:
             for sha in commits.values():
                 if sha not in trees:
                     trees[sha] = stack.enter_context(worktree(args.repo, sha, tmp))
-            dirs = {side: out / f"{side}-{sha[:12]}" for side, sha in commits.items()}
+            run = f"{args.pipeline}{'-small' if args.small else ''}"
+            dirs = {side: out / f"{side}-{sha[:12]}-{run}" for side, sha in commits.items()}
             for n, model in enumerate(models, 1):
                 logger.info("model %d/%d: %s (%.0f s elapsed)", n, len(models), model, time.perf_counter() - start)
-                name = _result_name(model, args.small)
-                base_dir, head_dir = dirs["base"] / name, dirs["head"] / name
+                base_dir, head_dir = dirs["base"] / model, dirs["head"] / model
                 base = _run_child(trees[commits["base"]], f"base {commits['base'][:12]}", model, args, base_dir)
                 head = _run_child(trees[commits["head"]], f"head {commits['head'][:12]}", model, args, head_dir,
                                   inputs_from=base_dir / "inputs" if base.get("runs") else None)

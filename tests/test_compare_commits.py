@@ -117,28 +117,55 @@ def test_a_model_that_failed_at_one_commit_is_an_error_not_a_match():
         cc.compare_results(_result(), _result(), ignore=("typo",))
 
 
-def test_function_hashes_do_not_depend_on_label_numbers_elsewhere_in_the_module():
-    def listing(first_label, body):
-        return textwrap.dedent(f"""\
-            \t.type\tf,@function
-            f:
-            \tjmp\t.LBB{first_label}_2
-            .LBB{first_label}_2:
-            \t{body}
-            \tcall\t.L__tvm_parallel_lambda.{first_label}
-            \t.type\t.L__tvm_parallel_lambda.{first_label},@function
-            .L__tvm_parallel_lambda.{first_label}:
-            \tret
-            \t.type\tg,@function
-            g:
-            \tret
-            """)
+def _listing(n=3, f_op="vpdpbusd", g_const="1065353216", tail="producer: TVM"):
+    """Two global functions as LLVM prints them: f launches a parallel lambda; g has a constant pool."""
+    return textwrap.dedent(f"""\
+        \t.text
+        \t.type\tf,@function
+        f:
+        \tjmp\t.LBB{n}_2
+        .LBB{n}_2:
+        \t{f_op}
+        \tcall\t.L__tvm_parallel_lambda.{n}
+        .Lfunc_end{n}:
+        \t.size\tf, .Lfunc_end{n}-f
+        \t.type\t.L__tvm_parallel_lambda.{n},@function
+        .L__tvm_parallel_lambda.{n}:
+        \tret
+        .Lfunc_end{n + 1}:
+        \t.size\t.L__tvm_parallel_lambda.{n}, .Lfunc_end{n + 1}-.L__tvm_parallel_lambda.{n}
+        \t.section\t.rodata.cst4,"aM",@progbits,4
+        .LCPI{n + 2}_0:
+        \t.long\t{g_const}
+        \t.text
+        \t.type\tg,@function
+        g:
+        \tvbroadcastss\t.LCPI{n + 2}_0(%rip), %ymm0
+        \tret
+        .Lfunc_end{n + 2}:
+        \t.size\tg, .Lfunc_end{n + 2}-g
+        \t.section\t.debug_str,"MS",@progbits,1
+        \t.asciz\t"{tail}"
+        """)
 
-    a, b, c = (cc.function_hashes(listing(n, body)) for n, body in ((3, "vpdpbusd"), (7, "vpdpbusd"),
-                                                                     (3, "vpmaddubsw")))
-    assert set(a) == {"f", "g"}, "a parallel lambda belongs to the function before it"
-    assert a == b
-    assert a["f"] != c["f"] and a["g"] == c["g"]
+
+def test_function_hashes_do_not_depend_on_label_numbers_elsewhere_in_the_module():
+    a = cc.function_hashes(_listing())
+    assert set(a) == {"f", "g", cc.MODULE_TAIL}, "a parallel lambda belongs to the function before it"
+    assert cc.function_hashes(_listing(n=7)) == a
+    changed = {name: {k for k in a if cc.function_hashes(_listing(**kw))[k] != a[k]}
+               for name, kw in (("f", {"f_op": "vpmaddubsw"}), ("g", {"g_const": "0"}), ("tail", {"tail": "x"}))}
+    assert changed == {"f": {"f"}, "g": {"g"}, "tail": {cc.MODULE_TAIL}}, "a constant pool belongs to its function"
+
+
+def test_the_module_tail_is_reported_only_when_no_function_differs():
+    base, head = _result(), _result()
+    base["code"]["functions"][cc.MODULE_TAIL] = "1" * 64
+    head["code"]["functions"][cc.MODULE_TAIL] = "2" * 64
+    assert [d.detail for d in cc.compare_results(base, head)] == [f"assembly {cc.MODULE_TAIL} differs"]
+    head["code"]["functions"]["tvmgen_default_fused_cast_nn_pad"] = "3" * 64
+    assert [d.detail for d in cc.compare_results(base, head)] == [
+        "function tvmgen_default_fused_cast_nn_pad: assembly differs"]
 
 
 def _fake_tree(root: Path, pyproject: str, files: dict) -> Path:
@@ -230,5 +257,5 @@ def test_head_against_head_is_identical_end_to_end(tmp_path):
     n = row["kernels"].split(" / ")[0]
     assert int(n) > 0 and row["kernels"] == f"{n} / {n}" and row["code"] == "y" and row["outputs"] == "y"
     assert f"| resnet50_int8_qoperator_small | {n} / {n} |" in proc.stdout
-    results = sorted(tmp_path.glob("*/resnet50_int8_qoperator-small/result.json"))
+    results = sorted(tmp_path.glob("*-int8-small/resnet50_int8_qoperator/result.json"))
     assert len(results) == 2 and all(json.loads(r.read_text())["runs"] for r in results)
