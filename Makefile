@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 export TOPHUB_LOCATION ?= NONE
 
-.PHONY: all venv test test-all bench bench-small fuzz clean
+.PHONY: all venv lint test test-all bench bench-small fuzz clean
 
 all: test
 
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 venv: $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # Two pytest workers (pytest-xdist): the suite is mostly single-threaded LLVM code generation.
 JOBS ?= 2

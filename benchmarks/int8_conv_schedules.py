@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Per-ISA measurement behind tvm_ext.x86_int8.policy: TVM's int8 conv schedule vs per-row vs per-tile.
+"""Per-ISA measurement behind tvm_ext.x86.int8_conv.policy: TVM's int8 conv schedule vs per-row vs per-tile.
 
 For each instruction-set class this host can execute (AVX2 as -mcpu=x86-64-v3, AVX-512
 without VNNI as x86-64-v4, AVX-512 VNNI as x86-64-v4 + avx512vnni: vendor-neutral CPU levels),
 builds ResNet-50's int8 convolutions (uint8 x int8 -> int32, requantize epilogue, as the int8
 pipeline compiles them) with TVM's own schedules, with the per-row schedule (3x3/7x7 only) and
 with the per-tile schedules (3x3/7x7 and 1x1) of
-tvm_ext.x86_int8, checks that the three give the same outputs, and prints the median time of
+tvm_ext.x86.int8_conv, checks that the three give the same outputs, and prints the median time of
 each (timed in alternation; one thread unless TVM_NUM_THREADS says otherwise). For 1x1 convs the
 per-row column compiles TVM's 1x1 schedule again: its ratio shows the noise.
 
@@ -24,8 +24,8 @@ import tvm  # noqa: E402
 from tvm import relay  # noqa: E402
 from tvm.contrib import graph_executor  # noqa: E402
 
-from tvm_ext import x86_int8  # noqa: E402
-from tvm_ext.isa import runs_on_host  # noqa: E402
+from tvm_ext.x86 import int8_conv as x86_int8  # noqa: E402
+from tvm_ext.x86.isa import runs_on_host  # noqa: E402
 
 TARGETS = {
     "avx2": "llvm -mcpu=x86-64-v3",

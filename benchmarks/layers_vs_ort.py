@@ -10,7 +10,7 @@ kernel, output size; layers of equal geometry are summed) and prints a markdown 
 
 ONNX Runtime picks its kernels from the *host's* CPUID (MLAS has no switch to restrict them). For an
 AVX2 target on an AVX-512 host, ``--ort-isa auto`` (the default) times a copy of ONNX Runtime whose
-AVX-512 dispatch is masked (:mod:`tvm_ext.ort_isa`, in a child process), so both sides run AVX2
+AVX-512 dispatch is masked (:mod:`tvm_ext.tools.ort_isa`, in a child process), so both sides run AVX2
 code; ``--ort-isa host`` times the installed one. The table says which ISA each side ran. Builds
 run in child processes (a crash is reported, not fatal).
 
@@ -39,9 +39,9 @@ def _build(args):
     import tvm
     from tvm import relay
 
-    from tvm_ext import pipelines
-    from tvm_ext.build import build, copy_module
-    from tvm_ext.frontend import from_onnx, input_info
+    from tvm_ext.core import pipelines
+    from tvm_ext.core.build import build, copy_module
+    from tvm_ext.core.frontend import from_onnx, input_info
 
     logging.getLogger("autotvm").setLevel(logging.ERROR)
     (name, (shape, _)), = input_info(path).items()
@@ -125,7 +125,7 @@ def ort_node_times_in(package_dir, path, threads):
     """:func:`ort_node_times` in a child process importing onnxruntime from ``package_dir``."""
     import subprocess
 
-    from tvm_ext.ort_isa import child_env
+    from tvm_ext.tools.ort_isa import child_env
 
     res = subprocess.run([sys.executable, __file__, "--ort-times-of", path, "--threads", str(threads)],
                          capture_output=True, text=True, env=child_env(package_dir))
@@ -237,7 +237,7 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=7, help="debug-executor rounds per pipeline")
     ap.add_argument("--out", default=None, help="also write the raw times as JSON here")
     ap.add_argument("--table-from", default=None, help="print the table of an earlier --out JSON (no builds)")
-    from tvm_ext.ort_isa import ORT_ISA_CHOICES
+    from tvm_ext.tools.ort_isa import ORT_ISA_CHOICES
 
     ap.add_argument("--ort-isa", choices=ORT_ISA_CHOICES, default="auto",
                     help="auto: ONNX Runtime at the target's ISA where it can be masked (AVX2 on an AVX-512 host); "
@@ -248,7 +248,7 @@ def main(argv=None):
         print(json.dumps(ort_node_times(a.ort_times_of, a.threads)))
         return
     if a.table_from:
-        from tvm_ext import zoo
+        from tvm_ext.tools import zoo
 
         raw = json.loads(Path(a.table_from).read_text())
         path = raw.get("model") or str(zoo.onnx_path(f"resnet50_int8_{a.variant}"))
@@ -256,9 +256,9 @@ def main(argv=None):
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ["TVM_NUM_THREADS"] = str(a.threads)
-    from tvm_ext import zoo
-    from tvm_ext.isa import isa_class, host_features
-    from tvm_ext.target import build_target, host_target
+    from tvm_ext.tools import zoo
+    from tvm_ext.x86.isa import isa_class, host_features
+    from tvm_ext.x86.target import build_target, host_target
 
     path = a.variant if a.variant.endswith(".onnx") else str(zoo.onnx_path(f"resnet50_int8_{a.variant}"))
     target = str(build_target(a.target) if a.target else host_target())
@@ -272,7 +272,7 @@ def main(argv=None):
         if proc.exitcode != 0:
             sys.exit(f"layers_vs_ort: the {p} build failed (exit code {proc.exitcode})")
     rows = tvm_kernel_times(folder, ["stock", "tvm-ext"], a.repeat)
-    from tvm_ext.bench import ort_peer
+    from tvm_ext.tools.bench import ort_peer
 
     peer = ort_peer(target, a.ort_isa)
     logger.info("ONNX Runtime node timing (%s)", peer["note"])
@@ -281,7 +281,7 @@ def main(argv=None):
 
     feats = host_features()
     host_isa = "avx512_vnni" if {"avx512vnni", "avx512bw"} <= feats else ("avx512" if "avx512bw" in feats else "avx2")
-    ort_isa = "avx2 (AVX-512 masked: tvm_ext.ort_isa)" if peer["package"] else f"the host's ISA ({host_isa})"
+    ort_isa = "avx2 (AVX-512 masked: tvm_ext.tools.ort_isa)" if peer["package"] else f"the host's ISA ({host_isa})"
     print(f"model: {Path(path).name}; TVM target `{target}` (ISA {isa_class(tvm.target.Target(target))}); "
           f"ONNX Runtime runs {ort_isa}; {a.threads} threads; medians of {a.repeat} rounds\n")
     print(table(rows, ort, _ort_conv_geometry(path)))

@@ -22,7 +22,7 @@ or an ONNX file. Engines:
   removed (S8-to-U8 conversions, fused Q/DQ pairs) are then missing from the table (``-``);
 - ``stock-llvm``: plain ``relay.build`` for target ``llvm`` (generic x86-64: no int8 tensor
   instructions, exact int32 accumulation);
-- ``stock-host``: plain ``relay.build`` for :func:`tvm_ext.target.safe_target` of the host (the
+- ``stock-host``: plain ``relay.build`` for :func:`tvm_ext.x86.target.safe_target` of the host (the
   benchmark's stock column; VNNI masked, ``vpmaddubsw`` int16 pair sums can saturate);
 - ``tvm-ext``: :func:`tvm_ext.build` without passes (VNNI where the host has it);
 - ``tvm-ext-int8``: :func:`tvm_ext.build` with ``pipelines.int8()``;
@@ -54,7 +54,7 @@ def _load_model(name: str, small: bool):
 
     if os.path.exists(name):
         return onnx.load(name), None
-    from tvm_ext import zoo, zoo_real
+    from tvm_ext.tools import zoo, zoo_real
 
     if zoo_real.is_real_model(name):
         path = zoo._real_onnx_path(name, False, None)  # pylint: disable=protected-access
@@ -177,7 +177,7 @@ def expose(model, which: str = "auto"):
 
 # --- inputs ---------------------------------------------------------------------------------------
 def inputs_for(model_name, model, n):
-    from tvm_ext import zoo_real
+    from tvm_ext.tools import zoo_real
 
     if model_name and zoo_real.is_real_model(model_name):
         return zoo_real.images(model_name, n, seed=1000)  # what `tvm-ext bench` uses
@@ -211,9 +211,9 @@ def run_engine(engine: str, model_path: str, xs_path: str, out_path: str, config
         from tvm.contrib import graph_executor
 
         import tvm_ext
-        from tvm_ext import pipelines
-        from tvm_ext.frontend import from_onnx
-        from tvm_ext.target import host_target
+        from tvm_ext.core import pipelines
+        from tvm_ext.core.frontend import from_onnx
+        from tvm_ext.x86.target import host_target
 
         base = engine
         cfg = dict(config)
@@ -382,7 +382,7 @@ def main(argv=None):
         k, v = kv.split("=", 1)
         config[k] = v
     final = model.graph.output[0].name
-    from tvm_ext.bench import _output_step  # pylint: disable=protected-access
+    from tvm_ext.tools.bench import _output_step  # pylint: disable=protected-access
 
     final_step = _output_step(out / "plain.onnx").get("output_step")
     engines = args.engines.split(",")

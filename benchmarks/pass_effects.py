@@ -15,7 +15,7 @@ from collections import Counter
 from tvm import relay
 
 import tvm_ext
-from tvm_ext import zoo
+from tvm_ext.tools import zoo
 from tvm_ext.passes import CombineParallelCast, FuseByPattern
 from tvm_ext.patterns import get_table, merge_composite
 

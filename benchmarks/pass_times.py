@@ -33,10 +33,10 @@ os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 def _load(model: str, small: bool, shapes: dict):
     """(mod, params) of an ONNX file or a zoo model."""
     if model.endswith(".onnx") or Path(model).exists():
-        from tvm_ext.frontend import from_onnx
+        from tvm_ext.core.frontend import from_onnx
 
         return from_onnx(model, shape=shapes or None)
-    from tvm_ext import zoo
+    from tvm_ext.tools import zoo
 
     m = zoo.load(model, small=small)
     return m.mod, m.params
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import tvm_ext
-    from tvm_ext import pipelines
+    from tvm_ext.core import pipelines
 
     mod, params = _load(args.model, args.small, _parse_shapes(args.shape))
     passes = pipelines.int8(numerics=args.numerics) if args.pipeline == "int8" else ()

@@ -5,7 +5,7 @@ Design note
 For each real zoo variant (``<model>_int8_<qoperator|qdq>[_s8s8][_perchannel]``) this builds
 *stock* (plain ``relay.build`` at the VNNI-masked host target, the benchmark's stock column) and
 *tvm-ext* (``tvm_ext.build(..., passes=pipelines.int8())`` at its own target), each in its own
-child process, with the benchmark's own build job (:func:`tvm_ext.bench._run_builds`), so a
+child process, with the benchmark's own build job (:func:`tvm_ext.tools.bench._run_builds`), so a
 segfault or an LLVM assertion is a table cell, not the end of the run. When stock ``relay.build``
 fails (LLVM 22's verifier on some Zen 4 builds), stock is also built as ``tvm_ext.build`` without
 passes at the same masked target (the same kernels as ``relay.build``, built again with TIR CSE off:
@@ -13,13 +13,13 @@ passes at the same masked target (the same kernels as ``relay.build``, built aga
 table says so.
 
 Then, in another child process, both builds and ONNX Runtime run on the benchmark's inputs
-(``tvm_ext.zoo_real.images(name, n, seed=1000)``) and the benchmark's numerics are computed
-(:func:`tvm_ext.bench._numerics`, output step from :func:`tvm_ext.bench._real_variant`).
+(``tvm_ext.tools.zoo_real.images(name, n, seed=1000)``) and the benchmark's numerics are computed
+(:func:`tvm_ext.tools.bench._numerics`, output step from :func:`tvm_ext.tools.bench._real_variant`).
 
 **No latency**: this measures structure and numerics only (the machine is shared). Per variant it
 checks these targets: tvm-ext kernels <= stock, no crash, no int32 (or wider) tensor crossing
 kernels, float32 crossing only on purpose (every float crossing's reason in the kernel report is
-one of the on-purpose ones, ``tvm_ext.report.CROSSING_REASONS``), bytes crossing <= 0.5x stock,
+one of the on-purpose ones, ``tvm_ext.core.report.CROSSING_REASONS``), bytes crossing <= 0.5x stock,
 max difference to ONNX Runtime <= 2 output steps, and (the classifier) top-1 equal to ONNX Runtime; and it lists the kernel-list difference (ops of the
 kernels tvm-ext has and stock has not, and the reverse), which names the pass responsible.
 
@@ -78,7 +78,7 @@ MAX_BYTES_RATIO = 0.5
 # --- child processes ---------------------------------------------------------------------------
 def _child_build(job: dict) -> None:
     """Build entry of a child: the benchmark's build job, plus ``tvm_nopass`` (stock fallback)."""
-    from tvm_ext import bench
+    from tvm_ext.tools import bench
 
     if job["pipeline"] != "tvm_nopass":
         return bench._job_main(job)
@@ -87,7 +87,7 @@ def _child_build(job: dict) -> None:
         import tvm
         from tvm import relay
 
-        from tvm_ext.build import build
+        from tvm_ext.core.build import build
 
         logging.basicConfig(level=job.get("log_level", logging.WARNING))
         v = bench._load_variant(job["key"], job["small"], job["model_path"])
@@ -108,7 +108,7 @@ def _child_build(job: dict) -> None:
 
 def _child_numerics(job: dict) -> None:
     """Numerics entry of a child: every built engine and ONNX Runtime on the benchmark's inputs."""
-    from tvm_ext import bench, zoo_real
+    from tvm_ext.tools import bench, zoo_real
 
     out = Path(job["out"])
     try:
@@ -130,7 +130,7 @@ def _child_numerics(job: dict) -> None:
 
 def _run_child(target, job: dict, result_file: Path) -> dict:
     """Run ``target(job)`` in a spawned child; its JSON result, or the crash it died of."""
-    from tvm_ext import bench
+    from tvm_ext.tools import bench
 
     result_file.unlink(missing_ok=True)
     p = mp.get_context("spawn").Process(target=target, args=(job,))
@@ -148,7 +148,7 @@ def _kernel_ops(report: dict) -> collections.Counter:
 
 def _kernel_structure(report: dict) -> collections.Counter:
     """Kernels by their non-elementwise ops: what a numerics option may not change (its arithmetic may)."""
-    from tvm_ext.report import op_pattern
+    from tvm_ext.core.report import op_pattern
 
     return collections.Counter(" ".join(o for o in k["ops"] if op_pattern(o) > 1) or "(elementwise only)"
                                for k in report["kernels"])
@@ -171,11 +171,11 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
 
     ``stock_from``: this variant's result of an earlier run; its stock build and stock numerics are
     kept (stock TVM does not change with tvm-ext's passes) and only tvm-ext is built again.
-    ``numerics``: :func:`tvm_ext.pipelines.int8`'s option for the tvm-ext build; when it is not
+    ``numerics``: :func:`tvm_ext.core.pipelines.int8`'s option for the tvm-ext build; when it is not
     ``"tvm"``, the earlier run's tvm-ext build (``stock_from``) is kept as ``int8_default``.
     """
-    from tvm_ext import bench, zoo
-    from tvm_ext.target import build_target, host_target
+    from tvm_ext.tools import bench, zoo
+    from tvm_ext.x86.target import build_target, host_target
 
     stock_target = str(stock_target or host_target())
     ext_target = str(ext_target or build_target(None))
@@ -245,7 +245,7 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
 
 
 def _on_purpose(reason: str) -> bool:
-    from tvm_ext.report import CROSSING_REASONS
+    from tvm_ext.core.report import CROSSING_REASONS
 
     return CROSSING_REASONS.get(reason, (False, ""))[0]
 
@@ -366,7 +366,7 @@ def render_markdown(results: dict) -> str:
 
 def merge(paths, out: Path) -> int:
     """Join earlier runs' matrix.json into one (zoo order; a later file wins a variant), targets re-checked."""
-    from tvm_ext import zoo_real
+    from tvm_ext.tools import zoo_real
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
     by_key: dict = {}
@@ -409,8 +409,8 @@ def main(argv=None) -> int:
         return merge(args.merge.split(","), Path(args.out))
     import tempfile
 
-    from tvm_ext import bench, zoo_real
-    from tvm_ext.target import build_target, host_target
+    from tvm_ext.tools import bench, zoo_real
+    from tvm_ext.x86.target import build_target, host_target
 
     keys = [k.strip() for k in args.variants.split(",") if k.strip()]
     bad = [k for k in keys if not (zoo_real.is_real_model(k) and zoo_real.variant(k).quantized)]

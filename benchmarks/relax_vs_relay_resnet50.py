@@ -41,10 +41,10 @@ def run(small: bool, repeat: int, relax_repeat: int, threads: int) -> list:
 
     import tvm_ext
     import tvm_ext.relax as tr
-    from tvm_ext import zoo
+    from tvm_ext.tools import zoo
     from tvm_ext.passes import FuseByPattern
     from tvm_ext.patterns import GENERIC
-    from tvm_ext.target import host_target
+    from tvm_ext.x86.target import host_target
 
     target = host_target()
     dev = tvm.cpu()
@@ -111,7 +111,7 @@ def conv_probe(repeat: int, relax_repeat: int) -> dict:
 
     import tvm_ext
     import tvm_ext.relax as tr
-    from tvm_ext.target import host_target
+    from tvm_ext.x86.target import host_target
 
     target, dev = host_target(), tvm.cpu()
     rng = np.random.default_rng(0)
@@ -158,7 +158,7 @@ def tuned_conv_probe(trials: int, relax_repeat: int, work_dir: str) -> dict:
     from tvm import relax, tir
 
     import tvm_ext.relax as tr
-    from tvm_ext.target import host_target
+    from tvm_ext.x86.target import host_target
 
     target = tvm.target.Target(f"{host_target()} -num-cores {os.cpu_count()}")
     rng = np.random.default_rng(0)
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for name in ("autotvm", "te_compiler", "tvm_ext.relax.FuseByPattern", "tvm_ext.passes.FuseByPattern"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from tvm_ext.target import host_target
+    from tvm_ext.x86.target import host_target
 
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     rows = [] if args.probe_only else run(args.small, args.repeat, args.relax_repeat, args.threads)

@@ -7,7 +7,7 @@ Writes results.json, results.md and chart.png to --out (default ./bench-results)
 """
 import sys
 
-from tvm_ext.cli import main
+from tvm_ext.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

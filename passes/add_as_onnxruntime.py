@@ -52,7 +52,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_ext.ops import round_half_to_even
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._util import ANCHOR_OPS, Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
@@ -224,7 +224,7 @@ def AddAsOnnxRuntime():  # pylint: disable=invalid-name
     zero points become ``clip(rne(fma(a, rA, fma(b, rB, k))))``, MLAS's arithmetic (module note):
     bit-exact to ONNX Runtime's QLinearAdd on the tested models, where TVM's forms differ on up to
     47 % of the levels of an add. Changes outputs: part of
-    ``tvm_ext.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.
+    ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.
 
     Run it before relay.build's prefix (stage ``"start"``), after ``QDQToInteger``.
 

@@ -17,7 +17,7 @@ re-laid out (``NCHW8c -> NCHW``) in front of it, a kernel of its own writing int
 88 kernels, 11.79 -> 10.71 MB, no int16, bit-identical).
 
 Rule (a transposed conv whose stride equals its kernel, no padding: the form
-:mod:`tvm_ext.x86_conv_transpose` computes directly, reading each input pixel once per output)::
+:mod:`tvm_ext.x86.conv_transpose` computes directly, reading each input pixel once per output)::
 
     # t = conv2d_transpose(d_k(...d_1(n)...), w),  e_m(...e_1(t)...) -> ... (readers outside)
     #   n 8-bit typed (else the 8-bit point nearest to the conv, read as cast(n, u8) and widened
@@ -33,7 +33,7 @@ The group is made a ``Primitive=1`` function, the form FuseOps produces and then
 (:mod:`~tvm_ext.passes.fuse_by_pattern`'s note); its non-scalar constants become parameters, as
 FuseOps lifts them. The kernel then reads the 8-bit ``n`` and writes the 8-bit ``N``; the
 dequantize and BatchNorm + ReLU are computed inside it, once per output row into a row buffer
-(:mod:`tvm_ext.x86_conv_transpose`: the input row a row of outputs reads, all channels; ``kh``
+(:mod:`tvm_ext.x86.conv_transpose`: the input row a row of outputs reads, all channels; ``kh``
 times per input row). Computing them per read instead (per output channel and phase) made PP-OCRv4
 det QOperator slower (7.57 -> 8.66 ms at znver4); with the row buffer it is faster than without the
 pass (8.73 -> 8.41 ms, 60 interleaved quiet runs, bit-identical). No kernel
@@ -43,7 +43,7 @@ one kernel fewer). Exact: the same operations on the same values in the same ord
 (``cast(cast(N, u8), dtype(N)) == N`` for a value clipped to 8-bit bounds).
 
 Left alone, with a logged reason: every function when the current target is not ``llvm`` (the
-grouped kernel relies on :mod:`tvm_ext.x86_conv_transpose` inlining its data-side chain: TVM's
+grouped kernel relies on :mod:`tvm_ext.x86.conv_transpose` inlining its data-side chain: TVM's
 ``traverse_inline`` stops at the conv, and a GPU schedule would leave that chain unscheduled);
 transposed convs that are neither float32 nor integer into int32, or whose stride differs
 from the kernel (TVM's schedule would not inline the chain), a data chain without an 8-bit start
@@ -60,11 +60,22 @@ reader; a fixed pattern cannot express a chain of any length nor count readers.
 from __future__ import annotations
 
 from tvm_ext._op_pattern import K_INJECTIVE, call_pattern
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._chains import chain_arg, narrow_type
-from ._util import (Reject, consumers, dataflow_nodes, fixed_point, function_pass, lift_constants, op_name, pass_logger,
-                    rebuild, static_tensor_type, with_body)
+from ._util import (
+    Reject,
+    consumers,
+    dataflow_nodes,
+    fixed_point,
+    function_pass,
+    lift_constants,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_tensor_type,
+    with_body,
+)
 
 __all__ = ["DequantizeInConvTranspose"]
 
@@ -108,7 +119,7 @@ def _is_typed_8bit(node) -> bool:
 
 def _conv_ok(t):
     """True for a float32 NCHW / IOHW transposed conv whose stride equals its kernel, else a Reject."""
-    from tvm_ext.x86_conv_transpose import stride_equals_kernel
+    from tvm_ext.x86.conv_transpose import stride_equals_kernel
 
     for e in (t, t.args[0], t.args[1]):
         ok = static_tensor_type(e)
@@ -280,7 +291,7 @@ def _run(func):
 
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is not None and tgt.kind.name != "llvm":
-        # only tvm_ext.x86_conv_transpose's schedule inlines the grouped chain in front of the conv
+        # only tvm_ext.x86.conv_transpose's schedule inlines the grouped chain in front of the conv
         # (TVM's traverse_inline stops at the conv); a GPU schedule would leave it unscheduled
         _log.info("skipped: target %s is not llvm (the grouped kernel needs tvm-ext's CPU schedule)",
                   tgt.kind.name)

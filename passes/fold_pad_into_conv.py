@@ -54,7 +54,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._util import (
     Reject,

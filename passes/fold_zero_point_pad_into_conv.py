@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._util import (
     Reject,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 
 from .._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_TUPLE, call_pattern
-from ..registry import register_pass
+from ..core.registry import register_pass
 from ._util import Reject, SIMPLE_CONST, lift_constants
 
 logger = logging.getLogger("tvm_ext.passes.fuse_by_pattern")

@@ -49,7 +49,7 @@ expression tree does not see.
 from __future__ import annotations
 
 from tvm_ext._op_pattern import K_INJECTIVE, K_OUT_EWISE_FUSABLE, call_pattern
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._intervals import value_ranges
 from ._util import Reject, constant_scalar, op_name, pass_logger, static_tensor_type, substitution_pass

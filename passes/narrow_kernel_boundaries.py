@@ -60,7 +60,7 @@ sources, which a fixed pattern cannot express.
 from __future__ import annotations
 
 from tvm_ext._op_pattern import K_BROADCAST, K_OUT_EWISE_FUSABLE, call_pattern
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._chains import walk_chain
 from ._util import describe, op_name, pass_logger, static_tensor_type, substitution_pass

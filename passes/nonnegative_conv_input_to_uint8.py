@@ -33,7 +33,7 @@ has no repetition.
 """
 from __future__ import annotations
 
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._intervals import value_ranges
 from ._util import Check, Reject, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass

@@ -64,10 +64,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
-from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild,
-                    static_shape, static_tensor_type, with_body)
+from ._util import (
+    Check,
+    Reject,
+    consumers,
+    dataflow_nodes,
+    function_pass,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_shape,
+    static_tensor_type,
+    with_body,
+)
 
 __all__ = ["PadChannelsAtProducer", "MULTIPLE"]
 
@@ -371,10 +382,10 @@ def _match_int8(r, users):
 
 def _int8_written(channels: int) -> int:
     """Channels x86 writes for an int8 conv with ``channels`` outputs on the current target
-    (:func:`tvm_ext.x86_int8.int8_out_channels`: padded to 16 unless a policy block divides them)."""
+    (:func:`tvm_ext.x86.int8_conv.int8_out_channels`: padded to 16 unless a policy block divides them)."""
     import tvm
 
-    from tvm_ext.x86_int8 import int8_out_channels
+    from tvm_ext.x86.int8_conv import int8_out_channels
 
     return int8_out_channels(channels, tvm.target.Target.current(allow_none=True))
 
@@ -414,7 +425,7 @@ def _rewrite_int8(r, readers, bias, conv):
 def _rewrite(func):
     import tvm
 
-    from tvm_ext.isa import isa_class
+    from tvm_ext.x86.isa import isa_class
 
     nodes = dataflow_nodes(func, PASS_NAME)
     if nodes is None:

@@ -92,7 +92,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._util import (
     ANCHOR_OPS,
@@ -140,7 +140,7 @@ _AVG_POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d")
 
 #: Multiply-accumulates from which a padded int8 conv pays for its slice kernel (:func:`_padded_int8_conv`).
 PADDED_INT8_MIN_MACS = 1 << 24
-#: The same per instruction-set class (:func:`tvm_ext.isa.isa_class` of the current target) where
+#: The same per instruction-set class (:func:`tvm_ext.x86.isa.isa_class` of the current target) where
 #: it differs: AVX2 and AVX-512 VNNI take 8-channel int8 blocks (no padding), every conv converts.
 PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0}
 #: A padded conv also converts when each output sums at least this many products and the conv
@@ -156,7 +156,7 @@ def _min_macs() -> int:
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is None:
         return PADDED_INT8_MIN_MACS
-    from tvm_ext.isa import isa_class
+    from tvm_ext.x86.isa import isa_class
 
     return PADDED_INT8_MIN_MACS_BY_ISA.get(isa_class(tgt), PADDED_INT8_MIN_MACS)
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._util import Reject, op_calls, op_name, pass_logger, substitution_pass
 
@@ -195,7 +195,7 @@ def QuantizeWeightsAsOnnxRuntime():  # pylint: disable=invalid-name
     int32 at ``input scale * weight scale``. This pass does the same on the Relay graph (the weight
     becomes ``qnn.dequantize`` of int8 constants; see the module note), so TVM computes with the
     weights ONNX Runtime computes with. Changes outputs: part of
-    ``tvm_ext.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.
+    ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.
 
     Run it at stage ``"start"``, after ``QDQToInteger``.
 

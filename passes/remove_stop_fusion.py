@@ -56,7 +56,7 @@ chains to the next kernel boundaries and on the decisions already made for the b
 from __future__ import annotations
 
 from tvm_ext._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_INJECTIVE, op_pattern
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._util import Reject, describe, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass
 

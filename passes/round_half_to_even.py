@@ -57,7 +57,7 @@ beyond the one call, so a pattern would add nothing to the name test and the dty
 from __future__ import annotations
 
 from tvm_ext.ops import round_half_to_even  # the replacement (re-exported: AddAsOnnxRuntime, tests)
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
@@ -138,7 +138,7 @@ def RoundHalfToEven():  # pylint: disable=invalid-name
     the divisor as a one-element tensor, so TIR keeps a true division instead of multiplying by
     ``1 / c`` (ONNX's ``QuantizeLinear`` divides); ``round(v + zp)`` with an integer scalar
     constant ``zp`` (TVM's float requantize) becomes ``rne(v) + zp``, as ONNX Runtime adds the
-    zero point after rounding. Part of ``tvm_ext.pipelines.int8(numerics="onnxruntime")``.
+    zero point after rounding. Part of ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``.
 
     Run it after QNN ops are lowered: stage ``"before_fuse"`` of :func:`tvm_ext.build`.
 

@@ -51,7 +51,7 @@ compare bit for bit; the YOLOv8n and PP-OCR measurements in the README were bit-
 ``kElemWise`` pattern, ``te.compute`` reading ``table[data + offset]``, injective schedule). Being
 elementwise in its data, FuseOps fuses it into the producer's kernel exactly where the float chain
 was, and TVM's schedules inline it like any elementwise epilogue. It has no layout rule: run the
-pass at ``before_fuse`` (after AlterOpLayout), as :func:`tvm_ext.pipelines.int8` does.
+pass at ``before_fuse`` (after AlterOpLayout), as :func:`tvm_ext.core.pipelines.int8` does.
 
 *Idempotent:* a lookup is a source of its own (its table has 256 elements), so a second run finds
 nothing new. *No match* (no transcendental op on an 8-bit chain) returns the module unchanged.
@@ -66,10 +66,20 @@ import numpy as np
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
 from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
-from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,
-                    static_tensor_type, with_body)
+from ._util import (
+    Reject,
+    consumers,
+    dataflow_nodes,
+    function_pass,
+    op_name,
+    pass_logger,
+    rebuild,
+    static_shape,
+    static_tensor_type,
+    with_body,
+)
 
 PASS_NAME = "TabulateEightBit"
 RULE = "f(x: 8-bit) -> table_lookup(x, [f(i) for i in 0..255])"
@@ -200,7 +210,7 @@ def _eval_target():
     """The target the tables are computed with: the one being built if this host runs it, else llvm."""
     import tvm
 
-    from tvm_ext.isa import runs_on_host
+    from tvm_ext.x86.isa import runs_on_host
 
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is not None and tgt.kind.name == "llvm" and runs_on_host(tgt):
@@ -331,7 +341,7 @@ def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
     tanh, GELU (erf)...: on an 8-bit ``x`` each is a function of 256 values. The lookup is
     elementwise, so it fuses into the producer's kernel where the float chain was, and replaces one
     scalar ``expf`` call per element (LLVM has no vector exp) by one table read. Part of
-    :func:`tvm_ext.pipelines.int8`; run at ``before_fuse``.
+    :func:`tvm_ext.core.pipelines.int8`; run at ``before_fuse``.
 
     Parameters
     ----------

@@ -25,7 +25,7 @@ points that are already scalars are left alone; each rejection is logged at DEBU
 ``tvm_ext.passes.UniformZeroPointsToScalar`` with the reason.
 
 Run it at stage ``"start"`` (QNN ops exist only before relay.build's prefix canonicalizes
-them); :func:`tvm_ext.pipelines.int8` runs it first, so ``QDQToInteger`` propagates scalar
+them); :func:`tvm_ext.core.pipelines.int8` runs it first, so ``QDQToInteger`` propagates scalar
 zero points from ``qnn.dequantize`` into the integer ops it creates.
 
 Matched by op name against the table of zero-point argument positions, not with
@@ -34,7 +34,7 @@ only restate.
 """
 from __future__ import annotations
 
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 

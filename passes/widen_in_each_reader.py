@@ -59,7 +59,7 @@ cannot express.
 """
 from __future__ import annotations
 
-from tvm_ext.registry import register_pass
+from tvm_ext.core.registry import register_pass
 
 from ._chains import chain_arg, copy_chain, narrow_type, takes_widening
 from ._util import Reject, fixed_point, function_pass, op_name, pass_logger, static_tensor_type, substitute

@@ -1,4 +1,4 @@
-"""tvm_ext.amx: the process's tile state, ConfigureTiles, and tvm_ext.build(..., amx=True).
+"""tvm_ext.x86.amx: the process's tile state, ConfigureTiles, and tvm_ext.build(..., amx=True).
 
 Builds for AMX CPUs compile in a child process (an LLVM abort cannot take the session with it) and
 are checked by reading the assembly and the LLVM IR. The same kernels run here with every tile
@@ -19,8 +19,8 @@ import pytest
 import tvm
 from tvm.script import tir as T
 
-from tvm_ext import amx, isa, x86_int8
-from tvm_ext.target import AMX_FEATURES, build_target, safe_target
+from tvm_ext.x86 import amx, isa, int8_conv as x86_int8
+from tvm_ext.x86.target import AMX_FEATURES, build_target, safe_target
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Bad input end to end: every case gets one clear line naming the cause, never a crash.
 
-CLI cases run ``tvm_ext.cli.main`` in ONE child process (a crash there fails every CLI case
+CLI cases run ``tvm_ext.tools.cli.main`` in ONE child process (a crash there fails every CLI case
 instead of killing pytest); Python API cases run here. ``python tests/test_bad_input.py``
 prints the CLI table of ``docs/bad-input.md`` from the same cases.
 """
@@ -49,7 +49,7 @@ CLI_CASES = [
      "target kind 'cuda' is not enabled"),
     ("target_mattr", "--target 'llvm -mattr=+foo'", ["report", "{d}/ok.onnx", "--target", "llvm -mattr=+foo"], 0, ""),
     # MatMulInteger imports as qnn.dense, whose legalization shifts int8 data to uint8: not the
-    # nn.dense bug tvm_ext.tvm_bugs refuses (that one is tested in test_tvm_bugs.py)
+    # nn.dense bug tvm_ext.core.tvm_bugs refuses (that one is tested in test_tvm_bugs.py)
     ("int8_dense", "int8 MatMulInteger with 8 output units on AVX-512 (qnn.dense: builds)",
      ["report", "{d}/int8_dense.onnx", "--target", "llvm -mcpu=skylake-avx512"], 0, ""),
 ]
@@ -91,7 +91,7 @@ def write_models(d):
 
 CHILD = textwrap.dedent("""
     import contextlib, io, json, logging, sys
-    from tvm_ext.cli import main
+    from tvm_ext.tools.cli import main
     cases = json.loads(sys.argv[1])
     out = {}
     for cid, args in cases:
@@ -241,7 +241,7 @@ def test_build_refuses_what_the_graph_executor_cannot_run():
     from tvm import relay
 
     import tvm_ext
-    from tvm_ext.tvm_bugs import UnsupportedByTVM
+    from tvm_ext.core.tvm_bugs import UnsupportedByTVM
 
     x = relay.var("x", shape=(relay.Any(), 4), dtype="float32")
     with pytest.raises(UnsupportedByTVM, match="dynamic shape"):

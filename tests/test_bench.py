@@ -6,9 +6,10 @@ import pytest
 
 import tvm
 
-from tvm_ext import bench, x86_int8
-from tvm_ext.target import host_target
-from tvm_ext.cli import main
+from tvm_ext.tools import bench
+from tvm_ext.x86 import int8_conv as x86_int8
+from tvm_ext.x86.target import host_target
+from tvm_ext.tools.cli import main
 
 
 HOST_VNNI = x86_int8.vnni_ready(host_target(allow_vnni=True))
@@ -79,7 +80,7 @@ def test_cli_bench_any_onnx_model(tmp_path, capsys):
     """`tvm-ext bench --model X.onnx`: an int8 ONNX file passed by path (renamed, outside the zoo)."""
     import shutil
 
-    from tvm_ext import zoo
+    from tvm_ext.tools import zoo
 
     model = tmp_path / "someone_elses_int8.onnx"
     shutil.copy(zoo.onnx_path("resnet50_int8_qdq", small=True), model)
@@ -132,7 +133,7 @@ def test_stock_build_failing_llvms_verifier_is_built_again_without_tir_cse(monke
     results and table (the failure is faked here; the real model needs a download)."""
     from tvm import relay
 
-    from tvm_ext import tvm_bugs
+    from tvm_ext.core import tvm_bugs
 
     real_build, seen = relay.build, []
 
@@ -195,7 +196,7 @@ def test_avx2_int8_peak_script_prints_a_rate_per_core():
     import sys
     from pathlib import Path
 
-    from tvm_ext import isa
+    from tvm_ext.x86 import isa
 
     if shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no C compiler")

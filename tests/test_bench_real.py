@@ -1,4 +1,4 @@
-"""Tests for the real-model parts of tvm_ext.bench (``tvm-ext bench --zoo real``).
+"""Tests for the real-model parts of tvm_ext.tools.bench (``tvm-ext bench --zoo real``).
 
 Quick ones: output quantization step, the OpenVINO engine's refusal of QOperator contrib ops,
 crash isolation of child-process builds, the real-model table, CLI mistakes. The benchmark on the
@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_ext import bench, cli, zoo, zoo_real
+from tvm_ext.tools import bench, cli, zoo, zoo_real
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -7,9 +7,10 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext import isa, pipelines
-from tvm_ext.build import PassFailed, prefix_pass_names
-from tvm_ext.report import KernelReport
+from tvm_ext.x86 import isa
+from tvm_ext.core import pipelines
+from tvm_ext.core.build import PassFailed, prefix_pass_names
+from tvm_ext.core.report import KernelReport
 from tvm_ext.testing import random_inputs, run_module
 
 TARGET = tvm_ext.host_target()
@@ -201,7 +202,7 @@ AVX512_VNNI = "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"
 def _relay_build_at(mod, params, target):
     """Plain relay.build at ``target``; for a VNNI target inside ``x86_int8.kernels(schedule=False)``,
     which only gives TVM's VNNI intrinsic LLVM 22's operand types (without it LLVM aborts)."""
-    from tvm_ext import x86_int8
+    from tvm_ext.x86 import int8_conv as x86_int8
 
     with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
         return relay.build(tvm_ext.copy_module(mod), target=target, params=params)
@@ -239,7 +240,7 @@ ZOO_CASES = [("resnet50_int8_qdq", AVX2), ("resnet50_int8_qoperator", AVX512_VNN
 def test_no_passes_equals_relay_build_on_zoo_resnets(name, target):
     """Without a pipeline, tvm-ext's x86 kernel policy and tuned records stay out: relay.build's
     kernels and outputs, for QDQ (a graph that computes in float) and QOperator alike."""
-    from tvm_ext import zoo
+    from tvm_ext.tools import zoo
 
     m = zoo.load(name, small=True)
     _assert_no_passes_is_relay_build(m, target, lambda seed: zoo.sample_input(m, seed=seed, small=True))
@@ -248,7 +249,7 @@ def test_no_passes_equals_relay_build_on_zoo_resnets(name, target):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", [AVX2, AVX512_VNNI])
 def test_no_passes_equals_relay_build_on_a_real_model(target):
-    from tvm_ext import zoo, zoo_real
+    from tvm_ext.tools import zoo, zoo_real
 
     try:
         m = zoo.load("ppocr_cls_v2_int8_qdq")
@@ -258,7 +259,7 @@ def test_no_passes_equals_relay_build_on_a_real_model(target):
 
 
 def test_a_pipeline_turns_the_kernel_policy_on():
-    from tvm_ext.build import kernel_settings
+    from tvm_ext.core.build import kernel_settings
 
     assert kernel_settings(()) == (False, False)
     assert kernel_settings([relay.transform.InferType()]) == (False, False)
@@ -271,7 +272,7 @@ def test_a_pipeline_turns_the_kernel_policy_on():
 @pytest.mark.parametrize("target", [AVX2, AVX512_VNNI])
 @pytest.mark.parametrize("name", ["resnet50_int8_qdq", "resnet50_int8_qoperator"])
 def test_no_passes_equals_relay_build_on_full_size_resnet50s(name, target):
-    from tvm_ext import zoo
+    from tvm_ext.tools import zoo
 
     m = zoo.load(name)
     _assert_no_passes_is_relay_build(m, target, lambda seed: zoo.sample_input(m, seed=seed))
@@ -280,7 +281,7 @@ def test_no_passes_equals_relay_build_on_full_size_resnet50s(name, target):
 @pytest.mark.slow
 def test_no_passes_equals_relay_build_full_resnet50_int8():
     """Full-size int8 ResNet-50 (QOperator, from the zoo): same kernels, bit-identical outputs."""
-    from tvm_ext import zoo
+    from tvm_ext.tools import zoo
 
     m = zoo.load("resnet50_int8_qoperator")
     stock = _stock(m.mod, m.params)
@@ -351,5 +352,5 @@ def test_start_stage_types_an_untyped_module():
     q = relay.qnn.op.quantize(x, relay.const(np.float32(0.1)), relay.const(3), out_dtype="uint8")
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.qnn.op.dequantize(q, relay.const(np.float32(0.1)),
                                                                              relay.const(3))))
-    lib = tvm_ext.build(mod, passes=tvm_ext.pipelines.int8())
+    lib = tvm_ext.build(mod, passes=tvm_ext.core.pipelines.int8())
     assert lib.kernel_report.num_kernels >= 1

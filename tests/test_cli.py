@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_ext.cli import main
+from tvm_ext.tools.cli import main
 
 
 def tiny_onnx(path):
@@ -27,7 +27,7 @@ def tiny_onnx(path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "tvm_ext.cli", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "tvm_ext.tools.cli", *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("cmd", [[], ["report"], ["passes"], ["patterns"], ["zoo"], ["bench"], ["tune"]])
@@ -47,9 +47,9 @@ def test_report_json(tmp_path, capsys):
 @pytest.mark.parametrize("target", [None, "llvm -mcpu=znver4", "llvm -mcpu=x86-64-v3"])
 def test_report_builds_for_the_target_tvm_ext_build_uses(tmp_path, capsys, target):
     """report (and explain, tune) resolve --target as tvm_ext.build does: the report shows the build
-    that `compile` and `bench` make (AVX-512 VNNI kept where tvm_ext.x86_int8 builds it), not a
+    that `compile` and `bench` make (AVX-512 VNNI kept where tvm_ext.x86.int8_conv builds it), not a
     VNNI-masked one. Compiles only: nothing built for a foreign CPU runs here."""
-    from tvm_ext.target import build_target
+    from tvm_ext.x86.target import build_target
 
     model = tiny_onnx(tmp_path / "m.onnx")
     assert main(["report", str(model), "--json", *(["--target", target] if target else [])]) == 0
@@ -98,7 +98,7 @@ def test_passes_lists_registered():
 def test_passes_pipeline_lists_every_pass_in_order_with_its_reason(capsys, numerics):
     """`tvm-ext passes --pipeline int8 [--numerics N]` prints the pipeline's table: per stage, every
     pass in order (numbered), what it does and why it stands there."""
-    from tvm_ext import pipelines
+    from tvm_ext.core import pipelines
 
     assert main(["passes", "--pipeline", "int8", *(["--numerics", numerics] if numerics else [])]) == 0
     out = capsys.readouterr().out

@@ -1,7 +1,7 @@
-"""tvm-ext compile / run (tvm_ext.deploy): round trip, sidecar, plain-TVM loading, every refusal.
+"""tvm-ext compile / run (tvm_ext.tools.deploy): round trip, sidecar, plain-TVM loading, every refusal.
 
 Everything is built for the host target; "features the host lacks" is faked by shrinking
-``tvm_ext.isa.host_features``, never by executing code compiled for another CPU.
+``tvm_ext.x86.isa.host_features``, never by executing code compiled for another CPU.
 """
 import json
 import subprocess
@@ -12,9 +12,10 @@ import pytest
 from tvm.contrib import graph_executor
 
 import tvm_ext
-from tvm_ext import deploy, isa
-from tvm_ext.cli import main
-from tvm_ext.frontend import from_onnx
+from tvm_ext.tools import deploy
+from tvm_ext.x86 import isa
+from tvm_ext.tools.cli import main
+from tvm_ext.core.frontend import from_onnx
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from test_cli import tiny_onnx  # noqa: E402
@@ -111,7 +112,8 @@ def test_run_writes_nothing_beside_the_library(tmp_path, compiled):
 def test_int8_pipeline_so_round_trip_on_a_qdq_model(tmp_path, compiled, capsys):
     """A QDQ model (ONNX Runtime's quantize_static), --pipeline int8, .so, a named input: bit-exact
     to tvm_ext.build(..., passes=pipelines.int8()) run in-process."""
-    from tvm_ext import pipelines, zoo
+    from tvm_ext.core import pipelines
+    from tvm_ext.tools import zoo
 
     _, fp32, _, x = compiled
     model = zoo.quantize_onnx(fp32, tmp_path / "tiny_qdq.onnx", "qdq")
@@ -134,7 +136,7 @@ def test_int8_pipeline_so_round_trip_on_a_qdq_model(tmp_path, compiled, capsys):
     # stock TVM has it, so the quantized input crosses in float (flagged avoidable) and the output
     # is the graph's float; on AVX2 and AVX-512 VNNI hosts it converts (PADDED_INT8_MIN_MACS_BY_ISA)
     # and the slice fuses with the output's dequantize: nothing crosses in float
-    from tvm_ext.isa import isa_class
+    from tvm_ext.x86.isa import isa_class
     from tvm_ext.passes.qdq_to_integer import PADDED_INT8_MIN_MACS_BY_ISA
 
     assert fac.kernel_report.int_crossings() == [], fac.kernel_report.table()

@@ -17,7 +17,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.explain import REASONS, REMEDIES, explain, summary_markdown
+from tvm_ext.core.explain import REASONS, REMEDIES, explain, summary_markdown
 
 W = lambda *shape: relay.const(np.random.default_rng(0).standard_normal(shape).astype("float32"))  # noqa: E731
 
@@ -164,7 +164,7 @@ def test_nonzero_pad_value_is_not_folded():
     The table names FoldZeroPointPadIntoConv instead, and applying FoldPadIntoConv anyway (the
     check) indeed leaves the pad, while FoldZeroPointPadIntoConv removes it and its kernel.
     """
-    from tvm_ext.explain import _REMEDY_BY_NAME, _apply_remedy
+    from tvm_ext.core.explain import _REMEDY_BY_NAME, _apply_remedy
 
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
     ex = explain(mod_of(qconv(qconv(x, zp=3), zp=3)))
@@ -297,7 +297,7 @@ def test_cli_explain(tmp_path):
 
 def test_zoo_relay_quantize_small():
     """relay.quantize ResNet (small): stop_fusion dominates; RemoveStopFusion removes most of it."""
-    m = tvm_ext.zoo.load("resnet50_int8_relay", small=True)
+    m = tvm_ext.tools.zoo.load("resnet50_int8_relay", small=True)
     ex = explain(m.mod, params=m.params)
     assert ex.verified is True
     stops = by_kind(ex, "stop_fusion")
@@ -315,7 +315,7 @@ def test_zoo_relay_quantize_small():
 
 @pytest.mark.slow
 def test_zoo_relay_small_start_stage_remedy():
-    m = tvm_ext.zoo.load("resnet50_int8_relay", small=True)
+    m = tvm_ext.tools.zoo.load("resnet50_int8_relay", small=True)
     ex = explain(m.mod, params=m.params)
     (rr,) = [r for r in ex.check_remedies(["NonNegativeConvInputToUint8"]) if r.remedy == "NonNegativeConvInputToUint8"]
     assert rr.measured and rr.remaining == 0 and rr.kernels_saved > 0
@@ -324,7 +324,7 @@ def test_zoo_relay_small_start_stage_remedy():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50_int8_qoperator", "resnet50_int8_qdq"])
 def test_zoo_onnx_small(name):
-    m = tvm_ext.zoo.load(name, small=True)
+    m = tvm_ext.tools.zoo.load(name, small=True)
     ex = explain(m.mod, params=m.params)
     assert ex.verified is True
     checked = ex.check_remedies([r.remedy for r in ex.remedies if r.remedy != "disabled_pass=AlterOpLayout"])
@@ -335,9 +335,9 @@ def test_zoo_onnx_small(name):
 
 @pytest.mark.slow
 def test_pipeline_int8_leaves_fewer_boundaries():
-    m = tvm_ext.zoo.load("resnet50_int8_relay", small=True)
+    m = tvm_ext.tools.zoo.load("resnet50_int8_relay", small=True)
     stock = explain(m.mod, params=m.params)
-    ours = explain(m.mod, params=m.params, passes=tvm_ext.pipelines.int8())
+    ours = explain(m.mod, params=m.params, passes=tvm_ext.core.pipelines.int8())
     assert ours.verified is True
     assert ours.num_kernels < stock.num_kernels and ours.crossing_bytes < stock.crossing_bytes
     assert not by_kind(ours, "stop_fusion") or len(by_kind(ours, "stop_fusion")) < len(by_kind(stock, "stop_fusion"))
@@ -345,7 +345,7 @@ def test_pipeline_int8_leaves_fewer_boundaries():
 
 def test_fuse_ops_input_of_plain_relay_build():
     """The module FuseOps sees inside a plain relay.build, explained without re-running anything."""
-    from tvm_ext.explain import FuseOpsInput, explain_prefused
+    from tvm_ext.core.explain import FuseOpsInput, explain_prefused
 
     mod = quantized_pair()
     cap = FuseOpsInput()
@@ -358,10 +358,10 @@ def test_fuse_ops_input_of_plain_relay_build():
 
 
 def test_bench_markdown_has_the_explainer_summary():
-    from tvm_ext import bench
+    from tvm_ext.tools import bench
 
     ex = explain(quantized_pair())
-    summary = tvm_ext.explain.summary_dict(ex)
+    summary = tvm_ext.core.explain.summary_dict(ex)
     assert json.loads(json.dumps(summary)) == summary
     results = {"environment": {"versions": {"tvm": "0.19.0"}, "date": "d", "cpu": "c", "cores": 2, "threads": 2,
                                "target": "llvm", "repeat": 1},
@@ -394,7 +394,7 @@ def test_fuse_ops_input_ignores_nested_builds():
     FuseOps); the instrument captures relay.build's FuseOps input, not the table's."""
     from tvm import relay as _relay
 
-    from tvm_ext.explain import FuseOpsInput
+    from tvm_ext.core.explain import FuseOpsInput
 
     x = _relay.var("x", shape=(1, 4, 8, 8), dtype="uint8")
     y = _relay.qnn.op.sigmoid(x, _relay.const(0.1), _relay.const(3, "int32"), _relay.const(1 / 255.0),
@@ -410,7 +410,7 @@ def conv24_pair():
     """uint8 -> qnn.conv2d (24 output channels) -> requantize -> qnn.conv2d (16) -> requantize.
     At AVX-512 targets without VNNI x86 int8 legalization pads the first conv to 32 output channels
     and slices back: its int32 accumulators cross to the slice's kernel. (AVX2 and AVX-512 VNNI
-    targets block 24 channels by 8: no padding, ``tvm_ext.x86_int8``'s ``narrow_channel_blocks``.)"""
+    targets block 24 channels by 8: no padding, ``tvm_ext.x86.int8_conv``'s ``narrow_channel_blocks``.)"""
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
 
     def qconv(d, ci, co, seed):
@@ -524,7 +524,7 @@ def _vm_kernels(mod):
 def test_closures_and_control_flow_are_explained_as_fuse_ops_does(graph, kernels, construct):
     """The kernels inside closures and If branches are FuseOps' own (and the VM's), named as TVM names
     them; compile=True names the construct the graph executor cannot run."""
-    from tvm_ext.tvm_bugs import UnsupportedByTVM
+    from tvm_ext.core.tvm_bugs import UnsupportedByTVM
 
     mod = graph()
     ex = explain(mod)
@@ -564,7 +564,7 @@ def test_value_passed_to_a_closure_is_a_closure_call_boundary():
 
 
 def test_reasons_have_colours():
-    from tvm_ext._explain_html import COLOURS
+    from tvm_ext.core._explain_html import COLOURS
 
     assert set(COLOURS) == {k for k, _ in REASONS}
 
@@ -607,7 +607,7 @@ def test_kernel_names_are_the_built_modules():
 def test_kernel_names_of_a_zoo_model_match_the_kernel_report():
     """ONNX Runtime's QOperator ResNet (small) at the host target: names (hash-truncated and _N ones
     included) and count equal the kernel report's, kernel for kernel."""
-    m = tvm_ext.zoo.load("resnet50_int8_qoperator", small=True)
+    m = tvm_ext.tools.zoo.load("resnet50_int8_qoperator", small=True)
     ex = explain(m.mod, params=m.params, compile=True)
     assert ex.verified is True, ex.verify_note
     report = ex.kernel_report

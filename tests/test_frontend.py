@@ -1,4 +1,4 @@
-"""Tests for tvm_ext._compat (onnx.mapping shim) and tvm_ext.frontend."""
+"""Tests for tvm_ext._compat (onnx.mapping shim) and tvm_ext.core.frontend."""
 import logging
 import sys
 import types
@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import tvm_ext  # noqa: F401  (installs the shim)
-from tvm_ext import _compat, frontend
+from tvm_ext import _compat
+from tvm_ext.core import frontend
 
 
 def _tiny_model(in_shape=(2, 3), name="x"):
@@ -169,7 +170,7 @@ def test_missing_shape_raises():
 
 def test_symbolic_batch_defaults_to_one_with_warning(caplog):
     model = _tiny_model(in_shape=("N", 3))
-    with caplog.at_level(logging.WARNING, logger="tvm_ext.frontend"):
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.core.frontend"):
         info = frontend.input_info(model)
     assert info["x"][0] == (1, 3)
     assert any("batch" in r.getMessage() and "'N'" in r.getMessage() for r in caplog.records)

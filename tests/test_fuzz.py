@@ -113,7 +113,7 @@ def _stop_graph():
 def _foreign_target():
     """An x86 target whose code this host cannot run (an Intel host lacks AMD's sse4a, an AMD host
     Intel's avx512fp16), or None."""
-    from tvm_ext.isa import runs_on_host
+    from tvm_ext.x86.isa import runs_on_host
 
     for t in ("llvm -mcpu=znver3", "llvm -mcpu=sapphirerapids"):
         if not runs_on_host(fuzz._targets(t)[0]):
@@ -139,7 +139,7 @@ def test_foreign_target_is_compiled_not_run(monkeypatch):
 
 
 def test_host_runnable_target_is_compared():
-    from tvm_ext.isa import runs_on_host
+    from tvm_ext.x86.isa import runs_on_host
 
     target = "llvm -mcpu=x86-64-v3"
     if not runs_on_host(target):

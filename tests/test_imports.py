@@ -1,7 +1,7 @@
-"""No import cycles between tvm-ext's modules (lazy, function-level imports included).
-
-The CLI sits on top; ``errors``, ``isa``, ``target``, ``x86_int8`` and ``tuning`` are leaves below
-``build``; ``tune`` and ``bench`` sit on ``build``. The one allowed loop is plugin registration:
+"""No import cycles between tvm-ext's modules (lazy, function-level imports included), and the
+layers of the package: ``tvm_ext.tools`` (cli, bench, tune, ...) on top of ``tvm_ext.core`` (build,
+pipelines, report, explain, ...), which sits on ``tvm_ext.x86`` (isa, target, int8_conv, tuning) and
+the leaves (``errors``, ``_op_pattern``, ...). The one allowed loop is plugin registration:
 ``registry.list_passes`` imports ``tvm_ext.passes`` so that every pass module registers itself.
 """
 import ast
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (("tvm_ext", "tvm_ext"), ("passes", "tvm_ext.passes"), ("patterns", "tvm_ext.patterns"))
-ALLOWED = {("tvm_ext.registry", "tvm_ext.passes")}  # plugin registration (see the module note)
+ALLOWED = {("tvm_ext.core.registry", "tvm_ext.passes")}  # plugin registration (see the module note)
 
 
 def _modules() -> dict:
@@ -79,9 +79,31 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_leaves_do_not_import_the_layers_above():
     mods = _modules()
-    for leaf in ("tvm_ext.errors", "tvm_ext.isa", "tvm_ext.x86_int8", "tvm_ext.tuning", "tvm_ext.target"):
-        above = {"tvm_ext.cli", "tvm_ext.bench", "tvm_ext.build", "tvm_ext.tune"}
+    for leaf in ("tvm_ext.errors", "tvm_ext.x86.isa", "tvm_ext.x86.int8_conv", "tvm_ext.x86.tuning", "tvm_ext.x86.target"):
+        above = {"tvm_ext.tools.cli", "tvm_ext.tools.bench", "tvm_ext.core.build", "tvm_ext.tools.tune"}
         assert not (_imports(leaf, mods[leaf], mods) & above), leaf
+
+
+def test_subpackages_import_only_the_layers_below():
+    """x86 imports neither core nor tools; core does not import tools (lazy imports included)."""
+    mods = _modules()
+    assert {"tvm_ext.core.build", "tvm_ext.x86.isa", "tvm_ext.tools.cli"} <= set(mods)
+    for name, path in mods.items():
+        deps = _imports(name, path, mods)
+        if name.startswith("tvm_ext.x86."):
+            assert not {d for d in deps if d.startswith(("tvm_ext.core", "tvm_ext.tools"))}, name
+        if name.startswith("tvm_ext.core."):
+            assert not {d for d in deps if d.startswith("tvm_ext.tools")}, name
+
+
+def test_flat_module_names_are_the_same_modules():
+    import importlib
+
+    import tvm_ext
+
+    for flat, where in tvm_ext.MODULE_PATHS.items():
+        assert importlib.import_module(f"tvm_ext.{flat}") is importlib.import_module(f"tvm_ext.{where}"), flat
+    assert callable(tvm_ext.build) and not isinstance(tvm_ext.build, type(tvm_ext)), "still the function"
 
 
 def _pass_modules(mods: dict) -> set:

@@ -1,4 +1,4 @@
-"""tvm_ext.isa and the per-ISA kernel policy: what is compiled where, and what may run here.
+"""tvm_ext.x86.isa and the per-ISA kernel policy: what is compiled where, and what may run here.
 
 Cross-CPU checks compile only and read the generated assembly (in a child process, so an LLVM
 abort cannot take the test session with it); nothing built for a foreign CPU is executed.
@@ -11,7 +11,7 @@ import pytest
 import tvm
 
 import tvm_ext
-from tvm_ext import isa, x86_int8
+from tvm_ext.x86 import isa, int8_conv as x86_int8
 
 
 def test_host_features_come_from_cpuid_not_the_cpu_name():

@@ -1,4 +1,4 @@
-"""tvm_ext.ort_isa: ONNX Runtime dispatching as on an AVX2-only CPU, for the benchmark's peer.
+"""tvm_ext.tools.ort_isa: ONNX Runtime dispatching as on an AVX2-only CPU, for the benchmark's peer.
 
 Everything that imports a patched onnxruntime runs in a child process; this process keeps the
 installed one (checked at the end).
@@ -11,7 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tvm_ext import bench, isa, ort_isa
+from tvm_ext.tools import bench, ort_isa
+from tvm_ext.x86 import isa
 
 HOST = isa.host_features()
 HOST_INT8_DOT = "int32" if ({"avx512vnni", "avxvnni"} & HOST) else "int16-saturating"

@@ -1,4 +1,4 @@
-"""tvm_ext.pipelines.int8: its tables (order, reasons, variants) and, on the small zoo models, kernel floor,
+"""tvm_ext.core.pipelines.int8: its tables (order, reasons, variants) and, on the small zoo models, kernel floor,
 narrow boundaries, numerics."""
 import numpy as np
 import pytest
@@ -6,8 +6,8 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-import tvm_ext.zoo
-from tvm_ext import pipelines
+import tvm_ext.tools.zoo
+from tvm_ext.core import pipelines
 from tvm_ext.testing import run_module
 
 TARGET = tvm_ext.host_target()
@@ -152,7 +152,7 @@ def test_step_creates_the_registered_pass_with_its_arguments():
 
 
 def _build_both(name):
-    m = tvm_ext.zoo.load(name, small=True)
+    m = tvm_ext.tools.zoo.load(name, small=True)
     with tvm.transform.PassContext(opt_level=3):
         stock = relay.build(tvm_ext.copy_module(m.mod), target=TARGET, params=m.params)
     ext = tvm_ext.build(m.mod, TARGET, m.params, passes=pipelines.int8())

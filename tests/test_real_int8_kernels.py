@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tvm_ext import zoo, zoo_real
+from tvm_ext.tools import zoo, zoo_real
 
 _CHILD = textwrap.dedent("""
     import json, sys
@@ -20,7 +20,7 @@ _CHILD = textwrap.dedent("""
     from tvm.contrib import graph_executor
     import tvm_ext
     from tvm_ext import zoo, pipelines
-    from tvm_ext.report import KernelReport
+    from tvm_ext.core.report import KernelReport
     name = sys.argv[1]
     m = zoo.load(name)
     x = zoo.sample_input(name)
@@ -66,8 +66,8 @@ def test_ppocr_cls_qdq_no_more_kernels_than_stock(tmp_path):
     assert res["ext"] <= res["stock"] < res["ref"]
     # the folded border constant is exact (VNNI and scalar int8 convs accumulate exactly); on x86
     # without VNNI vpmaddubsw saturation may differ at the border (see the pass's module note)
-    from tvm_ext.target import build_target
-    from tvm_ext.isa import isa_class
+    from tvm_ext.x86.target import build_target
+    from tvm_ext.x86.isa import isa_class
 
     if isa_class(build_target()) == "avx512_vnni":
         assert res["ext_vs_ref"] == 0.0

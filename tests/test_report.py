@@ -7,7 +7,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.report import KernelReport, anchor_of, dtype_bytes
+from tvm_ext.core.report import KernelReport, anchor_of, dtype_bytes
 
 TARGET = tvm_ext.host_target()
 

@@ -12,7 +12,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.report import CROSSING_REASONS, KernelReport
+from tvm_ext.core.report import CROSSING_REASONS, KernelReport
 
 TARGET = tvm_ext.host_target()
 C, HW = 16, 8
@@ -178,8 +178,9 @@ def test_report_without_analysis_says_so(float_graph):
 def test_small_qdq_zoo_model_stock_vs_pipeline():
     """Stock TVM on the small QDQ ResNet: every float32 crossing is avoidable (8-bit values in float);
     with the int8 pipeline none is left."""
-    from tvm_ext import pipelines, zoo
-    from tvm_ext.frontend import from_onnx
+    from tvm_ext.core import pipelines
+    from tvm_ext.tools import zoo
+    from tvm_ext.core.frontend import from_onnx
 
     mod, params = from_onnx(zoo.onnx_path("resnet50_int8_qdq", small=True))
     stock = tvm_ext.build(mod, TARGET, params=params).kernel_report

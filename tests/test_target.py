@@ -3,8 +3,8 @@ import logging
 
 import tvm
 
-from tvm_ext.isa import llvm_features as _llvm_features
-from tvm_ext.target import VNNI_FEATURES, describe_target, host_target, safe_target
+from tvm_ext.x86.isa import llvm_features as _llvm_features
+from tvm_ext.x86.target import VNNI_FEATURES, describe_target, host_target, safe_target
 
 
 def test_host_target_is_not_generic():
@@ -22,7 +22,7 @@ def test_native_is_resolved():
 
 
 def test_vnni_masked_with_reason(caplog):
-    with caplog.at_level(logging.DEBUG, logger="tvm_ext.target"):
+    with caplog.at_level(logging.DEBUG, logger="tvm_ext.x86.target"):
         t = safe_target("llvm -mcpu=znver4 -mattr=+avx2")
     mattr = [str(a) for a in t.attrs["mattr"]]
     assert "+avx2" in mattr and "-avx512vnni" in mattr and "-avxvnni" in mattr

@@ -1,12 +1,14 @@
-"""tvm_ext.tuning (records applied by tvm_ext.build) and tvm_ext.tune (recording and search)."""
+"""tvm_ext.x86.tuning (records applied by tvm_ext.build) and tvm_ext.tools.tune (recording and search)."""
 import numpy as np
 import pytest
 import tvm
 from tvm import autotvm
 
 import tvm_ext
-from tvm_ext import pipelines, tune, tuning, zoo
-from tvm_ext.target import build_target
+from tvm_ext.core import pipelines
+from tvm_ext.tools import tune, zoo
+from tvm_ext.x86 import tuning
+from tvm_ext.x86.target import build_target
 from tvm_ext.testing import run_module
 
 
@@ -167,8 +169,8 @@ def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
 
     import tvm
 
-    from tvm_ext.isa import runs_on_host
-    from tvm_ext.tune import tune_model
+    from tvm_ext.x86.isa import runs_on_host
+    from tvm_ext.tools.tune import tune_model
 
     target = tvm.target.Target("llvm -mcpu=x86-64-v3")
     if not runs_on_host(target):
@@ -176,7 +178,7 @@ def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
     sys.path.insert(0, str(Path(__file__).parent))
     from test_x86_int8 import _narrow_blocks_graph
 
-    with caplog.at_level(logging.WARNING, logger="tvm_ext.tune"):
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.tools.tune"):
         result = tune_model(_narrow_blocks_graph(), target=target, budget_s=120, layouts=False, number=1, repeat=1)
     assert "not tuned (TVM's rule kept)" in caplog.text and "kernel [3, 2, 3, 3, 4, 8, 4]" in caplog.text
     assert result.rows  # the other int8 conv was tuned (or kept TVM's rule after timing)
@@ -206,7 +208,7 @@ def test_tune_model_warns_on_a_busy_machine_before_timing(small, monkeypatch, ca
     monkeypatch.setattr(tune.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     monkeypatch.setattr(tune, "record_workloads", stop)  # nothing is built or timed
     said = []
-    with caplog.at_level(logging.WARNING, logger="tvm_ext.tune"), pytest.raises(Stop):
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.tools.tune"), pytest.raises(Stop):
         tune.tune_model(m.mod, m.params, target, progress=said.append)
     assert said and said[0].startswith("warning: the machine is busy (load average 64.0")
     assert "the machine is busy" in caplog.text

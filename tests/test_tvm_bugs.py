@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.tvm_bugs: a known TVM 0.19 bug is refused with a clear error naming the cause,
+"""Tests of tvm_ext.core.tvm_bugs: a known TVM 0.19 bug is refused with a clear error naming the cause,
 or, where tvm-ext can route around it, the build is retried without the pass at fault."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.testing import infer
-from tvm_ext.tvm_bugs import UnsupportedByTVM, check_module
+from tvm_ext.core.tvm_bugs import UnsupportedByTVM, check_module
 
 
 def dense(units, k=8, dtype="int8", qnn=False):
@@ -63,7 +63,7 @@ def test_build_raises_clear_error_instead_of_tvm_diagnostic():
 
 
 def check_avx512(target) -> bool:
-    from tvm_ext.tvm_bugs import _x86_int8_gemm
+    from tvm_ext.core.tvm_bugs import _x86_int8_gemm
 
     return _x86_int8_gemm(target)
 
@@ -74,7 +74,7 @@ def test_llvm_debug_info_error_is_retried_without_tir_cse(monkeypatch, caplog):
     here; the real model needs a download)."""
     import logging
 
-    from tvm_ext.tvm_bugs import NO_TIR_CSE, is_llvm_debug_info_error
+    from tvm_ext.core.tvm_bugs import NO_TIR_CSE, is_llvm_debug_info_error
 
     real_build = relay.build
     seen = []
@@ -153,7 +153,7 @@ def test_simplify_expr_copying_an_inline_function_is_built_without_it(at, caplog
 
 
 def test_inline_function_copy_error_needs_an_inline_function():
-    from tvm_ext.tvm_bugs import is_inline_function_copy_error
+    from tvm_ext.core.tvm_bugs import is_inline_function_copy_error
 
     err = tvm.TVMError("Check failed: (WellFormed(e)) is false: fn (%p0-malformed-ir) {...}")
     mod, plain = inline_function_read_twice()

@@ -1,4 +1,4 @@
-"""Tests of tvm_ext.x86_conv_transpose (``conv_transpose_without_zeros``: stride-equals-kernel
+"""Tests of tvm_ext.x86.conv_transpose (``conv_transpose_without_zeros``: stride-equals-kernel
 transposed convs without zeros)."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import tvm
 from tvm import relay, te
 
 import tvm_ext
-from tvm_ext import x86_conv_transpose, x86_int8
-from tvm_ext.report import KernelReport
-from tvm_ext.target import host_target
+from tvm_ext.x86 import conv_transpose as x86_conv_transpose, int8_conv as x86_int8
+from tvm_ext.core.report import KernelReport
+from tvm_ext.x86.target import host_target
 from tvm_ext.testing import run_module
 
 

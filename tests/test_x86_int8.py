@@ -1,9 +1,9 @@
-"""tvm_ext.x86_int8: each named kernel change (see the module's design note) against TVM's own.
+"""tvm_ext.x86.int8_conv: each named kernel change (see the module's design note) against TVM's own.
 
 VNNI builds run in a child process: if ``vnni_operand_types`` did not apply, LLVM would abort the
 test session.
 Code is executed only where the host has every instruction it was compiled for
-(:func:`tvm_ext.isa.runs_on_host`); other CPUs are checked by compiling and reading the assembly.
+(:func:`tvm_ext.x86.isa.runs_on_host`); other CPUs are checked by compiling and reading the assembly.
 """
 import subprocess
 import sys
@@ -14,10 +14,10 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext import x86_int8
-from tvm_ext.isa import llvm_features as _llvm_features
-from tvm_ext.isa import runs_on_host
-from tvm_ext.target import build_target, host_target
+from tvm_ext.x86 import int8_conv as x86_int8
+from tvm_ext.x86.isa import llvm_features as _llvm_features
+from tvm_ext.x86.isa import runs_on_host
+from tvm_ext.x86.target import build_target, host_target
 
 HOST_VNNI = x86_int8.vnni_ready(host_target(allow_vnni=True))
 needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="host CPU has no AVX-512 VNNI")
@@ -501,7 +501,7 @@ def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
 
 
 def test_build_blocks_float_convs_by_int8_rule_only_in_8bit_graphs():
-    from tvm_ext.build import _has_8bit_tensors
+    from tvm_ext.core.build import _has_8bit_tensors
 
     assert _has_8bit_tensors(_int8_float_int8())
     assert not _has_8bit_tensors(_conv_depthwise_conv(dtype="float32"))

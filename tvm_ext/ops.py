@@ -23,7 +23,7 @@ expression of ``7**k`` copies, and TIR's simplifier took minutes per kernel (the
 :class:`tvm_ext.passes.RoundHalfToEven` and :class:`tvm_ext.passes.AddAsOnnxRuntime` make it.
 
 :func:`register_ops` is idempotent and cheap after the first call; everything in tvm-ext that looks
-ops up by name (the pass, :func:`tvm_ext.report.op_pattern`) calls it first, so a kernel report read
+ops up by name (the pass, :func:`tvm_ext.core.report.op_pattern`) calls it first, so a kernel report read
 in a fresh process knows the op's pattern. Leaf module: imports only TVM.
 """
 from __future__ import annotations

@@ -62,7 +62,7 @@ def real_model_vs_onnxruntime(tmp_path, name: str, pipeline: str = "int8", timeo
 
     import onnxruntime as ort
 
-    from tvm_ext import bench, zoo, zoo_real
+    from tvm_ext.tools import bench, zoo, zoo_real
 
     try:
         path = zoo._real_onnx_path(name, False, None)  # pylint: disable=protected-access
@@ -108,7 +108,7 @@ def assert_not_mutated_and_disabled_by_name(pass_, mod, pass_name: str, rewritte
 
 def require_real_model(name: str):
     """The ONNX file of the real model ``name``; the test is skipped when it cannot be had."""
-    from tvm_ext import zoo, zoo_real
+    from tvm_ext.tools import zoo, zoo_real
 
     try:
         return zoo.onnx_path(name)

@@ -72,7 +72,7 @@ def _ort_qlinear_add(q, a, b):
 
 def _mlas_host():
     """MLAS's x86 AVX2 kernel is what the pass reproduces (module note)."""
-    if "avx2" not in tvm_ext.isa.host_features():
+    if "avx2" not in tvm_ext.x86.isa.host_features():
         pytest.skip("ONNX Runtime uses another QLinearAdd kernel without AVX2")
 
 

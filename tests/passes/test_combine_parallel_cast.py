@@ -10,7 +10,7 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.passes.combine_parallel_cast import CombineParallelCast, is_narrowing_cast
-from tvm_ext.report import KernelReport
+from tvm_ext.core.report import KernelReport
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs, run_module
 
 from _helpers import assert_if_and_let_skipped, assert_untyped_raises, pass_names_seen
@@ -310,7 +310,7 @@ def test_visible_to_instruments():
 
 
 def test_registered():
-    from tvm_ext.registry import get_pass
+    from tvm_ext.core.registry import get_pass
 
     assert get_pass("CombineParallelCast").factory is CombineParallelCast
     assert CombineParallelCast().info.name == "CombineParallelCast"

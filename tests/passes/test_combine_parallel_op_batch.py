@@ -283,7 +283,7 @@ def test_bad_input():
 
 
 def test_registered():
-    from tvm_ext.registry import get_pass
+    from tvm_ext.core.registry import get_pass
 
     assert get_pass("CombineParallelOpBatch").factory is CombineParallelOpBatch
     assert CombineParallelOpBatch("add", "add").info.name == "CombineParallelOpBatch"

@@ -165,8 +165,8 @@ def test_build_bit_exact_no_float_crossing():
 def test_last_in_int8_pipelines():
     # its kernel computes the input chain once per output row (x86_conv_transpose): PP-OCRv4 det
     # QOperator at znver4 8.73 -> 8.41 ms with it (per read, as first written: 8.66 ms, slower)
-    for numerics in tvm_ext.pipelines.NUMERICS:
-        names = tvm_ext.pipelines.int8(numerics).pass_names()["before_fuse"]
+    for numerics in tvm_ext.core.pipelines.NUMERICS:
+        names = tvm_ext.core.pipelines.int8(numerics).pass_names()["before_fuse"]
         assert names[-1] == "DequantizeInConvTranspose", names
         if "RoundHalfToEven" in names:
             assert names.index("RoundHalfToEven") == names.index("TabulateEightBit") - 1, names

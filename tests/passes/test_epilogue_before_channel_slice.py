@@ -137,6 +137,6 @@ def test_untyped_module_raises():
 
 
 def test_in_int8_pipeline():
-    names = tvm_ext.pipelines.int8().pass_names()["before_fuse"]
+    names = tvm_ext.core.pipelines.int8().pass_names()["before_fuse"]
     assert names.index("EpilogueBeforeChannelSlice") == names.index("FoldZeroPointPadIntoConv") + 1
     assert names.index("EpilogueBeforeChannelSlice") < names.index("NarrowKernelBoundaries")

@@ -9,7 +9,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-import tvm_ext.zoo
+import tvm_ext.tools.zoo
 from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.fold_pad_into_conv import MAX_FOLDS, RULES, FoldPadIntoConv, spatial_axes
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
@@ -184,7 +184,7 @@ def test_dynamic_shape_skipped(caplog):
 
 # -- the zoo model (small) ------------------------------------------------------------------------
 def test_small_qoperator_resnet_no_lone_pad_kernels():
-    m = tvm_ext.zoo.load("resnet50_int8_qoperator", small=True)
+    m = tvm_ext.tools.zoo.load("resnet50_int8_qoperator", small=True)
     f = tvm_ext.build(m.mod, params=m.params, passes=[FoldPadIntoConv()])
     rep = f.kernel_report
     lone_pads = [k for k in rep.kernels if k.ops == ("nn.pad",)]

@@ -10,7 +10,7 @@ import tvm_ext
 from tvm_ext import testing
 from tvm_ext.passes.fuse_by_pattern import FuseByPattern, fused_counts
 from tvm_ext.patterns import GENERIC, QNN, Entry, PatternTable, make_table
-from tvm_ext.registry import get_pass
+from tvm_ext.core.registry import get_pass
 from tvm_ext.testing import check, infer
 
 logging.getLogger("te_compiler").setLevel(logging.WARNING)
@@ -201,7 +201,7 @@ def test_seed_003_mlp_fused_dense_add():
 # --------------------------------------------------------------------------- zoo (int8 ResNet-50)
 @pytest.fixture(scope="module")
 def zoo():
-    return pytest.importorskip("tvm_ext.zoo")
+    return pytest.importorskip("tvm_ext.tools.zoo")
 
 
 def _zoo_check(zoo, name, table, small=True, same_kernels=True):

@@ -155,7 +155,7 @@ def test_dynamic_shape_skipped():
     assert_unchanged(FuseWideningIntoPool(), mod)
 
 
-# -- the kernel it makes: tvm_ext.x86_int8's pool schedule inlines the widening into the pool --
+# -- the kernel it makes: tvm_ext.x86.int8_conv's pool schedule inlines the widening into the pool --
 def _pool_with_prologue(op):
     from tvm import te, topi
 
@@ -176,7 +176,7 @@ def test_pool_kernel_inlines_its_widening_producers(op):
     """TVM's x86 pool schedules leave producer stages as serial loop nests with their own buffers
     (500 us instead of 65 us on PP-OCR's SE pools); inside tvm_ext's kernels() they are inlined,
     with the same results."""
-    from tvm_ext import x86_int8
+    from tvm_ext.x86 import int8_conv as x86_int8
 
     x, out, sched = _pool_with_prologue(op)
     with tvm.target.Target("llvm"):

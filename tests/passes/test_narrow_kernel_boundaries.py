@@ -9,8 +9,8 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-import tvm_ext.pipelines
-import tvm_ext.zoo
+import tvm_ext.core.pipelines
+import tvm_ext.tools.zoo
 from tvm_ext.passes.fold_pad_into_conv import FoldPadIntoConv
 from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.passes._chains import narrow_type
@@ -208,8 +208,8 @@ def test_tuple_output_join_ok():
 def test_small_qoperator_resnet_only_8bit_crosses_bit_exact():
     """The int8 pipeline (which ends with FoldPadIntoConv, NarrowKernelBoundaries and
     FuseWideningIntoPool) against stock and against the pipeline without those three."""
-    m = tvm_ext.zoo.load("resnet50_int8_qoperator", small=True)
-    p = tvm_ext.pipelines.int8()
+    m = tvm_ext.tools.zoo.load("resnet50_int8_qoperator", small=True)
+    p = tvm_ext.core.pipelines.int8()
     mine = {"FoldPadIntoConv", "NarrowKernelBoundaries", "FuseWideningIntoPool"}
     assert mine <= set(p.pass_names()["before_fuse"])
     without = [getattr(tvm_ext.passes, n)() for n in p.pass_names()["before_fuse"] if n not in mine]
@@ -222,7 +222,7 @@ def test_small_qoperator_resnet_only_8bit_crosses_bit_exact():
     assert ref.kernel_report.crossing.count.get("float32", 0) > 0  # what the passes removed
     assert partial.kernel_report.crossing.count.get("float32", 0) > 0
     for seed in range(2):
-        data = {"data": tvm_ext.zoo.sample_input(m, seed)}
+        data = {"data": tvm_ext.tools.zoo.sample_input(m, seed)}
         np.testing.assert_array_equal(run_module(ref, data)[0], run_module(f, data)[0])
 
 

@@ -9,7 +9,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-import tvm_ext.zoo
+import tvm_ext.tools.zoo
 from tvm_ext.passes._intervals import value_ranges
 from tvm_ext.passes._util import post_order
 from tvm_ext.passes.nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
@@ -130,7 +130,7 @@ def test_intervals():
 
 # -- the zoo model ---------------------------------------------------------------------------------
 def test_zoo_small_every_int8_conv_reads_uint8():
-    z = tvm_ext.zoo.load("resnet50_int8_relay", small=True)
+    z = tvm_ext.tools.zoo.load("resnet50_int8_relay", small=True)
     out = NonNegativeConvInputToUint8()(z.mod)
     dtypes = []
     relay.analysis.post_order_visit(out["main"], lambda n: dtypes.append(str(n.args[0].checked_type.dtype))
@@ -169,7 +169,7 @@ def test_if_and_let_skipped(caplog):
 
 
 def test_registered_and_named():
-    from tvm_ext.registry import get_pass
+    from tvm_ext.core.registry import get_pass
 
     assert get_pass("NonNegativeConvInputToUint8").factory is NonNegativeConvInputToUint8
     assert NonNegativeConvInputToUint8().info.name == "NonNegativeConvInputToUint8"

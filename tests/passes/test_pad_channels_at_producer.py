@@ -104,7 +104,7 @@ def test_build_one_kernel_fewer_bit_exact(caplog):
     base = tvm_ext.build(mod)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         new = tvm_ext.build(mod, passes={"start": [PadChannelsAtProducer()]})
-    if tvm_ext.isa.isa_class(tvm_ext.target.host_target()) == "other":
+    if tvm_ext.x86.isa.isa_class(tvm_ext.x86.target.host_target()) == "other":
         pytest.skip("host is not x86: no input-channel padding to remove")
     assert "6 -> 8 channels" in caplog.text
     assert new.kernel_report.num_kernels == base.kernel_report.num_kernels - 1, (
@@ -176,7 +176,7 @@ def test_untyped_module_raises():
 
 
 def test_in_int8_pipeline():
-    names = tvm_ext.pipelines.int8().pass_names()["start"]
+    names = tvm_ext.core.pipelines.int8().pass_names()["start"]
     assert names.index("PadChannelsAtProducer") > names.index("QDQToInteger")
 
 
@@ -223,11 +223,11 @@ def test_int8_producer_bit_exact(kernel_zp):
 
 def test_int8_producer_build_fewer_kernels():
     """x86 slices the 6-channel output back from 16 and pads it to 8 for the reader: that kernel goes."""
-    if tvm_ext.isa.isa_class(tvm_ext.target.host_target()) == "other":
+    if tvm_ext.x86.isa.isa_class(tvm_ext.x86.target.host_target()) == "other":
         pytest.skip("host is not x86: no channel padding to remove")
     mod = se_pair()
     x = np.random.default_rng(5).integers(0, 256, (1, 16, 1, 1)).astype("uint8")
-    pipe = tvm_ext.pipelines.int8()  # UniformZeroPointsToScalar drops the zero per-channel zp terms
+    pipe = tvm_ext.core.pipelines.int8()  # UniformZeroPointsToScalar drops the zero per-channel zp terms
     base = tvm_ext.build(mod, passes=pipe, disabled_pass=["PadChannelsAtProducer"])
     new = tvm_ext.build(mod, passes=pipe)
     assert new.kernel_report.num_kernels < base.kernel_report.num_kernels, (
@@ -293,7 +293,7 @@ def test_x86_padded_multiple_of_4_structure_idempotent_bit_exact():
 @pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
 def test_x86_padded_multiple_of_4_one_kernel_fewer(target):
     """The slice kernel between the two convs goes (compiled for each CPU class, not run here)."""
-    pipe = tvm_ext.pipelines.int8()
+    pipe = tvm_ext.core.pipelines.int8()
     base = tvm_ext.build(wide_pair(), target=target, passes=pipe, disabled_pass=["PadChannelsAtProducer"])
     new = tvm_ext.build(wide_pair(), target=target, passes=pipe)
     assert new.kernel_report.num_kernels == base.kernel_report.num_kernels - 1, (

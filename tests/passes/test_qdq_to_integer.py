@@ -9,7 +9,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-import tvm_ext.zoo
+import tvm_ext.tools.zoo
 from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.passes.qdq_to_integer import KEEP_FLOAT, QDQToInteger, is_qdq_graph
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
@@ -137,8 +137,8 @@ def test_small_zoo_qdq_integer_between_kernels_and_close_to_ort():
     """Small QDQ ResNet through the int8 pipeline: only uint8 crosses kernels; top-1 as ORT."""
     import onnxruntime as ort
 
-    m = tvm_ext.zoo.load("resnet50_int8_qdq", small=True)
-    fac = tvm_ext.build(m.mod, params=m.params, passes=tvm_ext.pipelines.int8())
+    m = tvm_ext.tools.zoo.load("resnet50_int8_qdq", small=True)
+    fac = tvm_ext.build(m.mod, params=m.params, passes=tvm_ext.core.pipelines.int8())
     assert set(fac.kernel_report.crossing.nbytes) <= {"uint8", "int8"}, fac.kernel_report.crossing.nbytes
     sess = ort.InferenceSession(str(m.onnx_path), providers=["CPUExecutionProvider"])
     for s in range(4):

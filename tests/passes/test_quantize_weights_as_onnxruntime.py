@@ -9,8 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relay
 
 import tvm_ext
-from tvm_ext import pipelines
-from tvm_ext.frontend import from_onnx
+from tvm_ext.core import pipelines
+from tvm_ext.core.frontend import from_onnx
 from tvm_ext.passes import QuantizeWeightsAsOnnxRuntime
 from tvm_ext.passes.quantize_weights_as_onnxruntime import ort_int8_weight_parameters
 from tvm_ext.testing import assert_unchanged, check, infer, run_module

@@ -9,9 +9,9 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-import tvm_ext.zoo
+import tvm_ext.tools.zoo
 from tvm_ext.passes.remove_stop_fusion import RemoveStopFusion
-from tvm_ext.report import op_pattern
+from tvm_ext.core.report import op_pattern
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
 from _helpers import assert_if_and_let_skipped, assert_untyped_raises
@@ -270,7 +270,7 @@ def test_float_quantize_chain_fused_bit_exact():
 # -- the zoo model ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_zoo():
-    return tvm_ext.zoo.load("resnet50_int8_relay", small=True)
+    return tvm_ext.tools.zoo.load("resnet50_int8_relay", small=True)
 
 
 def test_zoo_small_fewer_kernels_bit_exact(small_zoo):
@@ -326,7 +326,7 @@ def test_tuples_pass_through():
 
 
 def test_registered_and_named():
-    from tvm_ext.registry import get_pass
+    from tvm_ext.core.registry import get_pass
 
     assert get_pass("RemoveStopFusion").factory is RemoveStopFusion
     assert RemoveStopFusion().info.name == "RemoveStopFusion"

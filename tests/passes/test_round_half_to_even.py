@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from tvm import relay
 
 import tvm_ext
-from tvm_ext import pipelines
+from tvm_ext.core import pipelines
 from tvm_ext.passes import RoundHalfToEven
 from tvm_ext.passes.round_half_to_even import round_half_to_even
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
@@ -196,7 +196,7 @@ def test_pipeline_onnxruntime_numerics_on_a_qdq_conv():
     with the same kernels."""
     import onnxruntime as ort
 
-    from tvm_ext.frontend import from_onnx
+    from tvm_ext.core.frontend import from_onnx
 
     model = _qdq_conv_model()
     mod, params = from_onnx(model)

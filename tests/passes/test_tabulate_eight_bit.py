@@ -9,7 +9,8 @@ from onnx import TensorProto, helper
 from tvm import relay
 
 import tvm_ext
-from tvm_ext import KernelReport, pipelines
+from tvm_ext import KernelReport
+from tvm_ext.core import pipelines
 from tvm_ext.passes import TabulateEightBit
 from tvm_ext.ops import table_lookup
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
@@ -314,7 +315,7 @@ def test_kernel_reports_know_the_op_in_a_fresh_process():
     import subprocess
     import sys
 
-    code = ("from tvm_ext.report import op_pattern, anchor_of; "
+    code = ("from tvm_ext.core.report import op_pattern, anchor_of; "
             "print(op_pattern('tvm_ext.table_lookup'), anchor_of(['tvm_ext.table_lookup', 'image.resize2d']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["0", "None"]
@@ -348,7 +349,7 @@ def test_int8_pipeline_tabulates_qdq_silu_bit_exact_to_stock(tmp_path, monkeypat
     """pipelines.int8() on an ONNX QDQ SiLU: the sigmoid becomes a table, outputs equal stock TVM's.
     The 8-channel conv stays float as in stock TVM on every host (on AVX2 and AVX-512 VNNI hosts
     QDQToInteger would convert it: within one step, tested in its own module, not bit-exact)."""
-    from tvm_ext.frontend import from_onnx
+    from tvm_ext.core.frontend import from_onnx
     from tvm_ext.passes import qdq_to_integer
 
     monkeypatch.setattr(qdq_to_integer, "PADDED_INT8_MIN_MACS_BY_ISA", {})

@@ -95,7 +95,7 @@ def _partition(compiler, mod):
 
 @pytest.fixture(scope="module")
 def zoo():
-    return pytest.importorskip("tvm_ext.zoo")
+    return pytest.importorskip("tvm_ext.tools.zoo")
 
 
 @pytest.mark.parametrize(

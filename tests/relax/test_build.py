@@ -7,7 +7,7 @@ import tvm
 from tvm import relax
 
 import tvm_ext.relax as tr
-from tvm_ext import zoo
+from tvm_ext.tools import zoo
 from tvm_ext.patterns import GENERIC
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_ext.cli import main
+from tvm_ext.tools.cli import main
 
 
 def conv_bias_relu_onnx(path):

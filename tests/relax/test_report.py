@@ -7,7 +7,7 @@ from tvm import relax
 from tvm.script import relax as R
 
 import tvm_ext.relax as tr
-from tvm_ext.report import KernelReport
+from tvm_ext.core.report import KernelReport
 
 
 @tvm.script.ir_module

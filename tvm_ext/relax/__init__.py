@@ -6,7 +6,7 @@
   stock ``FuseOps``/``FuseTIR`` then compile;
 * :func:`CombineParallelCast` - parallel narrowing ``R.astype`` merged, as the Relay pass;
 * :func:`build` / :func:`kernel_report` - ``relax.build`` with a slot for passes before fusion,
-  and the same :class:`tvm_ext.report.KernelReport` for what it runs.
+  and the same :class:`tvm_ext.core.report.KernelReport` for what it runs.
 """
 from .build import build, lower
 from .combine_parallel_cast import CombineParallelCast

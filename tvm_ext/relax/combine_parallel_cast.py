@@ -55,7 +55,7 @@ def _producer_kind(mod, value):
     import tvm
     from tvm import relax, tir
 
-    from tvm_ext.report import op_pattern
+    from tvm_ext.core.report import op_pattern
 
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         name = str(value.op.name)

@@ -1,8 +1,8 @@
-"""ONNX -> Relax import with the same shape handling and errors as :mod:`tvm_ext.frontend`.
+"""ONNX -> Relax import with the same shape handling and errors as :mod:`tvm_ext.core.frontend`.
 
 Design note
 -----------
-Shapes and dtypes of the real inputs come from :func:`tvm_ext.frontend.input_info` (a symbolic
+Shapes and dtypes of the real inputs come from :func:`tvm_ext.core.frontend.input_info` (a symbolic
 batch dim defaults to 1 with a warning; other dynamic dims need ``shape=``), then
 ``tvm.relax.frontend.onnx.from_onnx`` with the weights as constants (``keep_params_in_input=False``),
 so ``FoldConstant`` and the pattern tables see them as Relay's frozen params are seen. Errors are
@@ -31,7 +31,7 @@ def from_onnx(model_or_path, shape=None):
     import tvm
     from tvm.relax.frontend.onnx import from_onnx as _from_onnx
 
-    from tvm_ext.frontend import input_info, load_onnx
+    from tvm_ext.core.frontend import input_info, load_onnx
 
     model = load_onnx(model_or_path)
     info = input_info(model, shape)

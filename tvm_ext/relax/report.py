@@ -1,4 +1,4 @@
-"""Kernel reports for Relax builds: the same :class:`tvm_ext.report.KernelReport`, read from Relax.
+"""Kernel reports for Relax builds: the same :class:`tvm_ext.core.report.KernelReport`, read from Relax.
 
 Design note
 -----------
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from tvm_ext.report import Kernel, KernelReport, _traffic
+from tvm_ext.core.report import Kernel, KernelReport, _traffic
 
 __all__ = ["kernel_report", "kernel_ops"]
 

@@ -43,7 +43,7 @@ passes), plus ``pipelines.int8()`` and ``tvm_ext.build`` itself:
 passes, relay.build's prefix and every build at that target (default: the host CPU), so one
 campaign covers one instruction set (``llvm -mcpu=x86-64-v3`` for AVX2, an AVX-512 VNNI CPU for
 the 512-bit layouts and kernels). Code for a target this host cannot execute
-(:func:`tvm_ext.isa.runs_on_host`) is compiled, never run: structure, idempotence and build
+(:func:`tvm_ext.x86.isa.runs_on_host`) is compiled, never run: structure, idempotence and build
 errors are still checked, output comparisons are skipped and the table says why.
 
 *Crash safety.* :func:`run` sends specs to worker processes (``multiprocessing`` spawn); a worker
@@ -854,7 +854,7 @@ def _targets(target=None):
     (None: the host CPU)."""
     import tvm
 
-    from tvm_ext.target import build_target, host_target, safe_target
+    from tvm_ext.x86.target import build_target, host_target, safe_target
 
     tgt = build_target(target, None)
     return tvm.target.Target(tgt, host=tgt), host_target() if target is None else safe_target(target)
@@ -863,7 +863,7 @@ def _targets(target=None):
 def compiled_only_reason(target) -> str | None:
     """None when code compiled for ``target`` runs on this host, else why outputs are not compared
     (the oracle then compiles every build and executes none)."""
-    from tvm_ext.isa import missing_on_host, runs_on_host
+    from tvm_ext.x86.isa import missing_on_host, runs_on_host
 
     tgt, _ = _targets(target)
     if runs_on_host(tgt):
@@ -875,8 +875,8 @@ def compiled_only_reason(target) -> str | None:
 def _prefixed(mod, tgt):
     """The module ``tvm_ext.build`` hands to ``before_fuse`` passes (relay.build's prefix applied),
     and the names of the prefix passes that ran."""
-    from tvm_ext import tuning, x86_int8
-    from tvm_ext.build import _run_prefix, copy_module
+    from tvm_ext.x86 import tuning, int8_conv as x86_int8
+    from tvm_ext.core.build import _run_prefix, copy_module
 
     with x86_int8.kernels(), tuning.apply(tgt):
         return _run_prefix(copy_module(mod), tgt, 3)
@@ -890,8 +890,8 @@ def _build_prefixed(pre, tgt, prefix_names):
     import tvm
     from tvm import relay
 
-    from tvm_ext import tuning, x86_int8
-    from tvm_ext.build import copy_module
+    from tvm_ext.x86 import tuning, int8_conv as x86_int8
+    from tvm_ext.core.build import copy_module
 
     with x86_int8.kernels(), tuning.apply(tgt), tvm.transform.PassContext(
             opt_level=3, disabled_pass=list(prefix_names)):
@@ -971,15 +971,15 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
     target : str, optional
         The target passes, prefix and builds are for (default: the host CPU, as
         ``tvm_ext.build``). One whose code this host cannot execute
-        (:func:`tvm_ext.isa.runs_on_host`) is compiled only: every build is made, none is run,
+        (:func:`tvm_ext.x86.isa.runs_on_host`) is compiled only: every build is made, none is run,
         and the graph's skips say that its outputs were not compared.
     """
     import tvm
     from tvm import relay
 
     import tvm_ext
-    from tvm_ext import tvm_bugs
-    from tvm_ext.pipelines import int8
+    from tvm_ext.core import tvm_bugs
+    from tvm_ext.core.pipelines import int8
 
     t0 = time.time()
     variant = _actual_variant(mod, variant)
@@ -1028,7 +1028,7 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
         try:
             ref = reference()
         except tvm_bugs.UnsupportedByTVM as err:  # tvm-ext refuses a known TVM bug: the oracle cannot run
-            res.skips.append(f"reference refused (known TVM 0.19 bug, tvm_ext.tvm_bugs): {_short(err)}")
+            res.skips.append(f"reference refused (known TVM 0.19 bug, tvm_ext.core.tvm_bugs): {_short(err)}")
             return
         except Exception as err:  # noqa: BLE001  (the unrewritten graph itself does not build)
             res.skips.append(f"reference does not build: {_short(err)}")
@@ -1127,7 +1127,7 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
         try:
             ref = reference()
         except tvm_bugs.UnsupportedByTVM as err:
-            res.skips.append(f"reference refused (known TVM 0.19 bug, tvm_ext.tvm_bugs): {_short(err)}")
+            res.skips.append(f"reference refused (known TVM 0.19 bug, tvm_ext.core.tvm_bugs): {_short(err)}")
         except Exception as err:  # noqa: BLE001
             res.skips.append(f"reference does not build: {_short(err)}")
         else:
@@ -1460,7 +1460,7 @@ def _bad_target(target: str) -> str | None:
     """None for a target the oracle can compile for, else why not."""
     import tvm
 
-    from tvm_ext import tvm_bugs
+    from tvm_ext.core import tvm_bugs
 
     try:
         tgt = tvm.target.Target(target)

@@ -19,7 +19,7 @@ reported apart (``inputs``, ``outputs``) and are not crossings.
 *Why a float or int32 tensor crosses* (:meth:`KernelReport.float_crossings`,
 :meth:`KernelReport.int_crossings`): each such crossing gets one reason from the closed set
 :data:`CROSSING_REASONS`, computed from the fused Relay functions (what the producer's output
-holds, what each reader does with it first; see :mod:`tvm_ext._crossings`) and marked *on
+holds, what each reader does with it first; see :mod:`tvm_ext.core._crossings`) and marked *on
 purpose* or *avoidable*, so that "float32 crosses only where the graph computes in float on
 purpose" can be checked and the rest is a to-do list.
 """
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from . import _crossings
-from ._op_pattern import K_COMM_REDUCE, op_pattern
+from .._op_pattern import K_COMM_REDUCE, op_pattern
 
 __all__ = ["Kernel", "TensorTraffic", "KernelReport", "Crossing", "CROSSING_REASONS", "dtype_bytes", "op_pattern",
            "anchor_of"]
@@ -113,8 +113,8 @@ class Kernel:
     anchor: Optional[str]
     outputs: tuple  # ((shape, dtype), ...)
     inputs: tuple = ()  # ((shape, dtype), ...), weights included
-    tuned: bool = False  # compiled with a tuning record (tvm_ext.tuning), not TVM's rule
-    #: Per input: what the kernel does with it first (tvm_ext._crossings), () when unknown.
+    tuned: bool = False  # compiled with a tuning record (tvm_ext.x86.tuning), not TVM's rule
+    #: Per input: what the kernel does with it first (tvm_ext.core._crossings), () when unknown.
     input_uses: tuple = ()
     #: Per output: "q8" (8-bit levels in float), "float", "int", "param:i" (moves input i), ...
     output_kinds: tuple = ()
@@ -290,7 +290,7 @@ class KernelReport:
         """This report with ``Kernel.tuned`` set where a tuned AutoTVM workload was compiled.
 
         A kernel is tuned when its inputs include the data and weight tensors (shape and dtype)
-        of one of ``workloads`` (as :func:`tvm_ext.tuning.apply`'s ``hits`` lists them).
+        of one of ``workloads`` (as :func:`tvm_ext.x86.tuning.apply`'s ``hits`` lists them).
         """
         import dataclasses
 
@@ -407,7 +407,7 @@ class KernelReport:
         lines.append("")
         lines.append(self.summary())
         if self.num_tuned_kernels:
-            lines.append(f"{self.num_tuned_kernels} kernels use tuned schedules (tvm_ext.tuning)")
+            lines.append(f"{self.num_tuned_kernels} kernels use tuned schedules (tvm_ext.x86.tuning)")
         if self._crossings is not None:
             lines.append(self.crossing_reasons_table())
         return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Why a float or wide-integer tensor crosses a kernel boundary (used by :mod:`tvm_ext.report`).
+"""Why a float or wide-integer tensor crosses a kernel boundary (used by :mod:`tvm_ext.core.report`).
 
 Design note
 -----------

@@ -19,10 +19,10 @@ Two traps of this stack are handled here, once:
   Every target that passes through here has the AMX features masked (:data:`AMX_FEATURES`), for
   plain ``relay.build`` and ``tvm_ext.build`` alike; AVX-512 VNNI still computes those ops.
   ``allow_amx=True`` (what ``tvm_ext.build(..., amx=True)`` passes) keeps ``amx-tile`` and
-  ``amx-int8``: :mod:`tvm_ext.amx` then configures the tiles inside each kernel.
+  ``amx-int8``: :mod:`tvm_ext.x86.amx` then configures the tiles inside each kernel.
 
 :func:`safe_target` is what a *plain* ``relay.build`` needs (the benchmark's "stock" column).
-:func:`tvm_ext.build` compiles inside :func:`tvm_ext.x86_int8.kernels`, whose VNNI intrinsic
+:func:`tvm_ext.build` compiles inside :func:`tvm_ext.x86.int8_conv.kernels`, whose VNNI intrinsic
 uses LLVM 22's operand types, so it builds for :func:`build_target`, which keeps AVX-512 VNNI
 (about 1.8x faster int8 convolutions on Zen 4). ``allow_vnni=True`` on :func:`safe_target` is
 only for a TVM whose own VNNI intrinsic matches its LLVM.
@@ -59,7 +59,7 @@ def host_target(mcpu: str | None = None, *, allow_vnni: bool = False, allow_amx:
     allow_vnni : bool
         Keep VNNI features (see the module note). Default False.
     allow_amx : bool
-        Keep ``amx-tile`` and ``amx-int8`` where the CPU has them (:mod:`tvm_ext.amx`). Default False.
+        Keep ``amx-tile`` and ``amx-int8`` where the CPU has them (:mod:`tvm_ext.x86.amx`). Default False.
 
     Returns
     -------
@@ -99,7 +99,7 @@ def safe_target(target: TargetLike, *, allow_vnni: bool = False, allow_amx: bool
     allow_vnni : bool
         Do not mask VNNI (only for a TVM whose VNNI intrinsic matches its LLVM).
     allow_amx : bool
-        Keep ``amx-tile`` and ``amx-int8`` (:data:`tvm_ext.amx.KEPT_FEATURES`): only for a build
+        Keep ``amx-tile`` and ``amx-int8`` (:data:`tvm_ext.x86.amx.KEPT_FEATURES`): only for a build
         that configures the tiles itself (``tvm_ext.build(..., amx=True)``).
 
     Returns
@@ -153,8 +153,8 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
     """The target :func:`tvm_ext.build` compiles for.
 
     Like :func:`safe_target` (or :func:`host_target` when ``target`` is None), except that VNNI
-    is kept when :mod:`tvm_ext.x86_int8` can build it: ``tvm_ext.build`` compiles inside
-    :func:`tvm_ext.x86_int8.kernels`, whose VNNI intrinsic has LLVM 22's operand types.
+    is kept when :mod:`tvm_ext.x86.int8_conv` can build it: ``tvm_ext.build`` compiles inside
+    :func:`tvm_ext.x86.int8_conv.kernels`, whose VNNI intrinsic has LLVM 22's operand types.
 
     Parameters
     ----------
@@ -170,13 +170,13 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
     -------
     tvm.target.Target
     """
-    from . import x86_int8
+    from . import int8_conv as x86_int8
 
     if allow_vnni is None:
         probe = (host_target(allow_vnni=True, allow_amx=allow_amx) if target is None
                  else safe_target(target, allow_vnni=True, allow_amx=allow_amx))
         if probe.kind.name == "llvm" and x86_int8.vnni_ready(probe):
-            logger.debug("building for '%s' with AVX-512 VNNI (tvm_ext.x86_int8 kernels)", probe)
+            logger.debug("building for '%s' with AVX-512 VNNI (tvm_ext.x86.int8_conv kernels)", probe)
             return probe
         allow_vnni = False
     return (host_target(allow_vnni=allow_vnni, allow_amx=allow_amx) if target is None

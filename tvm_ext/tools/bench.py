@@ -5,7 +5,7 @@ Design note
 For each variant (zoo ``qoperator``, ``qdq``, ``relay``, or any ONNX file given with ``--model``)
 the model is built twice for the same target at opt_level 3: *stock* (plain ``relay.build``, on a
 copy of the module, since relay.build mutates its input) and *tvm-ext*
-(:func:`tvm_ext.build` with :func:`tvm_ext.pipelines.int8`). ONNX models also run in ONNX
+(:func:`tvm_ext.build` with :func:`tvm_ext.core.pipelines.int8`). ONNX models also run in ONNX
 Runtime (``ORT_ENABLE_ALL``).
 
 Measurement rules (each one changes the numbers on a shared 2-core machine):
@@ -59,7 +59,7 @@ def real_variants(settings: str = "u8s8") -> list:
     ----------
     settings : {"u8s8", "all"}, optional
         ``"u8s8"``: U8S8 per-tensor QOperator and QDQ of every real model (default);
-        ``"all"``: every format and quantization setting of :data:`tvm_ext.zoo_real.SETTINGS`.
+        ``"all"``: every format and quantization setting of :data:`tvm_ext.tools.zoo_real.SETTINGS`.
 
     Returns
     -------
@@ -114,7 +114,7 @@ class Engine:
 
 
 def _ort_engine(path, input_name, threads, package_dir=None):
-    """ONNX Runtime in this process, or, with ``package_dir`` (:func:`tvm_ext.ort_isa.masked_package`),
+    """ONNX Runtime in this process, or, with ``package_dir`` (:func:`tvm_ext.tools.ort_isa.masked_package`),
     in a child process importing onnxruntime from there."""
     if package_dir is not None:
         from .ort_isa import ChildSession
@@ -155,7 +155,7 @@ def _load_variant(key: str, small: bool, model_path: Optional[str], import_relay
     Relay import in the parent process, which takes minutes for the real models; the builds
     import it in their child processes)."""
     from . import zoo
-    from .frontend import from_onnx, input_info
+    from ..core.frontend import from_onnx, input_info
 
     if model_path:
         info = input_info(model_path)
@@ -300,9 +300,10 @@ def _build_job(job: dict) -> dict:
     import tvm
     from tvm import relay
 
-    from . import pipelines, tvm_bugs, x86_int8
-    from .build import build, copy_module
-    from .report import KernelReport
+    from ..core import pipelines, tvm_bugs
+    from ..x86 import int8_conv as x86_int8
+    from ..core.build import build, copy_module
+    from ..core.report import KernelReport
 
     logging.basicConfig(level=job.get("log_level", logging.WARNING))
     logging.getLogger("autotvm").setLevel(logging.ERROR)
@@ -310,7 +311,7 @@ def _build_job(job: dict) -> dict:
     target = tvm.target.Target(job["target"])  # already resolved by run(): stock or tvm-ext target
     t0 = time.perf_counter()
     workaround = None
-    from .explain import FuseOpsInput
+    from ..core.explain import FuseOpsInput
 
     fuse_input = FuseOpsInput()  # the module FuseOps sees, for the explainer summary
     if job["pipeline"] in ("tvm", "tvm_same"):
@@ -352,7 +353,7 @@ def _build_job(job: dict) -> dict:
 
 def _explain_summary(fuse_input, target):
     """Non-anchor kernels and crossing bytes by reason (tvm_ext.explain) of the module FuseOps saw."""
-    from .explain import explain_prefused, summary_dict
+    from ..core.explain import explain_prefused, summary_dict
 
     if fuse_input.module is None:
         return None
@@ -468,7 +469,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     tvm-ext's (default: the same). When they differ, stock TVM is also built at ``ext_target``
     (``tvm_same``, with only the VNNI operand types fixed) as the bit-exactness reference.
     ``compare_untuned`` adds tvm-ext without tuning records (``tvm_ext_untuned``) to the same run.
-    ``numerics`` is :func:`tvm_ext.pipelines.int8`'s (``"onnxruntime"``: round as ONNX Runtime does).
+    ``numerics`` is :func:`tvm_ext.core.pipelines.int8`'s (``"onnxruntime"``: round as ONNX Runtime does).
     ``ort_package``: run ONNX Runtime from this package directory in a child process (see
     :func:`ort_peer`); None: the installed one, in this process.
     """
@@ -519,7 +520,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
             res["pipelines"]["openvino"] = {"skipped": why_not}
 
     progress.step(f"{key}: numerics on {NUM_CHECK_INPUTS} inputs")
-    if real is not None:  # synthetic images normalised like the model's real inputs (tvm_ext.zoo_real)
+    if real is not None:  # synthetic images normalised like the model's real inputs (tvm_ext.tools.zoo_real)
         from . import zoo_real
 
         xs = zoo_real.images(v["zoo_name"], NUM_CHECK_INPUTS, seed=1000)
@@ -572,11 +573,11 @@ def ort_peer(ext_target, ort_isa: str = "auto") -> dict:
 
     ``"host"``: the installed one, whose kernels follow the host's CPUID. ``"auto"``: the same,
     except when the target is AVX2 class and the host has AVX-512: then a copy whose AVX-512
-    dispatch is masked (:func:`tvm_ext.ort_isa.masked_package`), run in a child process, so that
+    dispatch is masked (:func:`tvm_ext.tools.ort_isa.masked_package`), run in a child process, so that
     both sides run AVX2 code. Returns ``{"isa", "package", "note"}`` for the results' environment;
     when masking is impossible here, the installed ORT with the reason in ``note``.
     """
-    from . import isa
+    from ..x86 import isa
     from .ort_isa import ORT_ISA_CHOICES, OrtIsaError, masked_package
 
     if ort_isa not in ORT_ISA_CHOICES:
@@ -591,7 +592,7 @@ def ort_peer(ext_target, ort_isa: str = "auto") -> dict:
         return {**host, "note": f"{host['note']}; AVX-512 could not be masked: {err}"}
     return {"isa": "avx2", "package": str(pkg),
             "note": "AVX-512 dispatch masked (xgetbv reports no AVX-512 state; probe: int16-saturating "
-                    "vpmaddubsw kernels), run in a child process: tvm_ext.ort_isa"}
+                    "vpmaddubsw kernels), run in a child process: tvm_ext.tools.ort_isa"}
 
 
 # --- real models: output step, OpenVINO ------------------------------------------------------
@@ -805,7 +806,7 @@ def render_markdown(results: dict) -> str:
                  for key, label in (("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"))
                  if (v["pipelines"].get(key) or {}).get("explain")}
     if explained:
-        from .explain import summary_markdown
+        from ..core.explain import summary_markdown
 
         lines += ["", "Why the kernel boundaries are there (`tvm_ext.explain`: FuseOps' reason per crossing tensor):", "",
                   summary_markdown(explained).rstrip("\n")]
@@ -825,7 +826,7 @@ def _real_numerics_lines(results: dict) -> list:
     """Numerics of real models: max |diff| against ONNX Runtime in output quantization steps."""
     k_inputs = max((v.get("numerics", {}).get("inputs", 0) for v in results["variants"]), default=0)
     lines = ["", f"Numerics over {k_inputs} seeded synthetic images (normalised as each model's package does; "
-             "`tvm_ext.zoo_real.images`). Differences to ONNX Runtime are max |diff| over all outputs, and in output "
+             "`tvm_ext.tools.zoo_real.images`). Differences to ONNX Runtime are max |diff| over all outputs, and in output "
              "quantization steps (the scale of the tensor feeding the final DequantizeLinear) where the output is "
              "quantized; top-1 agreement for classifiers only.", "",
              "| variant | kind | output step | tvm-ext vs stock | stock vs ORT | tvm-ext vs ORT | OpenVINO vs ORT | "
@@ -937,11 +938,13 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
     ``pipelines.int8(numerics=numerics)``. ONNX Runtime runs at tvm-ext's ISA where it can be
     restricted to it (``ort_isa="auto"``, :func:`ort_peer`) or at the host's (``"host"``).
     """
-    from . import pipelines, tuning, zoo_real
+    from ..core import pipelines
+    from ..x86 import tuning
+    from . import zoo_real
 
     if numerics not in pipelines.NUMERICS:
         raise ValueError(f"numerics must be one of {sorted(pipelines.NUMERICS)}, not {numerics!r}")
-    from .target import build_target, describe_target, host_target, safe_target
+    from ..x86.target import build_target, describe_target, host_target, safe_target
 
     tgt = safe_target(target) if target else host_target()
     ext_tgt = build_target(target)

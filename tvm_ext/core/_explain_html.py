@@ -1,4 +1,4 @@
-"""Self-contained HTML page for :meth:`tvm_ext.explain.Explanation.to_html`.
+"""Self-contained HTML page for :meth:`tvm_ext.core.explain.Explanation.to_html`.
 
 Design note
 -----------

@@ -12,7 +12,7 @@ elementwise), post-dominator tree (LCA of the outputs, patterns combined by max)
 recorded per node and phase, with the node where ``CheckPath`` failed, so the explainer can say
 *which rule* kept a value out of its reader's kernel. It never decides anything by kernel name.
 
-It is checked, not trusted: :func:`tvm_ext.explain.explain` runs TVM's real ``FuseOps`` on the
+It is checked, not trusted: :func:`tvm_ext.core.explain.explain` runs TVM's real ``FuseOps`` on the
 same module and compares the kernels op for op (``Explanation.verified``).
 
 Control flow and closures are replayed as FuseOps handles them: Let/If/Match/Ref nodes fuse
@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_ELEMWISE, K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE
+from .._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_ELEMWISE, K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE
 
 PATTERN_NAMES = {0: "kElemWise", 1: "kBroadcast", 2: "kInjective", 3: "kCommReduce", 4: "kOutEWiseFusable",
                  7: "kTuple", 8: "kOpaque"}

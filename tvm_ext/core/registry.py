@@ -57,7 +57,7 @@ def register_pass(name: str | None = None):
 
 
 def _load_builtin() -> None:
-    from . import passes  # noqa: F401  (imports every pass module, which registers itself)
+    from .. import passes  # noqa: F401  (imports every pass module, which registers itself)
 
 
 def list_passes() -> list[PassSpec]:

@@ -93,7 +93,7 @@ class Step:
     Parameters
     ----------
     name : str
-        The pass's registered name (:mod:`tvm_ext.registry`), which is also its factory's name in
+        The pass's registered name (:mod:`tvm_ext.core.registry`), which is also its factory's name in
         :mod:`tvm_ext.passes` and what ``disabled_pass`` and instruments see.
     does : str
         What the pass does, in one or two sentences (its docstring has the rest).
@@ -575,7 +575,7 @@ def onnxruntime_numerics() -> Pipeline:
     Pipeline
         Named ``tvm_ext.onnxruntime_numerics``.
     """
-    from .passes import AddAsOnnxRuntime, QuantizeWeightsAsOnnxRuntime, RoundHalfToEven
+    from ..passes import AddAsOnnxRuntime, QuantizeWeightsAsOnnxRuntime, RoundHalfToEven
 
     name = "tvm_ext.onnxruntime_numerics"
     return Pipeline(name=name, start=_sequential([AddAsOnnxRuntime(), QuantizeWeightsAsOnnxRuntime()], f"{name}.start"),

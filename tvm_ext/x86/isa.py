@@ -2,8 +2,8 @@
 
 Design note
 -----------
-A leaf module (it imports only TVM): :mod:`tvm_ext.target`, :mod:`tvm_ext.x86_int8`,
-:mod:`tvm_ext.tuning`, the benchmark and the tests ask it, and it asks nobody in tvm-ext.
+A leaf module (it imports only TVM): :mod:`tvm_ext.x86.target`, :mod:`tvm_ext.x86.int8_conv`,
+:mod:`tvm_ext.x86.tuning`, the benchmark and the tests ask it, and it asks nobody in tvm-ext.
 
 * :func:`llvm_features` is what LLVM enables for a target (``-mcpu`` plus ``-mattr``).
 * :func:`host_features` is what *this* CPU has, read by LLVM's ``getHostCPUFeatures`` (CPUID and
@@ -15,7 +15,7 @@ A leaf module (it imports only TVM): :mod:`tvm_ext.target`, :mod:`tvm_ext.x86_in
   dies with SIGILL and takes the whole process with it.
 * :func:`isa_class` names the x86 int8 instruction-set class a target compiles to. TVM 0.19's
   int8 intrinsics decide by these features, and so do tvm-ext's kernel choices
-  (:func:`tvm_ext.x86_int8.policy`):
+  (:func:`tvm_ext.x86.int8_conv.policy`):
 
   ===============  =====================================  =================================
   class            features                               int8 dot product
@@ -32,8 +32,8 @@ A leaf module (it imports only TVM): :mod:`tvm_ext.target`, :mod:`tvm_ext.x86_in
 
   A target reaches ``amx`` only when it keeps the AMX features: a CPU name such as
   ``-mcpu=sapphirerapids`` as written, or ``tvm_ext.build(..., amx=True)``
-  (:mod:`tvm_ext.amx`). What :func:`tvm_ext.target.safe_target` and
-  :func:`tvm_ext.target.build_target` return otherwise masks AMX, so it is ``avx512_vnni``.
+  (:mod:`tvm_ext.x86.amx`). What :func:`tvm_ext.x86.target.safe_target` and
+  :func:`tvm_ext.x86.target.build_target` return otherwise masks AMX, so it is ``avx512_vnni``.
 """
 from __future__ import annotations
 

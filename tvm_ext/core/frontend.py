@@ -28,7 +28,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 import onnx
 
-from . import _compat
+from .. import _compat
 
 _compat.install_onnx_mapping_shim()
 

@@ -4,7 +4,7 @@ Sub-commands: ``report`` (kernel report of an ONNX model), ``passes`` (registere
 ``patterns`` (pattern tables), ``zoo`` (write the built-in model zoo), ``bench`` (the int8
 ResNet-50 benchmark), ``tune`` (tune a model's int8 kernels on this CPU), ``explain`` (why each kernel
 boundary exists), ``compile`` / ``run`` (deploy a model as a library plain TVM loads; logic in
-:mod:`tvm_ext.deploy`). User errors (missing file, non-ONNX file, unknown pass, bad option) print
+:mod:`tvm_ext.tools.deploy`). User errors (missing file, non-ONNX file, unknown pass, bad option) print
 one line on stderr and exit with code 2. Printing happens here only; the library logs.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 __all__ = ["main"]
 
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def _parse_shapes(items) -> dict:
@@ -37,7 +37,7 @@ def _parse_shapes(items) -> dict:
 
 def parse_pass_list(text: str | None) -> list:
     """``"A,B"`` -> pass objects from the registry (UsageError for unknown names / missing args)."""
-    from .registry import UnknownPassError, get_pass
+    from ..core.registry import UnknownPassError, get_pass
 
     passes = []
     for name in [n.strip() for n in (text or "").split(",") if n.strip()]:
@@ -52,7 +52,7 @@ def parse_pass_list(text: str | None) -> list:
 
 
 def _load_onnx_module(path: str, shapes: dict):
-    from .frontend import from_onnx
+    from ..core.frontend import from_onnx
 
     p = Path(path)
     if not p.exists():
@@ -73,9 +73,9 @@ def _as_cli_words(message: str) -> str:
 
 
 def _resolve_target(text: str | None):
-    from .target import host_target, safe_target
+    from ..x86.target import host_target, safe_target
 
-    from .tvm_bugs import UnsupportedByTVM, check_target
+    from ..core.tvm_bugs import UnsupportedByTVM, check_target
 
     if not text:
         return host_target()
@@ -91,9 +91,9 @@ def _resolve_target(text: str | None):
 def _tvm_ext_target(text: str | None):
     """``--target`` of commands that build with ``tvm_ext.build`` (report, explain, tune): the target
     that build compiles for, so the command reports (or tunes) the build ``compile`` and ``bench``
-    make: the host CPU by default, AVX-512 VNNI kept where ``tvm_ext.x86_int8`` builds it
-    (:func:`tvm_ext.target.build_target`)."""
-    from .target import build_target
+    make: the host CPU by default, AVX-512 VNNI kept where ``tvm_ext.x86.int8_conv`` builds it
+    (:func:`tvm_ext.x86.target.build_target`)."""
+    from ..x86.target import build_target
 
     try:
         return build_target(_compile_target(text))
@@ -105,8 +105,8 @@ def _tvm_ext_target(text: str | None):
 
 def _report_relax(args) -> int:
     """``report --ir relax``: import with the Relax ONNX frontend, build with tvm_ext.relax.build."""
-    from .patterns import get_table
-    from .relax import FuseByPattern, build, from_onnx
+    from ..patterns import get_table
+    from ..relax import FuseByPattern, build, from_onnx
 
     if args.passes:
         raise UsageError("--passes names Relay passes; with --ir relax use --tables (pattern tables for FuseByPattern)")
@@ -143,7 +143,7 @@ def _report_relax(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .build import build
+    from ..core.build import build
 
     if getattr(args, "ir", "relay") == "relax":
         return _report_relax(args)
@@ -152,7 +152,7 @@ def cmd_report(args) -> int:
     passes = _pipeline_or_passes(args)
     mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
     target = _tvm_ext_target(args.target)
-    from .tvm_bugs import UnsupportedByTVM
+    from ..core.tvm_bugs import UnsupportedByTVM
 
     try:
         factory = build(mod, target=target, params=params, passes=passes, at=args.at, opt_level=args.opt_level)
@@ -179,7 +179,7 @@ def cmd_report(args) -> int:
 
 
 def _pass_names(passes) -> list:
-    if hasattr(passes, "pass_names"):  # a tvm_ext.pipelines.Pipeline
+    if hasattr(passes, "pass_names"):  # a tvm_ext.core.pipelines.Pipeline
         return [n for stage in passes.pass_names().values() for n in stage]
     return [p.info.name for p in passes]
 
@@ -193,7 +193,7 @@ def _pipeline_or_passes(args):
     if pipeline == "int8":
         if getattr(args, "at", "before_fuse") != "before_fuse":
             raise UsageError("--at applies to --passes; the int8 pipeline places its own passes")
-        from . import pipelines
+        from ..core import pipelines
 
         return pipelines.int8()
     return parse_pass_list(args.passes)
@@ -201,13 +201,13 @@ def _pipeline_or_passes(args):
 
 def cmd_passes(args) -> int:
     if args.pipeline:  # the pipeline's table: passes in order, what each does, why it stands there
-        from . import pipelines
+        from ..core import pipelines
 
         print(pipelines.listing(args.numerics or "tvm"))
         return 0
     if args.numerics:
         raise UsageError("--numerics selects a variant of --pipeline int8; give --pipeline int8 too")
-    from .registry import list_passes
+    from ..core.registry import list_passes
 
     specs = list_passes()
     width = max((len(s.name) for s in specs), default=0)
@@ -219,7 +219,7 @@ def cmd_passes(args) -> int:
 
 def cmd_patterns(args) -> int:
     try:
-        from .patterns import list_tables
+        from ..patterns import list_tables
     except ImportError as err:
         raise UsageError(f"pattern tables are not available: {err}") from None
     for table, entries in list_tables().items():
@@ -257,7 +257,7 @@ def cmd_zoo(args) -> int:
 def cmd_bench(args) -> int:
     from . import zoo
     from .bench import VARIANTS, real_variants, render_markdown, run
-    from .target import build_target
+    from ..x86.target import build_target
 
     if args.zoo and args.variants:
         raise UsageError("--zoo and --variants cannot be combined (--variants selects by name from any zoo)")
@@ -294,7 +294,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from . import pipelines
+    from ..core import pipelines
     from .tune import tune_model, write_records
 
     if bool(args.model) == bool(args.zoo):
@@ -333,12 +333,12 @@ def cmd_tune(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from .explain import explain
+    from ..core.explain import explain
 
     if args.pipeline and args.passes:
         raise UsageError("--pipeline and --passes cannot be combined")
     if args.pipeline:
-        from . import pipelines
+        from ..core import pipelines
 
         if args.pipeline != "int8":
             raise UsageError(f"unknown --pipeline {args.pipeline!r}; available: int8")
@@ -372,7 +372,7 @@ def _compile_target(text: str | None):
     """``--target`` for compile: any valid LLVM target (also one this host cannot run)."""
     if not text:
         return None
-    from .tvm_bugs import UnsupportedByTVM, check_target
+    from ..core.tvm_bugs import UnsupportedByTVM, check_target
 
     try:
         import tvm
@@ -388,7 +388,7 @@ def _compile_target(text: str | None):
 
 def cmd_compile(args) -> int:
     from .deploy import DeployError, compile_library
-    from .tvm_bugs import UnsupportedByTVM
+    from ..core.tvm_bugs import UnsupportedByTVM
 
     out = Path(args.output)
     if out.suffix not in (".tar", ".so"):
@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "tensors crossing kernel boundaries by dtype.")
     p.add_argument("model", help="path to an .onnx file")
     p.add_argument("--target", help="TVM target (default: the host CPU as tvm_ext.build picks it: AVX-512 VNNI kept "
-                                    "where tvm_ext.x86_int8 builds it; with --ir relax VNNI is masked)")
+                                    "where tvm_ext.x86.int8_conv builds it; with --ir relax VNNI is masked)")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N", help="PassContext opt_level (default 3)")
     p.add_argument("--passes", help="comma-separated tvm-ext passes to run (see `tvm-ext passes`)")
     p.add_argument("--at", choices=["before_fuse", "start"], default="before_fuse", help="where the passes run (default before_fuse)")
@@ -487,14 +487,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="import and build with Relay (default) or Relax (tvm_ext.relax.build)")
     p.add_argument("--tables", help="with --ir relax: comma-separated pattern tables for FuseByPattern (e.g. generic)")
     p.add_argument("--pipeline", choices=["int8", "none"], default="none",
-                   help="build with a tvm-ext pipeline (int8: tvm_ext.pipelines.int8()); not with --passes")
+                   help="build with a tvm-ext pipeline (int8: tvm_ext.core.pipelines.int8()); not with --passes")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("passes", help="list registered tvm-ext passes, or a pipeline's passes in order",
                        description="List registered tvm-ext passes with one-line docs; with --pipeline, the "
                                    "pipeline's passes per stage, in order, with what each does and why it stands "
                                    "where it stands.")
-    p.add_argument("--pipeline", choices=["int8"], help="list this pipeline (tvm_ext.pipelines.int8()) instead")
+    p.add_argument("--pipeline", choices=["int8"], help="list this pipeline (tvm_ext.core.pipelines.int8()) instead")
     p.add_argument("--numerics", choices=["tvm", "onnxruntime"],
                    help="with --pipeline int8: the variant int8(numerics=...) (default tvm; onnxruntime rounds as "
                         "ONNX Runtime does)")

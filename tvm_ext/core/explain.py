@@ -12,7 +12,7 @@ TVM 0.19's naming (``te_compiler_cache.cc``, ``name_supply.cc``) replayed on the
 functions TVM's own FuseOps makes of the same module, without compiling; ``compile=True`` also
 builds with :func:`tvm_ext.build` and checks them against its ``KernelReport``.
 
-*How a reason is found.* :mod:`tvm_ext._fusion_sim` replays FuseOps (TVM 0.19 ``fuse_ops.cc`` and
+*How a reason is found.* :mod:`tvm_ext.core._fusion_sim` replays FuseOps (TVM 0.19 ``fuse_ops.cc`` and
 ``graph_partitioner.cc``) with a decision log: op patterns from ``TOpPattern``, edge patterns,
 the post-dominator tree, the three phases, ``CheckPath``, ``relay.FuseOps.max_depth``. A kernel
 boundary is a kernel's output read by another kernel; FuseOps only ever fuses a node into its
@@ -42,9 +42,18 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional, Sequence
 
-from . import _compat  # noqa: F401
-from ._fusion_sim import (K_COMM_REDUCE, K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE, MAX_FUSED_OPS,
-                          PATTERN_NAMES, FusionGraph, node_label)
+from .. import _compat  # noqa: F401
+from ._fusion_sim import (
+    K_COMM_REDUCE,
+    K_INJECTIVE,
+    K_OPAQUE,
+    K_OUT_EWISE_FUSABLE,
+    K_TUPLE,
+    MAX_FUSED_OPS,
+    PATTERN_NAMES,
+    FusionGraph,
+    node_label,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -632,7 +641,7 @@ def explain_prefused(mod, target=None, opt_level: int = 3, config: Optional[dict
     """
     import tvm
 
-    from .target import build_target
+    from ..x86.target import build_target
 
     tgt = build_target(target) if not isinstance(target, tvm.target.Target) else target
     cfg = dict(config or {})
@@ -714,7 +723,7 @@ def _prefuse_module(mod, target, params, passes, at, opt_level, config, disabled
     import importlib
 
     b = importlib.import_module(".build", __package__)  # the module (tvm_ext.build is the function)
-    from .target import build_target
+    from ..x86.target import build_target
 
     stages = b._stage_passes(passes, at)
     mod = b.copy_module(b._as_module(mod))
@@ -1370,7 +1379,7 @@ def explain(
     ------
     TypeError, ValueError
         Bad module, passes or ``at`` (from the build stages, naming ``tvm_ext.build``).
-    tvm_ext.tvm_bugs.UnsupportedByTVM
+    tvm_ext.core.tvm_bugs.UnsupportedByTVM
         A ``ValueError``: ``compile=True`` on a graph relay.build's graph executor cannot run, naming
         the construct: a call of a closure (``let``-bound, returned by an ``If``, ...) here, or
         ``If``/``Match``/references from :func:`tvm_ext.build`. ``compile=False`` explains them.

@@ -9,7 +9,7 @@ entry exits, so a plain ``relay.build`` in the same process keeps TVM's behaviou
 ``kernels=True``) as ``kernels(schedule=True)``, and every change below applies; without one as
 ``kernels(schedule=False)``, and only ``vnni_operand_types`` does (the kernels are
 ``relay.build``'s). Each change is decided per instruction-set class
-(:func:`tvm_ext.isa.isa_class` of the target being compiled, read at schedule time, so one process
+(:func:`tvm_ext.x86.isa.isa_class` of the target being compiled, read at schedule time, so one process
 can build for several classes) from measurements on that class; :func:`policy` holds the conv
 schedule choices and their evidence (``_POLICY``, from ``benchmarks/int8_conv_schedules.py``).
 The measurements in full: ``docs/x86-kernels.md``. "AVX2 code" below was measured as
@@ -134,7 +134,7 @@ The changes, each with where it applies, its rule and its measured reason:
     0.296 -> 0.047 ms as AVX2 code.
 
 ``conv_transpose_without_zeros`` -- transposed convs whose stride equals their kernel, without
-    padding, every x86 class (:mod:`tvm_ext.x86_conv_transpose`). TVM's x86 compute dilates the
+    padding, every x86 class (:mod:`tvm_ext.x86.conv_transpose`). TVM's x86 compute dilates the
     input with zeros and runs a dense conv over it; here each output pixel reads its one input
     pixel, per output row::
 
@@ -150,7 +150,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from . import x86_conv_transpose
+from . import conv_transpose as x86_conv_transpose
 from .isa import isa_class
 
 logger = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class KernelPolicy:
     Attributes
     ----------
     isa : str
-        The class (:func:`tvm_ext.isa.isa_class`).
+        The class (:func:`tvm_ext.x86.isa.isa_class`).
     vector_bits : int
         Register width the int8 dot product uses (512 zmm, 256 ymm, 128 xmm; 0 for non-x86).
     dot : str
@@ -258,7 +258,7 @@ _FALLBACK_TILE_ACCUMULATORS = {"avx2": 12}
 
 
 #: Classes whose convs take another class's choices in every table above: an AMX target's convs
-#: run on AVX-512 VNNI (its tiles compute dense and batch_matmul only, :mod:`tvm_ext.amx`).
+#: run on AVX-512 VNNI (its tiles compute dense and batch_matmul only, :mod:`tvm_ext.x86.amx`).
 _CONVS_AS = {"amx": "avx512_vnni"}
 
 

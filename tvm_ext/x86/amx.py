@@ -2,8 +2,8 @@
 
 Design note
 -----------
-A leaf module (it imports only :mod:`tvm_ext.isa`, lazily, and TVM): :mod:`tvm_ext` asks it on
-import, :mod:`tvm_ext.deploy` when a library is loaded, :func:`tvm_ext.build` with ``amx=True``.
+A leaf module (it imports only :mod:`tvm_ext.x86.isa`, lazily, and TVM): :mod:`tvm_ext` asks it on
+import, :mod:`tvm_ext.tools.deploy` when a library is loaded, :func:`tvm_ext.build` with ``amx=True``.
 
 TVM 0.19 schedules ``uint8 x int8 -> int32`` dense and batch_matmul on AMX tiles when the target
 has ``amx-int8`` (``topi/x86/dense.py``: ``dense_amx_int8_schedule``; intrinsics
@@ -34,7 +34,7 @@ batch_matmul whose M and N are multiples of 32 and K of 128, and gives the other
 VNNI schedule. Convolutions stay on AVX-512 VNNI (``isa_class`` ``"amx"`` takes the
 ``avx512_vnni`` conv policy): there is no AMX conv schedule here.
 
-All of it is off by default: every target masks AMX (:data:`tvm_ext.target.AMX_FEATURES`) unless
+All of it is off by default: every target masks AMX (:data:`tvm_ext.x86.target.AMX_FEATURES`) unless
 ``tvm_ext.build(..., amx=True)`` keeps ``amx-tile`` and ``amx-int8``. The tile code has never run
 on an AMX CPU here. It is checked by reading the generated code (on every LLVM path an
 ``ldtilecfg`` before the tile instructions and a ``tilerelease`` after them) and by running the
@@ -94,7 +94,7 @@ _PASS_NAME = "ConfigureTiles"
 
 def host_has_amx() -> bool:
     """True when this CPU has AMX int8 (``amx-tile`` and ``amx-int8`` in
-    :func:`tvm_ext.isa.host_features`, read from CPUID)."""
+    :func:`tvm_ext.x86.isa.host_features`, read from CPUID)."""
     from .isa import host_features
 
     return set(KEPT_FEATURES) <= host_features()
@@ -434,7 +434,7 @@ def tile_schedules():
     """Enter to keep TVM's AMX dense and batch_matmul schedules only for shapes they build
     (:func:`_fits_tiles`); others take TVM's AVX-512 VNNI schedule for the same packed weights.
 
-    Re-entrant and thread-safe like :func:`tvm_ext.x86_int8.kernels`: TVM's functions are
+    Re-entrant and thread-safe like :func:`tvm_ext.x86.int8_conv.kernels`: TVM's functions are
     restored when the outermost entry exits.
     """
     global _DEPTH

@@ -26,7 +26,7 @@ anything is loaded: missing library or sidecar, a sidecar that does not describe
 would die with SIGILL, taking the process with it), inputs whose names, shapes or dtypes do not
 match. A file that TVM cannot load is refused after the attempt ("not a TVM library").
 
-Nothing here prints; the CLI (:mod:`tvm_ext.cli`) does.
+Nothing here prints; the CLI (:mod:`tvm_ext.tools.cli`) does.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class Compiled:
     nbytes: int
     missing_on_host: tuple  # CPU features the target uses and this host lacks (cannot run here)
     cannot_run_here: Optional[str] = None  # why the library cannot run on this host (None: it can)
-    report: object = field(repr=False, default=None)  # tvm_ext.report.KernelReport
+    report: object = field(repr=False, default=None)  # tvm_ext.core.report.KernelReport
     meta: dict = field(repr=False, default_factory=dict)
 
     def summary(self) -> str:
@@ -126,14 +126,14 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     Parameters
     ----------
     mod, params
-        The Relay module and its parameters (e.g. from :func:`tvm_ext.frontend.from_onnx`).
+        The Relay module and its parameters (e.g. from :func:`tvm_ext.core.frontend.from_onnx`).
     out : str or os.PathLike
         ``.tar`` or ``.so``; the sidecar goes to ``<out>.json``.
     target : str or tvm.target.Target, optional
         Any LLVM target, also one this host cannot run (``Compiled.missing_on_host`` says so).
-        Default: the host CPU (:func:`tvm_ext.target.build_target`).
+        Default: the host CPU (:func:`tvm_ext.x86.target.build_target`).
     passes, at, opt_level
-        Forwarded to :func:`tvm_ext.build` (a pipeline such as :func:`tvm_ext.pipelines.int8`
+        Forwarded to :func:`tvm_ext.build` (a pipeline such as :func:`tvm_ext.core.pipelines.int8`
         is a valid ``passes``).
     source, pipeline
         Recorded in the sidecar (model path, pipeline name).
@@ -149,9 +149,10 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     """
     import tvm
 
-    from . import __version__, isa
-    from .build import build
-    from .target import build_target
+    from .. import __version__
+    from ..x86 import isa
+    from ..core.build import build
+    from ..x86.target import build_target
 
     out = Path(out)
     if out.suffix not in _SUFFIXES:
@@ -221,7 +222,7 @@ def read_sidecar(lib_path) -> dict:
 def foreign_arch(target) -> Optional[str]:
     """The target's architecture when it is not this host's (``-mtriple``), else None.
 
-    :func:`tvm_ext.isa.missing_on_host` compares x86 feature names only: an aarch64 target has
+    :func:`tvm_ext.x86.isa.missing_on_host` compares x86 feature names only: an aarch64 target has
     none of them missing, so the architecture is checked first.
     """
     import tvm
@@ -240,7 +241,7 @@ def _cannot_run(target) -> tuple[Optional[str], tuple]:
     import tvm
     from tvm.target import codegen
 
-    from . import isa
+    from ..x86 import isa
 
     tgt = tvm.target.Target(str(target))
     if tgt.kind.name != "llvm":
@@ -301,7 +302,7 @@ def load_library(lib_path):
     """
     import tvm
 
-    from . import amx
+    from ..x86 import amx
 
     amx.request_tile_state()  # AMX kernels need Linux's tile permission (asked once; no-op without AMX)
     path = Path(lib_path)

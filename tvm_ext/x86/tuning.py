@@ -3,18 +3,18 @@
 
 Design note
 -----------
-A leaf below :mod:`tvm_ext.build` (it imports only :mod:`tvm_ext.isa` and :mod:`tvm_ext.x86_int8`);
-:mod:`tvm_ext.tune` records and searches, on top of ``build``.
+A leaf below :mod:`tvm_ext.build` (it imports only :mod:`tvm_ext.x86.isa` and :mod:`tvm_ext.x86.int8_conv`);
+:mod:`tvm_ext.tools.tune` records and searches, on top of ``build``.
 
 Records are AutoTVM records of TVM's int8 templates (``conv2d_NCHWc_int8.x86``, ``dense_*.x86``),
 kept in two places and keyed by the CPU (``-mcpu``) and the int8 instruction-set class
-(:func:`tvm_ext.isa.isa_class`: AVX2, AVX-512, AVX-512 VNNI, AMX), because a schedule measured for one
+(:func:`tvm_ext.x86.isa.isa_class`: AVX2, AVX-512, AVX-512 VNNI, AMX), because a schedule measured for one
 instruction set says nothing about another (an ``amx`` target, ``tvm_ext.build(..., amx=True)``,
 has its own: TVM's AMX dense template has other knobs than its VNNI one):
 
 * **user**: ``$TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log`` (default
   ``~/.cache/tvm_ext/tuned``), written by ``tvm-ext tune`` on the user's own machine;
-* **shipped**: ``tvm_ext/tuned/x86_int8_<mcpu>_<isa>.log``, package data, for the CPU classes the
+* **shipped**: ``tvm_ext/x86/tuned/x86_int8_<mcpu>_<isa>.log``, package data, for the CPU classes the
   project's machines have shown.
 
 :func:`apply` gives the user's records precedence: for a workload the user tuned, a shipped record

@@ -3,7 +3,7 @@
 Design note
 -----------
 Sits on top of :func:`tvm_ext.build` (records what a build compiles) and writes what
-:mod:`tvm_ext.tuning` applies. Three stages, each measured, in this order, within a time budget:
+:mod:`tvm_ext.x86.tuning` applies. Three stages, each measured, in this order, within a time budget:
 
 1. **Channel blocking** (``ic_bn``/``oc_bn``, the ``NCHW{c}c`` layouts AlterOpLayout picks). A
    block size chosen per convolution would put a ``layout_transform`` kernel between every two
@@ -19,7 +19,7 @@ Sits on top of :func:`tvm_ext.build` (records what a build compiles) and writes 
 3. **Dense** layers with int8 inputs (TVM's x86 dense templates): a seeded sample of their
    configuration space, TVM's fallback included.
 
-Everything is timed on this host, so the target must run here (:func:`tvm_ext.isa.runs_on_host`).
+Everything is timed on this host, so the target must run here (:func:`tvm_ext.x86.isa.runs_on_host`).
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import tuning, x86_int8
-from .build import build
-from .isa import isa_class, runs_on_host
+from ..x86 import tuning, int8_conv as x86_int8
+from ..core.build import build
+from ..x86.isa import isa_class, runs_on_host
 
 logger = logging.getLogger(__name__)
 
@@ -335,22 +335,22 @@ def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 60
     ValueError
         The target does not run on this host, or is not an x86 LLVM target.
     """
-    from .target import build_target
+    from ..x86.target import build_target
 
     t0 = time.monotonic()
     deadline = t0 + budget_s
     tgt = build_target(target)
     if tgt.kind.name != "llvm" or isa_class(tgt) == "other":
-        raise ValueError(f"tvm_ext.tune: '{tgt}' is not an x86 CPU target; only x86 int8 templates are tuned")
+        raise ValueError(f"tvm_ext.tools.tune: '{tgt}' is not an x86 CPU target; only x86 int8 templates are tuned")
     if not runs_on_host(tgt):
-        from .isa import missing_on_host
+        from ..x86.isa import missing_on_host
 
-        raise ValueError(f"tvm_ext.tune: '{tgt}' uses {','.join(missing_on_host(tgt))}, which this CPU lacks; "
+        raise ValueError(f"tvm_ext.tools.tune: '{tgt}' uses {','.join(missing_on_host(tgt))}, which this CPU lacks; "
                          "tuning times code on this machine")
     say = progress or (lambda msg: logger.info("%s", msg))
     busy = busy_note()
     if busy:
-        logger.warning("tvm_ext.tune: %s", busy)
+        logger.warning("tvm_ext.tools.tune: %s", busy)
         if progress:
             progress(f"warning: {busy}")
     say(f"recording the int8 workloads tvm_ext.build compiles for {tgt}")
@@ -415,7 +415,7 @@ def write_records(lines, target, path=None) -> str:
 
     from tvm import autotvm
 
-    from .target import build_target
+    from ..x86.target import build_target
 
     tgt = build_target(target)
     out = Path(path) if path else tuning.user_path(tgt)

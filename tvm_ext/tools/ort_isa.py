@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["OrtIsaError", "masked_package", "mask_unavailable_reason", "probe", "ChildSession", "child_env", "session_options",
            "ORT_ISA_CHOICES", "XGETBV", "REPLACEMENT"]
 
-#: Which ONNX Runtime a benchmark compares with (``tvm_ext.bench.ort_peer``): ``auto`` masks
+#: Which ONNX Runtime a benchmark compares with (``tvm_ext.tools.bench.ort_peer``): ``auto`` masks
 #: AVX-512 for an AVX2 target on an AVX-512 host, ``host`` always runs the installed one.
 ORT_ISA_CHOICES = ("auto", "host")
 
@@ -206,7 +206,7 @@ def mask_unavailable_reason() -> Optional[str]:
 
     Only the host's CPU decides (not objdump or the ORT build; :func:`masked_package` checks those).
     """
-    from .isa import host_features
+    from ..x86.isa import host_features
 
     feats = host_features()
     if "avx512f" not in feats:
@@ -358,14 +358,14 @@ class ChildSession:
 
 
 def main(argv=None) -> int:
-    """``python -m tvm_ext.ort_isa [--probe]``: print the AVX2-dispatching copy's directory.
+    """``python -m tvm_ext.tools.ort_isa [--probe]``: print the AVX2-dispatching copy's directory.
 
-    Use it as ``PYTHONPATH=$(python -m tvm_ext.ort_isa) python my_script.py`` to run your own
+    Use it as ``PYTHONPATH=$(python -m tvm_ext.tools.ort_isa) python my_script.py`` to run your own
     ONNX Runtime measurements on AVX2 kernels from an AVX-512 host. Errors go to stderr, exit 1.
     """
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tvm_ext.ort_isa", description=main.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tvm_ext.tools.ort_isa", description=main.__doc__.splitlines()[0])
     ap.add_argument("--probe", action="store_true", help="also print which int8 kernels each onnxruntime runs")
     args = ap.parse_args(argv)
     try:

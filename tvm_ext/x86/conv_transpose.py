@@ -33,7 +33,7 @@ Results: the products and their types are TVM's (``data * w`` cast to ``out_dtyp
 identical (integer addition is exact), float ones hold the same terms in the same order (the
 zero terms TVM adds do not change a float sum). Tests compare both schedules bit for bit.
 
-:func:`tvm_ext.x86_int8.kernels` installs both functions while it is entered (``schedule=True``),
+:func:`tvm_ext.x86.int8_conv.kernels` installs both functions while it is entered (``schedule=True``),
 as it installs its other x86 kernel changes; this one is named ``conv_transpose_without_zeros``
 there (every x86 class).
 """

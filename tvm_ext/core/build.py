@@ -28,7 +28,7 @@ import contextlib
 import logging
 from typing import Iterable, Mapping, Sequence
 
-from . import _compat
+from .. import _compat
 
 logger = logging.getLogger(__name__)
 
@@ -218,16 +218,16 @@ def build(
     mod : tvm.IRModule or relay.Function
         The model. Never modified: a copy is built.
     target : str or tvm.target.Target, optional
-        Default: the host CPU. Resolved by :func:`tvm_ext.target.build_target`: ``-mcpu=native``
+        Default: the host CPU. Resolved by :func:`tvm_ext.x86.target.build_target`: ``-mcpu=native``
         becomes the real CPU, and AVX-512 VNNI is kept (LLVM targets are compiled inside
-        :func:`tvm_ext.x86_int8.kernels`, whose VNNI intrinsic LLVM 22 accepts).
+        :func:`tvm_ext.x86.int8_conv.kernels`, whose VNNI intrinsic LLVM 22 accepts).
     params : dict of str to array, optional
         Bound into ``main`` first, as ``relay.build`` does.
     passes : sequence of tvm.transform.Pass, or mapping
         User passes, run in order as one ``tvm.transform.Sequential`` at ``at``. A mapping
-        ``{"start": [...], "before_fuse": [...]}`` (such as :func:`tvm_ext.pipelines.int8`) runs
+        ``{"start": [...], "before_fuse": [...]}`` (such as :func:`tvm_ext.core.pipelines.int8`) runs
         each list at its own stage, and ``at`` only decides whether the prefix is split off.
-        A :class:`tvm_ext.pipelines.Pipeline` with ``requantize`` settings is built inside
+        A :class:`tvm_ext.core.pipelines.Pipeline` with ``requantize`` settings is built inside
         ``relay.qnn.op.requantize_config(**settings)`` (e.g. ``pipelines.int8(numerics="onnxruntime")``).
     at : {"before_fuse", "start"}
         ``"before_fuse"``: passes see the module after relay.build's optimisation prefix
@@ -242,26 +242,26 @@ def build(
         Forwarded to ``relay.build``.
     allow_vnni : bool, optional
         None (default): use AVX-512 VNNI where the CPU has it. False: mask it (the instruction
-        set a plain ``relay.build`` can survive). See :func:`tvm_ext.target.build_target`.
-        AMX is masked (:data:`tvm_ext.target.AMX_FEATURES`) unless ``amx``.
+        set a plain ``relay.build`` can survive). See :func:`tvm_ext.x86.target.build_target`.
+        AMX is masked (:data:`tvm_ext.x86.target.AMX_FEATURES`) unless ``amx``.
     kernels : bool, optional
-        Compile x86 int8 ops with tvm-ext's kernel policy (:mod:`tvm_ext.x86_int8`: layouts,
+        Compile x86 int8 ops with tvm-ext's kernel policy (:mod:`tvm_ext.x86.int8_conv`: layouts,
         channel blocks and schedules per instruction set). None (default): on when ``passes`` is a
-        :class:`tvm_ext.pipelines.Pipeline` (such as :func:`tvm_ext.pipelines.int8`), off
+        :class:`tvm_ext.core.pipelines.Pipeline` (such as :func:`tvm_ext.core.pipelines.int8`), off
         otherwise, so that without a pipeline the kernels and outputs are ``relay.build``'s. Off,
         only TVM's VNNI intrinsic is replaced by one LLVM 22 accepts (the same instruction).
     tuned : bool, optional
         Use the int8 conv layouts and schedules tuned for this CPU and instruction set
-        (:mod:`tvm_ext.tuning`): the user's records (``tvm-ext tune``) first, then shipped ones.
+        (:mod:`tvm_ext.x86.tuning`): the user's records (``tvm-ext tune``) first, then shipped ones.
         None (default): as ``kernels``. ``kernel_report`` marks the kernels they reached
         (``Kernel.tuned``).
     amx : bool
         Opt-in, off by default: keep ``amx-tile`` and ``amx-int8`` on a target that has them
         (Sapphire/Granite Rapids), so TVM's uint8 x int8 dense and batch_matmul compute on AMX
         tiles where their shapes fit whole tiles, each kernel configuring its tiles in the thread
-        that runs it (:mod:`tvm_ext.amx`: :func:`~tvm_ext.amx.ConfigureTiles` as a TIR lower pass,
-        :func:`~tvm_ext.amx.tile_schedules`). Convolutions stay on AVX-512 VNNI. Running the result
-        needs Linux's tile permission (:func:`tvm_ext.amx.request_tile_state`; ``import tvm_ext``
+        that runs it (:mod:`tvm_ext.x86.amx`: :func:`~tvm_ext.x86.amx.ConfigureTiles` as a TIR lower pass,
+        :func:`~tvm_ext.x86.amx.tile_schedules`). Convolutions stay on AVX-512 VNNI. Running the result
+        needs Linux's tile permission (:func:`tvm_ext.x86.amx.request_tile_state`; ``import tvm_ext``
         asks on an AMX host). Never run on an AMX CPU by this project's tests: checked by reading
         the generated code and by running it with the tile instructions emulated.
 
@@ -269,7 +269,7 @@ def build(
     -------
     tvm.relay.backend.executor_factory.GraphExecutorFactoryModule
         What ``relay.build`` returns, with two extra attributes: ``kernel_report``
-        (:class:`tvm_ext.report.KernelReport`) and ``tvm_ext_module`` (the module that was handed
+        (:class:`tvm_ext.core.report.KernelReport`) and ``tvm_ext_module`` (the module that was handed
         to relay.build, after the user passes).
 
     Raises
@@ -278,13 +278,13 @@ def build(
         Bad ``at``, or a module without ``main``.
     TypeError
         A pass that is not a ``tvm.transform.Pass``.
-    tvm_ext.build.PassFailed
+    tvm_ext.core.build.PassFailed
         A user pass raised; the message names it.
     """
     import tvm
 
     from . import tvm_bugs
-    from .target import build_target
+    from ..x86.target import build_target
 
     if at not in AT_CHOICES:
         raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {AT_CHOICES}")
@@ -307,7 +307,7 @@ def build(
         rq = contextlib.nullcontext()
     tiles = contextlib.nullcontext()
     if amx and tgt.kind.name == "llvm":
-        from . import amx as amx_tiles
+        from ..x86 import amx as amx_tiles
 
         config, tiles = amx_tiles.lower_config(config), amx_tiles.tile_schedules()
     with kernels, schedules, rq, tiles:
@@ -337,11 +337,11 @@ def kernel_settings(passes=(), kernels: bool | None = None, tuned: bool | None =
 def kernel_contexts(tgt, mod, kernels: bool, tuned: bool) -> tuple:
     """The (kernel policy, tuned records) context managers a build of ``mod`` at ``tgt`` enters.
 
-    For an LLVM target the first is always :func:`tvm_ext.x86_int8.kernels`: with ``kernels``
+    For an LLVM target the first is always :func:`tvm_ext.x86.int8_conv.kernels`: with ``kernels``
     False it only makes TVM's VNNI intrinsic buildable with LLVM 22 (TVM's layouts and schedules
     stay); the second has ``hits`` when records were applied.
     """
-    from . import tuning, x86_int8
+    from ..x86 import tuning, int8_conv as x86_int8
 
     if tgt.kind.name != "llvm":
         return contextlib.nullcontext(), contextlib.nullcontext()
@@ -350,7 +350,7 @@ def kernel_contexts(tgt, mod, kernels: bool, tuned: bool) -> tuple:
 
 
 def _has_8bit_tensors(mod) -> bool:
-    """True when ``mod`` holds int8/uint8 tensors (an 8-bit graph: :func:`tvm_ext.x86_int8.kernels`'s
+    """True when ``mod`` holds int8/uint8 tensors (an 8-bit graph: :func:`tvm_ext.x86.int8_conv.kernels`'s
     ``int8_graph``). A module that does not type-check says False here and fails later, in the build."""
     import tvm
     from tvm import relay
@@ -435,7 +435,7 @@ def _warn_inline_function_copy() -> tuple:
     from . import tvm_bugs
 
     logger.warning("tvm_ext.build: TVM's %s copied an inline function of this module with its parameters "
-                   "(ill-formed IR, tvm_ext.tvm_bugs); running relay.build's prefix again without it",
+                   "(ill-formed IR, tvm_ext.core.tvm_bugs); running relay.build's prefix again without it",
                    "/".join(tvm_bugs.COPIES_INLINE_FUNCTIONS))
     return tvm_bugs.COPIES_INLINE_FUNCTIONS
 

@@ -1,0 +1,17 @@
+"""x86 code generation: instruction sets, safe targets, the int8 kernel policy and tuned records.
+
+``isa`` (what a target compiles for and what this host runs), ``target`` (targets TVM 0.19 with
+LLVM 22 builds without aborting), ``int8_conv`` (the per-instruction-set kernel policy and the int8
+conv, pool and depthwise schedules it installs while ``kernels()`` is entered), ``conv_transpose``,
+``tuning`` (tuned records, applied by ``tvm_ext.build``) and ``amx`` (the opt-in AMX tile path).
+Leaves below :mod:`tvm_ext.core`: nothing here imports the core or the tools.
+"""
+import importlib
+
+_MODULES = ("isa", "target", "int8_conv", "conv_transpose", "tuning", "amx")
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
