@@ -318,7 +318,7 @@ def _combine(func, min_num_branches: int):
     subst: dict = {}
     members_of: dict = {}
     for producer in nodes:
-        for (rule, key), calls in _groups(users.get(producer, ())).items():
+        for (rule, _key), calls in _groups(users.get(producer, ())).items():
             if len(calls) < min_num_branches:
                 continue
             ok = rule.check(producer, calls, users[producer], func.body)

@@ -96,7 +96,8 @@ def _static_args(call) -> Check:
 
 def _same_arg_types(a, b) -> bool:
     return len(a.args) == len(b.args) and all(
-        static_shape(x) == static_shape(y) and x.checked_type.dtype == y.checked_type.dtype for x, y in zip(a.args, b.args)
+        static_shape(x) == static_shape(y) and x.checked_type.dtype == y.checked_type.dtype
+        for x, y in zip(a.args, b.args)
     )
 
 
@@ -133,7 +134,8 @@ def _ewise_check(call) -> Check:
     out = static_shape(call)
     for i, arg in enumerate(call.args):
         if static_shape(arg) != out:
-            return Reject(f"argument {i} {list(static_shape(arg))} broadcasts to {list(out)}: stacking would change the result")
+            return Reject(f"argument {i} {list(static_shape(arg))} broadcasts to {list(out)}: "
+                          "stacking would change the result")
     return True
 
 
@@ -347,7 +349,8 @@ def _rewrite(func, plans, rule, batch_op):
             rank = len(static_shape(branches[0][d - 1]))
             args = []
             for i in range(len(first.args)):
-                args.append(data if i == pidx else relay.stack([_to_rank(b[d].args[i], rank) for b in branches], axis=0))
+                args.append(data if i == pidx
+                            else relay.stack([_to_rank(b[d].args[i], rank) for b in branches], axis=0))
             data = relay.Call(first.op, args, first.attrs)
         split = relay.split(data, n, axis=0).astuple()
         for k, b in enumerate(branches):

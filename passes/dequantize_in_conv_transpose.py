@@ -136,7 +136,8 @@ def _conv_ok(t):
     if int(a.groups) != 1:
         return Reject(f"groups={int(a.groups)}")
     w_shape = [int(d) for d in t.args[1].checked_type.shape]
-    if not stride_equals_kernel(w_shape, a.strides, a.padding, a.output_padding) or any(int(d) != 1 for d in a.dilation):
+    if (not stride_equals_kernel(w_shape, a.strides, a.padding, a.output_padding)
+            or any(int(d) != 1 for d in a.dilation)):
         return Reject("stride differs from the kernel, or padding/dilation: TVM's schedule would not inline the chain")
     return True
 
@@ -280,7 +281,8 @@ def _one(func):
             where = f"{dtype} {[int(d) for d in point.checked_type.shape]}"
         _log.info("nn.conv2d_transpose %s: one kernel from %s %s (%d op(s) in front) to %s",
                   [int(d) for d in t.checked_type.shape],
-                  n.checked_type.dtype if _is_typed_8bit(n) else f"{_eight_bit_point(n)} (narrowed {n.checked_type.dtype})",
+                  n.checked_type.dtype if _is_typed_8bit(n)
+                  else f"{_eight_bit_point(n)} (narrowed {n.checked_type.dtype})",
                   [int(d) for d in n.checked_type.shape], len(chain), where)
         return with_body(func, rebuild(func.body, subst))
     return func

@@ -122,7 +122,8 @@ def _groups(layout: str, primal: str):
     letters = [a for a, f in axes if f == 0]
     if sorted(letters) != sorted(primal):
         raise ValueError(f"layout {layout!r} does not have exactly the axes {primal!r}")
-    return [[i for i, (a, f) in enumerate(axes) if a == p and f == 0] + [i for i, (a, f) in enumerate(axes) if a == p and f]
+    return [[i for i, (a, f) in enumerate(axes) if a == p and f == 0]
+            + [i for i, (a, f) in enumerate(axes) if a == p and f]
             for p in primal]
 
 

@@ -92,7 +92,8 @@ def tvm_fusible(ctx):
     if anchors:
         bad = [n for n, k in kinds if k < K_COMM_REDUCE and k > K_BROADCAST]
         if bad:
-            return Reject(f"{bad[0]} (injective) cannot join the {anchors[0][0]} kernel: only elementwise/broadcast ops fuse with an anchor")
+            return Reject(f"{bad[0]} (injective) cannot join the {anchors[0][0]} kernel: "
+                          "only elementwise/broadcast ops fuse with an anchor")
     return True
 
 
@@ -137,7 +138,7 @@ def _absorb_producers(fn, new_args, old_args, uses):
     while absorbed < MAX_ABSORBED:
         anchor_inputs = set()
 
-        def visit(node):
+        def visit(node, anchor_inputs=anchor_inputs):  # called by post_order_visit below, in this iteration
             if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and call_pattern(node) >= K_COMM_REDUCE:
                 anchor_inputs.update(a for a in node.args if isinstance(a, relay.Var))
 
@@ -196,7 +197,8 @@ def _to_primitive(mod, counts):
                     fn, consts = lift_constants(fn)
                     attrs = {k: fn.attrs[k] for k in fn.attrs.keys() if k != "Composite"}
                     attrs.update({"Primitive": tvm.tir.IntImm("int32", 1), "tvm_ext.pattern": entry})
-                    fn = relay.Function(fn.params, fn.body, fn.ret_type, fn.type_params, tvm.ir.make_node("DictAttrs", **attrs))
+                    fn = relay.Function(fn.params, fn.body, fn.ret_type, fn.type_params,
+                                        tvm.ir.make_node("DictAttrs", **attrs))
                     return relay.Call(fn, list(new.args) + consts, span=new.span)
             return new
 

@@ -27,8 +27,8 @@ The group is made a ``Primitive`` function, the form FuseOps produces (non-scala
 lifted to parameters, as FuseOps does); FuseOps leaves it alone and relay.build lowers it as one
 kernel with the pool's schedule (``schedule_adaptive_pool`` / ``schedule_pool`` inline the
 elementwise consumers; the widening producers are computed in the same kernel). The producer's
-kernel then ends at ``c`` and writes 8 bits (or the chain's own kernel disappears). Exact: ``clip`` to 8-bit bounds makes
-``cast(cast(n, u8), i32) == n``. One anchor per kernel (the pool); no kernel added.
+kernel then ends at ``c`` and writes 8 bits (or the chain's own kernel disappears). Exact: ``clip``
+to 8-bit bounds makes ``cast(cast(n, u8), i32) == n``. One anchor per kernel (the pool); no kernel added.
 
 Left alone, with a logged reason: chains without an 8-bit point or whose point is the pool's
 direct input (nothing to gain), dynamic shapes. Idempotent (the

@@ -55,8 +55,9 @@ Monotone non-decreasing links accepted (``v`` the chain value, ``c`` a constant)
 
 Left alone, with a logged reason (both rules' reasons): no 8-bit point in the chain, a link
 outside the table (a negative scale, a stop_fusion barrier, ...), a constant that varies along a
-pooled axis, a link or 8-bit clip in front of the pool with other users, a pool input with other users (its wide tensor would cross anyway), an output layout different
-from the input layout, a window without a real element, dynamic shapes. Idempotent (the pool's
+pooled axis, a link or 8-bit clip in front of the pool with other users, a pool input with other
+users (its wide tensor would cross anyway), an output layout different from the input layout, a
+window without a real element, dynamic shapes. Idempotent (the pool's
 output is then 8-bit: no chain to move; sweeps repeat until nothing moves, so a chain crosses
 a sequence of pools in one run). Functions with ``If``/``Let``/``Match``/references/
 closures are skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.

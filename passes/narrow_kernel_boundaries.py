@@ -28,8 +28,8 @@ the join's group, i.e. into the *consumer* kernel of the other anchor (the phase
 elemwise nodes accepts an out-elemwise-fusable sink). No kernel is added, no kernel gets a second
 anchor (FuseOps never merges two), and the arithmetic is unchanged: ``clip`` to ``[0, 255]`` makes
 ``cast(cast(n, u8), int32) == n`` exactly (and for a float ``n`` of integral values, which
-``round``/``floor``/``ceil``/``trunc`` in front of the clip guarantee). The narrow point nearest to the join is used, so the
-least work moves to the consumer.
+``round``/``floor``/``ceil``/``trunc`` in front of the clip guarantee). The narrow point nearest to
+the join is used, so the least work moves to the consumer.
 
 A chain that reaches the join through a *broadcast* edge (its shape differs from the join's:
 the squeeze-and-excitation gate ``[1, C, 1, 1]`` of ``x * gate``) never fuses through the join

@@ -45,8 +45,9 @@ The readers then compute on ``C'`` instead of ``4 * ceil(C / 4)`` input channels
 only while that extra work stays below :data:`MAX_EXTRA_MACS` (an SE block's 1x1 tensors always).
 
 Left alone, with the reason logged at DEBUG on ``tvm_ext.passes.PadChannelsAtProducer``: channel
-counts already a multiple of 4 (int8 producers: that x86 does not pad either); a quantized value with any reader that is not the data of a
-``groups=1`` NCHW/OIHW ``qnn.conv2d`` with a constant weight (a slice for the others would cost
+counts already a multiple of 4 (int8 producers: that x86 does not pad either); a quantized value
+with any reader that is not the data of a ``groups=1`` NCHW/OIHW ``qnn.conv2d`` with a constant
+weight (a slice for the others would cost
 the kernel saved); per-channel quantize parameters; chain values with more than one reader; ops
 not in the chain table or with a constant that is not scalar / per-channel; producers that are
 not a float ``groups=1`` NCHW/OIHW ``nn.conv2d`` with a constant (or dequantized constant)
@@ -119,7 +120,8 @@ def _is_nchw_conv(call, attrs_kernel="OIHW") -> Check:
     if int(a.groups) != 1:
         return Reject(f"{op_name(call)} has groups={int(a.groups)}")
     if a.data_layout != "NCHW" or a.kernel_layout != attrs_kernel or a.out_layout not in ("", "NCHW"):
-        return Reject(f"{op_name(call)} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout or a.data_layout}, not NCHW/{attrs_kernel}")
+        return Reject(f"{op_name(call)} layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout or a.data_layout}, "
+                      f"not NCHW/{attrs_kernel}")
     return True
 
 
@@ -276,7 +278,10 @@ def _match(q, users):
         else:
             return Reject(f"{name} in the chain is not in the chain table")
         chain.append(node)
-        node = node.args[0] if name in _UNARY or name == "nn.bias_add" or not isinstance(node.args[0], relay.Constant) else node.args[1]
+        if name in _UNARY or name == "nn.bias_add" or not isinstance(node.args[0], relay.Constant):
+            node = node.args[0]
+        else:
+            node = node.args[1]
     conv = node
     if len(users.get(conv, [])) != 1:
         return Reject(f"float conv output has {len(users.get(conv, []))} readers")
@@ -331,7 +336,8 @@ def _rewrite_one(q, readers, chain, conv):
 
 
 def _match_int8(r, users):
-    """(readers, bias_add or None, conv) for an int8 producer ``r = requantize([bias_add](qnn.conv2d))``, or a Reject."""
+    """(readers, bias_add or None, conv) for an int8 producer ``r = requantize([bias_add](qnn.conv2d))``,
+    or a Reject."""
     from tvm import relay
 
     static = static_tensor_type(r)

@@ -20,8 +20,9 @@ gets the constant quantized with the *other* operand's scale and zero point
 (``fake_quantization_to_integer.py::get_binary_types``), which can saturate: on PP-OCR's mobile
 classifier ``0.2`` at scale 0.0121, zero point 255 became uint8 255, i.e. ``0.0``, so its SE
 gates were constant; and the lowered ``qnn.add``/``qnn.mul`` chains cost extra kernels
-(QDQ classifier: 107 kernels against 85 stock). Likewise FQ2I turns ``quantize(sigmoid(dequantize(x)))`` (and tanh, exp, erf, sqrt, rsqrt,
-log, abs) into ``qnn.sigmoid``, lowered to a table lookup ``take``: a kInjective op that FuseOps
+(QDQ classifier: 107 kernels against 85 stock). Likewise FQ2I turns
+``quantize(sigmoid(dequantize(x)))`` (and tanh, exp, erf, sqrt, rsqrt, log, abs) into
+``qnn.sigmoid``, lowered to a table lookup ``take``: a kInjective op that FuseOps
 never fuses into the convolution producing ``x`` (only elementwise epilogues join an anchor), so
 every SiLU of a YOLO costs one kernel more than stock TVM, which fuses the float sigmoid into the
 convolution. And x86's int8 legalization pads a conv's output channels to a multiple of 16
@@ -184,7 +185,8 @@ def _computed_dequantize(arg) -> bool:
 
     while isinstance(arg, relay.Call) and op_name(arg) in _MOVEMENT:
         arg = arg.args[0]
-    return isinstance(arg, relay.Call) and op_name(arg) == "qnn.dequantize" and not isinstance(arg.args[0], relay.Constant)
+    return (isinstance(arg, relay.Call) and op_name(arg) == "qnn.dequantize"
+            and not isinstance(arg.args[0], relay.Constant))
 
 
 def _product_of_activations(call):

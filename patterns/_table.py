@@ -137,7 +137,8 @@ class Entry:
         if not isinstance(self.name, str) or "." not in self.name or self.name.endswith("."):
             raise ValueError(f"pattern entry name {self.name!r}: expected '<table>.<ops>'")
         if not isinstance(self.pattern, DFPattern):
-            raise ValueError(f"pattern entry {self.name!r}: pattern is a {type(self.pattern).__name__}, not a DFPattern")
+            raise ValueError(f"pattern entry {self.name!r}: pattern is a {type(self.pattern).__name__}, "
+                             "not a DFPattern")
         if self.check is not None and not callable(self.check):
             raise ValueError(f"pattern entry {self.name!r}: check is not callable")
 

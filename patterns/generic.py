@@ -125,7 +125,8 @@ def _all(*checks):
     return check
 
 
-def make_entry(kind: str, with_bias: bool = False, act=None, with_residual: bool = False, table: str = "generic") -> Entry:
+def make_entry(kind: str, with_bias: bool = False, act=None, with_residual: bool = False,
+               table: str = "generic") -> Entry:
     """One ``<table>.<kind>[_bias][_add][_<act>]`` entry.
 
     Raises ``ValueError`` for an unknown anchor or activation.

@@ -170,4 +170,5 @@ def _entries():
     return out
 
 
-QNN = register_table(PatternTable("qnn", _entries(), "int8 conv2d/dense + bias + requantize (QOperator, QDQ; source or lowered)"))
+QNN = register_table(PatternTable("qnn", _entries(),
+                                  "int8 conv2d/dense + bias + requantize (QOperator, QDQ; source or lowered)"))
