@@ -57,7 +57,7 @@ def _layout(n, edges):
         for lv in sorted(layers):
             nb = (lambda k: preds[k]) if sweep == 0 else (lambda k: succs[k])
 
-            def key(k):
+            def key(k, nb=nb):  # used by the sort right below, in this iteration
                 ns = nb(k)
                 return sum(pos[m] for m in ns) / len(ns) if ns else pos[k]
 
@@ -98,19 +98,23 @@ def render(ex, title: str) -> str:
                 # an edge skipping layers (a residual): leave from the right side, bow out past the column
                 sx, sy, tx, ty = x1 + BOX_W, y1 + BOX_H / 2, x2 + BOX_W, y2 + BOX_H / 2
                 bow = sx + GAP_X * 0.8 + min(ty - sy, 600) / 30
-                tip = f"#{b.producer} -> #{c}: {b.dtype}{list(b.shape)} {_kb(b.nbytes)}\n{b.kind}: {b.detail}\nremedy: {b.remedy}"
+                tip = (f"#{b.producer} -> #{c}: {b.dtype}{list(b.shape)} {_kb(b.nbytes)}\n"
+                       f"{b.kind}: {b.detail}\nremedy: {b.remedy}")
                 svg.append(f'<g class="edge" data-kind="{esc(b.kind)}" data-b="{bi}">'
                            f'<title>{esc(tip)}</title>'
                            f'<path d="M {sx:.0f} {sy:.0f} C {bow:.0f} {sy:.0f}, {bow:.0f} {ty:.0f}, {tx:.0f} {ty:.0f}" '
                            f'stroke="{colour}" stroke-width="2" fill="none" marker-end="url(#arrow)"/>'
-                           f'<text x="{bow - 10:.0f}" y="{my:.0f}" font-size="9" fill="{colour}">{esc(label)}</text></g>')
+                           f'<text x="{bow - 10:.0f}" y="{my:.0f}" font-size="9" fill="{colour}">'
+                           f'{esc(label)}</text></g>')
                 continue
-            tip = f"#{b.producer} -> #{c}: {b.dtype}{list(b.shape)} {_kb(b.nbytes)}\n{b.kind}: {b.detail}\nremedy: {b.remedy}"
+            tip = (f"#{b.producer} -> #{c}: {b.dtype}{list(b.shape)} {_kb(b.nbytes)}\n"
+                   f"{b.kind}: {b.detail}\nremedy: {b.remedy}")
             svg.append(f'<g class="edge" data-kind="{esc(b.kind)}" data-b="{bi}">'
                        f'<title>{esc(tip)}</title>'
                        f'<path d="M {sx:.0f} {sy:.0f} C {sx:.0f} {my:.0f}, {tx:.0f} {my:.0f}, {tx:.0f} {ty:.0f}" '
                        f'stroke="{colour}" stroke-width="2" fill="none" marker-end="url(#arrow)"/>'
-                       f'<text x="{(sx + tx) / 2 + 4:.0f}" y="{my:.0f}" font-size="9" fill="{colour}">{esc(label)}</text></g>')
+                       f'<text x="{(sx + tx) / 2 + 4:.0f}" y="{my:.0f}" font-size="9" fill="{colour}">'
+                       f'{esc(label)}</text></g>')
     for k in ex.kernels:
         x, y = coords[k.index]
         fill = "#fff3cd" if k.anchor else "#e8f0fe"
@@ -129,7 +133,8 @@ def render(ex, title: str) -> str:
     by = ex.by_reason()
     legend = "".join(
         f'<label><input type="checkbox" class="kf" value="{esc(k)}" checked> '
-        f'<span class="sw" style="background:{COLOURS.get(k, "#ccc")}"></span>{esc(k)} ({n}, {nb / 1e6:.3f} MB)</label> '
+        f'<span class="sw" style="background:{COLOURS.get(k, "#ccc")}"></span>'
+        f'{esc(k)} ({n}, {nb / 1e6:.3f} MB)</label> '
         for k, (n, nb) in by.items())
     data = json.dumps({"boundaries": [b.to_dict() for b in ex.boundaries],
                        "kernels": [k.to_dict() for k in ex.kernels]}).replace("</", "<\\/")
@@ -164,8 +169,10 @@ pre {{ background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }}
         (k.func_name === null || k.func_name === k.name ? k.name : k.name + ' (graph executor: ' + k.func_name + ')');
       var lines = ['#' + k.index + ' ' + title, 'ops: ' + k.ops.join(' ')];
       data.boundaries.forEach(function (b) {{
-        if (b.consumers.indexOf(k.index) >= 0) lines.push('<- #' + b.producer + ' ' + b.dtype + ' [' + b.kind + '] ' + b.detail);
-        if (b.producer === k.index) lines.push('-> #' + b.consumers.join(', #') + ' ' + b.dtype + ' [' + b.kind + '] remedy: ' + b.remedy);
+        if (b.consumers.indexOf(k.index) >= 0)
+          lines.push('<- #' + b.producer + ' ' + b.dtype + ' [' + b.kind + '] ' + b.detail);
+        if (b.producer === k.index)
+          lines.push('-> #' + b.consumers.join(', #') + ' ' + b.dtype + ' [' + b.kind + '] remedy: ' + b.remedy);
       }});
       info.textContent = lines.join('\\n');
     }});
@@ -174,8 +181,9 @@ pre {{ background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }}
     g.addEventListener('click', function () {{
       clear(); g.classList.add('hl');
       var b = data.boundaries[+g.getAttribute('data-b')];
-      info.textContent = '#' + b.producer + ' -> #' + b.consumers.join(', #') + '  ' + b.dtype + ' [' + b.shape.join(',') + '] ' +
-        b.nbytes + ' bytes\\n' + b.kind + ': ' + b.detail + '\\nrule: ' + b.rule + '\\nremedy: ' + b.remedy;
+      info.textContent = '#' + b.producer + ' -> #' + b.consumers.join(', #') + '  ' + b.dtype +
+        ' [' + b.shape.join(',') + '] ' + b.nbytes + ' bytes\\n' + b.kind + ': ' + b.detail +
+        '\\nrule: ' + b.rule + '\\nremedy: ' + b.remedy;
     }});
   }});
   document.querySelectorAll('.kf').forEach(function (cb) {{

@@ -516,7 +516,8 @@ class Explanation:
         if self.inserted_by:
             lines.append("")
             lines.append("ops created before FuseOps: " + "; ".join(
-                f"{op} by {', '.join(f'{p} (+{n})' for p, n in ps.items())}" for op, ps in sorted(self.inserted_by.items())))
+                f"{op} by {', '.join(f'{p} (+{n})' for p, n in ps.items())}"
+                for op, ps in sorted(self.inserted_by.items())))
         return "\n".join(lines)
 
     def table(self, max_rows: Optional[int] = None) -> str:
@@ -590,9 +591,11 @@ def summary_markdown(explanations: dict) -> str:
     for name, ex in explanations.items():
         d = summary_dict(ex) if isinstance(ex, Explanation) else ex
         na = d["non_anchor_by_reason"]
-        na_txt = ", ".join(f"{k} {v}" for k, v in sorted(na.items(), key=lambda kv: _REASON_ORDER.get(kv[0], 99))) or "none"
+        na_txt = ", ".join(f"{k} {v}"
+                           for k, v in sorted(na.items(), key=lambda kv: _REASON_ORDER.get(kv[0], 99))) or "none"
         br = d["by_reason"]
-        mb = ", ".join(f"{k} {v['bytes'] / 1e6:.2f}" for k, v in sorted(br.items(), key=lambda kv: _REASON_ORDER.get(kv[0], 99))) or "none"
+        mb = ", ".join(f"{k} {v['bytes'] / 1e6:.2f}"
+                       for k, v in sorted(br.items(), key=lambda kv: _REASON_ORDER.get(kv[0], 99))) or "none"
         lines.append(f"| {name} | {d['num_kernels']} | {na_txt} | {mb} |")
     return "\n".join(lines) + "\n"
 
@@ -701,8 +704,8 @@ class _OpCounter:
                 rec._last = rec.counts(mod)
 
             def run_after_pass(self, mod, info):
-                if depth[0] > 1 or rec.stopped or info.name in ("sequential", "InferType") or info.name.startswith("tvm_ext.") \
-                        or info.name == "tvm_ext.user_passes":
+                if (depth[0] > 1 or rec.stopped or info.name in ("sequential", "InferType")
+                        or info.name.startswith("tvm_ext.") or info.name == "tvm_ext.user_passes"):
                     return
                 now = rec.counts(mod)
                 for op, n in now.items():
@@ -884,7 +887,7 @@ class _Analysis:
         nodes = fg.nodes
         self.root = [fg.find_root(i) for i in range(len(nodes))]
         members: dict = {}
-        for i, n in enumerate(nodes):
+        for i, _n in enumerate(nodes):
             members.setdefault(self.root[i], []).append(i)
         self.members = members
         # a kernel: a group of the function itself whose root is an op call (not a non-computational
@@ -1018,7 +1021,8 @@ class _Analysis:
         out = self._reason(r)
         d = self.fg.final_decision(r)
         if d is not None and d.count is not None and d.code != "max_depth":
-            out["detail"] += f" (the fused group would also exceed relay.FuseOps.max_depth={self.fg.max_depth}: {d.count} ops)"
+            out["detail"] += (f" (the fused group would also exceed relay.FuseOps.max_depth={self.fg.max_depth}: "
+                              f"{d.count} ops)")
         return out
 
     def _reason(self, r: int) -> dict:
@@ -1052,7 +1056,8 @@ class _Analysis:
                 out.update(kind="dynamic_shape", detail=f"{n.op} has a dynamic output shape and is data dependent",
                            rule=f"{phase}: kOpaque (IsDynamic && IsDataDependent)")
             else:
-                out.update(kind="opaque_op", detail=f"{n.op} has TOpPattern kOpaque", rule=f"{phase}: group pattern kOpaque")
+                out.update(kind="opaque_op", detail=f"{n.op} has TOpPattern kOpaque",
+                           rule=f"{phase}: group pattern kOpaque")
             return out
         if closure_readers:  # a closure call reads it: kOpaque, the value cannot fuse onward
             c = fg.nodes[closure_readers[0]]
@@ -1083,9 +1088,9 @@ class _Analysis:
                        rule=f"{phase}: post-dominator is a tuple")
             return out
         if d.code in ("dom_tuple", "p2_tuple_root"):
-            out.update(kind="tuple", detail=f"{what} goes into the tuple of {self.tuple_reader(dom)}; FuseOps does not fuse "
-                                            "into a tuple unless the producer is injective and the tuple joins "
-                                            "an injective group", rule=f"{phase}: {d.code}")
+            out.update(kind="tuple", detail=f"{what} goes into the tuple of {self.tuple_reader(dom)}; "
+                                            "FuseOps does not fuse into a tuple unless the producer is injective "
+                                            "and the tuple joins an injective group", rule=f"{phase}: {d.code}")
             return out
         if d.code == "reduce":
             out.update(kind="after_reduction", detail=f"{what} is a kCommReduce group; FuseOps fuses producers into a "
@@ -1106,7 +1111,8 @@ class _Analysis:
             if bnode.op == "annotation.stop_fusion":
                 by = self.inserted.get("annotation.stop_fusion")
                 note = f"; placed by {', '.join(by)}" if by else ""
-                out.update(kind="stop_fusion", detail=f"{what} is read by annotation.stop_fusion (a fusion barrier){note}")
+                out.update(kind="stop_fusion",
+                           detail=f"{what} is read by annotation.stop_fusion (a fusion barrier){note}")
                 return out
             if bnode.op and bnode.op.startswith("fn:"):
                 out.update(kind="function_boundary", entry=bnode.op[3:],
@@ -1136,14 +1142,15 @@ class _Analysis:
         if g_has_anchor and bnode is not None and (bnode.pattern in (K_COMM_REDUCE, K_OUT_EWISE_FUSABLE)
                                                    or reader_anchor is not None):
             out.update(kind="two_anchors", detail=f"{what} meets {bdesc}"
-                                                  + (f" (kernel anchor {reader_anchor})" if reader_anchor and reader_anchor != bnode.op else "")
+                                                  + (f" (kernel anchor {reader_anchor})"
+                                                     if reader_anchor and reader_anchor != bnode.op else "")
                                                   + f": two anchors ({gp} and "
                                                   f"{PATTERN_NAMES.get(max(bnode.pattern, bpat or 0))})")
             return out
         if g_has_anchor:
             out.update(kind="injective_after_anchor",
-                       detail=f"{bdesc} ({PATTERN_NAMES.get(bnode.pattern) if bnode else '?'}) reads the {anchor or n.op} "
-                              "kernel; only kElemWise epilogues fuse into kOutEWiseFusable")
+                       detail=f"{bdesc} ({PATTERN_NAMES.get(bnode.pattern) if bnode else '?'}) reads the "
+                              f"{anchor or n.op} kernel; only kElemWise epilogues fuse into kOutEWiseFusable")
             return out
         if bnode is not None and (bnode.pattern in (K_COMM_REDUCE, K_OUT_EWISE_FUSABLE) or reader_anchor is not None):
             holder = f" (in the kernel of {reader_anchor})" if reader_anchor and reader_anchor != bnode.op else ""
@@ -1462,7 +1469,8 @@ def _explain_prefused(pre, tgt, cfg, opt_level, created, settings, request) -> "
                      info["blocker"], info["entry"], inserted, None, kernels[ki].ops,
                      an.reader_casts(r), an.pad_value(r), an.pads_channels(r))
         if inserted:
-            b = replace(b, detail=b.detail + "; created by " + ", ".join(f"{op}: {'/'.join(ps)}" for op, ps in inserted))
+            b = replace(b, detail=b.detail + "; created by "
+                        + ", ".join(f"{op}: {'/'.join(ps)}" for op, ps in inserted))
         remedy = next(rm for rm in REMEDIES if rm.matches(b))
         boundaries.append(replace(b, remedy=remedy.name))
     settings = {**settings, "max_depth": max_depth}

@@ -174,7 +174,8 @@ def input_info(
                 resolved.append(d)
             elif i == 0 and isinstance(d, str) and default_batch is not None and len(dims) > 1:
                 logger.warning(
-                    "input %r: symbolic batch dim %r set to %d (override: shape= in Python, --shape on the command line)",
+                    "input %r: symbolic batch dim %r set to %d "
+                    "(override: shape= in Python, --shape on the command line)",
                     vi.name, d, default_batch,
                 )
                 resolved.append(int(default_batch))

@@ -298,8 +298,8 @@ INT8 = (
              does="parallel narrowing casts of one value become one, which fuses into the producer.",
              why="after ``RemoveStopFusion``: it merges only the casts of a producer FuseOps fuses an elementwise "
                  "consumer into, which a barrier is not. No other pass of the stage has to stand on a "
-                 "given side of it; it stands early so that the passes after it see one narrowing cast per value (``HoistUint8Shift`` matches "
-                 "a shift whose ``+128`` has that cast as its only reader).",
+                 "given side of it; it stands early so that the passes after it see one narrowing cast per "
+                 "value (``HoistUint8Shift`` matches a shift whose ``+128`` has that cast as its only reader).",
              after=("RemoveStopFusion",)),
         Step("HoistUint8Shift",
              does="x86's ``+128`` shift in front of an int8-input (S8S8) conv moves into the producer of a value "
@@ -566,9 +566,9 @@ def onnxruntime_numerics() -> Pipeline:
     :data:`ORT_REQUANTIZE` (float32 scale, round to nearest) instead of TVM's ``UPWARD`` rounding,
     and (2) ``AddAsOnnxRuntime`` and ``QuantizeWeightsAsOnnxRuntime`` run at ``start`` (quantized
     adds as MLAS computes them; float conv weights between a dequantize and a quantize quantized as
-    ORT's graph optimizer does), and (3) ``RoundHalfToEven`` runs at ``before_fuse``: ``round`` (so ``qnn.quantize``) rounds
-    ties to even, a rounded division by a scalar constant stays a true division, and a requantize's
-    output zero point is added after rounding, as ONNX Runtime's kernels do.
+    ORT's graph optimizer does), and (3) ``RoundHalfToEven`` runs at ``before_fuse``: ``round`` (so
+    ``qnn.quantize``) rounds ties to even, a rounded division by a scalar constant stays a true
+    division, and a requantize's output zero point is added after rounding, as ONNX Runtime's kernels do.
 
     Returns
     -------

@@ -47,7 +47,8 @@ def register_pass(name: str | None = None):
             raise ValueError(f"pass {key!r} is registered twice")
         sig = inspect.signature(factory)
         needs = any(
-            p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
             for p in sig.parameters.values()
         )
         _REGISTRY[key] = PassSpec(key, factory, _summary(factory), needs)

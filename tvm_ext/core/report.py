@@ -264,7 +264,8 @@ class KernelReport:
                 continue
             func_name = node.get("attrs", {}).get("func_name", node["name"])
             ops = tuple(ops_by_func.get(func_name, _ops_from_name(func_name)))
-            ins = tuple((tuple(shapes[row_ptr[src] + idx]), dtypes[row_ptr[src] + idx]) for src, idx, *_ in node["inputs"])
+            ins = tuple((tuple(shapes[row_ptr[src] + idx]), dtypes[row_ptr[src] + idx])
+                        for src, idx, *_ in node["inputs"])
             uses, kinds = (), ()
             if func_name in funcs:
                 const_in = [j for j, (src, *_r) in enumerate(node["inputs"])

@@ -131,7 +131,8 @@ def check_module(mod, target, graph_executor: bool = True) -> None:
     if found:
         op, wshape = found[0]
         raise UnsupportedByTVM(
-            f"{op} with int8 data and int8 weight {wshape}: TVM 0.19 cannot build it for {target.attrs.get('mcpu', 'this CPU')} "
+            f"{op} with int8 data and int8 weight {wshape}: TVM 0.19 cannot build it for "
+            f"{target.attrs.get('mcpu', 'this CPU')} "
             f"with AVX-512 (x86 int8 dense legalization pads the weight to a multiple of 16 rows but keeps "
             f"units={wshape[0]}, topi/x86/dense_alter_op.py); use uint8 data, units divisible by 16, "
             f"or a target with -mattr=-avx512bw"
@@ -143,7 +144,8 @@ def _arch_known(arch: str, backends) -> bool:
 
     if re.fullmatch(r"i[3-6]86|amd64", arch):
         return True
-    return any(arch == b or (arch.startswith(b) and b in ("arm", "armeb", "thumb", "thumbeb", "aarch64")) for b in backends)
+    return any(arch == b or (arch.startswith(b) and b in ("arm", "armeb", "thumb", "thumbeb", "aarch64"))
+               for b in backends)
 
 
 def check_target(target) -> None:
@@ -159,7 +161,8 @@ def check_target(target) -> None:
         target = tvm.target.Target(target)
     kind = target.kind.name
     if kind != "llvm":
-        if kind not in ("c", "ext_dev", "hybrid") and tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is None:
+        if (kind not in ("c", "ext_dev", "hybrid")
+                and tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is None):
             raise UnsupportedByTVM(f"target kind {kind!r} is not enabled in this TVM build (no target.build.{kind})")
         return
     triple = str(target.attrs.get("mtriple", "") or "")
@@ -203,7 +206,8 @@ def _check_graph_executor(mod) -> None:
         if isinstance(node, banned):
             found.append(type(node).__name__)
         elif isinstance(node, relay.Call) and isinstance(node.op, (relay.Var, relay.Call)):
-            found.append(f"call of a closure ({'a let-bound function' if isinstance(node.op, relay.Var) else 'a returned function'})")
+            what = "a let-bound function" if isinstance(node.op, relay.Var) else "a returned function"
+            found.append(f"call of a closure ({what})")
 
     relay.analysis.post_order_visit(main, visit)
     if found:

@@ -57,7 +57,7 @@ def kernel_ops(mod_before_fusetir) -> dict:
         elif isinstance(func, relax.Function) and func.attrs is not None and "Primitive" in func.attrs:
             ops = []
 
-            def visit(e):
+            def visit(e, ops=ops):  # called by post_order_visit below, in this iteration
                 t = _call_tir_target(e)
                 if isinstance(t, relax.GlobalVar) and isinstance(mod_before_fusetir[t], tir.PrimFunc):
                     ops.append((_prim_name(t), _pattern(mod_before_fusetir, t)))
@@ -124,7 +124,8 @@ def kernel_report(mod, ops_by_kernel=None, func_name: str = "main") -> KernelRep
             target = _call_tir_target(v)
             if target is not None:
                 name = target.name_hint if isinstance(target, relax.GlobalVar) else str(target)
-                pairs = ops_by_kernel.get(name) or [(_prim_name(target) if isinstance(target, relax.GlobalVar) else name, 8)]
+                pairs = (ops_by_kernel.get(name)
+                         or [(_prim_name(target) if isinstance(target, relax.GlobalVar) else name, 8)])
                 ops = tuple(o for o, _ in pairs)
                 best = max(pairs, key=lambda p: p[1])
                 anchor = best[0] if best[1] >= _K_COMM_REDUCE else None
@@ -134,7 +135,8 @@ def kernel_report(mod, ops_by_kernel=None, func_name: str = "main") -> KernelRep
                 producer[b.var] = k
                 outputs_of[k] = outs
                 read(v.args[1], k)
-            elif isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name in ("relax.reshape", "relax.memory.view"):
+            elif (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                  and v.op.name in ("relax.reshape", "relax.memory.view")):
                 if isinstance(v.args[0], relax.Var):
                     alias[b.var] = v.args[0]
             elif isinstance(v, relax.Var):

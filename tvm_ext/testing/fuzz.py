@@ -58,7 +58,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -675,7 +674,7 @@ class _Builder:
         f = self._flat(self.pick(i))
         op = {"add": relay.add, "multiply": relay.multiply}[kind]
         outs = []
-        for j in range(n):
+        for _j in range(n):
             c = relay.const((self.rng.integers(-3, 4, f.shape) if f.dtype != "float32"
                              else self.rng.standard_normal(f.shape)).astype(f.dtype).reshape(1, -1))
             outs.append(op(f.expr, c))
@@ -1082,7 +1081,8 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
             if not _same(again, out):
                 res.failures.append(Failure(subject, stage, "not_idempotent", "a second run changed the module"))
         except Exception as err:  # noqa: BLE001
-            res.failures.append(Failure(subject, stage, "exception", f"second run: {type(err).__name__}: {_short(err)}"))
+            res.failures.append(Failure(subject, stage, "exception",
+                                        f"second run: {type(err).__name__}: {_short(err)}"))
         return out if changed else None
 
     if "before_fuse" in stages and variant == "static":

@@ -765,7 +765,8 @@ def _int8_conv_compute(compute):
     (``narrow_channel_blocks``). Its AutoTVM space admits only output blocks that 16 divides
     (``define_split("tile_oc", filter=...% 16 == 0)``): for 24 channels the space is empty and
     defining it raises. A fallback config that already holds ``tile_oc`` skips that definition, so
-    the config is given the policy's block first; :func:`_int8_conv_blocks` then fills in the rest as for any fallback."""
+    the config is given the policy's block first; :func:`_int8_conv_blocks` then fills in the rest as
+    for any fallback."""
     import functools
 
     from tvm.autotvm.task import DispatchContext
