@@ -215,11 +215,11 @@ def _interleaved_timing(engines, x, repeat: int, block: int, progress: Optional[
             e.times_ms.append((time.perf_counter() - t0) * 1e3)
 
     for e in list(live):  # warm-up
-        attempt(e, lambda: [e.call(x) for _ in range(3)])
+        attempt(e, lambda e=e: [e.call(x) for _ in range(3)])  # attempt calls it right away
     for r in range(rounds):
         for e in list(live):
             time.sleep(SETTLE_SECONDS)
-            attempt(e, lambda: time_block(e))
+            attempt(e, lambda e=e: time_block(e))  # attempt calls it right away
         if progress:
             progress.step(f"timing round {r + 1}/{rounds}", advance=0)
     return errors
@@ -456,7 +456,8 @@ def _run_builds(jobs, parallel: bool, _child=None):
                 results[job["pipeline"]] = _build_job(job)
             except Exception as err:
                 logger.exception("%s build failed", job["pipeline"])
-                results[job["pipeline"]] = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
+                results[job["pipeline"]] = {
+                    "error": f"{type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}"}
     return results
 
 
@@ -604,7 +605,8 @@ def _real_variant(v: dict) -> Optional[dict]:
     if not zoo_real.is_real_model(name):
         return None
     rv = zoo_real.variant(name)
-    out = {"model": rv.model.name, "kind": rv.model.kind, "format": rv.fmt, "setting": rv.setting.name if rv.setting else None,
+    out = {"model": rv.model.name, "kind": rv.model.kind, "format": rv.fmt,
+           "setting": rv.setting.name if rv.setting else None,
            "output": rv.model.output, "float_head": bool(rv.model.float_head)}
     out.update(_output_step(v["onnx_path"]))
     if rv.model.float_head:
@@ -663,7 +665,8 @@ def _openvino_engine(path, input_name, threads):
             "INFERENCE_NUM_THREADS": int(threads), "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"})
         req = compiled.create_infer_request()
     except Exception as err:
-        return None, f"not run: OpenVINO failed to compile the model: {(str(err).strip().splitlines() or [''])[0][:200]}"
+        return None, ("not run: OpenVINO failed to compile the model: "
+                      f"{(str(err).strip().splitlines() or [''])[0][:200]}")
 
     def call(x):
         req.infer({input_name: x})
@@ -746,7 +749,8 @@ def render_markdown(results: dict) -> str:
         title,
         "",
         f"- date: {env['date']}; CPU: {env['cpu']} ({env['cores']} cores); threads: {env['threads']} per engine"
-        + (f" (TVM_THREAD_POOL_SPIN_COUNT={env['tvm_thread_pool_spin_count']})" if env.get("tvm_thread_pool_spin_count") else ""),
+        + (f" (TVM_THREAD_POOL_SPIN_COUNT={env['tvm_thread_pool_spin_count']})"
+           if env.get("tvm_thread_pool_spin_count") else ""),
         f"- stock TVM target: `{env['target']}`",
         f"- tvm-ext target: `{env.get('ext_target', env['target'])}`"
         + (" (stock TVM at this target, with only the VNNI operand types fixed, is the bit-exactness "
@@ -758,7 +762,8 @@ def render_markdown(results: dict) -> str:
         f"tvm-ext `{(env.get('ext_target_info') or {}).get('isa', '?')}`; " + _tuning_text(env, results),
         _ort_isa_text(env),
         "",
-        "| variant | pipeline | kernels | anchors | non-anchor | tensors crossing | MB crossing (by dtype) | build s | latency ms | vs stock | vs ORT |",
+        "| variant | pipeline | kernels | anchors | non-anchor | tensors crossing | MB crossing (by dtype) "
+        "| build s | latency ms | vs stock | vs ORT |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in results["variants"]:
@@ -808,7 +813,8 @@ def render_markdown(results: dict) -> str:
     if explained:
         from ..core.explain import summary_markdown
 
-        lines += ["", "Why the kernel boundaries are there (`tvm_ext.explain`: FuseOps' reason per crossing tensor):", "",
+        lines += ["",
+                  "Why the kernel boundaries are there (`tvm_ext.explain`: FuseOps' reason per crossing tensor):", "",
                   summary_markdown(explained).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
@@ -826,8 +832,9 @@ def _real_numerics_lines(results: dict) -> list:
     """Numerics of real models: max |diff| against ONNX Runtime in output quantization steps."""
     k_inputs = max((v.get("numerics", {}).get("inputs", 0) for v in results["variants"]), default=0)
     lines = ["", f"Numerics over {k_inputs} seeded synthetic images (normalised as each model's package does; "
-             "`tvm_ext.tools.zoo_real.images`). Differences to ONNX Runtime are max |diff| over all outputs, and in output "
-             "quantization steps (the scale of the tensor feeding the final DequantizeLinear) where the output is "
+             "`tvm_ext.tools.zoo_real.images`). Differences to ONNX Runtime are max |diff| over all outputs, "
+             "and in output quantization steps (the scale of the tensor feeding the final DequantizeLinear) "
+             "where the output is "
              "quantized; top-1 agreement for classifiers only.", "",
              "| variant | kind | output step | tvm-ext vs stock | stock vs ORT | tvm-ext vs ORT | OpenVINO vs ORT | "
              "top-1 with ORT (stock / tvm-ext / OpenVINO) |",
@@ -836,7 +843,8 @@ def _real_numerics_lines(results: dict) -> list:
     for v in results["variants"]:
         n, r = v.get("numerics", {}), v.get("real", {})
         k = n.get("inputs", 0)
-        exact = ("bit-exact" if n.get("ext_vs_stock_bit_exact") else f"max abs {n.get('ext_vs_stock_max_abs', float('nan')):.4g}"
+        exact = ("bit-exact" if n.get("ext_vs_stock_bit_exact")
+                 else f"max abs {n.get('ext_vs_stock_max_abs', float('nan')):.4g}"
                  ) if "ext_vs_stock_max_abs" in n else "—"
         if "ext_vs_same_target_bit_exact" in n:  # the bit-exactness reference is stock at tvm-ext's target
             exact = ("bit-exact" if n["ext_vs_same_target_bit_exact"] else
@@ -855,12 +863,14 @@ def _real_numerics_lines(results: dict) -> list:
 
 def _numerics_lines(results: dict) -> list:
     lines = ["", "Numerics over seeded inputs:", "",
-              "| variant | tvm-ext vs stock @ tvm-ext target | tvm-ext vs stock | stock vs ORT max abs | tvm-ext vs ORT max abs | top-1 agreement with ORT (stock / tvm-ext) |",
+              "| variant | tvm-ext vs stock @ tvm-ext target | tvm-ext vs stock | stock vs ORT max abs "
+              "| tvm-ext vs ORT max abs | top-1 agreement with ORT (stock / tvm-ext) |",
               "|---|---|---|---|---|---|"]
     for v in results["variants"]:
         n = v.get("numerics", {})
         k = n.get("inputs", 0)
-        exact = ("bit-exact" if n.get("ext_vs_stock_bit_exact") else f"max abs {n.get('ext_vs_stock_max_abs', float('nan')):.4g}"
+        exact = ("bit-exact" if n.get("ext_vs_stock_bit_exact")
+                 else f"max abs {n.get('ext_vs_stock_max_abs', float('nan')):.4g}"
                  ) if "ext_vs_stock_max_abs" in n else "—"
         s_ort = f"{n['tvm_vs_ort_max_abs']:.4g}" if "tvm_vs_ort_max_abs" in n else "—"
         e_ort = f"{n['tvm_ext_vs_ort_max_abs']:.4g}" if "tvm_ext_vs_ort_max_abs" in n else "—"
@@ -869,7 +879,8 @@ def _numerics_lines(results: dict) -> list:
         same = ("bit-exact" if n["ext_vs_same_target_bit_exact"] else f"max abs {n['ext_vs_same_target_max_abs']:.4g}"
                 ) if "ext_vs_same_target_bit_exact" in n else "—"
         if "same_target_vs_stock_diff_fraction" in n and not n.get("ext_vs_stock_bit_exact"):
-            exact += f" ({100 * n['same_target_vs_stock_diff_fraction']:.1f}% of outputs differ between the two targets in stock TVM too)"
+            exact += (f" ({100 * n['same_target_vs_stock_diff_fraction']:.1f}% of outputs differ between the two "
+                      "targets in stock TVM too)")
         lines.append(f"| {v['label']} | {same} | {exact} | {s_ort} | {e_ort} | {top1} |")
     return lines
 

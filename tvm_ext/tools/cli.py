@@ -122,7 +122,8 @@ def _report_relax(args) -> int:
             raise UsageError(str(err).strip("'\"")) from None
     p = Path(args.model)
     if not p.exists() or p.is_dir():
-        raise UsageError(f"no such file: {args.model}" if not p.exists() else f"{args.model} is a directory, not an ONNX model")
+        raise UsageError(f"no such file: {args.model}" if not p.exists()
+                         else f"{args.model} is a directory, not an ONNX model")
     try:
         mod = from_onnx(p, shape=_parse_shapes(args.shape) or None)
     except (FileNotFoundError, ValueError) as err:
@@ -169,8 +170,8 @@ def cmd_report(args) -> int:
         print(f"target: {target}")
         if getattr(args, "pipeline", None) == "int8":
             names = passes.pass_names()
-            print(f"pipeline: int8 (start: {', '.join(names['start'])}; before_fuse: {', '.join(names['before_fuse'])}),"
-                  f" opt_level {args.opt_level}")
+            print(f"pipeline: int8 (start: {', '.join(names['start'])}; "
+                  f"before_fuse: {', '.join(names['before_fuse'])}), opt_level {args.opt_level}")
         else:
             print(f"passes: {', '.join(_pass_names(passes)) or '(none)'} (at {args.at}), opt_level {args.opt_level}")
         print()
@@ -316,7 +317,7 @@ def cmd_tune(args) -> int:
         models = [(args.model, mod, params)]
     print(f"tuning for {target} ({len(models)} model(s), budget {args.budget:g} min)", flush=True)
     lines, written, done = [], None, []
-    for i, (name, mod, params) in enumerate(models):
+    for _i, (name, mod, params) in enumerate(models):
         print(f"== {name}", flush=True)
         try:
             res = tune_model(mod, params, target, passes, budget_s=args.budget * 60 / len(models),
@@ -466,7 +467,8 @@ def cmd_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tvm-ext", description="Relay passes, pattern tables and kernel reports on TVM 0.19.")
+    parser = argparse.ArgumentParser(prog="tvm-ext",
+                                     description="Relay passes, pattern tables and kernel reports on TVM 0.19.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -477,10 +479,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path to an .onnx file")
     p.add_argument("--target", help="TVM target (default: the host CPU as tvm_ext.build picks it: AVX-512 VNNI kept "
                                     "where tvm_ext.x86.int8_conv builds it; with --ir relax VNNI is masked)")
-    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N", help="PassContext opt_level (default 3)")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N",
+                   help="PassContext opt_level (default 3)")
     p.add_argument("--passes", help="comma-separated tvm-ext passes to run (see `tvm-ext passes`)")
-    p.add_argument("--at", choices=["before_fuse", "start"], default="before_fuse", help="where the passes run (default before_fuse)")
-    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
+    p.add_argument("--at", choices=["before_fuse", "start"], default="before_fuse",
+                   help="where the passes run (default before_fuse)")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
+                   help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--all", action="store_true", help="list every kernel (default: the first 40)")
     p.add_argument("--ir", choices=["relay", "relax"], default="relay",
@@ -500,7 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "ONNX Runtime does)")
     p.set_defaults(func=cmd_passes)
 
-    p = sub.add_parser("patterns", help="list pattern tables and their entries", description="List pattern tables and entries.")
+    p = sub.add_parser("patterns", help="list pattern tables and their entries",
+                       description="List pattern tables and entries.")
     p.set_defaults(func=cmd_patterns)
 
     p = sub.add_parser("zoo", help="write the built-in model zoo to a folder",
@@ -552,7 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="x86 target that runs on this CPU (default: the host CPU)")
     p.add_argument("--budget", type=float, default=20.0, metavar="MINUTES", help="time budget (default 20)")
     p.add_argument("--no-layouts", action="store_true", help="skip the channel-blocking stage (no full-model builds)")
-    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
+                   help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--out", help="records file (default: $TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log)")
     p.set_defaults(func=cmd_tune)
 
@@ -565,9 +572,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", help="comma-separated tvm-ext passes to run (see `tvm-ext passes`)")
     p.add_argument("--at", choices=["before_fuse", "start"], default="before_fuse", help="where --passes run")
     p.add_argument("--target", help="TVM target (default: the host CPU as tvm_ext.build picks it)")
-    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N", help="PassContext opt_level (default 3)")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N",
+                   help="PassContext opt_level (default 3)")
     p.add_argument("--max-depth", type=int, metavar="N", help="relay.FuseOps.max_depth (default 256)")
-    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
+                   help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--check", action="store_true", help="apply each suggested remedy and measure what it removes")
     p.add_argument("--compile", action="store_true", help="also build, and name kernels as the graph executor does")
     p.add_argument("--json", action="store_true", help="print the explanation as JSON")
@@ -584,8 +593,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", choices=["int8", "none"], default="none", help="tvm-ext pipeline (default none)")
     p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes (run before FuseOps)")
     p.add_argument("--target", help="LLVM target (default: the host CPU); may be another CPU, then it cannot run here")
-    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..", help="input shape for dynamic inputs (repeatable)")
-    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N", help="PassContext opt_level (default 3)")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
+                   help="input shape for dynamic inputs (repeatable)")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N",
+                   help="PassContext opt_level (default 3)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run a library written by `tvm-ext compile`",

@@ -156,7 +156,8 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
 
     out = Path(out)
     if out.suffix not in _SUFFIXES:
-        raise DeployError(f"compile_library: output must end in .tar or .so (export_library decides by suffix); got {out.name}")
+        raise DeployError("compile_library: output must end in .tar or .so (export_library decides by suffix); "
+                          f"got {out.name}")
     if not out.parent.is_dir():
         raise DeployError(f"compile_library: no such directory: {out.parent}")
     tgt = build_target(target)

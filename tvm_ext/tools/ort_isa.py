@@ -49,8 +49,8 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OrtIsaError", "masked_package", "mask_unavailable_reason", "probe", "ChildSession", "child_env", "session_options",
-           "ORT_ISA_CHOICES", "XGETBV", "REPLACEMENT"]
+__all__ = ["OrtIsaError", "masked_package", "mask_unavailable_reason", "probe", "ChildSession", "child_env",
+           "session_options", "ORT_ISA_CHOICES", "XGETBV", "REPLACEMENT"]
 
 #: Which ONNX Runtime a benchmark compares with (``tvm_ext.tools.bench.ort_peer``): ``auto`` masks
 #: AVX-512 for an AVX2 target on an AVX-512 host, ``host`` always runs the installed one.
@@ -113,7 +113,8 @@ def _exec_segments(data: bytes) -> list[tuple[int, int, int]]:
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     out = []
     for i in range(phnum):
-        p_type, p_flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        p_type, p_flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", data,
+                                                                                 phoff + i * phentsize)
         if p_type == 1 and p_flags & 1:  # PT_LOAD, PF_X
             out.append((p_offset, p_vaddr, p_filesz))
     return out
@@ -263,7 +264,8 @@ def masked_package(cache: Optional[Path] = None) -> Path:
                               f"(loaded from {got['file']}); not using it")
         (tmp / "MASKED.json").write_text(json.dumps({"source": str(src), "version": got["version"],
                                                      "patched_xgetbv": patched, "probe": got["value"]}, indent=1))
-        logger.info("ort_isa: made an AVX2-dispatching copy of onnxruntime %s in %s (%s)", got["version"], dest, patched)
+        logger.info("ort_isa: made an AVX2-dispatching copy of onnxruntime %s in %s (%s)",
+                    got["version"], dest, patched)
         try:
             tmp.rename(dest)
         except OSError:  # another process made it first

@@ -79,11 +79,13 @@ class TuneResult:
         if self.model_ms_untuned and self.model_ms_tuned:
             lines.append(f"model: untuned {self.model_ms_untuned:.2f} ms, tuned {self.model_ms_tuned:.2f} ms "
                          f"({self.model_ms_tuned / self.model_ms_untuned:.2f}x)")
-        lines.append(f"{len(self.records)} records in {self.seconds:.0f} s" + (" (budget reached)" if self.budget_hit else ""))
+        lines.append(f"{len(self.records)} records in {self.seconds:.0f} s"
+                     + (" (budget reached)" if self.budget_hit else ""))
         return "\n".join(lines)
 
 
-def busy_note(load: Optional[float] = None, cores: Optional[int] = None, threads: Optional[int] = None) -> Optional[str]:
+def busy_note(load: Optional[float] = None, cores: Optional[int] = None,
+              threads: Optional[int] = None) -> Optional[str]:
     """A warning when other work would share the cores the tuner times on, else ``None``.
 
     Busy: the 1-minute load average plus TVM's runtime threads exceed the logical cores. (Measured:
@@ -282,7 +284,8 @@ def _layout_records(layout_wls, target, block: int) -> list:
             cfg = space.get(i)
             ents = cfg._entity_map  # pylint: disable=protected-access
             if ents["tile_ic"].size[-1] == ic_bn and ents["tile_oc"].size[-1] == block:
-                out.append((autotvm.MeasureInput(target, task, cfg), autotvm.MeasureResult((1.0,), 0, 0.0, time.time())))
+                out.append((autotvm.MeasureInput(target, task, cfg),
+                            autotvm.MeasureResult((1.0,), 0, 0.0, time.time())))
                 break
     return out
 
