@@ -63,20 +63,8 @@ from typing import Callable
 from tvm_ext._op_pattern import K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, op_pattern
 from tvm_ext.core.registry import register_pass
 
-from ._util import (
-    Check,
-    Reject,
-    consumers,
-    dataflow_nodes,
-    describe,
-    function_pass,
-    is_primitive,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
+from ._util import (Check, Reject, consumers, dataflow_nodes, describe, function_pass, is_primitive, op_name,
+                    pass_logger, rebuild, static_tensor_type, with_body)
 
 __all__ = ["CombineParallelCast", "is_narrowing_cast", "RULES"]
 

@@ -66,20 +66,8 @@ from typing import Callable
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
-from ._util import (
-    Check,
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    post_order,
-    rebuild,
-    static_shape,
-    static_tensor_type,
-    with_body,
-)
+from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, post_order, rebuild,
+                    static_shape, static_tensor_type, with_body)
 
 __all__ = ["CombineParallelOpBatch", "SUPPORTED_PAIRS"]
 

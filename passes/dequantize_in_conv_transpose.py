@@ -63,19 +63,8 @@ from tvm_ext._op_pattern import K_INJECTIVE, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import chain_arg, narrow_type
-from ._util import (
-    Reject,
-    consumers,
-    dataflow_nodes,
-    fixed_point,
-    function_pass,
-    lift_constants,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    with_body,
-)
+from ._util import (Reject, consumers, dataflow_nodes, fixed_point, function_pass, lift_constants, op_name, pass_logger,
+                    rebuild, static_tensor_type, with_body)
 
 __all__ = ["DequantizeInConvTranspose"]
 

@@ -50,16 +50,7 @@ from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import narrow_type
-from ._util import (
-    Reject,
-    int_list,
-    op_calls,
-    op_name,
-    pass_logger,
-    static_shape,
-    static_tensor_type,
-    substitution_pass,
-)
+from ._util import Reject, int_list, op_calls, op_name, pass_logger, static_shape, static_tensor_type, substitution_pass
 
 __all__ = ["EpilogueBeforeChannelSlice"]
 

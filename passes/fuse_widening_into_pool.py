@@ -46,16 +46,8 @@ from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import POOLS, walk_chain
-from ._util import (
-    Reject,
-    lift_constants,
-    op_calls,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    substitution_pass,
-)
+from ._util import (Reject, lift_constants, op_calls, op_name, pass_logger, rebuild, static_tensor_type,
+                    substitution_pass)
 
 __all__ = ["FuseWideningIntoPool", "POOLS"]
 

@@ -75,18 +75,8 @@ from tvm_ext.core.registry import register_pass
 
 from ._chains import copy_chain, narrow_type
 from ._intervals import full_range, value_ranges
-from ._util import (
-    Reject,
-    count_calls,
-    fixed_point,
-    function_pass,
-    op_calls,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_tensor_type,
-    substitute,
-)
+from ._util import (Reject, count_calls, fixed_point, function_pass, op_calls, op_name, pass_logger, rebuild,
+                    static_tensor_type, substitute)
 
 __all__ = ["NarrowBeforeMaxPool", "MAX_POOLS", "MAX_ROUNDS"]
 

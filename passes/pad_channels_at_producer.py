@@ -67,19 +67,8 @@ import numpy as np
 
 from tvm_ext.core.registry import register_pass
 
-from ._util import (
-    Check,
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_shape,
-    static_tensor_type,
-    with_body,
-)
+from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild,
+                    static_shape, static_tensor_type, with_body)
 
 __all__ = ["PadChannelsAtProducer", "MULTIPLE"]
 

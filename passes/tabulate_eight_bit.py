@@ -68,18 +68,8 @@ from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
 from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
 from tvm_ext.core.registry import register_pass
 
-from ._util import (
-    Reject,
-    consumers,
-    dataflow_nodes,
-    function_pass,
-    op_name,
-    pass_logger,
-    rebuild,
-    static_shape,
-    static_tensor_type,
-    with_body,
-)
+from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,
+                    static_tensor_type, with_body)
 
 PASS_NAME = "TabulateEightBit"
 RULE = "f(x: 8-bit) -> table_lookup(x, [f(i) for i in 0..255])"

@@ -73,17 +73,8 @@ from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import narrow_type, takes_widening
-from ._util import (
-    Reject,
-    count_calls,
-    fixed_point,
-    function_pass,
-    op_name,
-    pass_logger,
-    static_shape,
-    static_tensor_type,
-    substitute,
-)
+from ._util import (Reject, count_calls, fixed_point, function_pass, op_name, pass_logger, static_shape,
+                    static_tensor_type, substitute)
 
 __all__ = ["WidenAfterMovement", "MOVEMENT", "MAX_ROUNDS"]
 
