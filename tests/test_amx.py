@@ -307,7 +307,7 @@ def test_configure_tiles_refuses_what_one_configuration_cannot_cover():
     @T.prim_func
     def mixed(c: T.Buffer((512,), "int32")):
         T.call_llvm_intrin("int32", "llvm.x86.tilezero", T.uint8(1), T.uint8(0))
-        for t in T.parallel(2):
+        for _t in T.parallel(2):
             T.call_llvm_intrin("int32", "llvm.x86.tilezero", T.uint8(1), T.uint8(1))
 
     @T.prim_func

@@ -77,7 +77,8 @@ def write_models(d):
     onnx.save(model([helper.make_node("FooBarOp", ["x"], ["y"], domain="com.example")], [vi("x", [1, 3, 4, 4])],
                     [vi("y", [1, 3, 4, 4])]), f"{d}/unsupported.onnx")
     add = [helper.make_node("Add", ["x", "z"], ["y"])]
-    onnx.save(model(add, [vi("x", [1, 3, 4, 4]), vi("z", [1, 3, 4, 4])], [vi("y", [1, 3, 4, 4])]), f"{d}/two_inputs.onnx")
+    onnx.save(model(add, [vi("x", [1, 3, 4, 4]), vi("z", [1, 3, 4, 4])], [vi("y", [1, 3, 4, 4])]),
+              f"{d}/two_inputs.onnx")
     onnx.save(model(add, [vi("x", [1, 3, 4, 4]), vi("z", [1, 3, "H", 4])], [vi("y", [1, 3, 4, 4])]),
               f"{d}/two_inputs_dyn.onnx")
     onnx.save(model(relu, [vi("x", ["N", 3, 4, 4])], [vi("y", ["N", 3, 4, 4])]), f"{d}/dynamic.onnx")

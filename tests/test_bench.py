@@ -229,8 +229,10 @@ def test_layers_vs_ort_finds_the_convolutions_of_a_qdq_model(tmp_path):
     rng = np.random.default_rng(0)
     init = [helper.make_tensor("w", TensorProto.INT8, [6, 3, 3, 3], rng.integers(-50, 50, 162).tolist()),
             helper.make_tensor("wf", TensorProto.FLOAT, [5, 6, 1, 1], rng.normal(size=30).tolist()),
-            helper.make_tensor("s", TensorProto.FLOAT, [], [0.02]), helper.make_tensor("z", TensorProto.UINT8, [], [128]),
-            helper.make_tensor("ws", TensorProto.FLOAT, [], [0.01]), helper.make_tensor("wz", TensorProto.INT8, [], [0])]
+            helper.make_tensor("s", TensorProto.FLOAT, [], [0.02]),
+            helper.make_tensor("z", TensorProto.UINT8, [], [128]),
+            helper.make_tensor("ws", TensorProto.FLOAT, [], [0.01]),
+            helper.make_tensor("wz", TensorProto.INT8, [], [0])]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
              helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),

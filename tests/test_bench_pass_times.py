@@ -47,7 +47,8 @@ def test_summary_adds_runs_per_pass_and_separates_nested_time():
 
 def test_int8_pipeline_build_lists_its_passes(conv_relu, tmp_path):
     out = _run(conv_relu, "--min-seconds", "0", "--json", tmp_path / "t.json")
-    table = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "---" not in line}
+    table = {line.split("|")[1].strip(): line
+             for line in out.splitlines() if line.startswith("| ") and "---" not in line}
     for name in ("tvm_ext.int8.start", "QDQToInteger", "tvm_ext.int8.before_fuse", "TabulateEightBit", "FuseOps"):
         assert name in table, (name, out)
     data = json.loads((tmp_path / "t.json").read_text())

@@ -27,7 +27,8 @@ def tiny_onnx(path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "tvm_ext.tools.cli", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "tvm_ext.tools.cli", *args],
+                          capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("cmd", [[], ["report"], ["passes"], ["patterns"], ["zoo"], ["bench"], ["tune"]])

@@ -483,7 +483,8 @@ def let_closure():
     """fn (%a: Tensor[(4), float32]) { let %f = fn () { exp(%a) }; %f() }"""
     a = relay.var("a", shape=(4,), dtype="float32")
     f = relay.var("f")
-    return tvm.IRModule.from_expr(relay.Function([a], relay.Let(f, relay.Function([], relay.exp(a)), relay.Call(f, []))))
+    return tvm.IRModule.from_expr(
+        relay.Function([a], relay.Let(f, relay.Function([], relay.exp(a)), relay.Call(f, []))))
 
 
 def if_of_closures():
@@ -519,7 +520,8 @@ def _vm_kernels(mod):
 @pytest.mark.parametrize("graph, kernels, construct", [
     (let_closure, ["fused_exp"], "call of the closure %f"),
     (if_of_closures, ["fused_greater"], "call of the function an If returns"),
-    (let_tuple_if, ["fused_add", "fused_exp", "fused_nn_relu", "fused_sigmoid", "fused_tanh"], "call of the closure %f"),
+    (let_tuple_if, ["fused_add", "fused_exp", "fused_nn_relu", "fused_sigmoid", "fused_tanh"],
+     "call of the closure %f"),
 ])
 def test_closures_and_control_flow_are_explained_as_fuse_ops_does(graph, kernels, construct):
     """The kernels inside closures and If branches are FuseOps' own (and the VM's), named as TVM names

@@ -41,7 +41,8 @@ def test_grammar_covers_the_constructs_of_the_issue():
         elif isinstance(node, (relay.If, relay.Let, relay.TupleGetItem)):
             ops.add(type(node).__name__)
 
-    for spec in fuzz.generate(300, seed=2) + fuzz.generate(300, seed=3) + fuzz.generate(100, seed=4, variants=("if", "let")):
+    for spec in (fuzz.generate(300, seed=2) + fuzz.generate(300, seed=3)
+                 + fuzz.generate(100, seed=4, variants=("if", "let"))):
         relay.analysis.post_order_visit(fuzz.build_graph(spec)["main"], visit)
     for op in ["nn.conv2d", "qnn.conv2d", "qnn.dense", "nn.dense", "qnn.requantize", "qnn.quantize", "qnn.dequantize",
                "qnn.add", "cast", "nn.pad", "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "clip",
@@ -59,7 +60,9 @@ def test_oracle_catches_a_wrong_rewrite(monkeypatch):
         class M(relay.ExprMutator):
             def visit_call(self, call):
                 new = super().visit_call(call)
-                return relay.negative(new.args[0]) if isinstance(new.op, tvm.ir.Op) and new.op.name == "nn.relu" else new
+                if isinstance(new.op, tvm.ir.Op) and new.op.name == "nn.relu":
+                    return relay.negative(new.args[0])
+                return new
         return M().visit(func)
 
     monkeypatch.setattr(passes, "FoldPadIntoConv", lambda: wrong)
@@ -193,8 +196,9 @@ def test_worker_crash_is_reported_and_the_run_goes_on():
 
 
 def test_shrink_finds_a_minimal_spec_and_failure_file_loads(tmp_path):
-    spec = fuzz.Spec(seed=5, channels=8, height=5, steps=(("ewise", 0, "relu"), ("stop", 1), ("pool", 1, "max", 2, 1, 0),
-                                                         ("ewise", 2, "clip")), variant="let")
+    spec = fuzz.Spec(seed=5, channels=8, height=5,
+                     steps=(("ewise", 0, "relu"), ("stop", 1), ("pool", 1, "max", 2, 1, 0), ("ewise", 2, "clip")),
+                     variant="let")
     # "fails" while the graph has a stop_fusion: the minimal failing spec is that one step
     small = fuzz.shrink(spec, lambda s: any(st[0] == "stop" for st in s.steps))
     assert small.steps == (("stop", 0),) and small.variant == "static" and small.channels == 2

@@ -79,7 +79,8 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_leaves_do_not_import_the_layers_above():
     mods = _modules()
-    for leaf in ("tvm_ext.errors", "tvm_ext.x86.isa", "tvm_ext.x86.int8_conv", "tvm_ext.x86.tuning", "tvm_ext.x86.target"):
+    for leaf in ("tvm_ext.errors", "tvm_ext.x86.isa", "tvm_ext.x86.int8_conv", "tvm_ext.x86.tuning",
+                 "tvm_ext.x86.target"):
         above = {"tvm_ext.tools.cli", "tvm_ext.tools.bench", "tvm_ext.core.build", "tvm_ext.tools.tune"}
         assert not (_imports(leaf, mods[leaf], mods) & above), leaf
 

@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
-import tvm
 
 import tvm_ext
-from tvm_ext.x86 import isa, int8_conv as x86_int8
+from tvm_ext.x86 import isa
 
 
 def test_host_features_come_from_cpuid_not_the_cpu_name():

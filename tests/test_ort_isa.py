@@ -197,6 +197,7 @@ def test_module_entry_prints_the_copy(masked, monkeypatch, capsys):
 
 
 def test_module_entry_reports_errors(monkeypatch, capsys):
-    monkeypatch.setattr(ort_isa, "masked_package", lambda: (_ for _ in ()).throw(ort_isa.OrtIsaError("ort_isa: no way")))
+    monkeypatch.setattr(ort_isa, "masked_package",
+                        lambda: (_ for _ in ()).throw(ort_isa.OrtIsaError("ort_isa: no way")))
     assert ort_isa.main([]) == 1
     assert "no way" in capsys.readouterr().err

@@ -27,7 +27,8 @@ AVX2 = tvm.target.Target("llvm -mcpu=haswell")
 
 
 def test_int8_dense_units_not_multiple_of_16_refused_on_avx512():
-    with pytest.raises(UnsupportedByTVM, match=r"nn.dense with int8 data and int8 weight \[8, 8\].*units divisible by 16"):
+    with pytest.raises(UnsupportedByTVM,
+                       match=r"nn.dense with int8 data and int8 weight \[8, 8\].*units divisible by 16"):
         check_module(dense(8), AVX512)
 
 
@@ -44,7 +45,8 @@ def test_int8_qnn_dense_is_not_refused_and_builds_exactly():
     np.testing.assert_array_equal(out, x.astype(np.int64) @ np.ones((100, 66), np.int64).T)
 
 
-@pytest.mark.parametrize("mod", [dense(16), dense(8, dtype="uint8"), dense(32, k=4)], ids=["units16", "uint8", "units32"])
+@pytest.mark.parametrize("mod", [dense(16), dense(8, dtype="uint8"), dense(32, k=4)],
+                         ids=["units16", "uint8", "units32"])
 def test_buildable_dense_accepted(mod):
     check_module(mod, AVX512)
 

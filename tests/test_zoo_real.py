@@ -42,7 +42,8 @@ def _tiny_model(dynamic=True) -> onnx.ModelProto:
     ]
     dims = ["N", 3, "H", "W"] if dynamic else [1, 3, 16, 16]
     g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "H", "W"] if dynamic else None)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         ["N", 4, "H", "W"] if dynamic else None)],
                           initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8

@@ -64,7 +64,8 @@ def _ort_qlinear_add(q, a, b):
         feed = {"a": a, "b": b}
     graph = helper.make_graph([node], "qladd", inputs, [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
                               inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feed)[0]

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import tvm
 from tvm import relay
@@ -202,7 +201,8 @@ def test_dense_bias_is_stacked_as_tvm_does(case):
     before = dense_bias_before(**kw)
     after = check(p, before, dense_bias_expected(**kw))
     # TVM's own pass builds the same graph
-    tvm.ir.assert_structural_equal(after["main"], relay.transform.CombineParallelDense(2, to_batch=True)(before)["main"])
+    tvm.ir.assert_structural_equal(after["main"],
+                                   relay.transform.CombineParallelDense(2, to_batch=True)(before)["main"])
     assert_same_outputs(after, before, random_inputs(before, seed=2))
 
 
@@ -276,7 +276,8 @@ def test_bad_input():
         CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 3)(untyped)
     cond = relay.var("c", shape=(), dtype="bool")
     branches = relay.Tuple([relay.nn.dense(x, w) for w in ws])
-    assert_unchanged(CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 3), infer(relay.If(cond, branches, branches)))
+    assert_unchanged(CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 3),
+                     infer(relay.If(cond, branches, branches)))
     xd = relay.var("x", shape=(relay.Any(), 8))
     dyn = infer(relay.Tuple([relay.nn.dense(xd, w) for w in ws]))
     assert_unchanged(CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 3), dyn)

@@ -137,7 +137,8 @@ def test_checks_reject_groups_tvm_cannot_compile(caplog):
 def _cnn():
     """x -> conv+bias+relu (y) -> conv+bias (+y) -> relu -> gap -> flatten -> dense + b"""
     x = relay.var("x", shape=(1, 8, 16, 16))
-    y = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(x, const(16, 8, 3, 3), padding=(1, 1), channels=16, kernel_size=(3, 3)), const(16)))
+    y = relay.nn.relu(relay.nn.bias_add(
+        relay.nn.conv2d(x, const(16, 8, 3, 3), padding=(1, 1), channels=16, kernel_size=(3, 3)), const(16)))
     z = relay.nn.conv2d(y, const(16, 16, 3, 3), padding=(1, 1), channels=16, kernel_size=(3, 3))
     z = relay.nn.relu(relay.add(relay.nn.bias_add(z, const(16)), y))
     z = relay.nn.batch_flatten(relay.nn.global_avg_pool2d(z))
@@ -174,7 +175,8 @@ def test_build_int8_graph_bit_exact():
     y = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.05), relay.const(0.02),
                             kernel_size=(3, 3), channels=16, padding=(1, 1))
     y = relay.nn.bias_add(y, relay.const(rng.integers(-100, 100, 16).astype("int32")))
-    y = relay.qnn.op.requantize(y, relay.const(0.001), relay.const(0), relay.const(0.05), relay.const(5), out_dtype="uint8")
+    y = relay.qnn.op.requantize(y, relay.const(0.001), relay.const(0), relay.const(0.05), relay.const(5),
+                                out_dtype="uint8")
     mod = infer(relay.Function([x], y))
     stock = tvm_ext.build(mod)
     fused = tvm_ext.build(mod, passes=[FuseByPattern(QNN)])
@@ -227,7 +229,8 @@ def _zoo_check(zoo, name, table, small=True, same_kernels=True):
 
 def test_zoo_small_qoperator_qnn(zoo):
     counts, n_stock, n_fused = _zoo_check(zoo, "resnet50_int8_qoperator", QNN)
-    assert counts == {"qnn.conv2d_bias_requantize": 13, "qnn.conv2d_bias_requantize_add": 4, "qnn.dense_bias_requantize": 1}
+    assert counts == {"qnn.conv2d_bias_requantize": 13, "qnn.conv2d_bias_requantize_add": 4,
+                      "qnn.dense_bias_requantize": 1}
     assert n_fused == n_stock == 26
 
 

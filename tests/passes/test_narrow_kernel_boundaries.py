@@ -11,8 +11,6 @@ from tvm import relay
 import tvm_ext
 import tvm_ext.core.pipelines
 import tvm_ext.tools.zoo
-from tvm_ext.passes.fold_pad_into_conv import FoldPadIntoConv
-from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.passes._chains import narrow_type
 from tvm_ext.passes.narrow_kernel_boundaries import NarrowKernelBoundaries
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs, run_module
@@ -149,7 +147,7 @@ def test_chains_without_narrow_point_unchanged(caplog):
 
 
 def diamond():
-    """One anchor read by two private widening chains that meet again (a max pool of uint8 values
+    r"""One anchor read by two private widening chains that meet again (a max pool of uint8 values
     widened twice with different scales and added, as WidenInEachReader leaves a QDQ add of one
     tensor)::
 

@@ -19,7 +19,7 @@ from _helpers import assert_untyped_raises, real_model_vs_onnxruntime
 
 ort = pytest.importorskip("onnxruntime")
 LOGGER = "tvm_ext.passes.QuantizeWeightsAsOnnxRuntime"
-C, O, HW = 8, 6, 12
+C, OC, HW = 8, 6, 12
 # PP-OCRv4 det's head: activation scale / zero point in, ConvTranspose output scale / zero point out
 SX, ZX, SY, ZY = 0.013869917, 3, 0.017635483, 118
 
@@ -28,13 +28,13 @@ def _c(v, dtype):
     return relay.const(np.array(v, dtype))
 
 
-def _weights(seed=0, shape=(C, O, 2, 2)):
+def _weights(seed=0, shape=(C, OC, 2, 2)):
     # an asymmetric range: ORT's zero point is not 0 (det's first ConvTranspose: -1)
     return np.random.default_rng(seed).uniform(-0.4, 0.9, shape).astype("float32")
 
 
 def _bias(seed=1):
-    return np.random.default_rng(seed).uniform(-1.0, 1.0, O).astype("float32")
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, OC).astype("float32")
 
 
 def _graph(weight, bias=None, op="conv2d_transpose", relu=False, extra_reader=False):
@@ -42,9 +42,9 @@ def _graph(weight, bias=None, op="conv2d_transpose", relu=False, extra_reader=Fa
     x = relay.var("x", shape=(1, C, HW, HW), dtype="uint8")
     d = relay.qnn.op.dequantize(x, _c(SX, "float32"), _c(ZX, "int32"))
     if op == "conv2d_transpose":
-        y = relay.nn.conv2d_transpose(d, weight, channels=O, kernel_size=(2, 2), strides=(2, 2))
+        y = relay.nn.conv2d_transpose(d, weight, channels=OC, kernel_size=(2, 2), strides=(2, 2))
     else:
-        y = relay.nn.conv2d(d, weight, channels=O, kernel_size=(3, 3), padding=(1, 1))
+        y = relay.nn.conv2d(d, weight, channels=OC, kernel_size=(3, 3), padding=(1, 1))
     anchor = y
     if bias is not None:
         y = relay.nn.bias_add(y, bias)
@@ -63,7 +63,7 @@ def _quantized_weight(w):
 def test_transposed_conv_weight_becomes_dequantized_int8():
     w = _weights()
     before, x, d = _graph(relay.const(w))
-    y = relay.nn.conv2d_transpose(d, _quantized_weight(w), channels=O, kernel_size=(2, 2), strides=(2, 2))
+    y = relay.nn.conv2d_transpose(d, _quantized_weight(w), channels=OC, kernel_size=(2, 2), strides=(2, 2))
     expected = infer(relay.Function([x], relay.qnn.op.quantize(y, _c(SY, "float32"), _c(ZY, "int32"),
                                                                 out_dtype="uint8")))
     check(QuantizeWeightsAsOnnxRuntime(), before, expected)
@@ -71,12 +71,12 @@ def test_transposed_conv_weight_becomes_dequantized_int8():
 
 def test_conv_bias_and_relu():
     """Conv -> bias -> Relu -> Q: the bias is rounded to int32 at input scale * weight scale."""
-    w, b = _weights(2, (O, C, 3, 3)), _bias()
+    w, b = _weights(2, (OC, C, 3, 3)), _bias()
     before, x, d = _graph(relay.const(w), relay.const(b), op="conv2d", relu=True)
     q, s, zp = ort_int8_weight_parameters(w)
     bs = np.float32(np.float32(SX) * np.float32(s))
     b2 = (np.rint(b / bs).astype("int32").astype("float32") * bs).astype("float32")
-    y = relay.nn.conv2d(d, _quantized_weight(w), channels=O, kernel_size=(3, 3), padding=(1, 1))
+    y = relay.nn.conv2d(d, _quantized_weight(w), channels=OC, kernel_size=(3, 3), padding=(1, 1))
     y = relay.nn.relu(relay.nn.bias_add(y, relay.const(b2)))
     expected = infer(relay.Function([x], relay.qnn.op.quantize(y, _c(SY, "float32"), _c(ZY, "int32"),
                                                                 out_dtype="uint8")))
@@ -88,7 +88,8 @@ def test_conv_bias_and_relu():
 def _onnx_model(w, b=None):
     """DequantizeLinear -> ConvTranspose (float initializer weight [, bias]) -> QuantizeLinear."""
     inits = [numpy_helper.from_array(w, "W"), helper.make_tensor("sx", TensorProto.FLOAT, [], [SX]),
-             helper.make_tensor("zx", TensorProto.UINT8, [], [ZX]), helper.make_tensor("sy", TensorProto.FLOAT, [], [SY]),
+             helper.make_tensor("zx", TensorProto.UINT8, [], [ZX]),
+             helper.make_tensor("sy", TensorProto.FLOAT, [], [SY]),
              helper.make_tensor("zy", TensorProto.UINT8, [], [ZY])]
     ins = ["xf", "W"]
     if b is not None:
@@ -160,7 +161,7 @@ def test_unchanged_on_branch_and_says_why(caplog):
 def test_unchanged_on_float_input_and_quantized_weight(caplog):
     x = relay.var("x", shape=(1, C, HW, HW), dtype="float32")
     w = relay.const(_weights())
-    y = relay.qnn.op.quantize(relay.nn.conv2d_transpose(x, w, channels=O, kernel_size=(2, 2), strides=(2, 2)),
+    y = relay.qnn.op.quantize(relay.nn.conv2d_transpose(x, w, channels=OC, kernel_size=(2, 2), strides=(2, 2)),
                               _c(SY, "float32"), _c(ZY, "int32"), out_dtype="uint8")
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(QuantizeWeightsAsOnnxRuntime(), infer(relay.Function([x], y)))
@@ -179,7 +180,7 @@ def test_untyped_module_raises_naming_the_pass():
 
     x = relay.var("x", shape=(1, C, HW, HW), dtype="uint8")
     d = relay.qnn.op.dequantize(x, _c(SX, "float32"), _c(ZX, "int32"))
-    y = relay.nn.conv2d_transpose(d, relay.const(_weights()), channels=O, kernel_size=(2, 2), strides=(2, 2))
+    y = relay.nn.conv2d_transpose(d, relay.const(_weights()), channels=OC, kernel_size=(2, 2), strides=(2, 2))
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.qnn.op.quantize(y, _c(SY, "float32"), _c(ZY, "int32"),
                                                                           out_dtype="uint8")))
     assert_untyped_raises(QuantizeWeightsAsOnnxRuntime(), mod, "QuantizeWeightsAsOnnxRuntime")

@@ -99,7 +99,7 @@ def test_wide_source_inside_eight_bits_is_read_as_eight_bits(lo, hi, narrow):
     after = TabulateEightBit()(before)
     text = after.astext()
     assert "sigmoid" not in text
-    assert text.count(f'dtype="{narrow}"') == 1 and text.count(f"Tensor[(256), uint8]") == 2, text
+    assert text.count(f'dtype="{narrow}"') == 1 and text.count("Tensor[(256), uint8]") == 2, text
     assert_unchanged(TabulateEightBit(), after)  # idempotent on the narrowed form
     xs = np.arange(-300, 300, 600 / 256).astype("int16").reshape(SHAPE)  # the whole domain and beyond
     for want, got in zip(run_module(before, {"x": xs}), run_module(after, {"x": xs})):
@@ -325,9 +325,11 @@ def _qdq_silu_onnx(path):
     """A QDQ conv + SiLU (Sigmoid, Mul) as ONNX Runtime's quantizer writes it, 1x8x12x12."""
     rng = np.random.default_rng(3)
     init = [helper.make_tensor("w", TensorProto.INT8, [8, 8, 3, 3], rng.integers(-90, 90, 576).tolist()),
-            helper.make_tensor("ws", TensorProto.FLOAT, [], [0.01]), helper.make_tensor("wz", TensorProto.INT8, [], [0])]
+            helper.make_tensor("ws", TensorProto.FLOAT, [], [0.01]),
+            helper.make_tensor("wz", TensorProto.INT8, [], [0])]
     for n, s, z in [("i", 0.02, 128), ("c", 0.05, 100), ("s", 1 / 256, 0), ("o", 0.03, 10)]:
-        init += [helper.make_tensor(n + "s", TensorProto.FLOAT, [], [s]), helper.make_tensor(n + "z", TensorProto.UINT8, [], [z])]
+        init += [helper.make_tensor(n + "s", TensorProto.FLOAT, [], [s]),
+                 helper.make_tensor(n + "z", TensorProto.UINT8, [], [z])]
     nodes = [helper.make_node("QuantizeLinear", ["x", "is", "iz"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "is", "iz"], ["xd"]),
              helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),

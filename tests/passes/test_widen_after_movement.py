@@ -184,7 +184,8 @@ def test_head_structure_and_idempotence():
     assert len(movements) == 4
     for m in movements:
         arg = m.args[0]
-        dtypes = [f.checked_type.dtype for f in arg.fields] if isinstance(arg, relay.Tuple) else [arg.checked_type.dtype]
+        dtypes = ([f.checked_type.dtype for f in arg.fields] if isinstance(arg, relay.Tuple)
+                  else [arg.checked_type.dtype])
         assert set(dtypes) == {"uint8"}, m.op.name
     assert_unchanged(WidenAfterMovement(), after)
 

@@ -18,8 +18,10 @@ def _cnn():
     rng = np.random.default_rng(0)
     c = lambda *s: relay.const(rng.standard_normal(s).astype("float32"))  # noqa: E731
     x = relay.var("x", shape=(1, 8, 16, 16))
-    y = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(x, c(8, 8, 3, 3), padding=(1, 1), channels=8, kernel_size=(3, 3)), c(8)))
-    z = relay.nn.relu(relay.add(relay.nn.bias_add(relay.nn.conv2d(y, c(8, 8, 3, 3), padding=(1, 1), channels=8, kernel_size=(3, 3)), c(8)), y))
+    y = relay.nn.relu(relay.nn.bias_add(
+        relay.nn.conv2d(x, c(8, 8, 3, 3), padding=(1, 1), channels=8, kernel_size=(3, 3)), c(8)))
+    z = relay.nn.relu(relay.add(relay.nn.bias_add(
+        relay.nn.conv2d(y, c(8, 8, 3, 3), padding=(1, 1), channels=8, kernel_size=(3, 3)), c(8)), y))
     z = relay.nn.batch_flatten(relay.nn.global_avg_pool2d(z))
     return infer(relay.add(relay.nn.dense(z, c(10, 8)), c(10)))
 
@@ -101,8 +103,10 @@ def zoo():
 @pytest.mark.parametrize(
     "name,table,expected",
     [
-        ("resnet50_int8_qoperator", QNN, {"qnn.conv2d_bias_requantize": 13, "qnn.conv2d_bias_requantize_add": 4, "qnn.dense_bias_requantize": 1}),
-        ("resnet50_int8_qdq", QNN, {"qnn.dq_conv2d_bias_q": 13, "qnn.dq_conv2d_bias_q_add": 4, "qnn.dq_dense_bias_q": 1}),
+        ("resnet50_int8_qoperator", QNN, {"qnn.conv2d_bias_requantize": 13, "qnn.conv2d_bias_requantize_add": 4,
+                                          "qnn.dense_bias_requantize": 1}),
+        ("resnet50_int8_qdq", QNN, {"qnn.dq_conv2d_bias_q": 13, "qnn.dq_conv2d_bias_q_add": 4,
+                                    "qnn.dq_dense_bias_q": 1}),
         ("resnet50_int8_qdq", GENERIC, {"generic.conv2d_bias": 17, "generic.dense_bias": 1}),
     ],
 )

@@ -22,7 +22,8 @@ def test_small_resnet_matches_onnxruntime(tables):
     ex = tr.build(mod, passes=passes)
     assert mod.script() == text  # the caller's module is not modified
     rep = ex.kernel_report
-    assert rep.num_kernels == rep.num_anchor_kernels == 20  # one kernel per anchor: 17 conv, max pool, global average pool, dense
+    # one kernel per anchor: 17 conv, max pool, global average pool, dense
+    assert rep.num_kernels == rep.num_anchor_kernels == 20
     if tables:
         assert passes[0].last_counts == {"generic.conv2d_bias": 4, "generic.conv2d_bias_add_relu": 4,
                                           "generic.conv2d_bias_relu": 9, "generic.dense_bias": 1}

@@ -149,5 +149,8 @@ def test_dynamic_shapes_merge():
     casts = []
     from tvm import relax
 
-    relax.analysis.post_order_visit(out["main"], lambda e: casts.append(e) if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.astype" else None)
+    relax.analysis.post_order_visit(
+        out["main"],
+        lambda e: casts.append(e) if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.astype"
+        else None)
     assert len(casts) == 1 and relax.analysis.well_formed(out)

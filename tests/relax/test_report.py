@@ -32,7 +32,9 @@ def test_report_counts_launches_and_crossings():
     lowered = ex.tvm_ext_module
     launches = []
     relax.analysis.post_order_visit(
-        lowered["main"], lambda e: launches.append(e) if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None)
+        lowered["main"],
+        lambda e: launches.append(e) if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir"
+        else None)
     assert rep.num_kernels == len(launches) == 3
     assert [k.anchor for k in rep.kernels] == ["conv2d", "max_pool2d", "matmul"]
     assert rep.kernels[0].ops == ("conv2d", "relu")
