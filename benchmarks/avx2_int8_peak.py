@@ -65,7 +65,8 @@ __attribute__((noinline)) static __m256i loads(long n, const int8_t *w, const ui
     __m256i b1 = _mm256_loadu_si256((const __m256i *)(w + o * 96 + 32));
     __m256i b2 = _mm256_loadu_si256((const __m256i *)(w + o * 96 + 64));
     __m256i a0 = _mm256_set1_epi32(*(const int *)(x + o * 16)), a1 = _mm256_set1_epi32(*(const int *)(x + o * 16 + 4));
-    __m256i a2 = _mm256_set1_epi32(*(const int *)(x + o * 16 + 8)), a3 = _mm256_set1_epi32(*(const int *)(x + o * 16 + 12));
+    __m256i a2 = _mm256_set1_epi32(*(const int *)(x + o * 16 + 8)),
+            a3 = _mm256_set1_epi32(*(const int *)(x + o * 16 + 12));
     TILE(a0, a1, a2, a3, b0, b1, b2)
   }
   return SUM();

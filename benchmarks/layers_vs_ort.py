@@ -82,10 +82,10 @@ def tvm_kernel_times(folder, pipelines_, repeat):
     samples = {p: [] for p in pipelines_}
     for r in range(repeat):
         logger.info("TVM kernel timing round %d/%d", r + 1, repeat)
-        for p, (m, g) in mods.items():
+        for p, (m, _g) in mods.items():
             samples[p].append(np.array(m.run_individual(number=3, repeat=1))[:, 0])
     out = {}
-    for p, (m, g) in mods.items():
+    for p, (_m, g) in mods.items():
         t = np.median(np.stack(samples[p]), axis=0) * 1e3
         full = len(t) == len(g["nodes"])
         shapes, rows, k = g["attrs"]["shape"][1], [], 0
@@ -183,7 +183,8 @@ def _ort_conv_geometry(path):
     for n, _ in convs.values():
         if n.output[0] not in existing:
             if n.op_type == "QLinearConv":
-                elem = inits[n.input[7]].data_type if len(n.input) > 7 and n.input[7] in inits else onnx.TensorProto.UINT8
+                elem = (inits[n.input[7]].data_type if len(n.input) > 7 and n.input[7] in inits
+                        else onnx.TensorProto.UINT8)
             else:
                 elem = onnx.TensorProto.INT32 if n.op_type == "ConvInteger" else onnx.TensorProto.FLOAT
             m.graph.output.append(onnx.helper.make_tensor_value_info(n.output[0], elem, None))

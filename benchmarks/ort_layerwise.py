@@ -396,7 +396,8 @@ def main(argv=None):
         print(f"[{e}] {r} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
         results[e] = (tag_e, r)
     # ONNX Runtime with nothing exposed: the exposed outputs must not change what it computes
-    _child("ort", str(out / "plain.onnx"), str(out / "xs.npz"), str(out / "ort_plain.npz"), {}, str(out / "ort_plain.log"))
+    _child("ort", str(out / "plain.onnx"), str(out / "xs.npz"), str(out / "ort_plain.npz"), {},
+           str(out / "ort_plain.log"))
     ref = dict(np.load(out / "ort.npz"))
     plain = dict(np.load(out / "ort_plain.npz"))
     same = np.array_equal(plain[final], ref[final])
@@ -423,7 +424,7 @@ def main(argv=None):
         first = next((r for r in rows if r["max_steps"]), None)
         print(f"   first tensor that differs: {first['name'] if first else None} ({first['op'] if first else ''})")
         local = [r for r in rows if r["max_steps"] and r.get("local")]
-        print(f"   tensors that differ although every input they are computed from equals ORT's (local): "
+        print("   tensors that differ although every input they are computed from equals ORT's (local): "
               + (", ".join(f"{r['name']} ({r['op']}, {r['max_steps']:.0f} steps, {100 * r['frac_differ']:.3f}%)"
                            for r in local) or "none"))
         print(f"   {'#':>3} {'op':<26} {'tensor':<40} {'max':>6} {'%diff':>7} {'mean':>7}")

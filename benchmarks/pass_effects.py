@@ -49,7 +49,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     for key in args.models.split(","):
         m = zoo.load(NAMES[key], small=args.small)
-        k = lambda **kw: tvm_ext.build(m.mod, params=m.params, **kw).kernel_report.num_kernels  # noqa: E731
+        k = lambda m=m, **kw: tvm_ext.build(m.mod, params=m.params, **kw).kernel_report.num_kernels  # noqa: E731
         row = [key, k(opt_level=2), k(opt_level=2, passes=[CombineParallelCast()]), k(opt_level=3),
                k(opt_level=3, passes=[CombineParallelCast()]),
                k(passes=[FuseByPattern(get_table("qnn"))]), k(passes=[FuseByPattern(get_table("generic"))]),

@@ -20,8 +20,9 @@ Then, in another child process, both builds and ONNX Runtime run on the benchmar
 checks these targets: tvm-ext kernels <= stock, no crash, no int32 (or wider) tensor crossing
 kernels, float32 crossing only on purpose (every float crossing's reason in the kernel report is
 one of the on-purpose ones, ``tvm_ext.core.report.CROSSING_REASONS``), bytes crossing <= 0.5x stock,
-max difference to ONNX Runtime <= 2 output steps, and (the classifier) top-1 equal to ONNX Runtime; and it lists the kernel-list difference (ops of the
-kernels tvm-ext has and stock has not, and the reverse), which names the pass responsible.
+max difference to ONNX Runtime <= 2 output steps, and (the classifier) top-1 equal to ONNX Runtime;
+and it lists the kernel-list difference (ops of the kernels tvm-ext has and stock has not, and the
+reverse), which names the pass responsible.
 
 Usage::
 
@@ -155,7 +156,8 @@ def _kernel_structure(report: dict) -> collections.Counter:
 
 
 def _wide_int_bytes(report: dict) -> int:
-    return sum(b for d, b in report["crossing"]["bytes"].items() if d.startswith(("int", "uint")) and d not in ("int8", "uint8"))
+    return sum(b for d, b in report["crossing"]["bytes"].items()
+               if d.startswith(("int", "uint")) and d not in ("int8", "uint8"))
 
 
 def _summary(report: dict) -> dict:
@@ -280,7 +282,8 @@ _SHORT = {"float32": "f32", "uint8": "u8", "int8": "i8", "int32": "i32", "int16"
 def _mb_by_dtype(b: dict) -> str:
     if "error" in b:
         return "—"
-    parts = ", ".join(f"{_SHORT.get(d, d)} {n / 1e6:.2f}" for d, n in sorted(b["crossing_bytes"].items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(f"{_SHORT.get(d, d)} {n / 1e6:.2f}"
+                      for d, n in sorted(b["crossing_bytes"].items(), key=lambda kv: -kv[1]))
     return f"{b['crossing_total'] / 1e6:.2f} ({parts})" if parts else "0"
 
 
@@ -343,7 +346,8 @@ def render_markdown(results: dict) -> str:
     if any(r.get("stock") == "tvm_nopass" for r in results["variants"]):
         lines += ["", "¹ stock `relay.build` fails (LLVM 22 verifier); stock = `tvm_ext.build` without passes, "
                   "VNNI masked (the same kernels)."]
-    diffs = [r for r in results["variants"] if r.get("kernel_diff") and (r["kernel_diff"]["ext_only"] or r["kernel_diff"]["stock_only"])
+    diffs = [r for r in results["variants"]
+             if r.get("kernel_diff") and (r["kernel_diff"]["ext_only"] or r["kernel_diff"]["stock_only"])
              and not with_dflt]  # --numerics: the stock differences are those of the int8() run
     if diffs:
         lines += ["", "Kernel-list differences (ops of each kernel; +: only in tvm-ext, -: only in stock):", ""]
@@ -400,7 +404,8 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep variants already in DIR/matrix.json")
     ap.add_argument("--stock-from", help="an earlier matrix.json: keep its stock builds, build only tvm-ext")
     ap.add_argument("--numerics", default="tvm", choices=("tvm", "onnxruntime"),
-                    help='tvm-ext = pipelines.int8(numerics=...); with --stock-from, its tvm-ext build is the int8() reference')
+                    help="tvm-ext = pipelines.int8(numerics=...); "
+                         "with --stock-from, its tvm-ext build is the int8() reference")
     ap.add_argument("--merge", help="comma-separated matrix.json files of earlier runs: one table, no builds")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
@@ -424,7 +429,8 @@ def main(argv=None) -> int:
                                "cpu": bench._cpu_name(), "cores": os.cpu_count(), "versions": bench._versions(),
                                "stock_target": str(stock_t), "ext_target": str(ext_t), "n_inputs": args.inputs,
                                "numerics": args.numerics,
-                               "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:]))},
+                               "command": " ".join([Path(sys.argv[0]).name]
+                                                   + (argv if argv is not None else sys.argv[1:]))},
                "variants": []}
     done = {}
     if args.resume and (out / "matrix.json").is_file():

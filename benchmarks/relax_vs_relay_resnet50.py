@@ -119,7 +119,8 @@ def conv_probe(repeat: int, relax_repeat: int) -> dict:
     w = (rng.standard_normal((64, 64, 3, 3)) * 0.05).astype("float32")
     b = rng.standard_normal((64,)).astype("float32")
     xv = relay.var("x", shape=x.shape)
-    body = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(xv, relay.const(w), padding=(1, 1), channels=64, kernel_size=(3, 3)), relay.const(b)))
+    body = relay.nn.relu(relay.nn.bias_add(
+        relay.nn.conv2d(xv, relay.const(w), padding=(1, 1), channels=64, kernel_size=(3, 3)), relay.const(b)))
     lib = tvm_ext.build(tvm.IRModule.from_expr(relay.Function([xv], body)), target=target)
     gm = graph_executor.GraphModule(lib["default"](dev))
     gm.set_input("x", tvm.nd.array(x))
@@ -195,9 +196,11 @@ def render(rows, meta) -> str:
     lines = [
         f"- model: zoo resnet50_fp32{' (small)' if meta['small'] else ''}; target `{meta['target']}`; "
         f"{meta['threads']} TVM threads; {meta['date']}",
-        f"- latency: median (IQR) of {meta['repeat']} (Relay) / {meta['relax_repeat']} (Relax) timed runs after one warm-up",
+        f"- latency: median (IQR) of {meta['repeat']} (Relay) / {meta['relax_repeat']} (Relax) timed runs "
+        "after one warm-up",
         "",
-        "| IR | pipeline | kernels | anchors | tensors crossing | MB crossing | build s | latency ms | vs Relay + tables | max abs vs Relay stock |",
+        "| IR | pipeline | kernels | anchors | tensors crossing | MB crossing | build s | latency ms "
+        "| vs Relay + tables | max abs vs Relay stock |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -213,7 +216,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="small zoo variant (smoke run)")
     ap.add_argument("--repeat", type=int, default=30, help="timed runs for Relay (default 30)")
-    ap.add_argument("--relax-repeat", type=int, default=5, help="timed runs for Relax (default 5: its kernels are slow)")
+    ap.add_argument("--relax-repeat", type=int, default=5,
+                    help="timed runs for Relax (default 5: its kernels are slow)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tune-trials", type=int, default=0,
                     help="also tune the probe conv on Relax with this many MetaSchedule trials (0: skip)")
