@@ -60,14 +60,12 @@ from ._util import (
     Reject,
     constant_scalar,
     conv_padding,
-    dataflow_nodes,
-    function_pass,
     int_list,
+    op_calls,
     op_name,
     pass_logger,
-    rebuild,
     static_tensor_type,
-    with_body,
+    substitution_pass,
 )
 
 __all__ = ["MAX_FOLDS", "RULES", "FoldPadIntoConv", "spatial_axes"]
@@ -259,9 +257,8 @@ def _cut(expr, depth: int):
 def _fold_once(conv):
     """``(rule, padding, replacement)`` of the first rule whose pattern matches ``conv`` and whose
     checks pass, or None; each rejection is logged under its rule's name."""
-    candidates = _table().get(op_name(conv), ())
-    local = _cut(conv, _DEPTH) if candidates else None
-    for rule, pattern in candidates:
+    local = _cut(conv, _DEPTH)
+    for rule, pattern in _table()[op_name(conv)]:
         if not pattern.match(local):
             continue
         padding = _folded_padding(rule, conv)
@@ -292,19 +289,14 @@ def _rewrite(conv):
     return new
 
 
-def _run(func):
-    from tvm import relay
-
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
+def _collect(nodes, users, body):
+    """{conv: conv with its pads folded} for every call of a rule's op that folds."""
     subst: dict = {}
-    for node in nodes:
-        if isinstance(node, relay.Call):
-            new = _rewrite(node)
-            if new is not node:
-                subst[node] = new
-    return with_body(func, rebuild(func.body, subst))
+    for conv in op_calls(nodes, _table()):
+        new = _rewrite(conv)
+        if new is not conv:
+            subst[conv] = new
+    return subst
 
 
 @register_pass(PASS_NAME)
@@ -337,4 +329,4 @@ def FoldPadIntoConv():  # pylint: disable=invalid-name
     Rejections (non-constant or other pad value, non-spatial padding, other pad modes, dynamic
     shapes) are logged at DEBUG on ``tvm_ext.passes.FoldPadIntoConv``, folds at INFO.
     """
-    return function_pass(PASS_NAME, _run)
+    return substitution_pass(PASS_NAME, _collect)

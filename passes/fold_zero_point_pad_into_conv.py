@@ -70,18 +70,16 @@ from tvm_ext.core.registry import register_pass
 from ._util import (
     Reject,
     constant_scalar,
-    consumers,
     conv_padding,
-    dataflow_nodes,
     fixed_point,
     function_pass,
     int_list,
+    op_calls,
     op_name,
     pass_logger,
-    rebuild,
     static_shape,
     static_tensor_type,
-    with_body,
+    substitute,
 )
 
 __all__ = ["CONV_OPS", "FoldZeroPointPadIntoConv", "block", "border_constant", "unblock"]
@@ -442,30 +440,26 @@ def _run(func):
 
 def _sweep(func):
     """One rebuild: every conv the rules match and the checks accept, folded."""
-    from tvm import relay
+    return substitute(func, PASS_NAME, _collect)
 
-    nodes = dataflow_nodes(func, PASS_NAME)
-    if nodes is None:
-        return func
-    users = consumers(nodes)
+
+def _collect(nodes, users, body):
     subst: dict = {}
-    for node in nodes:
-        if not (isinstance(node, relay.Call) and op_name(node) in CONV_OPS):
-            continue
-        local = _cut(node, _DEPTH)
+    for conv in op_calls(nodes, CONV_OPS):
+        local = _cut(conv, _DEPTH)
         for rule, pattern in zip(RULES, _patterns()):
             if not pattern.match(local):
                 continue
-            folded = _fold(rule, node, users)
+            folded = _fold(rule, conv, users)
             if isinstance(folded, Reject):
-                _log.debug("%s: %s not folded: %s", rule.name, op_name(node), folded)
+                _log.debug("%s: %s not folded: %s", rule.name, op_name(conv), folded)
                 continue
             new, dtype, size = folded
             _log.info("%s: %s %s: zero-point pad folded; border constant %s x %d added in the epilogue",
-                      rule.name, op_name(node), list(static_shape(node)), dtype, size)
-            subst[node] = new
+                      rule.name, op_name(conv), list(static_shape(conv)), dtype, size)
+            subst[conv] = new
             break
-    return with_body(func, rebuild(func.body, subst))
+    return subst
 
 
 @register_pass(PASS_NAME)

@@ -4,16 +4,21 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pytest
 import tvm
 from tvm import relay
 
 import tvm_ext
 import tvm_ext.tools.zoo
-from tvm_ext.passes._util import UntypedModuleError
+from _helpers import (
+    assert_if_and_let_skipped,
+    assert_not_mutated_and_disabled_by_name,
+    assert_untyped_raises,
+    pass_names_seen,
+)
 from tvm_ext.passes.qdq_to_integer import KEEP_FLOAT, QDQToInteger, is_qdq_graph
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
+LOGGER = "tvm_ext.passes.QDQToInteger"
 S, ZP = relay.const(0.05), relay.const(0, "int32")
 W = np.random.default_rng(0).integers(-20, 20, (16, 16, 1, 1)).astype("int8")
 
@@ -105,32 +110,18 @@ def test_unchanged_on_qoperator_and_float_graphs():
 def test_untyped_module_raises_naming_the_pass():
     a, b = _xs()
     mod = tvm.IRModule.from_expr(relay.Function([a, b], _q(relay.add(_dq(a), _dq(b)))))
-    with pytest.raises((UntypedModuleError, tvm.TVMError), match="QDQToInteger"):
-        QDQToInteger()(mod)
+    assert_untyped_raises(QDQToInteger(), mod, "QDQToInteger")
 
 
-def test_if_is_skipped():
-    a, b = _xs()
-    c = relay.var("c", shape=(), dtype="bool")
-    body = relay.If(c, _q(relay.add(_dq(a), _dq(b))), _q(_dq(a)))
-    mod = infer(relay.Function([a, b, c], body))
-    assert_unchanged(QDQToInteger(), mod)
+def test_if_and_let_are_skipped(caplog):
+    assert_if_and_let_skipped(QDQToInteger(), qdq_block()["main"].body, LOGGER, caplog)
 
 
 def test_in_sequential_disabled_and_instrumented():
-    names = []
-
-    @tvm.instrument.pass_instrument
-    class Rec:
-        def run_after_pass(self, _mod, info):
-            names.append(info.name)
-
-    seq = tvm.transform.Sequential([QDQToInteger()])
-    with tvm.transform.PassContext(opt_level=2, disabled_pass=["QDQToInteger"]):
-        assert "qnn.conv2d" not in seq(qdq_block()).astext()
-    with tvm.transform.PassContext(opt_level=2, instruments=[Rec()]):
-        assert "qnn.conv2d" in seq(qdq_block()).astext()
-    assert "QDQToInteger" in names
+    """In a Sequential the float conv becomes qnn.conv2d, the input is not mutated, disabled_pass
+    turns the pass off by its name, and instruments see that name."""
+    assert_not_mutated_and_disabled_by_name(QDQToInteger(), qdq_block(), "QDQToInteger", " nn.conv2d(")
+    assert "QDQToInteger" in pass_names_seen(lambda: QDQToInteger()(qdq_block()))
 
 
 def test_small_zoo_qdq_integer_between_kernels_and_close_to_ort():
@@ -216,7 +207,7 @@ def test_rows_log_rejections_and_counts(caplog):
     bias = relay.const(np.full((1, 16, 1, 1), 0.3, "float32"))
     conv = _q(relay.add(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1), bias))
     mod = infer(relay.Function([a, b], _q(relay.add(_dq(conv), _dq(b)))))
-    with caplog.at_level(logging.DEBUG, logger="tvm_ext.passes.QDQToInteger"):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
         out = QDQToInteger()(mod)
     assert "qnn.conv2d" in out.astext() and "qnn.add" not in out.astext()
     assert "QDQToInteger.float_constant_operand: left to FQ2I: a bias of nn.conv2d" in caplog.text
@@ -241,7 +232,7 @@ def test_float_constant_idempotent_and_no_marker_left():
 def test_existing_stop_fusion_is_skipped_with_reason(caplog):
     a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
     mod = infer(relay.annotation.stop_fusion(_q(_hard_sigmoid(_dq(_conv_region(a), *HS_IN)), *HS_OUT)))
-    with caplog.at_level("INFO", logger="tvm_ext.passes.QDQToInteger"):
+    with caplog.at_level("INFO", logger=LOGGER):
         assert_unchanged(QDQToInteger(), mod)
     assert "stop_fusion" in caplog.text
 
