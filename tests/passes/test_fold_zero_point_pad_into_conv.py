@@ -47,7 +47,8 @@ def reference_border(w, z, x_hw, pad, strides=(1, 1), dilation=(1, 1), groups=1,
         g = oc // per
         for y in range(oh):
             for x in range(ow):
-                win = zp[g * w.shape[1]:(g + 1) * w.shape[1], y * strides[0]:y * strides[0] + (kh - 1) * dilation[0] + 1:dilation[0],
+                win = zp[g * w.shape[1]:(g + 1) * w.shape[1],
+                         y * strides[0]:y * strides[0] + (kh - 1) * dilation[0] + 1:dilation[0],
                          x * strides[1]:x * strides[1] + (kw - 1) * dilation[1] + 1:dilation[1]]
                 out[oc, y, x] = (win * w[oc].astype(np.int64)).sum()
     return out
