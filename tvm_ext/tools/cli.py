@@ -578,7 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
                    help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--check", action="store_true", help="apply each suggested remedy and measure what it removes")
-    p.add_argument("--compile", action="store_true", help="also build, and name kernels as the graph executor does")
+    p.add_argument("--compile", action="store_true",
+                   help="also build, and check the kernel names against the built module's kernel report")
     p.add_argument("--json", action="store_true", help="print the explanation as JSON")
     p.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page with the kernel graph")
     p.add_argument("--all", action="store_true", help="list every boundary and kernel (default: the first 40)")
