@@ -24,6 +24,13 @@ def assert_untyped_raises(pass_, mod, pass_name: str) -> None:
     assert mod.astext() == text
 
 
+def assert_unchanged_with_reason(pass_, mod, reason: str, logger: str, caplog) -> None:
+    """``pass_`` leaves ``mod`` unchanged and says why: ``reason`` is logged (DEBUG or above) on ``logger``."""
+    with caplog.at_level(logging.DEBUG, logger=logger):
+        assert_unchanged(pass_, mod)
+    assert reason in caplog.text
+
+
 def assert_if_and_let_skipped(pass_, body, logger: str, caplog) -> None:
     """``body`` under an ``If`` and under a ``Let``: ``pass_`` leaves both alone and logs both reasons."""
     cond = relay.var("c", shape=(), dtype="bool")

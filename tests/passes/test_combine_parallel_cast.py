@@ -1,8 +1,6 @@
 """Tests of tvm_ext.passes.combine_parallel_cast: the seed graphs and both directions."""
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import tvm
@@ -13,7 +11,7 @@ from tvm_ext.passes.combine_parallel_cast import CombineParallelCast, is_narrowi
 from tvm_ext.core.report import KernelReport
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs, run_module
 
-from _helpers import assert_if_and_let_skipped, assert_untyped_raises, pass_names_seen
+from _helpers import assert_if_and_let_skipped, assert_unchanged_with_reason, assert_untyped_raises, pass_names_seen
 
 LOGGER = "tvm_ext.passes.CombineParallelCast"
 W1 = np.random.default_rng(1).integers(-3, 4, (16, 16)).astype("int8")
@@ -176,9 +174,7 @@ def upcast_before():
 
 
 def test_upcasts_are_not_merged(caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(CombineParallelCast(), upcast_before())
-    assert "widens" in caplog.text
+    assert_unchanged_with_reason(CombineParallelCast(), upcast_before(), "widens", LOGGER, caplog)
 
 
 def test_upcasts_keep_their_fusion_at_opt_level_3():
@@ -229,9 +225,7 @@ def _other_users():
     [(_var_producer, "parameter"), (_reduce_producer, "TOpPattern 3"), (_other_users, "other users")],
 )
 def test_unfusable_producers_rejected_with_reason(builder, reason, caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(CombineParallelCast(), builder())
-    assert reason in caplog.text
+    assert_unchanged_with_reason(CombineParallelCast(), builder(), reason, LOGGER, caplog)
 
 
 def test_min_num_branches():
@@ -263,9 +257,7 @@ def test_dynamic_shapes_skipped(caplog):
     x = relay.var("x", shape=(relay.Any(), 16), dtype="int32")
     r = relay.nn.relu(x)
     mod = infer(relay.Tuple([relay.nn.relu(relay.cast(r, "int8")), relay.abs(relay.cast(r, "int8"))]))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(CombineParallelCast(), mod)
-    assert "dynamic shape" in caplog.text
+    assert_unchanged_with_reason(CombineParallelCast(), mod, "dynamic shape", LOGGER, caplog)
 
 
 def test_if_and_let_skipped(caplog):

@@ -17,7 +17,7 @@ from tvm_ext.passes import combine_parallel_op_batch as cpob
 from tvm_ext.passes.combine_parallel_op_batch import SUPPORTED_PAIRS, CombineParallelOpBatch
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
-from _helpers import pass_names_seen
+from _helpers import assert_unchanged_with_reason, pass_names_seen
 
 LOGGER = "tvm_ext.passes.CombineParallelOpBatch"
 
@@ -118,9 +118,8 @@ def test_elementwise_delegated_to_cpp_equals_python_rewrite(caplog):
 
 def test_broadcasting_add_is_not_combined(caplog):
     """C++ would stack y_i[8] into [3, 8] and add it along the wrong axis (silently wrong)."""
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(CombineParallelOpBatch("add", "add"), ewise_before(y_shape=(8,)))
-    assert "broadcasts" in caplog.text
+    assert_unchanged_with_reason(CombineParallelOpBatch("add", "add"), ewise_before(y_shape=(8,)),
+                                 "broadcasts", LOGGER, caplog)
 
 
 def test_following_op_with_scalar_is_stacked_with_unit_axes(caplog):
@@ -311,6 +310,5 @@ def dependent_before():
 
 @pytest.mark.parametrize("op", ["add"])
 def test_dependent_branches_are_not_combined(op, caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(CombineParallelOpBatch(op, op, 2), dependent_before())
-    assert "depends on another branch" in caplog.text
+    assert_unchanged_with_reason(CombineParallelOpBatch(op, op, 2), dependent_before(),
+                                 "depends on another branch", LOGGER, caplog)

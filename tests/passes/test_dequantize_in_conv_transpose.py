@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import DequantizeInConvTranspose
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
-from _helpers import assert_untyped_raises, child_json, require_real_model
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises, child_json, require_real_model
 
 LOGGER = "tvm_ext.passes.DequantizeInConvTranspose"
 RNG = np.random.default_rng(11)
@@ -199,9 +199,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
         t = relay.nn.conv2d_transpose(relay.cast(_x(), "int8"), w, channels=8, kernel_size=(2, 2), strides=(2, 2),
                                       out_dtype="int32")
         mod = infer(t)
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(DequantizeInConvTranspose(), mod)
-    assert reason in caplog.text
+    assert_unchanged_with_reason(DequantizeInConvTranspose(), mod, reason, LOGGER, caplog)
 
 
 def test_untyped_module_raises():

@@ -1,8 +1,6 @@
 """Tests of tvm_ext.passes.fuse_widening_into_pool (the int32 tensor in front of the avgpool)."""
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import tvm
@@ -12,7 +10,7 @@ import tvm_ext
 from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.FuseWideningIntoPool"
 W = np.random.default_rng(1).integers(-3, 4, (8, 8, 1, 1)).astype("int8")
@@ -118,17 +116,13 @@ def test_softmax_reads_the_8bit_logits(op):
 def test_pool_reading_8bit_value_directly_unchanged(caplog):
     x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
     mod = infer(relay.nn.avg_pool2d(relay.cast(relay.clip(relay.cast(x, "int32"), 0.0, 255.0), "uint8"), (2, 2)))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(FuseWideningIntoPool(), mod)
-    assert "input is the uint8 value already" in caplog.text
+    assert_unchanged_with_reason(FuseWideningIntoPool(), mod, "input is the uint8 value already", LOGGER, caplog)
 
 
 def test_no_narrow_point_unchanged(caplog):
     x = relay.var("x", shape=(1, 8, 6, 6), dtype="float32")
     mod = infer(relay.nn.global_avg_pool2d(relay.exp(x)))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(FuseWideningIntoPool(), mod)
-    assert "no 8-bit point" in caplog.text
+    assert_unchanged_with_reason(FuseWideningIntoPool(), mod, "no 8-bit point", LOGGER, caplog)
 
 
 def test_untyped_module_raises():
@@ -143,9 +137,7 @@ def test_if_skipped_safely(caplog):
     params = list(mod["main"].params)
     body = mod["main"].body
     f = infer(relay.Function(params + [c], relay.If(c, body, body)))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(FuseWideningIntoPool(), f)
-    assert "If" in caplog.text
+    assert_unchanged_with_reason(FuseWideningIntoPool(), f, "If", LOGGER, caplog)
 
 
 def test_dynamic_shape_skipped():

@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import FoldPadIntoConv, FoldZeroPointPadIntoConv, HoistUint8Shift
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.HoistUint8Shift"
 RNG = np.random.default_rng(11)
@@ -153,9 +153,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
         mod = before(reader=lambda b: relay.const(0, "int32"))
     else:
         mod = before(reader=lambda b: relay.nn.max_pool2d(b, pool_size=(3, 3), padding=(1, 1)))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(HoistUint8Shift(), mod)
-    assert reason in caplog.text
+    assert_unchanged_with_reason(HoistUint8Shift(), mod, reason, LOGGER, caplog)
 
 
 def test_untyped_module_raises():

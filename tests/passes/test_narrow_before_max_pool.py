@@ -1,8 +1,6 @@
 """Tests of tvm_ext.passes.narrow_before_max_pool (the float32 tensor in front of max_pool)."""
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import tvm
@@ -12,7 +10,7 @@ import tvm_ext
 from tvm_ext.passes.narrow_before_max_pool import NarrowBeforeMaxPool
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.NarrowBeforeMaxPool"
 rng = np.random.default_rng(2)
@@ -214,9 +212,7 @@ def test_widening_without_8bit_value_unchanged(caplog):
 
 # -- no match --------------------------------------------------------------------------------------
 def _assert_rejected(mod, reason, caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NarrowBeforeMaxPool(), mod)
-    assert reason in caplog.text
+    assert_unchanged_with_reason(NarrowBeforeMaxPool(), mod, reason, LOGGER, caplog)
 
 
 def test_negative_scale_unchanged(caplog):

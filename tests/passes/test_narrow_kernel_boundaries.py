@@ -15,7 +15,7 @@ from tvm_ext.passes._chains import narrow_type
 from tvm_ext.passes.narrow_kernel_boundaries import NarrowKernelBoundaries
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs, run_module
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.NarrowKernelBoundaries"
 W1 = np.random.default_rng(1).integers(-3, 4, (8, 8, 1, 1)).astype("int8")
@@ -133,17 +133,13 @@ def identity_block():
 
 
 def test_identity_shortcut_unchanged(caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NarrowKernelBoundaries(), identity_block())
-    assert "at most one anchor" in caplog.text
+    assert_unchanged_with_reason(NarrowKernelBoundaries(), identity_block(), "at most one anchor", LOGGER, caplog)
 
 
 def test_chains_without_narrow_point_unchanged(caplog):
     x = _x()
     mod = infer(relay.add(_requant(_conv(x, W1), 0.5), _requant(_conv(x, W2), 0.5)))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NarrowKernelBoundaries(), mod)
-    assert "no 8-bit point" in caplog.text
+    assert_unchanged_with_reason(NarrowKernelBoundaries(), mod, "no 8-bit point", LOGGER, caplog)
 
 
 def diamond():
@@ -181,9 +177,7 @@ def test_let_skipped_safely(caplog):
     body, x = mod["main"].body, mod["main"].params[0]
     v = relay.var("v")
     mod = infer(relay.Function([x], relay.Let(v, body, v)))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NarrowKernelBoundaries(), mod)
-    assert "Let" in caplog.text
+    assert_unchanged_with_reason(NarrowKernelBoundaries(), mod, "Let", LOGGER, caplog)
 
 
 def test_dynamic_shapes_skipped():

@@ -1,8 +1,6 @@
 """Tests of tvm_ext.passes.nonnegative_conv_input_to_uint8 and the interval analysis it uses."""
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import tvm
@@ -15,7 +13,7 @@ from tvm_ext.passes._util import post_order
 from tvm_ext.passes.nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, run_module
 
-from _helpers import assert_if_and_let_skipped, assert_untyped_raises
+from _helpers import assert_if_and_let_skipped, assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.NonNegativeConvInputToUint8"
 RNG = np.random.default_rng(60)
@@ -77,18 +75,15 @@ def test_exact_where_the_shifted_stock_conv_saturates():
 
 
 def test_possibly_negative_data_unchanged(caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), graph(relu=False))
-    assert "cannot prove" in caplog.text
+    assert_unchanged_with_reason(NonNegativeConvInputToUint8(), graph(relu=False), "cannot prove", LOGGER, caplog)
 
 
 def test_overflowing_arithmetic_gives_no_bound(caplog):
     """relu(x:i32) + 64 may wrap to negative: no bound, no rewrite."""
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int32")
     v = relay.clip(relay.right_shift(relay.add(relay.nn.relu(x), relay.const(64)), relay.const(7)), -127, 127)
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), infer(_conv(relay.cast(v, "int8"))))
-    assert "cannot prove" in caplog.text
+    assert_unchanged_with_reason(NonNegativeConvInputToUint8(), infer(_conv(relay.cast(v, "int8"))),
+                                 "cannot prove", LOGGER, caplog)
 
 
 def test_other_users_keep_the_int8_cast():
@@ -110,9 +105,7 @@ def test_convs_the_legalization_ignores_unchanged(kw, reason, caplog):
     w = W_SMALL[:, :1] if "groups" in kw else W_SMALL
     d = relay.cast(_bn_relu_requant(x), "int8")
     conv = relay.nn.conv2d(d, relay.const(w), channels=16, kernel_size=(3, 3), out_dtype="int32", **kw)
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), infer(conv))
-    assert reason in caplog.text
+    assert_unchanged_with_reason(NonNegativeConvInputToUint8(), infer(conv), reason, LOGGER, caplog)
 
 
 def test_intervals():
@@ -157,9 +150,7 @@ def test_untyped_module_raises_naming_the_pass():
 def test_dynamic_shapes_skipped(caplog):
     x = relay.var("x", shape=(relay.Any(), 16, 8, 8), dtype="int8")
     d = relay.cast(_bn_relu_requant(x), "int8")
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(NonNegativeConvInputToUint8(), infer(_conv(d)))
-    assert "dynamic shape" in caplog.text
+    assert_unchanged_with_reason(NonNegativeConvInputToUint8(), infer(_conv(d)), "dynamic shape", LOGGER, caplog)
 
 
 def test_if_and_let_skipped(caplog):

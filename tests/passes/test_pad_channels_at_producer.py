@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import PadChannelsAtProducer
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.PadChannelsAtProducer"
 RNG = np.random.default_rng(23)
@@ -149,17 +149,14 @@ def _quantized_input():
     (_quantized_input, "chain reaches a Var, not a conv"),
 ])
 def test_unchanged_on_no_match(make, reason, caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(PadChannelsAtProducer(), make())
-    assert reason in caplog.text
+    assert_unchanged_with_reason(PadChannelsAtProducer(), make(), reason, LOGGER, caplog)
 
 
 def test_dynamic_shapes_skipped_with_reason(caplog):
     """A dynamic batch (a symbolic dimension, which int() cannot read): left alone."""
     x = relay.var("x", shape=(relay.Any(), IC, 7, 7), dtype="float32")
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(PadChannelsAtProducer(), infer(relay.Function([x], qconv(producer(x), V))))
-    assert "dynamic shape" in caplog.text
+    assert_unchanged_with_reason(PadChannelsAtProducer(), infer(relay.Function([x], qconv(producer(x), V))),
+                                 "dynamic shape", LOGGER, caplog)
 
 
 def test_skipped_for_non_x86_target(caplog):
@@ -238,9 +235,8 @@ def test_int8_producer_build_fewer_kernels():
 def test_int8_producer_left_alone_when_readers_would_work_more(caplog):
     """6 -> 16 channels in front of a 100x100 reader: 8 more input channels x 16 outputs x 10^4
     pixels = 1.28 M extra multiply-accumulates (limit 2^20), more than the kernel saved."""
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(PadChannelsAtProducer(), se_pair(spatial=100))
-    assert "multiply-accumulates to the readers" in caplog.text
+    assert_unchanged_with_reason(PadChannelsAtProducer(), se_pair(spatial=100),
+                                 "multiply-accumulates to the readers", LOGGER, caplog)
 
 
 def test_per_channel_dequantized_weight_bit_exact():

@@ -15,7 +15,7 @@ from tvm_ext.passes import QuantizeWeightsAsOnnxRuntime
 from tvm_ext.passes.quantize_weights_as_onnxruntime import ort_int8_weight_parameters
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
-from _helpers import assert_untyped_raises, real_model_vs_onnxruntime
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises, real_model_vs_onnxruntime
 
 ort = pytest.importorskip("onnxruntime")
 LOGGER = "tvm_ext.passes.QuantizeWeightsAsOnnxRuntime"
@@ -153,9 +153,7 @@ def test_idempotent():
 def test_unchanged_on_branch_and_says_why(caplog):
     """The conv's output also read by a relu that is not on the way to the quantize: ORT skips it."""
     before = _graph(relay.const(_weights()), extra_reader=True)[0]
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(QuantizeWeightsAsOnnxRuntime(), before)
-    assert "2 readers" in caplog.text
+    assert_unchanged_with_reason(QuantizeWeightsAsOnnxRuntime(), before, "2 readers", LOGGER, caplog)
 
 
 def test_unchanged_on_float_input_and_quantized_weight(caplog):

@@ -1,8 +1,6 @@
 """Tests of tvm_ext.passes.round_half_to_even (and pipelines.int8(numerics="onnxruntime"))."""
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import onnx
 import pytest
@@ -16,7 +14,8 @@ from tvm_ext.passes import RoundHalfToEven
 from tvm_ext.passes.round_half_to_even import round_half_to_even
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
-from _helpers import assert_not_mutated_and_disabled_by_name, assert_untyped_raises, real_model_vs_onnxruntime
+from _helpers import (assert_not_mutated_and_disabled_by_name, assert_unchanged_with_reason, assert_untyped_raises,
+                     real_model_vs_onnxruntime)
 
 LOGGER = "tvm_ext.passes.RoundHalfToEven"
 TIES = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 3.0, -4.0, 0.49999997, -0.49999997,
@@ -124,18 +123,14 @@ def test_unchanged_on_no_match():
 
 
 def test_float16_round_left_alone_says_why(caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(RoundHalfToEven(), _round_graph(dtype="float16"))
-    assert "round of float16" in caplog.text
+    assert_unchanged_with_reason(RoundHalfToEven(), _round_graph(dtype="float16"), "round of float16", LOGGER, caplog)
 
 
 def test_if_graph_left_alone_says_why(caplog):
     x = relay.var("x", shape=(4,), dtype="float32")
     c = relay.var("c", shape=(), dtype="bool")
     mod = infer(relay.Function([x, c], relay.If(c, relay.round(x), x)))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(RoundHalfToEven(), mod)
-    assert "If" in caplog.text
+    assert_unchanged_with_reason(RoundHalfToEven(), mod, "If", LOGGER, caplog)
 
 
 def test_untyped_module_raises_naming_the_pass():

@@ -1,8 +1,6 @@
 """Tests of tvm_ext.passes.uniform_zero_points_to_scalar."""
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import tvm
@@ -12,7 +10,7 @@ import tvm_ext
 from tvm_ext.passes import UniformZeroPointsToScalar
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.UniformZeroPointsToScalar"
 RNG = np.random.default_rng(71)
@@ -104,18 +102,14 @@ def test_idempotent():
 ])
 def test_unchanged_on_no_match_says_why(zp, reason, caplog):
     mod = graph(zp)
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(UniformZeroPointsToScalar(), mod)
-    assert reason in caplog.text
+    assert_unchanged_with_reason(UniformZeroPointsToScalar(), mod, reason, LOGGER, caplog)
 
 
 def test_non_constant_zero_point_left_alone(caplog):
     x = relay.var("x", shape=(1, 8, 12, 12), dtype="uint8")
     zp = relay.var("zp", shape=(OC,), dtype="int32")
     mod = infer(relay.Function([x, zp], qconv(x, zp)))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(UniformZeroPointsToScalar(), mod)
-    assert "not a constant" in caplog.text
+    assert_unchanged_with_reason(UniformZeroPointsToScalar(), mod, "not a constant", LOGGER, caplog)
 
 
 def test_untyped_module_raises_naming_the_pass():

@@ -12,7 +12,7 @@ from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.passes.widen_after_movement import WidenAfterMovement
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.WidenAfterMovement"
 rng = np.random.default_rng(11)
@@ -228,9 +228,7 @@ def test_caller_module_not_mutated():
 
 # -- no match --------------------------------------------------------------------------------------
 def _assert_rejected(mod, reason, caplog):
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(WidenAfterMovement(), mod)
-    assert reason in caplog.text
+    assert_unchanged_with_reason(WidenAfterMovement(), mod, reason, LOGGER, caplog)
 
 
 def test_movement_of_8bit_value_unchanged(caplog):

@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import FuseWideningIntoPool, WidenInEachReader
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_raises
 
 LOGGER = "tvm_ext.passes.WidenInEachReader"
 RNG = np.random.default_rng(3)
@@ -172,9 +172,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
         f = relay.cast(relay.clip(_x(), 0, 255), "float32")
         v = relay.multiply(f, relay.const(0.5))
         mod = infer(relay.Tuple([relay.multiply(v, _g()), relay.nn.global_avg_pool2d(v), f]))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        assert_unchanged(WidenInEachReader(), mod)
-    assert reason in caplog.text
+    assert_unchanged_with_reason(WidenInEachReader(), mod, reason, LOGGER, caplog)
 
 
 def test_untyped_module_raises():
