@@ -60,6 +60,7 @@ from ._util import (
     Reject,
     constant_scalar,
     conv_padding,
+    cut_below,
     int_list,
     op_calls,
     op_name,
@@ -241,23 +242,10 @@ def _with_padding(conv, padding, data):
     return relay.Call(new.op, new.args, new.attrs, conv.type_args, conv.span)
 
 
-def _cut(expr, depth: int):
-    """``expr`` with the calls deeper than ``depth`` replaced by fresh variables (constants and
-    variables kept): what a pattern of that depth sees, without the graph below it."""
-    import tvm
-    from tvm import relay
-
-    if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and depth > 0:
-        return relay.Call(expr.op, [_cut(a, depth - 1) for a in expr.args], expr.attrs, expr.type_args)
-    if isinstance(expr, (relay.Var, relay.Constant)):
-        return expr
-    return relay.var("below")
-
-
 def _fold_once(conv):
     """``(rule, padding, replacement)`` of the first rule whose pattern matches ``conv`` and whose
     checks pass, or None; each rejection is logged under its rule's name."""
-    local = _cut(conv, _DEPTH)
+    local = cut_below(conv, _DEPTH)
     for rule, pattern in _table()[op_name(conv)]:
         if not pattern.match(local):
             continue

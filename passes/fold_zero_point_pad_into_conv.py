@@ -71,6 +71,7 @@ from ._util import (
     Reject,
     constant_scalar,
     conv_padding,
+    cut_below,
     fixed_point,
     function_pass,
     int_list,
@@ -237,19 +238,6 @@ def _patterns() -> tuple:
     from tvm.relay import dataflow_pattern as dfp
 
     return tuple(rule.pattern(dfp) for rule in RULES)
-
-
-def _cut(expr, depth: int):
-    """``expr`` with the calls deeper than ``depth`` replaced by fresh variables (constants and
-    variables kept): what a pattern of that depth sees, without the graph below it."""
-    import tvm
-    from tvm import relay
-
-    if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and depth > 0:
-        return relay.Call(expr.op, [_cut(a, depth - 1) for a in expr.args], expr.attrs, expr.type_args)
-    if isinstance(expr, (relay.Var, relay.Constant)):
-        return expr
-    return relay.var("below")
 
 
 # --- side conditions (in the order they are tried; the first rejection is logged) --------------
@@ -446,7 +434,7 @@ def _sweep(func):
 def _collect(nodes, users, body):
     subst: dict = {}
     for conv in op_calls(nodes, CONV_OPS):
-        local = _cut(conv, _DEPTH)
+        local = cut_below(conv, _DEPTH)
         for rule, pattern in zip(RULES, _patterns()):
             if not pattern.match(local):
                 continue

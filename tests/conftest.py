@@ -15,6 +15,7 @@ import tvm  # noqa: E402
 from tvm import relay  # noqa: E402
 
 import tvm_ext  # noqa: E402,F401
+from tvm_ext.testing import with_instruments  # noqa: E402
 
 
 @tvm.instrument.pass_instrument
@@ -39,14 +40,7 @@ class WellFormed:
 
 @pytest.fixture(autouse=True)
 def _well_formed_instrument():
-    cur = tvm.transform.PassContext.current()
-    ctx = tvm.transform.PassContext(
-        opt_level=cur.opt_level,
-        config=dict(cur.config) if cur.config else None,
-        disabled_pass=list(cur.disabled_pass) if cur.disabled_pass else None,
-        instruments=[*(cur.instruments or []), WellFormed()],
-    )
-    with ctx:
+    with with_instruments(WellFormed()):
         yield
 
 

@@ -8,6 +8,7 @@ import pytest
 from onnx import numpy_helper
 
 import tvm_ext  # noqa: F401
+from tvm_ext.testing import environment
 from tvm_ext.tools import zoo
 
 ort = pytest.importorskip("onnxruntime")
@@ -17,13 +18,8 @@ ort = pytest.importorskip("onnxruntime")
 def cache(tmp_path_factory):
     """A private zoo cache for this module (hermetic; small models build in < 1 s)."""
     d = tmp_path_factory.mktemp("zoo_cache")
-    old = os.environ.get("TVM_EXT_CACHE")
-    os.environ["TVM_EXT_CACHE"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("TVM_EXT_CACHE", None)
-    else:
-        os.environ["TVM_EXT_CACHE"] = old
+    with environment("TVM_EXT_CACHE", str(d)):
+        yield d
 
 
 def _ort_run(path, x):

@@ -16,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tvm_ext.testing import environment
 from tvm_ext.tools import zoo, zoo_real
 from tvm_ext.tools.zoo_real import ChecksumMismatch, ModelUnavailable, RealModel
 
@@ -275,13 +276,8 @@ def test_per_channel_qdq_on_opset_11_is_upgraded(tmp_path):
 @pytest.fixture(scope="module")
 def real_cache(tmp_path_factory):
     d = tmp_path_factory.mktemp("real_zoo")
-    old = os.environ.get("TVM_EXT_CACHE")
-    os.environ["TVM_EXT_CACHE"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("TVM_EXT_CACHE", None)
-    else:
-        os.environ["TVM_EXT_CACHE"] = old
+    with environment("TVM_EXT_CACHE", str(d)):
+        yield d
 
 
 def _real(name):

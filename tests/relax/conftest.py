@@ -3,6 +3,8 @@ import pytest
 import tvm
 from tvm import relax
 
+from tvm_ext.testing import with_instruments
+
 RELAX_PASSES = {"FuseByPattern", "CombineParallelCast"}
 
 
@@ -18,14 +20,7 @@ class RelaxWellFormed:
 
 @pytest.fixture(autouse=True)
 def _relax_well_formed():
-    cur = tvm.transform.PassContext.current()
-    ctx = tvm.transform.PassContext(
-        opt_level=cur.opt_level,
-        config=dict(cur.config) if cur.config else None,
-        disabled_pass=list(cur.disabled_pass) if cur.disabled_pass else None,
-        instruments=[*(cur.instruments or []), RelaxWellFormed()],
-    )
-    with ctx:
+    with with_instruments(RelaxWellFormed()):
         yield
 
 

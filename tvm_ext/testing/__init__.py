@@ -6,9 +6,40 @@
 """
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 
-__all__ = ["infer", "check", "run_module", "random_inputs", "assert_same_outputs", "assert_unchanged"]
+__all__ = ["infer", "check", "run_module", "random_inputs", "assert_same_outputs", "assert_unchanged",
+           "with_instruments", "environment"]
+
+
+def with_instruments(*instruments):
+    """A PassContext equal to the current one plus ``instruments`` (for autouse test fixtures)."""
+    import tvm
+
+    cur = tvm.transform.PassContext.current()
+    return tvm.transform.PassContext(
+        opt_level=cur.opt_level,
+        config=dict(cur.config) if cur.config else None,
+        disabled_pass=list(cur.disabled_pass) if cur.disabled_pass else None,
+        instruments=[*(cur.instruments or []), *instruments],
+    )
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str):
+    """Set the environment variable ``name`` inside the block; restore (or unset) it after."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def infer(mod_or_expr, *more_outputs):
