@@ -54,6 +54,8 @@ import struct
 import sys
 import threading
 
+from ._patch import Patch
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["host_has_amx", "request_tile_state", "prepare_process", "ConfigureTiles", "lower_config",
@@ -365,8 +367,6 @@ def lower_config(config: dict | None = None) -> dict:
 # --------------------------------------------------------------------------------------------
 # TVM's AMX schedules only where they build
 
-_LOCK = threading.RLock()
-_DEPTH = 0
 _SAVED: dict = {}
 
 
@@ -437,25 +437,29 @@ def tile_schedules():
     Re-entrant and thread-safe like :func:`tvm_ext.x86.int8_conv.kernels`: TVM's functions are
     restored when the outermost entry exits.
     """
-    global _DEPTH
+    with _PATCH.entered():
+        yield
+
+
+def _topi_modules():
     import importlib
 
     # by module path: tvm.topi.x86's ``batch_matmul`` attribute is the function, not the module
-    dense = importlib.import_module("tvm.topi.x86.dense")
-    bmm = importlib.import_module("tvm.topi.x86.batch_matmul")
+    return importlib.import_module("tvm.topi.x86.dense"), importlib.import_module("tvm.topi.x86.batch_matmul")
 
-    with _LOCK:
-        if _DEPTH == 0:
-            _SAVED["dense"] = dense.dense_amx_int8_schedule
-            _SAVED["batch_matmul"] = bmm.batch_matmul_amx_schedule
-            dense.dense_amx_int8_schedule = _guard_dense(_SAVED["dense"], dense.dense_int8_schedule)
-            bmm.batch_matmul_amx_schedule = _guard_batch_matmul(_SAVED["batch_matmul"], bmm.batch_matmul_int8_schedule)
-        _DEPTH += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _DEPTH -= 1
-            if _DEPTH == 0:
-                dense.dense_amx_int8_schedule = _SAVED.pop("dense")
-                bmm.batch_matmul_amx_schedule = _SAVED.pop("batch_matmul")
+
+def _install():
+    dense, bmm = _topi_modules()
+    _SAVED["dense"] = dense.dense_amx_int8_schedule
+    _SAVED["batch_matmul"] = bmm.batch_matmul_amx_schedule
+    dense.dense_amx_int8_schedule = _guard_dense(_SAVED["dense"], dense.dense_int8_schedule)
+    bmm.batch_matmul_amx_schedule = _guard_batch_matmul(_SAVED["batch_matmul"], bmm.batch_matmul_int8_schedule)
+
+
+def _uninstall():
+    dense, bmm = _topi_modules()
+    dense.dense_amx_int8_schedule = _SAVED.pop("dense")
+    bmm.batch_matmul_amx_schedule = _SAVED.pop("batch_matmul")
+
+
+_PATCH = Patch(_install, _uninstall)

@@ -147,10 +147,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from dataclasses import dataclass
 
 from . import conv_transpose as x86_conv_transpose
+from ._patch import Patch
 from .isa import isa_class
 
 logger = logging.getLogger(__name__)
@@ -166,8 +166,6 @@ INT8_CONV_BLOCK = 16
 #: for its pool vectorizer).
 _MAX_POOL_VECTOR = 64
 
-_LOCK = threading.RLock()
-_DEPTH = 0
 _SAVED: dict = {}
 
 
@@ -895,6 +893,7 @@ def _install(schedule, int8_graph=False):
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
+    logger.debug("x86 int8 kernels: vnni_operand_types %s, schedule %s", needs_operand_fix(), schedule)
     _SAVED["intrin"] = intrin.dot_16x1x16_uint8_int8_int32_cascadelake
     _SAVED["int8_blocks"] = (alter_op.conv2d_alter_int8_common, generic.fallback_schedule_cpu_1x1_int8,
                              generic.fallback_schedule_cpu_common_int8, x86.conv2d_NCHWc_int8,
@@ -954,6 +953,9 @@ def _uninstall():
     _SAVED.pop("mode", None)
 
 
+_PATCH = Patch(_install, _uninstall)
+
+
 @contextlib.contextmanager
 def kernels(schedule=True, int8_graph=False):
     """Enter to build x86 int8 kernels with the changes of this module's design note.
@@ -979,21 +981,10 @@ def kernels(schedule=True, int8_graph=False):
     functions are restored when the outermost entry exits. Other threads that call
     ``relay.build`` meanwhile see the replaced functions too (TOPI has no per-thread state).
     """
-    global _DEPTH
-    with _LOCK:
-        if _DEPTH == 0:
-            _install(schedule, int8_graph)
-            logger.debug("x86 int8 kernels: vnni_operand_types %s, schedule %s", needs_operand_fix(), schedule)
-        _DEPTH += 1
-    try:
+    with _PATCH.entered(schedule, int8_graph):
         yield
-    finally:
-        with _LOCK:
-            _DEPTH -= 1
-            if _DEPTH == 0:
-                _uninstall()
 
 
 def active() -> bool:
     """True while some thread is inside :func:`kernels`."""
-    return _DEPTH > 0
+    return _PATCH.active
