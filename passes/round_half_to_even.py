@@ -47,6 +47,17 @@ no ``round``, so a second run changes nothing. Non-float ``round`` calls (none i
 ``If``/``Let``/... are left alone, with the reason logged at DEBUG on
 ``tvm_ext.passes.RoundHalfToEven``.
 
+Inside groups. A ``Primitive`` function a pass made before this one (``FuseWideningIntoPool``'s pool
+groups: a pool and its elementwise consumers, a requantize's ``round`` among them) is one kernel
+already, so the rules are applied to its body too::
+
+    # f(a...) with f = fn(p...) {...round(v)...} Primitive=1
+    #     -> f'(a..., k...) with f' = fn(p..., q...) {...rne(v)...} Primitive=1
+
+where the one-element divisors the second rule writes (``k``) become parameters ``q`` of the group,
+as FuseOps lifts every non-scalar constant out of the functions it makes (``_util.lift_constants``):
+TVM lowers a group's constants only when they are scalars.
+
 Where to run it: at ``before_fuse`` (the default of :func:`tvm_ext.build`), after relay.build's
 prefix has lowered the QNN ops; at ``start`` only explicit ``round`` calls exist. The rewrite is
 elementwise and fuses with its neighbours (kernel count unchanged on the tested models).
@@ -59,7 +70,8 @@ from __future__ import annotations
 from tvm_ext.ops import round_half_to_even  # the replacement (re-exported: AddAsOnnxRuntime, tests)
 from tvm_ext.core.registry import register_pass
 
-from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
+from ._util import (Check, Reject, is_primitive, lift_constants, op_calls, op_name, pass_logger, post_order, rebuild,
+                    substitution_pass, with_body)
 
 __all__ = ["RoundHalfToEven"]
 
@@ -112,8 +124,8 @@ def _replacement(call):
     return out if zp is None else relay.add(out, zp)
 
 
-def _collect(nodes, users, body) -> dict:
-    """Each round of a requantize, replaced by rounding half to even."""
+def _rounds(nodes) -> dict:
+    """Each float ``round`` among ``nodes``, replaced by rounding half to even."""
     subst: dict = {}
     for node in op_calls(nodes, ("round",)):
         ok = _check(node)
@@ -121,9 +133,38 @@ def _collect(nodes, users, body) -> dict:
             _log.debug("%s: not rewritten: %s", RULE, ok)
             continue
         subst[node] = _replacement(node)
-    if subst:
-        _log.info("%s: %d round(s) now round half to even", RULE, len(subst))
     return subst
+
+
+def _group_calls(nodes) -> tuple[dict, int]:
+    """Each call of a ``Primitive`` function whose body rounds, replaced by the call of the rewritten
+    function (module note, "Inside groups"; new non-scalar constants become parameters), and the
+    number of rounds rewritten inside them."""
+    from tvm import relay
+
+    subst: dict = {}
+    rounds = 0
+    for node in nodes:
+        if not (isinstance(node, relay.Call) and isinstance(node.op, relay.Function) and is_primitive(node.op)):
+            continue
+        fn = node.op
+        inner = _rounds(post_order(fn.body))
+        if not inner:
+            continue
+        lifted, consts = lift_constants(with_body(fn, rebuild(fn.body, inner)))
+        subst[node] = relay.Call(lifted, [*node.args, *consts], node.attrs, node.type_args, node.span)
+        rounds += len(inner)
+    return subst, rounds
+
+
+def _collect(nodes, users, body) -> dict:
+    """Each round, in the function and inside its ``Primitive`` groups, replaced by rounding half to even."""
+    subst = _rounds(nodes)
+    groups, inside = _group_calls(nodes)
+    if subst or groups:
+        _log.info("%s: %d round(s) now round half to even (%d of them inside %d Primitive group(s))", RULE,
+                  len(subst) + inside, inside, len(groups))
+    return {**subst, **groups}
 
 
 @register_pass(PASS_NAME)
@@ -138,7 +179,9 @@ def RoundHalfToEven():  # pylint: disable=invalid-name
     the divisor as a one-element tensor, so TIR keeps a true division instead of multiplying by
     ``1 / c`` (ONNX's ``QuantizeLinear`` divides); ``round(v + zp)`` with an integer scalar
     constant ``zp`` (TVM's float requantize) becomes ``rne(v) + zp``, as ONNX Runtime adds the
-    zero point after rounding. Part of ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``.
+    zero point after rounding. The rounds inside ``Primitive`` functions made before it (the pool
+    groups of ``FuseWideningIntoPool``) are rewritten too, the group's new non-scalar constants passed
+    in as parameters. Part of ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``.
 
     Run it after QNN ops are lowered: stage ``"before_fuse"`` of :func:`tvm_ext.build`.
 

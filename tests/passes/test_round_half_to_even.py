@@ -394,3 +394,81 @@ def test_pipeline_onnxruntime_silu_feeding_a_quantized_add():
     for seed in range(2):
         xv = np.random.default_rng(seed).integers(0, 256, (1, 16, 8, 8)).astype("uint8")
         np.testing.assert_array_equal(run_module(fac, {"x": xv})[0], run_module(ref, {"x": xv})[0])
+
+
+# --- rounds inside Primitive groups (FuseWideningIntoPool's pool groups) --------------------------
+POOL_SCALE = np.float32(2.0)
+
+
+def _pool_group(body_fn, consts=()):
+    """x -> f(x) with f = fn(p) {body_fn(p)} Primitive=1 (the form FuseWideningIntoPool writes)."""
+    x = relay.var("x", shape=(1, 4, 8, 8), dtype="float32")
+    p = relay.var("p0", shape=(1, 4, 8, 8), dtype="float32")
+    qs = [relay.var(f"p_const{i}", relay.TensorType(c.shape, str(c.dtype))) for i, c in enumerate(consts)]
+    fn = relay.Function([p, *qs], body_fn(p, *qs)).with_attr("Primitive", tvm.tir.IntImm("int32", 1))
+    return infer(relay.Function([x], relay.Call(fn, [x, *[relay.const(c) for c in consts]])))
+
+
+def _pool_quantize(p):
+    # clip(round(global_avg_pool2d(p) / s) + 3, 0, 255): a pool's requantize, as lowered QNN writes it
+    pooled = relay.nn.global_avg_pool2d(p)
+    return relay.clip(relay.add(relay.round(relay.divide(pooled, relay.const(POOL_SCALE))), relay.const(3.0)),
+                      0.0, 255.0)
+
+
+def test_round_inside_a_primitive_group():
+    """f(x), f = fn(p) {..round(v / s) + 3..} Primitive=1 -> f'(x, [s]), f' = fn(p, q) {..rne(v / q) + 3..}:
+    the one-element divisor is lifted to a parameter, as FuseOps lifts non-scalar constants."""
+    expected = _pool_group(
+        lambda p, q: relay.clip(relay.add(round_half_to_even(relay.divide(relay.nn.global_avg_pool2d(p), q)),
+                                          relay.const(3.0)), 0.0, 255.0),
+        consts=[np.array([POOL_SCALE])])
+    after = check(RoundHalfToEven(), _pool_group(_pool_quantize), expected)
+    assert "round(" not in after.astext()
+    assert_unchanged(RoundHalfToEven(), after)  # idempotent: nothing left to round
+
+
+def test_round_inside_a_primitive_group_built_ties_to_even():
+    """Differential, built by TVM: a channel mean of v gives v / 2 = k + 0.5 for odd v, a tie. The
+    rewritten group rounds it to even (numpy's rint); the original away from zero; equal elsewhere."""
+    before = _pool_group(_pool_quantize)
+    after = RoundHalfToEven()(before)
+    target = tvm_ext.host_target()
+    fb, fa = tvm_ext.build(before, target), tvm_ext.build(after, target)
+    assert fa.kernel_report.num_kernels == fb.kernel_report.num_kernels == 1
+    ties = np.broadcast_to(np.array([1.0, 3.0, 5.0, 7.0], "float32").reshape(1, 4, 1, 1), (1, 4, 8, 8)).copy()
+    mean = ties.mean(axis=(2, 3), keepdims=True)
+    np.testing.assert_array_equal(run_module(fa, {"x": ties})[0], np.clip(np.rint(mean / POOL_SCALE) + 3, 0, 255))
+    np.testing.assert_array_equal(run_module(fb, {"x": ties})[0], np.clip(np.floor(mean / POOL_SCALE + 0.5) + 3,
+                                                                           0, 255))
+    r = (np.random.default_rng(3).standard_normal((1, 4, 8, 8)) * 50).astype("float32")  # no ties: equal
+    np.testing.assert_array_equal(run_module(fa, {"x": r})[0], run_module(fb, {"x": r})[0])
+
+
+def test_primitive_group_without_round_unchanged():
+    assert_unchanged(RoundHalfToEven(), _pool_group(lambda p: relay.nn.relu(relay.nn.global_avg_pool2d(p))))
+
+
+def test_pipeline_onnxruntime_numerics_rounds_inside_pool_groups():
+    """pipelines.int8(numerics="onnxruntime") on a QDQ conv -> global average pool -> quantize graph:
+    FuseWideningIntoPool groups the pool with its requantize, and no ``round`` is left anywhere."""
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+    w = relay.const(np.random.default_rng(2).integers(-3, 4, (8, 8, 1, 1)).astype("int8"))
+    conv = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.02), relay.const(0.05),
+                               kernel_size=(1, 1), channels=8, out_dtype="int32")
+    q = relay.qnn.op.requantize(conv, relay.const(0.001), relay.const(0), relay.const(0.1), relay.const(5),
+                                out_dtype="uint8")
+    pooled = relay.nn.global_avg_pool2d(relay.qnn.op.dequantize(q, relay.const(0.1), relay.const(5)))
+    mod = infer(relay.Function([x], relay.qnn.op.quantize(pooled, relay.const(0.07), relay.const(9),
+                                                          out_dtype="uint8")))
+    pipeline = pipelines.int8(numerics="onnxruntime")
+    target = tvm.target.Target(str(tvm_ext.host_target()))
+    factory = tvm_ext.build(mod, target, passes=pipeline)
+    handed = factory.tvm_ext_module  # what relay.build got after the before_fuse passes
+    text = handed.astext()
+    assert "Primitive=1" in text and "nn.global_avg_pool2d" in text, text
+    assert " round(" not in text and "tvm_ext.round_half_to_even" in text, text
+    xv = np.random.default_rng(4).integers(0, 256, (1, 8, 6, 6)).astype("uint8")
+    stock = tvm_ext.build(mod, target)
+    got, ref = run_module(factory, {"x": xv})[0], run_module(stock, {"x": xv})[0]
+    assert np.abs(got.astype(int) - ref.astype(int)).max() <= 1  # differs from TVM's rounding on ties only

@@ -358,8 +358,8 @@ INT8 = (
                   "kernel, so the pool reads 8 bits.",
              why="after the passes that bring a widening chain to a pool's input: ``NarrowBeforeMaxPool``, "
                  "``WidenAfterMovement`` and ``WidenInEachReader``. Each pool group it makes is a ``Primitive`` "
-                 "function, which the passes after it do not enter (a ``round`` or a transcendental op in the "
-                 "pool's elementwise consumers stays as it is).",
+                 "function; of the passes after it only the rounding pass of ``numerics=\"onnxruntime\"`` "
+                 "enters one (a transcendental op in the pool's elementwise consumers stays as it is).",
              after=("NarrowBeforeMaxPool", "WidenAfterMovement", "WidenInEachReader")),
         Step("TabulateEightBit",
              does="an elementwise float function of one 8-bit value (quantized sigmoid, SiLU, tanh, GELU) becomes "
@@ -407,9 +407,8 @@ ONNXRUNTIME_INSERTIONS = (
             "``WidenInEachReader``, ``FuseWideningIntoPool``): they take a float quantize "
             "``clip(round(x / s) + z)`` for one, not the ``round_half_to_even`` this pass writes. Right "
             "before ``TabulateEightBit``, so the tables it computes round as ONNX does, and before "
-            "``DequantizeInConvTranspose``, which takes either form. It does not enter the ``Primitive`` "
-            "functions ``FuseWideningIntoPool`` made before it: a ``round`` among a pool's elementwise "
-            "consumers keeps rounding ties away from zero (PP-OCR cls QDQ: 11 rounds in its pool groups). "
+            "``DequantizeInConvTranspose``, which takes either form. It rewrites the rounds inside the "
+            "``Primitive`` pool groups ``FuseWideningIntoPool`` made before it as well. "
             "At ``before_fuse``: most of the rounds it rewrites are created by relay.build's prefix "
             "when it lowers QNN ops.",
         after=("NarrowBeforeMaxPool", "EpilogueBeforeChannelSlice", "NarrowKernelBoundaries", "WidenAfterMovement",
