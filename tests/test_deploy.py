@@ -262,3 +262,70 @@ def test_help(cmd, capsys):
     with pytest.raises(SystemExit) as exc:
         main([cmd, "--help"])
     assert exc.value.code == 0 and f"usage: tvm-ext {cmd}" in capsys.readouterr().out
+
+
+def qdq_matmul_onnx(path, m=64, k=256, n=64):
+    """x[m, k] -> QuantizeLinear(u8) -> DequantizeLinear -> MatMul(dequantized int8 W[k, n]) ->
+    QuantizeLinear -> DequantizeLinear: with --pipeline int8 a uint8 x int8 dense of whole AMX tiles."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).integers(-128, 128, (k, n)).astype(np.int8)
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "xs"), numpy_helper.from_array(np.uint8(128), "xz"),
+             numpy_helper.from_array(w, "wq"), numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
+             numpy_helper.from_array(np.int8(0), "wz"), numpy_helper.from_array(np.array(0.5, np.float32), "ys"),
+             numpy_helper.from_array(np.uint8(100), "yz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"]),
+             helper.make_node("MatMul", ["xd", "wd"], ["mm"]),
+             helper.make_node("QuantizeLinear", ["mm", "ys", "yz"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq_matmul", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def _instructions(lib) -> dict:
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True,
+                          check=True).stdout
+    return {i: len(__import__("re").findall(rf"\s{i}\b", text)) for i in ("tdpbusd", "ldtilecfg", "tilerelease",
+                                                                          "vpdpbusd")}
+
+
+@pytest.mark.skipif(not __import__("shutil").which("objdump"), reason="needs objdump to read the library's code")
+def test_compile_amx_opt_in_for_sapphire_rapids(tmp_path, capsys):
+    """tvm-ext compile --amx: the library's int8 dense runs on configured AMX tiles (tdpbusd between
+    ldtilecfg and tilerelease), the sidecar says so, and `tvm-ext run` refuses it on a host without
+    AMX. Without --amx, VNNI only. Compiled in child processes (another CPU), never run here."""
+    model = qdq_matmul_onnx(tmp_path / "mm.onnx")
+    libs = {}
+    for amx in (True, False):
+        lib = tmp_path / f"mm_{'amx' if amx else 'vnni'}.so"
+        r = subprocess.run([sys.executable, "-m", "tvm_ext.tools.cli", "compile", str(model), "-o", str(lib),
+                            "--pipeline", "int8", "--target", "llvm -mcpu=sapphirerapids", *(["--amx"] if amx else [])],
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        libs[amx] = lib
+    on, off = _instructions(libs[True]), _instructions(libs[False])
+    assert min(on["tdpbusd"], on["ldtilecfg"], on["tilerelease"]) > 0, on
+    assert off["tdpbusd"] == off["ldtilecfg"] == 0 and off["vpdpbusd"] > 0, off
+    meta_on, meta_off = deploy.read_sidecar(libs[True]), deploy.read_sidecar(libs[False])
+    assert meta_on["amx"] is True and {"amx-tile", "amx-int8"} <= set(meta_on["features"])
+    assert meta_off["amx"] is False and not {"amx-tile", "amx-int8"} & set(meta_off["features"])
+    if not {"amx-tile", "amx-int8"} <= isa.host_features():
+        np.save(tmp_path / "x.npy", np.zeros((64, 256), np.float32))
+        _one_line_error(capsys, main(["run", str(libs[True]), "--input", str(tmp_path / "x.npy")]),
+                        "needs CPU features this host lacks")
+
+
+def test_compile_amx_without_amx_on_the_target_warns(tmp_path, compiled, capsys):
+    """--amx for a target without AMX (AVX2 code): one warning line, and the library is built without it."""
+    _, model, _, _ = compiled
+    lib = tmp_path / "m.tar"
+    assert main(["compile", str(model), "-o", str(lib), "--opt-level", "1", "--target", "llvm -mcpu=x86-64-v3",
+                 "--amx"]) == 0
+    warn = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert len(warn) == 1 and "--amx" in warn[0] and "has no AMX" in warn[0], warn
+    assert not {"amx-tile", "amx-int8"} & set(deploy.read_sidecar(lib)["features"])

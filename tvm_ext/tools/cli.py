@@ -387,6 +387,17 @@ def _compile_target(text: str | None):
     return text
 
 
+def _warn_without_amx(target) -> None:
+    """``--amx`` for a target without AMX builds as without it: say so (one line on stderr)."""
+    from ..x86 import isa
+    from ..x86.target import AMX_FEATURES, build_target
+
+    resolved = build_target(target, allow_amx=True)
+    if not set(AMX_FEATURES) & set(isa.llvm_features(resolved)):
+        print(f"tvm-ext compile: warning: --amx: {resolved} has no AMX; the library is built without AMX tiles",
+              file=sys.stderr)
+
+
 def cmd_compile(args) -> int:
     from .deploy import DeployError, compile_library
     from ..core.tvm_bugs import UnsupportedByTVM
@@ -402,9 +413,11 @@ def cmd_compile(args) -> int:
     print(f"compiling {args.model} (pipeline {args.pipeline}"
           f"{', passes ' + ','.join(_pass_names(passes)) if args.pipeline == 'none' and args.passes else ''}) for "
           f"{target or 'this CPU'}: tvm_ext.build, then export_library", flush=True)
+    if args.amx:
+        _warn_without_amx(target)
     try:
         res = compile_library(mod, params, out, target=target, passes=passes, opt_level=args.opt_level,
-                              source=str(args.model), pipeline=args.pipeline)
+                              source=str(args.model), pipeline=args.pipeline, amx=args.amx)
     except (DeployError, UnsupportedByTVM) as err:
         raise UsageError(str(err)) from None
     print(res.summary())
@@ -598,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N",
                    help="PassContext opt_level (default 3)")
+    p.add_argument("--amx", action="store_true",
+                   help="opt-in: on a target with AMX (e.g. -mcpu=sapphirerapids) int8 dense and batch_matmul "
+                        "compute on AMX tiles (tvm_ext.build(amx=True)); convolutions stay on AVX-512 VNNI")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run a library written by `tvm-ext compile`",

@@ -120,7 +120,7 @@ def _io_from_graph(graph_json: str, param_names) -> tuple[list, list]:
 
 
 def compile_library(mod, params, out, *, target=None, passes=(), at: str = "before_fuse", opt_level: int = 3,
-                    source: Optional[str] = None, pipeline: str = "none") -> Compiled:
+                    source: Optional[str] = None, pipeline: str = "none", amx: bool = False) -> Compiled:
     """Build ``mod`` with :func:`tvm_ext.build` and export a library plus its sidecar.
 
     Parameters
@@ -137,6 +137,10 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
         is a valid ``passes``).
     source, pipeline
         Recorded in the sidecar (model path, pipeline name).
+    amx : bool
+        Forwarded to :func:`tvm_ext.build` (opt-in AMX int8 tiles on a target that has them) and
+        recorded in the sidecar. The target then keeps ``amx-tile``/``amx-int8``, so ``tvm-ext run``
+        refuses the library on a host without them; loading it asks Linux for the tile state.
 
     Returns
     -------
@@ -160,8 +164,8 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
                           f"got {out.name}")
     if not out.parent.is_dir():
         raise DeployError(f"compile_library: no such directory: {out.parent}")
-    tgt = build_target(target)
-    factory = build(mod, target=tgt, params=params, passes=passes, at=at, opt_level=opt_level)
+    tgt = build_target(target, allow_amx=amx)
+    factory = build(mod, target=tgt, params=params, passes=passes, at=at, opt_level=opt_level, amx=amx)
     factory.export_library(str(out))
     inputs, outputs = _io_from_graph(factory.get_graph_json(), factory.get_params())
     report = factory.kernel_report
@@ -176,6 +180,7 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
         "isa_class": isa.isa_class(host),
         "pipeline": pipeline,
         "opt_level": opt_level,
+        "amx": bool(amx),
         "inputs": inputs,
         "outputs": outputs,
         "num_kernels": report.num_kernels,
