@@ -164,6 +164,60 @@ def test_inline_function_copy_error_needs_an_inline_function():
     assert not is_inline_function_copy_error(tvm.TVMError("something else"), mod)
 
 
+def conv_times_int_scale(groups=4, qnn=False):
+    """x:uint8[1, 4, 3, 3] -> conv2d(W:int8, groups) -> int32 -> multiply by an int32 constant per channel
+    (the shape of fuzz seed 2783: TVM 0.19's FoldScaleAxis folds the scale into the int8 weight)."""
+    rng = np.random.default_rng(0)
+    x = relay.var("x", shape=(1, 4, 3, 3), dtype="uint8")
+    w = relay.const(rng.integers(-100, 100, (4, 4 // groups, 3, 3)).astype("int8"))
+    if qnn:
+        y = relay.qnn.op.conv2d(x, w, relay.const(128), relay.const(0), relay.const(np.float32(0.05)),
+                                relay.const(np.full((4,), 0.02, "float32")), padding=[1, 1, 1, 1], groups=groups,
+                                channels=4, kernel_size=[3, 3], out_dtype="int32")
+    else:
+        y = relay.nn.conv2d(x, w, padding=[1, 1, 1, 1], groups=groups, channels=4, kernel_size=[3, 3],
+                            out_dtype="int32")
+    scale = relay.const(np.array([50, 100, 3, 7], "int32").reshape(4, 1, 1))
+    return infer(relay.nn.bias_add(relay.multiply(y, scale), relay.const(np.arange(4).astype("int32"))))
+
+
+@pytest.mark.parametrize("qnn", [False, True])
+@pytest.mark.parametrize("at", ["start", "before_fuse"])
+def test_integer_scale_folded_into_int8_weight_is_built_without_fold_scale_axis(qnn, at, caplog):
+    """relay.build fails type checking inside its prefix (FoldScaleAxis writes multiply(int8 weight,
+    int32 scale)); tvm_ext.build warns and builds it without FoldScaleAxis, equal to relay.build with
+    FoldScaleAxis disabled (integer graph: bit for bit)."""
+    import logging
+
+    from tvm_ext.testing import run_module
+
+    mod = conv_times_int_scale(qnn=qnn)
+    target = "llvm -mcpu=x86-64-v3"
+    with pytest.raises(tvm.TVMError, match="DiagnosticError"):
+        with tvm.transform.PassContext(opt_level=3):
+            relay.build(mod, target=target)
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.build"):
+        fac = tvm_ext.build(mod, target, at=at)
+    assert "FoldScaleAxis folded an int32 per-channel scale" in caplog.text
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=["FoldScaleAxis"]):
+        ref = relay.build(mod, target=target)
+    x = np.random.default_rng(1).integers(0, 256, (1, 4, 3, 3)).astype("uint8")
+    got, want = run_module(fac, {"x": x})[0], run_module(ref, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(want).max() > 0
+
+
+def test_integer_scale_fold_error_needs_the_construct():
+    from tvm_ext.core.tvm_bugs import is_integer_scale_fold_error
+
+    err = tvm.error.DiagnosticError("one or more error diagnostics were emitted, please check diagnostic render")
+    assert is_integer_scale_fold_error(err, conv_times_int_scale())
+    x = relay.var("x", shape=(1, 4), dtype="float32")
+    float_scale = infer(relay.multiply(x, relay.const(np.ones((1, 4), "float32"))))
+    assert not is_integer_scale_fold_error(err, float_scale)  # no 8-bit conv weight, no integer scale
+    assert not is_integer_scale_fold_error(tvm.TVMError("something else"), conv_times_int_scale())
+
+
 def _let_bound_closure():
     """fn (%a) { let %f = fn () { exp(%a) }; %f() }: relay.vm runs it, the graph executor cannot."""
     a = relay.var("a", shape=(4,))

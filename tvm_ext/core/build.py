@@ -382,15 +382,21 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     if stages["start"]:
         mod = _run_user_passes(mod, stages["start"], tgt, opt_level, cfg, disabled, instr)
     tvm_bugs.check_module(relay.transform.InferType()(mod), tgt, executor is None)  # known TVM bugs: clear error
-    unsafe_simplify: tuple = ()  # tvm_bugs.COPIES_INLINE_FUNCTIONS once they failed on this module
+    workarounds: list = []  # rows of tvm_bugs.PREFIX_WORKAROUNDS applied to this module
+
+    def turned_off() -> list:
+        return [name for row in workarounds for name in row.disable]
+
     if split:
-        try:
-            mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, disabled, instr)
-        except tvm.TVMError as err:
-            if not tvm_bugs.is_inline_function_copy_error(err, mod):
-                raise
-            unsafe_simplify = _warn_inline_function_copy()
-            mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, [*disabled, *unsafe_simplify], instr)
+        while True:
+            try:
+                mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, [*disabled, *turned_off()], instr)
+                break
+            except tvm.TVMError as err:
+                row = _prefix_workaround(err, mod, workarounds)
+                if row is None:
+                    raise
+                workarounds.append(row)
         logger.debug("relay.build prefix ran: %s", prefix_names)
     if stages["before_fuse"]:
         mod = _run_user_passes(mod, stages["before_fuse"], tgt, opt_level, cfg, disabled, instr)
@@ -413,7 +419,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
 
     while True:  # each known TVM bug is worked around at most once (tvm_bugs' design note)
         try:
-            factory = final_build(cfg, unsafe_simplify)
+            factory = final_build(cfg, turned_off())
             break
         except tvm.TVMError as err:
             if tvm_bugs.is_llvm_debug_info_error(err) and not cfg.get(tvm_bugs.NO_TIR_CSE):
@@ -422,22 +428,26 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
                 logger.warning("tvm_ext.build: LLVM rejected TVM's debug info for a vector variable (TVM 0.19 "
                                "with LLVM 22); building again with %s=True", tvm_bugs.NO_TIR_CSE)
                 cfg = {**cfg, tvm_bugs.NO_TIR_CSE: True}
-            elif not unsafe_simplify and tvm_bugs.is_inline_function_copy_error(err, mod):
-                unsafe_simplify = _warn_inline_function_copy()
             else:
-                raise
+                row = _prefix_workaround(err, mod, workarounds)
+                if row is None:
+                    raise
+                workarounds.append(row)
     factory.tvm_ext_module = handed
     factory.kernel_report = KernelReport.from_factory(factory)
     return factory
 
 
-def _warn_inline_function_copy() -> tuple:
+def _prefix_workaround(err, mod, applied):
+    """The :data:`tvm_ext.core.tvm_bugs.PREFIX_WORKAROUNDS` row for ``err`` not yet ``applied`` (logged), or None."""
     from . import tvm_bugs
 
-    logger.warning("tvm_ext.build: TVM's %s copied an inline function of this module with its parameters "
-                   "(ill-formed IR, tvm_ext.core.tvm_bugs); running relay.build's prefix again without it",
-                   "/".join(tvm_bugs.COPIES_INLINE_FUNCTIONS))
-    return tvm_bugs.COPIES_INLINE_FUNCTIONS
+    row = tvm_bugs.prefix_workaround(err, mod, applied)
+    if row is None:
+        return None
+    logger.warning("tvm_ext.build: TVM 0.19's %s (tvm_ext.core.tvm_bugs); running relay.build's prefix again "
+                   "without %s", row.what, "/".join(row.disable))
+    return row
 
 
 class PassFailed(RuntimeError):

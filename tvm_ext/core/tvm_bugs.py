@@ -43,11 +43,28 @@ Known bugs::
     #   (fuzz seed 2211 with FuseWideningIntoPool at ``start`` reproduces it). tvm_ext.build
     #   detects the error (is_inline_function_copy_error) and runs the prefix again without
     #   SimplifyExpr (an optimization only; a logged warning).
+
+    # conv2d with an 8-bit weight, its int32 result multiplied by an int32 constant per channel
+    #   -> DiagnosticError "data types int8 and int32 do not match in BroadcastRel" in the prefix
+    #   FoldScaleAxis (fold_scale_axis.cc) folds the per-channel multiply into the conv weight as
+    #   multiply(weight, scale) without checking dtypes: an int8 weight times an int32 scale does not
+    #   type-check (and an 8-bit product could not hold it). Grouped and depthwise convs on every x86
+    #   target; plain relay.build fails the same way (fuzz seed 2783 with a depthwise qnn.conv2d). The
+    #   error names no op (the diagnostic is printed, not raised), so tvm_ext.build recognises it by its
+    #   kind and the module (is_integer_scale_fold_error) and runs the prefix again without
+    #   FoldScaleAxis (an optimization only; a logged warning).
+
+Each workaround by retry is a row of :data:`PREFIX_WORKAROUNDS` (what TVM does wrong, the prefix passes
+turned off, how the error is recognised), applied at most once per build.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 __all__ = ["UnsupportedByTVM", "check_module", "check_target", "is_llvm_debug_info_error",
-           "is_inline_function_copy_error", "NO_TIR_CSE", "COPIES_INLINE_FUNCTIONS"]
+           "is_inline_function_copy_error", "is_integer_scale_fold_error", "PrefixWorkaround", "PREFIX_WORKAROUNDS",
+           "prefix_workaround", "NO_TIR_CSE", "COPIES_INLINE_FUNCTIONS", "FOLDS_INTEGER_SCALES"]
 
 #: PassContext option that turns TIR's common-subexpression elimination off.
 NO_TIR_CSE = "tir.disable_cse_tir"
@@ -85,6 +102,66 @@ def is_inline_function_copy_error(err, mod) -> bool:
         if isinstance(func, relay.Function) and not found:
             relay.analysis.post_order_visit(func.body, visit)
     return bool(found)
+
+
+#: relay.build prefix passes that fold an int32 per-channel scale into an 8-bit conv weight
+#: (:func:`is_integer_scale_fold_error`); optimizations, safe to disable.
+FOLDS_INTEGER_SCALES = ("FoldScaleAxis",)
+_INTEGER = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+
+
+def is_integer_scale_fold_error(err, mod) -> bool:
+    """True when ``err`` is a type-check failure (``DiagnosticError``) and ``mod`` holds what TVM 0.19's
+    FoldScaleAxis folds into an ill-typed ``multiply(weight, scale)``: a conv2d (``nn`` or ``qnn``) with
+    an 8-bit weight and a ``multiply`` by an integer constant of rank >= 1 (see the design note)."""
+    import tvm
+    from tvm import relay
+
+    if "DiagnosticError" not in f"{type(err).__name__} {err}":
+        return False
+    seen = {"conv": False, "scale": False}
+
+    def visit(node):
+        if not (isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op)):
+            return
+        if node.op.name in ("nn.conv2d", "qnn.conv2d"):
+            weight = getattr(node.args[1], "checked_type", None) if len(node.args) > 1 else None
+            seen["conv"] |= str(getattr(weight, "dtype", "")) in ("int8", "uint8")
+        elif node.op.name == "multiply":
+            seen["scale"] |= any(isinstance(a, relay.Constant) and a.data.dtype in _INTEGER and len(a.data.shape) >= 1
+                                 for a in node.args)
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(func, visit)
+    return seen["conv"] and seen["scale"]
+
+
+@dataclass(frozen=True)
+class PrefixWorkaround:
+    """A TVM 0.19 bug in relay.build's prefix that ``tvm_ext.build`` recognises by its error and
+    avoids by running the prefix again with optimization passes turned off."""
+
+    what: str  #: what TVM does wrong, for the warning
+    disable: tuple  #: the prefix passes turned off
+    matches: Callable  #: ``matches(err, mod)``: the error is this bug on this module
+
+
+#: Tried in order on an error in relay.build's prefix; each at most once per build.
+PREFIX_WORKAROUNDS = (
+    PrefixWorkaround("SimplifyExpr copied an inline function of this module with its parameters (ill-formed IR)",
+                     COPIES_INLINE_FUNCTIONS, is_inline_function_copy_error),
+    PrefixWorkaround("FoldScaleAxis folded an int32 per-channel scale into an 8-bit conv weight (ill-typed)",
+                     FOLDS_INTEGER_SCALES, is_integer_scale_fold_error),
+)
+
+
+def prefix_workaround(err, mod, applied=()) -> PrefixWorkaround | None:
+    """The first row of :data:`PREFIX_WORKAROUNDS` not in ``applied`` that recognises ``err`` on ``mod``."""
+    for row in PREFIX_WORKAROUNDS:
+        if row not in applied and row.matches(err, mod):
+            return row
+    return None
 
 
 def _x86_int8_gemm(target) -> bool:
