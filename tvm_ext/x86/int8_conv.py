@@ -119,7 +119,9 @@ The changes, each with where it applies, its rule and its measured reason:
     producer stage stays a serial, unvectorized loop nest with its own buffer (stock TVM never fuses
     producers into a pool) (:func:`_inline_pool_producers`)::
 
-        # s = schedule_pool(outs); s[p].compute_inline() for every injective producer p of the pool
+        # s = schedule_pool(outs); s[p].compute_inline() for every injective producer p of the pool,
+        #   except a float product the pool's sum reads: inlined, LLVM would contract the multiply
+        #   and the add into one fused multiply-add (one rounding where TVM's schedule rounds twice)
 
     Measured: PP-OCR cls's SE pools (1x20x2x96x10 uint8 -> int32) 500 -> 65 us per pool on Zen 4.
 
@@ -552,11 +554,27 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     return s
 
 
-def _inline_pool_producers(schedule_fn):
-    """``schedule_fn`` (a TVM x86 pool schedule), then every injective producer of the pool inlined.
+def _float_product_summed(op, reader) -> bool:
+    """True when ``op`` computes a float product and ``reader`` sums it (a reduction).
 
-    Inlining an elementwise/injective stage into its reader never changes a value (the same
-    expression is evaluated per element); it only removes the stage's own loop nest and buffer.
+    Inlined, the product would feed the sum's add directly, and LLVM (TVM allows floating-point
+    contraction) fuses the two into one ``vfmadd``: one rounding where TVM's schedule, which keeps
+    the product in its own stage, rounds twice. Such a stage keeps its buffer.
+    """
+    from tvm import te, tir
+
+    body = op.body[0]
+    return (isinstance(reader, te.tensor.ComputeOp) and isinstance(reader.body[0], tir.Reduce)
+            and isinstance(body, tir.Mul) and body.dtype.startswith("float"))
+
+
+def _inline_pool_producers(schedule_fn):
+    """``schedule_fn`` (a TVM x86 pool schedule), then every injective producer of the pool inlined,
+    except a float product the pool's sum reads (:func:`_float_product_summed`).
+
+    Inlining an elementwise/injective stage into its reader does not change a value (the same
+    expression is evaluated per element) unless the compiler contracts a multiply into the add that
+    reads it; it removes the stage's own loop nest and buffer.
     """
     import functools
 
@@ -568,15 +586,16 @@ def _inline_pool_producers(schedule_fn):
         s = schedule_fn(outs, *args, **kwargs)
         outs = [outs] if isinstance(outs, te.tensor.Tensor) else list(outs)
         out_ops = {o.op for o in outs}
-        seen, stack = set(), [t for o in outs for t in o.op.input_tensors]
+        seen, stack = set(), [(t, o.op) for o in outs for t in o.op.input_tensors]
         while stack:
-            op = stack.pop().op
+            tensor, reader = stack.pop()
+            op = tensor.op
             if op in seen or not isinstance(op, te.tensor.ComputeOp):
                 continue
             seen.add(op)
-            if tag.is_injective(op.tag) and op not in out_ops:
+            if tag.is_injective(op.tag) and op not in out_ops and not _float_product_summed(op, reader):
                 s[op].compute_inline()
-            stack.extend(op.input_tensors)
+            stack.extend((t, op) for t in op.input_tensors)
         return s
 
     wrapped._tvm_ext_change = "pool_prologue_inline"  # pylint: disable=protected-access
