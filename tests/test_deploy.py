@@ -13,6 +13,7 @@ from tvm.contrib import graph_executor
 
 import tvm_ext
 from tvm_ext.tools import deploy
+from tvm_ext._files import sha256_file
 from tvm_ext.x86 import isa
 from tvm_ext.tools.cli import main
 from tvm_ext.core.frontend import from_onnx
@@ -155,7 +156,7 @@ def test_refuses_missing_file_and_not_a_library(tmp_path, compiled, capsys):
     junk = tmp_path / "junk.tar"
     junk.write_bytes(b"\x00not a tar archive" * 64)
     meta = json.loads(deploy.sidecar_path(d / "tiny.tar").read_text())
-    meta["sha256"] = deploy._sha256(junk)
+    meta["sha256"] = sha256_file(junk)
     deploy.sidecar_path(junk).write_text(json.dumps(meta))
     _one_line_error(capsys, main(["run", str(junk), "--input", str(d / "x.npy")]), "not a TVM library")
 

@@ -393,10 +393,8 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
                 mod, prefix_names = _run_prefix(mod, tgt, opt_level, cfg, [*disabled, *turned_off()], instr)
                 break
             except tvm.TVMError as err:
-                row = _prefix_workaround(err, mod, workarounds)
-                if row is None:
+                if not _add_prefix_workaround(err, mod, workarounds):
                     raise
-                workarounds.append(row)
         logger.debug("relay.build prefix ran: %s", prefix_names)
     if stages["before_fuse"]:
         mod = _run_user_passes(mod, stages["before_fuse"], tgt, opt_level, cfg, disabled, instr)
@@ -428,26 +426,25 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
                 logger.warning("tvm_ext.build: LLVM rejected TVM's debug info for a vector variable (TVM 0.19 "
                                "with LLVM 22); building again with %s=True", tvm_bugs.NO_TIR_CSE)
                 cfg = {**cfg, tvm_bugs.NO_TIR_CSE: True}
-            else:
-                row = _prefix_workaround(err, mod, workarounds)
-                if row is None:
-                    raise
-                workarounds.append(row)
+            elif not _add_prefix_workaround(err, mod, workarounds):
+                raise
     factory.tvm_ext_module = handed
     factory.kernel_report = KernelReport.from_factory(factory)
     return factory
 
 
-def _prefix_workaround(err, mod, applied):
-    """The :data:`tvm_ext.core.tvm_bugs.PREFIX_WORKAROUNDS` row for ``err`` not yet ``applied`` (logged), or None."""
+def _add_prefix_workaround(err, mod, applied: list) -> bool:
+    """Append to ``applied`` the :data:`tvm_ext.core.tvm_bugs.PREFIX_WORKAROUNDS` row that recognises
+    ``err`` (logged); False when none does (the caller re-raises)."""
     from . import tvm_bugs
 
     row = tvm_bugs.prefix_workaround(err, mod, applied)
     if row is None:
-        return None
+        return False
+    applied.append(row)
     logger.warning("tvm_ext.build: TVM 0.19's %s (tvm_ext.core.tvm_bugs); running relay.build's prefix again "
                    "without %s", row.what, "/".join(row.disable))
-    return row
+    return True
 
 
 class PassFailed(RuntimeError):

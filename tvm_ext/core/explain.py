@@ -1278,15 +1278,12 @@ def _pattern_of(op_name: str) -> int:
 
 
 def _operands(e) -> list:
+    """The dataflow operands of a Call/Tuple/TupleGetItem (``_fusion_sim._children``); none of other nodes."""
     from tvm import relay
 
-    if isinstance(e, relay.Call):
-        return list(e.args)
-    if isinstance(e, relay.Tuple):
-        return list(e.fields)
-    if isinstance(e, relay.TupleGetItem):
-        return [e.tuple_value]
-    return []
+    from ._fusion_sim import _children
+
+    return _children(e) if isinstance(e, (relay.Call, relay.Tuple, relay.TupleGetItem)) else []
 
 
 def _is_dynamic_type(ty) -> bool:

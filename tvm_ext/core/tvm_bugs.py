@@ -98,10 +98,17 @@ def is_inline_function_copy_error(err, mod) -> bool:
         if isinstance(node, relay.Call) and isinstance(node.op, relay.Function):
             found.append(node)
 
-    for _, func in mod.functions.items():
-        if isinstance(func, relay.Function) and not found:
-            relay.analysis.post_order_visit(func.body, visit)
+    _visit_functions(mod, visit)
     return bool(found)
+
+
+def _visit_functions(mod, visit) -> None:
+    """``relay.analysis.post_order_visit`` of every Relay function of ``mod`` (its params and body)."""
+    from tvm import relay
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(func, visit)
 
 
 #: relay.build prefix passes that fold an int32 per-channel scale into an 8-bit conv weight
@@ -131,9 +138,7 @@ def is_integer_scale_fold_error(err, mod) -> bool:
             seen["scale"] |= any(isinstance(a, relay.Constant) and a.data.dtype in _INTEGER and len(a.data.shape) >= 1
                                  for a in node.args)
 
-    for _, func in mod.functions.items():
-        if isinstance(func, relay.Function):
-            relay.analysis.post_order_visit(func, visit)
+    _visit_functions(mod, visit)
     return seen["conv"] and seen["scale"]
 
 
@@ -201,10 +206,7 @@ def check_module(mod, target, graph_executor: bool = True) -> None:
         if isinstance(units, tvm.tir.IntImm) and int(units) % 16:
             found.append((node.op.name, [int(d) if isinstance(d, tvm.tir.IntImm) else str(d) for d in weight.shape]))
 
-    for gv in mod.get_global_vars():
-        func = mod[gv]
-        if isinstance(func, relay.Function):
-            relay.analysis.post_order_visit(func, visit)
+    _visit_functions(mod, visit)
     if found:
         op, wshape = found[0]
         raise UnsupportedByTVM(

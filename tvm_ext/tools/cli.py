@@ -387,17 +387,6 @@ def _compile_target(text: str | None):
     return text
 
 
-def _warn_without_amx(target) -> None:
-    """``--amx`` for a target without AMX builds as without it: say so (one line on stderr)."""
-    from ..x86 import isa
-    from ..x86.target import AMX_FEATURES, build_target
-
-    resolved = build_target(target, allow_amx=True)
-    if not set(AMX_FEATURES) & set(isa.llvm_features(resolved)):
-        print(f"tvm-ext compile: warning: --amx: {resolved} has no AMX; the library is built without AMX tiles",
-              file=sys.stderr)
-
-
 def cmd_compile(args) -> int:
     from .deploy import DeployError, compile_library
     from ..core.tvm_bugs import UnsupportedByTVM
@@ -413,14 +402,15 @@ def cmd_compile(args) -> int:
     print(f"compiling {args.model} (pipeline {args.pipeline}"
           f"{', passes ' + ','.join(_pass_names(passes)) if args.pipeline == 'none' and args.passes else ''}) for "
           f"{target or 'this CPU'}: tvm_ext.build, then export_library", flush=True)
-    if args.amx:
-        _warn_without_amx(target)
     try:
         res = compile_library(mod, params, out, target=target, passes=passes, opt_level=args.opt_level,
                               source=str(args.model), pipeline=args.pipeline, amx=args.amx)
     except (DeployError, UnsupportedByTVM) as err:
         raise UsageError(str(err)) from None
     print(res.summary())
+    if args.amx and not {"amx-tile", "amx-int8"} <= set(res.meta["features"]):
+        print(f"tvm-ext compile: warning: --amx: {res.target} has no AMX; the library is built without AMX tiles",
+              file=sys.stderr)
     if res.cannot_run_here:
         print(f"tvm-ext compile: warning: {res.target}: {res.cannot_run_here}; the library cannot run here",
               file=sys.stderr)

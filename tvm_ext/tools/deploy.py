@@ -30,7 +30,6 @@ Nothing here prints; the CLI (:mod:`tvm_ext.tools.cli`) does.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,6 +42,8 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
+
+from .._files import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -92,14 +93,6 @@ class RunResult:
     latency_ms: Optional[float] = None
     repeat: int = 0
     meta: dict = field(repr=False, default_factory=dict)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _io_from_graph(graph_json: str, param_names) -> tuple[list, list]:
@@ -173,7 +166,7 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     meta = {
         "format": SIDECAR_FORMAT,
         "library": out.name,
-        "sha256": _sha256(out),
+        "sha256": sha256_file(out),
         "source": source,
         "target": str(host),
         "features": sorted(isa.llvm_features(host)),
@@ -220,7 +213,7 @@ def read_sidecar(lib_path) -> dict:
         raise DeployError(f"{side}: not a tvm-ext sidecar ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != SIDECAR_FORMAT or not isinstance(meta.get("inputs"), list):
         raise DeployError(f"{side}: not a tvm-ext sidecar of format {SIDECAR_FORMAT}")
-    if meta.get("sha256") != _sha256(lib):
+    if meta.get("sha256") != sha256_file(lib):
         raise DeployError(f"{side} describes another file (sha256 differs from {lib.name}); compile again")
     return meta
 

