@@ -101,18 +101,18 @@ def test_user_records_come_first(small, cache):
     assert len(tuning.load_records(target)) == 1 and len(tuning.load_records(target, user=False)) == 1
 
 
-def test_records_of_another_cpu_or_isa_are_ignored(small, some_records, cache):
+def test_user_records_of_another_cpu_or_isa_are_ignored(small, some_records, cache):
     _, target, _ = small
     lines = some_records
     tune.write_records(lines, target)
-    assert len(tuning.load_records(target)) == len(lines)
+    assert len(tuning.load_records(target, shipped=False)) == len(lines)
     host_cpu = str(target.attrs.get("mcpu", ""))
     other = tvm.target.Target(f"llvm -mcpu={'x86-64-v3' if host_cpu != 'x86-64-v3' else 'skylake-avx512'}")
-    assert tuning.load_records(other) == []
+    assert tuning.load_records(other, shipped=False) == []
     masked = tvm.target.Target(f"llvm -mcpu={host_cpu} -mattr=-avx512f")  # same CPU name, AVX2 code
     if tuning.target_key(masked) != tuning.target_key(target):
-        assert tuning.load_records(masked) == []
-    with tuning.apply(other) as ctx:  # a null context: TVM's own rule
+        assert tuning.load_records(masked, shipped=False) == []
+    with tuning.apply(other, records=[]) as ctx:  # a null context: TVM's own rule
         assert not isinstance(ctx, autotvm.task.ApplyHistoryBest)
 
 
@@ -142,15 +142,27 @@ def test_layout_records_change_the_channel_blocking_and_keep_bits(small, plain, 
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("mcpu, isa", [("x86-64-v3", "avx2"), ("znver4", "avx512_vnni")])
-def test_shipped_records_parse_and_match_their_file(mcpu, isa):
-    target = tvm.target.Target(f"llvm -mcpu={mcpu}")
-    assert tuning.records_name(target) == f"x86_int8_{mcpu}_{isa}.log"
-    path = tuning.shipped_path(target)
-    assert path.is_file(), f"no records shipped for {mcpu} ({isa})"
-    recs = tuning.load_records(target, user=False)
-    assert recs and all(inp.task.name in (tuning.TASK, *tuning.DENSE_TASKS) for inp, _ in recs)
-    assert len(recs) == len([ln for ln in path.read_text().splitlines() if ln.strip()]), "records of another key"
+@pytest.mark.parametrize("isa, cpus", [
+    ("avx2", ["x86-64-v3", "haswell", "znver3", "alderlake"]),
+    ("avx512_vnni", ["znver4", "icelake-server", "cascadelake", "sapphirerapids -mattr=-amx-int8,-amx-tile,-amx-bf16"]),
+])
+def test_shipped_records_are_keyed_by_instruction_set_not_cpu(isa, cpus):
+    """Every CPU of a class, AMD or Intel, finds the class's shipped records, all of them."""
+    path = tuning.TUNED_DIR / f"x86_int8_{isa}.log"
+    assert path.is_file(), f"no records shipped for {isa}"
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    for cpu in cpus:
+        target = tvm.target.Target(f"llvm -mcpu={cpu}")
+        assert tuning.shipped_path(target) == path, cpu
+        recs = tuning.load_records(target, user=False)
+        assert recs and all(inp.task.name in (tuning.TASK, *tuning.DENSE_TASKS) for inp, _ in recs)
+        assert len(recs) == len(lines), f"{cpu}: records of another instruction set in {path.name}"
+
+
+def test_shipped_records_of_another_instruction_set_are_not_applied():
+    avx512 = tvm.target.Target("llvm -mcpu=x86-64-v4")  # AVX-512 without VNNI: nothing shipped
+    assert not tuning.shipped_path(avx512).is_file()
+    assert tuning.load_records(avx512, user=False) == []
 
 
 def test_tune_refuses_targets_that_do_not_run_here(small):

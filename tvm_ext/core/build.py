@@ -370,6 +370,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
 
     from . import tvm_bugs
     from .report import KernelReport
+    from ..x86 import exact_int8
 
     _compat.install_libinfo_cache()
     cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
@@ -407,11 +408,12 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     handed = mod
 
     def final_build(config, extra_disabled):
-        with tvm.transform.PassContext(
+        # x86 without VNNI: which int8 workloads keep the saturating vpmaddubsw (tvm_ext.x86.exact_int8)
+        with exact_int8.recording(), tvm.transform.PassContext(
             opt_level=opt_level,
             config=config,
             disabled_pass=list(dict.fromkeys([*disabled, *prefix_names, *extra_disabled])),
-            instruments=instr,
+            instruments=[*instr, exact_int8.RecordWeights()],
         ):
             return relay.build(copy_module(mod), target=tgt, **build_kwargs)
 

@@ -36,8 +36,11 @@ passes), plus ``pipelines.int8()`` and ``tvm_ext.build`` itself:
   within one step, since a last-bit float difference may flip one rounding. ``QDQToInteger``
   replaces float by integer arithmetic by design: its outputs (and the pipeline's, when it
   rewrote) may differ by :data:`QDQ_STEPS` quantization steps;
-* ``tvm_ext.build`` without passes equals plain ``relay.build`` at the masked host target
-  (weights are small, so no int16 saturation separates VNNI from the masked path).
+* ``tvm_ext.build`` without passes computes an integer graph exactly: bit for bit what
+  ``relay.build`` at plain ``llvm`` gives (no SIMD dot product, so exact integer arithmetic; half
+  of the int8 weight tensors span the full int8 range, where ``vpmaddubsw`` pair sums saturate).
+  Stock ``relay.build`` at the target is compared too and only counted. A graph that computes in
+  float is compared with stock ``relay.build`` within the float tolerance.
 
 *Targets.* ``check_graph(..., target=)`` (``--target``, ``make fuzz TARGET=...``) applies the
 passes, relay.build's prefix and every build at that target (default: the host CPU), so one
@@ -262,7 +265,18 @@ class _Builder:
         self.heads: list[_V] = []
         self.lets: list = []  # (var, value) bindings, outermost first
         self.rng = np.random.default_rng(spec.seed)
+        # a second stream decides the range of each int8 weight tensor, so that the graphs' other
+        # values stay what the same spec has always built
+        self.weight_rng = np.random.default_rng([spec.seed, 1])
         self.params: list = []
+
+    def int8_weights(self, shape) -> np.ndarray:
+        """int8 weights: small ([-8, 8]) or, for every other tensor on average, the full int8 range,
+        where TVM's vpmaddubsw pair sums saturate without VNNI."""
+        small = self.rng.integers(-8, 9, shape).astype("int8")
+        if self.weight_rng.integers(2):
+            return self.weight_rng.integers(-128, 128, shape).astype("int8")
+        return small
 
     # -- shapes ----------------------------------------------------------------------------------
     def full_shape(self, c, h, w, batch=1):
@@ -391,11 +405,11 @@ class _Builder:
             y = relay.nn.conv2d(x, wt, **attrs)
             out = "float32"
         elif flavor == "plain":
-            wt = relay.const(self.rng.integers(-8, 9, wshape).astype("int8"))
+            wt = relay.const(self.int8_weights(wshape))
             y = relay.nn.conv2d(x, wt, out_dtype="int32", **attrs)
             out = "int32"
         elif flavor == "qnn":
-            wt = relay.const(self.rng.integers(-8, 9, wshape).astype("int8"))
+            wt = relay.const(self.int8_weights(wshape))
             zp = 128 if v.dtype == "uint8" else 0
             per_channel = bool(self.rng.integers(2))
             ks = (self.rng.uniform(0.01, 0.1, oc).astype("float32") if per_channel
@@ -404,7 +418,7 @@ class _Builder:
                                     relay.const(np.float32(0.05)), relay.const(ks), out_dtype="int32", **attrs)
             out = "int32"
         else:  # qdq: quantize(conv(dequantize(x), dequantize(w)))
-            wt = relay.const(self.rng.integers(-8, 9, wshape).astype("int8"))
+            wt = relay.const(self.int8_weights(wshape))
             zp = 128 if v.dtype == "uint8" else 0
             xd = relay.qnn.op.dequantize(x, relay.const(np.float32(0.05)), relay.const(zp, "int32"))
             wd = relay.qnn.op.dequantize(wt, relay.const(np.float32(0.02)), relay.const(0, "int32"))
@@ -652,12 +666,12 @@ class _Builder:
                 wt = relay.const((self.rng.standard_normal((units, k)) * 0.3).astype("float32"))
                 outs.append(relay.nn.dense(f.expr, wt, units=units))
             elif flavor == "qnn":
-                wt = relay.const(self.rng.integers(-8, 9, (units, k)).astype("int8"))
+                wt = relay.const(self.int8_weights((units, k)))
                 outs.append(relay.qnn.op.dense(f.expr, wt, relay.const(0, "int32"), relay.const(0, "int32"),
                                                relay.const(np.float32(0.05)), relay.const(np.float32(0.02)),
                                                units=units, out_dtype="int32"))
             else:
-                wt = relay.const(self.rng.integers(-8, 9, (units, k)).astype("int8"))
+                wt = relay.const(self.int8_weights((units, k)))
                 outs.append(relay.nn.dense(f.expr, wt, units=units, out_dtype="int32"))
         dt = "float32" if f.dtype == "float32" else "int32"
         if joiner == "add" and n > 1:
@@ -777,6 +791,7 @@ class GraphResult:
     failures: list = field(default_factory=list)
     skips: list = field(default_factory=list)  # reasons
     seconds: float = 0.0
+    stock_inexact: bool = False  # stock relay.build at the target differs from exact integer arithmetic
 
 
 def _last_line(err) -> str:
@@ -974,7 +989,6 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
         and the graph's skips say that its outputs were not compared.
     """
     import tvm
-    from tvm import relay
 
     import tvm_ext
     from tvm_ext.core import tvm_bugs
@@ -1131,22 +1145,59 @@ def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_che
         except Exception as err:  # noqa: BLE001
             res.skips.append(f"reference does not build: {_short(err)}")
         else:
-            try:
-                with tvm.transform.PassContext(opt_level=3):
-                    stock = relay.build(mod, target=masked)
-                res.builds += 1
-                got = None if not_run else _run_factory(stock, cache["inputs"])
-            except Exception as err:  # noqa: BLE001
-                res.skips.append(f"relay.build fails: {_short(err)}")
-            else:
-                if not not_run:
-                    why = compare_outputs(ref, got, float_graph)
-                    res.compared += 1
-                    if why:
-                        res.failures.append(Failure("build", "build", "mismatch",
-                                                    f"tvm_ext.build vs relay.build: {why}"))
+            _check_build(res, mod, ref, cache["inputs"], float_graph, masked, not_run)
     res.seconds = time.time() - t0
     return res
+
+
+def _check_build(res, mod, ref, inputs, float_graph: bool, masked, not_run):
+    """``tvm_ext.build(mod)``'s outputs ``ref`` against the independent reference.
+
+    An integer graph's reference is exact integer arithmetic: ``relay.build`` at plain ``llvm``,
+    whose int8 ops use no SIMD dot product (no ``vpmaddubsw``), bit for bit. Stock ``relay.build``
+    at the target is compared with it too, and only counted (``stock_inexact``): without VNNI its
+    pair sums saturate. A graph that computes in float is compared with stock ``relay.build`` at
+    the target within the float tolerance (a generic build rounds float differently: no FMA).
+    """
+    import tvm
+    from tvm import relay
+
+    def build_and_run(target):
+        with tvm.transform.PassContext(opt_level=3):
+            factory = relay.build(mod, target=target)
+        res.builds += 1
+        return None if not_run else _run_factory(factory, inputs)
+
+    if float_graph:
+        try:
+            stock = build_and_run(masked)
+        except Exception as err:  # noqa: BLE001
+            res.skips.append(f"relay.build fails: {_short(err)}")
+            return
+        if stock is not None:
+            res.compared += 1
+            why = compare_outputs(ref, stock, float_graph)
+            if why:
+                res.failures.append(Failure("build", "build", "mismatch", f"tvm_ext.build vs relay.build: {why}"))
+        return
+    try:
+        exact = build_and_run("llvm")
+    except Exception as err:  # noqa: BLE001
+        res.skips.append(f"generic llvm build fails: {_short(err)}")
+        return
+    if exact is None:
+        return
+    res.compared += 1
+    why = compare_outputs(exact, ref, float_graph=False)
+    if why:
+        res.failures.append(Failure("build", "build", "inexact",
+                                    f"tvm_ext.build vs exact integer arithmetic (generic llvm): {why}"))
+    try:
+        stock = build_and_run(masked)
+    except Exception as err:  # noqa: BLE001
+        res.skips.append(f"relay.build fails: {_short(err)}")
+        return
+    res.stock_inexact = compare_outputs(exact, stock, float_graph=False) is not None
 
 
 def _actual_variant(mod, variant: str) -> str:
@@ -1404,6 +1455,7 @@ class Summary:
     skips: dict = field(default_factory=dict)
     seconds: float = 0.0
     files: list = field(default_factory=list)
+    stock_inexact: int = 0  # graphs where stock relay.build at the target misses exact integer arithmetic
     target: str = ""  # what the graphs were compiled for ("" : the host CPU)
 
     def add(self, spec: Spec, res: GraphResult):
@@ -1413,6 +1465,7 @@ class Summary:
             self.rewrites[k] = self.rewrites.get(k, 0) + 1
         self.builds += res.builds
         self.compared += res.compared
+        self.stock_inexact += int(res.stock_inexact)
         for f in res.failures:
             sig = f.signature()
             self.failures[sig] = self.failures.get(sig, 0) + 1
@@ -1427,6 +1480,8 @@ class Summary:
             f"graphs tried: {self.graphs} in {self.seconds:.0f} s ({rate:.2f} graphs/s); "
             + "variants: " + ", ".join(f"{k} {v}" for k, v in sorted(self.variants.items())),
             f"TVM builds: {self.builds}; output comparisons: {self.compared} (x {NUM_INPUTS} inputs)",
+            f"integer graphs where stock relay.build at the target differs from exact integer arithmetic: "
+            f"{self.stock_inexact} (tvm_ext.build must not: failure kind 'inexact')",
             "",
             "| pass | stage | graphs rewritten |",
             "|---|---|---|",
@@ -1549,7 +1604,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="fuzz-failures", help="folder for shrunk failing graphs")
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--no-shrink", action="store_true")
-    ap.add_argument("--no-build-check", action="store_true", help="skip tvm_ext.build vs relay.build per graph")
+    ap.add_argument("--no-build-check", action="store_true",
+                    help="skip checking tvm_ext.build against exact integer arithmetic (integer graphs) or "
+                         "relay.build (float graphs)")
     ap.add_argument("--target", default=None,
                     help='TVM target the passes, prefix and builds are for (default: the host CPU), e.g. '
                          '"llvm -mcpu=x86-64-v3"; code this host cannot execute is compiled, not run')

@@ -152,6 +152,7 @@ import logging
 from dataclasses import dataclass
 
 from . import conv_transpose as x86_conv_transpose
+from . import exact_int8
 from ._patch import Patch
 from .isa import isa_class
 
@@ -946,6 +947,7 @@ def _install(schedule, int8_graph=False):
             generic.fallback_schedule_cpu_common_int8)
         compute = _int8_conv_compute(conv2d_int8.conv2d_NCHWc_int8)
         x86.conv2d_NCHWc_int8 = conv2d_int8.conv2d_NCHWc_int8 = compute
+    exact_int8.install()  # wraps the schedules installed above
 
 
 def _uninstall():
@@ -958,6 +960,7 @@ def _uninstall():
     import tvm.topi.x86.depthwise_conv2d as depthwise
     import tvm.topi.x86.tensor_intrin as intrin
 
+    exact_int8.uninstall()
     intrin.dot_16x1x16_uint8_int8_int32_cascadelake = _SAVED.pop("intrin")
     (alter_op.conv2d_alter_int8_common, generic.fallback_schedule_cpu_1x1_int8,
      generic.fallback_schedule_cpu_common_int8, x86.conv2d_NCHWc_int8,

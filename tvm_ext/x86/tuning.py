@@ -7,15 +7,17 @@ A leaf below :mod:`tvm_ext.build` (it imports only :mod:`tvm_ext.x86.isa` and :m
 :mod:`tvm_ext.tools.tune` records and searches, on top of ``build``.
 
 Records are AutoTVM records of TVM's int8 templates (``conv2d_NCHWc_int8.x86``, ``dense_*.x86``),
-kept in two places and keyed by the CPU (``-mcpu``) and the int8 instruction-set class
-(:func:`tvm_ext.x86.isa.isa_class`: AVX2, AVX-512, AVX-512 VNNI, AMX), because a schedule measured for one
-instruction set says nothing about another (an ``amx`` target, ``tvm_ext.build(..., amx=True)``,
-has its own: TVM's AMX dense template has other knobs than its VNNI one):
+kept in two places, each keyed by the int8 instruction-set class (:func:`tvm_ext.x86.isa.isa_class`:
+AVX2, AVX-512, AVX-512 VNNI, AMX), because a schedule measured for one instruction set says nothing
+about another (an ``amx`` target, ``tvm_ext.build(..., amx=True)``, has its own: TVM's AMX dense
+template has other knobs than its VNNI one):
 
 * **user**: ``$TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log`` (default
-  ``~/.cache/tvm_ext/tuned``), written by ``tvm-ext tune`` on the user's own machine;
-* **shipped**: ``tvm_ext/x86/tuned/x86_int8_<mcpu>_<isa>.log``, package data, for the CPU classes the
-  project's machines have shown.
+  ``~/.cache/tvm_ext/tuned``), written by ``tvm-ext tune`` on the user's own machine, for that CPU
+  (``-mcpu``) only;
+* **shipped**: ``tvm_ext/x86/tuned/x86_int8_<isa>.log``, package data, for *every* CPU of the class,
+  whatever its name or vendor: an Intel AVX-512 VNNI host uses what was measured on an AMD one and
+  the reverse, unless the user tuned their own.
 
 :func:`apply` gives the user's records precedence: for a workload the user tuned, a shipped record
 is never consulted. Two kinds of conv records exist:
@@ -41,7 +43,7 @@ from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TASK", "DENSE_TASKS", "records_name", "shipped_path", "user_path", "user_dir", "load_records",
+__all__ = ["TASK", "DENSE_TASKS", "records_name", "shipped_name", "shipped_path", "user_path", "user_dir", "load_records",
            "apply", "TUNED_DIR"]
 
 TASK = "conv2d_NCHWc_int8.x86"
@@ -51,18 +53,24 @@ TUNED_DIR = Path(__file__).parent / "tuned"
 
 
 def target_key(target) -> tuple[str, str]:
-    """(``-mcpu``, int8 ISA class) of ``target``: what a record must match to be applied."""
+    """(``-mcpu``, int8 ISA class) of ``target``: what a user's record must match to be applied."""
     return str(target.attrs.get("mcpu", "")) or "generic", isa_class(target)
 
 
 def records_name(target) -> str:
+    """File name of the user's records for ``target``'s CPU and instruction set."""
     mcpu, isa = target_key(target)
     return f"x86_int8_{mcpu}_{isa}.log"
 
 
+def shipped_name(target) -> str:
+    """File name of the package's records for ``target``'s instruction-set class."""
+    return f"x86_int8_{isa_class(target)}.log"
+
+
 def shipped_path(target) -> Path:
-    """The package's records for ``target``'s CPU and instruction set."""
-    return TUNED_DIR / records_name(target)
+    """The package's records for ``target``'s instruction-set class (any CPU of that class)."""
+    return TUNED_DIR / shipped_name(target)
 
 
 def user_dir() -> Path:
@@ -80,7 +88,7 @@ def user_path(target) -> Path:
 _READ_CACHE: dict = {}
 
 
-def _read(path: Path, key) -> list:
+def _read(path: Path, key, key_of=target_key) -> list:
     from tvm import autotvm
 
     try:
@@ -97,18 +105,18 @@ def _read(path: Path, key) -> list:
     except Exception as err:  # a corrupt user file must not break builds: say so, use none of it
         logger.warning("ignoring tuning records %s: %s", path, err)
         return []
-    out = [(inp, res) for inp, res in recs if res.error_no == 0 and target_key(inp.target) == key]
+    out = [(inp, res) for inp, res in recs if res.error_no == 0 and key_of(inp.target) == key]
     _READ_CACHE[ck] = tuple(out)
     return out
 
 
 def load_records(target, *, user: bool = True, shipped: bool = True) -> list:
-    """Records for ``target``: the user's, then shipped ones for workloads the user did not tune."""
-    key = target_key(target)
-    mine = _read(user_path(target), key) if user else []
+    """Records for ``target``: the user's for its CPU, then the ones shipped for its instruction-set
+    class, for workloads the user did not tune."""
+    mine = _read(user_path(target), target_key(target)) if user else []
     tuned = {inp.task.workload for inp, _ in mine}
-    ours = [r for r in (_read(shipped_path(target), key) if shipped else []) if r[0].task.workload not in tuned]
-    return mine + ours
+    shipped_recs = _read(shipped_path(target), isa_class(target), isa_class) if shipped else []
+    return mine + [r for r in shipped_recs if r[0].task.workload not in tuned]
 
 
 def _tuned_first(records):
@@ -141,5 +149,6 @@ def apply(target, records=None):
     recs = load_records(target) if records is None and target.kind.name == "llvm" else (records or [])
     if not recs:
         return contextlib.nullcontext()
-    logger.debug("applying %d tuned int8 records for %s", len(recs), records_name(target))
+    logger.debug("applying %d tuned int8 records for %s / %s", len(recs), records_name(target),
+                 shipped_name(target))
     return _tuned_first(recs)

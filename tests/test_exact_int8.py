@@ -1,0 +1,269 @@
+"""tvm_ext.x86.exact_int8: int8 convs and dense without VNNI against exact integer arithmetic (numpy).
+
+Code is executed only where the host has every instruction it was compiled for
+(:func:`tvm_ext.x86.isa.runs_on_host`); AVX-512 targets are compiled and their assembly read.
+"""
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+
+import tvm_ext
+from tvm_ext.core import pipelines
+from tvm_ext.x86 import exact_int8
+from tvm_ext.x86 import int8_conv as x86_int8
+from tvm_ext.x86.isa import runs_on_host
+
+#: One target per instruction-set class whose int8 dot product is vpmaddubsw.
+TARGETS = {
+    "sse": "llvm -mcpu=x86-64-v2",
+    "avx2": "llvm -mcpu=x86-64-v3",
+    "avx512": "llvm -mcpu=x86-64-v4",
+    "avx512-vnni-masked": "llvm -mcpu=znver4 -mattr=-avx512vnni",
+}
+#: The exact form's masks of the data bytes (0x7f7f7f7f, 0x80808080) as LLVM prints them.
+EXACT_MASKS = ("2139062143", "0x7f7f7f7f")
+
+
+def _uses_exact_form(lib) -> bool:
+    asm = lib.get_lib().get_source("asm")
+    assert "pmaddubsw" in asm, "expected an int8 vpmaddubsw kernel"
+    return any(m in asm for m in EXACT_MASKS)
+
+
+def _run(lib, **inputs):
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    m.set_input(**inputs)
+    m.run()
+    return m.get_output(0).numpy()
+
+
+def _conv(weights, size=12, stride=1, pad=1, zero_point=128):
+    """qnn.conv2d: uint8 data with ``zero_point``, the given int8 OIHW weights, int32 output."""
+    oc, ic, k, _ = weights.shape
+    x = relay.var("x", shape=(1, ic, size, size), dtype="uint8")
+    y = relay.qnn.op.conv2d(x, relay.const(weights), relay.const(zero_point), relay.const(0), relay.const(1.0),
+                            relay.const(1.0), kernel_size=(k, k), channels=oc, strides=(stride, stride),
+                            padding=(pad, pad), out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _conv_exact(x, w, stride=1, pad=1, zero_point=128):
+    """The integer convolution of ``x - zero_point`` (padded with zeros after the shift) and ``w``."""
+    xs = np.pad(x.astype(np.int64) - zero_point, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oc, _, k, _ = w.shape
+    out_size = (xs.shape[2] - k) // stride + 1
+    out = np.zeros((1, oc, out_size, out_size), np.int64)
+    span = stride * (out_size - 1) + 1
+    for kh in range(k):
+        for kw in range(k):
+            window = xs[0, :, kh:kh + span:stride, kw:kw + span:stride]
+            out[0] += np.einsum("oi,ihw->ohw", w[:, :, kh, kw].astype(np.int64), window)
+    return out
+
+
+def _full_range(shape, seed=0):
+    return np.random.default_rng(seed).integers(-128, 128, shape).astype("int8")
+
+
+def _target_param(name):
+    return pytest.param(TARGETS[name], id=name)
+
+
+# --- the weight check ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pair,fits", [
+    ((64, 64), True), ((65, 64), False), ((127, 1), True), ((127, 2), False),
+    ((-64, -64), True), ((-65, -64), False), ((-128, 0), True), ((-128, -1), False),
+    ((127, -128), True),  # opposite signs never add up
+])
+def test_pairs_fit_int16_at_the_limit(pair, fits):
+    w = np.array([[*pair, 0, 0], [0, 0, 0, 0]], "int8")
+    assert exact_int8.pairs_fit_int16(w) is fits
+    assert exact_int8.pairs_fit_int16(w[:, [2, 3, 0, 1]]) is fits, "both pairs of the group are checked"
+
+
+def test_pairs_are_adjacent_bytes_only():
+    """Bytes (0, 1) and (2, 3) are pairs: one large weight in each fits (255 * 127 per pair), two
+    in one pair do not."""
+    assert exact_int8.pairs_fit_int16(np.array([[127, 0, 127, 0]], "int8"))
+    assert exact_int8.pairs_fit_int16(np.array([[0, 127, 127, 0]], "int8"))
+    assert not exact_int8.pairs_fit_int16(np.array([[127, 127, 0, 0]], "int8"))
+
+
+def test_pairs_fit_int16_rejects_what_it_cannot_check():
+    with pytest.raises(TypeError, match="int8"):
+        exact_int8.pairs_fit_int16(np.zeros((4, 4), "int16"))
+    with pytest.raises(ValueError, match="whole pairs"):
+        exact_int8.pairs_fit_int16(np.zeros((4, 3), "int8"))
+
+
+def test_the_limit_is_the_int16_bound():
+    assert 255 * exact_int8.PAIR_LIMIT <= 32767 < 255 * (exact_int8.PAIR_LIMIT + 1)
+
+
+# --- executed: exact against numpy ----------------------------------------------------------------
+
+@pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
+@pytest.mark.parametrize("pipeline", [False, True], ids=["plain", "int8-pipeline"])
+@pytest.mark.parametrize("k,stride", [(3, 1), (1, 1), (3, 2)])
+def test_full_range_conv_is_exact(target, pipeline, k, stride):
+    """Full-range weights (including -128) against uniform uint8 data: every accumulator is the
+    integer result, with tvm_ext.build alone and with the int8 pipeline's kernels."""
+    if not runs_on_host(target):
+        pytest.skip(f"host lacks instructions of '{target}'")
+    w = _full_range((32, 32, k, k))
+    x = np.random.default_rng(1).integers(0, 256, (1, 32, 12, 12)).astype("uint8")
+    mod = _conv(w, stride=stride, pad=k // 2)
+    lib = tvm_ext.build(mod, target=target, passes=pipelines.int8() if pipeline else ())
+    assert _uses_exact_form(lib)
+    np.testing.assert_array_equal(_run(lib, x=x), _conv_exact(x, w, stride, k // 2))
+
+
+@pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
+def test_worst_case_pairs_are_exact(target):
+    """Every pair at its extreme: data 255 against weights 127 and -128, and data 0 (the shifted
+    zero point), the sums stock TVM saturates most."""
+    if not runs_on_host(target):
+        pytest.skip(f"host lacks instructions of '{target}'")
+    w = np.full((16, 16, 1, 1), 127, "int8")
+    w[8:] = -128
+    mod = _conv(w, size=4, pad=0, zero_point=0)
+    for value in (255, 128, 127, 0):
+        x = np.full((1, 16, 4, 4), value, "uint8")
+        got = tvm_ext.build(mod, target=target)
+        np.testing.assert_array_equal(_run(got, x=x), _conv_exact(x, w, pad=0, zero_point=0))
+
+
+@pytest.mark.parametrize("target", [_target_param("avx2")])
+def test_stock_saturates_where_tvm_ext_is_exact(target):
+    """The test data above is data that saturates: stock TVM, and tvm-ext forced into TVM's form
+    (:func:`exact_int8.saturating`), miss the integer result on it."""
+    if not runs_on_host(target):
+        pytest.skip(f"host lacks instructions of '{target}'")
+    w = _full_range((32, 32, 3, 3))
+    x = np.random.default_rng(1).integers(0, 256, (1, 32, 12, 12)).astype("uint8")
+    mod, want = _conv(w), _conv_exact(x, w)
+    with tvm.transform.PassContext(opt_level=3):
+        stock = _run(relay.build(mod, target=target), x=x)
+    with exact_int8.saturating():
+        forced = tvm_ext.build(mod, target=target)
+    assert not _uses_exact_form(forced)
+    assert (stock != want).sum() > want.size // 2
+    np.testing.assert_array_equal(_run(forced, x=x), stock)
+
+
+@pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
+def test_relay_build_inside_kernels_is_exact(target):
+    """A plain relay.build inside kernels() records no weights: every workload takes the exact form."""
+    if not runs_on_host(target):
+        pytest.skip(f"host lacks instructions of '{target}'")
+    w = np.full((16, 16, 3, 3), 3, "int8")  # fits int16, but nobody checked
+    x = np.random.default_rng(2).integers(0, 256, (1, 16, 12, 12)).astype("uint8")
+    with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(_conv(w), target=target)
+    assert _uses_exact_form(lib)
+    np.testing.assert_array_equal(_run(lib, x=x), _conv_exact(x, w))
+
+
+def _dense(w):
+    x = relay.var("x", shape=(8, w.shape[1]), dtype="uint8")
+    y = relay.qnn.op.dense(x, relay.const(w), relay.const(0), relay.const(0), relay.const(1.0), relay.const(1.0),
+                           units=w.shape[0], out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+@pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
+def test_full_range_dense_is_exact(target):
+    """(TVM 0.19 packs int8 dense for vpmaddubsw only on AVX-512; below it computes in int32.)"""
+    if not runs_on_host(target):
+        pytest.skip(f"host lacks instructions of '{target}'")
+    w = _full_range((64, 128), seed=5)
+    xv = np.random.default_rng(4).integers(0, 256, (8, 128)).astype("uint8")
+    lib = tvm_ext.build(_dense(w), target=target)
+    np.testing.assert_array_equal(_run(lib, x=xv), xv.astype(np.int64) @ w.astype(np.int64).T)
+
+
+@pytest.mark.parametrize("target", [_target_param("avx512"), _target_param("avx512-vnni-masked")])
+def test_dense_on_avx512_takes_the_exact_form_unless_its_weights_fit(target):
+    """Compiled only (this class may not run here); executed where the host has it."""
+    w = _full_range((64, 128), seed=5)
+    fit = (w // 4).astype("int8")
+    xv = np.random.default_rng(4).integers(0, 256, (8, 128)).astype("uint8")
+    for weights, exact_form in ((w, True), (fit, False)):
+        lib = tvm_ext.build(_dense(weights), target=target)
+        assert _uses_exact_form(lib) is exact_form
+        if runs_on_host(target):
+            np.testing.assert_array_equal(_run(lib, x=xv), xv.astype(np.int64) @ weights.astype(np.int64).T)
+
+
+# --- per workload: the saturating form only where every weight pair fits --------------------------
+
+@pytest.mark.parametrize("target", list(TARGETS.values()), ids=list(TARGETS))
+def test_weights_that_fit_keep_vpmaddubsw(target):
+    """Compiled for every non-VNNI class: weights in [-64, 64] keep TVM's form, full-range ones
+    take the exact form; executed (against numpy) where the host can."""
+    fit = np.random.default_rng(6).integers(-64, 65, (32, 32, 3, 3)).astype("int8")
+    for w, exact_form in ((fit, False), (_full_range((32, 32, 3, 3)), True)):
+        lib = tvm_ext.build(_conv(w), target=target, passes=pipelines.int8())
+        assert _uses_exact_form(lib) is exact_form
+        if runs_on_host(target):
+            x = np.random.default_rng(7).integers(0, 256, (1, 32, 12, 12)).astype("uint8")
+            np.testing.assert_array_equal(_run(lib, x=x), _conv_exact(x, w))
+
+
+@pytest.mark.parametrize("target", [_target_param("avx2")])
+def test_layers_sharing_a_kernel_take_the_exact_form_if_one_needs_it(target):
+    """Two convs of one shape share one compiled kernel (TVM caches it by shape): one has weights
+    that fit, the other not, so both run the exact form, and both are exact."""
+    fit = np.random.default_rng(8).integers(-64, 65, (16, 16, 3, 3)).astype("int8")
+    wide = _full_range((16, 16, 3, 3), seed=9)
+    x = relay.var("x", shape=(1, 16, 10, 10), dtype="uint8")
+
+    def conv(data, w):
+        return relay.qnn.op.conv2d(data, relay.const(w), relay.const(0), relay.const(0), relay.const(1.0),
+                                   relay.const(1.0), kernel_size=(3, 3), channels=16, padding=(1, 1),
+                                   out_dtype="int32")
+
+    y = relay.concatenate([conv(x, fit), conv(x, wide)], axis=1)
+    lib = tvm_ext.build(tvm.IRModule.from_expr(relay.Function([x], y)), target=target)
+    assert _uses_exact_form(lib)
+    if runs_on_host(target):
+        xv = np.random.default_rng(10).integers(0, 256, (1, 16, 10, 10)).astype("uint8")
+        want = np.concatenate([_conv_exact(xv, fit, zero_point=0), _conv_exact(xv, wide, zero_point=0)], axis=1)
+        np.testing.assert_array_equal(_run(lib, x=xv), want)
+
+
+def test_weights_that_are_not_constants_take_the_exact_form():
+    target = TARGETS["avx2"]
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    w = relay.var("w", shape=(16, 16, 3, 3), dtype="int8")
+    y = relay.nn.conv2d(x, w, padding=1, channels=16, kernel_size=3, out_dtype="int32")
+    lib = tvm_ext.build(tvm.IRModule.from_expr(relay.Function([x, w], y)), target=target)
+    if runs_on_host(target):
+        assert _uses_exact_form(lib) or "pmaddubsw" not in lib.get_lib().get_source("asm")
+        wv = _full_range((16, 16, 3, 3), seed=11)
+        xv = np.random.default_rng(12).integers(0, 256, (1, 16, 8, 8)).astype("uint8")
+        np.testing.assert_array_equal(_run(lib, x=xv, w=wv), _conv_exact(xv, wv, zero_point=0))
+
+
+def test_vnni_is_left_to_vpdpbusd():
+    """Compiled only: VNNI accumulates exactly, so its code has no byte split."""
+    target = "llvm -mcpu=znver4"
+    import subprocess
+    import sys
+    # built in a child process: an LLVM abort must not take the test session with it
+    code = (
+        "import numpy as np, tvm_ext\n"
+        "from tvm import relay\nimport tvm\n"
+        "w = np.random.default_rng(0).integers(-128, 128, (32, 32, 3, 3)).astype('int8')\n"
+        "x = relay.var('x', shape=(1, 32, 12, 12), dtype='uint8')\n"
+        "y = relay.nn.conv2d(x, relay.const(w), padding=1, channels=32, kernel_size=3, out_dtype='int32')\n"
+        f"lib = tvm_ext.build(tvm.IRModule.from_expr(relay.Function([x], y)), target='{target}')\n"
+        "asm = lib.get_lib().get_source('asm')\n"
+        "print('vpdpbusd' in asm, any(m in asm for m in ('2139062143', '0x7f7f7f7f')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["True", "False"]
