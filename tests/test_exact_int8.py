@@ -22,14 +22,29 @@ TARGETS = {
     "avx512": "llvm -mcpu=x86-64-v4",
     "avx512-vnni-masked": "llvm -mcpu=znver4 -mattr=-avx512vnni",
 }
-#: The exact form's masks of the data bytes (0x7f7f7f7f, 0x80808080) as LLVM prints them.
-EXACT_MASKS = ("2139062143", "0x7f7f7f7f")
+#: The byte-split form's masks of the data bytes (0x7f7f7f7f, 0x80808080) as LLVM prints them.
+SPLIT_MASKS = ("2139062143", "0x7f7f7f7f")
+
+
+def _forms(lib) -> set:
+    """The int8 dot products in a build: ``"pairs"`` (a conv packed in pairs, int16 vpmaddwd),
+    ``"split"`` (vpmaddubsw on the byte halves), ``"saturating"`` (TVM's vpmaddubsw)."""
+    asm = lib.get_lib().get_source("asm")
+    module = getattr(lib, "tvm_ext_module", None)
+    forms = set()
+    if module is not None and "o2i" in module.astext() and "pmaddwd" in asm:
+        forms.add("pairs")
+    if any(m in asm for m in SPLIT_MASKS):
+        forms.add("split")
+    if "pmaddubsw" in asm and "split" not in forms:
+        forms.add("saturating")
+    return forms
 
 
 def _uses_exact_form(lib) -> bool:
-    asm = lib.get_lib().get_source("asm")
-    assert "pmaddubsw" in asm, "expected an int8 vpmaddubsw kernel"
-    return any(m in asm for m in EXACT_MASKS)
+    forms = _forms(lib)
+    assert forms, "expected an int8 vpmaddubsw or vpmaddwd kernel"
+    return "saturating" not in forms
 
 
 def _run(lib, **inputs):
@@ -117,7 +132,7 @@ def test_full_range_conv_is_exact(target, pipeline, k, stride):
     x = np.random.default_rng(1).integers(0, 256, (1, 32, 12, 12)).astype("uint8")
     mod = _conv(w, stride=stride, pad=k // 2)
     lib = tvm_ext.build(mod, target=target, passes=pipelines.int8() if pipeline else ())
-    assert _uses_exact_form(lib)
+    assert _forms(lib) == {"pairs"}
     np.testing.assert_array_equal(_run(lib, x=x), _conv_exact(x, w, stride, k // 2))
 
 
@@ -149,7 +164,7 @@ def test_stock_saturates_where_tvm_ext_is_exact(target):
         stock = _run(relay.build(mod, target=target), x=x)
     with exact_int8.saturating():
         forced = tvm_ext.build(mod, target=target)
-    assert not _uses_exact_form(forced)
+    assert _forms(forced) == {"saturating"}
     assert (stock != want).sum() > want.size // 2
     np.testing.assert_array_equal(_run(forced, x=x), stock)
 
@@ -163,7 +178,7 @@ def test_relay_build_inside_kernels_is_exact(target):
     x = np.random.default_rng(2).integers(0, 256, (1, 16, 12, 12)).astype("uint8")
     with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
         lib = relay.build(_conv(w), target=target)
-    assert _uses_exact_form(lib)
+    assert _forms(lib) == {"split"}
     np.testing.assert_array_equal(_run(lib, x=x), _conv_exact(x, w))
 
 
@@ -191,9 +206,9 @@ def test_dense_on_avx512_takes_the_exact_form_unless_its_weights_fit(target):
     w = _full_range((64, 128), seed=5)
     fit = (w // 4).astype("int8")
     xv = np.random.default_rng(4).integers(0, 256, (8, 128)).astype("uint8")
-    for weights, exact_form in ((w, True), (fit, False)):
+    for weights, form in ((w, "split"), (fit, "saturating")):
         lib = tvm_ext.build(_dense(weights), target=target)
-        assert _uses_exact_form(lib) is exact_form
+        assert _forms(lib) == {form}
         if runs_on_host(target):
             np.testing.assert_array_equal(_run(lib, x=xv), xv.astype(np.int64) @ weights.astype(np.int64).T)
 
@@ -205,18 +220,19 @@ def test_weights_that_fit_keep_vpmaddubsw(target):
     """Compiled for every non-VNNI class: weights in [-64, 64] keep TVM's form, full-range ones
     take the exact form; executed (against numpy) where the host can."""
     fit = np.random.default_rng(6).integers(-64, 65, (32, 32, 3, 3)).astype("int8")
-    for w, exact_form in ((fit, False), (_full_range((32, 32, 3, 3)), True)):
+    for w, form in ((fit, "saturating"), (_full_range((32, 32, 3, 3)), "pairs")):
         lib = tvm_ext.build(_conv(w), target=target, passes=pipelines.int8())
-        assert _uses_exact_form(lib) is exact_form
+        assert _forms(lib) == {form}
         if runs_on_host(target):
             x = np.random.default_rng(7).integers(0, 256, (1, 32, 12, 12)).astype("uint8")
             np.testing.assert_array_equal(_run(lib, x=x), _conv_exact(x, w))
 
 
 @pytest.mark.parametrize("target", [_target_param("avx2")])
-def test_layers_sharing_a_kernel_take_the_exact_form_if_one_needs_it(target):
-    """Two convs of one shape share one compiled kernel (TVM caches it by shape): one has weights
-    that fit, the other not, so both run the exact form, and both are exact."""
+def test_layers_of_one_shape_each_get_their_own_form(target):
+    """Two convs of one shape, one with weights that fit and one without: the second is packed in
+    pairs (another kernel shape, so another compiled kernel), the first keeps vpmaddubsw; both
+    exact."""
     fit = np.random.default_rng(8).integers(-64, 65, (16, 16, 3, 3)).astype("int8")
     wide = _full_range((16, 16, 3, 3), seed=9)
     x = relay.var("x", shape=(1, 16, 10, 10), dtype="uint8")
@@ -228,7 +244,8 @@ def test_layers_sharing_a_kernel_take_the_exact_form_if_one_needs_it(target):
 
     y = relay.concatenate([conv(x, fit), conv(x, wide)], axis=1)
     lib = tvm_ext.build(tvm.IRModule.from_expr(relay.Function([x], y)), target=target)
-    assert _uses_exact_form(lib)
+    assert _forms(lib) == {"pairs", "saturating"}
+    assert lib.tvm_ext_module.astext().count("o2i") == 1
     if runs_on_host(target):
         xv = np.random.default_rng(10).integers(0, 256, (1, 16, 10, 10)).astype("uint8")
         want = np.concatenate([_conv_exact(xv, fit, zero_point=0), _conv_exact(xv, wide, zero_point=0)], axis=1)
@@ -267,3 +284,115 @@ def test_vnni_is_left_to_vpdpbusd():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["True", "False"]
+
+
+# --- the zoo's int8 ResNet-50s (slow: full-size builds) --------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50_int8_qoperator", "resnet50_int8_relay", "resnet50_int8_qdq"])
+@pytest.mark.parametrize("small", [True, False], ids=["small", "full"])
+def test_zoo_resnet_is_exact_at_the_host_target(name, small):
+    """The int8 pipeline at the host's instruction set against the same integer graph built at
+    plain ``llvm`` (TVM's generic int8 kernels: no SIMD dot product, exact integer arithmetic), bit
+    for bit, on two inputs. The QDQ model is compared after the pipeline's start stage, which makes
+    its convolutions integer (the imported graph computes them in float)."""
+    from tvm_ext.tools import zoo
+    from tvm_ext.x86.target import host_target
+
+    m = zoo.load(name, small=small)
+    pipeline = pipelines.int8()
+    lib = tvm_ext.build(m.mod, target=host_target(), params=m.params, passes=pipeline)
+    graph, params = m.mod, m.params
+    if name.endswith("qdq"):  # the integer graph the start stage makes (params bound into it)
+        graph = tvm_ext.build(m.mod, target=host_target(), params=m.params, passes=[pipeline.start],
+                              at="start").tvm_ext_module
+        params = None
+    with tvm.transform.PassContext(opt_level=3):
+        reference = relay.build(graph, target="llvm", params=params)
+    for seed in (0, 1):
+        x = zoo.sample_input(m, seed=seed)
+        np.testing.assert_array_equal(_run(lib, **{m.input_name: x}), _run(reference, **{m.input_name: x}))
+
+
+# --- PairPackInt8Convs: structure, numerics, idempotence, no match ---------------------------------
+
+def _nchwc_conv(weight_oihw, ic_bn=8, oc_bn=8, data_dtype="uint8", groups=1):
+    """An AlterOpLayout-style int8 conv: NCHW{ic_bn}c data, the kernel packed OIHW{ic/4}i{oc}o4i."""
+    oc, ic, k, _ = weight_oihw.shape
+    w7 = weight_oihw.reshape(oc // oc_bn, oc_bn, ic // ic_bn, ic_bn // 4, 4, k, k).transpose(0, 2, 5, 6, 3, 1, 4)
+    x = relay.var("x", shape=(1, ic // ic_bn, 6, 6, ic_bn), dtype=data_dtype)
+
+    def conv(kernel, layout):
+        return relay.nn.contrib_conv2d_nchwc(x, relay.const(np.ascontiguousarray(kernel)), channels=oc,
+                                             kernel_size=(k, k), padding=(k // 2, k // 2), groups=groups,
+                                             data_layout=f"NCHW{ic_bn}c", kernel_layout=layout,
+                                             out_layout=f"NCHW{oc_bn}c", out_dtype="int32")
+
+    before = tvm.IRModule.from_expr(relay.Function([x], conv(w7, f"OIHW{ic_bn // 4}i{oc_bn}o4i")))
+    expected = tvm.IRModule.from_expr(relay.Function(
+        [x], conv(exact_int8.pair_kernel(w7), f"OIHW{ic_bn // 2}i{oc_bn}o2i")))
+    return before, expected
+
+
+def test_pair_kernel_keeps_every_weight():
+    w = np.arange(2 * 3 * 2 * 8 * 4).reshape(2, 3, 1, 1, 2, 8, 4)
+    p = exact_int8.pair_kernel(w)
+    assert p.shape == (2, 3, 1, 1, 4, 8, 2)
+    for f in range(2):
+        for j in range(4):
+            np.testing.assert_array_equal(p[..., 2 * f + j // 2, :, j % 2], w[..., f, :, j])
+    with pytest.raises(ValueError, match="ic/4"):
+        exact_int8.pair_kernel(np.zeros((2, 2, 1, 1, 2, 8, 2), "int8"))
+
+
+def test_pair_pack_structure():
+    r"""conv(x: u8, w: i8[2, 2, 3, 3, 2, 8, 4]) -> conv(x, pair_kernel(w): i8[2, 2, 3, 3, 4, 8, 2])"""
+    before, expected = _nchwc_conv(_full_range((16, 16, 3, 3)))
+    got = exact_int8.PairPackInt8Convs()(before)
+    tvm.ir.assert_structural_equal(got, relay.transform.InferType()(expected), map_free_vars=True)
+
+
+def test_pair_pack_is_idempotent_and_pure():
+    before, _ = _nchwc_conv(_full_range((16, 16, 3, 3)))
+    text = before.astext()
+    once = exact_int8.PairPackInt8Convs()(before)
+    tvm.ir.assert_structural_equal(exact_int8.PairPackInt8Convs()(once), once)
+    assert before.astext() == text, "the caller's module is not mutated"
+
+
+@pytest.mark.parametrize("case", ["fits", "int8 data"])
+def test_pair_pack_leaves_what_it_must_not_pack(case, caplog):
+    import logging
+
+    rng = np.random.default_rng(3)
+    w = rng.integers(-64, 65, (16, 16, 3, 3)).astype("int8") if case == "fits" else _full_range((16, 16, 3, 3))
+    before, _ = _nchwc_conv(w, data_dtype="int8" if case == "int8 data" else "uint8")
+    with caplog.at_level(logging.DEBUG, logger="tvm_ext.x86.exact_int8"):
+        got = exact_int8.PairPackInt8Convs()(before)
+    tvm.ir.assert_structural_equal(got, relay.transform.InferType()(before))
+    assert {"fits": "fits int16", "int8 data": "not uint8 x int8"}[case] in caplog.text
+
+
+@pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
+def test_pair_packed_conv_is_exact(target):
+    """The packed conv, built alone, against numpy (through the module's own unpacking of the
+    NCHWc layouts)."""
+    if not runs_on_host(target):
+        pytest.skip(f"host lacks instructions of '{target}'")
+    w = _full_range((16, 16, 3, 3), seed=13)
+    _, packed = _nchwc_conv(w)
+    xv = np.random.default_rng(14).integers(0, 256, (1, 2, 6, 6, 8)).astype("uint8")
+    with x86_int8.kernels(schedule=False), tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(packed, target=target)
+    x_nchw = xv.transpose(0, 1, 4, 2, 3).reshape(1, 16, 6, 6)
+    want = _conv_exact(x_nchw, w, zero_point=0).reshape(1, 2, 8, 6, 6).transpose(0, 1, 3, 4, 2)
+    np.testing.assert_array_equal(_run(lib, x=xv), want)
+
+
+def test_pairs_only_for_instruction_sets_that_saturate():
+    assert exact_int8.packs_pairs(tvm.target.Target(TARGETS["avx2"]))
+    assert exact_int8.packs_pairs(tvm.target.Target(TARGETS["avx512"]))
+    assert not exact_int8.packs_pairs(tvm.target.Target("llvm -mcpu=znver4"))
+    assert not exact_int8.packs_pairs(tvm.target.Target("llvm -mtriple=aarch64-linux-gnu"))
+    with exact_int8.saturating():
+        assert not exact_int8.packs_pairs(tvm.target.Target(TARGETS["avx2"]))

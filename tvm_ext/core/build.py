@@ -284,6 +284,7 @@ def build(
     import tvm
 
     from . import tvm_bugs
+    from ..x86 import exact_int8
     from ..x86.target import build_target
 
     if at not in AT_CHOICES:
@@ -297,6 +298,11 @@ def build(
     if tgt.kind.name == "llvm" and tgt.host is None:
         tgt = tvm.target.Target(tgt, host=tgt)
     use_kernels, use_tuned = kernel_settings(passes, kernels, tuned)
+    if tgt.kind.name == "llvm" and exact_int8.packs_pairs(tgt) and _has_8bit_tensors(mod):
+        # exact int8 convs without VNNI: kernels whose vpmaddubsw pairs saturate go to int16 pairs,
+        # last before FuseOps (tvm_ext.x86.exact_int8)
+        stages["before_fuse"] = [*stages["before_fuse"], exact_int8.PairPackInt8Convs()]
+        split = True
     kernels, schedules = kernel_contexts(tgt, mod, use_kernels, use_tuned)
     requantize = dict(getattr(passes, "requantize", ()) or ())  # a Pipeline may fix QNN requantize's lowering
     if requantize:

@@ -14,8 +14,16 @@ Weights are constants, so the choice is made per workload at build time:
   its positive weights is at most 128 and the sum of its negative ones at least -128, so
   ``255 * 128 = 32640`` bounds the pair for any data. Such workloads keep ``vpmaddubsw``
   (``saturating``).
-* **every other workload** takes :func:`dot_u8s8_exact`, which splits each data byte into its low
-  seven bits and its top bit::
+* **convs whose pairs do not fit**: :func:`PairPackInt8Convs` (run by ``tvm_ext.build`` right
+  before ``FuseOps`` on x86 targets without VNNI) packs their constant kernel in pairs of input
+  channels (``OIHW{ic/2}i{oc}o2i``), and :func:`dot_u8s8_int16_pairs` multiplies each pair as int16
+  with one ``vpmaddwd``: exact, and as many multiplies per product as the saturating form::
+
+      # conv(x: u8, w: i8[..., ic/4, oc, 4])  ->  conv(x, w': i8[..., ic/2, oc, 2])   (same products)
+
+* **every other workload** (dense, batch_matmul, a kernel that is not a constant, a ``relay.build``
+  inside :func:`tvm_ext.x86.int8_conv.kernels`) takes :func:`dot_u8s8_exact`, which splits each data
+  byte into its low seven bits and its top bit::
 
       # a*w0 + b*w1 = (a & 127)*w0 + (b & 127)*w1  +  (a & 128)*w0 + (b & 128)*w1
       #   low part in [-32512, 32512], top part in {0, 128} * (w0 + w1), in [-32768, 32512]
@@ -42,14 +50,21 @@ import contextlib
 import contextvars
 import logging
 
+import re
+
 import numpy as np
 import tvm
 from tvm import relay, te
+from tvm.relay.dataflow_pattern import DFPatternCallback, is_constant, is_op, rewrite, wildcard
+
+from .._reject import Reject
+from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PAIR_LIMIT", "pairs_fit_int16", "dot_u8s8_exact", "dot_u8s8_saturating", "RecordWeights",
-           "recording", "saturating", "conv_key", "dense_key", "install", "uninstall"]
+__all__ = ["PAIR_LIMIT", "pairs_fit_int16", "pair_kernel", "PairPackInt8Convs", "packs_pairs", "dot_u8s8_exact",
+           "dot_u8s8_int16_pairs", "dot_u8s8_saturating", "RecordWeights", "recording", "saturating", "conv_key",
+           "dense_key", "install", "uninstall"]
 
 #: The largest sum of same-sign weights a ``vpmaddubsw`` pair may have so that 255 times it fits
 #: int16: 255 * 128 = 32640 <= 32767 and -255 * 128 >= -32768.
@@ -141,9 +156,142 @@ def dot_u8s8_exact(lanes: int):
     return _declare(lanes, body)
 
 
+def dot_u8s8_int16_pairs(lanes: int):
+    """The exact ``int32[lanes] += sum_k uint8[2] * int8[lanes][2]`` as one ``vpmaddwd`` on int16:
+    the two data bytes zero-extended and broadcast as one int32, the kernel's ``lanes x 2`` bytes
+    sign-extended. For convs whose kernel is packed in pairs (``...{oc}o2i``,
+    :func:`tvm_ext.x86.exact_int8.pair_kernel`): as many multiplies per product as the saturating
+    form, and no saturation. ``lanes``: 4 (SSE), 8 (AVX2), 16 (AVX-512)."""
+    if lanes not in _INSTRUCTIONS:
+        raise ValueError(f"exact_int8: int32 lanes must be one of {sorted(_INSTRUCTIONS)}, got {lanes}")
+    pairs_t, _, acc_t, _, maddwd = _INSTRUCTIONS[lanes]
+    data = te.placeholder((2,), dtype="uint8", name="data")
+    kernel = te.placeholder((lanes, 2), dtype="int8", name="kernel")
+    k = te.reduce_axis((0, 2), name="k")
+    out = te.compute((lanes,), lambda i: te.sum(data[k].astype("int32") * kernel[i, k].astype("int32"), axis=k),
+                     name="C")
+    a_buf = tvm.tir.decl_buffer(data.shape, dtype="uint8", name="a_buffer", offset_factor=1, strides=[1])
+    b_buf = tvm.tir.decl_buffer(kernel.shape, dtype="int8", name="b_buffer", offset_factor=1,
+                                strides=[te.var("ldw"), 1])
+
+    def intrin_func(ins, outs):
+        def emit(kind):  # "body": c = dot, "reset": c = 0, "update": c += dot
+            ib = tvm.tir.ir_builder.create()
+            if kind == "reset":
+                ib.emit(outs[0].vstore(0, tvm.tir.const(0, acc_t)))
+                return ib.get()
+            pair = ins[0].vload([0], "uint8x2").astype("int16x2")
+            word = tvm.tir.call_intrin("int32", "tir.reinterpret", pair)
+            a = tvm.tir.call_intrin(pairs_t, "tir.reinterpret", word.astype(acc_t))
+            b = ins[1].vload([0, 0], f"int8x{2 * lanes}").astype(pairs_t)
+            dot = tvm.tir.call_llvm_pure_intrin(acc_t, maddwd, tvm.tir.const(2, "uint32"), a, b)
+            if kind == "update":
+                dot = dot + outs[0].vload([0], acc_t)
+            ib.emit(outs[0].vstore(0, dot))
+            return ib.get()
+
+        return emit("body"), emit("reset"), emit("update")
+
+    return te.decl_tensor_intrin(out.op, intrin_func, binds={data: a_buf, kernel: b_buf},
+                                 default_buffer_params={"offset_factor": 1})
+
+
 def dot_u8s8_saturating(lanes: int):
     """TVM's ``vpmaddubsw`` + ``vpmaddwd`` dot product, exact only where :func:`pairs_fit_int16`."""
     return _declare(lanes, lambda word, b: _pair_sums(lanes, word, b))
+
+
+# ---------------------------------------------------------------------------------------------
+# convs packed in pairs
+
+#: The instruction-set classes whose int8 dot product is ``vpmaddubsw`` (no VNNI).
+SATURATING_CLASSES = ("avx512", "avx2", "sse")
+_KERNEL_LAYOUT = re.compile(r"^OIHW(\d+)i(\d+)o4i$")
+
+
+def packs_pairs(target) -> bool:
+    """True when ``tvm_ext.build`` runs :func:`PairPackInt8Convs` for ``target``: an x86 target
+    whose int8 dot product saturates (VNNI's ``vpdpbusd`` does not), outside :func:`saturating`."""
+    return isa_class(target) in SATURATING_CLASSES and not _SATURATING.get()
+
+
+def pair_kernel(weight) -> np.ndarray:
+    """A packed int8 conv kernel ``[..., ic/4, oc, 4]`` repacked in pairs ``[..., ic/2, oc, 2]``: the
+    same weight for every (input channel, output channel), input channel ``4f + j`` at ``2f + j // 2,
+    j % 2``."""
+    w = np.asarray(weight)
+    if w.ndim != 7 or w.shape[-1] != 4:
+        raise ValueError(f"pair_kernel: expected a kernel [..., ic/4, oc, 4], got shape {w.shape}")
+    *outer, quads, oc, _ = w.shape
+    return np.ascontiguousarray(w.reshape(*outer, quads, oc, 2, 2).swapaxes(-3, -2).reshape(*outer, 2 * quads, oc, 2))
+
+
+def _pairs_check(call, weight) -> bool | Reject:
+    """Whether the conv ``call`` with constant kernel ``weight`` is packed in pairs, or why not."""
+    attrs = call.attrs
+    if call.args[0].checked_type.dtype != "uint8" or weight.dtype != np.int8:
+        return Reject(f"not uint8 x int8 ({call.args[0].checked_type.dtype} x {weight.dtype})")
+    if attrs.out_dtype not in ("int32", ""):
+        return Reject(f"output {attrs.out_dtype}, not int32")
+    if int(attrs.groups) != 1:
+        return Reject(f"grouped conv ({int(attrs.groups)} groups): TVM's int8 template is for groups=1")
+    if weight.ndim != 7 or not _KERNEL_LAYOUT.match(str(attrs.kernel_layout)):
+        return Reject(f"kernel layout {attrs.kernel_layout} is not TVM's int8 OIHW{{i}}i{{o}}o4i")
+    if pairs_fit_int16(weight):
+        return Reject("every weight pair fits int16: vpmaddubsw is exact")
+    return True
+
+
+class _PairPack(DFPatternCallback):
+    # conv(x: u8, w: const i8[..., ic/4, oc, 4]) -> conv(x, pair_kernel(w): i8[..., ic/2, oc, 2])
+    #   where some pair of w can saturate vpmaddubsw's int16 (not pairs_fit_int16(w))
+    def __init__(self):
+        super().__init__(require_type=True)
+        self.data, self.weight = wildcard(), is_constant()
+        self.pattern = is_op("nn.contrib_conv2d_NCHWc")(self.data, self.weight)
+        self.packed = 0
+
+    def callback(self, pre, post, node_map):
+        weight = node_map[self.weight][0].data.numpy()
+        ok = _pairs_check(pre, weight)
+        if not ok:
+            logger.debug("PairPackInt8Convs: conv with kernel %s kept: %s", weight.shape, ok)
+            return post
+        attrs = pre.attrs
+        ic_quads, oc_bn = (int(v) for v in _KERNEL_LAYOUT.match(str(attrs.kernel_layout)).groups())
+        self.packed += 1
+        return relay.nn.contrib_conv2d_nchwc(
+            node_map[self.data][0], relay.const(pair_kernel(weight)), strides=attrs.strides,
+            padding=attrs.padding, dilation=attrs.dilation, groups=attrs.groups, channels=attrs.channels,
+            kernel_size=attrs.kernel_size, data_layout=attrs.data_layout,
+            kernel_layout=f"OIHW{2 * ic_quads}i{oc_bn}o2i", out_layout=attrs.out_layout, out_dtype=attrs.out_dtype)
+
+
+def PairPackInt8Convs():  # noqa: N802  (a pass factory, named as the pass)
+    """Pack the kernels of int8 NCHWc convs whose ``vpmaddubsw`` pairs can saturate in pairs of input
+    channels, for the exact int16 ``vpmaddwd`` kernel (:func:`dot_u8s8_int16_pairs`).
+
+    Runs on the module after relay.build's prefix (AlterOpLayout's ``nn.contrib_conv2d_NCHWc`` with
+    constant kernels ``OIHW{i}i{o}o4i``); ``tvm_ext.build`` runs it last before ``FuseOps`` on x86
+    targets without VNNI (:func:`packs_pairs`). Convs whose pairs fit int16, that are not uint8 x
+    int8, grouped, or already packed in pairs are kept (logged at DEBUG with the reason); untyped
+    modules are typed first. Pure and idempotent.
+
+    Returns
+    -------
+    tvm.transform.Pass
+    """
+
+    @relay.transform.function_pass(opt_level=0, name="PairPackInt8Convs")
+    def pair_pack(func, mod, ctx):
+        callback = _PairPack()
+        out = rewrite(callback, func)
+        if callback.packed:
+            logger.info("PairPackInt8Convs: %d int8 conv(s) packed in pairs (exact int16 vpmaddwd)", callback.packed)
+            return out
+        return func
+
+    return tvm.transform.Sequential([relay.transform.InferType(), pair_pack], name="PairPackInt8Convs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,14 +328,15 @@ class _Record:
 
 _RECORD: contextvars.ContextVar = contextvars.ContextVar("tvm_ext_exact_int8_record", default=None)
 _WORKLOAD: contextvars.ContextVar = contextvars.ContextVar("tvm_ext_exact_int8_workload", default=None)
+_ELEMS: contextvars.ContextVar = contextvars.ContextVar("tvm_ext_exact_int8_elems", default=4)
 _SATURATING: contextvars.ContextVar = contextvars.ContextVar("tvm_ext_exact_int8_saturating", default=False)
 
 
 @contextlib.contextmanager
 def saturating():
-    """Enter to build every non-VNNI int8 dot product in TVM's saturating form, whatever its weights:
-    wrong where a pair overflows int16. For measuring what exactness costs (``make bench``), never
-    for deployment."""
+    """Enter to build every non-VNNI int8 dot product in TVM's saturating form, whatever its weights
+    (no conv is packed in pairs): wrong where a pair overflows int16. For measuring what exactness
+    costs (``make bench``), never for deployment."""
     token = _SATURATING.set(True)
     try:
         yield
@@ -269,6 +418,8 @@ def _dispatch():
     saturating form only for a workload whose weights all fit int16, else the exact form."""
     from tvm.target.x86 import get_simd_32bit_lanes, target_has_features
 
+    if _ELEMS.get() == 2:  # a kernel packed in pairs: int16 vpmaddwd, exact on every class
+        return dot_u8s8_int16_pairs(get_simd_32bit_lanes())
     if target_has_features("avx512vnni") or target_has_features("avxvnni"):
         return _SAVED["dispatch"]()
     lanes = get_simd_32bit_lanes()
@@ -291,9 +442,11 @@ def _data_shape(data_vec) -> tuple:
 def _conv_schedule(schedule):
     def wrapped(s, cfg, data_vec, kernel_vec, conv_out, last):
         token = _WORKLOAD.set(conv_key(_data_shape(data_vec), _shape(kernel_vec), _shape(conv_out)))
+        elems = _ELEMS.set(_shape(kernel_vec)[-1])
         try:
             return schedule(s, cfg, data_vec, kernel_vec, conv_out, last)
         finally:
+            _ELEMS.reset(elems)
             _WORKLOAD.reset(token)
 
     wrapped.__wrapped__ = schedule
@@ -313,6 +466,19 @@ def _dense_schedule(schedule):
     return wrapped
 
 
+def _pairs_compute(compute):
+    """TOPI's ``conv2d_NCHWc_int8`` with the reduction group the kernel is packed in: TVM's x86
+    compute always asks for groups of 4; a kernel packed in pairs (last axis 2) needs 2."""
+
+    def wrapped(data, kernel, *args, **kwargs):
+        if len(kernel.shape) == 7 and int(kernel.shape[-1]) == 2 and "n_elems" not in kwargs and len(args) < 7:
+            kwargs["n_elems"] = 2
+        return compute(data, kernel, *args, **kwargs)
+
+    wrapped.__wrapped__ = compute
+    return wrapped
+
+
 def _modules():
     import tvm.topi.x86.conv2d_avx_1x1 as one_by_one
     import tvm.topi.x86.conv2d_avx_common as common
@@ -325,7 +491,11 @@ def _modules():
 def install():
     """Replace TVM's int8 dot-product dispatcher with :func:`_dispatch` wherever TVM's x86
     schedules look it up, and tell it the workload each conv and dense schedule compiles."""
+    import tvm.topi.nn as topi_nn
+
     intrin, common, one_by_one, dense = _modules()
+    _SAVED["compute"] = topi_nn.conv2d_NCHWc_int8
+    topi_nn.conv2d_NCHWc_int8 = _pairs_compute(topi_nn.conv2d_NCHWc_int8)
     _SAVED["dispatch"] = intrin.dot_16x1x16_uint8_int8_int32
     _SAVED["schedules"] = (common._schedule_conv_NCHWc_int8, one_by_one._schedule_conv_NCHWc_int8,
                            dense.dense_int8_schedule)
@@ -338,7 +508,10 @@ def install():
 
 def uninstall():
     """Undo :func:`install`."""
+    import tvm.topi.nn as topi_nn
+
     intrin, common, one_by_one, dense = _modules()
+    topi_nn.conv2d_NCHWc_int8 = _SAVED.pop("compute")
     dispatch = _SAVED.pop("dispatch")
     for module in (intrin, common, one_by_one, dense):
         module.dot_16x1x16_uint8_int8_int32 = dispatch

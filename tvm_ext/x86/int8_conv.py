@@ -7,22 +7,33 @@ legalization, a tensor intrinsic) while it is entered and restores TVM's own whe
 entry exits, so a plain ``relay.build`` in the same process keeps TVM's behaviour.
 :func:`tvm_ext.build` enters it for every LLVM target: with a tvm-ext pipeline (or
 ``kernels=True``) as ``kernels(schedule=True)``, and every change below applies; without one as
-``kernels(schedule=False)``, and only ``vnni_operand_types`` does (the kernels are
-``relay.build``'s). Each change is decided per instruction-set class
+``kernels(schedule=False)``, and only ``exact_without_vnni`` and ``vnni_operand_types`` do
+(otherwise the kernels are ``relay.build``'s). Each change is decided per instruction-set class
 (:func:`tvm_ext.x86.isa.isa_class` of the target being compiled, read at schedule time, so one process
 can build for several classes) from measurements on that class; :func:`policy` holds the conv
 schedule choices and their evidence (``_POLICY``, from ``benchmarks/int8_conv_schedules.py``).
 The measurements in full: ``docs/x86-kernels.md``. "AVX2 code" below was measured as
 ``-mcpu=znver3`` code on Zen 4, "AVX-512 VNNI" as ``-mcpu=znver4`` on Zen 4.
 
-No change alters results: integer accumulation is exact in every schedule and the epilogue's
+Apart from ``exact_without_vnni``, which makes results exact where TVM's saturate, no change
+alters results: integer accumulation is exact in every schedule and the epilogue's
 arithmetic is the same per element; the block and pool changes only re-block tensors, inline
 elementwise stages or reorder a pool's loops; the transposed conv sums the same non-zero products
-in the same order. Tests check bit-equality against TVM's own schedule. VNNI itself differs from
-the AVX-512 fallback only where ``vpmaddubsw`` saturates its int16 pair sums
-(|u8*s8 + u8*s8| > 32767); VNNI accumulates exactly.
+in the same order. Tests check bit-equality against TVM's own schedule with the same dot product,
+and exactness against numpy.
 
 The changes, each with where it applies, its rule and its measured reason:
+
+``exact_without_vnni`` -- AVX2, AVX-512 and SSE, also with ``schedule=False``
+    (:mod:`tvm_ext.x86.exact_int8`). ``vpmaddubsw`` saturates its int16 pair sums; a conv whose
+    weight pairs can saturate is packed in int16 pairs (one ``vpmaddwd``), anything else that can
+    saturate splits each data byte::
+
+        # conv(x, w[..., 4]) -> conv(x, pairs(w)[..., 2])  with vpmaddwd(zext(x pair), sext(w pair))
+        # vpmaddubsw(a, w) -> vpmaddubsw(a & 0x7f, w) and vpmaddubsw(a & 0x80, w), each through vpmaddwd
+
+    Reason: stock TVM misses exact arithmetic on full-range weights (50,159 of 50,176 outputs of
+    a 64->64 3x3 conv at x86-64-v3).
 
 ``vnni_operand_types`` -- AVX-512 VNNI with LLVM >= 22 (:func:`needs_operand_fix`), also with
     ``schedule=False``. TVM's ``dot_16x1x16_uint8_int8_int32_cascadelake`` calls

@@ -43,8 +43,8 @@ from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TASK", "DENSE_TASKS", "records_name", "shipped_name", "shipped_path", "user_path", "user_dir", "load_records",
-           "apply", "TUNED_DIR"]
+__all__ = ["TASK", "DENSE_TASKS", "records_name", "shipped_name", "shipped_path", "user_path", "user_dir",
+           "load_records", "apply", "TUNED_DIR"]
 
 TASK = "conv2d_NCHWc_int8.x86"
 #: TVM's x86 dense templates an int8 dense may compile to.
