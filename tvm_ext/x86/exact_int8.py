@@ -97,14 +97,13 @@ def pairs_fit_int16(weight) -> bool:
     return bool((positive <= PAIR_LIMIT).all() and (negative >= -PAIR_LIMIT).all())
 
 
-def _declare(lanes: int, body):
-    """The tensor intrinsic ``int32[lanes] += sum_k uint8[4] * int8[lanes][4]`` (TVM's buffers and
-    body/reset/update protocol, so TVM's int8 schedules tensorize with it unchanged); ``body(a_word,
-    b)`` returns the int32 vector of one dot product from the 4 data bytes as an int32 scalar and
-    the kernel's bytes."""
+def _declare(lanes: int, group: int, body):
+    """The tensor intrinsic ``int32[lanes] += sum_k uint8[group] * int8[lanes][group]`` (TVM's
+    buffers and body/reset/update protocol, so TVM's int8 schedules tensorize with it unchanged);
+    ``body(data, kernel)`` returns the int32 vector of one dot product from the ``uint8 x group``
+    data vector and the kernel's ``int8 x (group * lanes)`` bytes."""
     if lanes not in _INSTRUCTIONS:
         raise ValueError(f"exact_int8: int32 lanes must be one of {sorted(_INSTRUCTIONS)}, got {lanes}")
-    group = 4
     data = te.placeholder((group,), dtype="uint8", name="data")
     kernel = te.placeholder((lanes, group), dtype="int8", name="kernel")
     k = te.reduce_axis((0, group), name="k")
@@ -113,7 +112,7 @@ def _declare(lanes: int, body):
     a_buf = tvm.tir.decl_buffer(data.shape, dtype="uint8", name="a_buffer", offset_factor=1, strides=[1])
     b_buf = tvm.tir.decl_buffer(kernel.shape, dtype="int8", name="b_buffer", offset_factor=1,
                                 strides=[te.var("ldw"), 1])
-    _, bytes_t, acc_t, _, _ = _INSTRUCTIONS[lanes]
+    acc_t = _INSTRUCTIONS[lanes][2]
 
     def intrin_func(ins, outs):
         def emit(kind):  # "body": c = dot, "reset": c = 0, "update": c += dot
@@ -121,8 +120,7 @@ def _declare(lanes: int, body):
             if kind == "reset":
                 ib.emit(outs[0].vstore(0, tvm.tir.const(0, acc_t)))
                 return ib.get()
-            word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
-            dot = body(word, ins[1].vload([0, 0], bytes_t))
+            dot = body(ins[0].vload([0], f"uint8x{group}"), ins[1].vload([0, 0], f"int8x{group * lanes}"))
             if kind == "update":
                 dot = dot + outs[0].vload([0], acc_t)
             ib.emit(outs[0].vstore(0, dot))
@@ -132,6 +130,11 @@ def _declare(lanes: int, body):
 
     return te.decl_tensor_intrin(out.op, intrin_func, binds={data: a_buf, kernel: b_buf},
                                  default_buffer_params={"offset_factor": 1})
+
+
+def _word(data):
+    """The 4 data bytes as one int32 scalar."""
+    return tvm.tir.call_intrin("int32", "tir.reinterpret", data)
 
 
 def _pair_sums(lanes: int, word, b):
@@ -148,57 +151,33 @@ def dot_u8s8_exact(lanes: int):
     bits and its top bit, one ``vpmaddubsw`` + ``vpmaddwd`` for each part (the module's note).
     ``lanes``: 4 (SSE), 8 (AVX2), 16 (AVX-512)."""
 
-    def body(word, b):
-        low = word & tvm.tir.const(0x7F7F7F7F, "int32")
-        top = word & tvm.tir.const(-0x7F7F7F80, "int32")  # 0x80808080 as int32
+    def body(data, b):
+        low = _word(data) & tvm.tir.const(0x7F7F7F7F, "int32")
+        top = _word(data) & tvm.tir.const(-0x7F7F7F80, "int32")  # 0x80808080 as int32
         return _pair_sums(lanes, low, b) + _pair_sums(lanes, top, b)
 
-    return _declare(lanes, body)
+    return _declare(lanes, 4, body)
 
 
 def dot_u8s8_int16_pairs(lanes: int):
     """The exact ``int32[lanes] += sum_k uint8[2] * int8[lanes][2]`` as one ``vpmaddwd`` on int16:
     the two data bytes zero-extended and broadcast as one int32, the kernel's ``lanes x 2`` bytes
-    sign-extended. For convs whose kernel is packed in pairs (``...{oc}o2i``,
-    :func:`tvm_ext.x86.exact_int8.pair_kernel`): as many multiplies per product as the saturating
-    form, and no saturation. ``lanes``: 4 (SSE), 8 (AVX2), 16 (AVX-512)."""
-    if lanes not in _INSTRUCTIONS:
-        raise ValueError(f"exact_int8: int32 lanes must be one of {sorted(_INSTRUCTIONS)}, got {lanes}")
-    pairs_t, _, acc_t, _, maddwd = _INSTRUCTIONS[lanes]
-    data = te.placeholder((2,), dtype="uint8", name="data")
-    kernel = te.placeholder((lanes, 2), dtype="int8", name="kernel")
-    k = te.reduce_axis((0, 2), name="k")
-    out = te.compute((lanes,), lambda i: te.sum(data[k].astype("int32") * kernel[i, k].astype("int32"), axis=k),
-                     name="C")
-    a_buf = tvm.tir.decl_buffer(data.shape, dtype="uint8", name="a_buffer", offset_factor=1, strides=[1])
-    b_buf = tvm.tir.decl_buffer(kernel.shape, dtype="int8", name="b_buffer", offset_factor=1,
-                                strides=[te.var("ldw"), 1])
+    sign-extended. For convs whose kernel is packed in pairs (``...{oc}o2i``, :func:`pair_kernel`):
+    as many multiplies per product as the saturating form, and no saturation. ``lanes``: 4 (SSE),
+    8 (AVX2), 16 (AVX-512)."""
 
-    def intrin_func(ins, outs):
-        def emit(kind):  # "body": c = dot, "reset": c = 0, "update": c += dot
-            ib = tvm.tir.ir_builder.create()
-            if kind == "reset":
-                ib.emit(outs[0].vstore(0, tvm.tir.const(0, acc_t)))
-                return ib.get()
-            pair = ins[0].vload([0], "uint8x2").astype("int16x2")
-            word = tvm.tir.call_intrin("int32", "tir.reinterpret", pair)
-            a = tvm.tir.call_intrin(pairs_t, "tir.reinterpret", word.astype(acc_t))
-            b = ins[1].vload([0, 0], f"int8x{2 * lanes}").astype(pairs_t)
-            dot = tvm.tir.call_llvm_pure_intrin(acc_t, maddwd, tvm.tir.const(2, "uint32"), a, b)
-            if kind == "update":
-                dot = dot + outs[0].vload([0], acc_t)
-            ib.emit(outs[0].vstore(0, dot))
-            return ib.get()
+    def body(data, b):
+        pairs_t, _, acc_t, _, maddwd = _INSTRUCTIONS[lanes]
+        word = tvm.tir.call_intrin("int32", "tir.reinterpret", data.astype("int16x2"))
+        a = tvm.tir.call_intrin(pairs_t, "tir.reinterpret", word.astype(acc_t))
+        return tvm.tir.call_llvm_pure_intrin(acc_t, maddwd, tvm.tir.const(2, "uint32"), a, b.astype(pairs_t))
 
-        return emit("body"), emit("reset"), emit("update")
-
-    return te.decl_tensor_intrin(out.op, intrin_func, binds={data: a_buf, kernel: b_buf},
-                                 default_buffer_params={"offset_factor": 1})
+    return _declare(lanes, 2, body)
 
 
 def dot_u8s8_saturating(lanes: int):
     """TVM's ``vpmaddubsw`` + ``vpmaddwd`` dot product, exact only where :func:`pairs_fit_int16`."""
-    return _declare(lanes, lambda word, b: _pair_sums(lanes, word, b))
+    return _declare(lanes, 4, lambda data, b: _pair_sums(lanes, _word(data), b))
 
 
 # ---------------------------------------------------------------------------------------------
