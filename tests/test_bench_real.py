@@ -1,6 +1,6 @@
 """Tests for the real-model parts of tvm_ext.tools.bench (``tvm-ext bench --zoo real``).
 
-Quick ones: output quantization step, the OpenVINO engine's refusal of QOperator contrib ops,
+Quick ones: output quantization step, OpenVINO on a QDQ model,
 crash isolation of child-process builds, the real-model table, CLI mistakes. The benchmark on the
 smallest real model (PP-OCR cls, three builds) is slow.
 """
@@ -50,21 +50,16 @@ def test_output_step_is_the_final_dequantize_scale(tmp_path):
     assert float_out["output_step"] is None and "float output (Add" in float_out["step_note"]
 
 
-def test_openvino_refuses_qoperator_contrib_ops(tmp_path):
-    q = zoo.quantize_onnx(_tiny(tmp_path), tmp_path / "q.onnx", "qoperator", calibration=_calib())
-    engine, why = bench._openvino_engine(q, "x", 1)
-    assert engine is None and "contrib ops (QLinearAdd, QLinearSigmoid)" in why
-
-
 def test_openvino_runs_qdq_like_onnxruntime(tmp_path):
     pytest.importorskip("openvino")
+    from tvm_ext.tools.openvino_peer import InProcessOpenVINO
+
     q = zoo.quantize_onnx(_tiny(tmp_path), tmp_path / "q.onnx", "qdq", calibration=_calib())
-    engine, why = bench._openvino_engine(q, "x", 1)
-    assert why is None
+    engine = InProcessOpenVINO(q, "x", 1)
     x = _calib()[0]
     ref = ort.InferenceSession(str(q), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     step = bench._output_step(q)["output_step"]
-    assert np.abs(engine.call(x) - ref).max() <= 2 * step + 1e-6
+    assert np.abs(engine.run(x) - ref).max() <= 2 * step + 1e-6
 
 
 def _segfault(job):
