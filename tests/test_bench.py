@@ -290,7 +290,7 @@ def test_openvino_columns_ratios_and_reasons():
     head = next(line for line in md.splitlines() if line.startswith("| variant | pipeline"))
     assert head.endswith("| vs stock | vs ORT | vs OpenVINO |")
     assert "| (b) | TVM + tvm-ext | | | | | | | 12.00 (12.00–12.00) | 0.30× | 0.80× | 1.20× |" in md
-    assert "| (b) | OpenVINO | | | | | | | 10.00 (10.00–10.00) | 0.25× | 0.67× |  |" in md
+    assert "| (b) | OpenVINO | | | | | | | 10.00 (10.00–10.00) | 0.25× | 0.67× | |" in md
     assert "| (a) | OpenVINO | not run: OpenVINO has no conversion for com.microsoft.QGemm |" in md
     assert results["variants"][1]["ratios"]["tvm_ext/openvino"] == pytest.approx(1.2)
     assert "tvm_ext/openvino" not in results["variants"][0]["ratios"]

@@ -400,11 +400,15 @@ def _build_job(job: dict) -> dict:
     from ..core.explain import FuseOpsInput
 
     fuse_input = FuseOpsInput()  # the module FuseOps sees, for the explainer summary
-    if job["pipeline"] == "exact" and v["mod"] is not None and not _is_integer_graph(v["mod"]):
-        return {"skipped": "no exact reference: the model computes convolutions or dense layers in float"}
-    if job["pipeline"] in ("tvm", "tvm_same", "exact"):
-        # "exact": stock relay.build at plain `llvm` (no -mcpu): no int8 SIMD, so integer arithmetic
-        # is exact; the reference every other build of an integer graph is compared with
+    # "exact": relay.build at plain `llvm` (no -mcpu): no int8 SIMD, so integer arithmetic is exact;
+    # the reference the other builds are compared with. An integer graph as imported (QOperator,
+    # relay.quantize) is built as stock builds it; a QDQ graph computes convolutions in float until
+    # tvm-ext's pipeline makes them integer, so its reference is that integer graph, built with
+    # TVM's own kernels (tvm-ext's kernel policy off)
+    exact_graph = None
+    if job["pipeline"] == "exact":
+        exact_graph = "imported" if _is_integer_graph(v["mod"]) else "tvm-ext pipeline"
+    if job["pipeline"] in ("tvm", "tvm_same") or exact_graph == "imported":
         # "tvm_same": stock relay.build at tvm-ext's target, with only x86_int8's vnni_operand_types
         # (TVM's own VNNI intrinsic aborts under LLVM 22): the bit-exactness reference for a VNNI build
         def stock_build(config):
@@ -426,8 +430,11 @@ def _build_job(job: dict) -> dict:
         report, passes = KernelReport.from_factory(fac).to_dict(), None
     else:
         pipe = pipelines.int8(numerics=job.get("numerics", "tvm"))  # "onnxruntime": benchmarks/real_matrix.py
-        fac = build(v["mod"], target=target, params=v["params"], passes=pipe, tuned=job.get("tuned", True),
-                    instruments=[fuse_input.make()])
+        own_kernels = {"kernels": False, "tuned": False} if exact_graph else {"tuned": job.get("tuned", True)}
+        fac = build(v["mod"], target=target, params=v["params"], passes=pipe, instruments=[fuse_input.make()],
+                    **own_kernels)
+        if exact_graph and not _is_integer_graph(fac.tvm_ext_module):
+            return {"skipped": "no exact reference: convolutions or dense layers stay in float"}
         report, passes = fac.kernel_report.to_dict(), pipe.pass_names()
     build_s = time.perf_counter() - t0
     explained = None if job["pipeline"] == "exact" else _explain_summary(fuse_input, target)
@@ -437,6 +444,7 @@ def _build_job(job: dict) -> dict:
     (out / f"{job['pipeline']}.json").write_text(fac.get_graph_json())
     (out / f"{job['pipeline']}.params").write_bytes(relay.save_param_dict(fac.get_params()))
     return {"build_s": build_s, "report": report, "passes": passes, "explain": explained, "lib": str(lib_path),
+            "exact_graph": exact_graph,
             "graph": str(out / f"{job['pipeline']}.json"), "params": str(out / f"{job['pipeline']}.params"),
             "workaround": workaround}
 
@@ -594,7 +602,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
             res["pipelines"][name] = {k: b[k] for k in ("error", "skipped") if k in b}
             continue
         res["pipelines"][name] = {"build_s": b["build_s"], "report": b["report"], "target": str(pipes[name])}
-        for k in ("passes", "explain", "workaround"):
+        for k in ("passes", "explain", "workaround", "exact_graph"):
             if b.get(k):
                 res["pipelines"][name][k] = b[k]
         engine = _Loaded(b).engine(name, v["input_name"])
@@ -916,8 +924,9 @@ def render_markdown(results: dict) -> str:
         f"- tvm-ext target: `{env.get('ext_target', env['target'])}`"
         + (" (stock TVM at this target, with only the VNNI operand types fixed, is compared: "
            "`TVM stock @ tvm-ext target`)" if env.get("ext_target", env["target"]) != env["target"] else ""),
-        f"- numerics reference: stock `relay.build` at plain `{EXACT_TARGET}` (no -mcpu: no int8 SIMD, exact integer "
-        "arithmetic), for integer graphs",
+        f"- numerics reference (`exact`): `relay.build` at plain `{EXACT_TARGET}` (no -mcpu: no int8 SIMD, exact "
+        "integer arithmetic) of the integer graph: as imported (QOperator), or after tvm-ext's pipeline with TVM's "
+        "own kernels (QDQ, whose convolutions are float until then); stock TVM and OpenVINO are compared with it",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
         f"- latency: median (IQR) of {env['repeat']} interleaved timed runs after warm-up",
         f"- tvm-ext pipeline: `pipelines.int8(numerics=\"{env.get('numerics', 'tvm')}\")`",
@@ -939,7 +948,7 @@ def render_markdown(results: dict) -> str:
 
     def row(*cells):
         cells = list(cells) + [""] * (len(head) - len(cells))
-        return "| " + " | ".join(str(c) for c in cells) + " |"
+        return "|" + "|".join(f" {c} " if str(c) else " " for c in cells) + "|"
 
     for v in results["variants"]:
         lat_of = {k: ((v["pipelines"].get(k) or {}).get("latency") or {}).get("median_ms") for k, _ in peers}
@@ -951,6 +960,8 @@ def render_markdown(results: dict) -> str:
                 continue
             if key == "openvino_isa":
                 label = f"OpenVINO @ {p.get('onednn_max_cpu_isa', '?')}"
+            if p.get("exact_graph") == "tvm-ext pipeline":
+                label = "exact reference (plain `llvm`, tvm-ext's integer graph)"
             if "skipped" in p:
                 lines.append(row(v["label"], label, p["skipped"]))
                 continue
