@@ -5,22 +5,27 @@ Design note
 For each variant (zoo ``qoperator``, ``qdq``, ``relay``, or any ONNX file given with ``--model``)
 the model is built twice for the same target at opt_level 3: *stock* (plain ``relay.build``, on a
 copy of the module, since relay.build mutates its input) and *tvm-ext*
-(:func:`tvm_ext.build` with :func:`tvm_ext.core.pipelines.int8`). ONNX models also run in ONNX
-Runtime (``ORT_ENABLE_ALL``).
+(:func:`tvm_ext.build` with :func:`tvm_ext.core.pipelines.int8`), and once more at plain ``llvm``
+as the *exact* reference (below). ONNX models also run in ONNX Runtime (``ORT_ENABLE_ALL``) and in
+OpenVINO (:mod:`tvm_ext.tools.openvino_peer`; capped at tvm-ext's instruction set in a child
+process too when the host's is above it; a model OpenVINO cannot run gets the reason).
 
 Measurement rules (each one changes the numbers on a shared 2-core machine):
 
-* the same thread count for every engine: ``TVM_NUM_THREADS`` / TVM's thread pool and ORT's
-  ``intra_op_num_threads`` (inter-op 1);
-* engines are timed *interleaved*, in rounds, after warm-up; at every switch between engines
-  a settle pause and two untimed calls, because TVM's worker threads keep spinning after a run
-  and slow ONNX Runtime down 3x when it is timed right after TVM;
+* the same thread count for every engine: ``TVM_NUM_THREADS`` / TVM's thread pool, ORT's
+  ``intra_op_num_threads`` (inter-op 1), OpenVINO's ``INFERENCE_NUM_THREADS`` (one stream);
+* engines are timed *interleaved*, in blocks, after warm-up. Before every block the benchmark
+  waits until its processes are idle (:func:`_wait_quiet`: TVM's worker threads keep spinning
+  about half a second after a run and slow ONNX Runtime down 3x when it is timed right after TVM),
+  then makes two untimed calls; the engine order rotates every round;
 * latency is reported as the median with the inter-quartile range over all timed calls.
 
-Numerics: on 8 seeded inputs, tvm-ext vs stock (bit-exact or max |diff|), each TVM build vs ORT
-(max |diff|, top-1 agreement). Nothing here is typed in: every number in ``results.json``,
-``results.md`` and ``chart.png`` comes from this run, with versions, target, CPU, threads and
-date recorded.
+Numerics, on 8 seeded inputs: every build against the exact reference, ``relay.build`` at plain
+``llvm`` (no int8 SIMD, so exact integer arithmetic) of the integer graph (as imported, or for
+QDQ after tvm-ext's pipeline): how many outputs differ and by how much. Stock TVM is compared,
+not a reference; each engine also against ORT (max |diff|, top-1 agreement). Nothing here is typed
+in: every number in ``results.json``, ``results.md`` and ``chart.png`` comes from this run, with
+versions, target, CPU, threads and date recorded.
 
 This module prints (it is the ``tvm-ext bench`` command); the progress bar goes to stderr.
 """
