@@ -332,6 +332,17 @@ def test_numerics_against_the_exact_reference():
     assert bench._vs_exact_text(n, "tvm_same") == "—"
 
 
+def test_exact_reference_label_says_which_graph_and_whether_it_is_exact():
+    assert bench._exact_label({"exact_graph": "imported", "float_anchors": 0}) == "exact reference (plain `llvm`)"
+    assert bench._exact_label({"exact_graph": "tvm-ext pipeline", "float_anchors": 0}) == (
+        "exact reference (plain `llvm`, tvm-ext's integer graph)")
+    assert bench._exact_label({"exact_graph": "tvm-ext pipeline", "float_anchors": 2}) == (
+        "plain `llvm` reference, tvm-ext's graph (2 float conv/dense: exact in the integer layers only)")
+    results = _results()
+    results["variants"][0]["pipelines"]["exact"] = {"exact_graph": "tvm-ext pipeline", "float_anchors": 1}
+    assert "(a): the reference keeps 1 convolution/dense layer(s) in float" in bench.render_markdown(results)
+
+
 def test_wait_quiet_waits_for_spinning_threads_and_gives_up_at_the_cap(monkeypatch):
     """Fake clock: the processes burn a full core until t = 0.8 s (TVM's workers spinning), then idle."""
     monkeypatch.setattr(bench, "SETTLE_SECONDS", 0.3)

@@ -77,6 +77,8 @@ def real_variants(settings: str = "u8s8") -> list:
         raise ValueError(f"settings must be 'u8s8' or 'all', got {settings!r}")
     return [n for n in zoo_real.list_models()
             if zoo_real.variant(n).quantized and (settings == "all" or zoo_real.variant(n).setting.name == "u8s8")]
+
+
 #: Between two engines' timed blocks: at least SETTLE_SECONDS, then until the benchmark's processes
 #: (this one and its engines' children) use less than QUIET_CORES of a core over QUIET_WINDOW
 #: seconds, at most QUIET_MAX_SECONDS. A fixed pause is not enough: after a run, TVM's workers call
@@ -366,20 +368,25 @@ def _top2_margin(logits) -> float:
     return float(top[-1] - top[-2]) if top.size > 1 else float("inf")
 
 
-def _is_integer_graph(mod) -> bool:
-    """True when the model computes in integers (no float conv/dense), so bit-exactness applies."""
+def _float_anchors(mod) -> int:
+    """How many convolutions and dense layers compute in float (inside fused groups too)."""
     from tvm import relay
 
-    float_anchor = []
+    found = []
 
     def visit(node):
         if isinstance(node, relay.Call) and hasattr(node.op, "name") and node.op.name in ("nn.conv2d", "nn.dense"):
             if str(node.checked_type.dtype).startswith("float"):
-                float_anchor.append(node.op.name)
+                found.append(node.op.name)
 
     m = relay.transform.InferType()(mod)
     relay.analysis.post_order_visit(m["main"], visit)
-    return len(float_anchor) <= 1  # relay.quantize keeps the first conv in float
+    return len(found)
+
+
+def _is_integer_graph(mod) -> bool:
+    """True when the model computes in integers (no float conv/dense), so bit-exactness applies."""
+    return _float_anchors(mod) <= 1  # relay.quantize keeps the first conv in float
 
 
 def _build_job(job: dict) -> dict:
@@ -410,9 +417,10 @@ def _build_job(job: dict) -> dict:
     # relay.quantize) is built as stock builds it; a QDQ graph computes convolutions in float until
     # tvm-ext's pipeline makes them integer, so its reference is that integer graph, built with
     # TVM's own kernels (tvm-ext's kernel policy off)
-    exact_graph = None
+    exact_graph, float_anchors = None, None
     if job["pipeline"] == "exact":
-        exact_graph = "imported" if _is_integer_graph(v["mod"]) else "tvm-ext pipeline"
+        float_anchors = _float_anchors(v["mod"])
+        exact_graph = "imported" if float_anchors == 0 else "tvm-ext pipeline"
     if job["pipeline"] in ("tvm", "tvm_same") or exact_graph == "imported":
         # "tvm_same": stock relay.build at tvm-ext's target, with only x86_int8's vnni_operand_types
         # (TVM's own VNNI intrinsic aborts under LLVM 22): the bit-exactness reference for a VNNI build
@@ -438,8 +446,8 @@ def _build_job(job: dict) -> dict:
         own_kernels = {"kernels": False, "tuned": False} if exact_graph else {"tuned": job.get("tuned", True)}
         fac = build(v["mod"], target=target, params=v["params"], passes=pipe, instruments=[fuse_input.make()],
                     **own_kernels)
-        if exact_graph and not _is_integer_graph(fac.tvm_ext_module):
-            return {"skipped": "no exact reference: convolutions or dense layers stay in float"}
+        if exact_graph:  # a layer still in float is not exact at plain llvm either: the table says so
+            float_anchors = _float_anchors(fac.tvm_ext_module)
         report, passes = fac.kernel_report.to_dict(), pipe.pass_names()
     build_s = time.perf_counter() - t0
     explained = None if job["pipeline"] == "exact" else _explain_summary(fuse_input, target)
@@ -449,7 +457,7 @@ def _build_job(job: dict) -> dict:
     (out / f"{job['pipeline']}.json").write_text(fac.get_graph_json())
     (out / f"{job['pipeline']}.params").write_bytes(relay.save_param_dict(fac.get_params()))
     return {"build_s": build_s, "report": report, "passes": passes, "explain": explained, "lib": str(lib_path),
-            "exact_graph": exact_graph,
+            "exact_graph": exact_graph, "float_anchors": float_anchors,
             "graph": str(out / f"{job['pipeline']}.json"), "params": str(out / f"{job['pipeline']}.params"),
             "workaround": workaround}
 
@@ -607,8 +615,8 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
             res["pipelines"][name] = {k: b[k] for k in ("error", "skipped") if k in b}
             continue
         res["pipelines"][name] = {"build_s": b["build_s"], "report": b["report"], "target": str(pipes[name])}
-        for k in ("passes", "explain", "workaround", "exact_graph"):
-            if b.get(k):
+        for k in ("passes", "explain", "workaround", "exact_graph", "float_anchors"):
+            if b.get(k) is not None:
                 res["pipelines"][name][k] = b[k]
         engine = _Loaded(b).engine(name, v["input_name"])
         if name == "exact":
@@ -881,6 +889,16 @@ ENGINE_LABELS = (
 )
 
 
+def _exact_label(p: dict) -> str:
+    """The exact reference's row label: which graph it is, and whether float layers make it inexact."""
+    n = p.get("float_anchors") or 0
+    graph = ("" if p.get("exact_graph") != "tvm-ext pipeline" else
+             ", tvm-ext's graph" if n else ", tvm-ext's integer graph")
+    if n:
+        return f"plain `llvm` reference{graph} ({n} float conv/dense: exact in the integer layers only)"
+    return f"exact reference (plain `llvm`{graph})"
+
+
 def _openvino_isa_text(env: dict) -> str:
     peer = env.get("openvino_isa")
     if not peer:  # a results file without it (older format)
@@ -965,8 +983,8 @@ def render_markdown(results: dict) -> str:
                 continue
             if key == "openvino_isa":
                 label = f"OpenVINO @ {p.get('onednn_max_cpu_isa', '?')}"
-            if p.get("exact_graph") == "tvm-ext pipeline":
-                label = "exact reference (plain `llvm`, tvm-ext's integer graph)"
+            if key == "exact":
+                label = _exact_label(p)
             if "skipped" in p:
                 lines.append(row(v["label"], label, p["skipped"]))
                 continue
@@ -1090,6 +1108,11 @@ def _numerics_lines(results: dict) -> list:
         lines.append(f"| {v['label']} | {_vs_exact_text(n, 'tvm_ext')} | {_stock_vs_exact_text(n)} | "
                      f"{_ext_vs_stock_text(n)} | {_vs_ort_text(n, 'tvm')} | {_vs_ort_text(n, 'tvm_ext')} | "
                      f"{_vs_ort_text(n, 'openvino')} | {top1} |")
+    inexact = [(v["label"], v["pipelines"]["exact"]["float_anchors"]) for v in results["variants"]
+               if (v["pipelines"].get("exact") or {}).get("float_anchors")]
+    for label, count in inexact:
+        lines.append(f"\n{label}: the reference keeps {count} convolution/dense layer(s) in float; differences "
+                     "from it include float rounding.")
     return lines
 
 
