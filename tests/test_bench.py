@@ -52,13 +52,26 @@ def test_variant_contents(small_run):
     assert n["inputs"] == bench.NUM_CHECK_INPUTS
     assert 0 <= n["tvm_ext_vs_ort_top1"] <= bench.NUM_CHECK_INPUTS
     expected = {"tvm_ext/tvm", "tvm/onnxruntime", "tvm_ext/onnxruntime"}
-    if HOST_VNNI:  # stock at tvm-ext's target is the bit-exactness reference of a VNNI build
+    if HOST_VNNI:  # stock at tvm-ext's target: compared, not a reference
         expected.add("tvm_ext/tvm_same")
         assert "error" not in v["pipelines"]["tvm_same"]
-        assert n["ext_vs_same_target_bit_exact"], "integer graph: tvm-ext equals stock at its target"
-    else:
-        assert n["ext_vs_stock_bit_exact"]
     assert set(v["ratios"]) == expected
+    # the reference: built at plain llvm, run on the same inputs, never timed
+    exact = v["pipelines"]["exact"]
+    assert exact["target"] == "llvm" and exact["report"]["num_kernels"] > 0 and "latency" not in exact
+    assert n["exact_outputs"] == bench.NUM_CHECK_INPUTS * 100  # 100 classes in the small ResNet
+    for name in ("tvm", "tvm_ext"):
+        differ, worst = n[f"{name}_vs_exact_differ"], n[f"{name}_vs_exact_max_abs"]
+        assert 0 <= differ <= n["exact_outputs"] and (differ == 0) == (worst == 0), (name, differ, worst)
+    # OpenVINO cannot convert the QOperator model's QGemm / QLinearGlobalAveragePool: the row says so
+    assert "QLinearGlobalAveragePool" in v["pipelines"]["openvino"]["skipped"] or not _has_openvino()
+    assert v["timing"]["switches"] == sum("latency" in p for p in v["pipelines"].values())
+
+
+def _has_openvino() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("openvino") is not None
 
 
 def test_markdown_table(small_run):
@@ -243,3 +256,122 @@ def test_layers_vs_ort_finds_the_convolutions_of_a_qdq_model(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
     assert lvo._ort_conv_geometry(str(path)) == {"qdq_conv": (6, 3, 3, 8, 8), "float_conv": (5, 1, 1, 8, 8)}
+
+
+# --- OpenVINO columns, the exact reference, timing between engines (no builds, no timing) ---------------
+def _results(openvino_isa=None):
+    """A two-variant results dict as bench.run writes it: (b) timed in every engine, (a) with
+    OpenVINO refused."""
+    from pathlib import Path
+
+    committed = json.loads((Path(__file__).parents[1] / "docs/results/avx512-vnni-zen4.json").read_text())
+
+    def lat(ms):
+        return {"latency": {"median_ms": ms, "p25_ms": ms, "p75_ms": ms, "min_ms": ms, "n": 5}}
+
+    qdq = {"tvm": lat(40.0), "tvm_ext": lat(12.0), "onnxruntime": lat(15.0), "openvino": {**lat(10.0),
+           "conv_primitives": {"brgconv_avx512_core_amx_I8": 53}}}
+    if openvino_isa:
+        qdq["openvino_isa"] = {**lat(8.0), "onednn_max_cpu_isa": openvino_isa,
+                               "conv_primitives": {"brgconv_avx512_core_vnni_I8": 53}}
+    qop = {"tvm": lat(30.0), "tvm_ext": lat(15.0), "onnxruntime": lat(15.0),
+           "openvino": {"skipped": "not run: OpenVINO has no conversion for com.microsoft.QGemm"}}
+    variants = [{"variant": "qoperator", "label": "(a)", "pipelines": qop},
+                {"variant": "qdq", "label": "(b)", "pipelines": qdq}]
+    for v in variants:
+        v["ratios"] = bench._ratios(v["pipelines"])
+        v["numerics"] = {"inputs": 8}
+    return {"environment": committed["environment"], "variants": variants}
+
+
+def test_openvino_columns_ratios_and_reasons():
+    results = _results()
+    md = bench.render_markdown(results)
+    head = next(line for line in md.splitlines() if line.startswith("| variant | pipeline"))
+    assert head.endswith("| vs stock | vs ORT | vs OpenVINO |")
+    assert "| (b) | TVM + tvm-ext | | | | | | | 12.00 (12.00–12.00) | 0.30× | 0.80× | 1.20× |" in md
+    assert "| (b) | OpenVINO | | | | | | | 10.00 (10.00–10.00) | 0.25× | 0.67× | |" in md
+    assert "| (a) | OpenVINO | not run: OpenVINO has no conversion for com.microsoft.QGemm |" in md
+    assert results["variants"][1]["ratios"]["tvm_ext/openvino"] == pytest.approx(1.2)
+    assert "tvm_ext/openvino" not in results["variants"][0]["ratios"]
+    assert "- (b), OpenVINO: `brgconv_avx512_core_amx_I8` 53" in md
+
+
+def test_capped_openvino_gets_its_own_row_and_column():
+    results = _results(openvino_isa="AVX512_CORE_VNNI")
+    md = bench.render_markdown(results)
+    head = next(line for line in md.splitlines() if line.startswith("| variant | pipeline"))
+    assert head.endswith("| vs OpenVINO | vs OpenVINO @ AVX512_CORE_VNNI |")
+    assert "| (b) | TVM + tvm-ext | | | | | | | 12.00 (12.00–12.00) | 0.30× | 0.80× | 1.20× | 1.50× |" in md
+    assert "| (b) | OpenVINO @ AVX512_CORE_VNNI | " in md
+    assert "- (b), OpenVINO @ AVX512_CORE_VNNI: `brgconv_avx512_core_vnni_I8` 53" in md
+    ratios = results["variants"][1]["ratios"]
+    assert ratios["tvm_ext/openvino_isa"] == pytest.approx(1.5) and ratios["openvino_isa/openvino"] == 0.8
+
+
+def test_chart_ratios_and_chart_file(tmp_path):
+    results = _results(openvino_isa="AVX512_CORE_VNNI")
+    ratios = bench._chart_ratios(results)
+    assert list(ratios) == ["stock", "ONNX Runtime", "OpenVINO", "OpenVINO @ AVX512_CORE_VNNI"]
+    assert ratios["OpenVINO"] == [None, pytest.approx(1.2)] and ratios["stock"] == [0.5, 0.3]
+    assert bench._chart(results, tmp_path / "c.png").stat().st_size > 0
+
+
+def test_numerics_against_the_exact_reference():
+    import numpy as np
+
+    exact = [np.array([1.0, 2.0, 3.0]), np.array([0.5, 0.5, 0.5])]
+    stock = [np.array([1.0, 2.1, 3.0]), np.array([0.5, 0.4, 0.2])]
+    n = bench._numerics({"exact": exact, "tvm": stock, "tvm_ext": [a.copy() for a in exact]}, integer_graph=True)
+    assert n["exact_outputs"] == 6
+    assert (n["tvm_vs_exact_differ"], n["tvm_ext_vs_exact_differ"]) == (3, 0)
+    assert n["tvm_vs_exact_max_abs"] == pytest.approx(0.3)
+    n["tvm_vs_exact_max_steps"] = 3.0
+    assert bench._vs_exact_text(n, "tvm") == "3/6 differ, max 0.3 (3.0 steps)"
+    assert bench._vs_exact_text(n, "tvm_ext") == "exact"
+    assert bench._vs_exact_text(n, "tvm_same") == "—"
+
+
+def test_exact_reference_label_says_which_graph_and_whether_it_is_exact():
+    assert bench._exact_label({"exact_graph": "imported", "float_anchors": 0}) == "exact reference (plain `llvm`)"
+    assert bench._exact_label({"exact_graph": "tvm-ext pipeline", "float_anchors": 0}) == (
+        "exact reference (plain `llvm`, tvm-ext's integer graph)")
+    assert bench._exact_label({"exact_graph": "tvm-ext pipeline", "float_anchors": 2}) == (
+        "plain `llvm` reference, tvm-ext's graph (2 float conv/dense: exact in the integer layers only)")
+    results = _results()
+    results["variants"][0]["pipelines"]["exact"] = {"exact_graph": "tvm-ext pipeline", "float_anchors": 1}
+    assert "(a): the reference keeps 1 convolution/dense layer(s) in float" in bench.render_markdown(results)
+
+
+def test_wait_quiet_waits_for_spinning_threads_and_gives_up_at_the_cap(monkeypatch):
+    """Fake clock: the processes burn a full core until t = 0.8 s (TVM's workers spinning), then idle."""
+    monkeypatch.setattr(bench, "SETTLE_SECONDS", 0.3)
+    monkeypatch.setattr(bench, "QUIET_WINDOW", 0.05)
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += s
+
+    def cpu(pids, busy_until=0.8):
+        return min(now[0], busy_until)
+
+    waited, quiet = bench._wait_quiet([123], cpu=cpu, clock=lambda: now[0], sleep=sleep)
+    assert quiet and 0.8 <= waited <= 0.9
+    now[0] = 0.0
+    monkeypatch.setattr(bench, "QUIET_MAX_SECONDS", 2.0)
+    waited, quiet = bench._wait_quiet([], cpu=lambda pids: now[0], clock=lambda: now[0], sleep=sleep)
+    assert not quiet and 2.0 <= waited < 2.1
+
+
+def test_engines_rotate_and_every_block_waits_for_quiet(monkeypatch):
+    order, waits = [], []
+    monkeypatch.setattr(bench, "_wait_quiet", lambda pids: (waits.append(list(pids)), (0.4, True))[1])
+    engines = [bench.Engine(n, lambda x, n=n: order.append(n)) for n in ("a", "b", "c")]
+    engines[2].pid = 99
+    stats = {}
+    assert bench._interleaved_timing(engines, 0, repeat=3, block=1, progress=None, stats=stats) == {}
+    timed = order[3 * 3:]  # after the warm-up's three calls each: per block UNTIMED_CALLS + 1 calls
+    per = bench.UNTIMED_CALLS + 1
+    assert timed[::per] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert len(waits) == 9 and all(w == [99] for w in waits), "a child engine's process is watched too"
+    assert stats == {"settle_s": {"median": 0.4, "max": 0.4}, "not_quiet": 0, "switches": 9}

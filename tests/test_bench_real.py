@@ -1,6 +1,6 @@
 """Tests for the real-model parts of tvm_ext.tools.bench (``tvm-ext bench --zoo real``).
 
-Quick ones: output quantization step, the OpenVINO engine's refusal of QOperator contrib ops,
+Quick ones: output quantization step, OpenVINO on a QDQ model,
 crash isolation of child-process builds, the real-model table, CLI mistakes. The benchmark on the
 smallest real model (PP-OCR cls, three builds) is slow.
 """
@@ -50,21 +50,23 @@ def test_output_step_is_the_final_dequantize_scale(tmp_path):
     assert float_out["output_step"] is None and "float output (Add" in float_out["step_note"]
 
 
-def test_openvino_refuses_qoperator_contrib_ops(tmp_path):
-    q = zoo.quantize_onnx(_tiny(tmp_path), tmp_path / "q.onnx", "qoperator", calibration=_calib())
-    engine, why = bench._openvino_engine(q, "x", 1)
-    assert engine is None and "contrib ops (QLinearAdd, QLinearSigmoid)" in why
-
-
 def test_openvino_runs_qdq_like_onnxruntime(tmp_path):
+    """OpenVINO against ONNX Runtime executing the model's QuantizeLinear/DequantizeLinear as written
+    (no graph optimisation): within one output step on nearly every output. A few outputs of the
+    final Add are requantized differently by the fusing engines (ONNX Runtime's optimised graph
+    differs from its literal one there too, by up to 23 steps on this model)."""
     pytest.importorskip("openvino")
+    from tvm_ext.tools.openvino_peer import InProcessOpenVINO
+
     q = zoo.quantize_onnx(_tiny(tmp_path), tmp_path / "q.onnx", "qdq", calibration=_calib())
-    engine, why = bench._openvino_engine(q, "x", 1)
-    assert why is None
+    engine = InProcessOpenVINO(q, "x", 1)
     x = _calib()[0]
-    ref = ort.InferenceSession(str(q), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    literal = ort.InferenceSession(str(q), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     step = bench._output_step(q)["output_step"]
-    assert np.abs(engine.call(x) - ref).max() <= 2 * step + 1e-6
+    steps = np.abs(engine.run(x) - literal) / step
+    assert np.mean(steps <= 1 + 1e-3) >= 0.95 and steps.max() <= 8, np.bincount(np.round(steps).astype(int).ravel())
 
 
 def _segfault(job):

