@@ -7,6 +7,7 @@ import pytest
 import tvm
 
 from tvm_ext.tools import bench
+from tvm_ext.x86 import exact_int8
 from tvm_ext.x86 import int8_conv as x86_int8
 from tvm_ext.x86.target import host_target
 from tvm_ext.tools.cli import main
@@ -55,6 +56,9 @@ def test_variant_contents(small_run):
     if HOST_VNNI:  # stock at tvm-ext's target: compared, not a reference
         expected.add("tvm_ext/tvm_same")
         assert "error" not in v["pipelines"]["tvm_same"]
+    if exact_int8.packs_pairs(tvm.target.Target(results["environment"]["ext_target"])):
+        expected.add("tvm_ext/tvm_ext_saturating")  # what exactness costs, where vpmaddubsw saturates
+        assert "error" not in v["pipelines"]["tvm_ext_saturating"]
     assert set(v["ratios"]) == expected
     # the reference: built at plain llvm, run on the same inputs, never timed
     exact = v["pipelines"]["exact"]
@@ -63,6 +67,7 @@ def test_variant_contents(small_run):
     for name in ("tvm", "tvm_ext"):
         differ, worst = n[f"{name}_vs_exact_differ"], n[f"{name}_vs_exact_max_abs"]
         assert 0 <= differ <= n["exact_outputs"] and (differ == 0) == (worst == 0), (name, differ, worst)
+    assert n["tvm_ext_vs_exact_differ"] == 0, "an integer graph: tvm-ext is exact on every instruction set"
     # OpenVINO cannot convert the QOperator model's QGemm / QLinearGlobalAveragePool: the row says so
     assert "QLinearGlobalAveragePool" in v["pipelines"]["openvino"]["skipped"] or not _has_openvino()
     assert v["timing"]["switches"] == sum("latency" in p for p in v["pipelines"].values())
@@ -375,3 +380,17 @@ def test_engines_rotate_and_every_block_waits_for_quiet(monkeypatch):
     assert timed[::per] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert len(waits) == 9 and all(w == [99] for w in waits), "a child engine's process is watched too"
     assert stats == {"settle_s": {"median": 0.4, "max": 0.4}, "not_quiet": 0, "switches": 9}
+
+
+def test_exactness_cost_is_stated_where_tvm_ext_was_also_built_saturating():
+    results = _results()
+    qdq = results["variants"][1]
+    qdq["pipelines"]["tvm_ext_saturating"] = {"latency": {"median_ms": 10.0, "p25_ms": 10.0, "p75_ms": 10.0}}
+    qdq["ratios"] = bench._ratios(qdq["pipelines"])
+    qdq["numerics"].update(exact_outputs=800, tvm_ext_saturating_vs_exact_differ=600,
+                           tvm_ext_saturating_vs_exact_max_abs=0.25)
+    assert qdq["ratios"]["tvm_ext/tvm_ext_saturating"] == pytest.approx(1.2)
+    md = bench.render_markdown(results)
+    assert ("(b): with TVM's saturating `vpmaddubsw`, 600/800 outputs differ from exact, max 0.25; exact tvm-ext "
+            "takes 1.20× its time.") in md
+    assert "(a): with TVM's saturating" not in md

@@ -349,7 +349,7 @@ def _numerics(outputs: dict, integer_graph: bool) -> dict:
     ref = outputs.get("exact")
     if ref:  # against exact integer arithmetic: how many outputs differ, and by how much
         res["exact_outputs"] = int(sum(np.size(b) for b in ref))
-        for name in ("tvm", "tvm_same", "tvm_ext", "tvm_ext_untuned"):
+        for name in ("tvm", "tvm_same", "tvm_ext", "tvm_ext_untuned", "tvm_ext_saturating"):
             if outputs.get(name):
                 pairs = list(zip(outputs[name], ref))
                 res[f"{name}_vs_exact_differ"] = int(sum(np.count_nonzero(np.asarray(a) != np.asarray(b))
@@ -399,7 +399,7 @@ def _build_job(job: dict) -> dict:
     from tvm import relay
 
     from ..core import pipelines, tvm_bugs
-    from ..x86 import int8_conv as x86_int8
+    from ..x86 import exact_int8, int8_conv as x86_int8
     from ..core.build import build, copy_module
     from ..core.report import KernelReport
 
@@ -444,8 +444,11 @@ def _build_job(job: dict) -> dict:
     else:
         pipe = pipelines.int8(numerics=job.get("numerics", "tvm"))  # "onnxruntime": benchmarks/real_matrix.py
         own_kernels = {"kernels": False, "tuned": False} if exact_graph else {"tuned": job.get("tuned", True)}
-        fac = build(v["mod"], target=target, params=v["params"], passes=pipe, instruments=[fuse_input.make()],
-                    **own_kernels)
+        # "tvm_ext_saturating": TVM's saturating vpmaddubsw kept everywhere, to show what exactness costs
+        form = exact_int8.saturating() if job["pipeline"] == "tvm_ext_saturating" else contextlib.nullcontext()
+        with form:
+            fac = build(v["mod"], target=target, params=v["params"], passes=pipe, instruments=[fuse_input.make()],
+                        **own_kernels)
         if exact_graph:  # a layer still in float is not exact at plain llvm either: the table says so
             float_anchors = _float_anchors(fac.tvm_ext_module)
         report, passes = fac.kernel_report.to_dict(), pipe.pass_names()
@@ -589,6 +592,10 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     (:mod:`tvm_ext.tools.openvino_peer`) at the host's ISA, and with ``openvino_isa`` (an
     ``ONEDNN_MAX_CPU_ISA`` value, :func:`openvino_peer`) also capped there, in a child process.
     """
+    import tvm
+
+    from ..x86 import exact_int8
+
     ext_target = target if ext_target is None else ext_target
     progress.step(f"{key}: loading")
     v = _load_variant(key, small, model_path, import_relay=key in VARIANTS or bool(model_path))
@@ -603,6 +610,8 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         pipes["tvm_same"] = ext_target
     if compare_untuned and tuned:
         pipes["tvm_ext_untuned"] = ext_target
+    if exact_int8.packs_pairs(tvm.target.Target(str(ext_target))):  # what exactness costs at this ISA
+        pipes["tvm_ext_saturating"] = ext_target
     pipes["exact"] = EXACT_TARGET
     jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir),
                  tuned=tuned and p != "tvm_ext_untuned", log_level=logging.getLogger().level, numerics=numerics)
@@ -686,6 +695,7 @@ RATIO_PAIRS = (
     ("tvm", "onnxruntime"), ("tvm_ext", "onnxruntime"), ("tvm_ext_untuned", "onnxruntime"),
     ("openvino", "onnxruntime"),
     ("tvm_ext", "openvino"), ("tvm_ext", "openvino_isa"), ("openvino_isa", "openvino"),
+    ("tvm_ext", "tvm_ext_saturating"),
 )
 
 
@@ -884,7 +894,9 @@ def _ort_isa_text(env: dict) -> str:
 #: The main table's rows per variant, in order: results key, label.
 ENGINE_LABELS = (
     ("tvm", "TVM stock"), ("tvm_same", "TVM stock @ tvm-ext target"), ("tvm_ext_untuned", "TVM + tvm-ext, untuned"),
-    ("tvm_ext", "TVM + tvm-ext"), ("onnxruntime", "ONNX Runtime"), ("openvino", "OpenVINO"),
+    ("tvm_ext", "TVM + tvm-ext"),
+    ("tvm_ext_saturating", "TVM + tvm-ext with TVM's saturating `vpmaddubsw` (inexact: what exactness costs)"),
+    ("onnxruntime", "ONNX Runtime"), ("openvino", "OpenVINO"),
     ("openvino_isa", "OpenVINO @ tvm-ext's ISA"), ("exact", "exact reference (plain `llvm`)"),
 )
 
@@ -1113,6 +1125,23 @@ def _numerics_lines(results: dict) -> list:
     for label, count in inexact:
         lines.append(f"\n{label}: the reference keeps {count} convolution/dense layer(s) in float; differences "
                      "from it include float rounding.")
+    lines += _exactness_cost_lines(results)
+    return lines
+
+
+def _exactness_cost_lines(results: dict) -> list:
+    """Per variant built both ways: what TVM's saturating vpmaddubsw gets wrong, and what the exact
+    kernels cost in latency (``tvm_ext_saturating``; only on instruction sets without VNNI)."""
+    lines = []
+    for v in results["variants"]:
+        n, ratio = v.get("numerics", {}), (v.get("ratios") or {}).get("tvm_ext/tvm_ext_saturating")
+        if "tvm_ext_saturating_vs_exact_differ" not in n and ratio is None:
+            continue
+        wrong = (f"{n['tvm_ext_saturating_vs_exact_differ']}/{n.get('exact_outputs', '?')} outputs differ from "
+                 f"exact, max {n['tvm_ext_saturating_vs_exact_max_abs']:.4g}"
+                 if "tvm_ext_saturating_vs_exact_differ" in n else "numerics not compared")
+        cost = f"exact tvm-ext takes {ratio:.2f}× its time" if ratio else "not timed"
+        lines.append(f"\n{v['label']}: with TVM's saturating `vpmaddubsw`, {wrong}; {cost}.")
     return lines
 
 
