@@ -295,7 +295,9 @@ def test_zoo_resnet_is_exact_at_the_host_target(name, small):
     """The int8 pipeline at the host's instruction set against the same integer graph built at
     plain ``llvm`` (TVM's generic int8 kernels: no SIMD dot product, exact integer arithmetic), bit
     for bit, on two inputs. The QDQ model is compared after the pipeline's start stage, which makes
-    its convolutions integer (the imported graph computes them in float)."""
+    its convolutions integer (the imported graph computes them in float). relay.quantize keeps its
+    first conv and its head in float, which a generic build rounds without fused multiply-adds:
+    within 1e-5 there (a saturated pair moves a logit by about 0.1)."""
     from tvm_ext.tools import zoo
     from tvm_ext.x86.target import host_target
 
@@ -311,7 +313,11 @@ def test_zoo_resnet_is_exact_at_the_host_target(name, small):
         reference = relay.build(graph, target="llvm", params=params)
     for seed in (0, 1):
         x = zoo.sample_input(m, seed=seed)
-        np.testing.assert_array_equal(_run(lib, **{m.input_name: x}), _run(reference, **{m.input_name: x}))
+        got, want = _run(lib, **{m.input_name: x}), _run(reference, **{m.input_name: x})
+        if name == "resnet50_int8_relay":
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(got, want)
 
 
 # --- PairPackInt8Convs: structure, numerics, idempotence, no match ---------------------------------
