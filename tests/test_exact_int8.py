@@ -306,8 +306,9 @@ def test_zoo_resnet_is_exact_at_the_host_target(name, small):
     lib = tvm_ext.build(m.mod, target=host_target(), params=m.params, passes=pipeline)
     graph, params = m.mod, m.params
     if name.endswith("qdq"):  # the integer graph the start stage makes (params bound into it)
-        graph = tvm_ext.build(m.mod, target=host_target(), params=m.params, passes=[pipeline.start],
-                              at="start").tvm_ext_module
+        bound = tvm.IRModule.from_expr(relay.build_module.bind_params_by_name(m.mod["main"], m.params))
+        with host_target(), tvm.transform.PassContext(opt_level=3):
+            graph = pipeline.start(relay.transform.InferType()(bound))
         params = None
     with tvm.transform.PassContext(opt_level=3):
         reference = relay.build(graph, target="llvm", params=params)
