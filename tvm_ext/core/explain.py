@@ -1189,7 +1189,7 @@ class _Analysis:
         that a convolution's kernel wrote (what ``PadChannelsAtProducer`` removes)?"""
         from tvm import relay
 
-        from tvm_ext.passes._util import int_list
+        from .._attrs import int_list
 
         for m in self.members[r]:
             n = self.fg.nodes[m]
