@@ -363,7 +363,7 @@ import json, re, sys
 import numpy as np, tvm
 from tvm import relay
 import tvm_ext
-from tvm_ext import x86_int8
+from tvm_ext.x86 import int8_conv as x86_int8
 
 rng = np.random.default_rng(0)
 
@@ -510,7 +510,7 @@ import numpy as np, tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 import tvm_ext
-from tvm_ext import amx
+from tvm_ext.x86 import amx
 
 if not (amx.host_has_amx() and amx.request_tile_state()[0]):  # checked again in this process
     print("NO_AMX " + amx.request_tile_state()[1])
@@ -688,7 +688,7 @@ import numpy as np, tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 import tvm_ext
-from tvm_ext import amx
+from tvm_ext.x86 import amx
 sys.path.insert(0, sys.argv[1])
 from test_amx import emulated_tiles
 

@@ -214,7 +214,16 @@ def test_tables_are_ordered_data():
     kinds = [k for k, _ in REASONS]
     assert len(kinds) == len(set(kinds))
     assert REMEDIES[-1].kind == "none"  # the catch-all comes last
-    assert tvm_ext.explain is not None and callable(tvm_ext.explain)
+
+
+def test_tvm_ext_explain_is_the_function():
+    """``tvm_ext.explain`` is the plain function of :mod:`tvm_ext.core.explain`; that module stays a module."""
+    import types
+
+    import tvm_ext.core.explain as module
+
+    assert tvm_ext.explain is explain and isinstance(explain, types.FunctionType)
+    assert type(module) is types.ModuleType and not callable(module)
 
 
 def test_bad_input_and_no_mutation():

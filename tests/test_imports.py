@@ -1,4 +1,4 @@
-"""No import cycles between tvm-ext's modules (lazy, function-level imports
+"""One name per module, no import cycles between tvm-ext's modules (lazy, function-level imports
 included), and the layers the README states, as data (:data:`LAYERS`): a module imports its own
 layer and the layers below it, never one above. The one upward import allowed is plugin
 registration: ``registry.list_passes`` imports ``tvm_ext.passes`` so that every pass module
@@ -143,14 +143,45 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
                                      ("tvm_ext.x86.isa", "tvm_ext.core.build")]
 
 
-def test_flat_module_names_are_the_same_modules():
+def test_one_name_per_module():
+    """Every tvm_ext module is in ``sys.modules`` under its own name only, as a plain module (no import
+    hook gives it a second name, no module replaces its class), and no flat name imports."""
     import importlib
+    import importlib.util
+    import sys
+    import types
 
+    for name in _modules():
+        importlib.import_module(name)
+    for key, mod in list(sys.modules.items()):
+        if key == "tvm_ext" or key.startswith("tvm_ext."):
+            assert mod.__name__ == key, f"{key} is {mod.__name__}: a second name"
+            assert type(mod) is types.ModuleType, f"{key} is a {type(mod).__name__}"
+    for flat in ("zoo", "x86_int8", "pipelines", "isa", "amx", "bench", "cli"):
+        assert importlib.util.find_spec(f"tvm_ext.{flat}") is None, flat
     import tvm_ext
+    import tvm_ext.core.build
 
-    for flat, where in tvm_ext.MODULE_PATHS.items():
-        assert importlib.import_module(f"tvm_ext.{flat}") is importlib.import_module(f"tvm_ext.{where}"), flat
-    assert callable(tvm_ext.build) and not isinstance(tvm_ext.build, type(tvm_ext)), "still the function"
+    assert callable(tvm_ext.build) and tvm_ext.build is tvm_ext.core.build.build
+
+
+def test_import_changes_nothing_process_wide():
+    """``import tvm_ext`` (a new process, TOPHUB_LOCATION unset) adds no import hook, loads no TVM and sets
+    no environment variable but TOPHUB_LOCATION (see ``tvm_ext._compat``)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, os, sys; hooks = (list(sys.meta_path), list(sys.path_hooks)); env = dict(os.environ)\n"
+            "import tvm_ext\n"
+            "print(json.dumps({'hooks_kept': hooks == (sys.meta_path, sys.path_hooks), 'tvm': 'tvm' in sys.modules,\n"
+            "                  'env': sorted(k for k in os.environ if os.environ[k] != env.get(k))}))")
+    env = {k: v for k, v in os.environ.items() if k != "TOPHUB_LOCATION"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    assert json.loads(r.stdout) == {"hooks_kept": True, "tvm": False, "env": ["TOPHUB_LOCATION"]}
 
 
 def _pass_modules(mods: dict) -> set:

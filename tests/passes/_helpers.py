@@ -45,7 +45,8 @@ def assert_if_and_let_skipped(pass_, body, logger: str, caplog) -> None:
 _REAL_CHILD = r"""
 import sys, numpy as np, tvm, tvm_ext
 from tvm.contrib import graph_executor
-from tvm_ext import pipelines, zoo, zoo_real
+from tvm_ext.core import pipelines
+from tvm_ext.tools import zoo, zoo_real
 name, pipeline, out = sys.argv[1], sys.argv[2], sys.argv[3]
 m = zoo.load(name)
 passes = pipelines.int8(numerics="onnxruntime") if pipeline == "int8" else pipelines.onnxruntime_numerics()

@@ -212,7 +212,8 @@ _CHILD = """
 import json, sys
 import numpy as np
 import tvm_ext
-from tvm_ext import zoo, pipelines
+from tvm_ext.core import pipelines
+from tvm_ext.tools import zoo
 from tvm_ext.testing import run_module
 name, numerics = sys.argv[1], sys.argv[2]
 m = zoo.load(name)
