@@ -110,13 +110,28 @@ def test_prepare_process_asks_only_where_linux_lists_amx(monkeypatch):
     assert asked == [1]
 
 
-def test_import_does_not_load_tvm_without_amx():
-    code = "import sys, tvm_ext; print('tvm' in sys.modules, tvm_ext._amx._STATE is not None)"
+def test_import_asks_nothing():
+    """``import tvm_ext`` neither asks Linux for the tile state nor loads TVM (a child process: a new one)."""
+    code = "import sys, tvm_ext; from tvm_ext.x86 import amx; print('tvm' in sys.modules, amx._STATE is None)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    tvm_loaded, asked = r.stdout.split()
-    assert tvm_loaded == "False", "import tvm_ext stays cheap"
-    assert asked == str(amx._linux_lists_amx()), "the tile state is asked for on import exactly on AMX hosts"
+    assert r.stdout.split() == ["False", "True"], "import tvm_ext stays cheap and leaves the tile state alone"
+
+
+def test_only_an_amx_build_asks_for_the_tile_state(monkeypatch):
+    """``tvm_ext.build(..., amx=True)`` asks (the result may run in this process), a build without it does not."""
+    import tvm_ext
+    from tvm import relay
+
+    asked = []
+    monkeypatch.setattr(amx, "prepare_process", lambda: asked.append(1))
+    x = relay.var("x", shape=(1, 8), dtype="float32")
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.relu(x)))
+    target = "llvm -mcpu=x86-64-v3"  # AVX2 code: no AMX features, cheap to build
+    tvm_ext.build(mod, target=target)
+    assert not asked
+    tvm_ext.build(mod, target=target, amx=True)
+    assert asked == [1]
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Built on Apache TVM 0.19 (the last release with Relay). Importing :mod:`tvm_ext` sets
 ``TOPHUB_LOCATION=NONE`` when unset (no network) and installs a small ``onnx.mapping`` shim so
-TVM 0.19's ONNX frontend works with current onnx releases.
+TVM 0.19's ONNX frontend works with current onnx releases. It asks nothing of the operating system:
+the AMX tile permission is requested when AMX code is built or loaded (:mod:`tvm_ext.x86.amx`).
 
 Layout: :mod:`tvm_ext.core` (build, pipelines, report, explain, registry, frontend),
 :mod:`tvm_ext.x86` (instruction sets, targets, the int8 kernel policy, tuned records, AMX),
@@ -13,13 +14,10 @@ import path, the one of its file (``tvm_ext.tools.zoo``, ``tvm_ext.x86.int8_conv
 import importlib
 
 from . import _compat  # noqa: F401  (environment and onnx compatibility, before TVM is used)
-from .x86 import amx as _amx
-
-_amx.prepare_process()  # on an AMX host, ask Linux for the tile state (cheap; nothing elsewhere)
-from .core.build import build, copy_module  # noqa: E402
-from .core.explain import explain  # noqa: E402
-from .core.report import KernelReport  # noqa: E402
-from .x86.target import build_target, host_target, safe_target  # noqa: E402
+from .core.build import build, copy_module
+from .core.explain import explain
+from .core.report import KernelReport
+from .x86.target import build_target, host_target, safe_target
 
 __version__ = "0.1.0"
 
