@@ -157,7 +157,7 @@ def test_one_name_per_module():
         if key == "tvm_ext" or key.startswith("tvm_ext."):
             assert mod.__name__ == key, f"{key} is {mod.__name__}: a second name"
             assert type(mod) is types.ModuleType, f"{key} is a {type(mod).__name__}"
-    for flat in ("zoo", "x86_int8", "pipelines", "isa", "amx", "bench", "cli"):
+    for flat in ("build", "explain", "zoo", "x86_int8", "pipelines", "isa", "amx", "bench", "cli"):
         assert importlib.util.find_spec(f"tvm_ext.{flat}") is None, flat
     import tvm_ext
     import tvm_ext.core.build
