@@ -9,9 +9,9 @@
 For each commit (BASE and HEAD are any git revisions; the caller's uncommitted changes are never
 part of them) a ``git worktree`` of that commit is made in a temporary directory, so the caller's
 checkout is never touched, and removed at the end. For each model a child process imports the
-commit's ``tvm_ext``, loads the model with ``tvm_ext.zoo.load(name, small=...)`` (``--small``
+commit's ``tvm_ext``, loads the model with ``tvm_ext.tools.zoo.load(name, small=...)`` (``--small``
 applies to the zoo ResNets, the real models have no small variant), builds it with
-``tvm_ext.build(mod, target, params, passes=tvm_ext.pipelines.int8())`` (``--pipeline none``:
+``tvm_ext.build(mod, target, params, passes=tvm_ext.core.pipelines.int8())`` (``--pipeline none``:
 no passes) and records, in ``<out>/{base,head}-<sha>-<pipeline>[-small]/<model>/result.json``:
 
 * the kernel report (``factory.kernel_report.to_dict()``, what ``tvm-ext report --json`` prints):
@@ -21,8 +21,8 @@ no passes) and records, in ``<out>/{base,head}-<sha>-<pipeline>[-small]/<model>/
   function's hash does not depend on where the other functions sit in the module (LLVM generates
   the listing again, a fraction of the build time: ``--ignore code`` skips it);
 * digests of the model as loaded (ONNX file, Relay structural hash) and of the built params;
-* when code for the target runs on this host (``tvm_ext.isa.runs_on_host``), the outputs on
-  seeded inputs (``tvm_ext.zoo.sample_input``), saved as ``.npy``. HEAD runs on BASE's saved
+* when code for the target runs on this host (``tvm_ext.x86.isa.runs_on_host``), the outputs on
+  seeded inputs (``tvm_ext.tools.zoo.sample_input``), saved as ``.npy``. HEAD runs on BASE's saved
   inputs, so both commits see the very same arrays.
 
 How a commit's code is imported: the package may map subpackages to other folders
@@ -255,12 +255,26 @@ def _sha256_arrays(arrays) -> str:
     return h.hexdigest()
 
 
+def _commit_module(path: str):
+    """The commit's module ``tvm_ext.<path>`` (``"tools.zoo"``), or, in a commit whose modules sit at
+    the top of the package, ``tvm_ext.<last part>`` (``tvm_ext.zoo``)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"tvm_ext.{path}")
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith(f"tvm_ext.{path.split('.')[0]}"):
+            raise
+    return importlib.import_module(f"tvm_ext.{path.rsplit('.', 1)[-1]}")
+
+
 def _child_build(args) -> dict:
     """Load, build and run one model with the commit's code (the import finder is in place)."""
     import numpy as np
 
     import tvm_ext
-    from tvm_ext import zoo
+
+    zoo = _commit_module("tools.zoo")
 
     result: dict = {"tvm_ext": str(Path(tvm_ext.__file__).parent)}
     small = bool(args.small) and args.model.removesuffix("_small") in zoo.list_models()
@@ -279,9 +293,7 @@ def _child_build(args) -> dict:
     logger.info("loaded %s in %.1f s", m.name, load_s)
 
     if args.pipeline == "int8":
-        from tvm_ext import pipelines
-
-        passes = pipelines.int8()
+        passes = _commit_module("core.pipelines").int8()
     else:
         passes = ()
     t0 = time.perf_counter()
@@ -298,9 +310,7 @@ def _child_build(args) -> dict:
     params = lib.get_params()
     result["params_sha256"] = _sha256_arrays(params[k].numpy() for k in sorted(params))
 
-    from tvm_ext import isa
-
-    runs = isa.runs_on_host(args.target)
+    runs = _commit_module("x86.isa").runs_on_host(args.target)
     result["runs_on_host"] = bool(runs)
     result["runs"] = None
     run_s = 0.0
@@ -672,11 +682,11 @@ def main(argv=None) -> int:
     ap.add_argument("base", help="git revision of the reference (e.g. a commit hash)")
     ap.add_argument("head", help="git revision compared with it (e.g. HEAD)")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                    help="comma-separated zoo names (tvm_ext.zoo.list_models('all'))")
+                    help="comma-separated zoo names (tvm_ext.tools.zoo.list_models('all'))")
     ap.add_argument("--small", action="store_true", help="the small variants of the zoo ResNets")
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--pipeline", choices=("int8", "none"), default="int8",
-                    help="int8: passes=tvm_ext.pipelines.int8(); none: tvm_ext.build without passes")
+                    help="int8: passes=tvm_ext.core.pipelines.int8(); none: tvm_ext.build without passes")
     ap.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="seeds of the inputs (comma-separated)")
     ap.add_argument("--ignore", default="", help=f"kinds of difference left out: {', '.join(KINDS)}")
     ap.add_argument("--out", help="keep results here (default: a temporary folder, removed)")

@@ -24,14 +24,15 @@ Contract every pass built on this module keeps:
 
 Shared machinery lives in underscore modules, never in a pass's module: this one, ``_chains``
 (elementwise chains and their 8-bit points), ``_intervals`` (value ranges), and the leaves
-``tvm_ext._op_pattern`` (TOpPattern values) and ``tvm_ext._reject`` (:class:`Reject`, also the
-pattern tables').
+``tvm_ext._op_pattern`` (TOpPattern values), ``tvm_ext._reject`` (:class:`Reject`, also the
+pattern tables') and ``tvm_ext._attrs`` (:func:`int_list`, also the core's).
 """
 from __future__ import annotations
 
 import logging
 from typing import Iterable
 
+from tvm_ext._attrs import int_list
 from tvm_ext._reject import Check, Reject
 
 __all__ = [
@@ -377,18 +378,6 @@ def with_body(func, body):
     if body.same_as(func.body):
         return func
     return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
-
-
-def int_list(values) -> list | None:
-    """``[int(v) ...]`` of an attribute array whose entries are all ``IntImm``; else None."""
-    import tvm
-
-    out = []
-    for v in values:
-        if not isinstance(v, tvm.tir.IntImm):
-            return None
-        out.append(int(v))
-    return out
 
 
 def constant_scalar(expr):

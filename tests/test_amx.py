@@ -110,13 +110,28 @@ def test_prepare_process_asks_only_where_linux_lists_amx(monkeypatch):
     assert asked == [1]
 
 
-def test_import_does_not_load_tvm_without_amx():
-    code = "import sys, tvm_ext; print('tvm' in sys.modules, tvm_ext._amx._STATE is not None)"
+def test_import_asks_nothing():
+    """``import tvm_ext`` neither asks Linux for the tile state nor loads TVM (a child process: a new one)."""
+    code = "import sys, tvm_ext; from tvm_ext.x86 import amx; print('tvm' in sys.modules, amx._STATE is None)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    tvm_loaded, asked = r.stdout.split()
-    assert tvm_loaded == "False", "import tvm_ext stays cheap"
-    assert asked == str(amx._linux_lists_amx()), "the tile state is asked for on import exactly on AMX hosts"
+    assert r.stdout.split() == ["False", "True"], "import tvm_ext stays cheap and leaves the tile state alone"
+
+
+def test_only_an_amx_build_asks_for_the_tile_state(monkeypatch):
+    """``tvm_ext.build(..., amx=True)`` asks (the result may run in this process), a build without it does not."""
+    import tvm_ext
+    from tvm import relay
+
+    asked = []
+    monkeypatch.setattr(amx, "prepare_process", lambda: asked.append(1))
+    x = relay.var("x", shape=(1, 8), dtype="float32")
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.relu(x)))
+    target = "llvm -mcpu=x86-64-v3"  # AVX2 code: no AMX features, cheap to build
+    tvm_ext.build(mod, target=target)
+    assert not asked
+    tvm_ext.build(mod, target=target, amx=True)
+    assert asked == [1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,7 +378,7 @@ import json, re, sys
 import numpy as np, tvm
 from tvm import relay
 import tvm_ext
-from tvm_ext import x86_int8
+from tvm_ext.x86 import int8_conv as x86_int8
 
 rng = np.random.default_rng(0)
 
@@ -510,7 +525,7 @@ import numpy as np, tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 import tvm_ext
-from tvm_ext import amx
+from tvm_ext.x86 import amx
 
 if not (amx.host_has_amx() and amx.request_tile_state()[0]):  # checked again in this process
     print("NO_AMX " + amx.request_tile_state()[1])
@@ -688,7 +703,7 @@ import numpy as np, tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 import tvm_ext
-from tvm_ext import amx
+from tvm_ext.x86 import amx
 sys.path.insert(0, sys.argv[1])
 from test_amx import emulated_tiles
 

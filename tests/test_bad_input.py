@@ -182,7 +182,7 @@ def _pass_factories():
 
 
 @pytest.mark.parametrize("label", sorted(_pass_factories()))
-def test_untyped_module_raises_naming_the_pass(label):
+def test_untyped_module_raises(label):
     import tvm
     from tvm import relay
 

@@ -1,9 +1,8 @@
 """tvm_ext.explain: every kernel boundary gets FuseOps' reason, and the remedies named remove them.
 
-The graphs of seed 001 ("Operator fusion confusion", shared/seeds/001) are rebuilt here:
-dense + bias + relu (what fused), conv -> cast -> stop_fusion -> conv as relay.quantize writes it
-(the barrier "always added after cast"), a residual block (a join), and the configuration
-questions (which ops fuse, and how to change it: max_depth, a pattern-table entry).
+The graphs: dense + bias + relu (what fuses), conv -> cast -> stop_fusion -> conv as relay.quantize
+writes it (the barrier it adds after every cast), a residual block (a join), and the configuration
+that decides which ops fuse and how to change it (max_depth, a pattern-table entry).
 Every explanation is checked against TVM's own FuseOps (``ex.verified``).
 """
 import json
@@ -31,13 +30,13 @@ def mod_of(y):
 
 
 def dense_bias_relu():
-    """Seed 001, question 1: dense -> add(bias) -> relu."""
+    """dense -> add(bias) -> relu: one kernel."""
     x = relay.var("x", shape=(1, 64))
     return mod_of(relay.nn.relu(relay.add(relay.nn.dense(x, W(32, 64)), W(32))))
 
 
 def quantized_pair():
-    """Seed 001, question 3: conv -> relu -> cast(int8) -> stop_fusion -> cast -> conv (relay.quantize's form)."""
+    """conv -> relu -> cast(int8) -> stop_fusion -> cast -> conv (relay.quantize's form)."""
     x = relay.var("x", shape=(1, 16, 8, 8))
     y = relay.nn.relu(conv(x, 16, 16))
     y = relay.annotation.stop_fusion(relay.cast(relay.clip(relay.round(y), -127, 127), "int8"))
@@ -113,7 +112,7 @@ def test_max_depth_config_and_remedy():
 
 
 def test_pattern_table_entry_is_named_and_dropping_it_fuses():
-    """Seed 001, question 4 / 'configure which ops fuse': a pattern-table group is one kernel."""
+    """A pattern-table group is one kernel, its entry is named, and dropping the entry lets FuseOps fuse."""
     from tvm_ext.passes import FuseByPattern
     from tvm_ext.patterns import make_table
 
@@ -214,7 +213,16 @@ def test_tables_are_ordered_data():
     kinds = [k for k, _ in REASONS]
     assert len(kinds) == len(set(kinds))
     assert REMEDIES[-1].kind == "none"  # the catch-all comes last
-    assert tvm_ext.explain is not None and callable(tvm_ext.explain)
+
+
+def test_tvm_ext_explain_is_the_function():
+    """``tvm_ext.explain`` is the plain function of :mod:`tvm_ext.core.explain`; that module stays a module."""
+    import types
+
+    import tvm_ext.core.explain as module
+
+    assert tvm_ext.explain is explain and isinstance(explain, types.FunctionType)
+    assert type(module) is types.ModuleType and not callable(module)
 
 
 def test_bad_input_and_no_mutation():

@@ -99,10 +99,20 @@ def test_libinfo_cache_returns_tvms_build_info_and_is_idempotent():
     assert first()["INDEX_DEFAULT_I64"] == tvm.support.libinfo()["INDEX_DEFAULT_I64"]
 
 
-def test_tophub_env_default():
+@pytest.mark.parametrize("given, seen", [(None, "NONE"), ("/srv/tophub", "/srv/tophub")])
+def test_tophub_env_default(given, seen):
+    """``import tvm_ext`` sets TOPHUB_LOCATION=NONE when it is unset and keeps the user's value. A new
+    process: this one's TOPHUB_LOCATION was set before tvm_ext was imported (``tests/conftest.py``)."""
     import os
+    import subprocess
 
-    assert os.environ.get("TOPHUB_LOCATION") is not None
+    env = {k: v for k, v in os.environ.items() if k != "TOPHUB_LOCATION"}
+    if given is not None:
+        env["TOPHUB_LOCATION"] = given
+    code = "import os, tvm_ext; print(os.environ.get('TOPHUB_LOCATION'))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == seen
 
 
 def test_relay_from_onnx_needs_shim(monkeypatch):

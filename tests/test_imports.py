@@ -1,8 +1,8 @@
-"""No import cycles between tvm-ext's modules (lazy, function-level imports included), and the
-layers of the package: ``tvm_ext.tools`` (cli, bench, tune, ...) on top of ``tvm_ext.core`` (build,
-pipelines, report, explain, ...), which sits on ``tvm_ext.x86`` (isa, target, int8_conv, tuning) and
-the leaves (``errors``, ``_op_pattern``, ...). The one allowed loop is plugin registration:
-``registry.list_passes`` imports ``tvm_ext.passes`` so that every pass module registers itself.
+"""One name per module, no import cycles between tvm-ext's modules (lazy, function-level imports
+included), and the layers the README states, as data (:data:`LAYERS`): a module imports its own
+layer and the layers below it, never one above. The one upward import allowed is plugin
+registration: ``registry.list_passes`` imports ``tvm_ext.passes`` so that every pass module
+registers itself; the rest of ``tvm_ext.core`` makes passes by name through the registry.
 """
 import ast
 from pathlib import Path
@@ -10,6 +10,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (("tvm_ext", "tvm_ext"), ("passes", "tvm_ext.passes"), ("patterns", "tvm_ext.patterns"))
 ALLOWED = {("tvm_ext.core.registry", "tvm_ext.passes")}  # plugin registration (see the module note)
+
+#: The layers, top first (the README's layering sentence): a module may import modules of its own
+#: layer and of the layers below it. A module belongs to the entry that is its name or its
+#: longest package prefix; ``"tvm_ext"`` is the package's ``__init__`` (it re-exports ``build``,
+#: ``explain``, ...). Every module must belong to a layer: a new top-level module is placed here.
+LAYERS = (
+    ("tvm_ext.tools", "tvm_ext.testing"),
+    ("tvm_ext.relax",),
+    ("tvm_ext.passes",),
+    ("tvm_ext.patterns",),
+    ("tvm_ext", "tvm_ext.core"),
+    ("tvm_ext.x86",),
+    ("tvm_ext.errors", "tvm_ext.ops", "tvm_ext._op_pattern", "tvm_ext._reject", "tvm_ext._attrs", "tvm_ext._compat",
+     "tvm_ext._atomic", "tvm_ext._files"),
+)
 
 
 def _modules() -> dict:
@@ -77,34 +92,96 @@ def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_leaves_do_not_import_the_layers_above():
+def _layer(name: str, layers=LAYERS) -> int | None:
+    """Index in ``layers`` (0 = top) of the entry that is ``name`` or its longest package prefix."""
+    best, depth = None, -1
+    for i, entries in enumerate(layers):
+        for e in entries:
+            if (name == e or (name.startswith(e + ".") and e != "tvm_ext")) and e.count(".") > depth:
+                best, depth = i, e.count(".")
+    return best
+
+
+def _upward_imports(mods: dict, layers=LAYERS, allowed=ALLOWED) -> list:
+    """``(importer, imported)`` pairs where a module imports one of a higher layer (not in ``allowed``)."""
+    out = []
+    for name, path in sorted(mods.items()):
+        for dep in sorted(_imports(name, path, mods)):
+            if _layer(dep, layers) < _layer(name, layers) and (name, dep) not in allowed:
+                out.append((name, dep))
+    return out
+
+
+def test_every_module_has_a_layer():
     mods = _modules()
-    for leaf in ("tvm_ext.errors", "tvm_ext.x86.isa", "tvm_ext.x86.int8_conv", "tvm_ext.x86.tuning",
-                 "tvm_ext.x86.target"):
-        above = {"tvm_ext.tools.cli", "tvm_ext.tools.bench", "tvm_ext.core.build", "tvm_ext.tools.tune"}
-        assert not (_imports(leaf, mods[leaf], mods) & above), leaf
+    assert {"tvm_ext", "tvm_ext.core.build", "tvm_ext.x86.isa", "tvm_ext.tools.cli", "tvm_ext.passes._util",
+            "tvm_ext.patterns.qnn", "tvm_ext._attrs"} <= set(mods)
+    assert [n for n in sorted(mods) if _layer(n) is None] == []
 
 
-def test_subpackages_import_only_the_layers_below():
-    """x86 imports neither core nor tools; core does not import tools (lazy imports included)."""
-    mods = _modules()
-    assert {"tvm_ext.core.build", "tvm_ext.x86.isa", "tvm_ext.tools.cli"} <= set(mods)
-    for name, path in mods.items():
-        deps = _imports(name, path, mods)
-        if name.startswith("tvm_ext.x86."):
-            assert not {d for d in deps if d.startswith(("tvm_ext.core", "tvm_ext.tools"))}, name
-        if name.startswith("tvm_ext.core."):
-            assert not {d for d in deps if d.startswith("tvm_ext.tools")}, name
+def test_no_module_imports_a_layer_above_its_own():
+    assert _upward_imports(_modules()) == []
 
 
-def test_flat_module_names_are_the_same_modules():
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """The check parses lazy imports too: a core module importing a pass (other than the registry's
+    plugin load) or x86 importing the core is reported; imports downwards are not."""
+    files = {
+        "tvm_ext.core.pipelines": "def f():\n    from ..passes import AddAsOnnxRuntime\n",
+        "tvm_ext.core.registry": "def f():\n    from .. import passes\n",
+        "tvm_ext.x86.isa": "import tvm_ext.core.build\n",
+        "tvm_ext.core.build": "from ..x86 import isa\n",
+        "tvm_ext.passes": "", "tvm_ext.passes.add_as_onnxruntime": "from tvm_ext.core.registry import register_pass\n",
+    }
+    mods = {}
+    for name, text in files.items():
+        path = tmp_path / (name + ("/__init__.py" if name == "tvm_ext.passes" else ".py"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        mods[name] = path
+    assert _upward_imports(mods) == [("tvm_ext.core.pipelines", "tvm_ext.passes"),
+                                     ("tvm_ext.x86.isa", "tvm_ext.core.build")]
+
+
+def test_one_name_per_module():
+    """Every tvm_ext module is in ``sys.modules`` under its own name only, as a plain module (no import
+    hook gives it a second name, no module replaces its class), and no flat name imports."""
     import importlib
+    import importlib.util
+    import sys
+    import types
 
+    for name in _modules():
+        importlib.import_module(name)
+    for key, mod in list(sys.modules.items()):
+        if key == "tvm_ext" or key.startswith("tvm_ext."):
+            assert mod.__name__ == key, f"{key} is {mod.__name__}: a second name"
+            assert type(mod) is types.ModuleType, f"{key} is a {type(mod).__name__}"
+    for flat in ("build", "explain", "zoo", "x86_int8", "pipelines", "isa", "amx", "bench", "cli"):
+        assert importlib.util.find_spec(f"tvm_ext.{flat}") is None, flat
     import tvm_ext
+    import tvm_ext.core.build
 
-    for flat, where in tvm_ext.MODULE_PATHS.items():
-        assert importlib.import_module(f"tvm_ext.{flat}") is importlib.import_module(f"tvm_ext.{where}"), flat
-    assert callable(tvm_ext.build) and not isinstance(tvm_ext.build, type(tvm_ext)), "still the function"
+    assert callable(tvm_ext.build) and tvm_ext.build is tvm_ext.core.build.build
+
+
+def test_import_changes_nothing_process_wide():
+    """``import tvm_ext`` (a new process, TOPHUB_LOCATION unset) adds no import hook, loads no TVM and sets
+    no environment variable but TOPHUB_LOCATION (see ``tvm_ext._compat``)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, os, sys; hooks = (list(sys.meta_path), list(sys.path_hooks)); env = dict(os.environ)\n"
+            "import tvm_ext\n"
+            "print(json.dumps({'hooks_kept': hooks == (sys.meta_path, sys.path_hooks), 'tvm': 'tvm' in sys.modules,\n"
+            "                  'env': sorted(k for k in os.environ if os.environ[k] != env.get(k))}))")
+    env = {k: v for k, v in os.environ.items() if k != "TOPHUB_LOCATION"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    assert json.loads(r.stdout) == {"hooks_kept": True, "tvm": False, "env": ["TOPHUB_LOCATION"]}
 
 
 def _pass_modules(mods: dict) -> set:

@@ -92,7 +92,7 @@ import json, re, sys
 import numpy as np, tvm
 from tvm import relay
 import tvm_ext
-from tvm_ext import x86_int8
+from tvm_ext.x86 import int8_conv as x86_int8
 x = relay.var("x", shape=(1, 64, 14, 14), dtype="uint8")
 w = relay.const(np.random.default_rng(0).integers(-128, 128, (64, 64, 3, 3)).astype("int8"))
 y = relay.nn.conv2d(x, w, padding=1, channels=64, kernel_size=3, out_dtype="int32")
@@ -131,7 +131,7 @@ import json, re, sys
 import numpy as np, tvm
 from tvm import relay
 import tvm_ext
-from tvm_ext import x86_int8
+from tvm_ext.x86 import int8_conv as x86_int8
 
 rng = np.random.default_rng(0)
 x = relay.var("x", shape=(32, 128), dtype="uint8")

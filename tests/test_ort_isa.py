@@ -3,6 +3,7 @@
 Everything that imports a patched onnxruntime runs in a child process; this process keeps the
 installed one (checked at the end).
 """
+import math
 import shutil
 import sys
 
@@ -178,8 +179,14 @@ def test_bench_at_an_avx2_target_times_the_masked_onnxruntime(masked, monkeypatc
     ort_lat, ext_lat = v["pipelines"]["onnxruntime"]["latency"], v["pipelines"]["tvm_ext"]["latency"]
     assert ort_lat["n"] == ext_lat["n"] > 0 and ort_lat["median_ms"] > 0, "timed in the child, same count"
     assert "tvm_ext/onnxruntime" in v["ratios"]
-    assert v["numerics"]["tvm_ext_vs_ort_top1"] >= 0 and v["numerics"]["tvm_ext_vs_ort_max_abs"] >= 0
-    assert "ONNX Runtime kernels: AVX2" in (tmp_path / "results.md").read_text()
+    n, md = v["numerics"], (tmp_path / "results.md").read_text()
+    assert n["inputs"] == bench.NUM_CHECK_INPUTS, "every seeded input ran through both engines"
+    top1, flips = n["tvm_ext_vs_ort_top1"], n["tvm_ext_vs_ort_top1_within_tolerance"]
+    assert isinstance(top1, int) and 0 <= top1 <= n["inputs"], n
+    assert 0 <= flips <= n["inputs"] - top1, "a flip within tolerance is a disagreement"
+    assert math.isfinite(n["tvm_ext_vs_ort_max_abs"]) and n["tvm_ext_vs_ort_max_abs"] >= 0, n
+    assert f"{n['tvm_ext_vs_ort_max_abs']:.4g}" in md and f"{top1}/{n['inputs']}" in md, "the table shows them"
+    assert "ONNX Runtime kernels: AVX2" in md
 
 
 def test_this_process_keeps_the_installed_onnxruntime():

@@ -19,7 +19,8 @@ _CHILD = textwrap.dedent("""
     from tvm import relay
     from tvm.contrib import graph_executor
     import tvm_ext
-    from tvm_ext import zoo, pipelines
+    from tvm_ext.core import pipelines
+    from tvm_ext.tools import zoo
     from tvm_ext.core.report import KernelReport
     name = sys.argv[1]
     m = zoo.load(name)

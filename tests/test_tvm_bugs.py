@@ -91,7 +91,7 @@ def test_llvm_debug_info_error_is_retried_without_tir_cse(monkeypatch, caplog):
 
     monkeypatch.setattr(relay, "build", flaky_build)
     mod = dense(16, dtype="uint8")
-    with caplog.at_level(logging.WARNING, logger="tvm_ext.build"):
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.core.build"):
         fac = tvm_ext.build(mod)
     assert seen == [False, True]
     assert "tir.disable_cse_tir" in caplog.text
@@ -145,7 +145,7 @@ def test_simplify_expr_copying_an_inline_function_is_built_without_it(at, caplog
     with pytest.raises(tvm.TVMError, match="WellFormed"):
         with tvm.transform.PassContext(opt_level=3):
             relay.build(mod, target="llvm")
-    with caplog.at_level(logging.WARNING, logger="tvm_ext.build"):
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.core.build"):
         fac = tvm_ext.build(mod, at=at)
     assert "SimplifyExpr copied an inline function" in caplog.text
     x = np.random.default_rng(0).integers(-128, 128, (1, 2, 4, 4)).astype("int8")
@@ -196,7 +196,7 @@ def test_integer_scale_folded_into_int8_weight_is_built_without_fold_scale_axis(
     with pytest.raises(tvm.TVMError, match="DiagnosticError"):
         with tvm.transform.PassContext(opt_level=3):
             relay.build(mod, target=target)
-    with caplog.at_level(logging.WARNING, logger="tvm_ext.build"):
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.core.build"):
         fac = tvm_ext.build(mod, target, at=at)
     assert "FoldScaleAxis folded an int32 per-channel scale" in caplog.text
     with tvm.transform.PassContext(opt_level=3, disabled_pass=["FoldScaleAxis"]):

@@ -125,7 +125,7 @@ from tvm import relay
 from tvm.contrib import graph_executor
 sys.path.insert(0, sys.argv[1])
 from test_x86_int8 import _conv_epilogue, _run
-from tvm_ext import x86_int8
+from tvm_ext.x86 import int8_conv as x86_int8
 import tvm_ext
 mod = _conv_epilogue(int(sys.argv[2]))
 x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
@@ -753,7 +753,7 @@ import sys, numpy as np, tvm
 from tvm import relay
 sys.path.insert(0, sys.argv[1])
 from test_x86_int8 import _int8_conv_24, _run
-from tvm_ext import x86_int8
+from tvm_ext.x86 import int8_conv as x86_int8
 outs = {}
 x = np.random.default_rng(4).integers(0, 256, (1, 32, 10, 10)).astype("uint8")
 for k in (3, 1):

@@ -1,6 +1,10 @@
 """Checks the pass tests share: bad input (untyped, If/Let), and real models against ONNX Runtime.
 
 Imported by the test modules of this folder as ``_helpers`` (pytest puts the folder on ``sys.path``).
+A test that makes one of the shared checks is named after it: ``assert_untyped_module_raises`` in
+``test_untyped_module_raises``, ``assert_if_and_let_skipped`` in ``test_if_and_let_skipped`` (``test_if_skipped``
+or ``test_let_skipped`` for one of them), ``assert_not_mutated_and_disabled_by_name`` in
+``test_not_mutated_and_disabled_by_name``; a dynamic-shape skip is ``test_dynamic_shapes_skipped``.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from tvm_ext.passes._util import UntypedModuleError
 from tvm_ext.testing import assert_unchanged, infer
 
 
-def assert_untyped_raises(pass_, mod, pass_name: str) -> None:
+def assert_untyped_module_raises(pass_, mod, pass_name: str) -> None:
     """``pass_`` on the untyped ``mod`` raises an error naming ``pass_name`` and leaves ``mod`` as it was."""
     text = mod.astext()
     with pytest.raises(Exception, match=f"{pass_name}: the module is not type-inferred") as info:
@@ -45,7 +49,8 @@ def assert_if_and_let_skipped(pass_, body, logger: str, caplog) -> None:
 _REAL_CHILD = r"""
 import sys, numpy as np, tvm, tvm_ext
 from tvm.contrib import graph_executor
-from tvm_ext import pipelines, zoo, zoo_real
+from tvm_ext.core import pipelines
+from tvm_ext.tools import zoo, zoo_real
 name, pipeline, out = sys.argv[1], sys.argv[2], sys.argv[3]
 m = zoo.load(name)
 passes = pipelines.int8(numerics="onnxruntime") if pipeline == "int8" else pipelines.onnxruntime_numerics()

@@ -12,7 +12,7 @@ from tvm_ext.passes import AddAsOnnxRuntime, RoundHalfToEven
 from tvm_ext.passes.add_as_onnxruntime import mlas_add
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
-from _helpers import assert_not_mutated_and_disabled_by_name, assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_not_mutated_and_disabled_by_name, assert_unchanged_with_reason, assert_untyped_module_raises
 
 ort = pytest.importorskip("onnxruntime")
 LOGGER = "tvm_ext.passes.AddAsOnnxRuntime"
@@ -199,12 +199,12 @@ def test_per_channel_scale_left_alone_says_why(caplog):
                                  "lhs scale is not a scalar constant", LOGGER, caplog)
 
 
-def test_untyped_module_raises_naming_the_pass():
+def test_untyped_module_raises():
     a = relay.var("a", shape=SHAPE, dtype="uint8")
     y = relay.qnn.op.add(a, a, _c(0.1, "float32"), _c(0, "int32"), _c(0.1, "float32"), _c(0, "int32"),
                          _c(0.2, "float32"), _c(0, "int32"))
-    assert_untyped_raises(AddAsOnnxRuntime(), tvm.IRModule.from_expr(relay.Function([a], y)), "AddAsOnnxRuntime")
+    assert_untyped_module_raises(AddAsOnnxRuntime(), tvm.IRModule.from_expr(relay.Function([a], y)), "AddAsOnnxRuntime")
 
 
-def test_caller_module_not_mutated_and_disabled_by_name():
+def test_not_mutated_and_disabled_by_name():
     assert_not_mutated_and_disabled_by_name(AddAsOnnxRuntime(), _qnn_add(RES)[0], "AddAsOnnxRuntime", "qnn.add")

@@ -11,7 +11,8 @@ from tvm_ext.passes.combine_parallel_cast import CombineParallelCast, is_narrowi
 from tvm_ext.core.report import KernelReport
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs, run_module
 
-from _helpers import assert_if_and_let_skipped, assert_unchanged_with_reason, assert_untyped_raises, pass_names_seen
+from _helpers import (assert_if_and_let_skipped, assert_unchanged_with_reason, assert_untyped_module_raises,
+                      pass_names_seen)
 
 LOGGER = "tvm_ext.passes.CombineParallelCast"
 W1 = np.random.default_rng(1).integers(-3, 4, (16, 16)).astype("int8")
@@ -246,11 +247,11 @@ def test_unchanged_when_nothing_matches():
 
 
 # -- bad input ---------------------------------------------------------------------------------------
-def test_untyped_module_raises_naming_the_pass():
+def test_untyped_module_raises():
     data = relay.var("data", shape=(1, 16), dtype="float32")
     c = relay.cast(data, "int32")
     mod = tvm.IRModule.from_expr(relay.Function([data], relay.add(relay.cast(c, "int8"), relay.cast(c, "int8"))))
-    assert_untyped_raises(CombineParallelCast(), mod, "CombineParallelCast")
+    assert_untyped_module_raises(CombineParallelCast(), mod, "CombineParallelCast")
 
 
 def test_dynamic_shapes_skipped(caplog):

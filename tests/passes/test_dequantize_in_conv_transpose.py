@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import DequantizeInConvTranspose
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises, child_json, require_real_model
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises, child_json, require_real_model
 
 LOGGER = "tvm_ext.passes.DequantizeInConvTranspose"
 RNG = np.random.default_rng(11)
@@ -204,7 +204,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
 
 def test_untyped_module_raises():
     mod = tvm.IRModule.from_expr(_convt(_dq(_x(), 0.05, 128), W1))
-    assert_untyped_raises(DequantizeInConvTranspose(), mod, "DequantizeInConvTranspose")
+    assert_untyped_module_raises(DequantizeInConvTranspose(), mod, "DequantizeInConvTranspose")
 
 
 # -- the real model (slow: two full builds of PP-OCRv4 det, in a child process) -----------------
@@ -212,7 +212,8 @@ _CHILD = """
 import json, sys
 import numpy as np
 import tvm_ext
-from tvm_ext import zoo, pipelines
+from tvm_ext.core import pipelines
+from tvm_ext.tools import zoo
 from tvm_ext.testing import run_module
 name, numerics = sys.argv[1], sys.argv[2]
 m = zoo.load(name)

@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import EpilogueBeforeChannelSlice
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.EpilogueBeforeChannelSlice"
 RNG = np.random.default_rng(5)
@@ -131,7 +131,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
 
 def test_untyped_module_raises():
     mod = tvm.IRModule.from_expr(relay.cast(_slice(_y()), "uint8"))
-    assert_untyped_raises(EpilogueBeforeChannelSlice(), mod, "EpilogueBeforeChannelSlice")
+    assert_untyped_module_raises(EpilogueBeforeChannelSlice(), mod, "EpilogueBeforeChannelSlice")
 
 
 def test_in_int8_pipeline():

@@ -10,7 +10,7 @@ from tvm import relay
 
 import tvm_ext
 import tvm_ext.tools.zoo
-from _helpers import assert_if_and_let_skipped, assert_not_mutated_and_disabled_by_name, assert_untyped_raises
+from _helpers import assert_if_and_let_skipped, assert_not_mutated_and_disabled_by_name, assert_untyped_module_raises
 from tvm_ext.passes.fold_pad_into_conv import MAX_FOLDS, RULES, FoldPadIntoConv, spatial_axes
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
@@ -160,18 +160,18 @@ def test_no_pad_unchanged():
 def test_untyped_module_raises():
     x = _x()
     mod = tvm.IRModule.from_expr(relay.Function([x], _conv(relay.nn.pad(x, HW1, 0))))
-    assert_untyped_raises(FoldPadIntoConv(), mod, "FoldPadIntoConv")
+    assert_untyped_module_raises(FoldPadIntoConv(), mod, "FoldPadIntoConv")
 
 
-def test_if_and_let_skipped_safely(caplog):
+def test_if_and_let_skipped(caplog):
     assert_if_and_let_skipped(FoldPadIntoConv(), _conv(relay.nn.pad(_x(), HW1, 0)), LOGGER, caplog)
 
 
-def test_in_sequential_not_mutated_and_disabled_by_name():
+def test_not_mutated_and_disabled_by_name():
     assert_not_mutated_and_disabled_by_name(FoldPadIntoConv(), pad_conv_before(), "FoldPadIntoConv", "nn.pad")
 
 
-def test_dynamic_shape_skipped(caplog):
+def test_dynamic_shapes_skipped(caplog):
     x = relay.var("x", shape=(relay.Any(), 4, 8, 8), dtype="uint8")
     mod = infer(relay.Function([x], _conv(relay.nn.pad(x, HW1, 0))))
     with caplog.at_level(logging.DEBUG, logger=LOGGER):

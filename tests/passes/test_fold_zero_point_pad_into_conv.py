@@ -10,7 +10,7 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.passes import FoldPadIntoConv
-from _helpers import assert_if_and_let_skipped, assert_not_mutated_and_disabled_by_name, assert_untyped_raises
+from _helpers import assert_if_and_let_skipped, assert_not_mutated_and_disabled_by_name, assert_untyped_module_raises
 from tvm_ext.passes.fold_zero_point_pad_into_conv import FoldZeroPointPadIntoConv, block, border_constant, unblock
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
@@ -234,14 +234,14 @@ def test_unchanged_on_no_match(case, reason, caplog):
 
 def test_untyped_module_raises():
     mod = tvm.IRModule.from_expr(_conv(relay.nn.pad(_x(), HW1, 3)))
-    assert_untyped_raises(FoldZeroPointPadIntoConv(), mod, "FoldZeroPointPadIntoConv")
+    assert_untyped_module_raises(FoldZeroPointPadIntoConv(), mod, "FoldZeroPointPadIntoConv")
 
 
-def test_if_and_let_skipped_safely(caplog):
+def test_if_and_let_skipped(caplog):
     assert_if_and_let_skipped(FoldZeroPointPadIntoConv(), _conv(relay.nn.pad(_x(), HW1, 3)), LOGGER, caplog)
 
 
-def test_in_sequential_not_mutated_and_disabled_by_name():
+def test_not_mutated_and_disabled_by_name():
     before = infer(_conv(relay.nn.pad(_x(), HW1, 3)))
     assert_not_mutated_and_disabled_by_name(FoldZeroPointPadIntoConv(), before, "FoldZeroPointPadIntoConv", "nn.pad")
 

@@ -10,7 +10,7 @@ import tvm_ext
 from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.FuseWideningIntoPool"
 W = np.random.default_rng(1).integers(-3, 4, (8, 8, 1, 1)).astype("int8")
@@ -128,10 +128,10 @@ def test_no_narrow_point_unchanged(caplog):
 def test_untyped_module_raises():
     x = relay.var("x", shape=(1, 8, 6, 6), dtype="float32")
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.global_avg_pool2d(x)))
-    assert_untyped_raises(FuseWideningIntoPool(), mod, "FuseWideningIntoPool")
+    assert_untyped_module_raises(FuseWideningIntoPool(), mod, "FuseWideningIntoPool")
 
 
-def test_if_skipped_safely(caplog):
+def test_if_skipped(caplog):
     mod = before()
     c = relay.var("c", shape=(), dtype="bool")
     params = list(mod["main"].params)
@@ -140,7 +140,7 @@ def test_if_skipped_safely(caplog):
     assert_unchanged_with_reason(FuseWideningIntoPool(), f, "If", LOGGER, caplog)
 
 
-def test_dynamic_shape_skipped():
+def test_dynamic_shapes_skipped():
     x = relay.var("x", shape=(relay.Any(), 8, 6, 6), dtype="int32")
     n = relay.clip(x, 0.0, 255.0)
     mod = infer(relay.Function([x], relay.nn.global_avg_pool2d(_requant(n, 3.0))))

@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import FoldPadIntoConv, FoldZeroPointPadIntoConv, HoistUint8Shift
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.HoistUint8Shift"
 RNG = np.random.default_rng(11)
@@ -159,7 +159,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
 def test_untyped_module_raises():
     b = relay.clip(_x(), -128, 127)
     mod = tvm.IRModule.from_expr(relay.add(_conv(relay.cast(relay.add(b, relay.const(128)), "uint8")), b))
-    assert_untyped_raises(HoistUint8Shift(), mod, "HoistUint8Shift")
+    assert_untyped_module_raises(HoistUint8Shift(), mod, "HoistUint8Shift")
 
 
 def test_in_int8_pipeline():

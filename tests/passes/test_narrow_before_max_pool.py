@@ -10,7 +10,7 @@ import tvm_ext
 from tvm_ext.passes.narrow_before_max_pool import NarrowBeforeMaxPool
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.NarrowBeforeMaxPool"
 rng = np.random.default_rng(2)
@@ -260,10 +260,10 @@ def test_window_entirely_in_padding_unchanged(caplog):
 def test_untyped_module_raises():
     x = _x()
     mod = tvm.IRModule.from_expr(relay.Function([x], _quantize(_pool(x))))
-    assert_untyped_raises(NarrowBeforeMaxPool(), mod, "NarrowBeforeMaxPool")
+    assert_untyped_module_raises(NarrowBeforeMaxPool(), mod, "NarrowBeforeMaxPool")
 
 
-def test_if_skipped_safely(caplog):
+def test_if_skipped(caplog):
     mod = before()
     c = relay.var("c", shape=(), dtype="bool")
     body = mod["main"].body
@@ -271,7 +271,7 @@ def test_if_skipped_safely(caplog):
     _assert_rejected(f, "If", caplog)
 
 
-def test_dynamic_shape_skipped():
+def test_dynamic_shapes_skipped():
     x = relay.var("x", shape=(relay.Any(), 8, 8, 8), dtype="float32")
     mod = infer(relay.Function([x], _quantize(_pool(x))))
     assert_unchanged(NarrowBeforeMaxPool(), mod)

@@ -13,7 +13,7 @@ from tvm_ext.passes._util import post_order
 from tvm_ext.passes.nonnegative_conv_input_to_uint8 import NonNegativeConvInputToUint8
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, run_module
 
-from _helpers import assert_if_and_let_skipped, assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_if_and_let_skipped, assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.NonNegativeConvInputToUint8"
 RNG = np.random.default_rng(60)
@@ -141,10 +141,10 @@ def test_unchanged_when_nothing_matches():
     assert_unchanged(NonNegativeConvInputToUint8(), graph("uint8"))
 
 
-def test_untyped_module_raises_naming_the_pass():
+def test_untyped_module_raises():
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int8")
     mod = tvm.IRModule.from_expr(relay.Function([x], _conv(relay.cast(relay.abs(x), "int8"))))
-    assert_untyped_raises(NonNegativeConvInputToUint8(), mod, "NonNegativeConvInputToUint8")
+    assert_untyped_module_raises(NonNegativeConvInputToUint8(), mod, "NonNegativeConvInputToUint8")
 
 
 def test_dynamic_shapes_skipped(caplog):

@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import PadChannelsAtProducer
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.PadChannelsAtProducer"
 RNG = np.random.default_rng(23)
@@ -152,7 +152,7 @@ def test_unchanged_on_no_match(make, reason, caplog):
     assert_unchanged_with_reason(PadChannelsAtProducer(), make(), reason, LOGGER, caplog)
 
 
-def test_dynamic_shapes_skipped_with_reason(caplog):
+def test_dynamic_shapes_skipped(caplog):
     """A dynamic batch (a symbolic dimension, which int() cannot read): left alone."""
     x = relay.var("x", shape=(relay.Any(), IC, 7, 7), dtype="float32")
     assert_unchanged_with_reason(PadChannelsAtProducer(), infer(relay.Function([x], qconv(producer(x), V))),
@@ -169,7 +169,7 @@ def test_skipped_for_non_x86_target(caplog):
 def test_untyped_module_raises():
     x = relay.var("x", shape=(1, IC, 7, 7), dtype="float32")
     mod = tvm.IRModule.from_expr(relay.Function([x], qconv(producer(x), V)))
-    assert_untyped_raises(PadChannelsAtProducer(), mod, "PadChannelsAtProducer")
+    assert_untyped_module_raises(PadChannelsAtProducer(), mod, "PadChannelsAtProducer")
 
 
 def test_in_int8_pipeline():

@@ -12,7 +12,7 @@ import tvm_ext.tools.zoo
 from _helpers import (
     assert_if_and_let_skipped,
     assert_not_mutated_and_disabled_by_name,
-    assert_untyped_raises,
+    assert_untyped_module_raises,
     pass_names_seen,
 )
 from tvm_ext.passes.qdq_to_integer import KEEP_FLOAT, QDQToInteger, is_qdq_graph
@@ -107,17 +107,17 @@ def test_unchanged_on_qoperator_and_float_graphs():
     assert not is_qdq_graph(infer(relay.nn.relu(f))["main"])
 
 
-def test_untyped_module_raises_naming_the_pass():
+def test_untyped_module_raises():
     a, b = _xs()
     mod = tvm.IRModule.from_expr(relay.Function([a, b], _q(relay.add(_dq(a), _dq(b)))))
-    assert_untyped_raises(QDQToInteger(), mod, "QDQToInteger")
+    assert_untyped_module_raises(QDQToInteger(), mod, "QDQToInteger")
 
 
-def test_if_and_let_are_skipped(caplog):
+def test_if_and_let_skipped(caplog):
     assert_if_and_let_skipped(QDQToInteger(), qdq_block()["main"].body, LOGGER, caplog)
 
 
-def test_in_sequential_disabled_and_instrumented():
+def test_not_mutated_and_disabled_by_name():
     """In a Sequential the float conv becomes qnn.conv2d, the input is not mutated, disabled_pass
     turns the pass off by its name, and instruments see that name."""
     assert_not_mutated_and_disabled_by_name(QDQToInteger(), qdq_block(), "QDQToInteger", " nn.conv2d(")

@@ -15,7 +15,7 @@ from tvm_ext.passes import QuantizeWeightsAsOnnxRuntime
 from tvm_ext.passes.quantize_weights_as_onnxruntime import ort_int8_weight_parameters
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises, real_model_vs_onnxruntime
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises, real_model_vs_onnxruntime
 
 ort = pytest.importorskip("onnxruntime")
 LOGGER = "tvm_ext.passes.QuantizeWeightsAsOnnxRuntime"
@@ -173,7 +173,7 @@ def test_default_pipeline_does_not_run_it():
     assert "QuantizeWeightsAsOnnxRuntime" in pipelines.onnxruntime_numerics().pass_names()["start"]
 
 
-def test_untyped_module_raises_naming_the_pass():
+def test_untyped_module_raises():
     import tvm
 
     x = relay.var("x", shape=(1, C, HW, HW), dtype="uint8")
@@ -181,7 +181,7 @@ def test_untyped_module_raises_naming_the_pass():
     y = relay.nn.conv2d_transpose(d, relay.const(_weights()), channels=OC, kernel_size=(2, 2), strides=(2, 2))
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.qnn.op.quantize(y, _c(SY, "float32"), _c(ZY, "int32"),
                                                                           out_dtype="uint8")))
-    assert_untyped_raises(QuantizeWeightsAsOnnxRuntime(), mod, "QuantizeWeightsAsOnnxRuntime")
+    assert_untyped_module_raises(QuantizeWeightsAsOnnxRuntime(), mod, "QuantizeWeightsAsOnnxRuntime")
 
 
 @pytest.mark.slow

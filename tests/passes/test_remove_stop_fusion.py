@@ -14,7 +14,7 @@ from tvm_ext.passes.remove_stop_fusion import RemoveStopFusion
 from tvm_ext.core.report import op_pattern
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_if_and_let_skipped, assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_if_and_let_skipped, assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.RemoveStopFusion"
 RNG = np.random.default_rng(6)
@@ -296,10 +296,10 @@ def test_unchanged_when_nothing_matches():
     assert_unchanged(RemoveStopFusion(), chain(barriers=False))
 
 
-def test_untyped_module_raises_naming_the_pass():
+def test_untyped_module_raises():
     x = relay.var("x", shape=(4,), dtype="int8")
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.cast(stop(x), "int32")))
-    assert_untyped_raises(RemoveStopFusion(), mod, "RemoveStopFusion")
+    assert_untyped_module_raises(RemoveStopFusion(), mod, "RemoveStopFusion")
 
 
 def test_dynamic_shapes_skipped(caplog):

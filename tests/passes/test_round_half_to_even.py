@@ -14,8 +14,8 @@ from tvm_ext.passes import RoundHalfToEven
 from tvm_ext.passes.round_half_to_even import round_half_to_even
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
-from _helpers import (assert_not_mutated_and_disabled_by_name, assert_unchanged_with_reason, assert_untyped_raises,
-                     real_model_vs_onnxruntime)
+from _helpers import (assert_not_mutated_and_disabled_by_name, assert_unchanged_with_reason,
+                      assert_untyped_module_raises, real_model_vs_onnxruntime)
 
 LOGGER = "tvm_ext.passes.RoundHalfToEven"
 TIES = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 3.0, -4.0, 0.49999997, -0.49999997,
@@ -126,20 +126,20 @@ def test_float16_round_left_alone_says_why(caplog):
     assert_unchanged_with_reason(RoundHalfToEven(), _round_graph(dtype="float16"), "round of float16", LOGGER, caplog)
 
 
-def test_if_graph_left_alone_says_why(caplog):
+def test_if_skipped(caplog):
     x = relay.var("x", shape=(4,), dtype="float32")
     c = relay.var("c", shape=(), dtype="bool")
     mod = infer(relay.Function([x, c], relay.If(c, relay.round(x), x)))
     assert_unchanged_with_reason(RoundHalfToEven(), mod, "If", LOGGER, caplog)
 
 
-def test_untyped_module_raises_naming_the_pass():
+def test_untyped_module_raises():
     x = relay.var("x", shape=(4,), dtype="float32")
     untyped = tvm.IRModule.from_expr(relay.Function([x], relay.round(x)))
-    assert_untyped_raises(RoundHalfToEven(), untyped, "RoundHalfToEven")
+    assert_untyped_module_raises(RoundHalfToEven(), untyped, "RoundHalfToEven")
 
 
-def test_caller_module_not_mutated_and_disabled_by_name():
+def test_not_mutated_and_disabled_by_name():
     assert_not_mutated_and_disabled_by_name(RoundHalfToEven(), _round_graph(), "RoundHalfToEven", "round(")
 
 

@@ -15,7 +15,7 @@ from tvm_ext.passes import TabulateEightBit
 from tvm_ext.ops import table_lookup
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 
-from _helpers import assert_untyped_raises
+from _helpers import assert_untyped_module_raises
 
 SHAPE = (1, 16, 4, 4)  # 256 elements: one of each 8-bit value fits
 
@@ -265,10 +265,10 @@ def test_unchanged_on_no_match(case, caplog):
 def test_untyped_module_raises():
     x = relay.var("x", shape=SHAPE, dtype="uint8")
     mod = tvm.IRModule.from_expr(relay.Function([x], _silu(x)))
-    assert_untyped_raises(TabulateEightBit(), mod, "TabulateEightBit")
+    assert_untyped_module_raises(TabulateEightBit(), mod, "TabulateEightBit")
 
 
-def test_if_and_dynamic_shapes_are_skipped():
+def test_if_and_dynamic_shapes_skipped():
     x = relay.var("x", shape=SHAPE, dtype="uint8")
     c = relay.var("c", shape=(), dtype="bool")
     with_if = infer(relay.Function([x, c], relay.If(c, _silu(x), x)))

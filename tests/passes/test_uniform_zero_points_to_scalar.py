@@ -10,7 +10,7 @@ import tvm_ext
 from tvm_ext.passes import UniformZeroPointsToScalar
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer, random_inputs
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.UniformZeroPointsToScalar"
 RNG = np.random.default_rng(71)
@@ -112,10 +112,10 @@ def test_non_constant_zero_point_left_alone(caplog):
     assert_unchanged_with_reason(UniformZeroPointsToScalar(), mod, "not a constant", LOGGER, caplog)
 
 
-def test_untyped_module_raises_naming_the_pass():
+def test_untyped_module_raises():
     x = relay.var("x", shape=(1, 8, 12, 12), dtype="uint8")
     untyped = tvm.IRModule.from_expr(relay.Function([x], qconv(x, _zp(np.zeros(OC)))))
-    assert_untyped_raises(UniformZeroPointsToScalar(), untyped, "UniformZeroPointsToScalar")
+    assert_untyped_module_raises(UniformZeroPointsToScalar(), untyped, "UniformZeroPointsToScalar")
 
 
 def test_caller_module_not_mutated_and_works_in_sequential():

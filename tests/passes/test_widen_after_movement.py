@@ -12,7 +12,7 @@ from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.passes.widen_after_movement import WidenAfterMovement
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.WidenAfterMovement"
 rng = np.random.default_rng(11)
@@ -288,10 +288,10 @@ def test_broadcasting_link_unchanged(caplog):
 def test_untyped_module_raises():
     n = _u8("n", (1, 6, 4))
     mod = tvm.IRModule.from_expr(relay.Function([n], relay.reshape(relay.cast(n, "float32"), (24,))))
-    assert_untyped_raises(WidenAfterMovement(), mod, "WidenAfterMovement")
+    assert_untyped_module_raises(WidenAfterMovement(), mod, "WidenAfterMovement")
 
 
-def test_if_skipped_safely(caplog):
+def test_if_skipped(caplog):
     mod, ins = _head()
     c = relay.var("c", shape=(), dtype="bool")
     body = mod["main"].body
@@ -299,7 +299,7 @@ def test_if_skipped_safely(caplog):
     _assert_rejected(f, "If", caplog)
 
 
-def test_dynamic_shape_skipped():
+def test_dynamic_shapes_skipped():
     n = relay.var("n", shape=(relay.Any(), 6), dtype="uint8")
     mod = infer(relay.Function([n], relay.reshape(relay.cast(n, "float32"), (-1,))))
     assert_unchanged(WidenAfterMovement(), mod)

@@ -12,7 +12,7 @@ import tvm_ext
 from tvm_ext.passes import FuseWideningIntoPool, WidenInEachReader
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
-from _helpers import assert_unchanged_with_reason, assert_untyped_raises
+from _helpers import assert_unchanged_with_reason, assert_untyped_module_raises
 
 LOGGER = "tvm_ext.passes.WidenInEachReader"
 RNG = np.random.default_rng(3)
@@ -178,7 +178,7 @@ def test_unchanged_on_no_match(case, reason, caplog):
 def test_untyped_module_raises():
     v = _widen(relay.clip(_x(), 0, 255))
     mod = tvm.IRModule.from_expr(relay.multiply(relay.multiply(v, _g()), relay.nn.global_avg_pool2d(v)))
-    assert_untyped_raises(WidenInEachReader(), mod, "WidenInEachReader")
+    assert_untyped_module_raises(WidenInEachReader(), mod, "WidenInEachReader")
 
 
 def test_in_int8_pipeline():

@@ -32,7 +32,7 @@ class MLP:
 
 
 def expected():
-    """What seed 003's hand-written DenseAddFusor gives: FuseOpsByPattern with its own pattern."""
+    """What a hand-written dense + add fusing mutator gives: FuseOpsByPattern with its own pattern."""
     pat = is_op("relax.add")(is_op("relax.matmul")(wildcard(), is_op("relax.permute_dims")(wildcard())), wildcard())
     return relax.transform.FuseOpsByPattern([("mlp.dense_bias", pat)], bind_constants=False)(MLP)
 

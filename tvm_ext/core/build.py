@@ -261,9 +261,10 @@ def build(
         tiles where their shapes fit whole tiles, each kernel configuring its tiles in the thread
         that runs it (:mod:`tvm_ext.x86.amx`: :func:`~tvm_ext.x86.amx.ConfigureTiles` as a TIR lower pass,
         :func:`~tvm_ext.x86.amx.tile_schedules`). Convolutions stay on AVX-512 VNNI. Running the result
-        needs Linux's tile permission (:func:`tvm_ext.x86.amx.request_tile_state`; ``import tvm_ext``
-        asks on an AMX host). Never run on an AMX CPU by this project's tests: checked by reading
-        the generated code and by running it with the tile instructions emulated.
+        needs Linux's tile permission (:func:`tvm_ext.x86.amx.request_tile_state`): a build with
+        ``amx=True`` asks for it on an AMX host, as :func:`tvm_ext.tools.deploy.load_library` does.
+        Never run on an AMX CPU by this project's tests: checked by reading the generated code and
+        by running it with the tile instructions emulated.
 
     Returns
     -------
@@ -315,6 +316,7 @@ def build(
     if amx and tgt.kind.name == "llvm":
         from ..x86 import amx as amx_tiles
 
+        amx_tiles.prepare_process()  # the result runs in this process too: ask Linux for the tile state now
         config, tiles = amx_tiles.lower_config(config), amx_tiles.tile_schedules()
     with kernels, schedules, rq, tiles:
         factory = _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,

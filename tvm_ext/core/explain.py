@@ -204,11 +204,9 @@ def _apply_remedy(ex, remedy) -> Optional["Explanation"]:
             return None
         return explain(**_with_start_pass(dict(ex._request), remedy.pass_name))
     if remedy.pass_name is not None:
-        import importlib
-
+        from . import build as b
         from .registry import create_pass
 
-        b = importlib.import_module(".build", __package__)
         counter = _OpCounter()
         use_kernels, use_tuned = b.kernel_settings(ex._request.get("passes", ()), ex._request.get("kernels"),
                                                    ex._request.get("tuned"))
@@ -723,9 +721,7 @@ def _prefuse_module(mod, target, params, passes, at, opt_level, config, disabled
     """The module relay.build hands to FuseOps, built as tvm_ext.build builds it."""
     import tvm
 
-    import importlib
-
-    b = importlib.import_module(".build", __package__)  # the module (tvm_ext.build is the function)
+    from . import build as b
     from ..x86.target import build_target
 
     stages = b._stage_passes(passes, at)
@@ -1189,7 +1185,7 @@ class _Analysis:
         that a convolution's kernel wrote (what ``PadChannelsAtProducer`` removes)?"""
         from tvm import relay
 
-        from tvm_ext.passes._util import int_list
+        from .._attrs import int_list
 
         for m in self.members[r]:
             n = self.fg.nodes[m]
@@ -1491,13 +1487,3 @@ def _pass_names(passes):
     if isinstance(passes, tvm.transform.Pass):
         return [passes.info.name]
     return [p.info.name for p in passes]
-
-
-class _CallableModule(__import__("types").ModuleType):
-    """``tvm_ext.explain(mod, ...)`` works although ``tvm_ext.explain`` is also this module."""
-
-    def __call__(self, *args, **kwargs):
-        return explain(*args, **kwargs)
-
-
-__import__("sys").modules[__name__].__class__ = _CallableModule

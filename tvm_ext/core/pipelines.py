@@ -16,7 +16,8 @@ table with passes inserted next to a named neighbour (:data:`ONNXRUNTIME_INSERTI
 ``QDQToInteger`` built with other arguments. :func:`int8`'s docstring and
 ``tvm-ext passes --pipeline int8`` are generated from the tables (:func:`listing`). The tables
 import nothing from TVM: the passes are created when :func:`int8` builds a pipeline, and each
-must register under its step's name.
+must register under its step's name. Every pipeline here, :func:`onnxruntime_numerics` included,
+makes its passes by name through :mod:`tvm_ext.core.registry`: this module imports no pass module.
 """
 from __future__ import annotations
 
@@ -574,9 +575,10 @@ def onnxruntime_numerics() -> Pipeline:
     Pipeline
         Named ``tvm_ext.onnxruntime_numerics``.
     """
-    from ..passes import AddAsOnnxRuntime, QuantizeWeightsAsOnnxRuntime, RoundHalfToEven
+    from .registry import create_pass
 
     name = "tvm_ext.onnxruntime_numerics"
-    return Pipeline(name=name, start=_sequential([AddAsOnnxRuntime(), QuantizeWeightsAsOnnxRuntime()], f"{name}.start"),
-                    before_fuse=_sequential([RoundHalfToEven()], f"{name}.before_fuse"),
+    start = [create_pass("AddAsOnnxRuntime"), create_pass("QuantizeWeightsAsOnnxRuntime")]
+    return Pipeline(name=name, start=_sequential(start, f"{name}.start"),
+                    before_fuse=_sequential([create_pass("RoundHalfToEven")], f"{name}.before_fuse"),
                     doc=onnxruntime_numerics.__doc__ or "", requantize=ORT_REQUANTIZE)

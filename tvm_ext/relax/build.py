@@ -12,7 +12,7 @@ Stages, in order (all under the caller's PassContext)::
     relax.build(pipeline="default_build")   # lowering + codegen (no further fusion)
 
 ``relax.build``'s own default pipeline does *not* fuse, which is why the steps are explicit (as in
-seed 003). The result is the ``relax.Executable`` with ``.kernel_report``
+the MLC course's graph optimisation chapter). The result is the ``relax.Executable`` with ``.kernel_report``
 (:class:`tvm_ext.core.report.KernelReport`) and ``.tvm_ext_module`` (the lowered module that was
 built). The caller's module is never modified. Note: TVM 0.19 ships no CPU schedules for Relax
 (dlight has GPU rules only), so kernels are compiled as ``LegalizeOps`` writes them (serial loops)

@@ -7,8 +7,8 @@ runs TVM's ``relax.transform.FuseOpsByPattern`` with the translated entries, in 
 is priority), each with the Relay entry's check (rejections logged under the entry's name).
 Every accepted match becomes a private Relax function with ``Composite="<table>.<entry>"`` and
 ``Primitive=1``: after ``LegalizeOps`` the stock ``FuseOps`` leaves it alone and ``FuseTIR`` turns
-it into one PrimFunc, i.e. one kernel, while ``FuseOps`` groups the rest. This is seed 003's
-``DenseAddFusor`` without writing a mutator.
+it into one PrimFunc, i.e. one kernel, while ``FuseOps`` groups the rest: a hand-written fusing
+mutator (such as a ``DenseAddFusor``) as a table entry.
 
 Contract: a ``tvm.transform.Pass`` named ``FuseByPattern`` (the Relay pass has the same name, so
 ``disabled_pass=["FuseByPattern"]`` skips either); the input module is never modified (TVM

@@ -2,7 +2,7 @@
 
 Design note
 -----------
-``relax.ewise_fma`` (the op seed 003's rewrite targets) is registered in TVM 0.19 but has no
+``relax.ewise_fma`` (the op an ``add(multiply(a, b), c)`` rewrite targets) is registered in TVM 0.19 but has no
 ``FLegalize``: ``LegalizeOps`` leaves it and ``relax.build`` fails in ``CodeGenVM`` ("cannot handle
 this intrinsic now: Op(relax.ewise_fma)"). :func:`ensure_legalizations` registers
 ``ewise_fma(a, b, c) -> topi.add(topi.multiply(a, b), c)`` (an elementwise PrimFunc ``FuseOps``

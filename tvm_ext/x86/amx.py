@@ -2,8 +2,9 @@
 
 Design note
 -----------
-A leaf module (it imports only :mod:`tvm_ext.x86.isa`, lazily, and TVM): :mod:`tvm_ext` asks it on
-import, :mod:`tvm_ext.tools.deploy` when a library is loaded, :func:`tvm_ext.build` with ``amx=True``.
+A leaf module (it imports only :mod:`tvm_ext.x86.isa`, lazily, and TVM). Nothing asks Linux for the
+tile state on import: :func:`tvm_ext.build` with ``amx=True`` does (:func:`prepare_process`), and
+:func:`tvm_ext.tools.deploy.load_library` when it loads a library.
 
 TVM 0.19 schedules ``uint8 x int8 -> int32`` dense and batch_matmul on AMX tiles when the target
 has ``amx-int8`` (``topi/x86/dense.py``: ``dense_amx_int8_schedule``; intrinsics
@@ -165,13 +166,14 @@ def request_tile_state() -> tuple[bool, str]:
 
 def prepare_process() -> None:
     """Request the tile state when Linux lists AMX for this CPU (``amx_tile`` in ``/proc/cpuinfo``),
-    else nothing. What ``import tvm_ext`` runs: cheap, no TVM import, never raises."""
+    else nothing. What ``tvm_ext.build(..., amx=True)`` runs before it builds: cheap, no TVM import,
+    never raises (a refusal is logged as a warning)."""
     try:
         if _linux_lists_amx():
             granted, reason = request_tile_state()
             if not granted:
                 logger.warning("this CPU has AMX but %s: AMX kernels would die with SIGILL", reason)
-    except Exception as err:  # importing tvm_ext must not fail for this
+    except Exception as err:  # a build must not fail for this
         logger.debug("AMX tile state not requested: %s", err)
 
 

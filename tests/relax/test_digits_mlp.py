@@ -1,8 +1,9 @@
-"""Seed 003 (MLC course, "Computational Graph Optimization") end to end on Relax, on real data.
+"""An MLP on scikit-learn's digits, end to end on Relax: rewrite, fusion by a pattern table, build, run.
 
-The chapter's flow: an MLP IRModule in TVMScript; a pattern rewrite ``multiply + add -> ewise_fma``;
-``dense + add`` grouped into fused functions (here by a tvm-ext pattern table instead of a
-hand-written ``DenseAddFusor``); stock ``FuseOps``, ``FuseTIR``; ``relax.build``; run on the VM.
+The flow of the MLC course's "Computational Graph Optimization" chapter: an MLP IRModule in
+TVMScript; a pattern rewrite ``multiply + add -> ewise_fma``; ``dense + add`` grouped into fused
+functions (here by a tvm-ext pattern table instead of a hand-written ``DenseAddFusor``); stock
+``FuseOps``, ``FuseTIR``; ``relax.build``; run on the VM.
 Data: scikit-learn's digits set (ships with scikit-learn), an MLP trained in numpy from a fixed
 seed; the built module must classify the held-out split exactly as numpy does.
 """
@@ -119,7 +120,7 @@ def test_ewise_fma_no_match_unchanged():
     tvm.ir.assert_structural_equal(fn, MLPModule["main"])
 
 
-def test_seed003_digits_end_to_end(digits_mlp):
+def test_digits_mlp_fused_by_table_classifies_as_numpy(digits_mlp):
     (w0, b0, w1, b1), xte, yte = digits_mlp
     ref = numpy_mlp(xte, w0, b0, w1, b1)
     acc_np = float((ref.argmax(1) == yte).mean())
@@ -139,7 +140,7 @@ def test_seed003_digits_end_to_end(digits_mlp):
     assert (out.argmax(1) == ref.argmax(1)).all()
 
 
-def test_seed003_stock_fuseops_differs(digits_mlp):
+def test_digits_mlp_stock_fuseops_fuses_relu_into_dense(digits_mlp):
     """Without the table, stock FuseOps fuses relu into the first dense: 2 kernels, same outputs."""
     (w0, b0, w1, b1), xte, _ = digits_mlp
     mod = relax.transform.BindParams("main", {"w0": w0, "b0": b0, "w1": w1, "b1": b1})(MLPModule)
