@@ -316,9 +316,10 @@ def test_zoo_relay_quantize_small():
     assert rs.measured and rs.kernels_saved > 0 and rs.remaining < len(stops) // 4
     assert res["FuseWideningIntoPool"].remaining == 0
     # x86 legalisation's +128 shift pads (value 128) in front of the int8 convs: not FoldPadIntoConv's
-    pads = [b for b in ex.boundaries if "nn.pad" in b.producer_ops]
+    # (a pad fused into a layout_transform, as on AVX2 where blocks differ, is that transform's boundary)
+    pads = [b for b in ex.boundaries if b.op == "nn.pad"]
     assert pads and all(b.remedy == "NonNegativeConvInputToUint8" for b in pads)
-    assert all(("nn.pad", ("Legalize",)) in b.inserted_by for b in pads if b.op == "nn.pad")
+    assert all(("nn.pad", ("Legalize",)) in b.inserted_by for b in pads)
 
 
 @pytest.mark.slow

@@ -1,5 +1,8 @@
 """tvm_ext.x86.tuning (records applied by tvm_ext.build) and tvm_ext.tools.tune (recording and search)."""
+import re
+
 import numpy as np
+
 import pytest
 import tvm
 from tvm import autotvm
@@ -192,7 +195,10 @@ def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
 
     with caplog.at_level(logging.WARNING, logger="tvm_ext.tools.tune"):
         result = tune_model(_narrow_blocks_graph(), target=target, budget_s=120, layouts=False, number=1, repeat=1)
-    assert "not tuned (TVM's rule kept)" in caplog.text and "kernel [3, 2, 3, 3, 4, 8, 4]" in caplog.text
+    # the kernel as AlterOpLayout packs it, or packed in pairs (its weights can saturate vpmaddubsw:
+    # tvm_ext.x86.exact_int8), which AutoTVM's space cannot describe either
+    assert "not tuned (TVM's rule kept)" in caplog.text
+    assert re.search(r"kernel \[3, 2, 3, 3, (4, 8, 4|8, 8, 2)\]", caplog.text), caplog.text
     assert result.rows  # the other int8 conv was tuned (or kept TVM's rule after timing)
 
 
