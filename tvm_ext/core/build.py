@@ -285,6 +285,7 @@ def build(
     import tvm
 
     from . import tvm_bugs
+    from ..arm import requantize as arm_requantize
     from ..x86 import exact_int8
     from ..x86.target import build_target
 
@@ -318,13 +319,20 @@ def build(
 
         amx_tiles.prepare_process()  # the result runs in this process too: ask Linux for the tile state now
         config, tiles = amx_tiles.lower_config(config), amx_tiles.tile_schedules()
-    with kernels, schedules, rq, tiles:
+    # aarch64: qnn.requantize rounded once, as on every other CPU (tvm_ext.arm.requantize)
+    arm = arm_requantize.generic_q_multiply_shift() if _is_aarch64(tgt) else contextlib.nullcontext()
+    with kernels, schedules, rq, tiles, arm:
         factory = _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,
                          runtime, mod_name)
     hits = getattr(schedules, "hits", None)
     if hits:
         factory.kernel_report = factory.kernel_report.with_tuned(hits)
     return factory
+
+
+def _is_aarch64(tgt) -> bool:
+    """True for an LLVM target that compiles for 64-bit ARM."""
+    return tgt.kind.name == "llvm" and str(tgt.attrs.get("mtriple", "")).startswith(("aarch64", "arm64"))
 
 
 def kernel_settings(passes=(), kernels: bool | None = None, tuned: bool | None = None) -> tuple[bool, bool]:
