@@ -1,9 +1,8 @@
 """The aarch64 tier: libraries cross-compiled for ARM, run under qemu-user through TVM's RPC server.
 
-``arm_server`` starts one emulated server per test process (about 30 s: two aarch64 Pythons import
-TVM under emulation) and skips, with what is missing, where ``make arm-env`` has not been run.
-Tests that use it carry ``xdist_group("aarch64_rpc")`` so that ``--dist loadgroup`` sends them to one
-worker, which then starts one server.
+``arm_server`` starts one emulated server per test process that needs one (30 to 60 s: two aarch64
+Pythons import TVM under emulation) and skips, with what is missing, where ``make arm-env`` has not
+been run.
 """
 import pytest
 

@@ -58,30 +58,23 @@ def _mnemonics_per_function(asm: str) -> dict:
     return funcs
 
 
-@pytest.fixture(scope="module", params=list(TARGETS))
-def conv_asm(request):
+@pytest.mark.parametrize("cpu", list(TARGETS))
+def test_int8_conv_instructions(cpu, record_property):
     with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(_conv_requantize(), target=TARGETS[request.param])
+        lib = relay.build(_conv_requantize(), target=TARGETS[cpu])
     funcs = _mnemonics_per_function(lib.get_lib().get_source("asm"))
-    conv = collections.Counter()
+    conv, everything = collections.Counter(), collections.Counter()
     for name, ops in funcs.items():
+        everything += ops
         if "conv2d" in name:
             conv += ops
     assert conv, f"no conv2d function in the assembly: {sorted(funcs)}"
-    return request.param, conv, sum(funcs.values(), collections.Counter())
-
-
-def test_conv_accumulates_in_integers_without_float(conv_asm, record_property):
-    cpu, conv, _ = conv_asm
     record_property("conv_int_mac", dict(sorted((k, v) for k, v in conv.items() if k in INT_MAC)))
+    record_property("conv_dot_matrix", {k: conv[k] for k in sorted(DOT | MATRIX) if conv[k]})
+
     assert INT_MAC & set(conv), f"{cpu}: no integer multiply-accumulate in the conv kernel: {dict(conv)}"
     floats = {k: v for k, v in conv.items() if FLOAT.match(k)}
     assert not floats, f"{cpu}: float instructions in the int8 conv kernel (requantize included): {floats}"
-
-
-def test_instruction_class_follows_target(conv_asm, record_property):
-    cpu, conv, everything = conv_asm
-    record_property("conv_dot_matrix", {k: conv[k] for k in sorted(DOT | MATRIX) if conv[k]})
     if cpu == "cortex-a72":  # +neon only: the library must run without FEAT_DotProd / FEAT_I8MM
         assert not (DOT | MATRIX) & set(everything), {k: everything[k] for k in DOT | MATRIX if everything[k]}
     elif cpu == "neoverse-n1":  # +dotprod, no i8mm

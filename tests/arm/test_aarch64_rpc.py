@@ -14,8 +14,6 @@ from tvm import relay
 
 from tvm_ext.testing.aarch64 import TARGETS, run_remote
 
-pytestmark = pytest.mark.xdist_group("aarch64_rpc")
-
 X_ZP = 77  # not 0 and not 128: a kernel that drops or mis-shifts it differs
 
 
