@@ -19,6 +19,9 @@ server's start does (two aarch64 Pythons importing TVM, about 30 s under emulati
 
 TVM's server serves one session at a time; a second client waits in the listen queue.
 
+The server also ends when the thread that started it exits (``PR_SET_PDEATHSIG``), so a test
+process killed from outside leaves no emulated server behind.
+
 ``python -m tvm_ext.testing.aarch64 [--port N]`` serves until interrupted, for ``tvm-ext run --rpc``
 by hand (docs/arm.md).
 """
@@ -31,6 +34,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -139,8 +143,22 @@ def _accepts(host: str, port: int) -> bool:
 
 # Runs in the aarch64 Python: TVM's own server entry point, with sys.executable naming the wrapper so
 # that the PopenWorker it starts is exec'd through qemu.
-_SERVER_MAIN = ("import runpy, sys; sys.executable = {python!r}; sys.argv[0] = 'tvm.exec.rpc_server'; "
+# SIGTERM (sent by _kill_group, or by the kernel when the process that started the server dies: see
+# _die_with_parent) ends the whole process group: TVM's PopenWorker child would otherwise outlive it.
+_SERVER_MAIN = ("import os, runpy, signal, sys; sys.executable = {python!r}; "
+                "signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL)); "
+                "sys.argv[0] = 'tvm.exec.rpc_server'; "
                 "runpy.run_module('tvm.exec.rpc_server', run_name='__main__', alter_sys=True)")
+
+
+def _die_with_parent():
+    """A ``preexec_fn`` that asks Linux for SIGTERM when the thread that started the server exits
+    (PR_SET_PDEATHSIG, kept across exec), so a killed test process leaves no emulated server
+    behind. prctl is looked up here, before the fork: the child only calls it."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -205,7 +223,8 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
            "--host", host, "--port", str(port), "--port-end", str(port + 1)]
     logger.info("starting aarch64 RPC server under qemu: %s:%d", host, port)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=_die_with_parent() if sys.platform == "linux" else None)
     log: list = []
     listening = threading.Event()
 
