@@ -15,7 +15,7 @@ until it listens and kills its whole process group on exit, whatever happened. T
 ``PopenWorker`` child is started from ``sys.executable``; with no binfmt_misc on the host, exec of
 an aarch64 binary fails, so the server runs with ``sys.executable`` set to the wrapper. Each RPC
 session is a ``fork`` of that child (no exec), so a session costs no interpreter start: the
-server's start does (two aarch64 Pythons importing TVM, about 30 s under emulation).
+server's start does (two aarch64 Pythons importing TVM: 30 to 60 s under emulation here).
 
 TVM's server serves one session at a time; a second client waits in the listen queue.
 
@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -163,12 +163,13 @@ def _die_with_parent():
 
 @dataclass
 class RPCServer:
-    """A running emulated server: ``host``, ``port``, the process, and its log lines so far."""
+    """A running emulated server: ``host``, ``port``, and, for the process that started it, the
+    process and its log lines so far (None and empty for a server another process started)."""
 
     host: str
     port: int
-    proc: subprocess.Popen
-    log: list
+    proc: Optional[subprocess.Popen] = None
+    log: list = field(default_factory=list)
 
     @property
     def address(self) -> str:
