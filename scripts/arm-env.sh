@@ -90,6 +90,7 @@ EOF
   { echo "$want"
     for deb in "$work"/debs/*.deb; do dpkg-deb -f "$deb" Package Version | paste -sd' '; done
     (cd "$work/wheels" && ls); } > "$STAMP"
+  rm -rf "$work"
 fi
 
 # 4. the wrapper
