@@ -9,8 +9,10 @@ stops it (TVM's server serves one session at a time, so workers take turns, a te
 """
 import contextlib
 import fcntl
+import gc
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -85,5 +87,16 @@ def arm_server(tmp_path_factory):
 
 @pytest.fixture
 def arm_session(arm_server):
-    """A fresh RPC session (the server forks one process per session)."""
-    return arm_server.connect()
+    """A fresh RPC session (the server forks one process per session). The server ends it after
+    300 s whatever holds it, so a session kept alive by mistake cannot block the others for good."""
+    return arm_server.connect(session_timeout=300)
+
+
+@pytest.fixture(autouse=True)
+def _release_rpc_sessions():
+    """After each test, drop what keeps a failed test's frames, and so its RPC session, alive
+    (pytest keeps the last exception in sys.last_*): the server serves one session at a time, and
+    the next test's connection would wait for it."""
+    yield
+    sys.last_type = sys.last_value = sys.last_traceback = None
+    gc.collect()
