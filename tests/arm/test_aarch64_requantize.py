@@ -21,7 +21,7 @@ import tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 
-from tvm_ext.testing.aarch64 import CROSS_CXX, TARGETS, run_remote  # noqa: F401  (CROSS_CXX: the child build)
+from tvm_ext.testing.aarch64 import CROSS_CXX, TARGETS, run_on_session  # noqa: F401  (CROSS_CXX: the child build)
 
 X_ZP, OUT_ZP = 77, 3
 IN_SCALE, W_SCALE, OUT_SCALE = 0.02, 0.01, 0.005  # requantize ratio 0.04: shift 4 below q31
@@ -72,7 +72,7 @@ def _differences(out, ref):
 
 def test_cortex_a72_requantize_exact_under_qemu(case, arm_session, tmp_path):
     _, x, ref = case
-    (out,) = run_remote(arm_session, _build("cortex-a72"), {"x": x}, tmp_path, "rq_a72")
+    (out,) = run_on_session(arm_session, _build("cortex-a72"), {"x": x}, tmp_path, "rq_a72")
     d, counts = _differences(out, ref)
     assert not d.any(), f"{np.count_nonzero(d)} of {d.size} outputs differ from exact: {counts}"
 
@@ -82,7 +82,7 @@ def test_stock_tvm_rounds_requantize_twice_at_dotprod(cpu, case, arm_session, tm
     """TVM 0.19's behaviour, recorded: only +1 differences, in a few percent of the outputs at a
     ratio of 0.04 (the second rounding adds one where the first carried the value over a half)."""
     _, x, ref = case
-    (out,) = run_remote(arm_session, _build(cpu), {"x": x}, tmp_path, f"rq_{cpu}")
+    (out,) = run_on_session(arm_session, _build(cpu), {"x": x}, tmp_path, f"rq_{cpu}")
     d, counts = _differences(out, ref)
     assert set(counts) == {1}, f"expected only +1 differences from the double rounding, got {counts}"
     assert 0.005 < counts[1] / d.size < 0.2, counts

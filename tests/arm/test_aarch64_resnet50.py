@@ -16,7 +16,7 @@ import tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 
-from tvm_ext.testing.aarch64 import TARGETS, run_remote
+from tvm_ext.testing.aarch64 import TARGETS, run_on_session
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def test_resnet50_fq2i_on_neoverse_n1_matches_x86_with_one_rounding(arm_server, 
     ref = gm.get_output(0).numpy()
 
     session = arm_server.connect(session_timeout=600)  # after the builds: the server serves one session at a time
-    (out_stock,) = run_remote(session, stock, {name: x}, tmp_path, "r50_stock")
+    (out_stock,) = run_on_session(session, stock, {name: x}, tmp_path, "r50_stock")
     step = np.diff(np.unique(ref)).min()
     record_property("stock_logits_differing", int((out_stock != ref).sum()))
     record_property("stock_max_steps", float(np.abs(out_stock - ref).max() / step))

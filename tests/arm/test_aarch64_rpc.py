@@ -12,7 +12,7 @@ import pytest
 import tvm
 from tvm import relay
 
-from tvm_ext.testing.aarch64 import TARGETS, run_remote
+from tvm_ext.testing.aarch64 import TARGETS, run_on_session
 
 X_ZP = 77  # not 0 and not 128: a kernel that drops or mis-shifts it differs
 
@@ -65,7 +65,7 @@ def test_qnn_conv2d_int32_exact_under_qemu(cpu, arm_session, tmp_path):
     mod, x, w = _qnn_conv(np.random.default_rng(0))
     ref = _conv_reference(x, w)
     assert np.abs(ref).max() > 2 ** 16  # the sums leave 16 bits: an int16 accumulator would wrap
-    (out,) = run_remote(arm_session, _build(mod, TARGETS[cpu]), {"x": x}, tmp_path, f"conv_{cpu}")
+    (out,) = run_on_session(arm_session, _build(mod, TARGETS[cpu]), {"x": x}, tmp_path, f"conv_{cpu}")
     assert out.dtype == np.int32 and out.shape == ref.shape
     np.testing.assert_array_equal(out, ref, err_msg=f"qnn.conv2d at {TARGETS[cpu]} under qemu")
 
@@ -74,7 +74,7 @@ def test_qnn_conv2d_int32_exact_under_qemu(cpu, arm_session, tmp_path):
 def test_qnn_dense_int32_exact_under_qemu(cpu, arm_session, tmp_path):
     mod, x, w = _qnn_dense(np.random.default_rng(1))
     ref = _dense_reference(x, w)
-    (out,) = run_remote(arm_session, _build(mod, TARGETS[cpu]), {"x": x}, tmp_path, f"dense_{cpu}")
+    (out,) = run_on_session(arm_session, _build(mod, TARGETS[cpu]), {"x": x}, tmp_path, f"dense_{cpu}")
     assert out.dtype == np.int32 and out.shape == ref.shape
     np.testing.assert_array_equal(out, ref, err_msg=f"qnn.dense at {TARGETS[cpu]} under qemu")
 

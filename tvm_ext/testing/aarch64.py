@@ -44,7 +44,7 @@ from typing import Iterator, Optional
 logger = logging.getLogger(__name__)
 
 __all__ = ["ArmEnv", "ArmEnvMissing", "RPCServer", "find_env", "missing", "rpc_server", "default_dir",
-           "run_remote", "CROSS_CXX", "TARGETS"]
+           "run_on_session", "CROSS_CXX", "TARGETS"]
 
 #: The cross compiler export_library links aarch64 libraries with.
 CROSS_CXX = "aarch64-linux-gnu-g++"
@@ -259,7 +259,7 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
         reader.join(5)
 
 
-def run_remote(session, factory, inputs: dict, workdir, name: str = "lib") -> list:
+def run_on_session(session, factory, inputs: dict, workdir, name: str = "lib") -> list:
     """Link a built module for aarch64 (``export_library`` with :data:`CROSS_CXX`), upload it through
     ``session`` (``tvm.rpc.connect``), run it with ``graph_executor`` there; the outputs as numpy arrays.
 
@@ -269,7 +269,7 @@ def run_remote(session, factory, inputs: dict, workdir, name: str = "lib") -> li
 
     cxx = shutil.which(CROSS_CXX)
     if cxx is None:
-        raise ArmEnvMissing(f"run_remote: {CROSS_CXX} is not on PATH (Debian: g++-aarch64-linux-gnu); {_SETUP_HINT}")
+        raise ArmEnvMissing(f"run_on_session: {CROSS_CXX} is not on PATH (Debian: g++-aarch64-linux-gnu); {_SETUP_HINT}")
     path = Path(workdir) / f"{name}.so"
     factory.export_library(str(path), cc=cxx)
     session.upload(str(path))
