@@ -269,7 +269,8 @@ def run_on_session(session, factory, inputs: dict, workdir, name: str = "lib") -
 
     cxx = shutil.which(CROSS_CXX)
     if cxx is None:
-        raise ArmEnvMissing(f"run_on_session: {CROSS_CXX} is not on PATH (Debian: g++-aarch64-linux-gnu); {_SETUP_HINT}")
+        raise ArmEnvMissing(f"run_on_session: {CROSS_CXX} is not on PATH (Debian: g++-aarch64-linux-gnu); "
+                            f"{_SETUP_HINT}")
     path = Path(workdir) / f"{name}.so"
     factory.export_library(str(path), cc=cxx)
     session.upload(str(path))
