@@ -7,9 +7,9 @@ epilogue included) multiplies and accumulates in integers and converts nothing t
 Per class: Cortex-A72 (+neon) has no dot-product instruction, so none may appear (the library must
 run there); Neoverse-N1 (+dotprod) uses ``sdot``/``udot``; Neoverse-V1 (+i8mm) uses an int8 dot or
 matrix instruction. What TVM 0.19 emits (docs/arm.md): a scalar ``madd``/``smaddl`` loop with one
-``smlal`` at Cortex-A72 (NCHW spatial pack), ``sdot`` in the NCHWc dot-product schedule at N1 and
-V1, and no ``smmla``/``ummla``/``usmmla`` at V1 (TVM 0.19 uses i8mm only in its NHWC interleaved
-schedule); the counts are recorded as test properties.
+``smlal`` at Cortex-A72 (an NCHW conv on operands widened to int16), ``sdot`` in the NCHWc
+dot-product schedule at N1 and V1, and no ``smmla``/``ummla``/``usmmla`` at V1 (TVM 0.19 uses i8mm
+only in its NHWC interleaved schedule); the counts are recorded as test properties.
 """
 import collections
 import re
