@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 export TOPHUB_LOCATION ?= NONE
 
-.PHONY: all venv lint test test-all bench bench-small fuzz clean
+.PHONY: all venv lint test test-all bench bench-small fuzz arm-env clean
 
 all: test
 
@@ -44,6 +44,13 @@ SEED   ?= 0
 TARGET ?=
 fuzz: $(STAMP)
 	$(PY) -m tvm_ext.testing.fuzz -n $(N) --seed $(SEED) --out fuzz-failures $(if $(TARGET),--target "$(TARGET)")
+
+# aarch64 under emulation: qemu-user, the cross compiler (Debian) and an aarch64 Python 3.11 sysroot with TVM's
+# aarch64 wheel (Debian + PyPI) in $(ARM_DIR); the tests in tests/arm run aarch64 libraries through TVM RPC with it.
+# About 470 MB; docs/arm.md.
+ARM_DIR ?= .arm
+arm-env:
+	PIP="$(PYTHON) -m pip" bash tests/arm/arm-env.sh $(ARM_DIR)
 
 clean:
 	rm -rf $(VENV) bench-results .pytest_cache

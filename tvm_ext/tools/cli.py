@@ -453,17 +453,24 @@ def cmd_run(args) -> int:
     if args.output and Path(args.output).suffix != ".npz":
         raise UsageError(f"--output {args.output}: must end in .npz")
     try:
-        res = run_library(args.library, named, positional, repeat=args.repeat)
+        if args.rpc:
+            from .rpc import run_remote
+
+            res = run_remote(args.library, args.rpc, named, positional, repeat=args.repeat)
+        else:
+            res = run_library(args.library, named, positional, repeat=args.repeat)
     except DeployError as err:
         raise UsageError(str(err)) from None
-    print(f"library: {args.library} (target {res.meta['target']}, {res.meta.get('num_kernels', '?')} kernels)")
+    where = f", on the RPC server {res.meta['rpc']}" if args.rpc else ""
+    print(f"library: {args.library} (target {res.meta['target']}, {res.meta.get('num_kernels', '?')} kernels{where})")
     for i, out in enumerate(res.outputs):
         flat = out.reshape(-1)
         head = np.array2string(flat[:6], precision=4, separator=", ", max_line_width=200)
         more = " ..." if flat.size > 6 else ""
         print(f"output {i}: {out.dtype}{list(out.shape)}  {head}{more}")
     if res.latency_ms is not None:
-        print(f"latency: {res.latency_ms:.3f} ms (median of {res.repeat} runs)")
+        timed = ", timed by the server" if args.rpc else ""
+        print(f"latency: {res.latency_ms:.3f} ms (median of {res.repeat} runs{timed})")
     if args.output:
         np.savez(args.output, **{f"output_{i}": o for i, o in enumerate(res.outputs)})
         print(f"wrote {args.output} (output_0..output_{len(res.outputs) - 1})")
@@ -595,7 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    ".so, by the suffix) plus a sidecar <library>.json with its inputs, outputs and "
                                    "target, which `tvm-ext run` reads.")
     p.add_argument("model", help="path to an .onnx file")
-    p.add_argument("-o", "--output", required=True, metavar="LIB.tar", help="library to write (.tar or .so)")
+    p.add_argument("-o", "--output", required=True, metavar="LIB.tar",
+                   help="library to write (.tar or .so; a .so for -mtriple=aarch64-linux-gnu is linked with "
+                        "aarch64-linux-gnu-g++)")
     p.add_argument("--pipeline", choices=["int8", "none"], default="none", help="tvm-ext pipeline (default none)")
     p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes (run before FuseOps)")
     p.add_argument("--target", help="LLVM target (default: the host CPU); may be another CPU, then it cannot run here")
@@ -610,12 +619,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a library written by `tvm-ext compile`",
                        description="Load a library with plain TVM (load_module + graph_executor), feed .npy inputs, "
-                                   "print the outputs. Refuses libraries compiled for CPU features this host lacks.")
+                                   "print the outputs. Refuses libraries compiled for CPU features this host lacks; "
+                                   "with --rpc, runs them on a remote TVM RPC server (e.g. an ARM board).")
     p.add_argument("library", help="the .tar or .so (its <library>.json must be next to it)")
     p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy",
                    help="an input array; without NAME= it fills the next unnamed input (repeatable)")
     p.add_argument("--output", metavar="OUT.npz", help="save the outputs (output_0, output_1, ...)")
     p.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs and print the median")
+    p.add_argument("--rpc", metavar="HOST:PORT",
+                   help="run on a TVM RPC server (python -m tvm.exec.rpc_server on a board) instead of here; "
+                        "a .tar is linked here when a cross compiler exists, else by the server")
     p.set_defaults(func=cmd_run)
     return parser
 

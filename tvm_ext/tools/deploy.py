@@ -48,7 +48,8 @@ from .._files import sha256_file
 logger = logging.getLogger(__name__)
 
 __all__ = ["DeployError", "Compiled", "RunResult", "compile_library", "run_library", "read_sidecar",
-           "check_runs_here", "match_inputs", "foreign_arch", "sidecar_path", "load_library", "SIDECAR_FORMAT"]
+           "check_runs_here", "match_inputs", "foreign_arch", "cross_cxx", "sidecar_path", "load_library",
+           "SIDECAR_FORMAT"]
 
 #: Version of the sidecar layout (bumped on incompatible changes).
 SIDECAR_FORMAT = 1
@@ -121,7 +122,9 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     mod, params
         The Relay module and its parameters (e.g. from :func:`tvm_ext.core.frontend.from_onnx`).
     out : str or os.PathLike
-        ``.tar`` or ``.so``; the sidecar goes to ``<out>.json``.
+        ``.tar`` or ``.so``; the sidecar goes to ``<out>.json``. A ``.so`` for another architecture
+        (``-mtriple=aarch64-linux-gnu``) is linked with its cross compiler (:func:`cross_cxx`); a
+        ``.tar`` holds object files, which the machine that loads it links.
     target : str or tvm.target.Target, optional
         Any LLVM target, also one this host cannot run (``Compiled.missing_on_host`` says so).
         Default: the host CPU (:func:`tvm_ext.x86.target.build_target`).
@@ -142,7 +145,8 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     Raises
     ------
     DeployError
-        Bad suffix, missing output folder.
+        Bad suffix, missing output folder, a ``.so`` for another architecture without its cross
+        compiler on PATH.
     """
     import tvm
 
@@ -158,8 +162,16 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     if not out.parent.is_dir():
         raise DeployError(f"compile_library: no such directory: {out.parent}")
     tgt = build_target(target, allow_amx=amx)
+    link = {}
+    if out.suffix == ".so" and foreign_arch(tgt):
+        cxx = cross_cxx(tgt)
+        if cxx is None:
+            raise DeployError(f"compile_library: linking a .so for {foreign_arch(tgt)} needs a cross compiler "
+                              f"({' or '.join(_cross_cxx_names(tgt))}) on PATH (Debian: g++-aarch64-linux-gnu); "
+                              f"or write a .tar, which the machine that loads it links")
+        link = {"cc": cxx}
     factory = build(mod, target=tgt, params=params, passes=passes, at=at, opt_level=opt_level, amx=amx)
-    factory.export_library(str(out))
+    factory.export_library(str(out), **link)
     inputs, outputs = _io_from_graph(factory.get_graph_json(), factory.get_params())
     report = factory.kernel_report
     host = tvm.target.Target(str(tgt))
@@ -233,6 +245,25 @@ def foreign_arch(target) -> Optional[str]:
         return None
     arch, host = str(triple).split("-")[0], str(codegen.llvm_get_system_triple()).split("-")[0]
     return None if arch == host else str(triple)
+
+
+def _cross_cxx_names(target) -> list:
+    """Cross compiler names for the target's triple: ``<triple>-g++``, then Debian's ``<arch>-linux-gnu-g++``."""
+    triple = foreign_arch(target)
+    if not triple:
+        return []
+    names = [f"{triple}-g++", f"{triple.split('-')[0]}-linux-gnu-g++"]
+    return list(dict.fromkeys(names))
+
+
+def cross_cxx(target) -> Optional[str]:
+    """The cross compiler on PATH that links libraries for ``target``'s architecture, or None
+    (also None for a target of this host's architecture: the system compiler links those)."""
+    for name in _cross_cxx_names(target):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
 
 
 def _cannot_run(target) -> tuple[Optional[str], tuple]:

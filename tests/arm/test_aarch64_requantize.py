@@ -1,0 +1,121 @@
+"""qnn.requantize fused into an int8 conv on aarch64, against exact integer arithmetic.
+
+TVM 0.19 lowers ``tir.q_multiply_shift`` (the fixed-point multiply of ``qnn.requantize``) on
+``llvm.aarch64`` to ``sqrdmulh`` then ``srshl`` when it is vectorised as int32x4
+(``tvm.topi.arm_cpu.tensor_intrin._q_multiply_shift_arm``): it rounds twice,
+round(round(x * m / 2^31) / 2^s), where TVM's generic lowering rounds once in int64,
+round(x * m / 2^(31 + s)). The int8 conv's epilogue is vectorised that way in the NCHWc dot-product
+schedule (+dotprod, +i8mm targets), so outputs are one step above the exact value in a fraction
+that grows with the scale ratio (about 2^-(s+1)); at Cortex-A72 the epilogue stays scalar and is
+exact. Through a network these one-step differences compound (docs/arm.md). With the aarch64
+lowering replaced by TVM's generic one, every class is exact.
+"""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+
+from tvm_ext.testing.aarch64 import CROSS_CXX, TARGETS, run_on_session  # noqa: F401  (CROSS_CXX: the child build)
+
+X_ZP, OUT_ZP = 77, 3
+IN_SCALE, W_SCALE, OUT_SCALE = 0.02, 0.01, 0.005  # requantize ratio 0.04: shift 4 below q31
+
+
+def _module():
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (64, 64, 3, 3)).astype("int8")
+    x = relay.var("x", shape=(1, 64, 14, 14), dtype="uint8")
+    y = relay.qnn.op.conv2d(x, relay.const(w), relay.const(X_ZP), relay.const(0), relay.const(np.float32(IN_SCALE)),
+                            relay.const(np.float32(W_SCALE)), kernel_size=(3, 3), channels=64, padding=(1, 1),
+                            out_dtype="int32")
+    y = relay.qnn.op.requantize(y, relay.const(np.float32(np.float32(IN_SCALE) * np.float32(W_SCALE))),
+                                relay.const(0), relay.const(np.float32(OUT_SCALE)), relay.const(OUT_ZP),
+                                out_dtype="int32")  # int32: no clipping hides a rounding difference
+    return tvm.IRModule.from_expr(relay.Function([x], y)), w
+
+
+def _exact(x, w):
+    """Conv in int64, then TVM's requantize semantics (UPWARD rounding) in Python integers: the
+    multiplier is round(significand * 2^31) of the float32 scale ratio, one rounding shift."""
+    xs = np.pad(x.astype(np.int64) - X_ZP, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    acc = sum(np.einsum("nchw,oc->nohw", xs[:, :, ky:ky + 14, kx:kx + 14], w[:, :, ky, kx].astype(np.int64))
+              for ky in range(3) for kx in range(3))
+    ratio = float(np.float32(np.float32(IN_SCALE) * np.float32(W_SCALE))) / float(np.float32(OUT_SCALE))
+    significand, exponent = math.frexp(ratio)
+    multiplier, shift = round(significand * 2 ** 31), 31 - exponent
+    out = (acc.astype(object) * multiplier + (1 << (shift - 1))) >> shift
+    return np.array(out, dtype=np.int64) + OUT_ZP
+
+
+@pytest.fixture(scope="module")
+def case():
+    mod, w = _module()
+    x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
+    return mod, x, _exact(x, w)
+
+
+def _build(cpu):
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(_module()[0], target=TARGETS[cpu])
+
+
+def _differences(out, ref):
+    d = out.astype(np.int64) - ref
+    return d, dict(zip(*(v.tolist() for v in np.unique(d[d != 0], return_counts=True))))
+
+
+def test_cortex_a72_requantize_exact_under_qemu(case, arm_session, tmp_path):
+    _, x, ref = case
+    (out,) = run_on_session(arm_session, _build("cortex-a72"), {"x": x}, tmp_path, "rq_a72")
+    d, counts = _differences(out, ref)
+    assert not d.any(), f"{np.count_nonzero(d)} of {d.size} outputs differ from exact: {counts}"
+
+
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+def test_stock_tvm_rounds_requantize_twice_at_dotprod(cpu, case, arm_session, tmp_path):
+    """TVM 0.19's behaviour, recorded: only +1 differences, in a few percent of the outputs at a
+    ratio of 0.04 (the second rounding adds one where the first carried the value over a half)."""
+    _, x, ref = case
+    (out,) = run_on_session(arm_session, _build(cpu), {"x": x}, tmp_path, f"rq_{cpu}")
+    d, counts = _differences(out, ref)
+    assert set(counts) == {1}, f"expected only +1 differences from the double rounding, got {counts}"
+    assert 0.005 < counts[1] / d.size < 0.2, counts
+
+
+_GENERIC_LOWERING_BUILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import tvm
+from tvm import relay
+from tvm.target.intrin import register_intrin_lowering
+import test_aarch64_requantize as t
+
+# keep the op as it is for llvm.aarch64: TVM's lowering then falls through to its generic one (int64, one rounding)
+register_intrin_lowering("tir.q_multiply_shift", target="llvm.aarch64", f=lambda op: op, level=100)
+with tvm.transform.PassContext(opt_level=3):
+    lib = relay.build(t._module()[0], target=t.TARGETS[sys.argv[2]])
+assert "sqrdmulh" not in lib.get_lib().get_source("asm")
+lib.export_library(sys.argv[3], cc=t.CROSS_CXX)
+"""
+
+
+def test_generic_q_multiply_shift_lowering_makes_dotprod_exact(case, arm_session, tmp_path):
+    """The double rounding is the whole difference: built with TVM's generic lowering of
+    q_multiply_shift (in a child process: the registration is process-wide), N1 is exact."""
+    _, x, ref = case
+    lib = tmp_path / "rq_n1_generic.so"
+    subprocess.run([sys.executable, "-c", _GENERIC_LOWERING_BUILD, str(Path(__file__).parent), "neoverse-n1",
+                    str(lib)], check=True, timeout=300)
+    arm_session.upload(str(lib))
+    dev = arm_session.cpu(0)
+    gm = graph_executor.GraphModule(arm_session.load_module(lib.name)["default"](dev))
+    gm.set_input("x", x)
+    gm.run()
+    d, counts = _differences(gm.get_output(0).numpy(), ref)
+    assert not d.any(), f"{np.count_nonzero(d)} of {d.size} outputs differ from exact: {counts}"
