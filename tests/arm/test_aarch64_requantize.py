@@ -7,21 +7,17 @@ round(round(x * m / 2^31) / 2^s), where TVM's generic lowering rounds once in in
 round(x * m / 2^(31 + s)). The int8 conv's epilogue is vectorised that way in the NCHWc dot-product
 schedule (+dotprod, +i8mm targets), so outputs are one step above the exact value in a fraction
 that grows with the scale ratio (about 2^-(s+1)); at Cortex-A72 the epilogue stays scalar and is
-exact. Through a network these one-step differences compound (docs/arm.md). With the aarch64
-lowering replaced by TVM's generic one, every class is exact.
+exact. Through a network these one-step differences compound (docs/arm.md). tvm_ext.build replaces
+the aarch64 lowering by TVM's generic one (tvm_ext.arm.requantize), and every class is exact.
 """
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tvm
 from tvm import relay
-from tvm.contrib import graph_executor
 
-from tvm_ext.testing.aarch64 import CROSS_CXX, TARGETS, run_on_session  # noqa: F401  (CROSS_CXX: the child build)
+from tvm_ext.testing.aarch64 import TARGETS, run_on_session
 
 X_ZP, OUT_ZP = 77, 3
 IN_SCALE, W_SCALE, OUT_SCALE = 0.02, 0.01, 0.005  # requantize ratio 0.04: shift 4 below q31
@@ -88,34 +84,15 @@ def test_stock_tvm_rounds_requantize_twice_at_dotprod(cpu, case, arm_session, tm
     assert 0.005 < counts[1] / d.size < 0.2, counts
 
 
-_GENERIC_LOWERING_BUILD = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import tvm
-from tvm import relay
-from tvm.target.intrin import register_intrin_lowering
-import test_aarch64_requantize as t
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+def test_tvm_ext_build_requantizes_exactly_at_dotprod(cpu, case, arm_session, tmp_path):
+    """tvm_ext.build lowers q_multiply_shift with TVM's generic rule on aarch64
+    (:mod:`tvm_ext.arm.requantize`): one rounding, so every output is exact."""
+    import tvm_ext
 
-# keep the op as it is for llvm.aarch64: TVM's lowering then falls through to its generic one (int64, one rounding)
-register_intrin_lowering("tir.q_multiply_shift", target="llvm.aarch64", f=lambda op: op, level=100)
-with tvm.transform.PassContext(opt_level=3):
-    lib = relay.build(t._module()[0], target=t.TARGETS[sys.argv[2]])
-assert "sqrdmulh" not in lib.get_lib().get_source("asm")
-lib.export_library(sys.argv[3], cc=t.CROSS_CXX)
-"""
-
-
-def test_generic_q_multiply_shift_lowering_makes_dotprod_exact(case, arm_session, tmp_path):
-    """The double rounding is the whole difference: built with TVM's generic lowering of
-    q_multiply_shift (in a child process: the registration is process-wide), N1 is exact."""
     _, x, ref = case
-    lib = tmp_path / "rq_n1_generic.so"
-    subprocess.run([sys.executable, "-c", _GENERIC_LOWERING_BUILD, str(Path(__file__).parent), "neoverse-n1",
-                    str(lib)], check=True, timeout=300)
-    arm_session.upload(str(lib))
-    dev = arm_session.cpu(0)
-    gm = graph_executor.GraphModule(arm_session.load_module(lib.name)["default"](dev))
-    gm.set_input("x", x)
-    gm.run()
-    d, counts = _differences(gm.get_output(0).numpy(), ref)
+    lib = tvm_ext.build(_module()[0], target=TARGETS[cpu])
+    assert "sqrdmulh" not in lib.get_lib().get_source("asm")
+    (out,) = run_on_session(arm_session, lib, {"x": x}, tmp_path, f"rq_ext_{cpu}")
+    d, counts = _differences(out, ref)
     assert not d.any(), f"{np.count_nonzero(d)} of {d.size} outputs differ from exact: {counts}"
