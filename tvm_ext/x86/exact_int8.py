@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-
 import re
 
 import numpy as np
