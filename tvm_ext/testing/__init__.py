@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-__all__ = ["infer", "check", "run_module", "random_inputs", "assert_same_outputs", "assert_unchanged",
-           "with_instruments", "environment"]
+__all__ = ["exact_ort_session", "infer", "check", "run_module", "random_inputs", "assert_same_outputs",
+           "assert_unchanged", "with_instruments", "environment"]
 
 
 def with_instruments(*instruments):
@@ -136,3 +136,19 @@ def assert_same_outputs(a, b, inputs: dict, target="llvm", rtol=1e-5, atol=1e-5,
         else:
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=f"output {i} differs")
     return out_a, out_b
+
+
+def exact_ort_session(model):
+    """An ONNX Runtime CPU session of ``model`` (path or bytes) on its exact int8 path
+    (``session.x64quantprecision``): by default, on CPUs without VNNI, ONNX Runtime's uint8 x int8
+    kernels saturate int16 pair sums, as TVM's do. A model it has no such kernel for (int8 x int8
+    QOperator) gets the default session."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.x64quantprecision", "1")
+    try:
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001  (NOT_IMPLEMENTED: no exact kernel for these types)
+        return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
