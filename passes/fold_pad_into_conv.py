@@ -50,12 +50,12 @@ W spatial axes, padding attributes of unexpected length, dynamic shapes. Functio
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm_ext.core.registry import register_pass
 
+from . import _layout
 from ._util import (
     Reject,
     constant_scalar,
@@ -85,11 +85,12 @@ def spatial_axes(layout: str):
 
     ``"NCHW16c"`` has axes ``N, C, H, W, 16c`` -> ``(2, 3)``; ``"NHWC"`` -> ``(1, 2)``.
     """
-    axes = re.findall(r"\d*[A-Za-z]", layout)
-    if "".join(axes) != layout:
-        return Reject(f"cannot parse layout {layout!r}")
     try:
-        return tuple(axes.index(a) for a in _SPATIAL), len(axes)
+        parsed = _layout.axes(layout)
+    except ValueError as err:
+        return Reject(str(err))
+    try:
+        return tuple(parsed.index((a, 0)) for a in _SPATIAL), len(parsed)
     except ValueError:
         return Reject(f"layout {layout!r} has no H and W axes")
 

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +66,7 @@ import numpy as np
 
 from tvm_ext.core.registry import register_pass
 
+from . import _layout
 from ._util import (
     Reject,
     constant_scalar,
@@ -96,39 +96,9 @@ _NARROW = (("int8", -128, 127), ("int16", -32768, 32767), ("int32", -(2**31), 2*
 
 
 # --- layouts ----------------------------------------------------------------------------------
-def _axes(layout: str):
-    """``"OIHW4i16o4i"`` -> [("O", 0), ("I", 0), ("H", 0), ("W", 0), ("I", 4), ("O", 16), ("I", 4)]."""
-    parts = re.findall(r"(\d*)([A-Za-z])", layout)
-    if "".join(n + a for n, a in parts) != layout:
-        raise ValueError(f"cannot parse layout {layout!r}")
-    out = []
-    for num, letter in parts:
-        if letter.isupper():
-            if num:
-                raise ValueError(f"layout {layout!r}: a primal axis with a factor")
-            out.append((letter, 0))
-        else:
-            if not num:
-                raise ValueError(f"layout {layout!r}: sub-axis {letter!r} without a factor")
-            out.append((letter.upper(), int(num)))
-    return out
-
-
-def _groups(layout: str, primal: str):
-    """Per primal axis of ``primal`` its positions in ``layout``: the primal axis first, then its
-    sub-axes outer to inner (TVM's layout convention: ``X = (X_o * f1 + x1) * f2 + x2``)."""
-    axes = _axes(layout)
-    letters = [a for a, f in axes if f == 0]
-    if sorted(letters) != sorted(primal):
-        raise ValueError(f"layout {layout!r} does not have exactly the axes {primal!r}")
-    return [[i for i, (a, f) in enumerate(axes) if a == p and f == 0]
-            + [i for i, (a, f) in enumerate(axes) if a == p and f]
-            for p in primal]
-
-
 def unblock(arr: np.ndarray, layout: str, primal: str) -> np.ndarray:
     """``arr`` stored in (blocked) ``layout`` as an array of axes ``primal`` (e.g. "OIHW")."""
-    groups = _groups(layout, primal)
+    groups = _layout.primal_groups(layout, primal)
     perm = [i for g in groups for i in g]
     moved = np.transpose(arr, perm)
     sizes, k = [], 0
@@ -140,8 +110,8 @@ def unblock(arr: np.ndarray, layout: str, primal: str) -> np.ndarray:
 
 def block(arr: np.ndarray, primal: str, layout: str) -> np.ndarray:
     """The inverse of :func:`unblock`: ``arr`` of axes ``primal`` stored in ``layout``."""
-    axes = _axes(layout)
-    groups = _groups(layout, primal)
+    axes = _layout.axes(layout)
+    groups = _layout.primal_groups(layout, primal)
     split_shape, perm_src = [], []
     for p, g in zip(primal, groups):
         factors = [axes[i][1] for i in g[1:]]
@@ -187,7 +157,7 @@ def border_constant(weight_oihw: np.ndarray, value: int, in_hw, pad_hw, conv_pad
 def _hw(layout: str):
     """Positions of the plain H and W axes of ``layout``, or a Reject (H/W split, missing)."""
     try:
-        axes = _axes(layout)
+        axes = _layout.axes(layout)
     except ValueError as err:
         return Reject(str(err))
     if any(a in "HW" and f for a, f in axes):
@@ -305,7 +275,7 @@ def _pad_hw(conv, pad, lt):
     if not hw:
         return hw
     widths = [int_list(p) for p in pad.attrs.pad_width]
-    if any(p is None or len(p) != 2 for p in widths) or len(widths) != len(_axes(pad_layout)):
+    if any(p is None or len(p) != 2 for p in widths) or len(widths) != len(_layout.axes(pad_layout)):
         return Reject("pad widths are not constant (before, after) pairs, one per axis")
     for i, p in enumerate(widths):
         if i not in hw and p != [0, 0]:
@@ -340,7 +310,7 @@ def _constant(conv, pad_hw, value):
     # forms): other kernel layouts (depthwise HWOI...) give I and O other meanings
     for layout, order in ((data_layout, "NCHW"), (out_layout, "NCHW"), (str(a.kernel_layout), "OIHW")):
         try:
-            primal = "".join(x for x, f in _axes(layout) if not f)
+            primal = "".join(x for x, f in _layout.axes(layout) if not f)
         except ValueError as err:
             return Reject(str(err))
         if primal != order:

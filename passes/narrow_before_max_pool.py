@@ -69,10 +69,9 @@ which a fixed pattern cannot express.
 """
 from __future__ import annotations
 
-import re
-
 from tvm_ext.core.registry import register_pass
 
+from . import _layout
 from ._chains import copy_chain, narrow_type
 from ._intervals import full_range, value_ranges
 from ._util import (Reject, count_calls, fixed_point, function_pass, op_calls, op_name, pass_logger, rebuild,
@@ -108,9 +107,10 @@ def _within(interval, dtype: str) -> bool:
 
 def _pooled_axes(pool) -> list[int]:
     """Positions of the spatial (D/H/W) axes in the pool's layout string."""
-    layout = str(pool.attrs.layout)
-    tokens = re.findall(r"\d*[A-Za-z]", layout)
-    return [i for i, t in enumerate(tokens) if t in ("D", "H", "W")]
+    try:
+        return _layout.primal_positions(str(pool.attrs.layout), "DHW")
+    except ValueError:
+        return []
 
 
 def _const_along(const, rank: int, axes: list[int]):
