@@ -16,6 +16,8 @@ with the reason.
 """
 from __future__ import annotations
 
+from tvm import relay
+
 from tvm_ext._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_INJECTIVE, call_pattern
 
 from ._util import Reject, op_name, static_tensor_type
@@ -41,7 +43,6 @@ def _integral_float(expr, depth: int = 0) -> bool:
     or such a value plus or minus an integral constant (a quantize's zero point, ``round(x/s) + zp``:
     below 2**24 the sum is exact, above it every float is an integer)."""
     import numpy as np
-    from tvm import relay
 
     if depth > 8 or not isinstance(expr, relay.Call):
         return False
@@ -65,8 +66,6 @@ def narrow_type(node):
     integral values (the clip reads ``round``/``floor``/``ceil``/``trunc``, possibly plus an
     integral constant: a quantize ``clip(round(x / s) + zp)``).
     """
-    from tvm import relay
-
     ok = static_tensor_type(node)
     if not ok:
         return ok
@@ -97,8 +96,6 @@ def chain_arg(call, injective: bool = False):
     With ``injective``, also the one argument of a one-argument injective call (``layout_transform``,
     ``reshape``, ``squeeze``, ``transpose``, ...).
     """
-    from tvm import relay
-
     if not isinstance(call, relay.Call):
         return None
     kind = call_pattern(call)
@@ -123,8 +120,6 @@ def walk_chain(arg, users, body, pass_name: str, injective: bool = False):
     would start a kernel of its own). ``pass_name`` names the caller in the error raised on a
     malformed (cyclic) graph.
     """
-    from tvm import relay
-
     node, narrow, steps = arg, None, 0
     while True:
         steps += 1
@@ -148,8 +143,6 @@ def copy_chain(chain, x):
     Each link's live argument (:func:`chain_arg`) is replaced by the copy of the link before it;
     constants, attributes and spans are kept.
     """
-    from tvm import relay
-
     for node in reversed(chain):
         prev = chain_arg(node)
         x = relay.Call(node.op, [x if a.same_as(prev) else a for a in node.args], node.attrs, node.type_args,

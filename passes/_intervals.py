@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import math
 
+import tvm
+from tvm import relay
+
 __all__ = ["full_range", "value_ranges"]
 
 _IDENTITY = frozenset({"annotation.stop_fusion", "copy", "nn.max_pool2d"})
@@ -50,8 +53,6 @@ def _is_int(dtype: str) -> bool:
 
 
 def _bits(dtype: str) -> int:
-    import tvm
-
     return int(tvm.runtime.DataType(dtype).bits)
 
 
@@ -95,8 +96,6 @@ def _products(a, b) -> list:
 
 def _call_range(call, name, args, dtype) -> tuple:
     """Interval of one op call from its operands' intervals (``args``)."""
-    from tvm import relay
-
     full = full_range(dtype)
     if name in _IDENTITY:
         return args[0]
@@ -150,8 +149,6 @@ def value_ranges(nodes) -> dict:
 
     Nodes that are not tensors (tuples, ops, functions) are left out.
     """
-    from tvm import relay
-
     from ._util import op_name
 
     out: dict = {}

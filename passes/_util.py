@@ -32,6 +32,9 @@ from __future__ import annotations
 import logging
 from typing import Iterable
 
+import tvm
+from tvm import relay
+
 from tvm_ext._attrs import int_list
 from tvm_ext._reject import Check, Reject
 
@@ -90,17 +93,12 @@ def is_primitive(func) -> bool:
 
 def op_name(call) -> str | None:
     """Name of the op a Call calls, or None when it calls a function or a global (or is no Call)."""
-    import tvm
-
     op = getattr(call, "op", None)  # None for a node without an op (a Tuple user, e.g.)
     return op.name if isinstance(op, tvm.ir.Op) else None
 
 
 def static_tensor_type(expr) -> Check:
     """``True`` when ``expr`` has a TensorType with only constant dimensions."""
-    from tvm import relay
-    import tvm
-
     ty = expr._checked_type_  # pylint: disable=protected-access
     if ty is None:
         return Reject("no type")
@@ -113,8 +111,6 @@ def static_tensor_type(expr) -> Check:
 
 
 def _children(node) -> list:
-    from tvm import relay
-
     if isinstance(node, relay.Call):
         head = [node.op] if isinstance(node.op, relay.Function) else []
         return head + list(node.args)
@@ -127,8 +123,6 @@ def _children(node) -> list:
 
 def count_calls(expr, names) -> int:
     """Calls of the ops ``names`` anywhere in ``expr`` (any construct; a bound for sweep counts)."""
-    from tvm import relay
-
     found = []
 
     def visit(node):
@@ -167,8 +161,6 @@ def post_order(expr, resolve=None) -> list:
 
 def consumers(nodes: Iterable) -> dict:
     """node -> list of (consumer, argument index) over ``nodes`` (one entry per use)."""
-    from tvm import relay
-
     users: dict = {}
     for node in nodes:
         if isinstance(node, relay.Call):
@@ -198,8 +190,6 @@ def unsupported_construct(func) -> Check:
     Rejected: ``If``, ``Let``, ``Match``, ``RefCreate/RefRead/RefWrite`` and nested functions that
     are not ``Primitive`` (closures). Found with TVM's own visitor, so nothing is missed.
     """
-    from tvm import relay
-
     found: list = []
     banned = (relay.If, relay.Let, relay.adt.Match, relay.RefCreate, relay.RefRead, relay.RefWrite)
 
@@ -238,8 +228,6 @@ def dataflow_nodes(func, pass_name: str):
 
 def op_calls(nodes, ops):
     """The calls among ``nodes`` of an op named in ``ops`` (a collection of names), in order."""
-    from tvm import relay
-
     return [n for n in nodes if isinstance(n, relay.Call) and op_name(n) in ops]
 
 
@@ -272,8 +260,6 @@ def rebuild(expr, subst: dict):
     not occur inside their own replacement. Nodes whose inputs did not change are shared with the
     input.
     """
-    from tvm import relay
-
     if not subst:
         return expr
 
@@ -314,8 +300,6 @@ def function_pass(pass_name: str, rewrite, opt_level: int = 1):
     The one way the passes of this package are made, so each registers under its explicit name and
     ``rewrite`` stays a plain function of a function (pure: it returns a new function or its input).
     """
-    from tvm import relay
-
     def transform(func, mod, ctx):  # pylint: disable=unused-argument
         return rewrite(func)
 
@@ -330,9 +314,6 @@ def until_unchanged(func, step, log, max_rounds: int):
     decides whether that is an error). A rewritten function that does not type-check on its own
     (calls of other module functions) ends the rounds with that round's result (logged at DEBUG).
     """
-    import tvm
-    from tvm import relay
-
     for _ in range(max_rounds):
         new = step(func)
         if new.same_as(func):
@@ -373,8 +354,6 @@ def with_body(func, body):
 
     The return type is left for InferType, which the pass infrastructure runs on the result.
     """
-    from tvm import relay
-
     if body.same_as(func.body):
         return func
     return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
@@ -382,8 +361,6 @@ def with_body(func, body):
 
 def constant_scalar(expr):
     """The Python value of a one-element ``relay.Constant``; else None."""
-    from tvm import relay
-
     if not isinstance(expr, relay.Constant):
         return None
     arr = expr.data.numpy()
@@ -404,9 +381,6 @@ def cut_below(expr, depth: int):
     """``expr`` with the calls deeper than ``depth`` replaced by fresh variables (constants and
     variables kept): what a dataflow pattern of that depth sees, without the graph below it (TVM's
     matcher indexes the whole graph under the expression it is given)."""
-    import tvm
-    from tvm import relay
-
     if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and depth > 0:
         return relay.Call(expr.op, [cut_below(a, depth - 1) for a in expr.args], expr.attrs, expr.type_args)
     if isinstance(expr, (relay.Var, relay.Constant)):
@@ -424,8 +398,6 @@ def describe(node, unnamed: str = "a function call", with_dtype: bool = False) -
 
     ``unnamed`` names a call of a function (no op); ``with_dtype`` appends ``:dtype`` to a call.
     """
-    from tvm import relay
-
     if isinstance(node, relay.Call):
         name = op_name(node) or unnamed
         return f"{name}:{node.checked_type.dtype}" if with_dtype else name
@@ -444,8 +416,6 @@ def lift_constants(func):
     What FuseOps does to the functions it makes: scalar constants of :data:`SIMPLE_CONST` dtypes
     stay inline, every other constant becomes a parameter (one per distinct constant), appended.
     """
-    from tvm import relay
-
     consts = []
 
     class _Lift(relay.ExprMutator):

@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm import relay
+
 from tvm_ext.ops import round_half_to_even
 from tvm_ext.core.registry import register_pass
 
@@ -65,8 +67,6 @@ _EIGHT_BIT = {"uint8": (0, 255), "int8": (-128, 127)}
 
 def _scalar(expr, dtype_kind: str):
     """The Python value of a scalar (or one-element) constant of kind 'f'/'i', else None."""
-    from tvm import relay
-
     if not isinstance(expr, relay.Constant):
         return None
     v = expr.data.numpy()
@@ -96,8 +96,6 @@ def _check(a, b, consts, out_dtype) -> Check:
 
 def _one_element_value(x):
     """The 8-bit value of a one-element constant operand (MLAS's scalar path), else None."""
-    from tvm import relay
-
     if isinstance(x, relay.Constant) and x.data.numpy().size == 1:
         return int(x.data.numpy().reshape(()))
     return None
@@ -105,8 +103,6 @@ def _one_element_value(x):
 
 def mlas_add(a, b, sa, za, sb, zb, sc, zc, out_dtype):
     """Relay expression of MLAS's quantized add (see the module note); ``a``, ``b`` 8-bit."""
-    from tvm import relay
-
     f32 = np.float32
     ra, rb = f32(f32(sa) / f32(sc)), f32(f32(sb) / f32(sc))
     k = f32(f32(zc) - f32(f32(ra * f32(za)) + f32(rb * f32(zb))))
@@ -137,8 +133,6 @@ def _recovered(deq, scale: float, zero_point: int):
     """The 8-bit value ``a`` of ``deq = f32(f32(a - z) * s)`` (TVM's dequantize), exactly, as float64:
     ``rne(f64(deq) / s) + z``. ``|a - z| <= 255`` and one float32 rounding put ``f64(deq) / s``
     within ``255 * 2**-24`` of the integer ``a - z``: rounding it to the nearest integer is exact."""
-    from tvm import relay
-
     q = relay.divide(relay.cast(deq, "float64"), relay.const(float(np.float32(scale)), "float64"))
     return relay.add(round_half_to_even(q), relay.const(float(zero_point), "float64"))
 
@@ -146,8 +140,6 @@ def _recovered(deq, scale: float, zero_point: int):
 def _match(node):
     """(a, b, consts, out_dtype, dequantizes) for the two add forms of the module note, else a
     Reject/None (``dequantizes``: the operands' ``qnn.dequantize`` calls, None for ``qnn.add``)."""
-    from tvm import relay
-
     name = op_name(node)
     if name == "qnn.add" and len(node.args) == 8:
         a, b = node.args[0], node.args[1]

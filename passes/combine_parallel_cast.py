@@ -60,6 +60,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import tvm
+from tvm import relay
+
 from tvm_ext._op_pattern import K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, op_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -77,8 +80,6 @@ def is_narrowing_cast(src: str, dst: str) -> Check:
 
     Narrowing = fewer bits, or float to (u)int of no more bits.
     """
-    import tvm
-
     a, b = tvm.runtime.DataType(src), tvm.runtime.DataType(dst)
     if a.lanes != 1 or b.lanes != 1:
         return Reject(f"vector cast {src} -> {dst}")
@@ -102,8 +103,6 @@ def _cast_key(call):
 
 
 def _fusable_producer(producer, casts, users, body) -> Check:
-    from tvm import relay
-
     if producer.same_as(body):
         return Reject("the producer is also the function's result")
     if isinstance(producer, relay.Var):
@@ -141,8 +140,6 @@ def _check_cast_group(producer, casts, users, body) -> Check:
 # -- rule 2: cast-only Primitive functions after FuseOps ------------------------------------------
 def _fused_cast_key(call):
     # f(x), f = fn(p) {cast(p, t)} Primitive -> key (structural hash of f)
-    import tvm
-    from tvm import relay
 
     fn = call.op
     if not (isinstance(fn, relay.Function) and is_primitive(fn) and len(fn.params) == 1):
@@ -156,8 +153,6 @@ def _fused_cast_key(call):
 
 
 def _check_fused_group(producer, calls, users, body) -> Check:
-    import tvm
-
     first = calls[0].op
     for c in calls[1:]:
         if not tvm.ir.structural_equal(c.op, first):
@@ -186,8 +181,6 @@ RULES = (
 
 def _groups(users_of_value):
     """(rule, key) -> list of distinct calls among a value's users (first argument only)."""
-    from tvm import relay
-
     groups: dict = {}
     for user, idx in users_of_value:
         if idx != 0 or not isinstance(user, relay.Call) or len(user.args) != 1:
@@ -203,9 +196,6 @@ def _groups(users_of_value):
 
 
 def _same_callee(u, v) -> bool:
-    import tvm
-    from tvm import relay
-
     if isinstance(u.op, tvm.ir.Op) or isinstance(v.op, tvm.ir.Op):
         return u.op.same_as(v.op)
     if isinstance(u.op, relay.Function) and isinstance(v.op, relay.Function):
@@ -215,9 +205,6 @@ def _same_callee(u, v) -> bool:
 
 def _identical(u, v, resolve) -> bool:
     """u and v compute the same value: same callee and attributes, same (resolved) arguments."""
-    import tvm
-    from tvm import relay
-
     if not (isinstance(u, relay.Call) and isinstance(v, relay.Call)) or len(u.args) != len(v.args):
         return False
     if not _same_callee(u, v) or not tvm.ir.structural_equal(u.attrs, v.attrs):
@@ -240,8 +227,6 @@ def _propagate(first_reps, members_of, users, subst, body):
     each copy has exactly one user and those users are identical too (so it ends with one user
     and CanonicalizeCast would not split it again).
     """
-    from tvm import relay
-
     def resolve(n):
         return subst.get(n, n)
 
@@ -284,8 +269,6 @@ def _propagate(first_reps, members_of, users, subst, body):
 
 def _single_identical_users(group, users, subst, body) -> bool:
     """Each member has exactly one user and, with the members merged, those users are identical."""
-    from tvm import relay
-
     outs = []
     for m in group:
         us = users.get(m, ())

@@ -63,6 +63,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import tvm
+from tvm import relay
+
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -100,14 +103,11 @@ def _dense_check(call) -> Check:
 
 
 def _dense_compatible(a, b) -> bool:
-    import tvm
-
     return _same_arg_types(a, b) and tvm.ir.structural_equal(a.attrs, b.attrs)
 
 
 def _dense_make(roots, batch_op):  # pylint: disable=unused-argument
     # dense(x, W_i) x n -> batch_matmul(stack(x..x), stack(W_i), transpose_b=True, out_dtype)
-    from tvm import relay
 
     data = relay.stack([r.args[0] for r in roots], axis=0)
     weight = relay.stack([r.args[1] for r in roots], axis=0)
@@ -129,8 +129,6 @@ def _ewise_check(call) -> Check:
 
 def _ewise_make(roots, batch_op):
     # op(a_i, b_i) x n -> op(stack(a_i), stack(b_i))
-    import tvm
-    from tvm import relay
 
     args = [relay.stack([r.args[i] for r in roots], axis=0) for i in range(len(roots[0].args))]
     return relay.Call(tvm.ir.Op.get(batch_op), args)
@@ -205,16 +203,12 @@ def _follow_check(parent, call, parent_index, exact: bool = False) -> Check:
 
 def _to_rank(arg, rank: int):
     """``arg`` with leading unit axes up to ``rank`` (TVM's ``expand_dims(b, 0)`` for a 1-D bias)."""
-    from tvm import relay
-
     missing = rank - len(static_shape(arg))
     return relay.expand_dims(arg, axis=0, num_newaxis=missing) if missing > 0 else arg
 
 
 def _branch(root, users, body):
     """root and the chain of single-user elementwise/broadcast op calls after it."""
-    from tvm import relay
-
     chain = [root]
     while True:
         last = chain[-1]
@@ -230,8 +224,6 @@ def _branch(root, users, body):
 
 
 def _level_ok(branches, depth) -> Check:
-    import tvm
-
     first = branches[0][depth]
     pidx = next(i for i, a in enumerate(first.args) if a.same_as(branches[0][depth - 1]))
     ok = _follow_check(branches[0][depth - 1], first, pidx)
@@ -250,8 +242,6 @@ def _level_ok(branches, depth) -> Check:
 
 def _plan(func, op, rule, min_num_branches):
     """Groups (lists of branches, each cut to its combinable depth), as C++ would form them."""
-    from tvm import relay
-
     nodes = post_order(func.body)
     users = consumers(nodes)
     plans, dependent = [], []
@@ -302,8 +292,6 @@ def _independent(branches, nodes) -> Check:
 
     # add(x, y1), add(x, f(add(x, y1)))   -> not combined: branch 2's argument reads branch 1
     """
-    from tvm import relay
-
     members = {n for b in branches for n in b}
     reaches: dict = {}
     for n in nodes:  # post order: children first
@@ -326,8 +314,6 @@ def _independent(branches, nodes) -> Check:
 
 
 def _rewrite(func, plans, rule, batch_op):
-    from tvm import relay
-
     subst = {}
     for branches, pidxs in plans:
         n = len(branches)
@@ -350,9 +336,6 @@ def _rewrite(func, plans, rule, batch_op):
 # -- delegation --------------------------------------------------------------------------------------
 def _cpp_safe(func, op) -> Check:
     """Every group the C++ pass would form in ``func`` is safe for it (elementwise pairs only)."""
-    import tvm
-    from tvm import relay
-
     nodes = post_order(func.body)
     children: dict = {}  # C++ BranchGroupFinder: an op call is a child of its first argument only
     for n in nodes:
@@ -388,9 +371,6 @@ def _cpp_safe(func, op) -> Check:
 
 
 def _run_cpp(func, op, batch_op, min_num_branches):
-    import tvm
-    from tvm import relay
-
     cur = tvm.transform.PassContext.current()
     config = {str(k): v for k, v in cur.config.items()} if cur.config else {}
     cpp = tvm.get_global_func("relay._transform.CombineParallelOpBatch")(op, batch_op, min_num_branches)
@@ -416,8 +396,6 @@ def _combine(func, op, batch_op, rule, min_num_branches):
 
 
 def _validate(op_name_, batch_op_name, min_num_branches):
-    import tvm
-
     for label, name in (("op_name", op_name_), ("batch_op_name", batch_op_name)):
         if not isinstance(name, str):
             raise TypeError(f"{PASS_NAME}: {label} must be a str, got {name!r}")

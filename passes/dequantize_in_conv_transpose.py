@@ -59,6 +59,9 @@ reader; a fixed pattern cannot express a chain of any length nor count readers.
 """
 from __future__ import annotations
 
+import tvm
+from tvm import relay
+
 from tvm_ext._op_pattern import K_INJECTIVE, call_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -81,7 +84,6 @@ _INTEGRAL_EXTRA = ("tvm_ext.round_half_to_even",)
 def _eight_bit_point(node):
     """The 8-bit dtype ``node`` holds (a typed 8-bit value, or a clip to 8-bit bounds of integral values), or None."""
     import numpy as np
-    from tvm import relay
 
     nt = narrow_type(node)
     if nt:
@@ -169,8 +171,6 @@ def _data_chain(t, users):
 
 def _epilogue(t, users, body):
     """(epilogue calls after t, index of the last 8-bit point in [t] + epilogue or None, ends at result)."""
-    from tvm import relay
-
     epi, node = [], t
     for _ in range(_MAX_CHAIN):
         if node.same_as(body):
@@ -192,9 +192,6 @@ def _epilogue(t, users, body):
 
 def _group(n, chain, t, epi_kept, out_dtype):
     """Call of a Primitive function computing ``epi_kept[-1]`` (cast to ``out_dtype``) from ``n``."""
-    import tvm
-    from tvm import relay
-
     memo, params, args = {}, [], []
 
     def param_for(e):
@@ -236,8 +233,6 @@ def _group(n, chain, t, epi_kept, out_dtype):
 
 def _one(func):
     """``func`` with its first groupable transposed conv grouped, or ``func`` itself."""
-    from tvm import relay
-
     nodes = dataflow_nodes(func, PASS_NAME)
     if nodes is None:
         return func
@@ -278,8 +273,6 @@ def _one(func):
 
 
 def _run(func):
-    import tvm
-
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is not None and tgt.kind.name != "llvm":
         # only tvm_ext.x86.conv_transpose's schedule inlines the grouped chain in front of the conv

@@ -46,6 +46,8 @@ import re
 
 import numpy as np
 
+from tvm import relay
+
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -63,8 +65,6 @@ _INT_DIVISIONS = ("divide", "floor_divide", "trunc_divide", "mod", "floor_mod", 
 
 def _match_slice(sl, users):
     """(layout_transform, blocked input y, block k, channels C) for a channel slice, or a Reject."""
-    from tvm import relay
-
     lt = sl.args[0]
     if not (isinstance(lt, relay.Call) and op_name(lt) == "layout_transform"):
         return Reject("the slice does not read a layout_transform")
@@ -98,8 +98,6 @@ def _constant_ok(c, channels):
 
 def _region(sl, nodes, users, channels):
     """The elementwise region computed from ``sl`` alone, in topological order (``sl`` first)."""
-    from tvm import relay
-
     region = [sl]
     inside = {sl}
     shape = static_shape(sl)
@@ -150,8 +148,6 @@ def _end(sl, region, users, body):
 
 def _blocked_constant(c, k, full_channels):
     """A scalar or per-channel (1, C, 1, 1) constant in the blocked layout (1, C'/k, 1, 1, k)."""
-    from tvm import relay
-
     a = c.data.numpy()
     if a.ndim == 0:
         return c
@@ -163,8 +159,6 @@ def _blocked_constant(c, k, full_channels):
 
 
 def _rewrite(sl, lt, y, k, e, anc, region, dtype, how):
-    from tvm import relay
-
     full = static_shape(lt)[1]
     new = {sl: y}
     for n in region:

@@ -53,6 +53,10 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import tvm
+from tvm import relay
+from tvm.relay import dataflow_pattern as dfp
+
 from tvm_ext.core.registry import register_pass
 
 from . import _layout
@@ -99,7 +103,7 @@ def spatial_axes(layout: str):
 @dataclass(frozen=True)
 class Rule:
     """One fold. ``pattern(dfp)`` builds its left side, a call of one conv op, from the module
-    ``tvm.relay.dataflow_pattern`` (passed in: importing the pass does not import TVM);
+    ``tvm.relay.dataflow_pattern`` (built on first use: importing the pass builds no pattern);
     ``pad_value(conv)`` is the value that conv pads with (a Python scalar) or a Reject."""
 
     name: str
@@ -140,9 +144,6 @@ RULES = (
 @functools.cache
 def _table() -> dict:
     """conv op -> [(rule, its pattern)] in table order: only calls of these ops are matched."""
-    import tvm
-    from tvm.relay import dataflow_pattern as dfp
-
     by_op: dict = {}
     for rule in RULES:
         pattern = rule.pattern(dfp)
@@ -224,8 +225,6 @@ def _folded_padding(rule, conv):
 # --- the rewrite ------------------------------------------------------------------------------
 def _with_padding(conv, padding, data):
     """``conv`` reading ``data`` (below its pad), with ``padding``; every other attribute kept."""
-    from tvm import relay
-
     a = conv.attrs
     common = dict(strides=a.strides, padding=padding, dilation=a.dilation, groups=a.groups,
                   channels=a.channels, kernel_size=a.kernel_size, data_layout=str(a.data_layout),
@@ -260,8 +259,6 @@ def _fold_once(conv):
 
 def _rewrite(conv):
     """``conv`` with every pad the rules accept folded in, one after the other (a pad of a pad)."""
-    from tvm import relay
-
     new = conv
     for folds in range(MAX_FOLDS + 1):
         found = _fold_once(new)

@@ -64,6 +64,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import tvm
+from tvm import relay
+from tvm.relay import dataflow_pattern as dfp
+
 from tvm_ext.core.registry import register_pass
 
 from . import _layout
@@ -172,7 +176,7 @@ def _hw(layout: str):
 @dataclass(frozen=True)
 class Rule:
     """One fold. ``pattern(dfp)`` builds its left side, rooted at a call of :data:`CONV_OPS`, from the
-    module ``tvm.relay.dataflow_pattern`` (passed in: importing the pass does not import TVM);
+    module ``tvm.relay.dataflow_pattern`` (built on first use: importing the pass builds no pattern);
     ``operands(conv)`` names the matched nodes: ``(pad, layout_transform or None)``."""
 
     name: str
@@ -205,8 +209,6 @@ _DEPTH = 3
 
 @functools.cache
 def _patterns() -> tuple:
-    from tvm.relay import dataflow_pattern as dfp
-
     return tuple(rule.pattern(dfp) for rule in RULES)
 
 
@@ -251,8 +253,6 @@ def _exact_integer_conv(conv, pad, lt, users):
 
 
 def _constant_weight(conv, pad, lt, users):
-    from tvm import relay
-
     return True if isinstance(conv.args[1], relay.Constant) else Reject("the weight is not a constant")
 
 
@@ -344,8 +344,6 @@ def _constant(conv, pad_hw, value):
 
 
 def _rebuilt_conv(conv, data, padding):
-    from tvm import relay
-
     a = conv.attrs
     common = dict(strides=a.strides, padding=padding, dilation=a.dilation, groups=a.groups, channels=a.channels,
                   kernel_size=a.kernel_size, data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
@@ -362,9 +360,6 @@ def _rebuilt_conv(conv, data, padding):
 
 def _fold(rule, conv, users):
     """The replacement of ``conv`` (and the constant's dtype and size), or the first check's Reject."""
-    import tvm
-    from tvm import relay
-
     pad, lt = rule.operands(conv)
     for check in _CHECKS:
         ok = check(conv, pad, lt, users)

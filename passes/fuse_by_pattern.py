@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import logging
 
+import tvm
+from tvm import relay, tir
+
 from .._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_TUPLE, call_pattern
 from ..core.registry import register_pass
 from ._util import Reject, SIMPLE_CONST, lift_constants
@@ -45,8 +48,6 @@ _PREFIX = "__tvm_ext_fbp__:"
 
 
 def _static(ty) -> bool:
-    from tvm import relay, tir
-
     if isinstance(ty, relay.TensorType):
         return all(isinstance(d, tir.IntImm) for d in ty.shape)
     if isinstance(ty, relay.TupleType):
@@ -56,9 +57,6 @@ def _static(ty) -> bool:
 
 def tvm_fusible(ctx):
     """Can TVM compile the matched group as one kernel? ``True`` or a :class:`Reject` saying why."""
-    import tvm
-    from tvm import relay
-
     calls = ctx.calls
     if not calls:
         return Reject("no op in the match")
@@ -101,8 +99,6 @@ MAX_ABSORBED = 8  # producer ops pulled into one group, at most
 
 
 def _use_counts(expr) -> dict:
-    from tvm import relay
-
     uses: dict = {}
 
     def visit(node):
@@ -129,9 +125,6 @@ def _absorb_producers(fn, new_args, old_args, uses):
     dequantize of an identity shortcut feeding the residual add after a convolution. A Primitive
     group is opaque to FuseOps, so without this the chain would be a kernel of its own.
     """
-    import tvm
-    from tvm import relay
-
     params, body = list(fn.params), fn.body
     new_args, old_args = list(new_args), list(old_args)
     absorbed = 0
@@ -174,9 +167,6 @@ def _absorb_producers(fn, new_args, old_args, uses):
 
 
 def _to_primitive(mod, counts):
-    import tvm
-    from tvm import relay
-
     class _Mut(relay.ExprMutator):
         def __init__(self, uses):
             super().__init__()
@@ -213,8 +203,6 @@ def _to_primitive(mod, counts):
 
 def fused_counts(mod) -> dict:
     """``{entry name: number of kernels}`` FuseByPattern made in ``mod`` (reads ``tvm_ext.pattern``)."""
-    from tvm import relay
-
     counts: dict = {}
 
     def visit(e):
@@ -248,9 +236,6 @@ def FuseByPattern(table):
     ValueError
         ``table`` is not a table (at construction); at run time, a module that does not type-check.
     """
-    import tvm
-    from tvm import relay
-
     from ..patterns import PatternTable, get_table
 
     if isinstance(table, str):

@@ -42,6 +42,9 @@ cannot express.
 """
 from __future__ import annotations
 
+import tvm
+from tvm import relay
+
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -57,8 +60,6 @@ _log = pass_logger(PASS_NAME)
 
 def _post_chain(pool, users, body):
     """The last of ``pool``'s private elementwise/broadcast consumers (FuseOps' group end)."""
-    from tvm import relay
-
     end = pool
     while not end.same_as(body):
         us = users.get(end, ())
@@ -75,9 +76,6 @@ def _post_chain(pool, users, body):
 
 def _primitive(params, body):
     """``fn(params) {body}`` as FuseOps makes it: Primitive=1, non-inlinable constants lifted."""
-    import tvm
-    from tvm import relay
-
     fn, consts = lift_constants(relay.Function(list(params), body))
     attrs = tvm.ir.make_node("DictAttrs", Primitive=tvm.tir.IntImm("int32", 1))
     return relay.Function(fn.params, fn.body, None, [], attrs), consts
@@ -85,8 +83,6 @@ def _primitive(params, body):
 
 def _rewrite(pool, users, body):
     """The call replacing the pool group's end, with the group's end; or a Reject."""
-    from tvm import relay
-
     ok = static_tensor_type(pool)
     if not ok:
         return ok

@@ -48,6 +48,8 @@ expression tree does not see.
 """
 from __future__ import annotations
 
+from tvm import relay
+
 from tvm_ext._op_pattern import K_INJECTIVE, K_OUT_EWISE_FUSABLE, call_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -62,8 +64,6 @@ _log = pass_logger(PASS_NAME)
 
 def _shift_of(add, users):
     """``s`` when ``add`` is the ``add(b, 128)`` of a shift ``s = cast(add, uint8)``, else None."""
-    from tvm import relay
-
     if not (isinstance(add, relay.Call) and op_name(add) == "add" and len(add.args) == 2):
         return None
     if constant_scalar(add.args[1]) != 128:
@@ -83,8 +83,6 @@ def _match(add, users, ranges, body):
     ``v`` is the value the other readers read: ``b`` itself (int32), or ``x`` when
     ``b = cast(x, int32)`` of an int8 ``x`` is read by the shift alone.
     """
-    from tvm import relay
-
     s = _shift_of(add, users)
     if s is None:
         return Reject("not a +128 uint8 shift")
@@ -124,8 +122,6 @@ def _match(add, users, ranges, body):
 
 def _collect(nodes, users, body) -> dict:
     """The other readers of each hoisted value, rewritten to read the unshifted copy."""
-    from tvm import relay
-
     ranges = value_ranges(nodes)
     subst: dict = {}
     for add in nodes:
@@ -150,8 +146,6 @@ def _collect(nodes, users, body) -> dict:
 
 
 def _unshift(s, dtype):
-    from tvm import relay
-
     # s = x + 128 (uint8) -> x
     x = relay.subtract(relay.cast(s, "int32"), relay.const(128, "int32"))
     return x if dtype == "int32" else relay.cast(x, dtype)

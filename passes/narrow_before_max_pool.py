@@ -69,6 +69,8 @@ which a fixed pattern cannot express.
 """
 from __future__ import annotations
 
+from tvm import relay
+
 from tvm_ext.core.registry import register_pass
 
 from . import _layout
@@ -151,7 +153,6 @@ def _link(call, value, prev, axes, rank, ranges=None):
     ``ranges`` (:func:`~tvm_ext.passes._intervals.value_ranges` of the function) admits integer
     ``add``/``subtract`` of a constant whose result is proven not to wrap around.
     """
-    from tvm import relay
     import numpy as np
 
     name = op_name(call)
@@ -230,8 +231,6 @@ def _pool_checks(pool, users):
 
 def _rewrite(pool, users, body, axes, ranges):
     """Rule 1: ``(n, replacement)`` for a pool and its quantizing chain after it; or a Reject."""
-    from tvm import relay
-
     x = pool.args[0]
     rank = len(pool.checked_type.shape)
     shape = [int(d) for d in pool.checked_type.shape]
@@ -276,8 +275,6 @@ MAX_WIDENING_LINKS = 32
 
 def _rewrite_widening(pool, users, axes, ranges):
     """Rule 2: ``(n, replacement)`` for a pool of a widening chain of an 8-bit ``n``; or a Reject."""
-    from tvm import relay
-
     x = pool.args[0]
     rank = len(x.checked_type.shape)
     shape = [int(d) for d in x.checked_type.shape]

@@ -59,6 +59,8 @@ sources, which a fixed pattern cannot express.
 """
 from __future__ import annotations
 
+from tvm import relay
+
 from tvm_ext._op_pattern import K_BROADCAST, K_OUT_EWISE_FUSABLE, call_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -77,8 +79,6 @@ def _cut(node, dtype, kind):
     Built on a copy of ``node`` (same op, arguments and attributes), so the substitution
     ``node -> replacement`` does not contain its own key (see ``rebuild``).
     """
-    from tvm import relay
-
     wide = node.checked_type.dtype
     if isinstance(node, relay.Call):
         node = relay.Call(node.op, node.args, node.attrs, node.type_args, node.span)
@@ -98,8 +98,6 @@ def _broadcast_edge(arg, join) -> bool:
 
 def _collect(nodes, users, body) -> dict:
     """The narrow points cut at the joins, each replaced by its cut (:func:`_cut`)."""
-    from tvm import relay
-
     subst: dict = {}
     for join in nodes:
         if not isinstance(join, relay.Call) or call_pattern(join) > K_BROADCAST:

@@ -33,6 +33,8 @@ has no repetition.
 """
 from __future__ import annotations
 
+from tvm import relay
+
 from tvm_ext.core.registry import register_pass
 
 from ._intervals import value_ranges
@@ -48,8 +50,6 @@ _STOP = "annotation.stop_fusion"
 
 def _peel(data):
     """``(v, cast, stops)``: data = stop*(cast(v, t)); stops outermost first. ``cast`` None if no cast."""
-    from tvm import relay
-
     stops = []
     node = data
     while isinstance(node, relay.Call) and op_name(node) == _STOP:
@@ -86,8 +86,6 @@ def _check(conv, ranges) -> Check:
 
 def _collect(nodes, users, body) -> dict:
     """Each conv2d whose int8 input is proven in [0, 127], reading it as uint8."""
-    from tvm import relay
-
     ranges = value_ranges(nodes)
     subst: dict = {}
     new_data: dict = {}  # old data arg -> new data arg (shared by every conv reading it)

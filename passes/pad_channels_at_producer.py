@@ -65,6 +65,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import tvm
+from tvm import relay
+
 from tvm_ext.core.registry import register_pass
 
 from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild,
@@ -99,8 +102,6 @@ def _pad_axis(arr: np.ndarray, axis: int, new: int, value) -> np.ndarray:
 
 
 def _const_like(arr: np.ndarray, like):
-    from tvm import relay
-
     return relay.const(arr, dtype=str(like.data.dtype))
 
 
@@ -116,8 +117,6 @@ def _is_nchw_conv(call, attrs_kernel="OIHW") -> Check:
 
 def _channel_const(const, channels: int, op: str, axis_attr=None):
     """The constant operand as an array broadcast over NCHW channels, or a Reject."""
-    from tvm import relay
-
     if not isinstance(const, relay.Constant):
         return Reject(f"{op} operand is a {type(const).__name__}, not a constant")
     arr = const.data.numpy()
@@ -135,8 +134,6 @@ def _channel_const(const, channels: int, op: str, axis_attr=None):
 
 
 def _scalar(expr):
-    from tvm import relay
-
     if isinstance(expr, relay.Constant) and expr.data.numpy().size == 1:
         return expr.data.numpy().reshape(-1)[0].item()
     return None
@@ -144,8 +141,6 @@ def _scalar(expr):
 
 def _pad_vector(expr, channels: int, new: int, fill):
     """A scalar constant as is; a (C,) constant padded with ``fill``; else None."""
-    from tvm import relay
-
     if not isinstance(expr, relay.Constant):
         return None
     arr = expr.data.numpy()
@@ -160,8 +155,6 @@ def _padded_dequantize(expr, channels: int, new: int, what: str):
     """``qnn.dequantize(q, scale, zp)`` of a constant whose axis 0 holds the channels, with ``new -
     channels`` more entries that dequantize to exactly 0 (``q`` padded with the zero point; per-channel
     scales / zero points padded with 1 / 0); or a Reject."""
-    from tvm import relay
-
     q, scale, zp = expr.args[0], expr.args[1], expr.args[2]
     if not all(isinstance(p, relay.Constant) for p in (q, scale, zp)):
         return Reject(f"{what} dequantize of non-constants")
@@ -180,8 +173,6 @@ def _padded_dequantize(expr, channels: int, new: int, what: str):
 def _bias_operand(expr, channels: int, new: int, pad_value):
     """Padded bias-like operand: a constant (padded by the caller), or qnn.dequantize(constant, scale,
     zp) (QDQ bias)."""
-    from tvm import relay
-
     if isinstance(expr, relay.Constant):
         return expr
     if op_name(expr) != "qnn.dequantize":
@@ -193,8 +184,6 @@ def _bias_operand(expr, channels: int, new: int, pad_value):
 
 def _padded_weight(w, channels: int, new: int):
     """The float conv's weight with ``new - channels`` zero output channels, or a Reject."""
-    from tvm import relay
-
     if isinstance(w, relay.Constant):
         return _const_like(_pad_axis(w.data.numpy(), 0, new, 0), w)
     if op_name(w) == "qnn.dequantize":
@@ -205,8 +194,6 @@ def _padded_weight(w, channels: int, new: int):
 def _int8_readers(q, users):
     """The (qnn.conv2d, 0) readers of ``q`` when every reader is a groups=1 NCHW/OIHW int8 conv with a
     constant weight reading it as data; else a Reject."""
-    from tvm import relay
-
     readers = users.get(q, [])
     if not readers:
         return Reject("quantized value is the function's output")
@@ -223,8 +210,6 @@ def _int8_readers(q, users):
 
 def _match(q, users):
     """(readers, chain [quantize input .. first op after conv], conv) for a matching quantize, or a Reject."""
-    from tvm import relay
-
     for p in q.args[1:3]:
         if not isinstance(p, relay.Constant) or p.data.numpy().size != 1:
             return Reject("quantize scale / zero point not scalar constants")
@@ -283,8 +268,6 @@ def _match(q, users):
 
 
 def _rewrite_one(q, readers, chain, conv):
-    from tvm import relay
-
     channels = static_shape(q)[1]
     new = -(-channels // MULTIPLE) * MULTIPLE
     weight = _padded_weight(conv.args[1], channels, new)
@@ -327,8 +310,6 @@ def _rewrite_one(q, readers, chain, conv):
 def _match_int8(r, users):
     """(readers, bias_add or None, conv) for an int8 producer ``r = requantize([bias_add](qnn.conv2d))``,
     or a Reject."""
-    from tvm import relay
-
     static = static_tensor_type(r)
     if not static:
         return static
@@ -378,16 +359,12 @@ def _match_int8(r, users):
 def _int8_written(channels: int) -> int:
     """Channels x86 writes for an int8 conv with ``channels`` outputs on the current target
     (:func:`tvm_ext.x86.int8_conv.int8_out_channels`: padded to 16 unless a policy block divides them)."""
-    import tvm
-
     from tvm_ext.x86.int8_conv import int8_out_channels
 
     return int8_out_channels(channels, tvm.target.Target.current(allow_none=True))
 
 
 def _rewrite_int8(r, readers, bias, conv):
-    from tvm import relay
-
     channels = static_shape(r)[1]
     new = -(-channels // INT8_MULTIPLE) * INT8_MULTIPLE
     w, in_zp, k_zp, in_scale, k_scale = conv.args[1:6]
@@ -418,8 +395,6 @@ def _rewrite_int8(r, readers, bias, conv):
 
 
 def _rewrite(func):
-    import tvm
-
     from tvm_ext.x86.isa import isa_class
 
     nodes = dataflow_nodes(func, PASS_NAME)

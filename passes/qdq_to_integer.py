@@ -93,6 +93,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import tvm
+from tvm import relay
+from tvm.relay import dataflow_pattern as dfp
+
 from tvm_ext.core.registry import register_pass
 
 from ._util import (
@@ -114,8 +118,6 @@ _log = pass_logger(PASS_NAME)
 
 def is_qdq_graph(func):
     """True when a float conv/dense reads a ``qnn.dequantize`` output, else a Reject."""
-    from tvm import relay
-
     def name(node):
         return op_name(node) if isinstance(node, relay.Call) else None
 
@@ -152,8 +154,6 @@ PADDED_INT8_LONG_MIN_MACS = 1 << 20
 
 def _min_macs() -> int:
     """:data:`PADDED_INT8_MIN_MACS` for the target being compiled (the default without one)."""
-    import tvm
-
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is None:
         return PADDED_INT8_MIN_MACS
@@ -165,8 +165,6 @@ def _min_macs() -> int:
 # --- side conditions: True keeps the op in float, a Reject leaves it to FQ2I (reason logged) ---
 def _float_constant_operand(call):
     """One operand a float constant, the other no anchor's (or bias_add's) output."""
-    from tvm import relay
-
     consts = [a for a in call.args if isinstance(a, relay.Constant)]
     others = [a for a in call.args if not isinstance(a, relay.Constant)]
     if len(consts) != 1 or len(others) != 1:
@@ -181,8 +179,6 @@ def _float_constant_operand(call):
 def _computed_dequantize(arg) -> bool:
     """``qnn.dequantize(v, ...)`` of a computed ``v`` (not a constant weight), possibly moved
     (``reshape``/``transpose``/...: attention's heads split and ``K`` transposed on the way)."""
-    from tvm import relay
-
     while isinstance(arg, relay.Call) and op_name(arg) in _MOVEMENT:
         arg = arg.args[0]
     return (isinstance(arg, relay.Call) and op_name(arg) == "qnn.dequantize"
@@ -230,8 +226,6 @@ def _padded_int8_conv(call):
 
 def _dequantized_inputs(call):
     """Every input a ``qnn.dequantize`` (the pattern's inputs are wildcards with ``shared_dequantize``)."""
-    from tvm import relay
-
     for arg in call.args:
         if not (isinstance(arg, relay.Call) and op_name(arg) == "qnn.dequantize"):
             return Reject(f"input {describe(arg)} is not a qnn.dequantize")
@@ -242,8 +236,8 @@ def _dequantized_inputs(call):
 @dataclass(frozen=True)
 class KeepFloat:
     """A region FQ2I is to leave in float. ``pattern(dfp, shared_dequantize)`` builds the pattern of
-    its op from the module ``tvm.relay.dataflow_pattern`` (passed in: importing the pass does not
-    import TVM); ``check(op)`` is the side condition on the matched op (None: none). With
+    its op from the module ``tvm.relay.dataflow_pattern`` (built on first use: importing the pass
+    builds no pattern); ``check(op)`` is the side condition on the matched op (None: none). With
     ``in_quantize`` the op must be read by a ``qnn.quantize`` and the marker goes between them;
     otherwise it goes around the op."""
 
@@ -298,9 +292,6 @@ def _apply(expr, rows, shared_dequantize: bool, mark: bool):
     ``mark``: every op a row matches and accepts gets the marker; returns ``(expr, counts per
     row)``. Otherwise ``sf(op) -> op`` for the ops the rows match; returns ``(expr, {})``.
     """
-    from tvm import relay
-    from tvm.relay import dataflow_pattern as dfp
-
     patterns = [row.pattern(dfp, shared_dequantize) for row in rows]
     region = functools.reduce(operator.or_, patterns)
     in_quantize = rows[0].in_quantize
@@ -376,9 +367,6 @@ def QDQToInteger(hard_fail: bool = False, shared_dequantize: bool = False):
     tvm.transform.Pass
         A module pass named ``"QDQToInteger"``; run it at stage ``start``.
     """
-    import tvm
-    from tvm import relay
-
     @tvm.transform.module_pass(opt_level=0, name=PASS_NAME)
     def _pass(mod, ctx):
         main = mod["main"]

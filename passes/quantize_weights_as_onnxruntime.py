@@ -59,6 +59,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm import relay
+
 from tvm_ext.core.registry import register_pass
 
 from ._util import Reject, op_calls, op_name, pass_logger, substitution_pass
@@ -100,14 +102,10 @@ def _ort_bias(b: np.ndarray, bias_scale: np.float32):
 
 
 def _float_constant(expr) -> bool:
-    from tvm import relay
-
     return isinstance(expr, relay.Constant) and str(expr.data.dtype) == "float32"
 
 
 def _scalar_constant(expr):
-    from tvm import relay
-
     if isinstance(expr, relay.Constant) and expr.data.numpy().size == 1:
         return expr.data.numpy().reshape(()).item()
     return None
@@ -115,8 +113,6 @@ def _scalar_constant(expr):
 
 def _path_to_quantize(anchor, users):
     """``(bias node or None, quantize)`` along ORT's branch-free path, else a Reject."""
-    from tvm import relay
-
     node, bias = anchor, None
     while True:
         readers = users.get(node, [])
@@ -138,8 +134,6 @@ def _path_to_quantize(anchor, users):
 
 def _match(node, users):
     """The replacement ``{old: new}`` of one anchor (and its bias), or a Reject."""
-    from tvm import relay
-
     data, weight = node.args[0], node.args[1]
     if not (isinstance(data, relay.Call) and op_name(data) == "qnn.dequantize"):
         return Reject("data input is not a qnn.dequantize")

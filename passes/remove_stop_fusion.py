@@ -55,6 +55,9 @@ chains to the next kernel boundaries and on the decisions already made for the b
 """
 from __future__ import annotations
 
+import tvm
+from tvm import relay
+
 from tvm_ext._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_INJECTIVE, op_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -69,14 +72,10 @@ _CONTRACTIBLE_CONSUMERS = frozenset({"add", "subtract"})
 
 
 def _bits(node) -> int:
-    import tvm
-
     return int(tvm.runtime.DataType(str(node.checked_type.dtype)).bits)
 
 
 def _same_shape(a, b) -> bool:
-    import tvm
-
     return tvm.ir.structural_equal(a.checked_type.shape, b.checked_type.shape)
 
 
@@ -104,8 +103,6 @@ def _brings_no_anchor(starts, users, decided, through_undecided: bool = False) -
     With ``through_undecided`` the walk also goes through barriers not decided yet (they may be
     removed later and let an anchor through).
     """
-    from tvm import relay
-
     stack = list(starts)
     seen = set()
     while stack:
@@ -136,8 +133,6 @@ def _chain(stop, users, decided, claimed, body):
     join (an op with several non-constant inputs) -> the barrier whose chain claimed it for an
     anchor.
     """
-    from tvm import relay
-
     chain = []
     passed = []  # removed barriers the chain goes through
     cur = stop
@@ -175,8 +170,6 @@ def _fuses_forward(end, users, body, decided):
     barrier would only add a kernel and the ``x`` tensor. A removed barrier after ``end`` is
     looked through (its consumer is ``end``'s once it is gone).
     """
-    from tvm import relay
-
     while True:
         if end.same_as(body):
             return Reject("it is the function's result")
@@ -198,8 +191,6 @@ def _fuses_forward(end, users, body, decided):
 
 def _float_contraction(stop, x, users) -> Reject | None:
     """A Reject when fusing across ``stop`` could let LLVM contract fmul + fadd (float bits change)."""
-    from tvm import relay
-
     if str(x.checked_type.dtype).startswith(("int", "uint", "bool")):
         return None
     if not (isinstance(x, relay.Call) and op_name(x) == "multiply"):
@@ -224,8 +215,6 @@ def _describe(node) -> str:
 
 def _collect(nodes, users, body) -> dict:
     """Each barrier removed (replaced by its input) or moved (see the module note)."""
-    from tvm import relay
-
     decided: dict = {}
     claimed: dict = {}
     subst: dict = {}

@@ -67,6 +67,8 @@ beyond the one call, so a pattern would add nothing to the name test and the dty
 """
 from __future__ import annotations
 
+from tvm import relay
+
 from tvm_ext.ops import round_half_to_even  # the replacement (re-exported: AddAsOnnxRuntime, tests)
 from tvm_ext.core.registry import register_pass
 
@@ -90,8 +92,6 @@ def _check(call) -> Check:
 
 def _true_divide(v):
     """``divide(x, c)`` with a scalar float constant ``c`` -> ``divide(x, const([c]))`` (module note)."""
-    from tvm import relay
-
     if not (isinstance(v, relay.Call) and op_name(v) == "divide" and isinstance(v.args[1], relay.Constant)):
         return v
     c = v.args[1].data.numpy()
@@ -103,8 +103,6 @@ def _true_divide(v):
 
 def _zero_point_after(v):
     """``add(v, z)`` / ``add(z, v)`` with an integer-valued float scalar constant ``z`` -> (v, z), else (v, None)."""
-    from tvm import relay
-
     if not (isinstance(v, relay.Call) and op_name(v) == "add"):
         return v, None
     for i in (1, 0):
@@ -117,8 +115,6 @@ def _zero_point_after(v):
 
 
 def _replacement(call):
-    from tvm import relay
-
     v, zp = _zero_point_after(call.args[0])
     out = round_half_to_even(_true_divide(v))
     return out if zp is None else relay.add(out, zp)
@@ -140,8 +136,6 @@ def _group_calls(nodes) -> tuple[dict, int]:
     """Each call of a ``Primitive`` function whose body rounds, replaced by the call of the rewritten
     function (module note, "Inside groups"; new non-scalar constants become parameters), and the
     number of rounds rewritten inside them."""
-    from tvm import relay
-
     subst: dict = {}
     rounds = 0
     for node in nodes:

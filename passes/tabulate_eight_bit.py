@@ -63,6 +63,10 @@ from __future__ import annotations
 
 import numpy as np
 
+import tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
 from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
@@ -107,8 +111,6 @@ def _domain(node, ranges):
 
 
 def _small_constant(node) -> bool:
-    from tvm import relay
-
     return isinstance(node, relay.Constant) and int(np.prod(node.data.shape)) == 1
 
 
@@ -121,8 +123,6 @@ _CONST = "const"
 
 def _sources(nodes):
     """node -> its source (see the design note), ``_CONST`` or None (depends on no single 8-bit tensor)."""
-    from tvm import relay
-
     from ._intervals import value_ranges
 
     ranges = value_ranges(nodes)
@@ -162,8 +162,6 @@ def _chain_ops(root, source, through=None):
     With ``through``: the ops between ``through`` and ``root``, or None when a path from ``source``
     reaches ``root`` without passing ``through`` (``root`` is then not a function of ``through`` alone).
     """
-    from tvm import relay
-
     stop = source if through is None else through
     ops, stack, seen = set(), [root], set()
     while stack:
@@ -198,8 +196,6 @@ def _roots(nodes, body, src):
 
 def _eval_target():
     """The target the tables are computed with: the one being built if this host runs it, else llvm."""
-    import tvm
-
     from tvm_ext.x86.isa import runs_on_host
 
     tgt = tvm.target.Target.current(allow_none=True)
@@ -212,10 +208,6 @@ def _eval_target():
 
 def _tables(chains, ranges) -> list:
     """Evaluate every ``(root, source)`` chain on all values of its source with TVM; one build for all."""
-    import tvm
-    from tvm import relay
-    from tvm.contrib import graph_executor
-
     inputs: dict = {}  # domain -> (var, values)
     outs, unique, index = [], {}, []
     for root, source in chains:
@@ -248,8 +240,6 @@ def _lookup(source, table, ranges, narrowed):
     """``table_lookup`` of ``source``: cast to 8 bits when its proven range fits them, else shifted
     to index 0 where its domain starts elsewhere. One cast per source (``narrowed`` memoizes them),
     so a source read by several lookups leaves its kernel once, as 8 bits, instead of as int32."""
-    from tvm import relay
-
     dtype, lo, _, narrow = _domain(source, ranges)
     tab = relay.const(table, str(table.dtype))  # relay.const alone makes a float64 table float32
     if narrow is not None:

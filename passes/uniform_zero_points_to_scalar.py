@@ -34,6 +34,8 @@ only restate.
 """
 from __future__ import annotations
 
+from tvm import relay
+
 from tvm_ext.core.registry import register_pass
 
 from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
@@ -60,8 +62,6 @@ ZERO_POINT_ARGS = {
 
 
 def _check(zp) -> Check:
-    from tvm import relay
-
     if not isinstance(zp, relay.Constant):
         return Reject(f"zero point is a {type(zp).__name__}, not a constant")
     value = zp.data.numpy()
@@ -77,8 +77,6 @@ def _check(zp) -> Check:
 
 def _collect(nodes, users, body) -> dict:
     """Each QNN call with a uniform zero-point vector, reading the scalar instead."""
-    from tvm import relay
-
     subst: dict = {}
     for node in op_calls(nodes, ZERO_POINT_ARGS):
         positions = ZERO_POINT_ARGS[op_name(node)]

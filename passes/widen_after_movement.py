@@ -69,6 +69,9 @@ fixed pattern cannot express.
 """
 from __future__ import annotations
 
+import tvm
+from tvm import relay
+
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
@@ -98,8 +101,6 @@ def _widening(v, users):
     ``v`` is read by the movement only (the caller checks); every other link has one reader, or
     readers that all take the widening into their kernels (:func:`_readers_take_widening`).
     """
-    from tvm import relay
-
     ok = static_tensor_type(v)
     if not ok:
         return ok
@@ -156,8 +157,6 @@ def _readers_take_widening(readers):
 
 def _source(n, dtype, kind):
     """(the 8-bit value that moves, the link restoring n's dtype or None)."""
-    from tvm import relay
-
     if kind == "typed":
         return n, None
     return relay.cast(n, dtype), str(n.checked_type.dtype)
@@ -172,7 +171,6 @@ def _full(const, shape):
 def _shrink(arr):
     """``arr`` as a constant of size 1 along every axis it does not vary on."""
     import numpy as np
-    from tvm import relay
 
     index = []
     for ax in range(arr.ndim):
@@ -183,9 +181,6 @@ def _shrink(arr):
 
 def _fold(call, arr):
     """What the unary movement ``call`` does to the array ``arr`` (TVM's constant folding)."""
-    import tvm
-    from tvm import relay
-
     expr = relay.Call(call.op, [relay.const(arr, str(arr.dtype))], call.attrs, call.type_args)
     with tvm.transform.PassContext(opt_level=3):
         mod = relay.transform.FoldConstant()(relay.transform.InferType()(tvm.IRModule.from_expr(expr)))
@@ -199,8 +194,6 @@ def _relink(links, x, restore, new_const):
     """``links`` (outermost first) applied to ``x``. ``new_const(i, j, const)`` gives link ``i``'s
     constant operand ``j`` after the move; ``restore``: a dtype to cast ``x`` to first (the clip
     form: ``cast(cast(n, u8), dtype(n)) == n``), or None."""
-    from tvm import relay
-
     if restore is not None:
         x = relay.cast(x, restore)
     for i in range(len(links) - 1, -1, -1):
@@ -211,8 +204,6 @@ def _relink(links, x, restore, new_const):
 
 
 def _is_const(x) -> bool:
-    from tvm import relay
-
     return isinstance(x, relay.Constant)
 
 
@@ -223,8 +214,6 @@ def _is_scalar(const) -> bool:
 def _moved(call, users):
     """``(links, moved, restore)``: the movement ``call`` on the 8-bit source of its input's widening
     chain ``links`` (:func:`_widening`, :func:`_source`); or a Reject."""
-    from tvm import relay
-
     v = call.args[0]
     if len(users.get(v, ())) != 1:
         return Reject("its input has other readers")
@@ -253,8 +242,6 @@ def _unary(call, users):
 
 def _same_calls(chains):
     """True when every chain has the same calls (ops, attributes, dtypes, operand positions)."""
-    import tvm
-
     first = chains[0]
     for other in chains[1:]:
         if len(other) != len(first):
@@ -273,7 +260,6 @@ def _same_calls(chains):
 def _concat(call, users):
     """concat(g_1(n_1), .., g_k(n_k)) -> G(concat(n_1, .., n_k)); or a Reject."""
     import numpy as np
-    from tvm import relay
 
     tup = call.args[0]
     if not isinstance(tup, relay.Tuple) or len(users.get(tup, ())) != 1:
@@ -313,7 +299,6 @@ def _concat(call, users):
 def _split(call, users):
     """{split(g(n))[i]: g_i(split(n)[i])}; or a Reject."""
     import numpy as np
-    from tvm import relay
 
     m = _moved(call, users)
     if isinstance(m, Reject):
@@ -343,8 +328,6 @@ def _split(call, users):
 
 def _collect(nodes, users, body) -> dict:
     """One sweep: each movement (or its fields' readers) rewritten to move the 8-bit value."""
-    from tvm import relay
-
     subst: dict = {}
     for node in nodes:
         name = op_name(node) if isinstance(node, relay.Call) else None

@@ -59,6 +59,8 @@ cannot express.
 """
 from __future__ import annotations
 
+from tvm import relay
+
 from tvm_ext.core.registry import register_pass
 
 from ._chains import chain_arg, copy_chain, narrow_type, takes_widening
@@ -130,8 +132,6 @@ def _run(func):
 
 def _collect(nodes, users, body) -> dict:
     """One sweep: each reader of a shared widened value, rewritten to read its own copy of the chain."""
-    from tvm import relay
-
     subst: dict = {}
     for v in nodes:
         if not (isinstance(v, relay.Call) and len(users.get(v, [])) >= 2):

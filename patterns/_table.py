@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 # the TOpPattern values a check compares with (one copy, tvm_ext._op_pattern)
+from tvm import relay
+from tvm.relay.dataflow_pattern import CallPattern, DFPattern, DFPatternCallback, rewrite
+
 from tvm_ext._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_ELEMWISE, K_INJECTIVE  # noqa: F401
 from tvm_ext._op_pattern import K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE  # noqa: F401
 from tvm_ext._reject import Reject
@@ -83,8 +86,6 @@ class MatchContext:
 
 def _node_map(pattern, root) -> dict:
     """The node map of ``pattern`` matched at ``root`` (empty when it does not match there)."""
-    from tvm.relay.dataflow_pattern import DFPatternCallback, rewrite
-
     found: dict = {}
 
     class _Grab(DFPatternCallback):
@@ -103,9 +104,6 @@ def _node_map(pattern, root) -> dict:
 
 def group_calls(node_map: Mapping, root) -> list:
     """Calls matched by call patterns (the group's interior), in post-order, root last."""
-    from tvm import relay
-    from tvm.relay.dataflow_pattern import CallPattern
-
     inside = set()
     for key, exprs in node_map.items():
         if isinstance(key, CallPattern):
@@ -132,8 +130,6 @@ class Entry:
     annotations: tuple = field(default=())  # ((name, pattern), ...)
 
     def __post_init__(self):
-        from tvm.relay.dataflow_pattern import DFPattern
-
         if not isinstance(self.name, str) or "." not in self.name or self.name.endswith("."):
             raise ValueError(f"pattern entry name {self.name!r}: expected '<table>.<ops>'")
         if not isinstance(self.pattern, DFPattern):

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import logging
 
+import tvm
+from tvm import relay
+from tvm.relay.op.contrib.register import get_pattern_table, register_pattern_table
+
 from ._table import PatternTable
 
 logger = logging.getLogger("tvm_ext.patterns")
@@ -50,9 +54,6 @@ def merge_composite(table, extra_checks=()):
     -------
     tvm.transform.Pass
     """
-    import tvm
-    from tvm import relay
-
     table = _as_table(table)
     triples = table.triples(extra_checks)
 
@@ -69,8 +70,6 @@ def register(table, compiler: str = None):
 
     Returns the registered ``[(name, pattern, check), ...]`` list.
     """
-    from tvm.relay.op.contrib.register import register_pattern_table
-
     table = _as_table(table)
     compiler = compiler or table.name
     if not isinstance(compiler, str) or not compiler or "." in compiler:
@@ -83,10 +82,6 @@ def register(table, compiler: str = None):
 
 def partition_for(compiler: str):
     """``MergeComposite(registered table) -> AnnotateTarget -> MergeCompilerRegions -> PartitionGraph``."""
-    import tvm
-    from tvm import relay
-    from tvm.relay.op.contrib.register import get_pattern_table
-
     triples = get_pattern_table(compiler)
     if triples is None:
         raise ValueError(f"no pattern table registered for compiler {compiler!r} (call register first)")
@@ -104,8 +99,6 @@ def partition_for(compiler: str):
 
 def count_composites(mod, compiler: str = None) -> dict:
     """``{entry name: count}`` of composite functions anywhere in ``mod`` (compiler prefix stripped)."""
-    from tvm import relay
-
     counts: dict = {}
     prefix = f"{compiler}." if compiler else None
 
@@ -126,9 +119,6 @@ def inline_composites(mod, compiler: str = None):
 
     The input module is not modified.
     """
-    import tvm
-    from tvm import relay
-
     drop = set()
     if compiler:
         for gv in mod.get_global_vars():
