@@ -69,6 +69,10 @@ which a fixed pattern cannot express.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
 from tvm import relay
 
 from tvm_ext.core.registry import register_pass
@@ -87,8 +91,6 @@ _log = pass_logger(PASS_NAME)
 MAX_POOLS = ("nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "nn.global_max_pool2d")
 #: Sweeps at least allowed (:func:`_run`).
 MAX_ROUNDS = 8
-_ANY_DTYPE_UNARY = ("nn.relu", "clip", "round", "floor", "ceil", "trunc", "tvm_ext.round_half_to_even")
-_FLOAT_BINARY = ("add", "subtract", "multiply", "divide")
 
 
 def _is_float(dtype: str) -> bool:
@@ -96,8 +98,6 @@ def _is_float(dtype: str) -> bool:
 
 
 def _int_range(dtype: str):
-    import numpy as np
-
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
 
@@ -147,14 +147,132 @@ def _windows_hold_data(pool, in_shape, axes):
     return True
 
 
+# --- the monotone table ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Link:
+    """One call of the chain as a row's check sees it: ``call`` applied to the chain value ``value``
+    (``prev``: the link before it, None at the pool), ``const`` its constant operand (None: unary)."""
+
+    call: object
+    value: object
+    prev: object
+    const: object
+    ranges: object
+
+    @property
+    def name(self) -> str:
+        return op_name(self.call)
+
+    @property
+    def in_dtype(self) -> str:
+        return str(self.value.checked_type.dtype)
+
+    @property
+    def out_dtype(self) -> str:
+        return str(self.call.checked_type.dtype)
+
+    @property
+    def value_first(self) -> bool:
+        return self.call.args[0].same_as(self.value)
+
+
+@dataclass(frozen=True)
+class Monotone:
+    """A row of :data:`MONOTONE`: calls of ``ops`` on a chain value of dtype class ``dtypes``
+    (``"any"``, ``"float"``, ``"int"``) are non-decreasing when ``check(link)`` is true."""
+
+    ops: tuple
+    dtypes: str
+    check: Callable
+
+
+def _holds(link):
+    return True
+
+
+def _value_first(link):  # c - v and c / v decrease in v
+    return True if link.value_first else Reject(f"constant {link.name} chain value is decreasing")
+
+
+def _constant_data(link):
+    data = link.const.data.numpy()
+    return Reject(f"{link.name} by NaN") if np.isnan(data).any() else data
+
+
+def _nonnegative_factor(link):
+    data = _constant_data(link)
+    if isinstance(data, Reject):
+        return data
+    return True if (data >= 0).all() else Reject("multiply by a negative constant (decreasing)")
+
+
+def _positive_divisor(link):
+    ok = _value_first(link)
+    if not ok:
+        return ok
+    data = _constant_data(link)
+    if isinstance(data, Reject):
+        return data
+    return True if (data > 0).all() else Reject("divide by a non-positive constant")
+
+
+def _no_wrap(link):
+    if link.ranges is None or not _within(link.ranges.get(link.call), link.out_dtype):
+        return Reject(f"integer {link.name} can wrap around (no proven range)")
+    return True
+
+
+def _value_first_no_wrap(link):
+    if not link.value_first:
+        return Reject(f"integer {link.name} is not in the monotone table")
+    return _no_wrap(link)
+
+
+def _monotone_cast(link):
+    in_dtype, out_dtype = link.in_dtype, link.out_dtype
+    if _is_float(out_dtype):
+        return True  # float -> float and int -> float: rounding is monotone
+    lo, hi = _int_range(out_dtype)
+    if not _is_float(in_dtype) and lo <= _int_range(in_dtype)[0] and hi >= _int_range(in_dtype)[1]:
+        return True  # widening integer cast
+    prev = link.prev
+    if prev is not None and op_name(prev) == "clip" and lo <= float(prev.attrs.a_min) \
+            and float(prev.attrs.a_max) <= hi:
+        return True
+    return Reject(f"narrowing cast {in_dtype}->{out_dtype} not right after a clip into its range")
+
+
+#: The links accepted in a chain (``v`` the chain value, ``c`` a constant that is the same along the
+#: pooled axes): the first row of the call's op and dtype class decides; a call no row names is
+#: rejected. Each row: ``f`` is monotone non-decreasing in ``v`` under its check.
+MONOTONE = (
+    # relu(v), clip(v), round(v), floor(v), ceil(v), trunc(v), rne(v)       any dtype
+    Monotone(("nn.relu", "clip", "round", "floor", "ceil", "trunc", "tvm_ext.round_half_to_even"), "any", _holds),
+    # maximum(v, c), minimum(v, c), either order                            any dtype
+    Monotone(("maximum", "minimum"), "any", _holds),
+    # v + c, c + v                                                          float (rounding is monotone)
+    Monotone(("add",), "float", _holds),
+    # v - c                                                                 float
+    Monotone(("subtract",), "float", _value_first),
+    # v * c, c * v                                                          float, every c >= 0
+    Monotone(("multiply",), "float", _nonnegative_factor),
+    # v / c                                                                 float, every c > 0
+    Monotone(("divide",), "float", _positive_divisor),
+    # v + c, c + v                                                          integer, no wrap-around proven
+    Monotone(("add",), "int", _no_wrap),
+    # v - c                                                                 integer, no wrap-around proven
+    Monotone(("subtract",), "int", _value_first_no_wrap),
+    # cast(v): widening, int -> float, float -> float; narrowing right after a clip into its range
+    Monotone(("cast",), "any", _monotone_cast),
+)
+
+
 def _link(call, value, prev, axes, rank, ranges=None):
-    """True when ``call`` (applied to chain value ``value``) is monotone non-decreasing; or a Reject.
+    """True when ``call`` (applied to chain value ``value``) is a link of :data:`MONOTONE`; or a Reject.
 
     ``ranges`` (:func:`~tvm_ext.passes._intervals.value_ranges` of the function) admits integer
     ``add``/``subtract`` of a constant whose result is proven not to wrap around.
     """
-    import numpy as np
-
     name = op_name(call)
     if name is None:
         return Reject("a function call in the chain")
@@ -167,44 +285,13 @@ def _link(call, value, prev, axes, rank, ranges=None):
         ok = _const_along(c, rank, axes)
         if not ok:
             return Reject(f"{name}: {ok}")
-    in_dtype = str(value.checked_type.dtype)
-    out_dtype = str(call.checked_type.dtype)
-    if name in _ANY_DTYPE_UNARY:
-        return True
-    if name in ("maximum", "minimum"):
-        return True
-    if name in _FLOAT_BINARY:
-        first = call.args[0].same_as(value)
-        if not _is_float(in_dtype):
-            if name not in ("add", "subtract") or (name == "subtract" and not first):
-                return Reject(f"integer {name} is not in the monotone table")
-            if ranges is None or not _within(ranges.get(call), out_dtype):
-                return Reject(f"integer {name} can wrap around (no proven range)")
-            return True
-        if name in ("subtract", "divide") and not first:
-            return Reject(f"constant {name} chain value is decreasing")
-        if name in ("add", "subtract"):
-            return True
-        data = others[0].data.numpy()
-        if np.isnan(data).any():
-            return Reject(f"{name} by NaN")
-        if name == "multiply" and not (data >= 0).all():
-            return Reject("multiply by a negative constant (decreasing)")
-        if name == "divide" and not (data > 0).all():
-            return Reject("divide by a non-positive constant")
-        return True
-    if name == "cast":
-        if _is_float(out_dtype):
-            return True  # float -> float and int -> float: rounding is monotone
-        if not _is_float(in_dtype) and _int_range(out_dtype)[0] <= _int_range(in_dtype)[0] \
-                and _int_range(out_dtype)[1] >= _int_range(in_dtype)[1]:
-            return True  # widening integer cast
-        lo, hi = _int_range(out_dtype)
-        if prev is not None and op_name(prev) == "clip" and lo <= float(prev.attrs.a_min) \
-                and float(prev.attrs.a_max) <= hi:
-            return True
-        return Reject(f"narrowing cast {in_dtype}->{out_dtype} not right after a clip into its range")
-    return Reject(f"{name} is not in the monotone table")
+    link = _Link(call, value, prev, others[0] if others else None, ranges)
+    kind = "float" if _is_float(link.in_dtype) else "int"
+    for row in MONOTONE:
+        if name in row.ops and row.dtypes in ("any", kind):
+            return row.check(link)
+    named = any(name in row.ops for row in MONOTONE)
+    return Reject(f"{'integer ' if named and kind == 'int' else ''}{name} is not in the monotone table")
 
 
 def _pool_checks(pool, users):
