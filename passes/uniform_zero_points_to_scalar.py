@@ -35,29 +35,30 @@ only restate.
 from __future__ import annotations
 
 from tvm import relay
+from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.core.registry import register_pass
 
+from ._rules import Rule, first_rewrite
 from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
-__all__ = ["UniformZeroPointsToScalar", "ZERO_POINT_ARGS"]
+__all__ = ["UniformZeroPointsToScalar", "ZERO_POINT_ARGS", "RULES"]
 
 PASS_NAME = "UniformZeroPointsToScalar"
-RULE = f"{PASS_NAME}.zero_point"
 _log = pass_logger(PASS_NAME)
 
-#: QNN op -> positions of its zero-point arguments (TVM 0.19 argument order).
+#: QNN op -> (number of arguments, positions of its zero-point arguments) in TVM 0.19's order.
 ZERO_POINT_ARGS = {
-    "qnn.conv2d": (2, 3),  # data, kernel, input_zp, kernel_zp, input_scale, kernel_scale
-    "qnn.conv2d_transpose": (2, 3),
-    "qnn.dense": (2, 3),
-    "qnn.batch_matmul": (2, 3),
-    "qnn.requantize": (2, 4),  # data, input_scale, input_zp, output_scale, output_zp
-    "qnn.quantize": (2,),  # data, output_scale, output_zp
-    "qnn.dequantize": (2,),  # data, input_scale, input_zp
-    "qnn.add": (3, 5, 7),  # lhs, rhs, lhs_scale, lhs_zp, rhs_scale, rhs_zp, out_scale, out_zp
-    "qnn.subtract": (3, 5, 7),
-    "qnn.mul": (3, 5, 7),
+    "qnn.conv2d": (6, (2, 3)),  # data, kernel, input_zp, kernel_zp, input_scale, kernel_scale
+    "qnn.conv2d_transpose": (6, (2, 3)),
+    "qnn.dense": (6, (2, 3)),
+    "qnn.batch_matmul": (6, (2, 3)),
+    "qnn.requantize": (5, (2, 4)),  # data, input_scale, input_zp, output_scale, output_zp
+    "qnn.quantize": (3, (2,)),  # data, output_scale, output_zp
+    "qnn.dequantize": (3, (2,)),  # data, input_scale, input_zp
+    "qnn.add": (8, (3, 5, 7)),  # lhs, rhs, lhs_scale, lhs_zp, rhs_scale, rhs_zp, out_scale, out_zp
+    "qnn.subtract": (8, (3, 5, 7)),
+    "qnn.mul": (8, (3, 5, 7)),
 }
 
 
@@ -75,26 +76,43 @@ def _check(zp) -> Check:
     return True
 
 
+def _scalar_zero_points(positions, rule_name, call):
+    """``call`` reading each uniform zero-point vector at ``positions`` as its scalar, or a Reject."""
+    args = list(call.args)
+    changed = []
+    for i in positions:
+        ok = _check(args[i])
+        if not ok:
+            _log.debug("%s: arg %d not rewritten: %s", rule_name, i, ok)
+            continue
+        value = args[i].data.numpy()
+        args[i] = relay.const(value.reshape(-1)[0], dtype=str(value.dtype))
+        changed.append(i)
+    if not changed:
+        return Reject("no zero point is a uniform constant vector")
+    _log.info("%s: zero point(s) at %s are uniform vectors: now scalars", rule_name, changed)
+    return relay.Call(call.op, args, call.attrs, call.type_args, call.span)
+
+
+def _rule(op: str, arity: int, positions: tuple) -> Rule:
+    name = f"{PASS_NAME}.{op}"
+    return Rule(name, lambda: dfp.is_op(op)(*(dfp.wildcard() for _ in range(arity))),
+                lambda call: _scalar_zero_points(positions, name, call))
+
+
+#: One rule per op of :data:`ZERO_POINT_ARGS`, each
+#: ``# op(..., zp = const([c, c, ..., c]), ...) -> op(..., zp = const(c), ...)`` at its zero-point positions.
+RULES = tuple(_rule(op, arity, positions) for op, (arity, positions) in ZERO_POINT_ARGS.items())
+_BY_OP = {op: (rule,) for op, rule in zip(ZERO_POINT_ARGS, RULES)}
+
+
 def _collect(nodes, users, body) -> dict:
     """Each QNN call with a uniform zero-point vector, reading the scalar instead."""
     subst: dict = {}
-    for node in op_calls(nodes, ZERO_POINT_ARGS):
-        positions = ZERO_POINT_ARGS[op_name(node)]
-        if len(node.args) <= max(positions):
-            continue
-        args = list(node.args)
-        changed = []
-        for i in positions:
-            ok = _check(args[i])
-            if not ok:
-                _log.debug("%s: %s arg %d not rewritten: %s", RULE, op_name(node), i, ok)
-                continue
-            value = args[i].data.numpy()
-            args[i] = relay.const(value.reshape(-1)[0], dtype=str(value.dtype))
-            changed.append(i)
-        if changed:
-            subst[node] = relay.Call(node.op, args, node.attrs, node.type_args, node.span)
-            _log.info("%s: %s zero point(s) at %s are uniform vectors: now scalars", RULE, op_name(node), changed)
+    for node in op_calls(nodes, _BY_OP):
+        found = first_rewrite(_BY_OP[op_name(node)], node, _log)
+        if found is not None:
+            subst[node] = found[1]
     return subst
 
 
