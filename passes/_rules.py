@@ -23,8 +23,10 @@ __all__ = ["Rule", "first_rewrite"]
 @dataclass(frozen=True)
 class Rule:
     """One rewrite. ``pattern()`` builds its left side, rooted at the rewritten call; ``depth`` is
-    how many calls below the root it reads; ``rewrite(call)`` returns the right side for a call the
-    pattern matched, or a :class:`~tvm_ext._reject.Reject` saying why a side condition fails."""
+    how many levels of calls it spans, the root included (deeper calls are cut off);
+    ``rewrite(call, *context)`` returns the right side for a call the pattern matched (``context``:
+    what the pass passes to :func:`first_rewrite`), or a :class:`~tvm_ext._reject.Reject` saying
+    why a side condition fails."""
 
     name: str
     pattern: Callable
@@ -37,17 +39,21 @@ def _built(rule: Rule):
     return rule.pattern()
 
 
-def first_rewrite(rules, call, log: logging.Logger):
+def first_rewrite(rules, call, log: logging.Logger, *context):
     """``(rule, replacement)`` of the first of ``rules`` whose pattern matches ``call`` and whose
-    rewrite accepts it, or None; each rejection is logged at DEBUG under its rule's name."""
+    ``rewrite(call, *context)`` accepts it; else a Reject (falsy): the last rule's, or "no rule
+    matches". Each rejection of a matched rule is logged at DEBUG under that rule's name."""
     cuts: dict = {}
+    why = Reject("no rule's pattern matches")
     for rule in rules:
-        local = cuts.setdefault(rule.depth, cut_below(call, rule.depth))
-        if not _built(rule).match(local):
+        if rule.depth not in cuts:
+            cuts[rule.depth] = cut_below(call, rule.depth)
+        if not _built(rule).match(cuts[rule.depth]):
             continue
-        new = rule.rewrite(call)
+        new = rule.rewrite(call, *context)
         if isinstance(new, Reject):
             log.debug("%s: not rewritten: %s", rule.name, new)
+            why = new
             continue
         return rule, new
-    return None
+    return why

@@ -52,13 +52,15 @@ from __future__ import annotations
 import numpy as np
 
 from tvm import relay
+from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.ops import round_half_to_even
 from tvm_ext.core.registry import register_pass
 
+from ._rules import Rule, first_rewrite
 from ._util import ANCHOR_OPS, Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
-__all__ = ["AddAsOnnxRuntime"]
+__all__ = ["AddAsOnnxRuntime", "RULES"]
 
 PASS_NAME = "AddAsOnnxRuntime"
 _log = pass_logger(PASS_NAME)
@@ -137,26 +139,22 @@ def _recovered(deq, scale: float, zero_point: int):
     return relay.add(round_half_to_even(q), relay.const(float(zero_point), "float64"))
 
 
-def _match(node):
-    """(a, b, consts, out_dtype, dequantizes) for the two add forms of the module note, else a
-    Reject/None (``dequantizes``: the operands' ``qnn.dequantize`` calls, None for ``qnn.add``)."""
-    name = op_name(node)
-    if name == "qnn.add" and len(node.args) == 8:
-        a, b = node.args[0], node.args[1]
-        consts = (_scalar(node.args[2], "f"), _scalar(node.args[3], "i"), _scalar(node.args[4], "f"),
-                  _scalar(node.args[5], "i"), _scalar(node.args[6], "f"), _scalar(node.args[7], "i"))
-        return a, b, consts, _dtype(node), (None, None)
-    if name != "qnn.quantize":
-        return None
+def _qnn_add(node):
+    """(a, b, consts, out_dtype, dequantizes) of ``qnn.add(a, b, sa, za, sb, zb, sc, zc)``."""
+    a, b = node.args[0], node.args[1]
+    consts = (_scalar(node.args[2], "f"), _scalar(node.args[3], "i"), _scalar(node.args[4], "f"),
+              _scalar(node.args[5], "i"), _scalar(node.args[6], "f"), _scalar(node.args[7], "i"))
+    return a, b, consts, _dtype(node), (None, None)
+
+
+def _quantized_add(node):
+    """(a, b, consts, out_dtype, dequantizes) of ``quantize([clip](add(dequantize(a), dequantize(b))))``,
+    or a Reject (a clip that computes)."""
     add = node.args[0]
     clip = None
-    if isinstance(add, relay.Call) and op_name(add) == "clip":
+    if op_name(add) == "clip":
         clip, add = add, add.args[0]
-    if not (isinstance(add, relay.Call) and op_name(add) == "add"):
-        return None
     deq = add.args
-    if not all(isinstance(d, relay.Call) and op_name(d) == "qnn.dequantize" for d in deq):
-        return Reject("add of a value that is not dequantized (float compute)")
     (a, sa, za), (b, sb, zb) = deq[0].args[:3], deq[1].args[:3]
     consts = (_scalar(sa, "f"), _scalar(za, "i"), _scalar(sb, "f"), _scalar(zb, "i"),
               _scalar(node.args[1], "f"), _scalar(node.args[2], "i"))
@@ -165,6 +163,39 @@ def _match(node):
         if not ok:
             return ok
     return a, b, consts, _dtype(node), tuple(deq)
+
+
+def _float_add(node):
+    return Reject("add of a value that is not dequantized (float compute)")
+
+
+def _dequantized_add(dfp_add):
+    deq = dfp.is_op("qnn.dequantize")
+    return dfp_add(deq(dfp.wildcard(), dfp.wildcard(), dfp.wildcard()), deq(dfp.wildcard(), dfp.wildcard(),
+                                                                             dfp.wildcard()))
+
+
+def _quantize(body):
+    return dfp.is_op("qnn.quantize")(body, dfp.wildcard(), dfp.wildcard())
+
+
+#: The forms of one quantized add, in priority order; each rule's ``rewrite`` gives the operands, their
+#: scales and zero points, or a Reject (the rewrite itself, MLAS's arithmetic, is :func:`mlas_add`).
+RULES = (
+    # qnn.add(a, b, sa, za, sb, zb, sc, zc)                                  -> mlas_add(a, b, ...)
+    Rule(f"{PASS_NAME}.qnn.add", lambda: dfp.is_op("qnn.add")(*(dfp.wildcard() for _ in range(8))), _qnn_add),
+    # quantize(add(dequantize(a, sa, za), dequantize(b, sb, zb)), sc, zc)    -> mlas_add(a, b, ...)
+    Rule(f"{PASS_NAME}.qnn.quantize", lambda: _quantize(_dequantized_add(dfp.is_op("add"))), _quantized_add, depth=3),
+    # quantize(clip(add(dequantize(a), dequantize(b)), lo, hi), sc, zc)      -> mlas_add(a, b, ...)
+    #     (the clip implied by the 8-bit range of the output)
+    Rule(f"{PASS_NAME}.qnn.quantize", lambda: _quantize(dfp.is_op("clip")(_dequantized_add(dfp.is_op("add")))),
+         _quantized_add, depth=4),
+    # quantize([clip](add(x, y)), sc, zc), x or y computed in float           -> unchanged (said why)
+    Rule(f"{PASS_NAME}.qnn.quantize", lambda: _quantize(dfp.is_op("add")(dfp.wildcard(), dfp.wildcard())
+                                                        | dfp.is_op("clip")(dfp.is_op("add")(dfp.wildcard(),
+                                                                                             dfp.wildcard()))),
+         _float_add, depth=3),
+)
 
 
 def _clip_implied(clip, sc, zc, out_dtype) -> Check:
@@ -183,16 +214,14 @@ def _collect(nodes, users, body) -> dict:
     """Each quantized add, replaced by MLAS's computation of it."""
     subst: dict = {}
     for node in op_calls(nodes, ("qnn.add", "qnn.quantize")):
-        m = _match(node)
-        if m is None:
+        found = first_rewrite(RULES, node, _log)
+        if not found:
             continue
-        if isinstance(m, Reject):
-            _log.debug("%s.%s: not rewritten: %s", PASS_NAME, op_name(node), m)
-            continue
+        rule, m = found
         a, b, consts, out_dtype, (deq_a, deq_b) = m
         ok = _check(a, b, consts, out_dtype)
         if not ok:
-            _log.debug("%s.%s: not rewritten: %s", PASS_NAME, op_name(node), ok)
+            _log.debug("%s: not rewritten: %s", rule.name, ok)
             continue
         # An operand whose dequantize a float conv/dense also reads is recovered from that
         # dequantize: the 8-bit tensor then has one reader, the dequantize fuses into its

@@ -34,13 +34,15 @@ has no repetition.
 from __future__ import annotations
 
 from tvm import relay
+from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.core.registry import register_pass
 
 from ._intervals import value_ranges
+from ._rules import Rule, first_rewrite
 from ._util import Check, Reject, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass
 
-__all__ = ["NonNegativeConvInputToUint8"]
+__all__ = ["NonNegativeConvInputToUint8", "RULES"]
 
 PASS_NAME = "NonNegativeConvInputToUint8"
 RULE = f"{PASS_NAME}.conv2d_data"
@@ -84,25 +86,50 @@ def _check(conv, ranges) -> Check:
     return True
 
 
+def _conv(data):
+    return dfp.is_op("nn.conv2d")(data, dfp.wildcard())
+
+
+def _uint8_data(conv, ranges, new_data):
+    """``conv`` reading stop*(cast(v, u8)) for its data stop*(cast(v, i8)) (the same barriers; one new
+    data node per old one, shared by the convs reading it), or the Reject of :func:`_check`."""
+    ok = _check(conv, ranges)
+    if not ok:
+        return ok
+    data = conv.args[0]
+    if data not in new_data:
+        v, _, stops = _peel(data)
+        expr = relay.cast(v, "uint8")
+        for _stop in reversed(stops):  # innermost first
+            expr = relay.annotation.stop_fusion(expr)
+        new_data[data] = expr
+    return relay.Call(conv.op, [new_data[data], conv.args[1]], conv.attrs, conv.type_args, conv.span)
+
+
+#: Ordered rules, with the checks of :func:`_check`: groups 1, dilation 1, int8 data and weight,
+#: ``range(v)`` within [0, 127] by the function's value ranges.
+RULES = (
+    # conv2d(cast(v, i8), w: i8)               -> conv2d(cast(v, u8), w)
+    Rule(f"{PASS_NAME}.conv2d_data", lambda: _conv(dfp.is_op("cast")(dfp.wildcard())), _uint8_data, depth=2),
+    # conv2d(stop*(cast(v, i8)), w: i8)        -> conv2d(stop*(cast(v, u8)), w)
+    #     (stop* = one or more stop_fusion barriers, kept; peeled by hand: a pattern has no repetition)
+    Rule(f"{PASS_NAME}.conv2d_data_behind_barriers", lambda: _conv(dfp.is_op(_STOP)(dfp.wildcard())), _uint8_data,
+         depth=2),
+)
+
+
 def _collect(nodes, users, body) -> dict:
     """Each conv2d whose int8 input is proven in [0, 127], reading it as uint8."""
     ranges = value_ranges(nodes)
     subst: dict = {}
     new_data: dict = {}  # old data arg -> new data arg (shared by every conv reading it)
     for node in op_calls(nodes, ("nn.conv2d",)):
-        ok = _check(node, ranges)
-        if not ok:
-            _log.debug("%s: not rewritten: %s", RULE, ok)
+        found = first_rewrite(RULES, node, _log, ranges, new_data)
+        if not found:
+            _log.debug("%s: not rewritten: %s", RULE, found)
             continue
-        data = node.args[0]
-        if data not in new_data:
-            v, _, stops = _peel(data)
-            expr = relay.cast(v, "uint8")
-            for _stop in reversed(stops):  # innermost first
-                expr = relay.annotation.stop_fusion(expr)
-            new_data[data] = expr
-        subst[node] = relay.Call(node.op, [new_data[data], node.args[1]], node.attrs, node.type_args, node.span)
-        _log.info("%s: conv2d reads uint8 data (input proven in [0, 127])", RULE)
+        subst[node] = found[1]
+        _log.info("%s: conv2d reads uint8 data (input proven in [0, 127])", found[0].name)
     return subst
 
 

@@ -68,14 +68,16 @@ beyond the one call, so a pattern would add nothing to the name test and the dty
 from __future__ import annotations
 
 from tvm import relay
+from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.ops import round_half_to_even  # the replacement (re-exported: AddAsOnnxRuntime, tests)
 from tvm_ext.core.registry import register_pass
 
+from ._rules import Rule, first_rewrite
 from ._util import (Check, Reject, is_primitive, lift_constants, op_calls, op_name, pass_logger, post_order, rebuild,
                     substitution_pass, with_body)
 
-__all__ = ["RoundHalfToEven"]
+__all__ = ["RoundHalfToEven", "RULES"]
 
 PASS_NAME = "RoundHalfToEven"
 RULE = f"{PASS_NAME}.round"
@@ -90,34 +92,60 @@ def _check(call) -> Check:
     return True
 
 
-def _true_divide(v):
-    """``divide(x, c)`` with a scalar float constant ``c`` -> ``divide(x, const([c]))`` (module note)."""
-    if not (isinstance(v, relay.Call) and op_name(v) == "divide" and isinstance(v.args[1], relay.Constant)):
-        return v
+def _true_division(v):
+    """``divide(x, const([c]))`` for ``v = divide(x, c)``, ``c`` a float scalar constant and ``x`` of rank
+    >= 1 (TIR would multiply by ``1 / c``; a one-element tensor it divides by); else a Reject."""
     c = v.args[1].data.numpy()
-    if c.ndim != 0 or len(v.args[0].checked_type.shape) == 0:
-        return v
+    if c.ndim != 0:
+        return Reject("the divisor is not a scalar")
+    if len(v.args[0].checked_type.shape) == 0:
+        return Reject("the dividend is a scalar")
     _log.debug("%s: divide by the scalar constant %r kept a true division", RULE, float(c))
     return relay.divide(v.args[0], relay.const(c.reshape(1), str(c.dtype)))  # (float64 stays float64)
 
 
-def _zero_point_after(v):
-    """``add(v, z)`` / ``add(z, v)`` with an integer-valued float scalar constant ``z`` -> (v, z), else (v, None)."""
-    if not (isinstance(v, relay.Call) and op_name(v) == "add"):
-        return v, None
+def _rounded(v):
+    """rne(v), a rounded division by a scalar constant kept a true division."""
+    if isinstance(v, relay.Call) and op_name(v) == "divide" and isinstance(v.args[1], relay.Constant):
+        kept = _true_division(v)
+        if kept:
+            return round_half_to_even(kept)
+    return round_half_to_even(v)
+
+
+def _zero_point_after(call):
+    """``add(rne(v), z)`` for ``call = round(add(v, z))`` (either order), ``z`` an integer-valued float
+    scalar constant; else a Reject."""
+    add = call.args[0]
     for i in (1, 0):
-        z = v.args[i]
+        z = add.args[i]
         if isinstance(z, relay.Constant) and z.data.numpy().ndim == 0:
             value = float(z.data.numpy())
             if value == int(value):
-                return v.args[1 - i], z
-    return v, None
+                return relay.add(_rounded(add.args[1 - i]), z)
+    return Reject("no integer-valued scalar constant is added")
 
 
-def _replacement(call):
-    v, zp = _zero_point_after(call.args[0])
-    out = round_half_to_even(_true_divide(v))
-    return out if zp is None else relay.add(out, zp)
+def _divide(call):
+    kept = _true_division(call.args[0])
+    return round_half_to_even(kept) if kept else kept
+
+
+def _round(call):
+    return round_half_to_even(call.args[0])
+
+
+#: Ordered rules (order is priority), tried on each float ``round``:
+RULES = (
+    # round(add(v, z)) -> add(rne(v), z)       z an integer-valued float scalar constant; v may be a division below
+    Rule(f"{PASS_NAME}.zero_point_after", lambda: dfp.is_op("round")(dfp.is_op("add")(dfp.wildcard(), dfp.wildcard())),
+         _zero_point_after, depth=2),
+    # round(divide(x, c)) -> rne(divide(x, const([c])))     c a float scalar constant, rank(x) >= 1
+    Rule(f"{PASS_NAME}.true_divide", lambda: dfp.is_op("round")(dfp.is_op("divide")(dfp.wildcard(), dfp.is_constant())),
+         _divide, depth=2),
+    # round(v) -> rne(v)
+    Rule(RULE, lambda: dfp.is_op("round")(dfp.wildcard()), _round),
+)
 
 
 def _rounds(nodes) -> dict:
@@ -128,7 +156,7 @@ def _rounds(nodes) -> dict:
         if not ok:
             _log.debug("%s: not rewritten: %s", RULE, ok)
             continue
-        subst[node] = _replacement(node)
+        subst[node] = first_rewrite(RULES, node, _log)[1]
     return subst
 
 

@@ -111,7 +111,7 @@ def _collect(nodes, users, body) -> dict:
     subst: dict = {}
     for node in op_calls(nodes, _BY_OP):
         found = first_rewrite(_BY_OP[op_name(node)], node, _log)
-        if found is not None:
+        if found:
             subst[node] = found[1]
     return subst
 
