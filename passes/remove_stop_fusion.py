@@ -55,6 +55,9 @@ chains to the next kernel boundaries and on the decisions already made for the b
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, field
+
 import tvm
 from tvm import relay
 
@@ -63,7 +66,7 @@ from tvm_ext.core.registry import register_pass
 
 from ._util import Reject, describe, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass
 
-__all__ = ["RemoveStopFusion"]
+__all__ = ["RemoveStopFusion", "DECISIONS"]
 
 PASS_NAME = "RemoveStopFusion"
 _log = pass_logger(PASS_NAME)
@@ -213,66 +216,136 @@ def _describe(node) -> str:
     return describe(node, unnamed="call", with_dtype=True)
 
 
+@dataclass
+class _Sweep:
+    """What one sweep knows: the graph (``users``, ``body``), the decisions made so far for the
+    barriers downstream (``decided``: stop -> "remove" / "keep" / "move"), the joins claimed
+    (``claimed``: join -> its claimant barrier) and the substitution built."""
+
+    users: dict
+    body: object
+    decided: dict = field(default_factory=dict)
+    claimed: dict = field(default_factory=dict)
+    subst: dict = field(default_factory=dict)
+
+
+class _Barrier:
+    """One ``stop_fusion(x)`` as the decision table sees it; ``chain`` (``[c1, ..., e]``, what x's
+    kernel would extend over without it), ``end`` (``e``, or ``x``) and ``joins`` (the chain's
+    joins it would claim) are computed on first use, with the decisions made until then."""
+
+    def __init__(self, stop, sweep: _Sweep):
+        self.stop, self.x, self.sweep = stop, stop.args[0], sweep
+
+    @functools.cached_property
+    def chain(self) -> list:
+        s = self.sweep
+        return _chain(self.stop, s.users, s.decided, s.claimed, s.body)
+
+    @property
+    def end(self):
+        return self.chain[-1] if self.chain else self.x
+
+    @functools.cached_property
+    def joins(self) -> list:
+        joins = [n for n in self.chain if sum(not isinstance(a, relay.Constant) for a in n.args) > 1]
+        if joins and _brings_no_anchor([self.x], self.sweep.users, self.sweep.decided, through_undecided=True):
+            # no anchor's kernel reaches x (a parameter, a value with other users, a kept barrier): the
+            # chain's ops form a kernel of no anchor, which competes with none for the joins. Claiming
+            # them would stop another barrier's chain at a join that the same barrier's chain passes
+            # once this barrier is gone (a second run).
+            return []
+        return joins
+
+    @functools.cached_property
+    def narrowest(self):
+        """The narrowest value of x..e (the last one on ties)."""
+        values = [self.x, *self.chain]
+        bits = min(_bits(n) for n in values)
+        return [n for n in values if _bits(n) == bits][-1]
+
+
+# --- the decisions, in order: the first whose condition holds decides a barrier ---------------
+def _not_static(b):
+    ok = static_tensor_type(b.stop)
+    return None if ok else str(ok)
+
+
+def _contracts(b):
+    why = _float_contraction(b.stop, b.x, b.sweep.users)
+    return None if why is None else str(why)
+
+
+def _no_wider(b):
+    return f"kernel now ends at {_describe(b.end)}" if _bits(b.end) <= _bits(b.x) else None
+
+
+def _written_anyway(b):
+    absorbed = _fuses_forward(b.end, b.sweep.users, b.sweep.body, b.sweep.decided)
+    return None if absorbed else f"{_describe(b.end)} crosses either way: {absorbed}"
+
+
+def _x_narrowest(b):
+    if not b.narrowest.same_as(b.x):
+        return None
+    return f"without it {_describe(b.end)} ({_bits(b.end)} bits) would cross instead"
+
+
+def _narrower_inside(b):
+    return f"narrowest on the way to {_describe(b.end)}"
+
+
+#: ``(decision, condition)`` rows; a condition returns the reason it holds, or None.
+DECISIONS = (
+    # keep:   stop_fusion(x), x not a tensor of static shape
+    ("keep", _not_static),
+    # keep:   float multiply -> add/subtract across it (one kernel could contract them into an fma)
+    ("keep", _contracts),
+    # remove: bits(e) <= bits(x)                            stop_fusion(x) -> x
+    ("remove", _no_wider),
+    # remove: e's kernel cannot fuse into its consumer      stop_fusion(x) -> x   (e is written either way)
+    ("remove", _written_anyway),
+    # keep:   x is the narrowest of x..e
+    ("keep", _x_narrowest),
+    # move:   m = narrowest of x..e (last on ties)          stop_fusion(x) -> x;  c(m) -> c(stop_fusion(m))
+    ("move", _narrower_inside),
+)
+
+
+def _keep(b, reason):
+    _log.debug("%s.keep: barrier on %s kept: %s", PASS_NAME, _describe(b.x), reason)
+
+
+def _remove(b, reason):
+    _claim(b.sweep.claimed, b.joins, b.stop)
+    b.sweep.subst[b.stop] = b.x
+    _log.info("%s.remove: barrier on %s removed (%s)", PASS_NAME, _describe(b.x), reason)
+
+
+def _move(b, reason):
+    m = b.narrowest
+    upto = b.chain[: [i for i, n in enumerate(b.chain) if n.same_as(m)][0] + 1]
+    _claim(b.sweep.claimed, [n for n in b.joins if any(n.same_as(u) for u in upto)], b.stop)
+    consumer, idx = b.sweep.users[m][0]
+    args = list(consumer.args)
+    args[idx] = relay.annotation.stop_fusion(m)
+    b.sweep.subst[b.stop] = b.x
+    b.sweep.subst[consumer] = relay.Call(consumer.op, args, consumer.attrs, consumer.type_args, consumer.span)
+    _log.info("%s.move: barrier on %s moved after %s (%s)", PASS_NAME, _describe(b.x), _describe(m), reason)
+
+
+_ACTIONS = {"keep": _keep, "remove": _remove, "move": _move}
+
+
 def _collect(nodes, users, body) -> dict:
-    """Each barrier removed (replaced by its input) or moved (see the module note)."""
-    decided: dict = {}
-    claimed: dict = {}
-    subst: dict = {}
-    stops = op_calls(nodes, (_STOP,))
-    for stop in reversed(stops):  # downstream barriers first
-        x = stop.args[0]
-        ok = static_tensor_type(stop)
-        if not ok:
-            decided[stop] = "keep"
-            _log.debug("%s.keep: barrier on %s kept: %s", PASS_NAME, _describe(x), ok)
-            continue
-        why = _float_contraction(stop, x, users)
-        if why is not None:
-            decided[stop] = "keep"
-            _log.debug("%s.keep: barrier on %s kept: %s", PASS_NAME, _describe(x), why)
-            continue
-        chain = _chain(stop, users, decided, claimed, body)
-        end = chain[-1] if chain else x
-        joins = [n for n in chain if sum(not isinstance(a, relay.Constant) for a in n.args) > 1]
-        if joins and _brings_no_anchor([x], users, decided, through_undecided=True):
-            # no anchor's kernel reaches x (a parameter, a value with other users, a kept
-            # barrier): the chain's ops form a kernel of no anchor, which competes with none for
-            # the joins. Claiming them would stop another barrier's chain at a join that the
-            # same barrier's chain passes once this barrier is gone (a second run).
-            joins = []
-        if _bits(end) <= _bits(x):
-            _claim(claimed, joins, stop)
-            decided[stop] = "remove"
-            subst[stop] = x
-            _log.info("%s.remove: barrier on %s removed (kernel now ends at %s)", PASS_NAME,
-                      _describe(x), _describe(end))
-            continue
-        absorbed = _fuses_forward(end, users, body, decided)
-        if not absorbed:
-            decided[stop] = "remove"
-            subst[stop] = x
-            _claim(claimed, joins, stop)
-            _log.info("%s.remove: barrier on %s removed (%s crosses either way: %s)", PASS_NAME,
-                      _describe(x), _describe(end), absorbed)
-            continue
-        narrow = min(_bits(n) for n in [x, *chain])
-        m = [n for n in [x, *chain] if _bits(n) == narrow][-1]
-        if m.same_as(x):
-            decided[stop] = "keep"
-            _log.debug("%s.keep: barrier on %s kept: without it %s (%d bits) would cross instead",
-                       PASS_NAME, _describe(x), _describe(end), _bits(end))
-            continue
-        decided[stop] = "move"
-        upto = [n for n in chain[: [i for i, n in enumerate(chain) if n.same_as(m)][0] + 1]]
-        _claim(claimed, [n for n in joins if any(n.same_as(u) for u in upto)], stop)
-        consumer, idx = users[m][0]
-        args = list(consumer.args)
-        args[idx] = relay.annotation.stop_fusion(m)
-        subst[stop] = x
-        subst[consumer] = relay.Call(consumer.op, args, consumer.attrs, consumer.type_args, consumer.span)
-        _log.info("%s.move: barrier on %s moved after %s (narrowest on the way to %s)", PASS_NAME,
-                  _describe(x), _describe(m), _describe(end))
-    return subst
+    """Each barrier removed (replaced by its input) or moved, as :data:`DECISIONS` decides."""
+    sweep = _Sweep(users, body)
+    for stop in reversed(op_calls(nodes, (_STOP,))):  # downstream barriers first
+        b = _Barrier(stop, sweep)
+        decision, reason = next((d, r) for d, r in ((d, cond(b)) for d, cond in DECISIONS) if r is not None)
+        sweep.decided[stop] = decision
+        _ACTIONS[decision](b, reason)
+    return sweep.subst
 
 
 @register_pass(PASS_NAME)
