@@ -1,9 +1,6 @@
 """AddAsOnnxRuntime: a quantized add computed the way ONNX Runtime's MLAS kernel computes it.
 
-Design note
------------
-Two forms of one quantized add ``c = a + b`` (8-bit ``a``, ``b``, ``c``; scalar constant scales
-and zero points) become MLAS's arithmetic::
+Rewrites::
 
     # quantize(add(dequantize(a, sa, za), dequantize(b, sb, zb)), sc, zc)    (QLinearAdd import)
     # quantize(clip(add(...), lo, hi), sc, zc)     (QDQ Add -> Clip -> Q; when the clip is implied
@@ -12,40 +9,9 @@ and zero points) become MLAS's arithmetic::
     #   -> clip(rne(fma(a, rA, fma(b, rB, k))), qmin, qmax)
     #      with rA = f32(sa / sc), rB = f32(sb / sc), k = f32(zc - f32(f32(rA * za) + f32(rB * zb)))
 
-Why. ONNX Runtime runs ``QLinearAdd`` (and the ``DQ -> Add -> Q`` groups it fuses into it) with
-MLAS's ``MlasQLinearAddKernel``; on x86 with AVX2 it folds both zero points and the output zero
-point into one float constant ``k`` and evaluates ``a * rA + (b * rB + k)`` with two fused
-multiply-adds, then rounds half to even (``cvtps2dq``). A one-element operand (``x + 3`` in
-hard-swish) is folded into ``k`` with a plain multiply and add. TVM computes
-``(a - za) * sa + (b - zb) * sb``, divides by ``sc`` and rounds: a different float rounding,
-one level apart near halfway values (3.2 % of a hard-swish ``x + 3`` of PP-OCR's classifier
-lands exactly there), and TVM's own ``qnn.add`` (what FakeQuantizationToInteger makes of a
-QDQ add) requantizes each operand before adding: two roundings, 47 % of the levels one off on
-the same ``x + 3`` (``benchmarks/ort_layerwise.py``).
+As data: :data:`RULES` (``tvm.relay.dataflow_pattern``); the rewrite also reads the operands' other readers.
 
-The fused multiply-add is evaluated in float64 and rounded to float32: the 8-bit times float32
-product is exact in float64, so only the sum is rounded twice (float64, then float32), which
-differs from one rounding only when the float64 sum lies exactly halfway between two float32
-values (not observed on the models measured). ``rne`` is
-:func:`tvm_ext.ops.round_half_to_even`; the float64 arithmetic is
-elementwise and fuses with its neighbours.
-
-Shared dequantizes. When a float conv/dense also reads an operand's dequantize (a QDQ residual
-block whose input feeds a conv ``QDQToInteger`` keeps in float), the operand is recovered from
-that dequantize, ``rne(f64(dq) / s) + z`` (exact: module note of ``_recovered``), instead of
-read as the 8-bit tensor: otherwise the 8-bit tensor has two readers, and its dequantize for the
-anchor becomes a kernel of its own (PP-OCR cls QDQ: five ``cast subtract cast`` kernels). The
-producer's kernel then writes the dequantized float32 value, as in stock TVM and ``int8()``.
-
-Scope. Scales and zero points must be scalar constants (per-tensor quantization, as
-``QLinearAdd`` requires); other adds, and functions with ``If``/``Let``/..., are left alone with
-the reason logged at DEBUG on ``tvm_ext.passes.AddAsOnnxRuntime``. This reproduces MLAS's x86
-AVX2/AVX-512 kernel; other CPUs' kernels (ARM NEON, pre-AVX2 x86) round differently. Run it at
-stage ``start`` after ``QDQToInteger`` (``pipelines.int8(numerics="onnxruntime")`` does).
-
-Matched by op names, not with ``tvm.relay.dataflow_pattern``: the rule is local (a pattern could
-state it), but the rewrite reads the other readers of the operands' dequantizes (an operand also
-read by an anchor is recovered from that dequantize), which a pattern callback does not see.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``AddAsOnnxRuntime``.
 """
 from __future__ import annotations
 
@@ -104,7 +70,7 @@ def _one_element_value(x):
 
 
 def mlas_add(a, b, sa, za, sb, zb, sc, zc, out_dtype):
-    """Relay expression of MLAS's quantized add (see the module note); ``a``, ``b`` 8-bit."""
+    """Relay expression of MLAS's quantized add (docs/passes.md); ``a``, ``b`` 8-bit."""
     f32 = np.float32
     ra, rb = f32(f32(sa) / f32(sc)), f32(f32(sb) / f32(sc))
     k = f32(f32(zc) - f32(f32(ra * f32(za)) + f32(rb * f32(zb))))
@@ -242,7 +208,7 @@ def AddAsOnnxRuntime():  # pylint: disable=invalid-name
 
     ``quantize(add(dequantize(a), dequantize(b)))`` (TVM's import of ``QLinearAdd``) and
     ``qnn.add`` (FakeQuantizationToInteger's form of a QDQ add) with scalar constant scales and
-    zero points become ``clip(rne(fma(a, rA, fma(b, rB, k))))``, MLAS's arithmetic (module note):
+    zero points become ``clip(rne(fma(a, rA, fma(b, rB, k))))``, MLAS's arithmetic (docs/passes.md):
     bit-exact to ONNX Runtime's QLinearAdd on the tested models, where TVM's forms differ on up to
     47 % of the levels of an add. Changes outputs: part of
     ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.

@@ -1,59 +1,18 @@
 """CombineParallelCast: merge parallel narrowing casts of one value so its producer writes them.
 
-Design note
------------
-Two rules, tried on every value of a function, in this order (first match wins)::
+Rewrites::
 
     # before FuseOps (needs: narrowing cast, fusable producer, the casts are its only users)
     # cast(x, t), ..., cast(x, t)              -> c = cast(x, t); c, ..., c
     # after FuseOps (identical Primitive functions whose body is only a cast)
     # f(x), ..., f(x),  f = fn(p) {cast(p, t)}  -> c = f(x); c, ..., c
 
-Why the before-FuseOps rule is restricted. FuseOps (``src/relay/transforms/fuse_ops.cc``) fuses a
-node into its immediate post-dominator. With two casts of ``x``, the post-dominator of ``x`` lies
-past both branches (e.g. the ``add`` joining two ``dense``), so ``x``'s kernel writes the wide
-type and each cast fuses into its consumer instead. With one cast as the only user of ``x``, the
-cast *is* the post-dominator and fuses into ``x``'s kernel, which then writes the narrow type.
-That helps only when
-
-1. the cast is **narrowing**: fewer bits (``int32 -> int8``, ``float32 -> float16``,
-   ``int64 -> int32``), or float to integer of no more bits (``float32 -> int32``, ``-> int8``).
-   Widening casts (``int8 -> int32``: more bits) are never merged: ``CanonicalizeCast`` (in
-   ``relay.build``'s prefix at opt_level 3) duplicates exactly those upcasts on purpose so each
-   copy fuses into its consumer and the producer keeps writing the narrow type; merging them would
-   undo it and cost a kernel. Same-width non-float->int casts (``int32 -> uint32``) gain nothing
-   and are left too;
-2. the **producer is an op call FuseOps fuses an elementwise consumer into**: ``TOpPattern``
-   elemwise, broadcast, injective or out-elemwise-fusable (conv2d, dense, pooling). Not a function
-   parameter or constant (the merged cast would become a kernel of its own: one more kernel than
-   two casts fused into their consumers), not a reduction or an opaque op (FuseOps does not fuse
-   what follows them), not a ``TupleGetItem``;
-3. the casts are **all the users** of the producer (and it is not returned by the function):
-   otherwise the merged cast is still not the post-dominator and would not fuse.
-
-Then the merge is propagated downstream (common subexpressions it exposed)::
-
     # g(c1, y), g(c2, y) with c2 merged into c1 -> g(c1, y), read by both former users
     # (same op or identical Primitive function, equal attributes, the same or equal-constant args)
 
-until the branches differ (e.g. two ``dense`` with different weights). Opaque ops are not merged;
-a widening cast only when each copy has exactly one user and those users are identical too, so
-the merged upcast keeps a single user and CanonicalizeCast has nothing to split. Without this
-step the seed's small graph keeps two identical ``relu`` (plus x86's int8 -> uint8 legalization
-chain) at opt_level 2, which relay.build's CSE would merge only at opt_level 3.
+Walked by hand: it groups sibling casts of one producer and their identical users, a set, not one expression tree.
 
-After FuseOps nothing is refused, so identical cast-only kernels on the same argument are merged
-whatever the direction: one call fewer is one kernel launch fewer and never costs a fusion.
-
-Skipped with a logged reason (function returned unchanged): ``Primitive`` functions themselves,
-functions containing ``If``/``Let``/``Match``/references/closures, casts with dynamic shapes or
-non-tensor (tuple) types. An untyped function raises :class:`~tvm_ext.passes._util.UntypedModuleError`
-(run ``InferType`` first) rather than guessing. Merges are logged at INFO and rejections at DEBUG
-on the ``tvm_ext.passes.CombineParallelCast`` logger.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: it groups the sibling casts of one producer
-(any number of users) and then their identical users, level by level; a pattern matches one
-expression tree, not a set of siblings.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``CombineParallelCast``.
 """
 from __future__ import annotations
 
@@ -76,7 +35,7 @@ _log = pass_logger(PASS_NAME)
 
 
 def is_narrowing_cast(src: str, dst: str) -> Check:
-    """``True`` if a cast ``src -> dst`` is one this pass merges (see the module note), else a Reject.
+    """``True`` if a cast ``src -> dst`` is one this pass merges (docs/passes.md), else a Reject.
 
     Narrowing = fewer bits, or float to (u)int of no more bits.
     """

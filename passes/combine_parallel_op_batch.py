@@ -1,62 +1,18 @@
 """CombineParallelOpBatch: TVM's parallel-op batching, made safe to call from Python.
 
-Design note
------------
-``relay._transform.CombineParallelOpBatch(op, batch_op, n)`` (C++, ``combine_parallel_op_batch.cc``
-and ``combine_parallel_op.cc``) groups calls of ``op`` that share their first argument and have
-equally shaped arguments, stacks every argument along a new axis 0, calls ``batch_op`` on the
-stacks, extends the branches through single-user elementwise/broadcast ops (stacking their other
-arguments, expanding 1-D ones to ``(1, j)``) and splits/squeezes the result back. Measured on TVM
-0.19:
-
-* it is registered at **opt_level 4**: inside ``Sequential``/``relay.build`` under a default
-  PassContext it silently does nothing;
-* it builds the batch call with **empty attributes**: ``("nn.dense", "nn.batch_matmul")`` and
-  ``("cast", "cast")`` kill the process (segfault in type inference), ``out_dtype`` is lost;
-* it does not compare the grouped ops' attributes and it stacks broadcast arguments blindly:
-  ``add(x[3, 8], y_i[8])`` x 3 silently computes a different result; a following op's argument
-  is stacked as is unless it is 1-D (then ``expand_dims(b, 0)`` first), which is right for the
-  2-D output of a dense (a bias ``b_i[j]`` becomes ``[n, 1, j]``) but misaligns the new batch axis
-  for other ranks: a scalar (``multiply(add(x, y_i), 2.0)``) yields an ill-typed graph;
-* an unknown op name fails deep inside C++; a consumer that calls a function (after FuseOps)
-  is downcast to an ``Op`` unchecked.
-
-This module keeps the C++ pass's contract and removes those failure modes. The factory validates
-op names and the pair at construction (``ValueError`` naming them). The pass itself is a Relay
-function pass named ``"CombineParallelOpBatch"`` at opt_level 1. It plans the combination in Python
-(same grouping as C++, with the safety checks below) and then either
-
-* **delegates to C++** (elementwise pairs, when every group C++ would form is proven safe: no
-  broadcasting in the grouped ops, following ops with equal-shape rank >= 2 arguments and no axis
-  attributes, no function calls or globals in the function), running the C++ pass under a
-  PassContext at opt_level >= 4 that keeps the caller's config; or
-* **rewrites in Python** (``nn.dense -> nn.batch_matmul`` always, elementwise pairs otherwise),
-  stopping each branch at the first op it cannot stack safely.
-
-A following op's other argument ``a_i`` is stacked when it broadcasts to the branch's shape
-``S`` without changing it (each of its dims 1 or equal to the aligned dim of ``S``, rank at most
-``len(S)``). One of lower rank first gets leading unit axes up to ``len(S)`` (``expand_dims(a_i, 0,
-len(S) - rank)``), so that after stacking the new axis 0 meets the batch axis and the per-branch
-broadcast is unchanged behind it. For a dense's 1-D bias this is exactly what TVM's
-``CombineParallelDense(to_batch=True)`` builds::
+Rewrites::
 
     # add(dense(x, W_i), b_i[j]) x n
     #   -> add(batch_matmul(stack(x..x), stack(W_i)), stack(expand_dims(b_i, 0)))   b: [n, 1, j]
-
-Supported pairs (``SUPPORTED_PAIRS``)::
 
     # dense(x, W_i; units, out_dtype) x n
     #   -> batch_matmul(stack(x..x), stack(W_1..W_n), transpose_b=True, out_dtype) -> split/squeeze
     # op(a_i, b_i) x n, op in add/subtract/multiply/divide/maximum/minimum, no broadcasting
     #   -> op(stack(a_i), stack(b_i)) -> split/squeeze
 
-Skipped with a logged reason (function unchanged): ``Primitive`` functions, functions with
-``If``/``Let``/``Match``/references/closures, grouped ops with dynamic shapes or tuple-typed
-arguments. Untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
+Walked by hand: it groups any number of parallel branches of any length, which a pattern cannot enumerate.
 
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: it groups parallel branches reading one
-value (any number of them, each a chain of any length), which a pattern, matching one expression
-tree, cannot enumerate.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``CombineParallelOpBatch``.
 """
 from __future__ import annotations
 

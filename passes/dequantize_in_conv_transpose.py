@@ -1,23 +1,6 @@
 """DequantizeInConvTranspose: a transposed conv's kernel reads 8 bits and writes 8 bits.
 
-Design note
------------
-Where. ONNX Runtime's QOperator graphs keep ``ConvTranspose`` in float between a
-``DequantizeLinear`` and a ``QuantizeLinear`` (PP-OCRv4 det's DB head: ``dequantize -> ConvTranspose
--> quantize -> (bias add) -> dequantize -> BatchNorm -> ReLU -> ConvTranspose -> quantize``).
-``nn.conv2d_transpose`` is an anchor (``kOutEWiseFusable``): FuseOps never fuses a producer into its
-kernel, so the dequantize (and the BatchNorm + ReLU) in front of it end the *previous* kernel,
-which then writes float32: on the det head 0.61 MB (``[1, 24, 80, 80]``) and 2.46 MB
-(``[1, 24, 160, 160]``) per inference, 3.07 MB of the 11.2 MB crossing kernels.
-
-The QDQ form has the same shape of problem in integers: QNN lowers a quantized ``ConvTranspose``
-to an ``int16 x int16 -> int32`` transposed conv whose input is widened (``cast(clip, int16)``) and
-re-laid out (``NCHW8c -> NCHW``) in front of it, a kernel of its own writing int16 (PP-OCRv4 det QDQ:
-1.5-1.8 MB). Integer transposed convs into int32 are grouped the same way (det QDQ at znver3: 89 ->
-88 kernels, 11.79 -> 10.71 MB, no int16, bit-identical).
-
-Rule (a transposed conv whose stride equals its kernel, no padding: the form
-:mod:`tvm_ext.x86.conv_transpose` computes directly, reading each input pixel once per output)::
+Rewrites::
 
     # t = conv2d_transpose(d_k(...d_1(n)...), w),  e_m(...e_1(t)...) -> ... (readers outside)
     #   n 8-bit typed (else the 8-bit point nearest to the conv, read as cast(n, u8) and widened
@@ -29,33 +12,9 @@ Rule (a transposed conv whose stride equals its kernel, no padding: the form
     #      the readers of N read cast(c, dtype(N))
     # If the chain after t ends at the function's result, the group ends there (no cut).
 
-The group is made a ``Primitive=1`` function, the form FuseOps produces and then leaves alone
-(:mod:`~tvm_ext.passes.fuse_by_pattern`'s note); its non-scalar constants become parameters, as
-FuseOps lifts them. The kernel then reads the 8-bit ``n`` and writes the 8-bit ``N``; the
-dequantize and BatchNorm + ReLU are computed inside it, once per output row into a row buffer
-(:mod:`tvm_ext.x86.conv_transpose`: the input row a row of outputs reads, all channels; ``kh``
-times per input row). Computing them per read instead (per output channel and phase) made PP-OCRv4
-det QOperator slower (7.57 -> 8.66 ms at znver4); with the row buffer it is faster than without the
-pass (8.73 -> 8.41 ms, 60 interleaved quiet runs, bit-identical). No kernel
-is added: the chain in front of the conv was the previous kernel's epilogue or a kernel of its own
-(the layout_transform + strided_slice + dequantize in front of the det head's first ConvTranspose:
-one kernel fewer). Exact: the same operations on the same values in the same order
-(``cast(cast(N, u8), dtype(N)) == N`` for a value clipped to 8-bit bounds).
+Walked by hand: the chains around the transposed conv have any length, one reader per link.
 
-Left alone, with a logged reason: every function when the current target is not ``llvm`` (the
-grouped kernel relies on :mod:`tvm_ext.x86.conv_transpose` inlining its data-side chain: TVM's
-``traverse_inline`` stops at the conv, and a GPU schedule would leave that chain unscheduled);
-transposed convs that are neither float32 nor integer into int32, or whose stride differs
-from the kernel (TVM's schedule would not inline the chain), a data chain without an 8-bit start
-(or whose values have other readers), a conv whose output has several readers, dynamic shapes.
-Functions with ``If``/``Let``/... are skipped; untyped input raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`. Run it last at stage ``before_fuse`` (the passes
-before it do not look inside ``Primitive`` functions). Idempotent: a grouped conv is inside a
-``Primitive`` function, which the pass does not enter.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the chains in front of and after the
-transposed conv have unbounded length, run through injective calls, and each link must have one
-reader; a fixed pattern cannot express a chain of any length nor count readers.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``DequantizeInConvTranspose``.
 """
 from __future__ import annotations
 

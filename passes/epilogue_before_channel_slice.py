@@ -1,17 +1,6 @@
 """EpilogueBeforeChannelSlice: a conv's elementwise epilogue moves in front of x86's channel slice.
 
-Design note
------------
-TVM's x86 legalization of integer convolutions (``python/tvm/topi/x86/conv2d_alter_op.py``,
-``_conv2d_legalize``) pads the output channels to a multiple of 16 and slices them back:
-``strided_slice(layout_transform(conv(x), "NCHW16c", "NCHW"), channels [0, C))``. Both are
-injective, and FuseOps fuses nothing injective after an out-elemwise-fusable anchor, so the
-conv's kernel ends at its *int32* accumulators; the requantize (and hard-swish, the next
-quantize, ...) that follows is computed in the next kernel, after the slice. On ONNX Runtime's
-QOperator PP-OCR classifier (16, 8, 40, 72, 120, 200, 480 channels: many not a multiple of 16)
-that is 1.48 MB of int32 crossing kernels per inference, 29 tensors, in every quantization setting.
-
-The epilogue is elementwise, so it commutes with the layout transform and the slice::
+Rewrites::
 
     # E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C))
     #     -> strided_slice(layout_transform(E'(y), "NCHWkc", "NCHW"), C)
@@ -19,26 +8,9 @@ The epilogue is elementwise, so it commutes with the layout transform and the sl
     # E': the same ops on the blocked tensor, per-channel constants padded to the blocked channel
     #     count (with their last value) and blocked to (1, C'/k, 1, 1, k)
 
-``E`` is the largest region of elementwise/broadcast calls computed from the slice alone (their
-other arguments constants) that ends in one value ``e`` holding 8 bits (a uint8/int8 tensor, or a
-``clip`` to an 8-bit range, which is then cast to 8 bits before the slice and back after it): no
-value inside the region is read from outside it. The conv's kernel then computes ``E'`` in its
-epilogue and writes 8 bits; the layout transform and slice read uint8/int8, in the kernel they
-were in before. Kernels: the same number; bytes crossing: a quarter (the padded channels cross too,
-as 8 bits). Exact: the same operations on the same values (per-channel constants follow their
-channel); the padded channels are computed and discarded.
+Walked by hand: the epilogue after the slice is a region of any size, each call's readers counted.
 
-Rejected with a logged reason: other layout transforms than ``NCHW<k>c -> NCHW``, slices of other
-axes or with steps, regions without an 8-bit end value, constants broadcast over other axes,
-integer division by a value of the region (a padded channel could divide by zero), values of the
-region read from outside it. Functions with ``If``/``Let``/``Match``/references/closures are
-skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage
-``before_fuse`` (after AlterOpLayout blocked the conv). Idempotent: afterwards the slice's reader
-is a (narrowing) cast or not elementwise.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the epilogue after the slice is a region of
-elementwise calls of any size, each checked for its readers and its shape; a fixed pattern cannot
-express a region of unbounded size nor count readers.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``EpilogueBeforeChannelSlice``.
 """
 from __future__ import annotations
 

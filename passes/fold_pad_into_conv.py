@@ -1,51 +1,15 @@
 """FoldPadIntoConv: an explicit ``nn.pad`` in front of a convolution becomes the convolution's padding.
 
-Design note
------------
-One rule per convolution op (:data:`RULES`; order is priority)::
+Rewrites::
 
     # conv2d(pad(x, 0), w, padding=p)                      -> conv2d(x, w, padding=p + pad)
     # conv2d_NCHWc(pad(x, 0), w, padding=p)                -> conv2d_NCHWc(x, w, padding=p + pad)
     # depthwise_conv2d_NCHWc(pad(x, 0), w, padding=p)      -> depthwise_conv2d_NCHWc(x, w, padding=p + pad)
     # qnn.conv2d(pad(x, zx), w, zx, zw, sx, sw, padding=p) -> qnn.conv2d(x, w, zx, zw, sx, sw, padding=p + pad)
 
-``p + pad`` adds the pad's (before, after) widths on H and W to the conv's (top, left, bottom,
-right). ``nn.conv2d``, ``nn.contrib_conv2d_NCHWc`` and ``nn.contrib_depthwise_conv2d_NCHWc`` pad
-with 0, so only a zero pad value folds into them (a non-zero one:
-:mod:`~tvm_ext.passes.fold_zero_point_pad_into_conv`); ``qnn.conv2d`` pads with its input zero
-point ``zx``, so the pad value must equal it. Either way every element the convolution reads is
-the same as before: the rewrite is exact (bit for bit).
+As data: :data:`RULES` (``tvm.relay.dataflow_pattern``), side conditions as named checks.
 
-Why. The QNN conv lowering (``src/relay/qnn/op/convolution.cc``, ``Conv2DPadInput``) pads the
-input with its zero point *explicitly* and calls ``nn.conv2d`` with ``padding=0``. When that
-value is 0 (uint8 activations after a ReLU), the ``nn.pad`` is a kernel of its own after FuseOps
-(an injective op in front of an out-elemwise-fusable conv cannot fuse into it): 16 of ResNet-50's
-74 kernels. TVM's ``FoldExplicitPadding`` handles the same pattern but is not in relay.build's
-prefix, and on blocked layouts it leaves the pad in place (its ``get_padding`` compares the
-layout *string* ``"NCHW16c"``, 7 characters, with the pad's rank, 5). This pass parses blocked
-layouts (``NCHW16c``: axes ``N C H W 16c``), so it runs after ``AlterOpLayout`` (stage
-``before_fuse``) on the ``nn.contrib_conv2d_NCHWc`` calls that stage contains, and also before
-the prefix on ``nn.conv2d`` / ``qnn.conv2d``.
-
-Patterns and checks. Each rule's left side is a ``tvm.relay.dataflow_pattern`` pattern; its side
-conditions are the named checks below (:func:`_constant_mode`, :func:`_pads_with_conv_value`,
-:func:`_static_shapes`, :func:`_spatial_widths`, :func:`_conv_padding`), each rejecting with its
-reason, logged at DEBUG under the rule's name; folds are logged at INFO. Nothing is walked by
-hand. TVM's ``rewrite`` does not apply the rules: its grouper refuses a match whose inner node (the
-pad) has a reader outside the match, so a pad shared by two convolutions, or read by a conv and a
-``max``, would not fold. The pass matches each convolution call itself and rebuilds the function
-once; the pad stays only while another consumer needs it (a dead pad disappears with the
-rebuild). A pattern is matched on the call cut :data:`_DEPTH` calls deep (TVM's matcher indexes
-the whole graph under the expression it is given: matching every conv of a model would be
-quadratic). A fold's result is matched again, so ``conv(pad(pad(x)))`` folds both pads in one run
-(the pass is idempotent), at most :data:`MAX_FOLDS` per convolution (a warning names the cap).
-
-Rejected (the convolution is left as is): pad mode other than ``"constant"``, a pad value that is
-not a constant scalar or not the value the convolution pads with, padding on a non-spatial axis
-(batch, channels, the ``16c`` block), non-constant pad widths, a layout without exactly the H and
-W spatial axes, padding attributes of unexpected length, dynamic shapes. Functions with
-``If``/``Let``/``Match``/references/closures are skipped; an untyped function raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`. Loggers: ``tvm_ext.passes.FoldPadIntoConv``.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``FoldPadIntoConv``.
 """
 from __future__ import annotations
 

@@ -1,59 +1,13 @@
 """FoldZeroPointPadIntoConv: a non-zero (zero-point) pad in front of an integer conv folds into it.
 
-Design note
------------
-TVM's QNN conv lowering (``src/relay/qnn/op/convolution.cc``, ``Conv2DPadInput``) pads the input
-*explicitly* with its zero point ``z`` and calls the conv with ``padding=0``. With ``z == 0``
-:mod:`~tvm_ext.passes.fold_pad_into_conv` folds that pad into the conv. ONNX Runtime's U8S8
-models have asymmetric activations (hard-swish, SiLU outputs: ``z != 0``), so the pad stays a
-kernel of its own (``nn.pad`` is injective and FuseOps fuses neither into the conv nor after the
-producer's anchor): 11 extra kernels on the PP-OCR mobile classifier, where stock TVM keeps the
-conv in float and folds a zero pad.
-
-The convolution is linear in its (padded) input, and ``pad(x, z) == pad(x, 0) + pad(0, z)``
-(:data:`RULES`; ``C = conv(pad(zeros_like(x), z), w)``, a compile-time constant, zero off the
-border)::
+Rewrites::
 
     # conv(pad(x, z), w)                   -> add(conv(x, w, padding=p + pad), cast(C, int32))
     # conv(layout_transform(pad(x, z)), w) -> add(conv(layout_transform(x), w, padding=p + pad), cast(C, int32))
 
-for ``nn.conv2d``, ``nn.contrib_conv2d_NCHWc`` and ``nn.contrib_depthwise_conv2d_NCHWc`` with an
-integer input, an integer constant weight and an ``int32`` output: integer sums are exact and
-associative (two's complement), so the result equals the original bit for bit on every schedule
-that computes the conv exactly (VNNI ``vpdpbusd``, scalar, ARM). ``C`` is computed here in numpy
-(``int64``) from the weights and the geometry, for any stride, dilation, group count, existing
-conv padding and (blocked) layout: ``C[o, y, x] = z * sum of Wsum[o, kh, kw]`` over the taps of
-output ``(y, x)`` that land in the pad region, ``Wsum`` the weights summed over input channels.
-It is stored in the narrowest of int8/int16/int32 holding it; the ``cast`` and the ``add`` are
-elementwise on the conv's output, so FuseOps fuses them into the conv's kernel (its epilogue
-reads ``C``): the pad kernel disappears, and no kernel is added.
+As data: :data:`RULES` (``tvm.relay.dataflow_pattern``), side conditions as named checks.
 
-Not exact on x86 targets without VNNI: their ``vpmaddubsw`` saturates int16 pair sums, so stock
-TVM's conv is not the exact integer conv to begin with, and which pairs saturate changes at the
-border (``pad(x, 0)`` holds zeros where ``pad(x, z)`` held ``z``: less saturation). The
-differences are confined to border outputs where the original saturated.
-
-Patterns and checks. Each rule's left side is a ``tvm.relay.dataflow_pattern`` pattern; its side
-conditions are the named checks of :data:`_CHECKS`, tried in order, the first rejection logged at
-DEBUG under the rule's name (folds at INFO). Folded only when every reader of the pad is a conv
-(:func:`_only_conv_readers`: else the pad kernel stays and the constant would be read for
-nothing). Rejected with a logged reason: pad value 0 (that is
-:mod:`~tvm_ext.passes.fold_pad_into_conv`'s case) or not a constant integer, pad mode other than
-``constant``, padding of non-spatial axes, float convs or outputs other than int32, non-constant
-weights, layouts without plain ``H``/``W`` axes, a ``layout_transform`` that splits ``H``/``W``,
-dynamic shapes, pads with other readers. Nothing is walked by hand. TVM's ``rewrite`` does not
-apply the rules: its grouper refuses a match whose pad has a reader outside the match, so a
-rejection such as "other readers" would go unlogged; the pass matches each conv call itself
-(on the call cut :data:`_DEPTH` calls deep: TVM's matcher indexes the whole graph under the
-expression it is given) and rebuilds. ``conv(pad(pad(x)))`` folds one pad per sweep, each
-constant computed against the conv's padding so far, and the sweeps repeat until none folds
-(at most :data:`MAX_ROUNDS`, then an error naming the pass): the readers check must see the graph
-the previous fold left, where the inner pad's reader is the folded conv. Idempotent: the folded
-conv reads ``x``, not a pad.
-
-Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage ``before_fuse`` (after QNN
-lowering and AlterOpLayout).
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``FoldZeroPointPadIntoConv``.
 """
 from __future__ import annotations
 
@@ -426,7 +380,7 @@ def FoldZeroPointPadIntoConv():  # pylint: disable=invalid-name
     weights and int32 output, any stride, dilation, groups and (blocked) layout, also through a
     ``layout_transform`` between pad and conv. The addition fuses into the conv's kernel: the
     pad kernel QNN lowering leaves for an input zero point ``z != 0`` disappears. Exact for exact
-    integer convs (see the module note for x86 without VNNI).
+    integer convs (see docs/passes.md for x86 without VNNI).
 
     Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN).
 

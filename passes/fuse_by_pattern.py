@@ -1,33 +1,8 @@
 """FuseByPattern: every match of a pattern table becomes one kernel; FuseOps fuses the rest.
 
-Design note
------------
-*Contract.* Run at ``tvm_ext.build(..., passes=[FuseByPattern(table)], at="before_fuse")``. Each
-match of ``table`` (order is priority, as in MergeComposite) becomes a ``Primitive=1`` function, the
-form FuseOps produces, called in place of the matched group. FuseOps (``fuse_ops.cc``,
-``FuseMutator::VisitExpr_(const FunctionNode*)``) returns Primitive functions unchanged, so
-relay.build lowers each group with TVM's own schedules as one kernel and fuses everything else
-as usual.
+As data: the pattern table it is given (``tvm.relay.dataflow_pattern``, :mod:`tvm_ext.patterns`).
 
-*Only groups TVM can compile as one kernel* are made: on top of each entry's check, a built-in
-check (:func:`tvm_fusible`) rejects, with the reason, groups with QNN ops that are not lowered yet
-(their scales would become parameters, which relay.build's QNN canonicalization cannot read), groups
-that mix two anchors
-(TOpPattern >= kCommReduce, e.g. conv2d and dense), that put an injective op (layout_transform,
-reshape, ...) or an opaque op next to an anchor, that call functions, or that have dynamic shapes.
-A rejected match leaves its nodes free for lower-priority entries and for FuseOps.
-
-*How.* ``relay.transform.MergeComposite`` groups the matches (private ``Composite`` names), then
-each composite function is rewritten as FuseOps would: ``Primitive=1``, non-scalar constants (and
-scalars of dtypes FuseOps does not inline) lifted to parameters, plus ``tvm_ext.pattern=<entry>``
-naming the rule (:func:`fused_counts` reads it). ``PartitionedFromPattern`` is kept so a second run
-never matches inside an existing group (idempotence). Private elementwise/broadcast producer
-chains of the group's epilogue inputs (not of the anchor's inputs) are pulled into the group, as
-FuseOps pulls them into an anchor's kernel: on the full QOperator ResNet-50 the 12 identity-shortcut
-dequantize chains would otherwise be 12 kernels of their own.
-
-*No match* returns a module structurally equal to the (type-inferred) input. The input module is
-never modified.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``FuseByPattern``.
 """
 from __future__ import annotations
 

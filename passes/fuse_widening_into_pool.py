@@ -1,44 +1,14 @@
 """FuseWideningIntoPool: a pool reads the 8-bit value and widens it itself, in one kernel.
 
-Design note
------------
-Where. A pooling call ``P`` (``nn.global_avg_pool2d``, ``nn.avg_pool2d``,
-``nn.adaptive_avg_pool2d``, ``nn.global_max_pool2d``; or ``nn.softmax``/``nn.log_softmax``, which
-FuseOps treats alike: no elementwise producers) whose input is a private chain of
-elementwise/broadcast calls (constants as other arguments, one user each) holding an 8-bit point
-``n`` (a uint8/int8 value, or an integer ``clip`` within 8-bit bounds;
-:func:`~tvm_ext.passes._chains.narrow_type`) that is not the pool's direct input.
-
-FuseOps cannot fuse that chain into the pool's kernel: an out-elemwise-fusable op takes no
-elementwise *producers* (``graph_partitioner.cc``: phase 0 fuses an elementwise node only into an
-injective or reduction post-dominator). So either the chain fuses into its *producer* kernel
-(a convolution, or the residual ``add`` of its kernel), which then writes the widened value (the
-requantize in front of QLinearGlobalAveragePool: ``cast f32 -> multiply -> add -> floor -> cast
-i32``: int32, 4x the bytes, the last int32 crossing of a quantized ResNet-50), or, when the chain
-starts at a graph input or a value with other users, it is a kernel of its own.
-
-Rule::
+Rewrites::
 
     # P(w_k(...w_1(n)...)) -> post   (post: P's private elementwise consumers, as FuseOps fuses them)
     #   -> f(c),  f = fn(p: u8) {post(P(w_k(...w_1(cast(p, i32))...)))} Primitive=1,  c = cast(n, u8)
     # (typed n: c = n and no cast inside)
 
-The group is made a ``Primitive`` function, the form FuseOps produces (non-scalar constants
-lifted to parameters, as FuseOps does); FuseOps leaves it alone and relay.build lowers it as one
-kernel with the pool's schedule (``schedule_adaptive_pool`` / ``schedule_pool`` inline the
-elementwise consumers; the widening producers are computed in the same kernel). The producer's
-kernel then ends at ``c`` and writes 8 bits (or the chain's own kernel disappears). Exact: ``clip``
-to 8-bit bounds makes ``cast(cast(n, u8), i32) == n``. One anchor per kernel (the pool); no kernel added.
+Walked by hand: the pool's input chain and its consumers have any length, one reader per link.
 
-Left alone, with a logged reason: chains without an 8-bit point or whose point is the pool's
-direct input (nothing to gain), dynamic shapes. Idempotent (the
-rewritten pool sits in a Primitive function, which walks never enter). Functions with
-``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`. Run at stage ``before_fuse``.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the pool's input chain and its elementwise
-consumers have unbounded length and each link must be private (one reader), which a fixed pattern
-cannot express.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``FuseWideningIntoPool``.
 """
 from __future__ import annotations
 

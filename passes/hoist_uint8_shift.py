@@ -1,50 +1,16 @@
 """HoistUint8Shift: the +128 shift x86 puts in front of an int8-input conv moves into the producer.
 
-Design note
------------
-x86 has u8 x s8 multiply-adds only, so TVM's QNN legalization
-(``python/tvm/relay/qnn/op/legalizations.py``, ``helper_change_dtypes_to_uint8_int8``) gives a
-conv or dense with *int8* activations (ONNX Runtime's S8S8 models) a shifted input
-``cast(add(cast(x, int32), 128), uint8)`` and zero point ``z + 128``. When ``x`` has no other
-reader, the shift is elementwise on the producer's output and fuses into its kernel. When ``x``
-has another reader too (a residual ``add`` reading a linear bottleneck's output, MobileNet's
-"block input": the conv and the shortcut both read it), FuseOps cannot put the shift in the
-producer's kernel (``x``'s post-dominator lies past both readers): the producer writes ``x`` (as
-``int32``: QNN lowering and SimplifyExpr leave the requantize's ``clip`` in int32), the shift is a
-kernel of its own, and an int32 tensor crosses two kernel boundaries. On the PP-OCR classifier
-that is 6 kernels more than U8S8 in QOperator and 2 more than stock TVM in QDQ (stock keeps
-those convs in float).
-
-One rule, on every int32 value ``b`` proven to lie in ``[-128, 127]``
-(:func:`~tvm_ext.passes._intervals.value_ranges`)::
+Rewrites::
 
     # s = cast(add(b, 128), uint8); r1(b), ..., rk(b)
     #     -> s = cast(add(b, 128), uint8); r1(subtract(cast(s, int32), 128)), ..., rk(...)
 
-and its int8 form, where QNN lowering keeps the requantize's ``cast(clip, int8)``::
-
     # s = cast(add(cast(x, int32), 128), uint8); r1(x), ..., rk(x),  x int8
     #     -> r1(cast(subtract(cast(s, int32), 128), int8)), ...
 
-Each other reader gets its own copy of ``subtract(cast(s, int32), 128)`` (elementwise, fused into
-that reader's kernel, as CanonicalizeCast does for widening casts), so ``b``'s only reader is the
-shift, which fuses into ``b``'s producer: that kernel writes ``s`` (uint8), the shift kernel
-disappears and no int32 crosses. Exact: ``b`` in ``[-128, 127]`` makes ``b + 128`` fit uint8
-(no wrap) and ``cast(s, int32) - 128 == b`` element for element.
+Walked by hand: it reads every other reader of the shifted value and the function's value ranges.
 
-Rewritten only when every other reader is elementwise, broadcast or injective (``TOpPattern`` <= 2,
-e.g. YOLO's ``concatenate`` of a C2f block's branches: the widening copy fuses into it; a pool or
-conv reading ``b`` directly would get a kernel more) and
-``b`` is computed by an op FuseOps fuses an elementwise consumer into (not a parameter, constant,
-reduction or opaque op) and is not the function's result. Rejected with a logged reason
-otherwise, and for dynamic shapes. Functions with ``If``/``Let``/``Match``/references/closures are
-skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage
-``before_fuse`` (after QNN legalization and lowering created the shift). Idempotent: afterwards the
-shift is ``b``'s only reader.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the rewrite reads every other reader of the
-shifted value (any number of them) and the function's value ranges, which a pattern over one
-expression tree does not see.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``HoistUint8Shift``.
 """
 from __future__ import annotations
 

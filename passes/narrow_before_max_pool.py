@@ -1,17 +1,6 @@
 """NarrowBeforeMaxPool: quantize before max pooling, so the producer kernel writes 8 bits.
 
-Design note
------------
-Where. A max pool ``P`` (``nn.max_pool1d/2d/3d``, ``nn.global_max_pool2d``) whose output is
-quantized by a private chain of elementwise calls ``f = f_k o ... o f_1`` (constants as the other
-arguments, one user each) that ends at the first 8-bit value ``n``: a uint8/int8 tensor, or a
-``clip`` within 8-bit bounds of integral values (``round``/``floor``... in front), the form
-relay.build's ``SimplifyExpr`` leaves of ``cast(cast(clip(..), int8), int32)``. In a relay.quantize ResNet the
-stem is ``conv -> bias -> relu -> max_pool -> [bn scale/shift -> relu -> quantize]``: FuseOps puts
-the chain into the pool's kernel (pools take elementwise epilogues), so the conv kernel writes the
-float32 tensor the pool reads: 3.2 MB per inference at 224x224, 4x the int8 bytes.
-
-Rule::
+Rewrites::
 
     # f(max_pool(x)) == max_pool(f(x))     f elementwise, monotone non-decreasing,
     #                                       constant along the pooled axes
@@ -23,49 +12,9 @@ Rule::
     #   P(g(n)) -> g(cast(P(cast(n, u8|i8)), dtype(n)))   n = clip(..) within uint8 (int8 alike)
     #   (g's first link a cast: it reads the pooled 8-bit value directly)
 
-Why exact: for a non-decreasing ``f``, ``f(max_i x_i) = max_i f(x_i)``, and IEEE rounding is
-monotone, so this holds for the computed float values too, not only the real numbers. Padding:
-TVM pads a max pool with the dtype's lowest value, which never wins against a real element;
-every window is checked to hold one. ``f`` then fuses into the producer's kernel (a conv's
-epilogue), which writes ``n``'s 8-bit dtype; the pool reads it. No kernel is added; ``f`` runs on
-the pool's input size (k-fold more elements for a stride-k pool: elementwise work next to a
-convolution). Rule 2 is the mirror image, tried when rule 1 does not apply: ``n``'s producer kernel
-(a conv's requantize epilogue) wrote the dequantized float32 the pool reads (PP-OCR cls's head:
-``QLinearConv -> DequantizeLinear -> Div -> MaxPool -> GlobalAveragePool``); now it writes ``n``, and
-``g`` runs on the pooled tensor in the pool's kernel (or, behind a global average pool,
-:class:`~tvm_ext.passes.fuse_widening_into_pool.FuseWideningIntoPool` moves it into that kernel and
-the pool writes 8 bits too). ``g`` walks back from the pool's input through private elementwise
-calls of one non-constant operand each, up to :data:`MAX_WIDENING_LINKS`, to the first 8-bit value.
+Walked by hand: the chains have any length, each link checked against :data:`MONOTONE` (ordered data).
 
-Monotone non-decreasing links accepted (``v`` the chain value, ``c`` a constant):
-
-======================================  ===========================================
-``add(v, c)``, ``add(c, v)``            float dtypes (integer adds can wrap)
-``subtract(v, c)``                      float
-``multiply(v, c)``, ``multiply(c, v)``  float, every ``c >= 0``
-``divide(v, c)``                        float, every ``c > 0``
-``add(v, c)``, ``subtract(v, c)``       integer dtypes, when the function's value ranges
-                                        (:mod:`~tvm_ext.passes._intervals`) prove no wrap-around
-``maximum``/``minimum``(v, c)           any dtype
-``nn.relu``, ``clip``                   any dtype
-``round``/``floor``/``ceil``/``trunc``  any dtype (and ``tvm_ext.round_half_to_even``)
-``cast``                                widening, int -> float, float -> float; a narrowing
-                                        cast only right after a ``clip`` into its range
-======================================  ===========================================
-
-Left alone, with a logged reason (both rules' reasons): no 8-bit point in the chain, a link
-outside the table (a negative scale, a stop_fusion barrier, ...), a constant that varies along a
-pooled axis, a link or 8-bit clip in front of the pool with other users, a pool input with other
-users (its wide tensor would cross anyway), an output layout different from the input layout, a
-window without a real element, dynamic shapes. Idempotent (the pool's
-output is then 8-bit: no chain to move; sweeps repeat until nothing moves, so a chain crosses
-a sequence of pools in one run). Functions with ``If``/``Let``/``Match``/references/
-closures are skipped; untyped input raises :class:`~tvm_ext.passes._util.UntypedModuleError`.
-Run at stage ``before_fuse`` (after relay.build's prefix has folded batch norms into constants).
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the chains have unbounded length with a
-per-link check against the table above (constants, dtypes, value ranges) and one reader per link,
-which a fixed pattern cannot express.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``NarrowBeforeMaxPool``.
 """
 from __future__ import annotations
 
@@ -451,7 +400,7 @@ def NarrowBeforeMaxPool():  # pylint: disable=invalid-name
     """Move the quantizing chain after a max pool in front of it, so the pool reads 8 bits.
 
     ``f(max_pool(x))`` becomes ``max_pool(f(x))`` when ``f`` is a private chain of monotone
-    non-decreasing elementwise ops (see the module note for the table) ending at the first
+    non-decreasing elementwise ops (the table :data:`MONOTONE`) ending at the first
     8-bit value, constant along the pooled axes. Exact (also in floating point); the chain then
     fuses into the producer's kernel, which writes the 8-bit tensor instead of a float32 one.
     Otherwise, ``max_pool(g(n))`` becomes ``g(max_pool(n))`` for such a chain ``g`` that widens

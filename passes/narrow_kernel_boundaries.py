@@ -1,19 +1,6 @@
 """NarrowKernelBoundaries: at a join of two fused chains, the 8-bit value crosses, not the wide one.
 
-Design note
------------
-Where. A *join* is an elementwise/broadcast call with two non-constant arguments (the residual
-``add`` of a quantized ResNet after QNN lowering). Each argument is the end of a *private chain*:
-calls of TOpPattern <= broadcast whose other arguments are constants and whose only user is the
-next call of the chain. When both chains start at an anchor (an out-elemwise-fusable call such as
-``nn.contrib_conv2d_NCHWc``), FuseOps (``src/relay/analysis/graph_partitioner.cc``) fuses one
-anchor through the join and stops the other anchor's chain right in front of it: that kernel
-writes the chain's last value, which is the *widened* one (``int32`` or ``float32``: the
-requantize of the shortcut, ``cast -> subtract -> multiply -> add -> floor -> cast``), although
-the chain passed through an 8-bit value on the way (QLinearAdd's dequantize input).
-
-Rule (one, applied to the first argument whose chain starts at an anchor and holds a narrow
-point; the other anchor keeps fusing through the join)::
+Rewrites::
 
     # chain: anchor -> ... -> n -> w1 -> ... -> wk -> join,  n 8-bit typed
     #   n                                -> stop_fusion(n)
@@ -22,40 +9,12 @@ point; the other anchor keeps fusing through the join)::
     # chain: ... -> n = clip(round(y), lo, hi) -> ..., y float (a float quantize)
     #   n                                -> cast(stop_fusion(cast(n, u8)), float32)
 
-``annotation.stop_fusion`` is opaque to FuseOps (``FuseMutator`` drops it after partitioning):
-the producer's kernel ends at the 8-bit value; ``w1 ... wk`` (elemwise/broadcast) then fuse into
-the join's group, i.e. into the *consumer* kernel of the other anchor (the phase-0 rule for
-elemwise nodes accepts an out-elemwise-fusable sink). No kernel is added, no kernel gets a second
-anchor (FuseOps never merges two), and the arithmetic is unchanged: ``clip`` to ``[0, 255]`` makes
-``cast(cast(n, u8), int32) == n`` exactly (and for a float ``n`` of integral values, which
-``round``/``floor``/``ceil``/``trunc`` in front of the clip guarantee). The narrow point nearest to
-the join is used, so the least work moves to the consumer.
-
-A chain that reaches the join through a *broadcast* edge (its shape differs from the join's:
-the squeeze-and-excitation gate ``[1, C, 1, 1]`` of ``x * gate``) never fuses through the join
-(FuseOps fuses an anchor only through elementwise edges), so it is cut at its 8-bit point
-whether or not the other side starts at an anchor, and the other side's anchor is left to fuse
-through the join. Such a chain may also pass through one-argument injective calls on its way
-(the gate's ``layout_transform`` back to the join's layout after AlterOpLayout, a ``reshape``);
-the anchor's kernel ends in front of the first of them, so the cut is made upstream of it::
-
     # chain: anchor -> ... -> n -> w1 -> layout_transform -> ... -> join (broadcast edge)
     #   n                                -> (as above)   only n upstream of every injective call
 
-Left alone, with a logged reason: joins where fewer than two chains start at an anchor (the
-argument that does not is already a kernel boundary: e.g. the identity shortcut, an 8-bit value
-also read by a convolution), joins whose two chains start at the *same* anchor (a diamond, which
-FuseOps fuses into one kernel: a cut would add one; e.g. a max pool read by two
-widening chains after ``WidenInEachReader``), chains without a narrow point, dynamic shapes.
-Run it at stage ``before_fuse`` (after QNN lowering, ``SimplifyExpr`` removes the explicit ``cast(u8)`` of
-``clip -> cast(u8) -> cast(f32)``, hence the ``clip`` form). Idempotent: after the rewrite the
-chain starts at ``stop_fusion``, not an anchor. Functions with ``If``/``Let``/``Match``/
-references/closures are skipped; untyped input raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`.
+Walked by hand: chains of any length back from a join, one reader per link, sources compared.
 
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: it walks chains of unbounded length back
-from a join with a per-link type check and one reader per link, and compares the two chains'
-sources, which a fixed pattern cannot express.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``NarrowKernelBoundaries``.
 """
 from __future__ import annotations
 

@@ -1,35 +1,13 @@
 """NonNegativeConvInputToUint8: feed int8 convolutions uint8 data when the data is provably >= 0.
 
-Design note
------------
-One rule, tried on every ``nn.conv2d`` of a function::
+Rewrites::
 
     # conv2d(stop*(cast(v, i8)), w: i8),  range(v) ⊆ [0, 127]
     #     -> conv2d(stop*(cast(v, u8)), w)          (stop* = any stop_fusion wrappers, kept)
 
-Why. x86's conv2d legalization (``topi/x86/conv2d_alter_op.py::_conv2d_legalize`` ->
-``topi/generic/conv2d.py::conv2d_alter_int8_common``) needs ``uint8 x int8`` operands for the
-VNNI/AVX-512 dot products. For ``int8`` data it rewrites ``conv(A, B)`` into
-``conv(cast(cast(A, i32) + 128, u8), B) - 128 * sum(B)`` and, since the padding value must then
-be 128, pads explicitly with ``nn.pad`` and sets the conv's padding to 0. The shift and the pad
-are injective ops FuseOps cannot put into the producing conv's kernel, so each such conv costs a
-``cast_add_cast[_nn_pad]`` kernel, a subtract in its epilogue and a separate padded copy.
+As data: :data:`RULES` (``tvm.relay.dataflow_pattern``); any number of barriers is peeled by hand.
 
-When ``v`` (the value cast to int8) is proven to lie in ``[0, 127]`` by
-:func:`tvm_ext.passes._intervals.value_ranges` (e.g. relay.quantize's
-``relu -> add -> right_shift -> clip(-127, 127)`` requantization of a ReLU output, whose operands
-are bounded by constants), ``cast(v, u8)`` holds the same numbers as ``cast(v, i8)``: the
-convolution sees identical values, so its int32 result is identical, and the legalization has
-nothing to do (no shift, no explicit pad, no compensation). Bit-exact for every input.
-
-Must run **before** ``Legalize`` (tvm_ext.build stage ``"start"``), on ``nn.conv2d`` with
-``groups == 1`` and dilation 1 (the only convs the legalization shifts). Other users of the int8
-cast keep it. Rejections are logged at DEBUG on ``tvm_ext.passes.NonNegativeConvInputToUint8``
-with the reason (range not provable, not a cast, already uint8, ...); rewrites at INFO.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the data input is peeled through any number
-of ``stop_fusion`` barriers, and the check is the function's value-range analysis; a fixed pattern
-has no repetition.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``NonNegativeConvInputToUint8``.
 """
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """PadChannelsAtProducer: an int8 conv's input channels padded by the float conv that writes them.
 
-Design note
------------
-x86's int8 legalization (``topi/x86/conv2d_alter_op.py::_conv2d_legalize`` ->
-``conv2d_alter_int8_common(..., 4, 16)``) pads an integer conv's *input* channels to a multiple
-of 4 (what one ``vpmaddubsw``/``vpdpbusd`` lane reads) with an ``nn.pad`` on the data and zero
-rows on the weight. That pad is an injective op after the producer's anchor: FuseOps never fuses
-it into the conv that wrote the tensor, so it is a kernel of its own (with the layout
-transforms around it). PP-OCRv4 det's QDQ model keeps two small 1x1 convs in float
-(``QDQToInteger``: output channels not a multiple of 16) whose 42- and 18-channel outputs feed
-int8 convs: two pad kernels, and at ``-mcpu=znver3`` one kernel more than stock TVM.
-
-One rule, at stage ``start`` (QNN ops still present)::
+Rewrites::
 
     # qnn.conv2d(quantize(g(conv2d(x, W))), V)              C = channels of W, C % 4 != 0
     #   -> qnn.conv2d(quantize(g'(conv2d'(x, [W; 0]))), [V | 0])   C' = C rounded up to 4
@@ -22,14 +11,6 @@ One rule, at stage ``start`` (QNN ops still present)::
     #   the new channels hold conv 0 -> g 0.0 -> quantize zp_x; V's new input rows are 0, so in
     #   QNN's expansion sum((x - zp_x) * (w - zp_w)) each new channel adds (zp_x - zp_x) * ... = 0
 
-So the float conv writes the padded tensor itself (its quantize still fuses into it) and the
-int8 conv reads it without a pad: exact, every output bit unchanged, one kernel fewer per match.
-
-A second rule for int8 producers (ONNX Runtime's QOperator ``QLinearConv``s: the squeeze and
-excite convs of SE blocks, PP-OCRv4 det's 42-channel convs). x86 pads an int8 conv's *output*
-channels to a multiple of 16 and slices them back; the reader pads them again to 4: a
-``layout_transform strided_slice nn.pad layout_transform`` kernel between the two convs::
-
     # qnn.conv2d(requantize(bias_add(qnn.conv2d(x, W), b)), V)    C % 4 != 0, or x86 pads C
     #                                                              (C % 16 != 0 and no narrower
     #                                                              output block divides it)
@@ -38,28 +19,9 @@ channels to a multiple of 16 and slices them back; the reader pads them again to
     #      scales padded with 1 / 0; the new accumulators are 0 and requantize to the output zero
     #      point, the readers' input zero point (or the readers' weight zero point is 0): exact
 
-Where 4 divides ``C`` but x86 pads the output all the same (60 channels: PP-OCRv4 rec's SVTR
-mixer convs), the reader pads nothing and the kernel between them is ``layout_transform
-strided_slice layout_transform``; the rule removes it the same way.
-The readers then compute on ``C'`` instead of ``4 * ceil(C / 4)`` input channels; the rule applies
-only while that extra work stays below :data:`MAX_EXTRA_MACS` (an SE block's 1x1 tensors always).
+Walked by hand: the chain back to the producer has any length and every reader must be such a conv.
 
-Left alone, with the reason logged at DEBUG on ``tvm_ext.passes.PadChannelsAtProducer``: channel
-counts already a multiple of 4 (int8 producers: that x86 does not pad either); a quantized value
-with any reader that is not the data of a ``groups=1`` NCHW/OIHW ``qnn.conv2d`` with a constant
-weight (a slice for the others would cost
-the kernel saved); per-channel quantize parameters; chain values with more than one reader; ops
-not in the chain table or with a constant that is not scalar / per-channel; producers that are
-not a float ``groups=1`` NCHW/OIHW ``nn.conv2d`` with a constant (or dequantized constant)
-weight. Every function when the current target is not x86 (the padding is x86's).
-
-Functions with ``If``/``Let``/... are skipped; untyped input raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the chain from the int8 conv back to its
-producer has unbounded length with a per-link check of how padded channels pass through it, and
-every reader of the quantized value must be such a conv, which a pattern over one expression tree
-cannot check.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``PadChannelsAtProducer``.
 """
 from __future__ import annotations
 
@@ -440,7 +402,7 @@ def PadChannelsAtProducer():  # pylint: disable=invalid-name
     becomes the same graph with ``W`` and ``b`` given zero output channels up to ``C' = 4 *
     ceil(C / 4)`` and ``V`` zero input channels: the new channels quantize to the input zero point
     and meet zero weights, so every output bit is unchanged, and x86's int8 legalization adds no
-    ``nn.pad`` kernel. See the module design note for the chain ops accepted between the conv and
+    ``nn.pad`` kernel. See its design note (docs/passes.md) for the chain ops accepted between the conv and
     the quantize. Likewise an int8 producer ``requantize(bias_add(qnn.conv2d(...)))`` read by int8
     convs gets ``16 * ceil(C / 16)`` output channels (x86 slices nothing back and pads nothing),
     where the readers' extra work stays below :data:`MAX_EXTRA_MACS`.

@@ -1,34 +1,6 @@
 """QDQToInteger: TVM's FakeQuantizationToInteger for QDQ graphs, with one rounding per add.
 
-Design note
------------
-A QDQ model (ONNX ``QuantizeLinear``/``DequantizeLinear`` around float ops) imports as float
-convolutions between ``qnn.dequantize`` and ``qnn.quantize``: every tensor between kernels is
-float32. TVM's ``FakeQuantizationToInteger`` (FQ2I) rewrites each
-``dequantize -> op -> quantize`` region into integer QNN ops, so uint8 flows between kernels.
-
-One of its rewrites changes results more than quantization needs to: a residual add
-``quantize(add(dequantize(a), dequantize(b)))`` becomes ``qnn.add``, which requantizes each input
-to the output scale and then adds, rounding twice; ONNX Runtime (and TVM's own import of
-``QLinearAdd``) add in float and round once. On the zoo's QDQ ResNet-50 that moved outputs by up
-to 6 quantization steps and flipped top-1 on 1 of 8 inputs. This pass therefore keeps those add
-regions as they are.
-
-A second FQ2I rule is wrong, not only inexact: a binary op with a float *constant* operand
-(``add``/``multiply``/``subtract``; hard-sigmoid's ``x * 0.2 + 0.5``, hard-swish's ``x + 3``)
-gets the constant quantized with the *other* operand's scale and zero point
-(``fake_quantization_to_integer.py::get_binary_types``), which can saturate: on PP-OCR's mobile
-classifier ``0.2`` at scale 0.0121, zero point 255 became uint8 255, i.e. ``0.0``, so its SE
-gates were constant; and the lowered ``qnn.add``/``qnn.mul`` chains cost extra kernels
-(QDQ classifier: 107 kernels against 85 stock). Likewise FQ2I turns
-``quantize(sigmoid(dequantize(x)))`` (and tanh, exp, erf, sqrt, rsqrt, log, abs) into
-``qnn.sigmoid``, lowered to a table lookup ``take``: a kInjective op that FuseOps
-never fuses into the convolution producing ``x`` (only elementwise epilogues join an anchor), so
-every SiLU of a YOLO costs one kernel more than stock TVM, which fuses the float sigmoid into the
-convolution. And x86's int8 legalization pads a conv's output channels to a multiple of 16
-and slices them back (``strided_slice``: one kernel and an int32 crossing more per conv), which
-costs more than int8 saves on a small conv (below 2^24 multiply-accumulates; a large one is far
-faster in int8, slice and all). Regions holding such an op stay in float::
+Rewrites::
 
     # quantize(add(dequantize(a), dequantize(b)))        -> unchanged (float add, one rounding)
     # quantize(avg_pool(dequantize(a)))                  -> unchanged (float pool, one rounding)
@@ -41,48 +13,9 @@ faster in int8, slice and all). Regions holding such an op stay in float::
     #                                                    -> unchanged (float, as stock TVM)
     # quantize(f(dequantize(x), dequantize(w), ...))     -> qnn form of f       (TVM's FQ2I rules)
 
-The product of two computed tensors (attention's ``Q K^T`` and ``softmax(.) V``, a
-``nn.batch_matmul``, ``nn.matmul`` or ``nn.dense`` whose operands are both dequantized activations)
-becomes ``qnn.batch_matmul``/``qnn.dense``, whose zero-point terms are ``sum`` reductions of each
-operand (``qnn/op/batch_matmul.cc``): each a kernel of its own with an int32 output crossing into
-the product's kernel (PP-OCRv4 rec QDQ, two SVTR blocks: 6 ``sum`` kernels and 0.15 MB of int32
-more than stock TVM). Those products stay in float as well (a constant weight's dense converts).
+As data: :data:`KEEP_FLOAT` (``tvm.relay.dataflow_pattern``); data movement of any length is walked by hand.
 
-Patterns and checks. Each kept region is a row of :data:`KEEP_FLOAT` (order is priority): a
-``tvm.relay.dataflow_pattern`` pattern of its op and a named side condition on the matched op,
-whose rejections (the op is left to FQ2I) are logged at DEBUG under the row's name. One callback
-applies the table: it wraps each accepted op in ``annotation.stop_fusion`` (FQ2I has no rule for
-the marker, so it leaves the region alone), FQ2I runs, and the same table's patterns under the
-marker remove it again; nothing else of the graph changes. The marking uses TVM's ``rewrite``,
-grouper included (see *shared dequantizes* below), in two rewrites: the rows around an op first
-(their checks read the input's types), then the rows under a ``qnn.quantize``. Walked by hand:
-the data movement (``reshape``, ``transpose``, ...) between a product's operand and its
-dequantize (:func:`_computed_dequantize`), a chain of any length, and with the dequantize inside
-the pattern the grouper would refuse products whose dequantize has other readers; and
-:func:`is_qdq_graph`, a question about the whole graph, not a local rule.
-(``op(anchor(...), c)``, a conv/dense bias, is left to FQ2I: the constant is quantized to int32
-at the accumulator's scale, which is exact enough and what makes QDQ convs integer.)
-
-It only acts on QDQ-style graphs, where a float ``nn.conv2d``/``nn.dense`` reads a
-``qnn.dequantize``. A QOperator graph (already ``qnn.conv2d``) is returned unchanged, so its
-outputs stay bit-identical to stock TVM (FQ2I would otherwise also rewrite the float regions the
-ONNX frontend creates for ``QLinearAdd``).
-
-*Shared dequantizes* (``shared_dequantize=True``, what ``pipelines.int8(numerics="onnxruntime")``
-uses). The add and pool markers are placed by a dataflow-pattern rewrite whose pattern holds the
-``qnn.dequantize`` nodes; TVM's pattern grouper rejects a match whose root does not post-dominate
-its inner nodes, so an add or pool whose dequantize is also read on a path that bypasses it is
-*not* marked and FQ2I converts it: MobileNetV3's SE pools (the dequantized block output is read
-by the pool and by the gating multiply) become integer pools (``requantize`` to int32, int32
-pool, ``requantize``: 57.8 % of PP-OCR cls QDQ's first SE pool levels one off ONNX Runtime's, 14
-output steps), and YOLOv8n's residual adds (the block input's dequantize is read by the add and
-the first conv) become ``qnn.add`` (two roundings). With ``shared_dequantize=True`` the pattern's inputs are
-wildcards and the callback checks that they are dequantizes, so those are kept in float as well.
-The default (``False``) keeps TVM's grouping, with which ``pipelines.int8()``'s outputs and
-kernels are measured.
-
-Runs at stage ``start`` (the QNN ops must still exist). Untyped input raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`; functions with ``If``/``Let``/... are skipped.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``QDQToInteger``.
 """
 from __future__ import annotations
 
@@ -359,7 +292,7 @@ def QDQToInteger(hard_fail: bool = False, shared_dequantize: bool = False):
         cannot convert.
     shared_dequantize : bool
         Also keep in float the adds and average pools whose ``qnn.dequantize`` has other readers
-        (module note; ``pipelines.int8(numerics="onnxruntime")`` sets it). Default ``False``: the
+        (docs/passes.md; ``pipelines.int8(numerics="onnxruntime")`` sets it). Default ``False``: the
         matching ``pipelines.int8()`` was measured with.
 
     Returns

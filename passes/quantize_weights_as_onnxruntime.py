@@ -1,59 +1,14 @@
 """QuantizeWeightsAsOnnxRuntime: float weights between a dequantize and a quantize, quantized as ONNX Runtime does.
 
-Design note
------------
-ONNX Runtime's basic graph optimizations (level 1, so every ``ORT_ENABLE_*`` but ``DISABLE_ALL``)
-include ``WeightBiasQuantization``: a ``Conv``/``ConvTranspose``/``Gemm`` whose input is a
-``DequantizeLinear`` with a per-tensor scale, whose output reaches a ``QuantizeLinear`` along a
-path without branches (``Relu``/``Clip`` allowed), and whose weight is a float32 initializer gets
-that weight quantized to int8 and dequantized again (and a float bias quantized to int32 at the
-scale ``input scale * weight scale``). ONNX Runtime then computes with the dequantized weight
-``w' = (q - zp) * s``, not with ``w``. TVM imports the float weight and computes with ``w``::
+Rewrites::
 
     # quantize(op(dequantize(x, sx, zx), W) [bias_add(., B)] [relu | clip]*, sy, zy)
     #   -> the same with W := dequantize(q, s, zp),   q, s, zp: ORT's int8 per-tensor parameters of W
     #                    B := f32(f32(int32(rne(B / f32(sx * s)))) * f32(sx * s))
 
-ORT's parameters (``onnxruntime/core/util/qmath.h``, ``GetQuantizationParameter<int8_t>``), all in
-float32: ``lo = min(min W, 0)``, ``hi = max(max W, 0)``, ``s = (hi - lo) / 255`` (1 when
-``hi == lo``), ``zp = rne(clamp(-128 - lo / s, -128, 127))`` (asymmetric: PP-OCRv4 det's first
-``ConvTranspose`` gets ``zp = -1``), ``q = saturate(rne(W / s) + zp)`` (``QuantizeLinear``,
-folded by ORT's constant folding). On PP-OCRv4 det QOperator (1x24x80x80 -> 1x24x160x160) TVM's
-float weights gave 11.4 % of that tensor's levels 1-2 off ORT's, which the detector's last
-``ConvTranspose`` and ``QLinearSigmoid`` amplify to 60 output steps; with ``w'`` a float64
-reference equals ORT on every level (``benchmarks/ort_layerwise.py``).
+Walked by hand: the path from the anchor to its quantize passes any number of one-reader calls.
 
-The weight becomes ``qnn.dequantize(q, s, zp)`` of int8 constants, as in ORT's graph: relay.build's
-prefix lowers and folds it back into a float32 constant, ``f32(f32(q - zp) * s)``, which is ORT's
-``DequantizeLinear``; and a second run finds no float weight (idempotent: re-quantizing ``w'``
-could move ``s`` by one ulp). Anchors: ``nn.conv1d/2d/3d`` and ``nn.conv1d/2d/3d_transpose``
-(ONNX ``Conv``/``ConvTranspose``); a bias is the ``nn.bias_add`` of a 1-D float32 constant right
-after the anchor (a ``Conv`` whose bias is not a constant is skipped, as ORT skips it). ``Gemm``
-is not handled: TVM imports it and ``MatMul`` (which ORT's rule does not cover) both as
-``nn.dense``, and tells them apart only by the ops around it. Everything else is left alone
-with the reason logged at DEBUG on ``tvm_ext.passes.QuantizeWeightsAsOnnxRuntime``: a dequantized
-weight (ORT would then quantize only a float bias: not done here), a data input that is not a
-per-tensor ``qnn.dequantize``, a branch or another op before the ``qnn.quantize``.
-
-Scope of the match. ORT applies the rule on the ONNX graph; this pass applies it to what TVM's
-ONNX importer makes of it, so ops the importer inserts (``auto_pad``'s ``nn.pad``) make it
-reject. What ORT does next with the quantized weight differs by op: ``ConvTranspose`` (and a
-``Conv`` with bias followed by ``Relu``) stays a float kernel, which the float TVM op with ``w'``
-matches; a plain ``Conv`` is then fused into ``QLinearConv``
-(integer accumulation, one float requantization), which the float op matches except where the
-two roundings of a level differ (near halfway values).
-
-Measured against onnxruntime 1.32 (CPU execution provider); a release without
-``WeightBiasQuantization`` computes with ``w``, as TVM does without this pass.
-
-Hand-matched rather than a dataflow pattern: the rule needs "one consumer at every step" (ORT's
-``IsNoBranchPathToQuantizeLinear``), which the pattern language does not express.
-Run it at stage ``start`` after ``QDQToInteger`` (whose FQ2I would otherwise turn the float op with
-a dequantized weight into an integer QNN op): ``pipelines.int8(numerics="onnxruntime")`` does.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the path from the anchor to its quantize
-passes through any number of pass-through calls, each with one reader, which a fixed pattern cannot
-express.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``QuantizeWeightsAsOnnxRuntime``.
 """
 from __future__ import annotations
 
@@ -80,7 +35,7 @@ _PASS_THROUGH = ("nn.relu", "clip")
 def ort_int8_weight_parameters(w: np.ndarray):
     """``(q, scale, zero_point)``: ONNX Runtime's int8 per-tensor quantization of a float weight.
 
-    ``GetQuantizationParameter<int8_t>`` then ``QuantizeLinear``, evaluated in float32 (module note).
+    ``GetQuantizationParameter<int8_t>`` then ``QuantizeLinear``, evaluated in float32 (docs/passes.md).
     """
     f32 = np.float32
     w = np.asarray(w, dtype="float32")
@@ -187,7 +142,7 @@ def QuantizeWeightsAsOnnxRuntime():  # pylint: disable=invalid-name
     reads a per-tensor ``DequantizeLinear`` and feeds a ``QuantizeLinear`` (through ``Relu``/``Clip``
     only, no branch) with its int8 per-tensor quantization, dequantized; a float bias is rounded to
     int32 at ``input scale * weight scale``. This pass does the same on the Relay graph (the weight
-    becomes ``qnn.dequantize`` of int8 constants; see the module note), so TVM computes with the
+    becomes ``qnn.dequantize`` of int8 constants; see docs/passes.md), so TVM computes with the
     weights ONNX Runtime computes with. Changes outputs: part of
     ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.
 

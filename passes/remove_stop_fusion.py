@@ -1,20 +1,6 @@
 """RemoveStopFusion: drop relay.quantize's fusion barriers, or move them to the narrowest tensor.
 
-Design note
------------
-``relay.quantize``'s partition step (``python/tvm/relay/quantize/_partition.py`` marks the
-partition outputs; their realization, ``QPartitionExprNode::Realize`` in
-``src/relay/quantize/partition.cc``, wraps each in ``stop_fusion(cast_hint(x, int8))``) puts a
-barrier after each requantized value so that it is materialised in the narrow type. FuseOps
-(``src/relay/analysis/graph_partitioner.cc``) gives ``stop_fusion`` pattern ``kOpaque``: nothing
-fuses into or through it, and the mutator then drops the op. The result is one extra kernel per
-barrier: BN + ReLU + requantize and every residual add become kernels of their own.
-
-For every ``s = stop_fusion(x)``, downstream barriers first, the pass predicts where FuseOps would
-end ``x``'s kernel without ``s``: it follows the chain ``s -> c1 -> ... -> e`` of single-use
-elementwise/broadcast ops with ``x``'s shape (the path a conv group fuses along, ``dom pattern ==
-kElemWise``), through barriers already removed, stopping at the first value ``e`` with several
-users, the function result, or a consumer that is an anchor, injective or opaque op. Then::
+Rewrites::
 
     # remove: bits(e) <= bits(x)                    stop_fusion(x) -> x
     # move:   m = narrowest of x..e (last on ties)  stop_fusion(x) -> x;  c(m) -> c(stop_fusion(m))
@@ -23,35 +9,9 @@ users, the function result, or a consumer that is an anchor, injective or opaque
     # ... but remove whenever e's kernel could not fuse into its consumer anyway (e.g.
     #     int8 -> cast i32 -> global_avg_pool2d): e is written either way, the barrier only adds a kernel
 
-so the tensor crossing the kernel boundary is never wider than with the barrier, and as many ops
-as possible join the producer's kernel. (A removed barrier after ``e`` is looked through when
-asking where ``e``'s kernel goes: it will not be there.)
+Walked by hand: each barrier's :data:`DECISIONS` row depends on the decisions made downstream.
 
-*Joins.* Only one anchor's kernel can absorb a join (``add`` of two branches), so a chain passes a
-join only when no other input brings an anchor (walking upstream through removed barriers). A
-chain that passes a join *claims* it - when an anchor's kernel can reach the barrier's ``x``
-(through barriers not decided yet, which may be removed): a barrier on a parameter, or on a
-value with other users, starts a kernel without an anchor, which competes for no join. A claimed
-join stops every later chain except those that reach it through the claimant (they carry the
-anchor the claim was made for). Decided that way, a second run, which sees the removed barriers
-gone, makes the same decisions: the pass is idempotent. Bit-exactness: ``stop_fusion`` is the identity and
-integer arithmetic does not depend on kernel boundaries. Float arithmetic can (LLVM may contract a
-``fmul`` and the following ``fadd`` into one ``fma`` when they share a kernel), so a barrier on a
-float ``multiply`` whose consumer is ``add``/``subtract`` is kept. Two anchors never share a
-kernel: FuseOps only fuses an ``kOutEWiseFusable`` group along paths of patterns ``<= kBroadcast``
-(a group already holding an anchor fails that check), so removing a barrier can only add
-elementwise/broadcast/injective ops to an anchor's kernel.
-
-Run it right before FuseOps (tvm_ext.build stage ``"before_fuse"``): the barriers must survive
-relay.build's prefix, where they keep ``FoldScaleAxis`` from folding the float first conv's
-batch norm into its weights (different float bits) and ``SimplifyExpr`` from dropping
-``cast(cast(clip(x), i8), i32)`` pairs that keep the crossing tensors int8; and ``CanonicalizeCast``
-has by then given each consumer its own widening cast, so the int8 value, not the int32 one,
-is what the producer's kernel writes.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: each barrier's decision depends on the
-chains to the next kernel boundaries and on the decisions already made for the barriers downstream
-(an ordered, whole-function walk), not on a local shape.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``RemoveStopFusion``.
 """
 from __future__ import annotations
 

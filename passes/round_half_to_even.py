@@ -1,8 +1,6 @@
 """RoundHalfToEven: Relay's ``round`` (ties away from zero) becomes round-half-to-even.
 
-Design note
------------
-Three rules, on every float ``round`` call of a dataflow function::
+Rewrites::
 
     # round(v) -> tvm_ext.round_half_to_even(v)     (ties go to the even neighbour)
     # round(divide(x, c)) -> the above of divide(x, const([c]))     (c a float scalar constant)
@@ -10,60 +8,12 @@ Three rules, on every float ``round`` call of a dataflow function::
     # round(add(v, z)) -> add(<the above of v>, z)       (z an integer-valued float scalar constant)
     #     (a zero point added after rounding, as ONNX Runtime's requantize does)
 
-Why. TVM 0.19 lowers ``round`` to LLVM's ``llvm.round``: halfway cases go *away from zero*
-(``round(0.5) = 1``, ``round(2.5) = 3``). ONNX defines ``Round`` and ``QuantizeLinear`` with
-round-half-to-even, and ONNX Runtime's MLAS kernels round that way (``cvtps2dq`` under the
-default MXCSR). TVM's QNN canonicalization lowers ``qnn.quantize`` to
-``clip(round(x / s) + zp)`` (and ``qnn.requantize`` with ``rounding="TONEAREST"`` and a float
-compute dtype to ``round(...)``), so every exact tie lands one level away from ONNX Runtime.
-Exact ties are common where it matters most: images normalised as ``(p / 255 - 0.5) / 0.5``
-and quantized with the calibrated scale ``2 / 255`` give ``x / s = p - 127.5`` for every pixel;
-on PP-OCR's text classifier 31 % of the input levels differed from ONNX Runtime's, and the
-network amplified that to 28 output steps (``benchmarks/ort_layerwise.py``).
-
-The second rule: TVM's TIR simplifier rewrites a division by a float *scalar constant* into a
-multiplication by its reciprocal (``x / 0.00784314`` becomes ``x * 127.49996``), which rounds
-differently: PP-OCR's normalised pixel ``0.01176471`` gives ``1.5`` divided and ``1.4999999``
-multiplied, one level apart after rounding (1.6 % of the classifier's input levels). A
-one-element tensor divisor is a kernel argument, not a constant TIR can fold, so the kernel
-divides (``fdiv``) as ONNX Runtime's MLAS does. Only divisions whose result is rounded are
-changed, and only when ``x`` has rank >= 1 (broadcasting keeps its shape).
-
-The third rule: TVM lowers ``qnn.requantize`` with a float compute dtype and
-``rounding="TONEAREST"`` to ``round(acc * m + zp)``; ONNX Runtime's MLAS computes
-``rne(acc * m) + zp``. With an odd zero point the two differ on ties (``rne(92.5) + 1 = 93``,
-``rne(93.5) = 94``), and adding ``zp`` in float can itself round a large ``acc * m``.
-
-The replacement, :func:`tvm_ext.ops.round_half_to_even`, is one TIR ``nearbyint`` per element
-(LLVM's ``llvm.nearbyint``: round to nearest even under the default rounding mode, which TVM code
-never changes): exact for every float, ``inf`` and ``nan`` included. It is an op rather than the Relay
-formula ``f + where(d > 0.5, 1, where(d == 0.5, f - 2 * floor(0.5 * f), 0))`` (``f = floor(v)``,
-``d = v - f``), equal in value (the formula gives ``+0.0`` where ``nearbyint`` gives ``-0.0``), because
-the formula reads ``v`` seven times: TVM inlines a fused kernel's elementwise chain into one TIR
-expression, so ``k`` roundings in one kernel (a requantize feeding a quantized SiLU, TabulateEightBit's
-table build) make ``7**k`` copies and TIR's simplifier runs for minutes (the YOLOv8n QDQ build with
-``pipelines.int8(numerics="onnxruntime")``: > 23 CPU-minutes with the formula, 6 with the op). The replacement contains
-no ``round``, so a second run changes nothing. Non-float ``round`` calls (none in TVM 0.19) and functions with
-``If``/``Let``/... are left alone, with the reason logged at DEBUG on
-``tvm_ext.passes.RoundHalfToEven``.
-
-Inside groups. A ``Primitive`` function a pass made before this one (``FuseWideningIntoPool``'s pool
-groups: a pool and its elementwise consumers, a requantize's ``round`` among them) is one kernel
-already, so the rules are applied to its body too::
-
     # f(a...) with f = fn(p...) {...round(v)...} Primitive=1
     #     -> f'(a..., k...) with f' = fn(p..., q...) {...rne(v)...} Primitive=1
 
-where the one-element divisors the second rule writes (``k``) become parameters ``q`` of the group,
-as FuseOps lifts every non-scalar constant out of the functions it makes (``_util.lift_constants``):
-TVM lowers a group's constants only when they are scalars.
+As data: :data:`RULES` (``tvm.relay.dataflow_pattern``), applied inside ``Primitive`` groups too.
 
-Where to run it: at ``before_fuse`` (the default of :func:`tvm_ext.build`), after relay.build's
-prefix has lowered the QNN ops; at ``start`` only explicit ``round`` calls exist. The rewrite is
-elementwise and fuses with its neighbours (kernel count unchanged on the tested models).
-
-Matched by op name (``round``), not with ``tvm.relay.dataflow_pattern``: the rule has no structure
-beyond the one call, so a pattern would add nothing to the name test and the dtype check.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``RoundHalfToEven``.
 """
 from __future__ import annotations
 
@@ -162,7 +112,7 @@ def _rounds(nodes) -> dict:
 
 def _group_calls(nodes) -> tuple[dict, int]:
     """Each call of a ``Primitive`` function whose body rounds, replaced by the call of the rewritten
-    function (module note, "Inside groups"; new non-scalar constants become parameters), and the
+    function (docs/passes.md, "Inside groups"; new non-scalar constants become parameters), and the
     number of rounds rewritten inside them."""
     subst: dict = {}
     rounds = 0

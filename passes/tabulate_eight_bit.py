@@ -1,63 +1,8 @@
 """TabulateEightBit: an elementwise function of one 8-bit tensor becomes a 256-entry table lookup.
 
-Design note
------------
-*Why.* A quantized sigmoid, SiLU (``x * sigmoid(x)``), tanh, GELU... computes in float between a
-dequantize and a quantize. TVM fuses that chain into the producer's kernel (the convolution's
-epilogue), but LLVM has no vector ``exp``: every ``sigmoid`` becomes one scalar ``expf`` call per
-element. On YOLOv8n (SiLU after every convolution) the kernels spend most of their time there.
-ONNX Runtime evaluates ``QLinearSigmoid`` and friends through a 256-entry table; on 8-bit inputs a
-table is exact. This pass does the same, inside TVM's fused kernels.
+Walked by hand: a chain is what a dataflow analysis finds to depend on one 8-bit value, any shape.
 
-*Rule* (equation)::
-
-    y = f(x), x: int8/uint8 tensor, f: elementwise ops and size-1 constants only,
-               f contains a transcendental op (sigmoid, exp, tanh, erf, log, sqrt, ...)
-    ->  y = tvm_ext.table_lookup(x, T),   T[i] = f(i) for the 256 values i of x's dtype
-
-*Which chains.* A dataflow analysis gives every node its *source*: an elementwise call (TOpPattern
-``kElemWise``/``kBroadcast``) whose non-constant arguments have its own shape and all have the same
-source, inherits it; constants must hold one element (a per-channel vector makes ``f`` differ per
-channel: rejected); every other 8-bit node is its own source. A *root* is a node with a source other
-than itself that is an output or has a consumer with another source. Each root whose chain contains
-a transcendental op is tabulated; chains of cheap arithmetic (requantize, hard-swish) are left
-alone, where a table read costs more than the arithmetic it replaces.
-
-*One table per value.* A root that is a function of another tabulated 8-bit root of the same
-source through cheap ops only (``dq(r)`` of a quantized SiLU ``r`` read by a float residual add,
-while ``r`` itself feeds the next convolution) is not tabulated: it keeps its ops and reads the
-other root's lookup. Tabulating both would give the source two lookups as readers, and the one
-feeding the convolution could then not fuse into the source's kernel (a kernel of its own)::
-
-    r = f(x) (8-bit), s = g(r), g cheap  ->  r = table_lookup(x, T), s = g(r)   (not g∘f tabulated)
-
-*Wide sources.* TVM's simplifier drops a requantize's narrowing cast, so a lookup's source can be
-an ``int32`` clip the interval analysis proves to take at most 256 values. When those lie inside
-an 8-bit dtype the lookup reads ``cast(source, uint8|int8)`` (one cast per source, shared by its
-lookups): the cast fuses into the source's kernel, and a source read by several lookups (YOLOv8n's
-SiLU before an upsample and a concat) crosses kernels as 8 bits instead of int32. Other ranges
-are shifted to index 0 (``source - lo``).
-
-*Exact by construction.* ``T`` is computed by TVM itself: all roots' chains are rebuilt on a
-``(256,)`` input of every value, compiled with ``relay.build`` for the target being built (when
-the host can run it; otherwise for plain ``llvm`` on the host, logged) and run. The table holds
-what the fused kernel would have computed: same ops, same rounding. (One residual risk: LLVM
-contracts ``a * b + c`` into a fused multiply-add at its own discretion; code generated around a
-convolution and around the table's small kernel could contract differently, changing a float
-result in its last bit and, at an exact rounding tie, an 8-bit result by one level. The tests
-compare bit for bit; the YOLOv8n and PP-OCR measurements in the README were bit-identical.)
-
-*The op.* ``tvm_ext.table_lookup(data, table)`` (:mod:`tvm_ext.ops`: Python type relation,
-``kElemWise`` pattern, ``te.compute`` reading ``table[data + offset]``, injective schedule). Being
-elementwise in its data, FuseOps fuses it into the producer's kernel exactly where the float chain
-was, and TVM's schedules inline it like any elementwise epilogue. It has no layout rule: run the
-pass at ``before_fuse`` (after AlterOpLayout), as :func:`tvm_ext.core.pipelines.int8` does.
-
-*Idempotent:* a lookup is a source of its own (its table has 256 elements), so a second run finds
-nothing new. *No match* (no transcendental op on an 8-bit chain) returns the module unchanged.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: a chain is the subgraph a dataflow analysis
-finds to depend on one 8-bit value (any shape, any size), not a fixed expression tree.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``TabulateEightBit``.
 """
 from __future__ import annotations
 
@@ -122,7 +67,7 @@ _CONST = "const"
 
 
 def _sources(nodes):
-    """node -> its source (see the design note), ``_CONST`` or None (depends on no single 8-bit tensor)."""
+    """node -> its source (docs/passes.md), ``_CONST`` or None (depends on no single 8-bit tensor)."""
     from ._intervals import value_ranges
 
     ranges = value_ranges(nodes)

@@ -1,36 +1,13 @@
 """UniformZeroPointsToScalar: a QNN zero-point vector whose entries are all equal becomes a scalar.
 
-Design note
------------
-One rule, tried on every zero-point operand of the QNN ops in :data:`ZERO_POINT_ARGS`::
+Rewrites::
 
     # op(..., zp = const([c, c, ..., c]), ...)  ->  op(..., zp = const(c), ...)
     #     (the op broadcasts a scalar zero point over the axis: same numbers, same result)
 
-Why. ONNX Runtime's per-channel quantization writes one weight zero point per output channel,
-all 0 (symmetric int8 weights), and TVM's ONNX importer keeps the vector. TVM 0.19's QNN
-canonicalization reads the zero points as integers only when *both* are scalar constants
-(``QnnConv2DCanonicalize`` in ``src/relay/qnn/op/convolution.cc`` tests ``IsConstScalar``);
-otherwise it treats them as dynamic and keeps all four terms of the expansion. With a vector
-it emits, for every conv, the input's
-channel sum (a ``cast -> sum`` kernel), its window average (``avg_pool2d``) and a per-channel
-multiply by the zero vector, each an extra kernel with an int32 tensor crossing it: the small
-per-channel ResNet-50 of the zoo had 72 kernels instead of 26 (0.47 MB of int32 crossing), and
-the QDQ form after ``QDQToInteger`` too. A scalar 0 removes the term at the source.
+As data: :data:`RULES`, one ``tvm.relay.dataflow_pattern`` rule per op of :data:`ZERO_POINT_ARGS`.
 
-Exactness: a QNN op broadcasts a scalar zero point over the quantization axis, so a vector of
-identical entries and the scalar denote the same operand; every output bit is unchanged
-(scales are untouched). Vectors with different entries, non-constant zero points and zero
-points that are already scalars are left alone; each rejection is logged at DEBUG on
-``tvm_ext.passes.UniformZeroPointsToScalar`` with the reason.
-
-Run it at stage ``"start"`` (QNN ops exist only before relay.build's prefix canonicalizes
-them); :func:`tvm_ext.core.pipelines.int8` runs it first, so ``QDQToInteger`` propagates scalar
-zero points from ``qnn.dequantize`` into the integer ops it creates.
-
-Matched by op name against the table of zero-point argument positions, not with
-``tvm.relay.dataflow_pattern``: each rule is one call and an argument check, which a pattern would
-only restate.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``UniformZeroPointsToScalar``.
 """
 from __future__ import annotations
 

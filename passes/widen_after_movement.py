@@ -1,21 +1,6 @@
 """WidenAfterMovement: data movement runs on the 8-bit values; the widening follows it to its reader.
 
-Design note
------------
-Where. A widening chain ``g`` (a private chain of shape-preserving elementwise calls, constants as
-the other arguments, from an 8-bit point ``n``: a uint8/int8 tensor, or a ``clip`` within 8-bit
-bounds; :func:`~tvm_ext.passes._chains.narrow_type`) read by a data-movement call
-``M``: ``reshape``, ``transpose``, ``layout_transform``, ``squeeze``, ``expand_dims``,
-``strided_slice``, ``nn.batch_flatten``, ``split``, or ``concatenate`` of several such chains.
-
-A detector's head has it (YOLOv8n quantized by ONNX Runtime, QDQ and QOperator): the three scales'
-uint8 outputs are each dequantized (``cast i32 -> subtract zp -> cast f32 -> multiply s``, one
-``(s, zp)`` per scale), concatenated in float, split into box and class channels, reshaped and
-transposed in front of the box softmax. FuseOps fuses each dequantize into its producer or into the
-concatenation's kernel, which then writes float32: 1.2 MB per inference at 320x320, four times the
-8-bit bytes, where the model's float compute (softmax, sigmoid) starts one kernel later.
-
-Rules (``g'`` is ``g`` with every non-scalar constant moved as the data is moved)::
+Rewrites::
 
     # M(g(n))                -> g'(M(n))               M unary data movement
     # concat(g_1(n_1), .., g_k(n_k), axis)
@@ -27,45 +12,9 @@ Rules (``g'`` is ``g`` with every non-scalar constant moved as the data is moved
     # (a link of g below M's input also read by others: M's chain is a copy, the link stays
     #  for them, when each of them takes the widening into its kernel; see below)
 
-A link with other readers. ``cast(n, i32)`` read by the chain to ``M`` and by a pool (an 8-bit
-conv's output read by a depthwise conv's dequantize through a ``layout_transform`` and by a
-global average pool): when every reader of the link takes the widening into its own kernel
-(elementwise/broadcast, a reduction, or a pool / softmax, which ``FuseWideningIntoPool`` takes),
-``M`` gets its own copy of the chain from ``n`` and the link keeps the other readers. These are
-the readers ``WidenInEachReader`` (run after this pass) gives a copy of the chain each; deciding
-the same here moves the widening in the same run, where the chain would otherwise become private
-only after ``WidenInEachReader`` and a second run of the pipeline would move it. Another reader
-(a convolution, data movement, a tuple) leaves the link as a kernel writing the wide value: then
-the chain is left alone, since a copy would add a kernel.
+Walked by hand: widening chains of any length, joined by a concatenation of any number of them.
 
-Moving a constant: it is broadcast to the shape the link computes on, moved by the same call
-(TVM's own constant folding of ``M`` on it: exactly what ``M`` does to the data; ``numpy`` for
-``concatenate`` and ``split``), and shrunk back to size 1 along every axis it does not vary on
-(a per-channel constant stays per-channel, the per-scale constant of a concatenation varies along
-the concatenated axis only). Scalar constants are left as they are.
-
-Exact: the same elementwise operations on the same values, only in another order with respect to
-data movement, which moves values without computing. Sweeps repeat (types re-inferred, one per
-movement call at most: :data:`MAX_ROUNDS`) so the widening moves past a sequence of movements (``concat -> split ->
-reshape -> transpose``); it stops in front of the first call that computes. There, an elementwise
-or reducing reader takes it into its kernel, a softmax or pool gets it from
-:class:`~tvm_ext.passes.fuse_widening_into_pool.FuseWideningIntoPool` (run after this pass), and any
-other reader (a convolution) gets it fused into the movement's kernel, which writes what it wrote
-before. No kernel added; the movement kernels move 8-bit values.
-
-Left alone, with a logged reason: a movement reading an 8-bit value already (nothing to move) or a
-value that is not such a chain; chains with a link read by others that do not take the widening
-(above), a link that broadcasts the value
-to a larger shape, a link with two non-constant operands; concatenations whose parts differ in the
-calls of their chains, in their 8-bit dtypes or forms; a split whose result is used other than
-through its fields; dynamic shapes. Idempotent: afterwards every movement reads 8-bit values.
-Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`. Run at stage ``before_fuse``, before
-``WidenInEachReader`` and ``FuseWideningIntoPool``.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the widening chains have unbounded length
-with a per-link shape check and reader checks, and a concatenation joins any number of them, which a
-fixed pattern cannot express.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``WidenAfterMovement``.
 """
 from __future__ import annotations
 
@@ -370,7 +319,7 @@ def WidenAfterMovement():  # pylint: disable=invalid-name
     strided_slice, batch_flatten, split; a concatenation of such chains with the same calls
     becomes one chain on the concatenated 8-bit values). Constants move with the data. Exact; no
     kernel added; the movement's kernel reads and writes 8 bits, and the widening reaches the
-    reader that computes on it (see the module note).
+    reader that computes on it (docs/passes.md).
 
     Use at stage ``before_fuse``, before ``WidenInEachReader`` and ``FuseWideningIntoPool``.
 

@@ -1,18 +1,6 @@
 """WidenInEachReader: a dequantized value with several readers crosses as 8 bits; each reader widens it.
 
-Design note
------------
-Where. A value ``v`` at the end of a private chain of elementwise calls (constants as other
-arguments, one user each) that starts at an 8-bit point ``n`` (a uint8/int8 tensor, or an integer
-``clip`` within 8-bit bounds; :func:`~tvm_ext.passes._chains.narrow_type`), read
-by two or more calls. ONNX Runtime's QOperator squeeze-and-excitation blocks have it: the
-requantized conv output is dequantized once (``cast f32 -> multiply``: TVM's import of
-``QLinearGlobalAveragePool`` and ``QLinearMul``) and read by the SE pool and by the gating
-multiply. FuseOps fuses the chain into the producer's kernel (``v``'s post-dominator lies past
-both readers), which then writes ``v`` as float32: on the PP-OCR classifier 0.96 MB per inference,
-four times the 8-bit bytes.
-
-Rule::
+Rewrites::
 
     # v = w_k(...w_1(n)...), readers r_1(v), ..., r_m(v)  (m >= 2; each r_i elementwise/broadcast,
     #                                                      a reduction, or a pool FuseWideningIntoPool
@@ -20,42 +8,12 @@ Rule::
     #   -> c = n (8-bit typed) or cast(n, u8|i8) (clip);  r_i(w_k(...w_1(widen(c))...)), a copy each
     #      widen(c) = c, or cast(c, dtype(n)) for the clip form
 
-The chain may be empty: ``v`` is itself an integer ``clip`` to 8-bit bounds (typed int32: TVM's
-simplifier drops a requantize's narrowing cast), read by its own ``cast(v, u8)`` and by others
-(MobileNetV3's first SE block under ``int8(numerics="onnxruntime")``: the cast feeds the SE pool,
-the gating multiply reads the clip; the clip crossed as int32 and the cast was a kernel of its
-own)::
-
     # v = clip(y, lo, hi) (int, [lo, hi] in 8 bits), readers cast(v, u8), r_2(v), ..., r_m(v)
     #   -> c = cast(v, u8);  cast(v, u8) -> c,  r_i(cast(c, dtype(v)))
 
-The producer's kernel then ends at ``c`` and writes 8 bits; each copy of the chain is elementwise
-and fuses into its reader's kernel (an elementwise/broadcast reader, or a reduction such as a
-LayerNorm's ``mean`` next to its ``subtract``: FuseOps fuses an elementwise producer into a
-reduction that post-dominates it), or is taken into the pool's
-kernel by :mod:`~tvm_ext.passes.fuse_widening_into_pool`, which runs next. No kernel is added (the
-chain is recomputed per reader: a few elementwise operations per element). Exact: the same
-operations on the same values; ``clip`` to 8-bit bounds makes ``cast(cast(n, u8), dtype(n)) == n``.
-(A float chain recomputed inside a reduction's loop may be contracted by LLVM into a fused
-multiply-add with the reduction's own arithmetic: the last bit of a float result can differ.)
+Walked by hand: the shared value has any number of readers and its chain any length.
 
-*Nested widenings* (PP-OCRv4 det QOperator's RSE blocks under ``pipelines.int8()``): the chain's
-first step ``cast(n, i32) - zp`` is read by the float dequantize (``cast f32 -> multiply``, read by
-the SE pool and the residual add) and by the integer ``qnn.mul`` lowering; the shared ``subtract``
-is rewritten first, which makes the float chain private, so the pass sweeps again (types
-re-inferred; at most ``_MAX_ROUNDS`` sweeps, a clear error beyond) until nothing is rewritten. One
-sweep left those eight dequantizes (4.1 MB float32 per inference) crossing kernels.
-
-Left alone, with a logged reason: values without such a chain, chains whose intermediate values
-have other readers, readers that are neither elementwise/broadcast, a reduction nor such a pool (a conv would
-get the widening as an unfusable producer: a kernel more), the function's result, dynamic shapes.
-Functions with ``If``/``Let``/``Match``/references/closures are skipped; untyped input raises
-:class:`~tvm_ext.passes._util.UntypedModuleError`. Run it at stage ``before_fuse``, before
-``FuseWideningIntoPool``. Idempotent: afterwards ``c`` is read by chains, each with one reader.
-
-Walked by hand, not with ``tvm.relay.dataflow_pattern``: the shared value has any number of readers,
-each checked, and its chain has unbounded length with one reader per link, which a fixed pattern
-cannot express.
+Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``WidenInEachReader``.
 """
 from __future__ import annotations
 
@@ -71,7 +29,7 @@ __all__ = ["WidenInEachReader"]
 PASS_NAME = "WidenInEachReader"
 _log = pass_logger(PASS_NAME)
 _MAX_CHAIN = 64
-#: sweeps before giving up: a rewrite can free a chain for the next sweep (module note)
+#: sweeps before giving up: a rewrite can free a chain for the next sweep (docs/passes.md)
 _MAX_ROUNDS = 8
 
 
