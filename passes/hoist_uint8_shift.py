@@ -8,11 +8,15 @@ Rewrites::
     # s = cast(add(cast(x, int32), 128), uint8); r1(x), ..., rk(x),  x int8
     #     -> r1(cast(subtract(cast(s, int32), 128), int8)), ...
 
+    # aarch64 alike with s = cast(add(b, -128), int8), b in [0, 255], x uint8 (:data:`SHIFTS`)
+
 Walked by hand: it reads every other reader of the shifted value and the function's value ranges.
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``HoistUint8Shift``.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tvm import relay
 
@@ -28,35 +32,58 @@ PASS_NAME = "HoistUint8Shift"
 _log = pass_logger(PASS_NAME)
 
 
+@dataclass(frozen=True)
+class _Shift:
+    """One conv-input shift QNN legalization writes: ``s = cast(add(b, offset), dtype)``."""
+
+    offset: int
+    dtype: str  # the shifted value's dtype
+    source: str  # the 8-bit dtype of the unshifted value (``b = cast(x, int32)``)
+    lo: int  # the range of b that makes the shift exact (no wrap)
+    hi: int
+
+
+#: The shifts, in the order they are tried; the equations are in its design note (docs/passes.md).
+SHIFTS = (
+    # x86 (u8 x s8 multiply-adds): s = cast(b + 128, uint8), b in [-128, 127]
+    _Shift(128, "uint8", "int8", -128, 127),
+    # aarch64 (s8 x s8 dot products): s = cast(b - 128, int8), b in [0, 255]
+    _Shift(-128, "int8", "uint8", 0, 255),
+)
+
+
 def _shift_of(add, users):
-    """``s`` when ``add`` is the ``add(b, 128)`` of a shift ``s = cast(add, uint8)``, else None."""
+    """``(s, shift)`` when ``add`` is the ``add(b, offset)`` of a shift ``s = cast(add, dtype)``, else None."""
     if not (isinstance(add, relay.Call) and op_name(add) == "add" and len(add.args) == 2):
         return None
-    if constant_scalar(add.args[1]) != 128:
+    offset = constant_scalar(add.args[1])
+    shift = next((sh for sh in SHIFTS if sh.offset == offset), None)
+    if shift is None:
         return None
     readers = users.get(add, [])
     if len(readers) != 1:
         return None
     cast = readers[0][0]
-    if op_name(cast) == "cast" and str(cast.attrs.dtype) == "uint8":
-        return cast
+    if op_name(cast) == "cast" and str(cast.attrs.dtype) == shift.dtype:
+        return cast, shift
     return None
 
 
 def _match(add, users, ranges, body):
-    """(v, s, replacement dtype, [(reader, arg index), ...]) for a shift's ``add``, or a Reject.
+    """(v, s, shift, replacement dtype, [(reader, arg index), ...]) for a shift's ``add``, or a Reject.
 
     ``v`` is the value the other readers read: ``b`` itself (int32), or ``x`` when
-    ``b = cast(x, int32)`` of an int8 ``x`` is read by the shift alone.
+    ``b = cast(x, int32)`` of an 8-bit ``x`` is read by the shift alone.
     """
-    s = _shift_of(add, users)
-    if s is None:
-        return Reject("not a +128 uint8 shift")
+    found = _shift_of(add, users)
+    if found is None:
+        return Reject("not a +-128 8-bit shift")
+    s, shift = found
     b = add.args[0]
     v, vdtype, skip = b, "int32", add
     if len(users.get(b, [])) == 1 and isinstance(b, relay.Call) and op_name(b) == "cast" \
-            and str(b.args[0].checked_type.dtype) == "int8":
-        v, vdtype, skip = b.args[0], "int8", b  # cast(x, int32) -> add 128 -> cast u8; x read elsewhere
+            and str(b.args[0].checked_type.dtype) == shift.source:
+        v, vdtype, skip = b.args[0], shift.source, b  # cast(x, int32) -> add -> cast; x read elsewhere
     others = [(r, i) for r, i in users.get(v, []) if not r.same_as(skip)]
     if not others:
         return Reject("the shift is its only reader: it already fuses into the producer")
@@ -68,8 +95,8 @@ def _match(add, users, ranges, body):
         return Reject(f"{b.checked_type.dtype} value shifted, not int32")
     if vdtype == "int32":
         lo, hi = ranges.get(b, (None, None))
-        if lo is None or lo < -128 or hi > 127:
-            return Reject(f"range [{lo}, {hi}] not proven inside [-128, 127]")
+        if lo is None or lo < shift.lo or hi > shift.hi:
+            return Reject(f"range [{lo}, {hi}] not proven inside [{shift.lo}, {shift.hi}]")
     if v.same_as(body):
         return Reject("the value is also the function's result")
     if not isinstance(v, relay.Call) or op_name(v) is None:
@@ -83,7 +110,7 @@ def _match(add, users, ranges, body):
             if not isinstance(c, relay.Call) or call_pattern(c) > K_INJECTIVE:
                 name = op_name(c) if isinstance(c, relay.Call) else type(c).__name__
                 return Reject(f"reader {name} is not elementwise/broadcast/injective (the widening would be a kernel)")
-    return v, s, vdtype, others
+    return v, s, shift, vdtype, others
 
 
 def _collect(nodes, users, body) -> dict:
@@ -97,23 +124,24 @@ def _collect(nodes, users, body) -> dict:
         if isinstance(m, Reject):
             _log.debug("shift of %s: not hoisted: %s", op_name(add.args[0]) or type(add.args[0]).__name__, m)
             continue
-        v, s, vdtype, others = m
+        v, s, shift, vdtype, others = m
         for r, _ in others:
             r_new = subst.get(r, r)  # a reader of two hoisted values: rewrite the rewritten call
-            # v -> subtract(cast(s, int32), 128) [-> cast int8], a copy per reader (fuses into it)
+            # v -> subtract(cast(s, int32), offset) [-> cast to v's 8-bit dtype], a copy per reader (fuses into it)
             if isinstance(r_new, relay.Tuple):
-                subst[r] = relay.Tuple([_unshift(s, vdtype) if a.same_as(v) else a for a in r_new.fields], r_new.span)
+                fields = [_unshift(s, shift, vdtype) if a.same_as(v) else a for a in r_new.fields]
+                subst[r] = relay.Tuple(fields, r_new.span)
                 continue
-            args = [_unshift(s, vdtype) if a.same_as(v) else a for a in r_new.args]
+            args = [_unshift(s, shift, vdtype) if a.same_as(v) else a for a in r_new.args]
             subst[r] = relay.Call(r_new.op, args, r_new.attrs, r_new.type_args, r_new.span)
-        _log.info("%s %s %s: +128 uint8 shift hoisted into the producer; %d other reader(s) read the shifted value",
-                  op_name(v), vdtype, [int(d) for d in v.checked_type.shape], len(others))
+        _log.info("%s %s %s: %+d %s shift hoisted into the producer; %d other reader(s) read the shifted value",
+                  op_name(v), vdtype, [int(d) for d in v.checked_type.shape], shift.offset, shift.dtype, len(others))
     return subst
 
 
-def _unshift(s, dtype):
-    # s = x + 128 (uint8) -> x
-    x = relay.subtract(relay.cast(s, "int32"), relay.const(128, "int32"))
+def _unshift(s, shift, dtype):
+    # s = x + offset (8-bit) -> x
+    x = relay.subtract(relay.cast(s, "int32"), relay.const(shift.offset, "int32"))
     return x if dtype == "int32" else relay.cast(x, dtype)
 
 

@@ -140,6 +140,62 @@ def test_build_removes_shift_kernel_bit_exact(join, caplog):
     assert_same_outputs(base, new, {"x": x})
 
 
+def u8_residual(join):
+    """The same block with uint8 activations (U8S8), as aarch64's dot-product convs read them: aarch64
+    legalization shifts y (uint8) to int8 for the second conv (``cast(cast(y, int32) - 128, int8)``)."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    w1, w2 = (RNG.integers(-3, 4, (16, 16, 3, 3)).astype("int8") for _ in range(2))
+
+    def qconv(v, w):
+        c = relay.qnn.op.conv2d(v, relay.const(w), relay.const(125), relay.const(0), relay.const(0.1),
+                                relay.const(0.05), kernel_size=(3, 3), channels=16, padding=(1, 1), out_dtype="int32")
+        return relay.qnn.op.requantize(c, relay.const(0.005), relay.const(0), relay.const(0.1), relay.const(125),
+                                       out_dtype="uint8")
+
+    y = qconv(x, w1)
+    z = qconv(y, w2)
+    s, zp, so, zo = relay.const(0.1), relay.const(125), relay.const(0.2), relay.const(128)
+    if join == "qnn":
+        return infer(relay.qnn.op.add(y, z, s, zp, s, zp, so, zo))
+    f = relay.add(relay.qnn.op.dequantize(y, s, zp), relay.qnn.op.dequantize(z, s, zp))
+    return infer(relay.qnn.op.quantize(f, so, zo, out_dtype="uint8"))
+
+
+def test_structure_aarch64_form():
+    """y(u8) -+-> cast i32 -> add -128 -> cast i8 -> conv -+-> add
+              +-> cast f32 --------------------------------+ """
+    x = relay.var("x", shape=(1, 4, 6, 6), dtype="uint8")
+    y = relay.cast(relay.clip(relay.cast(x, "int32"), 10, 250), "uint8")
+
+    def graph(other):
+        s = relay.cast(relay.add(relay.cast(y, "int32"), relay.const(-128, "int32")), "int8")
+        return infer(relay.add(relay.cast(_conv(s), "float32"), relay.cast(other(s), "float32")))
+
+    unshift = lambda s: relay.cast(relay.subtract(relay.cast(s, "int32"), relay.const(-128, "int32")), "uint8")  # noqa: E731
+    before_mod = graph(lambda s: y)
+    after = check(HoistUint8Shift(), before_mod, graph(unshift))
+    assert_unchanged(HoistUint8Shift(), after)
+    x_in = {"x": np.random.default_rng(4).integers(0, 256, (1, 4, 6, 6)).astype("uint8")}
+    out_b, out_a = assert_same_outputs(before_mod, after, x_in)
+    np.testing.assert_array_equal(out_b[0], out_a[0])
+
+
+@pytest.mark.parametrize("join", ["onnx", "qnn"])
+def test_aarch64_build_removes_shift_kernel(join, caplog):
+    """Compiled for Neoverse-N1 (+dotprod, int8 x int8 dot products; zero-point pads folded in both
+    builds): the lone shift kernel is gone. Compile only; here the kernels and bytes are counted."""
+    mod = u8_residual(join)
+    target = "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod"
+    pads = [FoldPadIntoConv(), FoldZeroPointPadIntoConv()]
+    base = tvm_ext.build(mod, target=target, kernels=True, passes={"before_fuse": pads})
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        new = tvm_ext.build(mod, target=target, kernels=True, passes={"before_fuse": [HoistUint8Shift(), *pads]})
+    assert caplog.text.count("-128 int8 shift hoisted into the producer") == 1
+    rb, rn = base.kernel_report, new.kernel_report
+    assert rn.num_kernels == rb.num_kernels - 1, (rb.table(), rn.table())
+    assert rn.crossing.total_bytes < rb.crossing.total_bytes
+
+
 # -- no match: unchanged, with the reason logged ----------------------------------------------
 @pytest.mark.parametrize("case,reason", [
     ("no_clip", "not proven inside [-128, 127]"),

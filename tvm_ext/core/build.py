@@ -357,10 +357,14 @@ def kernel_contexts(tgt, mod, kernels: bool, tuned: bool) -> tuple:
     False it only makes TVM's VNNI intrinsic buildable with LLVM 22 (TVM's layouts and schedules
     stay); the second has ``hits`` when records were applied.
     """
+    from ..arm import int8_conv as arm_int8
     from ..x86 import tuning, int8_conv as x86_int8
 
     if tgt.kind.name != "llvm":
         return contextlib.nullcontext(), contextlib.nullcontext()
+    if _is_aarch64(tgt):
+        # aarch64: 8-bit operands for every int8 conv and dense (tvm_ext.arm.int8_conv); no tuned records
+        return arm_int8.kernels() if kernels else contextlib.nullcontext(), contextlib.nullcontext()
     policy = x86_int8.kernels(schedule=kernels, int8_graph=kernels and _has_8bit_tensors(mod))
     return policy, tuning.apply(tgt) if tuned else contextlib.nullcontext()
 

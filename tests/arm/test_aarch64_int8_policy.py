@@ -1,0 +1,31 @@
+"""tvm-ext's aarch64 int8 kernel policy (tvm_ext.arm.int8_conv), run under qemu: exact integer results.
+
+The layers the policy moves off TVM's rules: convs and denses at NEON only (Cortex-A72), which TVM
+widens to int16 and the policy multiplies as int8 (``smull`` + ``saddlp``), and convs with fewer than
+64 input channels, which TVM gives the NCHW spatial pack and the policy the NCHWc dot-product kernel.
+The oracle is numpy integer arithmetic with the input over the full uint8 range and the weights over
+[-127, 127]; the uint8 -> int8 input shift of every class is part of what is checked.
+"""
+import numpy as np
+import pytest
+
+import tvm_ext
+from tvm_ext.testing.aarch64 import TARGETS, run_on_session
+
+from _cases import conv_reference, dense_reference, qnn_conv, qnn_dense
+
+
+@pytest.mark.parametrize("cpu, channels", [("cortex-a72", 64), ("cortex-a72", 8), ("neoverse-n1", 8),
+                                           ("neoverse-n1", 16), ("neoverse-v1", 8)])
+def test_qnn_conv2d_exact_under_qemu(cpu, channels, arm_session, tmp_path):
+    mod, x, w = qnn_conv(np.random.default_rng(channels), channels=channels)
+    factory = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True)
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"conv_{cpu}_{channels}")
+    np.testing.assert_array_equal(out, conv_reference(x, w), err_msg=f"{channels}-channel conv at {TARGETS[cpu]}")
+
+
+def test_qnn_dense_exact_under_qemu_neon_only(arm_session, tmp_path):
+    mod, x, w = qnn_dense(np.random.default_rng(3))
+    factory = tvm_ext.build(mod, target=TARGETS["cortex-a72"], kernels=True)
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, "dense_a72")
+    np.testing.assert_array_equal(out, dense_reference(x, w), err_msg="qnn.dense at Cortex-A72")

@@ -1,0 +1,120 @@
+"""tvm_ext.arm.int8_conv: every int8 conv and dense at an aarch64 target multiplies 8-bit operands.
+
+Compiled only (aarch64 code does not run here); tests/arm/test_aarch64_int8_policy.py runs the same
+builds under qemu against exact integer arithmetic. The kernel report says what crosses between
+kernels and which layouts the convs took; the assembly says which instructions they use.
+"""
+import collections
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+from tvm.target import codegen
+
+import tvm_ext
+from tvm_ext.arm import int8_conv
+from tvm_ext.testing.aarch64 import TARGETS
+
+pytestmark = pytest.mark.skipif("aarch64" not in list(codegen.llvm_get_targets()),
+                                reason="this TVM's LLVM has no AArch64 back end")
+
+DOT = {"sdot", "udot", "usdot"}
+
+
+def _conv_requantize(channels, size=14):
+    """uint8 x int8 3x3 conv (input zero point 77), bias, requantize to uint8: a quantized network's layer."""
+    rng = np.random.default_rng(channels)
+    x = relay.var("x", shape=(1, channels, size, size), dtype="uint8")
+    w = relay.const(rng.integers(-127, 128, (32, channels, 3, 3)).astype("int8"))
+    y = relay.qnn.op.conv2d(x, w, relay.const(77), relay.const(0), relay.const(0.02), relay.const(0.01),
+                            kernel_size=(3, 3), channels=32, padding=(1, 1), out_dtype="int32")
+    y = relay.nn.bias_add(y, relay.const(rng.integers(-1000, 1000, 32).astype("int32")))
+    y = relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(3),
+                                out_dtype="uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _dense_requantize():
+    rng = np.random.default_rng(5)
+    x = relay.var("x", shape=(2, 64), dtype="uint8")
+    y = relay.qnn.op.dense(x, relay.const(rng.integers(-127, 128, (16, 64)).astype("int8")), relay.const(77),
+                           relay.const(0), relay.const(0.02), relay.const(0.01), units=16, out_dtype="int32")
+    y = relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(3),
+                                out_dtype="uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _stock(mod, target):
+    return tvm_ext.build(mod, target=target, kernels=False)
+
+
+def _policy(mod, target):
+    return tvm_ext.build(mod, target=target, kernels=True)
+
+
+def _conv_mnemonics(factory) -> collections.Counter:
+    ops, inside = collections.Counter(), False
+    for line in factory.get_lib().get_source("asm").splitlines():
+        label = re.match(r"^([A-Za-z_][\w.$]*):", line)
+        if label:
+            inside = "conv2d" in label.group(1)
+            continue
+        op = re.match(r"^\s+([a-z][a-z0-9.]*)\s", line)
+        if op and inside:
+            ops[op.group(1)] += 1
+    return ops
+
+
+def _kernel_names(factory) -> list:
+    return [k.name for k in factory.kernel_report.kernels]
+
+
+def _wide_inputs(factory) -> set:
+    """dtypes wider than 8 bits that a conv or dense kernel reads from another kernel."""
+    return {d for d in factory.kernel_report.crossing.count if d not in ("int8", "uint8")}
+
+
+@pytest.mark.parametrize("make", [lambda: _conv_requantize(64), _dense_requantize], ids=["conv", "dense"])
+def test_neon_only_keeps_8bit_operands(make):
+    mod = make()
+    stock, ours = _stock(mod, TARGETS["cortex-a72"]), _policy(mod, TARGETS["cortex-a72"])
+    assert "int16" in _wide_inputs(stock), "TVM widens the operands to int16 without a dot product"
+    assert not _wide_inputs(ours), f"8-bit operands cross: {ours.kernel_report.crossing.count}"
+
+
+def test_neon_only_conv_multiplies_int8_with_widening_instructions():
+    ops = _conv_mnemonics(_policy(_conv_requantize(64), TARGETS["cortex-a72"]))
+    assert ops["smull"] or ops["smull2"], f"no int8 x int8 -> int16 multiply in the conv: {dict(ops)}"
+    assert ops["saddlp"] or ops["sadalp"], f"no pairwise widening add in the conv: {dict(ops)}"
+    assert not DOT & set(ops), "the library must run on a CPU without FEAT_DotProd"
+
+
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+def test_few_channels_take_the_nchwc_dot_product_kernel(cpu):
+    mod = _conv_requantize(8)  # below TVM's 64: the NCHW spatial pack and layout transforms otherwise
+    stock, ours = _stock(mod, TARGETS[cpu]), _policy(mod, TARGETS[cpu])
+    assert not any("NCHWc" in n for n in _kernel_names(stock)), _kernel_names(stock)
+    assert any("conv2d_NCHWc" in n for n in _kernel_names(ours)), _kernel_names(ours)
+    assert DOT & set(_conv_mnemonics(ours)), f"no sdot/udot in the 8-channel conv at {cpu}"
+
+
+def test_tvms_rules_are_back_after_the_build_and_after_an_error():
+    mod = _conv_requantize(8)
+    names = _kernel_names(_stock(mod, TARGETS["neoverse-n1"]))
+    with pytest.raises(RuntimeError):
+        with int8_conv.kernels():
+            with int8_conv.kernels():
+                pass
+            assert any("NCHWc" in n for n in _kernel_names(_stock(mod, TARGETS["neoverse-n1"])))
+            raise RuntimeError("boom")
+    assert _kernel_names(_stock(mod, TARGETS["neoverse-n1"])) == names
+
+
+def test_x86_targets_untouched():
+    mod = _conv_requantize(8)
+    target = "llvm -mcpu=x86-64-v3"
+    with int8_conv.kernels():
+        inside = _kernel_names(_stock(mod, target))
+    assert inside == _kernel_names(_stock(mod, target))

@@ -1,0 +1,118 @@
+"""tvm-ext's int8 kernel policy for aarch64: every int8 conv and dense multiplies 8-bit operands.
+
+Design note
+-----------
+TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path (docs/arm.md):
+
+* **No dot product (NEON only, Cortex-A72).** QNN legalization
+  (``python/tvm/relay/qnn/op/legalizations.py``) widens NCHW convs and every dense to int16 and
+  subtracts the zero points first, so an int16 tensor crosses into each conv. TVM's NCHWc int8
+  kernel runs on NEON too (``smull`` + ``saddlp``: int8 x int8 products in int16, pairs summed in
+  int32, exact), so the policy legalizes as with a dot product::
+
+      # qnn.conv2d(u8 x, s8 w, zp)  ->  qnn.conv2d(cast(x - 128, int8), w, zp - 128)   (as at +dotprod)
+
+* **Fewer than 64 input channels.** The int8 conv strategy requires 64 (``conv2d_strategy_arm_cpu``);
+  below, the conv takes the NCHW spatial pack, so a ``layout_transform`` kernel and an explicit pad
+  kernel sit between it and its NCHWc neighbours (ResNet's stem, small models). The policy offers
+  the NCHWc int8 kernel for any int8 x int8 conv whose input channels are a multiple of 4 (TVM's
+  conv2d legalization pads them to 8), at the same priority as TVM's own.
+
+* Everything else stays TVM's: depthwise convs, NHWC, float.
+
+:func:`kernels` installs the three registrations for as long as it is entered and puts TVM's back
+on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext.x86._patch.Patch`).
+:func:`tvm_ext.build` enters it for aarch64 targets when a tvm-ext pipeline runs (``kernels=True``).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import tvm
+from tvm import relay, topi
+from tvm.relay.op import strategy as _strategy
+from tvm.relay.op.strategy import arm_cpu as _arm_strategy
+from tvm.relay.qnn.op import legalizations as _qnn_legalize
+from tvm.target import Target
+
+from ..x86._patch import Patch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["kernels", "NCHWC_INT8", "MIN_INT8_CHANNELS"]
+
+#: The implementation name of TVM's NCHWc int8 conv on aarch64 (``sdot``/``udot``, or ``smull``).
+NCHWC_INT8 = "conv2d_nchw_int8.arm_cpu"
+
+#: TVM 0.19's lower bound on input channels for :data:`NCHWC_INT8`, which the policy lifts.
+MIN_INT8_CHANNELS = 64
+
+
+def _asimd_without_dotprod() -> bool:
+    features = Target.current(allow_none=False).features
+    return bool(features.has_asimd) and not bool(features.has_dotprod)
+
+
+def _qnn_conv2d_legalize(attrs, inputs, types):
+    # NEON only: int8 x int8 operands (as at +dotprod) instead of int16 ones, for NCHW non-depthwise convs
+    is_depthwise = _strategy.is_depthwise_conv2d(types[0].shape, attrs["data_layout"], types[1].shape,
+                                                 attrs["kernel_layout"], attrs["groups"])
+    if _asimd_without_dotprod() and not is_depthwise and attrs["data_layout"] == "NCHW":
+        return _qnn_legalize.helper_change_dtypes_to_be_same(attrs, inputs, types, relay.qnn.op.conv2d)
+    return _qnn_legalize._qnn_conv2d_legalize_arm_cpu(attrs, inputs, types)
+
+
+def _qnn_dense_legalize(attrs, inputs, types):
+    # NEON only: an int8 x int8 dense (its cast to int32 happens inside the kernel) instead of int16 operands
+    if _asimd_without_dotprod():
+        return _qnn_legalize.helper_change_dtypes_to_be_same(attrs, inputs, types, relay.qnn.op.dense)
+    return _qnn_legalize._qnn_dense_legalize_arm_cpu(attrs, inputs, types)
+
+
+def _takes_nchwc_int8(attrs, data, kernel) -> bool:
+    """An NCHW int8 x int8 conv (groups 1) with fewer input channels than TVM's bound, a multiple of 4."""
+    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+        return False
+    if not topi.arm_cpu.conv2d_int8.is_int8_hw_support(data.dtype, kernel.dtype):
+        return False
+    channels = kernel.shape[1]
+    if not isinstance(channels, tvm.tir.IntImm):
+        return False  # a dynamic channel count: TVM's rule
+    return int(channels) < MIN_INT8_CHANNELS and int(channels) % 4 == 0
+
+
+def _conv2d_strategy(attrs, inputs, out_type, target):
+    strategy = _arm_strategy.conv2d_strategy_arm_cpu(attrs, inputs, out_type, target)
+    data, kernel = inputs
+    if _takes_nchwc_int8(attrs, data, kernel):
+        strategy.add_implementation(
+            _strategy.wrap_compute_conv2d(topi.arm_cpu.conv2d_nchw_int8),
+            _strategy.wrap_topi_schedule(topi.arm_cpu.schedule_conv2d_nchw_int8),
+            name=NCHWC_INT8,
+            plevel=15,
+        )
+    return strategy
+
+
+def _install():
+    logger.debug("aarch64: tvm-ext int8 kernel policy (8-bit operands at NEON, NCHWc int8 below 64 channels)")
+    _qnn_legalize.qnn_conv2d_legalize.register("arm_cpu", _qnn_conv2d_legalize, override=True)
+    _qnn_legalize.qnn_dense_legalize.register("arm_cpu", _qnn_dense_legalize, override=True)
+    _strategy.conv2d_strategy.register("arm_cpu", _conv2d_strategy, override=True)
+
+
+def _uninstall():
+    _qnn_legalize.qnn_conv2d_legalize.register("arm_cpu", _qnn_legalize._qnn_conv2d_legalize_arm_cpu, override=True)
+    _qnn_legalize.qnn_dense_legalize.register("arm_cpu", _qnn_legalize._qnn_dense_legalize_arm_cpu, override=True)
+    _strategy.conv2d_strategy.register("arm_cpu", _arm_strategy.conv2d_strategy_arm_cpu, override=True)
+
+
+_PATCH = Patch(_install, _uninstall)
+
+
+@contextlib.contextmanager
+def kernels():
+    """Enter to build aarch64 int8 convs and denses with tvm-ext's kernel policy (module note)."""
+    with _PATCH.entered():
+        yield
