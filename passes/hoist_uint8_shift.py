@@ -1,4 +1,5 @@
-"""HoistUint8Shift: the +128 shift x86 puts in front of an int8-input conv moves into the producer.
+"""HoistUint8Shift: the +-128 input shift of an 8-bit conv (x86: int8 -> uint8; aarch64: uint8 -> int8)
+moves into the producer.
 
 Design note
 -----------
@@ -15,7 +16,7 @@ kernel of its own, and an int32 tensor crosses two kernel boundaries. On the PP-
 that is 6 kernels more than U8S8 in QOperator and 2 more than stock TVM in QDQ (stock keeps
 those convs in float).
 
-One rule, on every int32 value ``b`` proven to lie in ``[-128, 127]``
+Two rules, one per shift (:data:`SHIFTS`). On every int32 value ``b`` proven to lie in ``[-128, 127]``
 (:func:`~tvm_ext.passes._intervals.value_ranges`)::
 
     # s = cast(add(b, 128), uint8); r1(b), ..., rk(b)
@@ -26,11 +27,20 @@ and its int8 form, where QNN lowering keeps the requantize's ``cast(clip, int8)`
     # s = cast(add(cast(x, int32), 128), uint8); r1(x), ..., rk(x),  x int8
     #     -> r1(cast(subtract(cast(s, int32), 128), int8)), ...
 
-Each other reader gets its own copy of ``subtract(cast(s, int32), 128)`` (elementwise, fused into
+aarch64's dot products are int8 x int8 (``sdot``), so its QNN legalization
+(``helper_change_dtypes_to_be_same``) shifts a *uint8* input the other way, and a uint8 ResNet's block
+output, read by the next block's conv and by the shortcut, becomes a lone shift kernel (12 of the 71
+kernels of the QDQ ResNet-50 at Neoverse-N1). The mirror rule, on ``b`` in ``[0, 255]`` or
+``b = cast(x, int32)`` of a uint8 ``x``::
+
+    # s = cast(add(b, -128), int8); r1(b), ..., rk(b)
+    #     -> s = cast(add(b, -128), int8); r1(subtract(cast(s, int32), -128)), ..., rk(...)
+
+Each other reader gets its own copy of ``subtract(cast(s, int32), offset)`` (elementwise, fused into
 that reader's kernel, as CanonicalizeCast does for widening casts), so ``b``'s only reader is the
-shift, which fuses into ``b``'s producer: that kernel writes ``s`` (uint8), the shift kernel
-disappears and no int32 crosses. Exact: ``b`` in ``[-128, 127]`` makes ``b + 128`` fit uint8
-(no wrap) and ``cast(s, int32) - 128 == b`` element for element.
+shift, which fuses into ``b``'s producer: that kernel writes ``s``, the shift kernel disappears and
+no int32 crosses. Exact: the ranges make ``b + offset`` fit the 8-bit type (no wrap), and
+``cast(s, int32) - offset == b`` element for element.
 
 Rewritten only when every other reader is elementwise, broadcast or injective (``TOpPattern`` <= 2,
 e.g. YOLO's ``concatenate`` of a C2f block's branches: the widening copy fuses into it; a pool or
