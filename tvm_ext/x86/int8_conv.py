@@ -10,8 +10,9 @@ entry exits, so a plain ``relay.build`` in the same process keeps TVM's behaviou
 ``kernels(schedule=False)``, and only ``exact_without_vnni`` and ``vnni_operand_types`` do
 (otherwise the kernels are ``relay.build``'s). Each change is decided per instruction-set class
 (:func:`tvm_ext.x86.isa.isa_class` of the target being compiled, read at schedule time, so one process
-can build for several classes) from measurements on that class; :func:`policy` holds the conv
-schedule choices and their evidence (``_POLICY``, from ``benchmarks/int8_conv_schedules.py``).
+can build for several classes) from measurements on that class; :mod:`tvm_ext.x86.int8_policy` holds
+those choices as tables, with their evidence (:func:`~tvm_ext.x86.int8_policy.policy`; conv schedules from
+``benchmarks/lab/int8_conv_schedules.py``).
 The measurements in full: ``docs/x86-kernels.md``. "AVX2 code" below was measured as
 ``-mcpu=znver3`` code on Zen 4, "AVX-512 VNNI" as ``-mcpu=znver4`` on Zen 4.
 
@@ -71,7 +72,7 @@ The changes, each with where it applies, its rule and its measured reason:
     and ResNet-50's 1x1 convs 2-9 % faster as AVX2 code and 4-15 % on AVX-512 VNNI.
 
 ``fallback_register_tile`` -- untuned float convs and untuned depthwise convs (8-bit and float) on
-    AVX2 (:data:`_FALLBACK_TILE_ACCUMULATORS`; tuned configs are not touched). TVM's fallback takes
+    AVX2 (:data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`; tuned configs are not touched). TVM's fallback takes
     ``tile_ow`` = the largest divisor of the output width up to 31 (float 1x1: ``tile_oh x tile_ow``
     under 32 pixels), one vector register per pixel and channel block: that fits AVX-512's 32 zmm
     and spills AVX2's 16 ymm. Here the tile is cut (:func:`_float_conv_register_tile`,
@@ -160,141 +161,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 
 from . import conv_transpose as x86_conv_transpose
 from . import exact_int8
 from ._patch import Patch
+from .int8_policy import FALLBACK_TILE_ACCUMULATORS, INT8_CONV_BLOCK, KernelPolicy, needs_operand_fix, policy, \
+    vnni_ready
 from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernels", "active", "policy", "KernelPolicy", "vnni_ready", "needs_operand_fix", "dot_u8s8_vnni",
-           "int8_block"]
+__all__ = ["kernels", "active", "dot_u8s8_vnni", "int8_block", "int8_out_channels"]
 
-#: LLVM major version from which vpdpbusd takes <64 x i8> byte operands (llvm-project #155194).
-LLVM_VNNI_I8_OPERANDS = 22
-#: Channel block AlterOpLayout gives an untuned int8 conv on every x86 CPU (TVM's ``int32_lanes=16``).
-INT8_CONV_BLOCK = 16
 #: Widest channel block ``global_pool_channel_vector`` vectorizes a global pool over (TVM's own limit
 #: for its pool vectorizer).
 _MAX_POOL_VECTOR = 64
 
 _SAVED: dict = {}
-
-
-@dataclass(frozen=True)
-class KernelPolicy:
-    """How tvm-ext compiles x86 int8 convolutions for one instruction-set class.
-
-    Attributes
-    ----------
-    isa : str
-        The class (:func:`tvm_ext.x86.isa.isa_class`).
-    vector_bits : int
-        Register width the int8 dot product uses (512 zmm, 256 ymm, 128 xmm; 0 for non-x86).
-    dot : str
-        The instruction of the int8 dot product: ``vpdpbusd`` (VNNI) or ``vpmaddubsw``
-        (+ ``vpmaddwd``; saturates int16 pair sums).
-    per_row : bool
-        Compute 3x3/7x7 int8 convs per output row (``epilogue_per_row``) instead of TVM's
-        per-pixel form.
-    evidence : str
-        The measurement behind ``per_row`` and ``tile_accumulators``
-        (``benchmarks/int8_conv_schedules.py``).
-    channel_blocks : tuple of int
-        The channel blocks of 8-bit tensors in order of preference (:func:`int8_block` takes the
-        first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 and AVX-512
-        VNNI 8 before 12 (``narrow_channel_blocks``: a full 8-lane register, not one and a half).
-    int8_out_blocks : tuple of int
-        The output blocks an int8 conv may take, largest first; output channels no block divides
-        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 and
-        AVX-512 VNNI (16, 8) (``narrow_channel_blocks``: 24 output channels are not padded to 32
-        and sliced).
-    tile_accumulators : int
-        Compute 1x1 int8 convs, and 3x3/7x7 ones when not ``per_row``, per *tile* of output
-        pixels whose accumulators fit this many vector registers (``per_tile_accumulators``),
-        instead of TVM's forms; 0 keeps TVM's.
-    """
-
-    isa: str
-    vector_bits: int
-    dot: str
-    per_row: bool
-    evidence: str
-    channel_blocks: tuple = (16, 12, 8, 4)
-    int8_out_blocks: tuple = (16,)
-    tile_accumulators: int = 0
-
-    @property
-    def conv_schedule(self) -> str:
-        """``"per_row"``, ``"per_tile"`` or ``"tvm"``: how 3x3/7x7 int8 convs are computed."""
-        return "per_row" if self.per_row else ("per_tile" if self.tile_accumulators else "tvm")
-
-    @property
-    def conv1x1_schedule(self) -> str:
-        """``"per_tile"`` or ``"tvm"``: how 1x1 int8 convs are computed."""
-        return "per_tile" if self.tile_accumulators else "tvm"
-
-
-# Per-ISA choices (vector bits, dot instruction, epilogue_per_row, evidence); ResNet-50's 3x3/7x7
-# int8 convs with a requantize epilogue, one thread, Zen 4 (AVX2 measured by building for
-# -mcpu=znver3), benchmarks/int8_conv_schedules.py.
-_POLICY = {
-    "avx512_vnni": (512, "vpdpbusd", True, "epilogue_per_row: 0.19-0.49x TVM's time per conv (Zen 4, "
-                    "-mcpu=znver4)"),
-    "avx512": (512, "vpmaddubsw", True, "epilogue_per_row: 0.82-0.99x TVM's time per conv, 0.90x summed (Zen 4, "
-               "VNNI masked)"),
-    "avx2": (256, "vpmaddubsw", False, "epilogue_per_row: 0.86-1.65x TVM's time per conv, 1.16-1.32x summed; "
-             "per_tile_accumulators: 0.86-1.02x, 0.94-0.96x summed (Zen 4 running -mcpu=znver3 code)"),
-    "sse": (128, "pmaddubsw", False, "not measured: TVM's schedule kept"),
-    "other": (0, "", False, "not x86: TVM's schedule"),
-}
-
-
-#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule
-#: (``narrow_channel_blocks``).
-_NARROW_BLOCKS = {"avx2": (16, 8, 12, 4), "avx512_vnni": (16, 8, 12, 4)}
-#: Int8 conv output blocks per class where they differ from TVM's (``narrow_channel_blocks``; on
-#: AVX-512 VNNI through the 8-lane ymm ``vpdpbusd``).
-_NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
-#: Accumulator registers of the per-tile schedules per class (``per_tile_accumulators``): AVX2 has
-#: 16 ymm registers, AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
-#: take three, and one is left spare.
-_TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
-#: The same for the tiles of TVM's *fallback* (untuned) configs of float convs and of depthwise
-#: convs, 8-bit and float (``fallback_register_tile``). TVM's fallback takes up to 31 pixels of one
-#: register each, which fits AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry
-#: (AVX-512 is not measured).
-_FALLBACK_TILE_ACCUMULATORS = {"avx2": 12}
-
-
-#: Classes whose convs take another class's choices in every table above: an AMX target's convs
-#: run on AVX-512 VNNI (its tiles compute dense and batch_matmul only, :mod:`tvm_ext.x86.amx`).
-_CONVS_AS = {"amx": "avx512_vnni"}
-
-
-def policy(target) -> KernelPolicy:
-    """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
-    cls = isa_class(target)
-    key = _CONVS_AS.get(cls, cls)
-    bits, dot, per_row, evidence = _POLICY[key]
-    return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
-                        _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
-                        _TILE_ACCUMULATORS.get(key, 0))
-
-
-def needs_operand_fix() -> bool:
-    """True when this LLVM's ``vpdpbusd.512`` takes ``<64 x i8>`` (TVM 0.19's call aborts)."""
-    from tvm.target import codegen
-
-    return codegen.llvm_version_major() >= LLVM_VNNI_I8_OPERANDS
-
-
-def vnni_ready(target) -> bool:
-    """True when ``target`` has AVX-512 VNNI and :func:`kernels` can build for it safely."""
-    cls = isa_class(target)
-    return _CONVS_AS.get(cls, cls) == "avx512_vnni"
 
 
 def dot_u8s8_vnni(lanes: int = 16):
@@ -676,11 +559,11 @@ def _depthwise_int8_block(fallback):
 def _fallback_tile_budget(cfg):
     """``(accumulator registers, vector registers per pixel)`` for cutting an untuned conv's tile on
     the current target (``fallback_register_tile``), or None where TVM's tile is kept
-    (:data:`_FALLBACK_TILE_ACCUMULATORS`)."""
+    (:data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`)."""
     from tvm.target.x86 import get_simd_32bit_lanes
 
     target = _current_target()
-    budget = _FALLBACK_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
+    budget = FALLBACK_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
     if budget is None:
         return None
     return budget, -(-cfg["tile_oc"].size[-1] // get_simd_32bit_lanes())
@@ -688,7 +571,7 @@ def _fallback_tile_budget(cfg):
 
 def _depthwise_register_tile(fallback):
     """``fallback`` (a TVM x86 depthwise default config), then, on classes with a tile budget
-    (AVX2: :data:`_FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` cut to the widest tile whose
+    (AVX2: :data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` cut to the widest tile whose
     accumulators fit the registers (``fallback_register_tile``; 8-bit and float depthwise convs alike). The other knobs
     stay; tuned configs are not touched."""
     import functools
@@ -886,7 +769,7 @@ def _float_conv_int8_blocks(fallback):
 
 def _float_conv_register_tile(fallback, one_by_one: bool):
     """``fallback`` (a TVM x86 float conv default config), then, on classes with a tile budget
-    narrower than TVM's rule (AVX2: :data:`_FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` (and
+    narrower than TVM's rule (AVX2: :data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` (and
     ``tile_oh`` for 1x1 convs) cut to the widest tile whose accumulators fit the registers
     (``fallback_register_tile``). The other knobs stay TVM's; tuned configs are not touched."""
     import functools
@@ -1004,7 +887,7 @@ def kernels(schedule=True, int8_graph=False):
         and only applies ``vnni_operand_types`` (VNNI buildable with LLVM 22): that is "stock TVM"
         for a VNNI target. ``"per_row"`` (``"per_tile"``) uses the per-row (per-tile) int8 conv
         schedule on every instruction set (for measurements such as
-        ``benchmarks/int8_conv_schedules.py``).
+        ``benchmarks/lab/int8_conv_schedules.py``).
     int8_graph : bool
         The graph being built computes in 8 bits: float convs read their input blocked as the
         int8 convs write it (``int8_graph_float_conv_blocks``; only with ``schedule``). Float
