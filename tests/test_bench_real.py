@@ -82,11 +82,11 @@ def _succeed(job):
 
 def test_a_crashing_build_is_reported_not_fatal(tmp_path):
     jobs = [dict(pipeline="tvm", dir=str(tmp_path)), dict(pipeline="tvm_ext", dir=str(tmp_path))]
-    res = bench._run_builds(jobs[:1], parallel=True, _child=_segfault)
+    res = bench.run_builds(jobs[:1], parallel=True, _child=_segfault)
     assert res == {"tvm": {"error": "crashed (signal 11, SIGSEGV)"}}
-    res = bench._run_builds(jobs[1:], parallel=True, _child=_succeed)
+    res = bench.run_builds(jobs[1:], parallel=True, _child=_succeed)
     assert res == {"tvm_ext": {"build_s": 1.0}}
-    assert bench._crash_text(3) == "crashed (exit code 3, no result)"
+    assert bench.crash_text(3) == "crashed (exit code 3, no result)"
 
 
 def test_real_variants():
