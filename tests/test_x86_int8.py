@@ -472,11 +472,11 @@ def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
     only the graph's input and output are re-blocked. On AVX-512 without VNNI nothing changes.
     Where the host runs the code: the same bits."""
     mod = _narrow_blocks_graph()
-    blocks, out_blocks = x86_int8._NARROW_BLOCKS, x86_int8._NARROW_OUT_BLOCKS
+    blocks, out_blocks = int8_policy._NARROW_BLOCKS, int8_policy._NARROW_OUT_BLOCKS
 
     def build(narrow=True, outputs=True):
-        monkeypatch.setattr(x86_int8, "_NARROW_BLOCKS", blocks if narrow else {})
-        monkeypatch.setattr(x86_int8, "_NARROW_OUT_BLOCKS", out_blocks if outputs else {})
+        monkeypatch.setattr(int8_policy, "_NARROW_BLOCKS", blocks if narrow else {})
+        monkeypatch.setattr(int8_policy, "_NARROW_OUT_BLOCKS", out_blocks if outputs else {})
         with x86_int8.kernels(int8_graph=True), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target)
 
