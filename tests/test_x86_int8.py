@@ -15,7 +15,7 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.x86 import int8_conv as x86_int8
-from tvm_ext.x86 import int8_policy
+from tvm_ext.x86 import int8_policy, int8_schedules
 from tvm_ext.x86.isa import llvm_features as _llvm_features
 from tvm_ext.x86.isa import runs_on_host
 from tvm_ext.x86.target import build_target, host_target
@@ -223,7 +223,7 @@ def test_1x1_conv_schedule_follows_the_isa_policy(target):
 ])
 def test_1x1_tile_shape_fits_the_registers(shape, groups, wanted, expected):
     budget = 12 if groups == 2 else 28
-    got = x86_int8.tile_shape(shape[0], shape[1], groups, wanted, accumulators=budget)
+    got = int8_schedules.tile_shape(shape[0], shape[1], groups, wanted, accumulators=budget)
     assert got == expected
     assert got[0] * got[1] * groups <= budget
 
@@ -239,7 +239,7 @@ def test_1x1_tile_shape_fits_the_registers(shape, groups, wanted, expected):
     (5, 2, 0, 5),     # no wish: the largest fitting divisor
 ])
 def test_tile_width_fits_the_registers(width, groups, wanted, expected):
-    assert x86_int8.tile_width(width, groups, wanted, accumulators=12) == expected
+    assert int8_schedules.tile_width(width, groups, wanted, accumulators=12) == expected
 
 
 #: (k, channels, size, stride, epilogue, input channels): the per-tile schedule's cases
