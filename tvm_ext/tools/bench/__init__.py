@@ -332,6 +332,7 @@ def _output_step(onnx_path) -> dict:
 
 # --- environment ---------------------------------------------------------------------------
 def cpu_name() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``, else ``platform.processor()``)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -342,6 +343,7 @@ def cpu_name() -> str:
 
 
 def versions() -> dict:
+    """Versions of Python, TVM, LLVM and the packages the benchmark's numbers depend on."""
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}

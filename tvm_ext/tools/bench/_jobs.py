@@ -216,6 +216,7 @@ def error_line(err: Exception) -> str:
 
 
 def crash_text(exitcode: int) -> str:
+    """One line for a child process that died without a result: its exit code or signal."""
     import signal
 
     if exitcode < 0:

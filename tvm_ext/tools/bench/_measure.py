@@ -234,6 +234,9 @@ def _max_abs(a, b) -> float:
 
 
 def compare_outputs(outputs: dict, integer_graph: bool) -> dict:
+    """The benchmark's numerics: ``outputs`` maps an engine name (``tvm``, ``tvm_ext``, ``onnxruntime``,
+    ``exact``, ...) to its outputs on the same inputs; returns the comparisons present (max differences,
+    top-1 agreement, bit-exactness, outputs differing from the exact reference) as a JSON-able dict."""
     res = {}
     stock, ext, ort_out = outputs.get("tvm"), outputs.get("tvm_ext"), outputs.get("onnxruntime")
     if stock and ext:
