@@ -95,7 +95,7 @@ import json, re, sys
 import numpy as np, tvm
 from tvm import relay
 import tvm_ext
-from tvm_ext.x86 import int8_conv as x86_int8
+from tvm_ext.x86 import int8_policy
 x = relay.var("x", shape=(1, 64, 14, 14), dtype="uint8")
 # weights in [-64, 64]: no vpmaddubsw pair can saturate, so the saturating dot product stays (full-range
 # weights take the exact int16 pairs without VNNI: tests/test_exact_int8.py)
@@ -107,7 +107,7 @@ out = {}
 for cpu in sys.argv[1:]:
     lib = tvm_ext.build(mod, target=f"llvm -mcpu={cpu}")  # compiled only: never run here
     asm = lib.get_lib().get_source("asm")
-    pol = x86_int8.policy(tvm_ext.build_target(f"llvm -mcpu={cpu}"))
+    pol = int8_policy.policy(tvm_ext.build_target(f"llvm -mcpu={cpu}"))
     out[cpu] = {"policy": {"isa": pol.isa, "dot": pol.dot, "vector_bits": pol.vector_bits},
                 **{k: len(re.findall(k, asm)) for k in ("vpdpbusd", "vpmaddubsw", "zmm", "ymm")}}
 print("RESULT " + json.dumps(out))

@@ -15,7 +15,7 @@ A leaf module (it imports only TVM): :mod:`tvm_ext.x86.target`, :mod:`tvm_ext.x8
   dies with SIGILL and takes the whole process with it.
 * :func:`isa_class` names the x86 int8 instruction-set class a target compiles to. TVM 0.19's
   int8 intrinsics decide by these features, and so do tvm-ext's kernel choices
-  (:func:`tvm_ext.x86.int8_conv.policy`):
+  (:func:`tvm_ext.x86.int8_policy.policy`):
 
   ===============  =====================================  =================================
   class            features                               int8 dot product
