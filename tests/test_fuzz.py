@@ -15,6 +15,7 @@ import tvm
 from tvm import relay
 
 from tvm_ext.testing import fuzz
+from tvm_ext.testing.fuzz import execution, oracle, runner
 
 SMOKE_N = 200
 SMOKE_SEED = 12
@@ -92,7 +93,7 @@ def test_dequantized_outputs_get_the_steps_integer_outputs_get():
     q = qnn.op.quantize(x, relay.const(0.05), relay.const(0, "int32"), out_dtype="uint8")
     deq = qnn.op.dequantize(q, relay.const(0.05), relay.const(128, "int32"))
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.Tuple([deq, x]))))
-    steps = fuzz._output_steps(mod)
+    steps = oracle._output_steps(mod)
     assert steps[0] == pytest.approx(0.05) and steps[1] is None
     ref = [[np.array([6.4, 0.0, 1.0, 2.0], "float32"), np.array([1.0], "float32")]]
     one = [[np.array([6.35, 0.0, 1.0, 2.0], "float32"), np.array([1.0], "float32")]]
@@ -119,7 +120,7 @@ def _foreign_target():
     from tvm_ext.x86.isa import runs_on_host
 
     for t in ("llvm -mcpu=znver3", "llvm -mcpu=sapphirerapids"):
-        if not runs_on_host(fuzz._targets(t)[0]):
+        if not runs_on_host(execution.targets(t)[0]):
             return t
     return None
 
@@ -132,7 +133,7 @@ def test_foreign_target_is_compiled_not_run(monkeypatch):
     def no_run(*_a, **_k):
         raise AssertionError("code compiled for a target this host lacks was executed")
 
-    monkeypatch.setattr(fuzz, "_run_factory", no_run)
+    monkeypatch.setattr(execution, "run_factory", no_run)
     res = fuzz.check_graph(_stop_graph(), passes=("RemoveStopFusion",), stages=("start",), pipeline=False,
                            target=target)
     assert not res.failures, res.failures
@@ -160,7 +161,7 @@ def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
         seen.update(kw)
         return fuzz.Summary(target=kw["target"])
 
-    monkeypatch.setattr(fuzz, "run", fake_run)
+    monkeypatch.setattr(runner, "run", fake_run)
     assert fuzz.main(["-n", "1", "--target", "llvm -mcpu=x86-64-v3"]) == 0
     assert seen["target"] == "llvm -mcpu=x86-64-v3"
     assert "target: llvm -mcpu=x86-64-v3" in capsys.readouterr().out
