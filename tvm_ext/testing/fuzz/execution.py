@@ -28,7 +28,7 @@ import itertools
 import os
 import tempfile
 
-__all__ = ["EXACT_TARGET", "NUM_INPUTS", "targets", "executor", "compiled_only_reason", "prefixed",
+__all__ = ["EXACT_TARGET", "NUM_INPUTS", "targets", "foreign_arch", "executor", "compiled_only_reason", "prefixed",
            "build_prefixed", "run_factory", "run_remote", "seeded_inputs"]
 
 #: Seeded inputs every built graph is run on.
@@ -52,10 +52,12 @@ def targets(target=None):
     return tvm.target.Target(tgt, host=tgt), host_target() if target is None else safe_target(target)
 
 
-def _foreign_arch(tgt) -> str | None:
-    from tvm_ext.tools.deploy import foreign_arch
+def foreign_arch(target) -> str | None:
+    """The target triple when ``target`` compiles for another architecture than this host's, else
+    None (also for None, the host CPU)."""
+    from tvm_ext.tools.deploy import foreign_arch as triple_if_foreign
 
-    return foreign_arch(tgt)
+    return None if target is None else triple_if_foreign(target)
 
 
 def compiled_only_reason(target, rpc: str | None = None) -> str | None:
@@ -64,6 +66,9 @@ def compiled_only_reason(target, rpc: str | None = None) -> str | None:
     from tvm_ext.x86.isa import missing_on_host, runs_on_host
 
     tgt, _ = targets(target)
+    arch = foreign_arch(tgt)
+    if arch:
+        return None if rpc else f"outputs not compared, compiled only ({arch} code, and no RPC server to run it on)"
     if runs_on_host(tgt):
         return None
     missing = missing_on_host(tgt) if tgt.kind.name == "llvm" else [tgt.kind.name]
@@ -76,6 +81,8 @@ def executor(target, rpc: str | None = None):
     why = compiled_only_reason(target, rpc)
     if why:
         return None, why
+    if rpc and foreign_arch(targets(target)[0]):
+        return (lambda factory, inputs_list: run_remote(rpc, factory, inputs_list)), None
     return (lambda factory, inputs_list: run_factory(factory, inputs_list)), None
 
 
@@ -123,12 +130,16 @@ def seeded_inputs(mod) -> list:
 
 def _build_contexts(tgt):
     """The contexts ``tvm_ext.build`` compiles a graph in at ``tgt`` (with its default settings)."""
+    from tvm_ext.arm import requantize as arm_requantize
+    from tvm_ext.core.build import _is_aarch64
     from tvm_ext.x86 import int8_conv as x86_int8
     from tvm_ext.x86 import tuning
 
     stack = contextlib.ExitStack()
     stack.enter_context(x86_int8.kernels())
     stack.enter_context(tuning.apply(tgt))
+    if _is_aarch64(tgt):
+        stack.enter_context(arm_requantize.generic_q_multiply_shift())
     return stack
 
 

@@ -9,6 +9,7 @@ adds up the results; :func:`main` is ``python -m tvm_ext.testing.fuzz`` (``make 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .builder import build_graph, short_error
-from .execution import NUM_INPUTS, compiled_only_reason
+from .execution import NUM_INPUTS, compiled_only_reason, foreign_arch
 from .grammar import Spec, generate
 from .oracle import PASSES, Failure, GraphResult, check_spec
 
@@ -248,6 +249,7 @@ class Summary:
     files: list = field(default_factory=list)
     stock_inexact: int = 0  # graphs where stock relay.build at the target misses exact integer arithmetic
     target: str = ""  # what the graphs were compiled for ("" : the host CPU)
+    execution: str = ""  # where the builds ran, or why they were compiled only
 
     def add(self, spec: Spec, res: GraphResult):
         self.graphs += 1
@@ -268,6 +270,7 @@ class Summary:
         rate = self.graphs / self.seconds if self.seconds else 0.0
         lines = [
             f"target: {self.target or 'host CPU'}",
+            f"executed: {self.execution or 'on this host'}",
             f"graphs tried: {self.graphs} in {self.seconds:.0f} s ({rate:.2f} graphs/s); "
             + "variants: " + ", ".join(f"{k} {v}" for k, v in sorted(self.variants.items())),
             f"TVM builds: {self.builds}; output comparisons: {self.compared} (x {NUM_INPUTS} inputs)",
@@ -322,10 +325,52 @@ def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures"
         shrink_failures: bool = True, kw=None, progress: bool = True) -> Summary:
     """Generate ``n`` graphs, check them in child processes, shrink and write the failures.
 
-    ``kw`` goes to :func:`check_graph` (``target``: what every graph is compiled for)."""
+    ``kw`` goes to :func:`check_graph` (``target``: what every graph is compiled for; ``rpc``: the
+    TVM RPC server that runs the builds for a target of another architecture, default the qemu-user
+    server of :func:`where_builds_run`)."""
     t0 = time.time()
     specs = generate(n, seed, max_steps)
-    summary = Summary(target=str((kw or {}).get("target") or ""))
+    with where_builds_run(kw) as (kw, where):
+        summary = Summary(target=str(kw.get("target") or ""), execution=where)
+        _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, t0)
+    summary.seconds = time.time() - t0
+    return summary
+
+
+@contextlib.contextmanager
+def where_builds_run(kw=None):
+    """``(kw, where)``: :func:`check_graph`'s arguments with the RPC server that runs the builds,
+    and where they run, for the table.
+
+    A target of another architecture without ``rpc`` in ``kw`` runs on an aarch64 TVM RPC server
+    under qemu-user that this context starts and stops (:func:`tvm_ext.testing.aarch64.rpc_server`),
+    when ``make arm-env`` has set one up; else its builds are compiled only, and ``where`` says
+    what is missing.
+    """
+    from tvm_ext.testing import aarch64
+
+    kw = dict(kw or {})
+    target, rpc = kw.get("target"), kw.get("rpc")
+    triple = foreign_arch(target)
+    why = compiled_only_reason(target, rpc) if not triple or rpc else None
+    if why:
+        yield kw, f"compiled only: {why}"
+    elif rpc:
+        yield kw, f"on the TVM RPC server at {rpc}"
+    elif not triple:
+        yield kw, "on this host"
+    elif not triple.startswith(("aarch64", "arm64")):
+        yield kw, f"compiled only: {triple} code, and no RPC server to run it on (--rpc HOST:PORT)"
+    elif aarch64.missing():
+        yield kw, f"compiled only: {triple} code, and no RPC server to run it on: {aarch64.missing()}"
+    else:
+        with aarch64.rpc_server() as server:
+            kw["rpc"] = server.address
+            yield kw, f"on the aarch64 TVM RPC server under qemu-user at {server.address} (tvm_ext.testing.aarch64)"
+
+
+def _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, t0):
+    """Check ``specs`` in workers, add them to ``summary``, shrink and write the failures."""
     done = [0]
     last = [0.0]
 
@@ -354,14 +399,14 @@ def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures"
                 return any(f.signature() == sig for f in r.failures)
             small = shrink(spec, still)
         name = "_".join(x.replace("(", "_").replace(")", "").replace(".", "_") for x in sig) + f"_{n_sig}"
-        summary.files.append(str(write_failure(out_dir, name, small, failure, spec, (kw or {}).get("target"))))
-    summary.seconds = time.time() - t0
-    return summary
+        summary.files.append(str(write_failure(out_dir, name, small, failure, spec, kw.get("target"))))
 
 
 def main(argv=None) -> int:
-    """``python -m tvm_ext.testing.fuzz [-n N] [--seed S] [--workers W] [--out DIR] [--target T]``."""
+    """``python -m tvm_ext.testing.fuzz [-n N] [--seed S] [--workers W] [--out DIR] [--target T] [--rpc HOST:PORT]``."""
     import argparse
+
+    from tvm_ext.tools.rpc import parse_address
 
     ap = argparse.ArgumentParser(prog="python -m tvm_ext.testing.fuzz", description=_DESCRIPTION)
     ap.add_argument("-n", type=int, default=10000, help="graphs to try (default 10000)")
@@ -375,17 +420,29 @@ def main(argv=None) -> int:
                          "relay.build (float graphs)")
     ap.add_argument("--target", default=None,
                     help='TVM target the passes, prefix and builds are for (default: the host CPU), e.g. '
-                         '"llvm -mcpu=x86-64-v3"; code this host cannot execute is compiled, not run')
+                         '"llvm -mcpu=x86-64-v3"; code this host cannot execute is compiled, not run, unless '
+                         'an RPC server runs it')
+    ap.add_argument("--rpc", default=None, metavar="HOST:PORT",
+                    help="TVM RPC server that runs the builds for a --target of another architecture (a board); "
+                         "default for aarch64: a server under qemu-user when `make arm-env` has set it up, "
+                         "else compiled only")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     if args.target:
         bad = _bad_target(args.target)
         if bad:
             ap.error(f"--target {args.target!r}: {bad}")
-        why = compiled_only_reason(args.target)
+        why = None if foreign_arch(args.target) else compiled_only_reason(args.target)
         if why:
             sys.stderr.write(f"--target {args.target}: {why}\n")
-    kw = {"build_check": not args.no_build_check, "target": args.target}
+    if args.rpc:
+        try:
+            parse_address(args.rpc)
+        except ValueError as err:
+            ap.error(f"--rpc: {err}")
+        if not (args.target and foreign_arch(args.target)):
+            ap.error("--rpc runs the builds for a --target of another architecture (e.g. aarch64)")
+    kw = {"build_check": not args.no_build_check, "target": args.target, "rpc": args.rpc}
     summary = run(args.n, args.seed, args.workers, args.out, args.max_steps, not args.no_shrink, kw)
     print(summary.table())
     return 1 if summary.failures else 0
