@@ -323,7 +323,8 @@ class _Oracle:
         return outs
 
     def checked_reference(self):
-        """:meth:`reference`, or None with the reason in the skips when it cannot be built."""
+        """``(reference outputs, True)``, or ``(None, False)`` with the reason in the skips when the
+        reference cannot be built (its outputs are None too when the target is compiled only)."""
         from tvm_ext.core import tvm_bugs
 
         try:
