@@ -18,8 +18,9 @@ take turns only while they run a module, not while they compile.
 
 *The prefix.* :func:`prefixed` runs relay.build's prefix as ``tvm_ext.build`` does, and
 :func:`build_prefixed` finishes such a module the way ``tvm_ext.build`` does after its
-``before_fuse`` passes, inside the same contexts (x86 kernel policy, tuning records, and on
-aarch64 the generic ``q_multiply_shift`` lowering), so the oracle runs the prefix once per graph.
+``before_fuse`` passes, inside the contexts it compiles a pipeline's graph in (the kernel policy
+of the target's architecture, tuned records, and on aarch64 the generic ``q_multiply_shift``
+lowering), so the oracle runs the prefix once per graph.
 """
 from __future__ import annotations
 
@@ -128,18 +129,23 @@ def seeded_inputs(mod) -> list:
     return [random_inputs(mod, seed=s) for s in range(NUM_INPUTS)]
 
 
-def _build_contexts(tgt):
-    """The contexts ``tvm_ext.build`` compiles a graph in at ``tgt`` (with its default settings)."""
+def _build_contexts(tgt, mod):
+    """The contexts ``tvm_ext.build`` compiles a pipeline's graph in at ``tgt``: its kernel policy
+    and tuned records (x86: :func:`tvm_ext.x86.int8_conv.kernels` and the records; aarch64:
+    :func:`tvm_ext.core.build.kernel_contexts`, the aarch64 int8 policy) and on aarch64 the generic
+    ``q_multiply_shift`` lowering."""
     from tvm_ext.arm import requantize as arm_requantize
-    from tvm_ext.core.build import _is_aarch64
+    from tvm_ext.core.build import _is_aarch64, kernel_contexts
     from tvm_ext.x86 import int8_conv as x86_int8
     from tvm_ext.x86 import tuning
 
     stack = contextlib.ExitStack()
-    stack.enter_context(x86_int8.kernels())
-    stack.enter_context(tuning.apply(tgt))
     if _is_aarch64(tgt):
-        stack.enter_context(arm_requantize.generic_q_multiply_shift())
+        for context in (*kernel_contexts(tgt, mod, True, True), arm_requantize.generic_q_multiply_shift()):
+            stack.enter_context(context)
+    else:
+        stack.enter_context(x86_int8.kernels())
+        stack.enter_context(tuning.apply(tgt))
     return stack
 
 
@@ -148,7 +154,7 @@ def prefixed(mod, tgt):
     and the names of the prefix passes that ran."""
     from tvm_ext.core.build import _run_prefix, copy_module
 
-    with _build_contexts(tgt):
+    with _build_contexts(tgt, mod):
         return _run_prefix(copy_module(mod), tgt, 3)
 
 
@@ -162,5 +168,5 @@ def build_prefixed(pre, tgt, prefix_names):
 
     from tvm_ext.core.build import copy_module
 
-    with _build_contexts(tgt), tvm.transform.PassContext(opt_level=3, disabled_pass=list(prefix_names)):
+    with _build_contexts(tgt, pre), tvm.transform.PassContext(opt_level=3, disabled_pass=list(prefix_names)):
         return relay.build(copy_module(pre), target=tgt)
