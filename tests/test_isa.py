@@ -27,6 +27,12 @@ def test_host_features_come_from_cpuid_not_the_cpu_name():
         assert not runs
 
 
+def test_code_for_another_architecture_never_runs_on_host():
+    """An aarch64 target names no x86 feature the host lacks; its architecture decides."""
+    assert not isa.runs_on_host("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod")
+    assert isa.runs_on_host("llvm -mtriple=x86_64-linux-gnu -mcpu=x86-64-v3")
+
+
 def test_avx2_code_is_vendor_neutral():
     """x86-64-v3 asks for nothing that an AVX2 CPU of either vendor lacks (compile-time features only)."""
     v3 = isa._codegen(isa.llvm_features("llvm -mcpu=x86-64-v3"))

@@ -115,9 +115,16 @@ def missing_on_host(target) -> list[str]:
 
 
 def runs_on_host(target) -> bool:
-    """True when code compiled for ``target`` only uses instructions this host has."""
+    """True when code compiled for ``target`` only uses instructions this host has: the same
+    architecture (``-mtriple``; an aarch64 target is never runnable on an x86 host) and no x86
+    feature this host lacks."""
+    from tvm.target import codegen
+
     tgt = _as_target(target)
     if tgt.kind.name != "llvm":
+        return False
+    triple = str(tgt.attrs.get("mtriple", "") or "")
+    if triple and triple.split("-")[0] != str(codegen.llvm_get_system_triple()).split("-")[0]:
         return False
     return not missing_on_host(tgt)
 
