@@ -39,11 +39,13 @@ bench-small: $(STAMP)
 # N=400 takes about 5 min on 2 quiet cores (1.33 graphs/s measured); N=10000 about 2.1 h.
 # TARGET: what the graphs are compiled for (default: the host CPU); one campaign per instruction
 # set, e.g. make fuzz TARGET="llvm -mcpu=x86-64-v3" (AVX2); code the host cannot run is only compiled.
+# An aarch64 TARGET runs under qemu-user once `make arm-env` has set it up, or on a board: RPC=HOST:PORT.
 N      ?= 400
 SEED   ?= 0
 TARGET ?=
+RPC    ?=
 fuzz: $(STAMP)
-	$(PY) -m tvm_ext.testing.fuzz -n $(N) --seed $(SEED) --out fuzz-failures $(if $(TARGET),--target "$(TARGET)")
+	$(PY) -m tvm_ext.testing.fuzz -n $(N) --seed $(SEED) --out fuzz-failures $(if $(TARGET),--target "$(TARGET)")$(if $(RPC), --rpc $(RPC))
 
 # aarch64 under emulation: qemu-user, the cross compiler (Debian) and an aarch64 Python 3.11 sysroot with TVM's
 # aarch64 wheel (Debian + PyPI) in $(ARM_DIR); the tests in tests/arm run aarch64 libraries through TVM RPC with it.

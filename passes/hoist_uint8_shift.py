@@ -1,4 +1,5 @@
-"""HoistUint8Shift: the +128 shift x86 puts in front of an int8-input conv moves into the producer.
+"""HoistUint8Shift: the +-128 input shift of an 8-bit conv (x86: int8 -> uint8; aarch64: uint8 -> int8)
+moves into the producer.
 
 Rewrites::
 
@@ -8,7 +9,8 @@ Rewrites::
     # s = cast(add(cast(x, int32), 128), uint8); r1(x), ..., rk(x),  x int8
     #     -> r1(cast(subtract(cast(s, int32), 128), int8)), ...
 
-    # aarch64 alike with s = cast(add(b, -128), int8), b in [0, 255], x uint8 (:data:`SHIFTS`)
+    # s = cast(add(b, -128), int8); r1(b), ..., rk(b)     (aarch64; b in [0, 255] or a uint8 x: :data:`SHIFTS`)
+    #     -> s = cast(add(b, -128), int8); r1(subtract(cast(s, int32), -128)), ..., rk(...)
 
 Walked by hand: it reads every other reader of the shifted value and the function's value ranges.
 

@@ -19,7 +19,7 @@ import pytest
 import tvm
 from tvm.script import tir as T
 
-from tvm_ext.x86 import amx, isa, int8_conv as x86_int8
+from tvm_ext.x86 import amx, int8_policy, isa
 from tvm_ext.x86.target import AMX_FEATURES, build_target, safe_target
 
 
@@ -158,12 +158,12 @@ def test_amx_is_masked_unless_asked():
 
 def test_amx_targets_take_the_vnni_conv_policy():
     spr = "llvm -mcpu=sapphirerapids"
-    tiles, vnni = x86_int8.policy(build_target(spr, allow_amx=True)), x86_int8.policy(build_target(spr))
+    tiles, vnni = int8_policy.policy(build_target(spr, allow_amx=True)), int8_policy.policy(build_target(spr))
     assert tiles.isa == "amx" and vnni.isa == "avx512_vnni"
     assert (tiles.vector_bits, tiles.dot, tiles.per_row, tiles.channel_blocks, tiles.int8_out_blocks,
             tiles.tile_accumulators) == (vnni.vector_bits, vnni.dot, vnni.per_row, vnni.channel_blocks,
                                          vnni.int8_out_blocks, vnni.tile_accumulators)
-    assert x86_int8.vnni_ready(build_target(spr, allow_amx=True))
+    assert int8_policy.vnni_ready(build_target(spr, allow_amx=True))
 
 
 # --------------------------------------------------------------------------------------------

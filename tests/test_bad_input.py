@@ -176,7 +176,7 @@ def _control_modules():
 
 
 def _pass_factories():
-    from tvm_ext.testing.fuzz import _make_passes
+    from tvm_ext.testing.fuzz.oracle import _make_passes
 
     return {label: make for label, (make, _) in _make_passes().items()}
 

@@ -7,13 +7,14 @@ import pytest
 import tvm
 
 from tvm_ext.tools import bench
+from tvm_ext.tools.bench import _jobs, _measure, _render
 from tvm_ext.x86 import exact_int8
-from tvm_ext.x86 import int8_conv as x86_int8
+from tvm_ext.x86 import int8_policy
 from tvm_ext.x86.target import host_target
 from tvm_ext.tools.cli import main
 
 
-HOST_VNNI = x86_int8.vnni_ready(host_target(allow_vnni=True))
+HOST_VNNI = int8_policy.vnni_ready(host_target(allow_vnni=True))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_files_and_environment(small_run):
     assert "mcpu=" in env["target"], "never the generic x86-64 target"
     assert not [f for f in env["target_info"]["features"] if "vnni" in f], "stock: VNNI masked on LLVM 22"
     ext = tvm.target.Target(env["ext_target"])
-    assert x86_int8.vnni_ready(ext) == HOST_VNNI, "tvm-ext keeps VNNI where the CPU has it"
+    assert int8_policy.vnni_ready(ext) == HOST_VNNI, "tvm-ext keeps VNNI where the CPU has it"
 
 
 def test_variant_contents(small_run):
@@ -118,10 +119,10 @@ def test_top1_flips_within_tolerance_are_counted():
 
     ours = [np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.9, 0.0]), np.array([2.0, 1.5, 0.0])]
     ort = [np.array([1.0, 2.0, 3.0]), np.array([2.9, 3.0, 0.0]), np.array([0.0, 3.0, 0.0])]
-    n = bench._numerics({"tvm_ext": ours, "onnxruntime": ort}, integer_graph=True)
+    n = bench.compare_outputs({"tvm_ext": ours, "onnxruntime": ort}, integer_graph=True)
     assert n["tvm_ext_vs_ort_top1"] == 1
     assert n["tvm_ext_vs_ort_top1_within_tolerance"] == 1  # the 0.1-margin flip, not the 3.0-margin one (max diff 2.0)
-    assert bench._top1_text(n, "tvm_ext", 3) == "1/3 (1 flip within tolerance)"
+    assert _render._top1_text(n, "tvm_ext", 3) == "1/3 (1 flip within tolerance)"
 
 
 def test_numerics_option_reaches_the_tvm_ext_builds(monkeypatch, tmp_path, capsys):
@@ -133,8 +134,8 @@ def test_numerics_option_reaches_the_tvm_ext_builds(monkeypatch, tmp_path, capsy
         seen.extend(jobs)
         return {j["pipeline"]: {"error": "not built (test)"} for j in jobs}
 
-    monkeypatch.setattr(bench, "_run_builds", fake_builds)
-    monkeypatch.setattr(bench, "_chart", lambda results, path: None)
+    monkeypatch.setattr(bench, "run_builds", fake_builds)
+    monkeypatch.setattr(_render, "_chart", lambda results, path: None)
     assert main(["bench", "--variants", "qdq", "--small", "--numerics", "onnxruntime", "--repeat", "1",
                  "--out", str(tmp_path)]) == 0
     assert seen and all(j["numerics"] == "onnxruntime" for j in seen)
@@ -176,7 +177,7 @@ def test_stock_build_failing_llvms_verifier_is_built_again_without_tir_cse(monke
     monkeypatch.setattr(relay, "build", flaky_build)
     job = dict(key="model", small=True, model_path=str(model), target=str(host_target()), pipeline="tvm",
                dir=str(tmp_path))
-    out = bench._build_job(job)
+    out = _jobs._build_job(job)
     assert seen == [False, True] and out["workaround"] == "tir.disable_cse_tir=True"
     assert out["report"]["num_kernels"] > 0
     from pathlib import Path
@@ -188,7 +189,7 @@ def test_stock_build_failing_llvms_verifier_is_built_again_without_tir_cse(monke
 
 
 def test_an_engine_that_dies_while_timed_is_dropped_and_reported(monkeypatch):
-    monkeypatch.setattr(bench, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(_measure, "SETTLE_SECONDS", 0.0)
     calls = {"n": 0}
 
     def dying_timer(x, n):
@@ -199,14 +200,14 @@ def test_an_engine_that_dies_while_timed_is_dropped_and_reported(monkeypatch):
 
     ok = bench.Engine("tvm", lambda x: x)
     dying = bench.Engine("onnxruntime", lambda x: x, timer=dying_timer)
-    errors = bench._interleaved_timing([ok, dying], 0, repeat=15, block=5, progress=None)
+    errors = _measure._interleaved_timing([ok, dying], 0, repeat=15, block=5, progress=None)
     assert list(errors) == ["onnxruntime"] and "exit -11" in errors["onnxruntime"]
     assert dying.times_ms == [], "a partly timed engine reports no latency"
     assert len(ok.times_ms) == 15, "the other engines keep every round"
 
 
 def test_avx2_int8_peak_script_prints_a_rate_per_core():
-    """benchmarks/avx2_int8_peak.py (the machine's AVX2 int8 ceiling) compiles its micro-kernel,
+    """benchmarks/lab/avx2_int8_peak.py (the machine's AVX2 int8 ceiling) compiles its micro-kernel,
     runs it on every core alone and on all at once, and prints positive rates and the latency bound."""
     import re
     import shutil
@@ -220,7 +221,7 @@ def test_avx2_int8_peak_script_prints_a_rate_per_core():
         pytest.skip("no C compiler")
     if "avx2" not in isa.host_features():
         pytest.skip("host has no AVX2")
-    script = Path(__file__).parents[1] / "benchmarks/avx2_int8_peak.py"
+    script = Path(__file__).parents[1] / "benchmarks/lab/avx2_int8_peak.py"
     out = subprocess.run([sys.executable, str(script), "--iters", "200000", "--rounds", "1", "--gmac", "1"],
                          capture_output=True, text=True, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith("| core") or line.startswith("| all")]
@@ -316,10 +317,10 @@ def test_capped_openvino_gets_its_own_row_and_column():
 
 def test_chart_ratios_and_chart_file(tmp_path):
     results = _results(openvino_isa="AVX512_CORE_VNNI")
-    ratios = bench._chart_ratios(results)
+    ratios = _render._chart_ratios(results)
     assert list(ratios) == ["stock", "ONNX Runtime", "OpenVINO", "OpenVINO @ AVX512_CORE_VNNI"]
     assert ratios["OpenVINO"] == [None, pytest.approx(1.2)] and ratios["stock"] == [0.5, 0.3]
-    assert bench._chart(results, tmp_path / "c.png").stat().st_size > 0
+    assert _render._chart(results, tmp_path / "c.png").stat().st_size > 0
 
 
 def test_numerics_against_the_exact_reference():
@@ -327,21 +328,21 @@ def test_numerics_against_the_exact_reference():
 
     exact = [np.array([1.0, 2.0, 3.0]), np.array([0.5, 0.5, 0.5])]
     stock = [np.array([1.0, 2.1, 3.0]), np.array([0.5, 0.4, 0.2])]
-    n = bench._numerics({"exact": exact, "tvm": stock, "tvm_ext": [a.copy() for a in exact]}, integer_graph=True)
+    n = bench.compare_outputs({"exact": exact, "tvm": stock, "tvm_ext": [a.copy() for a in exact]}, integer_graph=True)
     assert n["exact_outputs"] == 6
     assert (n["tvm_vs_exact_differ"], n["tvm_ext_vs_exact_differ"]) == (3, 0)
     assert n["tvm_vs_exact_max_abs"] == pytest.approx(0.3)
     n["tvm_vs_exact_max_steps"] = 3.0
-    assert bench._vs_exact_text(n, "tvm") == "3/6 differ, max 0.3 (3.0 steps)"
-    assert bench._vs_exact_text(n, "tvm_ext") == "exact"
-    assert bench._vs_exact_text(n, "tvm_same") == "—"
+    assert _render._vs_exact_text(n, "tvm") == "3/6 differ, max 0.3 (3.0 steps)"
+    assert _render._vs_exact_text(n, "tvm_ext") == "exact"
+    assert _render._vs_exact_text(n, "tvm_same") == "—"
 
 
 def test_exact_reference_label_says_which_graph_and_whether_it_is_exact():
-    assert bench._exact_label({"exact_graph": "imported", "float_anchors": 0}) == "exact reference (plain `llvm`)"
-    assert bench._exact_label({"exact_graph": "tvm-ext pipeline", "float_anchors": 0}) == (
+    assert _render._exact_label({"exact_graph": "imported", "float_anchors": 0}) == "exact reference (plain `llvm`)"
+    assert _render._exact_label({"exact_graph": "tvm-ext pipeline", "float_anchors": 0}) == (
         "exact reference (plain `llvm`, tvm-ext's integer graph)")
-    assert bench._exact_label({"exact_graph": "tvm-ext pipeline", "float_anchors": 2}) == (
+    assert _render._exact_label({"exact_graph": "tvm-ext pipeline", "float_anchors": 2}) == (
         "plain `llvm` reference, tvm-ext's graph (2 float conv/dense: exact in the integer layers only)")
     results = _results()
     results["variants"][0]["pipelines"]["exact"] = {"exact_graph": "tvm-ext pipeline", "float_anchors": 1}
@@ -350,8 +351,8 @@ def test_exact_reference_label_says_which_graph_and_whether_it_is_exact():
 
 def test_wait_quiet_waits_for_spinning_threads_and_gives_up_at_the_cap(monkeypatch):
     """Fake clock: the processes burn a full core until t = 0.8 s (TVM's workers spinning), then idle."""
-    monkeypatch.setattr(bench, "SETTLE_SECONDS", 0.3)
-    monkeypatch.setattr(bench, "QUIET_WINDOW", 0.05)
+    monkeypatch.setattr(_measure, "SETTLE_SECONDS", 0.3)
+    monkeypatch.setattr(_measure, "QUIET_WINDOW", 0.05)
     now = [0.0]
 
     def sleep(s):
@@ -360,23 +361,23 @@ def test_wait_quiet_waits_for_spinning_threads_and_gives_up_at_the_cap(monkeypat
     def cpu(pids, busy_until=0.8):
         return min(now[0], busy_until)
 
-    waited, quiet = bench._wait_quiet([123], cpu=cpu, clock=lambda: now[0], sleep=sleep)
+    waited, quiet = _measure._wait_quiet([123], cpu=cpu, clock=lambda: now[0], sleep=sleep)
     assert quiet and 0.8 <= waited <= 0.9
     now[0] = 0.0
-    monkeypatch.setattr(bench, "QUIET_MAX_SECONDS", 2.0)
-    waited, quiet = bench._wait_quiet([], cpu=lambda pids: now[0], clock=lambda: now[0], sleep=sleep)
+    monkeypatch.setattr(_measure, "QUIET_MAX_SECONDS", 2.0)
+    waited, quiet = _measure._wait_quiet([], cpu=lambda pids: now[0], clock=lambda: now[0], sleep=sleep)
     assert not quiet and 2.0 <= waited < 2.1
 
 
 def test_engines_rotate_and_every_block_waits_for_quiet(monkeypatch):
     order, waits = [], []
-    monkeypatch.setattr(bench, "_wait_quiet", lambda pids: (waits.append(list(pids)), (0.4, True))[1])
+    monkeypatch.setattr(_measure, "_wait_quiet", lambda pids: (waits.append(list(pids)), (0.4, True))[1])
     engines = [bench.Engine(n, lambda x, n=n: order.append(n)) for n in ("a", "b", "c")]
     engines[2].pid = 99
     stats = {}
-    assert bench._interleaved_timing(engines, 0, repeat=3, block=1, progress=None, stats=stats) == {}
+    assert _measure._interleaved_timing(engines, 0, repeat=3, block=1, progress=None, stats=stats) == {}
     timed = order[3 * 3:]  # after the warm-up's three calls each: per block UNTIMED_CALLS + 1 calls
-    per = bench.UNTIMED_CALLS + 1
+    per = _measure.UNTIMED_CALLS + 1
     assert timed[::per] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert len(waits) == 9 and all(w == [99] for w in waits), "a child engine's process is watched too"
     assert stats == {"settle_s": {"median": 0.4, "max": 0.4}, "not_quiet": 0, "switches": 9}

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_ext.tools import bench, cli, zoo, zoo_real
+from tvm_ext.tools import bench, cli, zoo, zoo_models, zoo_real
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -40,7 +40,7 @@ def _calib():
 def test_output_step_is_the_final_dequantize_scale(tmp_path):
     fp32 = _tiny(tmp_path)
     for fmt in ("qoperator", "qdq"):
-        q = zoo.quantize_onnx(fp32, tmp_path / f"{fmt}.onnx", fmt, calibration=_calib())
+        q = zoo_models.quantize_onnx(fp32, tmp_path / f"{fmt}.onnx", fmt, calibration=_calib())
         m = onnx.load(str(q))
         (dq,) = [n for n in m.graph.node if n.output[0] == "y"]
         scale = float(numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == dq.input[1])))
@@ -58,7 +58,7 @@ def test_openvino_runs_qdq_like_onnxruntime(tmp_path):
     pytest.importorskip("openvino")
     from tvm_ext.tools.openvino_peer import InProcessOpenVINO
 
-    q = zoo.quantize_onnx(_tiny(tmp_path), tmp_path / "q.onnx", "qdq", calibration=_calib())
+    q = zoo_models.quantize_onnx(_tiny(tmp_path), tmp_path / "q.onnx", "qdq", calibration=_calib())
     engine = InProcessOpenVINO(q, "x", 1)
     x = _calib()[0]
     so = ort.SessionOptions()
@@ -82,11 +82,11 @@ def _succeed(job):
 
 def test_a_crashing_build_is_reported_not_fatal(tmp_path):
     jobs = [dict(pipeline="tvm", dir=str(tmp_path)), dict(pipeline="tvm_ext", dir=str(tmp_path))]
-    res = bench._run_builds(jobs[:1], parallel=True, _child=_segfault)
+    res = bench.run_builds(jobs[:1], parallel=True, _child=_segfault)
     assert res == {"tvm": {"error": "crashed (signal 11, SIGSEGV)"}}
-    res = bench._run_builds(jobs[1:], parallel=True, _child=_succeed)
+    res = bench.run_builds(jobs[1:], parallel=True, _child=_succeed)
     assert res == {"tvm_ext": {"build_s": 1.0}}
-    assert bench._crash_text(3) == "crashed (exit code 3, no result)"
+    assert bench.crash_text(3) == "crashed (exit code 3, no result)"
 
 
 def test_real_variants():

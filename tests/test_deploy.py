@@ -114,10 +114,10 @@ def test_int8_pipeline_so_round_trip_on_a_qdq_model(tmp_path, compiled, capsys):
     """A QDQ model (ONNX Runtime's quantize_static), --pipeline int8, .so, a named input: bit-exact
     to tvm_ext.build(..., passes=pipelines.int8()) run in-process."""
     from tvm_ext.core import pipelines
-    from tvm_ext.tools import zoo
+    from tvm_ext.tools import zoo_models
 
     _, fp32, _, x = compiled
-    model = zoo.quantize_onnx(fp32, tmp_path / "tiny_qdq.onnx", "qdq")
+    model = zoo_models.quantize_onnx(fp32, tmp_path / "tiny_qdq.onnx", "qdq")
     lib = tmp_path / "tiny.so"
     assert main(["compile", str(model), "-o", str(lib), "--pipeline", "int8"]) == 0
     assert "wrote" in capsys.readouterr().out

@@ -163,7 +163,8 @@ def test_nonzero_pad_value_is_not_folded():
     The table names FoldZeroPointPadIntoConv instead, and applying FoldPadIntoConv anyway (the
     check) indeed leaves the pad, while FoldZeroPointPadIntoConv removes it and its kernel.
     """
-    from tvm_ext.core.explain import _REMEDY_BY_NAME, _apply_remedy
+    from tvm_ext.core.explain import _apply_remedy
+    from tvm_ext.core.explain._remedies import _REMEDY_BY_NAME
 
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
     ex = explain(mod_of(qconv(qconv(x, zp=3), zp=3)))
@@ -575,7 +576,7 @@ def test_value_passed_to_a_closure_is_a_closure_call_boundary():
 
 
 def test_reasons_have_colours():
-    from tvm_ext.core._explain_html import COLOURS
+    from tvm_ext.core.explain._html import COLOURS
 
     assert set(COLOURS) == {k for k, _ in REASONS}
 

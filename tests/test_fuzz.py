@@ -15,8 +15,9 @@ import tvm
 from tvm import relay
 
 from tvm_ext.testing import fuzz
+from tvm_ext.testing.fuzz import execution, oracle, runner
 
-SMOKE_N = 200
+SMOKE_N = 100  # about 2 min of the CI on 2 cores; `make fuzz` runs the long campaigns
 SMOKE_SEED = 12
 
 
@@ -92,7 +93,7 @@ def test_dequantized_outputs_get_the_steps_integer_outputs_get():
     q = qnn.op.quantize(x, relay.const(0.05), relay.const(0, "int32"), out_dtype="uint8")
     deq = qnn.op.dequantize(q, relay.const(0.05), relay.const(128, "int32"))
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.Tuple([deq, x]))))
-    steps = fuzz._output_steps(mod)
+    steps = oracle._output_steps(mod)
     assert steps[0] == pytest.approx(0.05) and steps[1] is None
     ref = [[np.array([6.4, 0.0, 1.0, 2.0], "float32"), np.array([1.0], "float32")]]
     one = [[np.array([6.35, 0.0, 1.0, 2.0], "float32"), np.array([1.0], "float32")]]
@@ -119,7 +120,7 @@ def _foreign_target():
     from tvm_ext.x86.isa import runs_on_host
 
     for t in ("llvm -mcpu=znver3", "llvm -mcpu=sapphirerapids"):
-        if not runs_on_host(fuzz._targets(t)[0]):
+        if not runs_on_host(execution.targets(t)[0]):
             return t
     return None
 
@@ -132,7 +133,7 @@ def test_foreign_target_is_compiled_not_run(monkeypatch):
     def no_run(*_a, **_k):
         raise AssertionError("code compiled for a target this host lacks was executed")
 
-    monkeypatch.setattr(fuzz, "_run_factory", no_run)
+    monkeypatch.setattr(execution, "run_factory", no_run)
     res = fuzz.check_graph(_stop_graph(), passes=("RemoveStopFusion",), stages=("start",), pipeline=False,
                            target=target)
     assert not res.failures, res.failures
@@ -160,7 +161,7 @@ def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
         seen.update(kw)
         return fuzz.Summary(target=kw["target"])
 
-    monkeypatch.setattr(fuzz, "run", fake_run)
+    monkeypatch.setattr(runner, "run", fake_run)
     assert fuzz.main(["-n", "1", "--target", "llvm -mcpu=x86-64-v3"]) == 0
     assert seen["target"] == "llvm -mcpu=x86-64-v3"
     assert "target: llvm -mcpu=x86-64-v3" in capsys.readouterr().out
@@ -169,6 +170,13 @@ def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         fuzz.main(["-n", "1", "--target", "llvm -mcpu=no-such-cpu"])
     assert "--target" in capsys.readouterr().err
+    aarch64 = "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1"
+    assert fuzz.main(["-n", "1", "--target", aarch64, "--rpc", "10.0.0.2:9090"]) == 0
+    assert seen["rpc"] == "10.0.0.2:9090"
+    for bad in (["--target", aarch64, "--rpc", "no-port"], ["--rpc", "10.0.0.2:9090"]):  # no x86 target runs remotely
+        with pytest.raises(SystemExit):
+            fuzz.main(["-n", "1", *bad])
+        assert "--rpc" in capsys.readouterr().err
 
 
 def test_make_fuzz_passes_the_target():
@@ -184,7 +192,10 @@ def test_make_fuzz_passes_the_target():
     line = [ln for ln in out.splitlines() if "tvm_ext.testing.fuzz" in ln]
     assert line and line[0].endswith('--target "llvm -mcpu=x86-64-v3"'), out
     out = subprocess.run(["make", "-n", "-C", str(root), "fuzz"], capture_output=True, text=True, check=True).stdout
-    assert "--target" not in out
+    assert "--target" not in out and "--rpc" not in out
+    out = subprocess.run(["make", "-n", "-C", str(root), "fuzz", "TARGET=llvm -mtriple=aarch64-linux-gnu",
+                          "RPC=10.0.0.2:9090"], capture_output=True, text=True, check=True).stdout
+    assert '--target "llvm -mtriple=aarch64-linux-gnu" --rpc 10.0.0.2:9090' in out
 
 
 def test_worker_crash_is_reported_and_the_run_goes_on():
@@ -229,3 +240,34 @@ def test_smoke(tmp_path):
         path = fuzz.write_failure(tmp_path, "smoke_failure", small, failure, spec)
         pytest.fail(f"{summary.table()}\n\nshrunk failing graph: {path}\n{json.dumps(small.to_json())}\n"
                     f"{fuzz.build_graph(small).astext(show_meta_data=False)}")
+
+
+def test_aarch64_target_without_a_server_is_compiled_only(monkeypatch):
+    """Without an RPC server, builds for aarch64 are compiled and never run here: no reference is
+    lost to an architecture mismatch, and the skip says why outputs were not compared."""
+    from tvm_ext.testing.aarch64 import TARGETS
+
+    def no_run(*_a, **_k):
+        raise AssertionError("code compiled for aarch64 was executed here")
+
+    monkeypatch.setattr(execution, "run_factory", no_run)
+    res = fuzz.check_graph(_stop_graph(), passes=("RemoveStopFusion",), stages=("start",), pipeline=False,
+                           target=TARGETS["neoverse-n1"])
+    assert not res.failures, res.failures
+    assert res.builds >= 3 and res.compared == 0  # reference, rewrite, exact reference: compiled
+    assert [r for r in res.skips if "compiled only" in r and "aarch64" in r]
+    assert not [r for r in res.skips if "does not build" in r], res.skips
+
+
+def test_campaign_says_where_its_builds_run(monkeypatch):
+    from tvm_ext.testing import aarch64
+
+    target = aarch64.TARGETS["cortex-a72"]
+    monkeypatch.setattr(aarch64, "missing", lambda *_a, **_k: "no qemu-aarch64 here")
+    with runner.where_builds_run({"target": target}) as (kw, where):
+        assert kw.get("rpc") is None
+        assert where.startswith("compiled only") and "no qemu-aarch64 here" in where
+    with runner.where_builds_run({"target": target, "rpc": "127.0.0.1:9"}) as (kw, where):
+        assert kw["rpc"] == "127.0.0.1:9" and where == "on the TVM RPC server at 127.0.0.1:9"
+    with runner.where_builds_run({}) as (kw, where):
+        assert where == "on this host"

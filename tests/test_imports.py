@@ -27,6 +27,17 @@ LAYERS = (
 )
 
 
+#: The fuzzer's modules (``tvm_ext.testing.fuzz``), top first, by the same rule: the grammar at the
+#: bottom, then the steps, the builder and where builds run, the oracle, the runner, the package.
+FUZZ_LAYERS = (
+    ("tvm_ext.testing.fuzz", "tvm_ext.testing.fuzz.__main__"),
+    ("tvm_ext.testing.fuzz.runner",),
+    ("tvm_ext.testing.fuzz.oracle",),
+    ("tvm_ext.testing.fuzz.builder", "tvm_ext.testing.fuzz.execution"),
+    ("tvm_ext.testing.fuzz.steps",),
+    ("tvm_ext.testing.fuzz.grammar",),
+)
+
 def _modules() -> dict:
     mods = {}
     for folder, pkg in PACKAGES:
@@ -122,6 +133,12 @@ def test_every_module_has_a_layer():
 def test_no_module_imports_a_layer_above_its_own():
     assert _upward_imports(_modules()) == []
 
+
+def test_fuzzer_modules_import_only_the_ones_below():
+    fuzz = {n: p for n, p in _modules().items() if n == "tvm_ext.testing.fuzz" or n.startswith("tvm_ext.testing.fuzz.")}
+    assert {"tvm_ext.testing.fuzz.grammar", "tvm_ext.testing.fuzz.oracle", "tvm_ext.testing.fuzz.runner"} <= set(fuzz)
+    assert [n for n in sorted(fuzz) if _layer(n, FUZZ_LAYERS) is None] == []
+    assert _upward_imports(fuzz, FUZZ_LAYERS) == []
 
 def test_the_layer_check_sees_an_upward_import(tmp_path):
     """The check parses lazy imports too: a core module importing a pass (other than the registry's

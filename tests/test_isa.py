@@ -27,6 +27,12 @@ def test_host_features_come_from_cpuid_not_the_cpu_name():
         assert not runs
 
 
+def test_code_for_another_architecture_never_runs_on_host():
+    """An aarch64 target names no x86 feature the host lacks; its architecture decides."""
+    assert not isa.runs_on_host("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod")
+    assert isa.runs_on_host("llvm -mtriple=x86_64-linux-gnu -mcpu=x86-64-v3")
+
+
 def test_avx2_code_is_vendor_neutral():
     """x86-64-v3 asks for nothing that an AVX2 CPU of either vendor lacks (compile-time features only)."""
     v3 = isa._codegen(isa.llvm_features("llvm -mcpu=x86-64-v3"))
@@ -95,7 +101,7 @@ import json, re, sys
 import numpy as np, tvm
 from tvm import relay
 import tvm_ext
-from tvm_ext.x86 import int8_conv as x86_int8
+from tvm_ext.x86 import int8_policy
 x = relay.var("x", shape=(1, 64, 14, 14), dtype="uint8")
 # weights in [-64, 64]: no vpmaddubsw pair can saturate, so the saturating dot product stays (full-range
 # weights take the exact int16 pairs without VNNI: tests/test_exact_int8.py)
@@ -107,7 +113,7 @@ out = {}
 for cpu in sys.argv[1:]:
     lib = tvm_ext.build(mod, target=f"llvm -mcpu={cpu}")  # compiled only: never run here
     asm = lib.get_lib().get_source("asm")
-    pol = x86_int8.policy(tvm_ext.build_target(f"llvm -mcpu={cpu}"))
+    pol = int8_policy.policy(tvm_ext.build_target(f"llvm -mcpu={cpu}"))
     out[cpu] = {"policy": {"isa": pol.isa, "dot": pol.dot, "vector_bits": pol.vector_bits},
                 **{k: len(re.findall(k, asm)) for k in ("vpdpbusd", "vpmaddubsw", "zmm", "ymm")}}
 print("RESULT " + json.dumps(out))

@@ -5,7 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_ext.tools import bench, openvino_peer, zoo
+from tvm_ext.tools import bench, openvino_peer, zoo_models
 from tvm_ext.x86 import isa
 
 AVX2 = frozenset({"sse4.1", "sse4.2", "avx", "avx2", "fma"})
@@ -83,7 +83,7 @@ def _fp32(tmp_path, tail: str):
 
 def _quantized(tmp_path, fmt, tail="relu"):
     calib = [np.random.default_rng(i).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32) for i in range(3)]
-    return zoo.quantize_onnx(_fp32(tmp_path, tail), tmp_path / f"{fmt}_{tail}.onnx", fmt, calibration=calib)
+    return zoo_models.quantize_onnx(_fp32(tmp_path, tail), tmp_path / f"{fmt}_{tail}.onnx", fmt, calibration=calib)
 
 
 X = np.random.default_rng(7).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)

@@ -74,6 +74,7 @@ def test_masked_copy_is_made_once(masked):
     assert (masked / "MASKED.json").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow  # two objdump passes over ONNX Runtime's library: over a minute on 2 cores
 def test_only_xgetbv_instructions_are_replaced(tmp_path):
     if shutil.which("objdump") is None:
         pytest.skip("needs objdump")

@@ -15,11 +15,12 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.x86 import int8_conv as x86_int8
+from tvm_ext.x86 import int8_policy, int8_schedules
 from tvm_ext.x86.isa import llvm_features as _llvm_features
 from tvm_ext.x86.isa import runs_on_host
 from tvm_ext.x86.target import build_target, host_target
 
-HOST_VNNI = x86_int8.vnni_ready(host_target(allow_vnni=True))
+HOST_VNNI = int8_policy.vnni_ready(host_target(allow_vnni=True))
 needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="host CPU has no AVX-512 VNNI")
 
 
@@ -56,7 +57,7 @@ def test_kernels_restores_tvm_functions_even_on_error():
 def test_vnni_operand_types_only_where_llvm_needs_them():
     from tvm.target import codegen
 
-    assert x86_int8.needs_operand_fix() == (codegen.llvm_version_major() >= 22)
+    assert int8_policy.needs_operand_fix() == (codegen.llvm_version_major() >= 22)
 
 
 def test_build_target_policy():
@@ -186,7 +187,7 @@ def test_conv_schedule_follows_the_isa_policy(target, expected):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target).get_lib().get_source("asm")
 
-    chosen = x86_int8.policy(tvm.target.Target(target)).conv_schedule
+    chosen = int8_policy.policy(tvm.target.Target(target)).conv_schedule
     assert chosen == expected
     assert (asm(schedule=True) != asm(schedule=False)) == (chosen != "tvm")
 
@@ -204,7 +205,7 @@ def test_1x1_conv_schedule_follows_the_isa_policy(target):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target).get_lib().get_source("asm")
 
-    chosen = x86_int8.policy(tvm.target.Target(target)).conv1x1_schedule
+    chosen = int8_policy.policy(tvm.target.Target(target)).conv1x1_schedule
     assert chosen == ("tvm" if "core2" in target else "per_tile")
     # on a VNNI target schedule=False still swaps in the LLVM 22 intrinsic: compare the 1x1 per-tile
     # form with TVM's 1x1 form under the same intrinsic
@@ -222,7 +223,7 @@ def test_1x1_conv_schedule_follows_the_isa_policy(target):
 ])
 def test_1x1_tile_shape_fits_the_registers(shape, groups, wanted, expected):
     budget = 12 if groups == 2 else 28
-    got = x86_int8.tile_shape(shape[0], shape[1], groups, wanted, accumulators=budget)
+    got = int8_schedules.tile_shape(shape[0], shape[1], groups, wanted, accumulators=budget)
     assert got == expected
     assert got[0] * got[1] * groups <= budget
 
@@ -238,7 +239,7 @@ def test_1x1_tile_shape_fits_the_registers(shape, groups, wanted, expected):
     (5, 2, 0, 5),     # no wish: the largest fitting divisor
 ])
 def test_tile_width_fits_the_registers(width, groups, wanted, expected):
-    assert x86_int8.tile_width(width, groups, wanted, accumulators=12) == expected
+    assert int8_schedules.tile_width(width, groups, wanted, accumulators=12) == expected
 
 
 #: (k, channels, size, stride, epilogue, input channels): the per-tile schedule's cases
@@ -325,7 +326,7 @@ def test_depthwise_int8_conv_takes_the_int8_conv_block(target):
     ours, tvms = names(), names(schedule=False)
     # the only re-blockings left: into the first conv and out of the last one
     assert sum("layout_transform" in n for n in ours) == 2, ours
-    avx2 = x86_int8.policy(tvm.target.Target(target)).vector_bits == 256
+    avx2 = int8_policy.policy(tvm.target.Target(target)).vector_bits == 256
     assert len(tvms) - len(ours) == (2 if avx2 else 0), (tvms, ours)
 
 
@@ -471,16 +472,16 @@ def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
     only the graph's input and output are re-blocked. On AVX-512 without VNNI nothing changes.
     Where the host runs the code: the same bits."""
     mod = _narrow_blocks_graph()
-    blocks, out_blocks = x86_int8._NARROW_BLOCKS, x86_int8._NARROW_OUT_BLOCKS
+    blocks, out_blocks = int8_policy._NARROW_BLOCKS, int8_policy._NARROW_OUT_BLOCKS
 
     def build(narrow=True, outputs=True):
-        monkeypatch.setattr(x86_int8, "_NARROW_BLOCKS", blocks if narrow else {})
-        monkeypatch.setattr(x86_int8, "_NARROW_OUT_BLOCKS", out_blocks if outputs else {})
+        monkeypatch.setattr(int8_policy, "_NARROW_BLOCKS", blocks if narrow else {})
+        monkeypatch.setattr(int8_policy, "_NARROW_OUT_BLOCKS", out_blocks if outputs else {})
         with x86_int8.kernels(int8_graph=True), tvm.transform.PassContext(opt_level=3):
             return relay.build(mod, target=target)
 
     tvm_blocks, ours = build(narrow=False, outputs=False), build()
-    if x86_int8.policy(tvm.target.Target(target)).isa not in ("avx2", "avx512_vnni"):
+    if int8_policy.policy(tvm.target.Target(target)).isa not in ("avx2", "avx512_vnni"):
         assert ours.get_graph_json() == tvm_blocks.get_graph_json()
         return
     blocks_only = build(outputs=False)
@@ -488,7 +489,7 @@ def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
     # AVX2: the float conv writes 24 channels blocked by 8 (its lanes), TVM's int8 rule reads 12;
     # AVX-512 VNNI: both sides 12 with TVM's blocks, both 8 with narrow ones (the int8 conv's output
     # block 8 needs that)
-    avx2 = x86_int8.policy(tvm.target.Target(target)).isa == "avx2"
+    avx2 = int8_policy.policy(tvm.target.Target(target)).isa == "avx2"
     assert len(tvm_names) - len(in_only) == (1 if avx2 else 0), (tvm_names, in_only)
     assert _layout_kernels(names) == ["tvmgen_default_fused_layout_transform",
                                       "tvmgen_default_fused_layout_transform_1"], names

@@ -9,7 +9,7 @@ from onnx import numpy_helper
 
 import tvm_ext  # noqa: F401
 from tvm_ext.testing import environment
-from tvm_ext.tools import zoo
+from tvm_ext.tools import zoo, zoo_models
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -89,7 +89,7 @@ def test_sample_input(cache):
 
 # --------------------------------------------------------- fp32 builder ----
 def test_resnet50_structure_small():
-    m = zoo.resnet50_onnx(blocks=(1, 2, 1, 1), image_size=64, base_width=8, num_classes=10)
+    m = zoo_models.resnet50_onnx(blocks=(1, 2, 1, 1), image_size=64, base_width=8, num_classes=10)
     ops = [n.op_type for n in m.graph.node]
     # stem conv + 3 convs/block + 4 projection shortcuts
     assert ops.count("Conv") == 1 + 3 * 5 + 4
@@ -113,9 +113,9 @@ def test_resnet50_structure_small():
 
 def test_resnet50_deterministic():
     kw = dict(blocks=(1, 1, 1, 1), image_size=32, base_width=8, num_classes=10)
-    a = zoo.resnet50_onnx(seed=7, **kw).SerializeToString()
-    b = zoo.resnet50_onnx(seed=7, **kw).SerializeToString()
-    c = zoo.resnet50_onnx(seed=8, **kw).SerializeToString()
+    a = zoo_models.resnet50_onnx(seed=7, **kw).SerializeToString()
+    b = zoo_models.resnet50_onnx(seed=7, **kw).SerializeToString()
+    c = zoo_models.resnet50_onnx(seed=8, **kw).SerializeToString()
     assert a == b
     assert a != c
 

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_ext.testing import environment, exact_ort_session
-from tvm_ext.tools import zoo, zoo_real
+from tvm_ext.tools import zoo, zoo_models, zoo_real
 from tvm_ext.tools.zoo_real import ChecksumMismatch, ModelUnavailable, RealModel
 
 ort = pytest.importorskip("onnxruntime")
@@ -213,7 +213,7 @@ def _inits(m):
 @pytest.mark.parametrize("fmt", ["qoperator", "qdq"])
 @pytest.mark.parametrize("setting", zoo_real.SETTINGS, ids=lambda s: s.name)
 def test_quantization_settings_give_the_expected_nodes(tiny_fp32, tmp_path, fmt, setting):
-    out = zoo.quantize_onnx(tiny_fp32, tmp_path / "q.onnx", fmt, calibration=_calib(), preprocess=True,
+    out = zoo_models.quantize_onnx(tiny_fp32, tmp_path / "q.onnx", fmt, calibration=_calib(), preprocess=True,
                             **setting.quantize_kwargs())
     m = onnx.load(str(out))
     ops = [n.op_type for n in m.graph.node]
@@ -248,17 +248,18 @@ def test_quantization_settings_give_the_expected_nodes(tiny_fp32, tmp_path, fmt,
 
 
 def test_quantize_float_after_keeps_the_head_float(tiny_fp32, tmp_path):
-    out = zoo.quantize_onnx(tiny_fp32, tmp_path / "q.onnx", "qoperator", calibration=_calib(), float_after=["c2"])
+    out = zoo_models.quantize_onnx(tiny_fp32, tmp_path / "q.onnx", "qoperator", calibration=_calib(),
+                                   float_after=["c2"])
     ops = [n.op_type for n in onnx.load(str(out)).graph.node]
     assert ops.count("QLinearConv") == 2 and "Sigmoid" in ops and "Mul" in ops and "Conv" in ops
     with pytest.raises(ValueError, match="does not have: \\['nope'\\]"):
-        zoo.quantize_onnx(tiny_fp32, tmp_path / "r.onnx", "qdq", calibration=_calib(), float_after=["nope"])
+        zoo_models.quantize_onnx(tiny_fp32, tmp_path / "r.onnx", "qdq", calibration=_calib(), float_after=["nope"])
     assert not (tmp_path / "r.onnx").exists()
 
 
 def test_quantize_rejects_unknown_types(tiny_fp32, tmp_path):
     with pytest.raises(ValueError, match="activation_type must be one of"):
-        zoo.quantize_onnx(tiny_fp32, tmp_path / "q.onnx", activation_type="int4")
+        zoo_models.quantize_onnx(tiny_fp32, tmp_path / "q.onnx", activation_type="int4")
 
 
 def test_per_channel_qdq_on_opset_11_is_upgraded(tmp_path):
@@ -267,7 +268,7 @@ def test_per_channel_qdq_on_opset_11_is_upgraded(tmp_path):
     m.opset_import[0].version = 11
     src = tmp_path / "op11.onnx"
     onnx.save(m, str(src))
-    out = zoo.quantize_onnx(src, tmp_path / "q.onnx", "qdq", calibration=_calib(), per_channel=True)
+    out = zoo_models.quantize_onnx(src, tmp_path / "q.onnx", "qdq", calibration=_calib(), per_channel=True)
     q = onnx.load(str(out))
     assert next(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) >= 13
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])

@@ -75,3 +75,35 @@ def test_resnet50_fq2i_on_neoverse_n1_matches_x86_with_one_rounding(arm_server, 
     gm.run()
     np.testing.assert_array_equal(gm.get_output(0).numpy(), ref,
                                   err_msg="aarch64 build with one rounding per requantize vs x86 llvm")
+
+
+@pytest.fixture(scope="module")
+def qoperator_and_reference():
+    """The zoo's QOperator ResNet-50, its sample input and the x86 ``llvm`` build's logits (the oracle)."""
+    from tvm_ext.tools import zoo
+
+    m = zoo.load("resnet50_int8_qoperator")
+    x = zoo.sample_input(m)
+    with tvm.transform.PassContext(opt_level=3):
+        x86 = relay.build(m.mod, target="llvm", params=m.params)
+    gm = graph_executor.GraphModule(x86["default"](tvm.cpu()))
+    gm.set_input(m.input_name, x)
+    gm.run()
+    return m, x, gm.get_output(0).numpy()
+
+
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "cortex-a72"])
+def test_tvm_ext_int8_pipeline_resnet50_qoperator_is_exact(cpu, qoperator_and_reference, arm_server, tmp_path,
+                                                            record_property):
+    """tvm-ext's int8 pipeline and aarch64 kernel policy (8-bit operands, hoisted input shifts, one rounding
+    per requantize) on the QOperator ResNet-50: the logits equal the x86 ``llvm`` build of the stock graph."""
+    import tvm_ext
+    from tvm_ext.core import pipelines
+
+    m, x, ref = qoperator_and_reference
+    factory = tvm_ext.build(m.mod, TARGETS[cpu], m.params, passes=pipelines.int8())
+    record_property("kernels", factory.kernel_report.num_kernels)
+    session = arm_server.connect(session_timeout=600)
+    (out,) = run_on_session(session, factory, {m.input_name: x}, tmp_path, f"r50_tvm_ext_{cpu}")
+    record_property("logits_differing", int((out != ref).sum()))
+    np.testing.assert_array_equal(out, ref, err_msg=f"tvm-ext int8 ResNet-50 at {TARGETS[cpu]} vs x86 llvm")

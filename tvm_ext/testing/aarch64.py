@@ -44,7 +44,7 @@ from typing import Iterator, Optional
 logger = logging.getLogger(__name__)
 
 __all__ = ["ArmEnv", "ArmEnvMissing", "RPCServer", "find_env", "missing", "rpc_server", "default_dir",
-           "run_on_session", "CROSS_CXX", "TARGETS"]
+           "run_on_session", "load_on_session", "CROSS_CXX", "TARGETS"]
 
 #: The cross compiler export_library links aarch64 libraries with.
 CROSS_CXX = "aarch64-linux-gnu-g++"
@@ -259,23 +259,29 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
         reader.join(5)
 
 
-def run_on_session(session, factory, inputs: dict, workdir, name: str = "lib") -> list:
-    """Link a built module for aarch64 (``export_library`` with :data:`CROSS_CXX`), upload it through
-    ``session`` (``tvm.rpc.connect``), run it with ``graph_executor`` there; the outputs as numpy arrays.
-
-    ``factory`` is what ``relay.build`` (or :func:`tvm_ext.build`) returned for an aarch64 target.
-    """
+def load_on_session(session, factory, workdir, name: str = "lib"):
+    """Link a built module for aarch64 (``export_library`` with :data:`CROSS_CXX`) in ``workdir``,
+    upload it through ``session`` (``tvm.rpc.connect``) as ``<name>.so`` and load it there: a
+    ``graph_executor.GraphModule`` on the remote CPU."""
     from tvm.contrib import graph_executor
 
     cxx = shutil.which(CROSS_CXX)
     if cxx is None:
-        raise ArmEnvMissing(f"run_on_session: {CROSS_CXX} is not on PATH (Debian: g++-aarch64-linux-gnu); "
+        raise ArmEnvMissing(f"load_on_session: {CROSS_CXX} is not on PATH (Debian: g++-aarch64-linux-gnu); "
                             f"{_SETUP_HINT}")
     path = Path(workdir) / f"{name}.so"
     factory.export_library(str(path), cc=cxx)
     session.upload(str(path))
-    dev = session.cpu(0)
-    gm = graph_executor.GraphModule(session.load_module(path.name)["default"](dev))
+    return graph_executor.GraphModule(session.load_module(path.name)["default"](session.cpu(0)))
+
+
+def run_on_session(session, factory, inputs: dict, workdir, name: str = "lib") -> list:
+    """Link a built module for aarch64, upload it through ``session``, run it with ``graph_executor``
+    there (:func:`load_on_session`); the outputs as numpy arrays.
+
+    ``factory`` is what ``relay.build`` (or :func:`tvm_ext.build`) returned for an aarch64 target.
+    """
+    gm = load_on_session(session, factory, workdir, name)
     for key, arr in inputs.items():
         gm.set_input(key, arr)
     gm.run()

@@ -28,7 +28,7 @@ AGPL-3.0 architecture).
 Names: ``<model>`` is the fp32 model with its input shape fixed, ``<model>_int8_<format>`` the
 int8 one, ``format`` in :data:`FORMATS`, followed by the :class:`QuantSetting` suffix
 (:data:`SETTINGS`: none for U8S8 per-tensor, ``_s8s8``, ``_perchannel``, ``_s8s8_perchannel``).
-Quantization itself is :func:`tvm_ext.tools.zoo.quantize_onnx` (ONNX Runtime's ``quantize_static``
+Quantization itself is :func:`tvm_ext.tools.zoo_models.quantize_onnx` (ONNX Runtime's ``quantize_static``
 after its ``quant_pre_process``), called by :mod:`tvm_ext.tools.zoo`: this module is a leaf (it
 imports nothing from tvm-ext but :mod:`tvm_ext._atomic` and :mod:`tvm_ext._files`), so
 ``tvm_ext.tools.zoo`` can dispatch to it without an import cycle.
@@ -227,7 +227,7 @@ class QuantSetting:
     per_channel: bool
 
     def quantize_kwargs(self) -> dict:
-        """Keyword arguments of :func:`tvm_ext.tools.zoo.quantize_onnx` for this setting."""
+        """Keyword arguments of :func:`tvm_ext.tools.zoo_models.quantize_onnx` for this setting."""
         return dict(activation_type=self.activation_type, weight_type=self.weight_type,
                     per_channel=self.per_channel)
 

@@ -1,14 +1,16 @@
 """x86 code generation: instruction sets, safe targets, the int8 kernel policy and tuned records.
 
 ``isa`` (what a target compiles for and what this host runs), ``target`` (targets TVM 0.19 with
-LLVM 22 builds without aborting), ``int8_conv`` (the per-instruction-set kernel policy and the int8
-conv, pool and depthwise schedules it installs while ``kernels()`` is entered), ``conv_transpose``,
-``tuning`` (tuned records, applied by ``tvm_ext.build``) and ``amx`` (the opt-in AMX tile path).
+LLVM 22 builds without aborting), ``int8_policy`` (the per-instruction-set kernel policy tables),
+``int8_schedules`` (the int8 conv and pool schedules), ``int8_conv`` (the layouts and fallback
+configs, and ``kernels()``, which installs them with the schedules while entered),
+``conv_transpose``, ``tuning`` (tuned records, applied by ``tvm_ext.build``) and ``amx`` (the
+opt-in AMX tile path).
 Leaves below :mod:`tvm_ext.core`: nothing here imports the core or the tools.
 """
 import importlib
 
-_MODULES = ("isa", "target", "int8_conv", "conv_transpose", "tuning", "amx")
+_MODULES = ("isa", "target", "int8_policy", "int8_schedules", "int8_conv", "conv_transpose", "tuning", "amx")
 
 
 def __getattr__(name):

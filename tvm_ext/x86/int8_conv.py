@@ -10,8 +10,9 @@ entry exits, so a plain ``relay.build`` in the same process keeps TVM's behaviou
 ``kernels(schedule=False)``, and only ``exact_without_vnni`` and ``vnni_operand_types`` do
 (otherwise the kernels are ``relay.build``'s). Each change is decided per instruction-set class
 (:func:`tvm_ext.x86.isa.isa_class` of the target being compiled, read at schedule time, so one process
-can build for several classes) from measurements on that class; :func:`policy` holds the conv
-schedule choices and their evidence (``_POLICY``, from ``benchmarks/int8_conv_schedules.py``).
+can build for several classes) from measurements on that class; :mod:`tvm_ext.x86.int8_policy` holds
+those choices as tables, with their evidence (:func:`~tvm_ext.x86.int8_policy.policy`; conv schedules from
+``benchmarks/lab/int8_conv_schedules.py``).
 The measurements in full: ``docs/x86-kernels.md``. "AVX2 code" below was measured as
 ``-mcpu=znver3`` code on Zen 4, "AVX-512 VNNI" as ``-mcpu=znver4`` on Zen 4.
 
@@ -22,7 +23,9 @@ elementwise stages or reorder a pool's loops; the transposed conv sums the same 
 in the same order. Tests check bit-equality against TVM's own schedule with the same dot product,
 and exactness against numpy.
 
-The changes, each with where it applies, its rule and its measured reason:
+The changes, each with where it applies, its rule and its measured reason (the schedules named,
+:func:`dot_u8s8_vnni`, :func:`tile_width`, :func:`tile_shape`, the ``_schedule_*`` and pool functions,
+are in :mod:`tvm_ext.x86.int8_schedules`; the layouts and fallback configs are here):
 
 ``exact_without_vnni`` -- AVX2, AVX-512 and SSE, also with ``schedule=False``
     (:mod:`tvm_ext.x86.exact_int8`). ``vpmaddubsw`` saturates its int16 pair sums; a conv whose
@@ -71,7 +74,7 @@ The changes, each with where it applies, its rule and its measured reason:
     and ResNet-50's 1x1 convs 2-9 % faster as AVX2 code and 4-15 % on AVX-512 VNNI.
 
 ``fallback_register_tile`` -- untuned float convs and untuned depthwise convs (8-bit and float) on
-    AVX2 (:data:`_FALLBACK_TILE_ACCUMULATORS`; tuned configs are not touched). TVM's fallback takes
+    AVX2 (:data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`; tuned configs are not touched). TVM's fallback takes
     ``tile_ow`` = the largest divisor of the output width up to 31 (float 1x1: ``tile_oh x tile_ow``
     under 32 pixels), one vector register per pixel and channel block: that fits AVX-512's 32 zmm
     and spills AVX2's 16 ymm. Here the tile is cut (:func:`_float_conv_register_tile`,
@@ -160,490 +163,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 
 from . import conv_transpose as x86_conv_transpose
 from . import exact_int8
 from ._patch import Patch
+from .int8_policy import FALLBACK_TILE_ACCUMULATORS, INT8_CONV_BLOCK, KernelPolicy, needs_operand_fix, policy
+from .int8_schedules import _SAVED, _current_target, _inline_pool_producers, _schedule_1x1_int8, \
+    _schedule_common_int8, _vectorize_pool_channel_block, dot_u8s8_vnni, tile_shape, tile_width
 from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernels", "active", "policy", "KernelPolicy", "vnni_ready", "needs_operand_fix", "dot_u8s8_vnni",
-           "int8_block"]
-
-#: LLVM major version from which vpdpbusd takes <64 x i8> byte operands (llvm-project #155194).
-LLVM_VNNI_I8_OPERANDS = 22
-#: Channel block AlterOpLayout gives an untuned int8 conv on every x86 CPU (TVM's ``int32_lanes=16``).
-INT8_CONV_BLOCK = 16
-#: Widest channel block ``global_pool_channel_vector`` vectorizes a global pool over (TVM's own limit
-#: for its pool vectorizer).
-_MAX_POOL_VECTOR = 64
-
-_SAVED: dict = {}
-
-
-@dataclass(frozen=True)
-class KernelPolicy:
-    """How tvm-ext compiles x86 int8 convolutions for one instruction-set class.
-
-    Attributes
-    ----------
-    isa : str
-        The class (:func:`tvm_ext.x86.isa.isa_class`).
-    vector_bits : int
-        Register width the int8 dot product uses (512 zmm, 256 ymm, 128 xmm; 0 for non-x86).
-    dot : str
-        The instruction of the int8 dot product: ``vpdpbusd`` (VNNI) or ``vpmaddubsw``
-        (+ ``vpmaddwd``; saturates int16 pair sums).
-    per_row : bool
-        Compute 3x3/7x7 int8 convs per output row (``epilogue_per_row``) instead of TVM's
-        per-pixel form.
-    evidence : str
-        The measurement behind ``per_row`` and ``tile_accumulators``
-        (``benchmarks/int8_conv_schedules.py``).
-    channel_blocks : tuple of int
-        The channel blocks of 8-bit tensors in order of preference (:func:`int8_block` takes the
-        first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 and AVX-512
-        VNNI 8 before 12 (``narrow_channel_blocks``: a full 8-lane register, not one and a half).
-    int8_out_blocks : tuple of int
-        The output blocks an int8 conv may take, largest first; output channels no block divides
-        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 and
-        AVX-512 VNNI (16, 8) (``narrow_channel_blocks``: 24 output channels are not padded to 32
-        and sliced).
-    tile_accumulators : int
-        Compute 1x1 int8 convs, and 3x3/7x7 ones when not ``per_row``, per *tile* of output
-        pixels whose accumulators fit this many vector registers (``per_tile_accumulators``),
-        instead of TVM's forms; 0 keeps TVM's.
-    """
-
-    isa: str
-    vector_bits: int
-    dot: str
-    per_row: bool
-    evidence: str
-    channel_blocks: tuple = (16, 12, 8, 4)
-    int8_out_blocks: tuple = (16,)
-    tile_accumulators: int = 0
-
-    @property
-    def conv_schedule(self) -> str:
-        """``"per_row"``, ``"per_tile"`` or ``"tvm"``: how 3x3/7x7 int8 convs are computed."""
-        return "per_row" if self.per_row else ("per_tile" if self.tile_accumulators else "tvm")
-
-    @property
-    def conv1x1_schedule(self) -> str:
-        """``"per_tile"`` or ``"tvm"``: how 1x1 int8 convs are computed."""
-        return "per_tile" if self.tile_accumulators else "tvm"
-
-
-# Per-ISA choices (vector bits, dot instruction, epilogue_per_row, evidence); ResNet-50's 3x3/7x7
-# int8 convs with a requantize epilogue, one thread, Zen 4 (AVX2 measured by building for
-# -mcpu=znver3), benchmarks/int8_conv_schedules.py.
-_POLICY = {
-    "avx512_vnni": (512, "vpdpbusd", True, "epilogue_per_row: 0.19-0.49x TVM's time per conv (Zen 4, "
-                    "-mcpu=znver4)"),
-    "avx512": (512, "vpmaddubsw", True, "epilogue_per_row: 0.82-0.99x TVM's time per conv, 0.90x summed (Zen 4, "
-               "VNNI masked)"),
-    "avx2": (256, "vpmaddubsw", False, "epilogue_per_row: 0.86-1.65x TVM's time per conv, 1.16-1.32x summed; "
-             "per_tile_accumulators: 0.86-1.02x, 0.94-0.96x summed (Zen 4 running -mcpu=znver3 code)"),
-    "sse": (128, "pmaddubsw", False, "not measured: TVM's schedule kept"),
-    "other": (0, "", False, "not x86: TVM's schedule"),
-}
-
-
-#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule
-#: (``narrow_channel_blocks``).
-_NARROW_BLOCKS = {"avx2": (16, 8, 12, 4), "avx512_vnni": (16, 8, 12, 4)}
-#: Int8 conv output blocks per class where they differ from TVM's (``narrow_channel_blocks``; on
-#: AVX-512 VNNI through the 8-lane ymm ``vpdpbusd``).
-_NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
-#: Accumulator registers of the per-tile schedules per class (``per_tile_accumulators``): AVX2 has
-#: 16 ymm registers, AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
-#: take three, and one is left spare.
-_TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
-#: The same for the tiles of TVM's *fallback* (untuned) configs of float convs and of depthwise
-#: convs, 8-bit and float (``fallback_register_tile``). TVM's fallback takes up to 31 pixels of one
-#: register each, which fits AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry
-#: (AVX-512 is not measured).
-_FALLBACK_TILE_ACCUMULATORS = {"avx2": 12}
-
-
-#: Classes whose convs take another class's choices in every table above: an AMX target's convs
-#: run on AVX-512 VNNI (its tiles compute dense and batch_matmul only, :mod:`tvm_ext.x86.amx`).
-_CONVS_AS = {"amx": "avx512_vnni"}
-
-
-def policy(target) -> KernelPolicy:
-    """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
-    cls = isa_class(target)
-    key = _CONVS_AS.get(cls, cls)
-    bits, dot, per_row, evidence = _POLICY[key]
-    return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
-                        _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
-                        _TILE_ACCUMULATORS.get(key, 0))
-
-
-def needs_operand_fix() -> bool:
-    """True when this LLVM's ``vpdpbusd.512`` takes ``<64 x i8>`` (TVM 0.19's call aborts)."""
-    from tvm.target import codegen
-
-    return codegen.llvm_version_major() >= LLVM_VNNI_I8_OPERANDS
-
-
-def vnni_ready(target) -> bool:
-    """True when ``target`` has AVX-512 VNNI and :func:`kernels` can build for it safely."""
-    cls = isa_class(target)
-    return _CONVS_AS.get(cls, cls) == "avx512_vnni"
-
-
-def dot_u8s8_vnni(lanes: int = 16):
-    """``int32[lanes] += sum_k uint8[4] * int8[lanes][4]`` as one ``vpdpbusd`` (LLVM 22 operand types).
-
-    ``lanes`` 16: a zmm ``vpdpbusd``, the same computation, buffers and body/reset/update protocol
-    as TVM's ``dot_16x1x16_uint8_int8_int32_cascadelake``, so TVM's int8 schedules tensorize with
-    it unchanged. ``lanes`` 8: the ymm form (AVX-512 VL + VNNI), for int8 convs whose output block
-    is 8 (``narrow_channel_blocks`` on AVX-512 VNNI). On LLVM <= 21 the byte operands are passed
-    as ``int32`` vectors, the intrinsic's old signature.
-    """
-    import tvm
-    from tvm import te
-
-    if lanes not in (8, 16):
-        raise ValueError(f"dot_u8s8_vnni: lanes must be 8 or 16, got {lanes}")
-    group = 4  # 4 bytes reduced into each int32 output
-    bits = 32 * lanes
-    data = te.placeholder((group,), dtype="uint8", name="data")
-    kernel = te.placeholder((lanes, group), dtype="int8", name="kernel")
-    k = te.reduce_axis((0, group), name="k")
-    out = te.compute(
-        (lanes,),
-        lambda i: te.sum(data[k].astype("int32") * kernel[i, k].astype("int32"), axis=k),
-        name="C",
-    )
-    a_buf = tvm.tir.decl_buffer(data.shape, dtype="uint8", name="a_buffer", offset_factor=1, strides=[1])
-    b_buf = tvm.tir.decl_buffer(
-        kernel.shape, dtype="int8", name="b_buffer", offset_factor=1, strides=[te.var("ldw"), 1]
-    )
-    acc_t, byte_t = f"int32x{lanes}", (f"int8x{4 * lanes}" if needs_operand_fix() else f"int32x{lanes}")
-
-    def intrin_func(ins, outs):
-        def emit(kind):  # kind: "body" (c = dot), "reset" (c = 0), "update" (c += dot)
-            ib = tvm.tir.ir_builder.create()
-            if kind == "reset":
-                ib.emit(outs[0].vstore(0, tvm.tir.const(0, acc_t)))
-                return ib.get()
-            # the 4 data bytes, as one int32 broadcast to every lane, seen as bytes
-            word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
-            a = word.astype(acc_t)
-            if byte_t != acc_t:
-                a = tvm.tir.call_intrin(byte_t, "tir.reinterpret", a)
-            b = ins[1].vload([0, 0], f"int8x{4 * lanes}")
-            if byte_t != b.dtype:
-                b = tvm.tir.call_intrin(byte_t, "tir.reinterpret", b)
-            acc = outs[0].vload([0], acc_t) if kind == "update" else tvm.tir.const(0, acc_t)
-            dot = tvm.tir.call_llvm_pure_intrin(
-                acc_t, f"llvm.x86.avx512.vpdpbusd.{bits}", tvm.tir.const(3, "uint32"), acc, a, b
-            )
-            ib.emit(outs[0].vstore(0, dot))
-            return ib.get()
-
-        return emit("body"), emit("reset"), emit("update")
-
-    return te.decl_tensor_intrin(
-        out.op, intrin_func, binds={data: a_buf, kernel: b_buf}, default_buffer_params={"offset_factor": 1}
-    )
-
-
-def _dot_for_block(oc_bn: int) -> tuple:
-    """``(int32 lanes, tensor intrinsic)`` an int8 conv with output block ``oc_bn`` tensorizes
-    with on the target being compiled: TVM's (the SIMD width's) unless the block is narrower than
-    that, which only ``narrow_channel_blocks`` gives (8 on AVX-512 VNNI: the ymm ``vpdpbusd``)."""
-    from tvm.target.x86 import get_simd_32bit_lanes
-    from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
-
-    lanes = get_simd_32bit_lanes()
-    if oc_bn == 8 and vnni_ready(_current_target()):  # VNNI: 16 lanes, so 8 is narrower
-        return 8, dot_u8s8_vnni(8)
-    return lanes, dot_16x1x16_uint8_int8_int32()
-
-
-def _chosen_schedule(kind: str) -> tuple:
-    """``(schedule, accumulators)`` for the target being compiled: ``kind`` ``"3x3"`` (also 7x7)
-    takes :attr:`KernelPolicy.conv_schedule`, ``"1x1"`` :attr:`KernelPolicy.conv1x1_schedule`;
-    ``kernels(schedule="per_row" | "per_tile")`` forces one (per-row has no 1x1 form: TVM's).
-    ``accumulators`` is the class's tile budget, 12 where it has none (a forced per-tile)."""
-    import tvm
-
-    target = tvm.target.Target.current(allow_none=True)
-    pol = policy(target) if target is not None else None
-    chosen = "tvm" if pol is None else (pol.conv_schedule if kind == "3x3" else pol.conv1x1_schedule)
-    mode = _SAVED.get("mode")
-    if mode in ("per_row", "per_tile"):  # forced, for measurements
-        chosen = mode if kind == "3x3" or mode == "per_tile" else "tvm"
-    return chosen, (pol.tile_accumulators if pol is not None and pol.tile_accumulators else 12)
-
-
-def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
-    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row
-    (``epilogue_per_row``) or per register tile (``per_tile_accumulators``) where :func:`policy`
-    says so for the target being compiled."""
-    from tvm.target.x86 import get_simd_32bit_lanes
-    from tvm.topi.generic import conv2d as conv2d_generic
-    from tvm.topi.utils import get_const_tuple
-
-    chosen, accumulators = _chosen_schedule("3x3")
-    lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
-    if chosen == "per_row":
-        return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
-            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=False)
-    if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
-        return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
-    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (8-lane VNNI)
-        return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
-            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=True)
-    return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
-
-
-def _tileable(kernel_vec, conv_out, last) -> bool:
-    """The per-tile schedule handles NCHWc outputs of a pre-packed kernel (what AlterOpLayout
-    gives); TVM's ``conv2d_nchw`` test path (kernel packed in the schedule) keeps TVM's."""
-    from tvm import te
-
-    packed_here = isinstance(kernel_vec.op, te.tensor.ComputeOp) and kernel_vec.name == "kernel_vec"
-    return not packed_here and len(conv_out.shape) == 5 and len(last.shape) == 5
-
-
-def _largest_divisor(n: int, at_most: int) -> int:
-    """The largest divisor of ``n`` not above ``at_most`` (at least 1)."""
-    return next(d for d in range(max(1, min(at_most, n)), 0, -1) if n % d == 0)
-
-
-def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> int:
-    """Output pixels per tile of the per-tile schedule (``per_tile_accumulators``).
-
-    ``groups`` accumulator registers per pixel (output block / int32 lanes); ``wanted`` is the
-    config's ``tile_ow`` (tuned or TVM's fallback, which takes the largest divisor of the width up
-    to 31: 28 pixels x 2 registers on AVX2, far more than its 16 registers). Returns ``wanted``
-    when its accumulators fit, else the largest divisor of ``out_width`` whose accumulators fit;
-    when that is one pixel (a prime width such as ResNet's 7), the whole row if its accumulators
-    fit two more registers (on AVX2 all 16 but the kernel vector and the data word: measured
-    0.84-0.91x TVM's time for ResNet-50's 7x7-output convs, where one pixel per tile is TVM's form).
-    """
-    fit = max(1, accumulators // max(1, groups))
-    if 1 <= wanted <= fit and out_width % wanted == 0:
-        return wanted
-    best = _largest_divisor(out_width, fit)
-    if best == 1 and out_width * groups <= accumulators + 2:
-        return out_width
-    return best
-
-
-def _tile_stages(s, data_vec, conv_out, last, rows, cols):
-    """The per-tile schedules' stages: the conv's output computed per ``rows x cols`` tile of the fused output
-    (parallel over channel chunks and row blocks, channel block vectorized), its accumulation
-    stage per tile. Returns the accumulation stage; the caller orders its reduction."""
-    from tvm import autotvm, te
-
-    if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
-        batch, ic_chunk, ih, _, _ = s[data_vec].op.axis
-        s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
-        data_vec = data_vec.op.input_tensors[0]
-    if autotvm.GLOBAL_SCOPE.in_tuning and isinstance(data_vec.op, te.tensor.ComputeOp):
-        s[data_vec].pragma(s[data_vec].op.axis[0], "debug_skip_region")  # a layout transform when tuning
-
-    conv, out = conv_out, last
-    acc = s.cache_write(conv, "global")
-
-    def split_tiles(stage):
-        """(batch, oc_chunk, row block) fused, then the tiles of a row; oc block innermost."""
-        batch, oc_chunk, oh, ow, oc_block = s[stage].op.axis
-        oh_outer, oh_inner = s[stage].split(oh, factor=rows)
-        ow_outer, ow_inner = s[stage].split(ow, factor=cols)
-        s[stage].reorder(oc_chunk, oh_outer, ow_outer, oh_inner, ow_inner, oc_block)
-        return s[stage].fuse(batch, oc_chunk, oh_outer), ow_outer, oc_block
-
-    row, tile, oc_block = split_tiles(conv)
-    s[conv].vectorize(oc_block)
-    if conv == out:
-        s[conv].parallel(row)
-    else:
-        out_row, out_tile, out_block = split_tiles(out)
-        s[out].vectorize(out_block)
-        s[out].parallel(out_row)
-        s[conv].compute_at(s[out], out_tile)
-    s[acc].compute_at(s[conv], tile)
-    return acc
-
-
-def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
-    """``per_tile_accumulators``: the int8 NCHWc conv computed per tile of ``reg_n`` output pixels of one row, every
-    pixel's accumulators in registers (:func:`tile_width`), the epilogue applied per tile.
-
-    TVM's form (``inline_fused=True``) computes one pixel at a time: the kernel vectors are loaded
-    again for every pixel and only ``oc_bn / lanes`` accumulators are live. Per row
-    (``inline_fused=False``, ``epilogue_per_row``) with TVM's ``tile_ow`` (up to 28 pixels) spills on AVX2's 16
-    registers. A tile reuses each kernel vector ``reg_n`` times and keeps the tile in registers.
-    Same products, summed in the same order per output: bit-identical to TVM's schedule.
-    """
-    from tvm.topi.utils import get_const_tuple
-
-    _, _, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
-    wanted = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
-    reg_n = tile_width(out_width, oc_bn // lanes, wanted, accumulators)
-    unroll_kw = cfg["unroll_kw"] if isinstance(cfg["unroll_kw"], (int, bool)) else cfg["unroll_kw"].val
-
-    acc = _tile_stages(s, data_vec, conv_out, last, 1, reg_n)
-    # the tile's reduction: every (kh, kw, input block) step updates all reg_n x groups accumulators
-    _, _, oh, ow, oc_block = s[acc].op.axis
-    kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
-    oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
-    if unroll_kw:
-        s[acc].reorder(ic_outer, kh, ic_f_inner, kw, oh, ow, oc_group, oc_lane, ic_s_inner)
-        s[acc].unroll(kw)
-    else:
-        s[acc].reorder(ic_outer, kh, kw, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
-    s[acc].tensorize(oc_lane, intrin)
-    s[acc].unroll(ow)
-    s[acc].unroll(oc_group)
-    return s
-
-
-def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
-    """TVM's x86 NCHWc int8 1x1 conv schedule, or the per-tile one (``per_tile_accumulators``)
-    where :func:`policy` says so for the target being compiled."""
-    from tvm.target.x86 import get_simd_32bit_lanes
-    from tvm.topi.generic import conv2d as conv2d_generic
-    from tvm.topi.utils import get_const_tuple
-
-    chosen, accumulators = _chosen_schedule("1x1")
-    lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
-    if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
-        return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
-    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (8-lane VNNI)
-        return conv2d_generic.schedule_conv_NCHWc_cpu_1x1_int8(
-            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin)
-    return _SAVED["schedule_1x1"](s, cfg, data_vec, kernel_vec, conv_out, last)
-
-
-def tile_shape(out_height: int, out_width: int, groups: int, wanted: tuple, accumulators: int) -> tuple:
-    """``(rows, pixels per row)`` of a 1x1 conv's tile (``per_tile_accumulators``): the config's ``(tile_oh, tile_ow)``
-    when its accumulators fit, else as many of its rows as fit (dividing the height) and the
-    widest divisor of the width that fits beside them."""
-    rows, cols = wanted
-    if rows * cols * groups <= accumulators and out_height % rows == 0 and out_width % cols == 0:
-        return rows, cols
-    fit = max(1, accumulators // max(1, groups))
-    rows = _largest_divisor(out_height, min(rows, fit))
-    cols = _largest_divisor(out_width, fit // rows)
-    return rows, cols
-
-
-def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
-    """``per_tile_accumulators`` for 1x1 convs: the conv computed per tile of ``rows x cols`` output pixels
-    (:func:`tile_shape`), accumulators in registers, the epilogue applied per tile.
-
-    TVM's 1x1 form accumulates a block of ``tile_oh`` whole rows into a buffer, copies it into the
-    conv's output buffer, and runs the epilogue over that: two extra passes over int32 values per
-    output. Same products, summed in the same order per output: bit-identical to TVM's schedule.
-    """
-    from tvm.topi.utils import get_const_tuple
-
-    _, _, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
-    wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
-    wanted_cols = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
-    rows, cols = tile_shape(out_height, out_width, oc_bn // lanes, (wanted_rows, wanted_cols), accumulators)
-
-    acc = _tile_stages(s, data_vec, conv_out, last, rows, cols)
-    _, _, oh, ow, oc_block = s[acc].op.axis
-    kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
-    oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
-    s[acc].reorder(kh, kw, ic_outer, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
-    s[acc].tensorize(oc_lane, intrin)
-    s[acc].unroll(oh)
-    s[acc].unroll(ow)
-    s[acc].unroll(oc_group)
-    return s
-
-
-def _float_product_summed(op, reader) -> bool:
-    """True when ``op`` computes a float product and ``reader`` sums it (a reduction).
-
-    Inlined, the product would feed the sum's add directly, and LLVM (TVM allows floating-point
-    contraction) fuses the two into one ``vfmadd``: one rounding where TVM's schedule, which keeps
-    the product in its own stage, rounds twice. Such a stage keeps its buffer.
-    """
-    from tvm import te, tir
-
-    body = op.body[0]
-    return (isinstance(reader, te.tensor.ComputeOp) and isinstance(reader.body[0], tir.Reduce)
-            and isinstance(body, tir.Mul) and body.dtype.startswith("float"))
-
-
-def _inline_pool_producers(schedule_fn):
-    """``schedule_fn`` (a TVM x86 pool schedule), then every injective producer of the pool inlined,
-    except a float product the pool's sum reads (:func:`_float_product_summed`).
-
-    Inlining an elementwise/injective stage into its reader does not change a value (the same
-    expression is evaluated per element) unless the compiler contracts a multiply into the add that
-    reads it; it removes the stage's own loop nest and buffer.
-    """
-    import functools
-
-    from tvm import te
-    from tvm.topi import tag
-
-    @functools.wraps(schedule_fn)
-    def wrapped(outs, *args, **kwargs):
-        s = schedule_fn(outs, *args, **kwargs)
-        outs = [outs] if isinstance(outs, te.tensor.Tensor) else list(outs)
-        out_ops = {o.op for o in outs}
-        seen, stack = set(), [(t, o.op) for o in outs for t in o.op.input_tensors]
-        while stack:
-            tensor, reader = stack.pop()
-            op = tensor.op
-            if op in seen or not isinstance(op, te.tensor.ComputeOp):
-                continue
-            seen.add(op)
-            if tag.is_injective(op.tag) and op not in out_ops and not _float_product_summed(op, reader):
-                s[op].compute_inline()
-            stack.extend((t, op) for t in op.input_tensors)
-        return s
-
-    wrapped._tvm_ext_change = "pool_prologue_inline"  # pylint: disable=protected-access
-    return wrapped
-
-
-def _vectorize_pool_channel_block(schedule_fn):
-    """``schedule_fn`` (TVM's x86 ``schedule_adaptive_pool``), then every global/adaptive pool over a
-    channel-blocked layout (``NCHW[x]c``) vectorized over its channel block
-    (``global_pool_channel_vector``): the reduction loops move outside the block, so each step adds
-    one contiguous vector of channels.
-
-    Every channel's sum runs over the same window positions in the same order as in TVM's schedule:
-    the results are bit-identical; only the loop order and the vector width change."""
-    import functools
-
-    from tvm import te
-
-    @functools.wraps(schedule_fn)
-    def wrapped(outs, *args, **kwargs):
-        s = schedule_fn(outs, *args, **kwargs)
-        for stage in s.stages:
-            op = stage.op
-            if not (isinstance(op, te.ComputeOp) and op.tag.startswith("adaptive_pool") and len(op.axis) == 5):
-                continue
-            block, red = op.axis[4], list(op.reduce_axis)
-            leaves = list(stage.leaf_iter_vars)
-            if not any(v.same_as(block) for v in leaves) or int(block.dom.extent) > _MAX_POOL_VECTOR:
-                continue  # already split or fused by another schedule rule, or too wide a block
-            rest = [v for v in leaves if not v.same_as(block) and not any(v.same_as(r) for r in red)]
-            stage.reorder(*rest, *red, block)
-            stage.vectorize(block)
-        return s
-
-    wrapped._tvm_ext_change = "global_pool_channel_vector"  # pylint: disable=protected-access
-    return wrapped
+__all__ = ["kernels", "active", "int8_block", "int8_out_channels"]
 
 
 def _depthwise_int8_block(fallback):
@@ -676,11 +207,11 @@ def _depthwise_int8_block(fallback):
 def _fallback_tile_budget(cfg):
     """``(accumulator registers, vector registers per pixel)`` for cutting an untuned conv's tile on
     the current target (``fallback_register_tile``), or None where TVM's tile is kept
-    (:data:`_FALLBACK_TILE_ACCUMULATORS`)."""
+    (:data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`)."""
     from tvm.target.x86 import get_simd_32bit_lanes
 
     target = _current_target()
-    budget = _FALLBACK_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
+    budget = FALLBACK_TILE_ACCUMULATORS.get(isa_class(target)) if target is not None else None
     if budget is None:
         return None
     return budget, -(-cfg["tile_oc"].size[-1] // get_simd_32bit_lanes())
@@ -688,7 +219,7 @@ def _fallback_tile_budget(cfg):
 
 def _depthwise_register_tile(fallback):
     """``fallback`` (a TVM x86 depthwise default config), then, on classes with a tile budget
-    (AVX2: :data:`_FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` cut to the widest tile whose
+    (AVX2: :data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` cut to the widest tile whose
     accumulators fit the registers (``fallback_register_tile``; 8-bit and float depthwise convs alike). The other knobs
     stay; tuned configs are not touched."""
     import functools
@@ -734,12 +265,6 @@ def int8_out_channels(channels: int, target=None) -> int:
     if any(channels % b == 0 for b in blocks):
         return channels
     return -(-channels // INT8_CONV_BLOCK) * INT8_CONV_BLOCK
-
-
-def _current_target():
-    import tvm
-
-    return tvm.target.Target.current(allow_none=True)
 
 
 def _block_here(channels: int):
@@ -886,7 +411,7 @@ def _float_conv_int8_blocks(fallback):
 
 def _float_conv_register_tile(fallback, one_by_one: bool):
     """``fallback`` (a TVM x86 float conv default config), then, on classes with a tile budget
-    narrower than TVM's rule (AVX2: :data:`_FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` (and
+    narrower than TVM's rule (AVX2: :data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`), ``tile_ow`` (and
     ``tile_oh`` for 1x1 convs) cut to the widest tile whose accumulators fit the registers
     (``fallback_register_tile``). The other knobs stay TVM's; tuned configs are not touched."""
     import functools
@@ -1004,7 +529,7 @@ def kernels(schedule=True, int8_graph=False):
         and only applies ``vnni_operand_types`` (VNNI buildable with LLVM 22): that is "stock TVM"
         for a VNNI target. ``"per_row"`` (``"per_tile"``) uses the per-row (per-tile) int8 conv
         schedule on every instruction set (for measurements such as
-        ``benchmarks/int8_conv_schedules.py``).
+        ``benchmarks/lab/int8_conv_schedules.py``).
     int8_graph : bool
         The graph being built computes in 8 bits: float convs read their input blocked as the
         int8 convs write it (``int8_graph_float_conv_blocks``; only with ``schedule``). Float

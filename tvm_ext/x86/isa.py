@@ -15,7 +15,7 @@ A leaf module (it imports only TVM): :mod:`tvm_ext.x86.target`, :mod:`tvm_ext.x8
   dies with SIGILL and takes the whole process with it.
 * :func:`isa_class` names the x86 int8 instruction-set class a target compiles to. TVM 0.19's
   int8 intrinsics decide by these features, and so do tvm-ext's kernel choices
-  (:func:`tvm_ext.x86.int8_conv.policy`):
+  (:func:`tvm_ext.x86.int8_policy.policy`):
 
   ===============  =====================================  =================================
   class            features                               int8 dot product
@@ -115,9 +115,16 @@ def missing_on_host(target) -> list[str]:
 
 
 def runs_on_host(target) -> bool:
-    """True when code compiled for ``target`` only uses instructions this host has."""
+    """True when code compiled for ``target`` only uses instructions this host has: the same
+    architecture (``-mtriple``; an aarch64 target is never runnable on an x86 host) and no x86
+    feature this host lacks."""
+    from tvm.target import codegen
+
     tgt = _as_target(target)
     if tgt.kind.name != "llvm":
+        return False
+    triple = str(tgt.attrs.get("mtriple", "") or "")
+    if triple and triple.split("-")[0] != str(codegen.llvm_get_system_triple()).split("-")[0]:
         return False
     return not missing_on_host(tgt)
 

@@ -170,12 +170,12 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
     -------
     tvm.target.Target
     """
-    from . import int8_conv as x86_int8
+    from .int8_policy import vnni_ready
 
     if allow_vnni is None:
         probe = (host_target(allow_vnni=True, allow_amx=allow_amx) if target is None
                  else safe_target(target, allow_vnni=True, allow_amx=allow_amx))
-        if probe.kind.name == "llvm" and x86_int8.vnni_ready(probe):
+        if probe.kind.name == "llvm" and vnni_ready(probe):
             logger.debug("building for '%s' with AVX-512 VNNI (tvm_ext.x86.int8_conv kernels)", probe)
             return probe
         allow_vnni = False

@@ -16,7 +16,7 @@ at once (``taskset``), and prints GMAC/s. Given a model's multiply-accumulates (
 ResNet-50 at 224x224: 4.089) it prints the lowest latency any kernel using that sequence can
 reach: the model's MACs at the best rate measured (either form), with nothing else taking time.
 
-    python benchmarks/avx2_int8_peak.py [--gmac 4.089] [--iters 100000000] [--rounds 3]
+    python benchmarks/lab/avx2_int8_peak.py [--gmac 4.089] [--iters 100000000] [--rounds 3]
 
 Needs gcc and an AVX2 CPU (it says so and exits otherwise). The code runs in a child process.
 """

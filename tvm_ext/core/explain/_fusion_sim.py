@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_ELEMWISE, K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE
+from ..._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_ELEMWISE, K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, K_TUPLE
 
 PATTERN_NAMES = {0: "kElemWise", 1: "kBroadcast", 2: "kInjective", 3: "kCommReduce", 4: "kOutEWiseFusable",
                  7: "kTuple", 8: "kOpaque"}

@@ -5,7 +5,7 @@ Design note
 For each real zoo variant (``<model>_int8_<qoperator|qdq>[_s8s8][_perchannel]``) this builds
 *stock* (plain ``relay.build`` at the VNNI-masked host target, the benchmark's stock column) and
 *tvm-ext* (``tvm_ext.build(..., passes=pipelines.int8())`` at its own target), each in its own
-child process, with the benchmark's own build job (:func:`tvm_ext.tools.bench._run_builds`), so a
+child process, with the benchmark's own build job (:func:`tvm_ext.tools.bench.run_builds`), so a
 segfault or an LLVM assertion is a table cell, not the end of the run. When stock ``relay.build``
 fails (LLVM 22's verifier on some Zen 4 builds), stock is also built as ``tvm_ext.build`` without
 passes at the same masked target (the same kernels as ``relay.build``, built again with TIR CSE off:
@@ -14,7 +14,7 @@ table says so.
 
 Then, in another child process, both builds and ONNX Runtime run on the benchmark's inputs
 (``tvm_ext.tools.zoo_real.images(name, n, seed=1000)``) and the benchmark's numerics are computed
-(:func:`tvm_ext.tools.bench._numerics`, output step from :func:`tvm_ext.tools.bench._real_variant`).
+(:func:`tvm_ext.tools.bench.compare_outputs`, output step from :func:`tvm_ext.tools.bench.real_variant`).
 
 **No latency**: this measures structure and numerics only (the machine is shared). Per variant it
 checks these targets: tvm-ext kernels <= stock, no crash, no int32 (or wider) tensor crossing
@@ -26,8 +26,8 @@ reverse), which names the pass responsible.
 
 Usage::
 
-    nice -n 10 .venv/bin/python benchmarks/real_matrix.py [--variants a,b,...] [--out DIR] [--resume]
-    .venv/bin/python benchmarks/real_matrix.py --variants a,b --stock-from DIR/matrix.json --out DIR2
+    nice -n 10 .venv/bin/python benchmarks/lab/real_matrix.py [--variants a,b,...] [--out DIR] [--resume]
+    .venv/bin/python benchmarks/lab/real_matrix.py --variants a,b --stock-from DIR/matrix.json --out DIR2
 
 (``--stock-from``: keep an earlier run's stock builds and numerics, build only tvm-ext: stock TVM
 does not change with tvm-ext's passes.)
@@ -37,7 +37,7 @@ does not change with tvm-ext's passes.)
 is kept as the ``int8()`` reference: its kernels and numerics are shown next to the option's, and the
 target ``kernels_le_int8`` checks that the option adds no kernel::
 
-    nice -n 10 .venv/bin/python benchmarks/real_matrix.py --numerics onnxruntime \
+    nice -n 10 .venv/bin/python benchmarks/lab/real_matrix.py --numerics onnxruntime \
         --stock-from DIR0/matrix.json --out DIR
 
 Writes ``DIR/matrix.json`` (after every variant) and ``DIR/matrix.md``; progress through logging.
@@ -82,7 +82,7 @@ def _child_build(job: dict) -> None:
     from tvm_ext.tools import bench
 
     if job["pipeline"] != "tvm_nopass":
-        return bench._job_main(job)
+        return bench.job_main(job)
     out = Path(job["dir"]) / "tvm_nopass.result.json"
     try:
         import tvm
@@ -91,7 +91,7 @@ def _child_build(job: dict) -> None:
         from tvm_ext.core.build import build
 
         logging.basicConfig(level=job.get("log_level", logging.WARNING))
-        v = bench._load_variant(job["key"], job["small"], job["model_path"])
+        v = bench.load_variant(job["key"], job["small"], job["model_path"])
         t0 = time.perf_counter()
         fac = build(v["mod"], target=tvm.target.Target(job["target"]), params=v["params"], passes=(),
                     allow_vnni=False, tuned=False)
@@ -103,7 +103,7 @@ def _child_build(job: dict) -> None:
         res.update(lib=str(d / "tvm_nopass.so"), graph=str(d / "tvm_nopass.json"), params=str(d / "tvm_nopass.params"))
     except Exception as err:
         logging.getLogger(__name__).exception("tvm_nopass build failed")
-        res = {"error": bench._error_line(err), "error_detail": str(err)[:4000]}
+        res = {"error": bench.error_line(err), "error_detail": str(err)[:4000]}
     out.write_text(json.dumps(res, default=str))
 
 
@@ -115,14 +115,14 @@ def _child_numerics(job: dict) -> None:
     try:
         outputs, errors = {}, {}
         xs = zoo_real.images(job["key"], job["n"], seed=1000)
-        engines = [bench._Loaded(b).engine(name, job["input_name"]) for name, b in job["built"].items()]
-        engines.append(bench._ort_engine(job["onnx_path"], job["input_name"], threads=1))
+        engines = [bench.LoadedBuild(b).engine(name, job["input_name"]) for name, b in job["built"].items()]
+        engines.append(bench.ort_engine(job["onnx_path"], job["input_name"], threads=1))
         for e in engines:
             try:
                 outputs[e.name] = [e.call(x) for x in xs]
             except Exception as err:
-                errors[e.name] = bench._error_line(err)
-        res = bench._numerics(outputs, integer_graph=None)
+                errors[e.name] = bench.error_line(err)
+        res = bench.compare_outputs(outputs, integer_graph=None)
         res["run_errors"] = errors
     except Exception as err:
         res = {"error": f"{type(err).__name__}: {err}"[:500]}
@@ -139,7 +139,7 @@ def _run_child(target, job: dict, result_file: Path) -> dict:
     p.join()
     if result_file.is_file():
         return json.loads(result_file.read_text())
-    return {"error": bench._crash_text(p.exitcode)}
+    return {"error": bench.crash_text(p.exitcode)}
 
 
 # --- one variant -------------------------------------------------------------------------------
@@ -183,8 +183,8 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
     ext_target = str(ext_target or build_target(None))
     t0 = time.perf_counter()
     onnx_path = zoo.onnx_path(key)  # fetches / quantizes on first use (in this process)
-    v = bench._load_variant(key, False, None, import_relay=False)
-    real = bench._real_variant(v)
+    v = bench.load_variant(key, False, None, import_relay=False)
+    real = bench.real_variant(v)
     vdir = workdir / key
     vdir.mkdir(parents=True, exist_ok=True)
     res = {"variant": key, "real": real, "onnx": str(onnx_path), "stock_target": stock_target,
@@ -194,7 +194,7 @@ def measure(key: str, *, workdir: Path, n_inputs: int = NUM_INPUTS, stock_target
                  log_level=logging.WARNING, **({"numerics": numerics} if p == "tvm_ext" else {}))
             for p, t in pipes]
     logger.info("%s: building %s (child processes)", key, " and ".join(p for p, _ in pipes))
-    built = bench._run_builds(jobs, parallel=True, _child=_child_build)
+    built = bench.run_builds(jobs, parallel=True, _child=_child_build)
     if stock_from is not None:
         res["stock_kept_from"] = stock_from.get("measured_at", "an earlier run")
         res["stock_relay_build_error"] = stock_from.get("stock_relay_build_error")
@@ -426,7 +426,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stock_t, ext_t = host_target(), build_target(None)
     results = {"environment": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="minutes"),
-                               "cpu": bench._cpu_name(), "cores": os.cpu_count(), "versions": bench._versions(),
+                               "cpu": bench.cpu_name(), "cores": os.cpu_count(), "versions": bench.versions(),
                                "stock_target": str(stock_t), "ext_target": str(ext_t), "n_inputs": args.inputs,
                                "numerics": args.numerics,
                                "command": " ".join([Path(sys.argv[0]).name]

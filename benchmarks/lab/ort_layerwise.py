@@ -8,7 +8,7 @@ topological order, the difference is printed in quantization levels (the tensor'
 Usage (each engine runs in its own child process: a crash of the LLVM assertions build or of
 libtvm.so does not take the tool down)::
 
-    python benchmarks/ort_layerwise.py MODEL --engines ort,stock-llvm,stock-host,tvm-ext \
+    python benchmarks/lab/ort_layerwise.py MODEL --engines ort,stock-llvm,stock-host,tvm-ext \
         [--inputs 8] [--small] [--config relay.qnn.requantize_rounding=TONEAREST] [--out DIR]
 
 MODEL is a zoo name (``resnet50_int8_qoperator`` with ``--small``, ``ppocr_cls_v2_int8_qdq``, ...)

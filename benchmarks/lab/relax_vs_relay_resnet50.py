@@ -8,8 +8,8 @@ kernels, anchors, tensors/MB crossing kernels by dtype, build time, latency (med
 ``--repeat`` timed runs after one warm-up, ``time_evaluator`` with number=1) and the max abs
 difference of the logits from Relay stock on one seeded input.
 
-    .venv/bin/python benchmarks/relax_vs_relay_resnet50.py            # full size (minutes)
-    .venv/bin/python benchmarks/relax_vs_relay_resnet50.py --small    # smoke run
+    .venv/bin/python benchmarks/lab/relax_vs_relay_resnet50.py            # full size (minutes)
+    .venv/bin/python benchmarks/lab/relax_vs_relay_resnet50.py --small    # smoke run
 """
 from __future__ import annotations
 

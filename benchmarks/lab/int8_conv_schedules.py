@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Per-ISA measurement behind tvm_ext.x86.int8_conv.policy: TVM's int8 conv schedule vs per-row vs per-tile.
+"""Per-ISA measurement behind tvm_ext.x86.int8_policy.policy: TVM's int8 conv schedule vs per-row vs per-tile.
 
 For each instruction-set class this host can execute (AVX2 as -mcpu=x86-64-v3, AVX-512
 without VNNI as x86-64-v4, AVX-512 VNNI as x86-64-v4 + avx512vnni: vendor-neutral CPU levels),
@@ -10,7 +10,7 @@ tvm_ext.x86.int8_conv, checks that the three give the same outputs, and prints t
 each (timed in alternation; one thread unless TVM_NUM_THREADS says otherwise). For 1x1 convs the
 per-row column compiles TVM's 1x1 schedule again: its ratio shows the noise.
 
-    python benchmarks/int8_conv_schedules.py [--repeat 20] [--isa avx2,avx512,avx512_vnni]
+    python benchmarks/lab/int8_conv_schedules.py [--repeat 20] [--isa avx2,avx512,avx512_vnni]
 """
 import argparse
 import os

@@ -6,7 +6,7 @@ MergeComposite finds per entry of the `qnn` and `generic` tables, and kernels wi
 FuseByPattern(table): what each pass and table does to kernel counts on its own
 (``docs/benchmarks.md``); about 10 minutes on 2 cores.
 
-    python benchmarks/pass_effects.py [--small] [--models qoperator,qdq,relay]
+    python benchmarks/lab/pass_effects.py [--small] [--models qoperator,qdq,relay]
 """
 import argparse
 import logging

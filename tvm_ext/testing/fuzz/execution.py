@@ -1,0 +1,172 @@
+"""Where the oracle compiles and where it runs what it compiled.
+
+Design note
+-----------
+*Targets.* :func:`targets` gives what ``tvm_ext.build`` compiles for at a target (default: the
+host CPU) and what a plain ``relay.build`` compiles for there. The exact integer reference is
+always :data:`EXACT_TARGET`, plain ``llvm`` for this host (no SIMD dot product), and always runs
+here, whatever the target under test: on an aarch64 campaign the builds under test run on the
+RPC server and are compared with what this host computed.
+
+*Execution.* :func:`executor` says how the builds for a target run: here (code of this host's
+architecture using only features it has, :func:`tvm_ext.x86.isa.runs_on_host`); on a TVM RPC
+server (``rpc="HOST:PORT"``: an aarch64 board, or the qemu-user server of
+:mod:`tvm_ext.testing.aarch64`); or not at all, with the reason (compiled only). A remote build is
+linked here with the cross compiler, uploaded and loaded in a session of its own, run on every
+input and its outputs fetched: TVM's server serves one session at a time, so two fuzzing workers
+take turns only while they run a module, not while they compile.
+
+*The prefix.* :func:`prefixed` runs relay.build's prefix as ``tvm_ext.build`` does, and
+:func:`build_prefixed` finishes such a module the way ``tvm_ext.build`` does after its
+``before_fuse`` passes, inside the contexts it compiles a pipeline's graph in (the kernel policy
+of the target's architecture, tuned records, and on aarch64 the generic ``q_multiply_shift``
+lowering), so the oracle runs the prefix once per graph.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+
+__all__ = ["EXACT_TARGET", "NUM_INPUTS", "targets", "foreign_arch", "executor", "compiled_only_reason", "prefixed",
+           "build_prefixed", "run_factory", "run_remote", "seeded_inputs"]
+
+#: Seeded inputs every built graph is run on.
+NUM_INPUTS = 3
+#: What the exact integer reference is built for: this host, no -mcpu (no SIMD dot product).
+EXACT_TARGET = "llvm"
+#: Seconds an RPC session may last (one module: upload, load, NUM_INPUTS runs).
+SESSION_TIMEOUT = 300
+
+_UPLOADS = itertools.count()
+
+
+def targets(target=None):
+    """``(what tvm_ext.build compiles for, what a plain relay.build compiles for)`` at ``target``
+    (None: the host CPU)."""
+    import tvm
+
+    from tvm_ext.x86.target import build_target, host_target, safe_target
+
+    tgt = build_target(target, None)
+    return tvm.target.Target(tgt, host=tgt), host_target() if target is None else safe_target(target)
+
+
+def foreign_arch(target) -> str | None:
+    """The target triple when ``target`` compiles for another architecture than this host's, else
+    None (also for None, the host CPU)."""
+    from tvm_ext.tools.deploy import foreign_arch as triple_if_foreign
+
+    return None if target is None else triple_if_foreign(target)
+
+
+def compiled_only_reason(target, rpc: str | None = None) -> str | None:
+    """None when the builds for ``target`` run (here, or on the RPC server ``rpc`` for code of
+    another architecture), else why outputs are not compared (every build is still made)."""
+    from tvm_ext.x86.isa import missing_on_host, runs_on_host
+
+    tgt, _ = targets(target)
+    arch = foreign_arch(tgt)
+    if arch:
+        return None if rpc else f"outputs not compared, compiled only ({arch} code, and no RPC server to run it on)"
+    if runs_on_host(tgt):
+        return None
+    missing = missing_on_host(tgt) if tgt.kind.name == "llvm" else [tgt.kind.name]
+    return f"outputs not compared, compiled only (the target needs {','.join(missing)}, which this host lacks)"
+
+
+def executor(target, rpc: str | None = None):
+    """``(run, why_not)``: ``run(factory, inputs_list) -> outputs`` for the builds at ``target``
+    (None with ``why_not`` when they are compiled only)."""
+    why = compiled_only_reason(target, rpc)
+    if why:
+        return None, why
+    if rpc and foreign_arch(targets(target)[0]):
+        return (lambda factory, inputs_list: run_remote(rpc, factory, inputs_list)), None
+    return (lambda factory, inputs_list: run_factory(factory, inputs_list)), None
+
+
+def run_factory(factory, inputs_list) -> list:
+    """Outputs of a built module run here, per input dict (the graph executor's outputs in order)."""
+    import tvm
+    from tvm.contrib import graph_executor
+
+    return _run_all(graph_executor.GraphModule(factory["default"](tvm.cpu())), inputs_list)
+
+
+def run_remote(address: str, factory, inputs_list) -> list:
+    """:func:`run_factory` on the TVM RPC server at ``address`` (``HOST:PORT``), in a session of its own."""
+    from tvm import rpc
+
+    from tvm_ext.testing.aarch64 import load_on_session
+    from tvm_ext.tools.rpc import parse_address
+
+    host, port = parse_address(address)
+    with tempfile.TemporaryDirectory(prefix="tvm-ext-fuzz-") as tmp:
+        session = rpc.connect(host, port, session_timeout=SESSION_TIMEOUT)
+        try:
+            gm = load_on_session(session, factory, tmp, f"fuzz-{os.getpid()}-{next(_UPLOADS)}")
+            return _run_all(gm, inputs_list)
+        finally:
+            del session  # the last reference: the server ends the session and serves the next client
+
+
+def _run_all(gm, inputs_list) -> list:
+    outs = []
+    for inputs in inputs_list:
+        for k, v in inputs.items():
+            gm.set_input(k, v)
+        gm.run()
+        outs.append([gm.get_output(i).numpy() for i in range(gm.get_num_outputs())])
+    return outs
+
+
+def seeded_inputs(mod) -> list:
+    """:data:`NUM_INPUTS` input dicts for ``mod`` (seeds 0, 1, ...)."""
+    from tvm_ext.testing import random_inputs
+
+    return [random_inputs(mod, seed=s) for s in range(NUM_INPUTS)]
+
+
+def _build_contexts(tgt, mod):
+    """The contexts ``tvm_ext.build`` compiles a pipeline's graph in at ``tgt``: its kernel policy
+    and tuned records (x86: :func:`tvm_ext.x86.int8_conv.kernels` and the records; aarch64:
+    :func:`tvm_ext.core.build.kernel_contexts`, the aarch64 int8 policy) and on aarch64 the generic
+    ``q_multiply_shift`` lowering."""
+    from tvm_ext.arm import requantize as arm_requantize
+    from tvm_ext.core.build import _is_aarch64, kernel_contexts
+    from tvm_ext.x86 import int8_conv as x86_int8
+    from tvm_ext.x86 import tuning
+
+    stack = contextlib.ExitStack()
+    if _is_aarch64(tgt):
+        for context in (*kernel_contexts(tgt, mod, True, True), arm_requantize.generic_q_multiply_shift()):
+            stack.enter_context(context)
+    else:
+        stack.enter_context(x86_int8.kernels())
+        stack.enter_context(tuning.apply(tgt))
+    return stack
+
+
+def prefixed(mod, tgt):
+    """The module ``tvm_ext.build`` hands to ``before_fuse`` passes (relay.build's prefix applied),
+    and the names of the prefix passes that ran."""
+    from tvm_ext.core.build import _run_prefix, copy_module
+
+    with _build_contexts(tgt, mod):
+        return _run_prefix(copy_module(mod), tgt, 3)
+
+
+def build_prefixed(pre, tgt, prefix_names):
+    """What ``tvm_ext.build`` does after its prefix and ``before_fuse`` passes: relay.build with the
+    prefix's passes disabled, inside the same contexts. The oracle uses it to build modules whose
+    prefix it already ran (the prefix is deterministic), instead of running the prefix again for
+    every pass."""
+    import tvm
+    from tvm import relay
+
+    from tvm_ext.core.build import copy_module
+
+    with _build_contexts(tgt, pre), tvm.transform.PassContext(opt_level=3, disabled_pass=list(prefix_names)):
+        return relay.build(copy_module(pre), target=tgt)

@@ -1,0 +1,467 @@
+"""The ``tvm-ext`` sub-commands, one ``cmd_<name>(args) -> int`` each, and the argument parsing they share
+(:mod:`tvm_ext.tools.cli` builds the parser and dispatches). They print their results; a user error is
+a :class:`~tvm_ext.errors.UsageError`, which :func:`tvm_ext.tools.cli.main` prints as one line.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def _parse_shapes(items) -> dict:
+    shapes = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UsageError(f"--shape expects NAME=D1,D2,...; got {item!r}")
+        name, dims = item.split("=", 1)
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+        except ValueError:
+            raise UsageError(f"--shape {item!r}: dimensions must be integers") from None
+    return shapes
+
+
+def parse_pass_list(text: str | None) -> list:
+    """``"A,B"`` -> pass objects from the registry (UsageError for unknown names / missing args)."""
+    from ..core.registry import UnknownPassError, get_pass
+
+    passes = []
+    for name in [n.strip() for n in (text or "").split(",") if n.strip()]:
+        try:
+            spec = get_pass(name)
+        except UnknownPassError as err:
+            raise UsageError(str(err)) from None
+        if spec.needs_args:
+            raise UsageError(f"pass {name!r} needs arguments and cannot be used from --passes; use the Python API")
+        passes.append(spec.factory())
+    return passes
+
+
+def _load_onnx_module(path: str, shapes: dict):
+    from ..core.frontend import from_onnx
+
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"no such file: {path}")
+    if p.is_dir():
+        raise UsageError(f"{path} is a directory, not an ONNX model")
+    try:
+        return from_onnx(p, shape=shapes or None)
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(_as_cli_words(str(err).splitlines()[0])) from None
+
+
+def _as_cli_words(message: str) -> str:
+    """The frontend's errors name its Python keyword (``shape={'x': (...)}``); on the command line
+    the option is ``--shape x=D1,D2,..``."""
+    message = re.sub(r"pass shape=\{'([^']*)': \(\.\.\.\)\}", r"pass --shape \1=D1,D2,..", message)
+    return message.replace("shape= names unknown input", "--shape names unknown input")
+
+
+def _resolve_target(text: str | None):
+    from ..x86.target import host_target, safe_target
+
+    from ..core.tvm_bugs import UnsupportedByTVM, check_target
+
+    if not text:
+        return host_target()
+    try:
+        check_target(text)  # before safe_target: an unknown -mtriple crashes LLVM's feature query
+        return safe_target(text)
+    except UnsupportedByTVM as err:
+        raise UsageError(f"bad --target {text!r}: {err}") from None
+    except Exception as err:  # TVM raises TVMError/ValueError for malformed targets
+        raise UsageError(f"bad --target {text!r}: {str(err).splitlines()[-1]}") from None
+
+
+def _tvm_ext_target(text: str | None):
+    """``--target`` of commands that build with ``tvm_ext.build`` (report, explain, tune): the target
+    that build compiles for, so the command reports (or tunes) the build ``compile`` and ``bench``
+    make: the host CPU by default, AVX-512 VNNI kept where ``tvm_ext.x86.int8_conv`` builds it
+    (:func:`tvm_ext.x86.target.build_target`)."""
+    from ..x86.target import build_target
+
+    try:
+        return build_target(_compile_target(text))
+    except UsageError:
+        raise
+    except Exception as err:  # TVMError / ValueError from the feature query
+        raise UsageError(f"bad --target {text!r}: {str(err).splitlines()[-1]}") from None
+
+
+def _report_relax(args) -> int:
+    """``report --ir relax``: import with the Relax ONNX frontend, build with tvm_ext.relax.build."""
+    from ..patterns import get_table
+    from ..relax import FuseByPattern, build, from_onnx
+
+    if args.passes:
+        raise UsageError("--passes names Relay passes; with --ir relax use --tables (pattern tables for FuseByPattern)")
+    if getattr(args, "pipeline", "none") not in (None, "none"):
+        raise UsageError("--pipeline int8 is a Relay pipeline; with --ir relax use --tables")
+    if args.at != "before_fuse" or args.opt_level != 3:
+        raise UsageError("--at and --opt-level apply to --ir relay only")
+    passes, names = [], [n.strip() for n in (args.tables or "").split(",") if n.strip()]
+    for name in names:
+        try:
+            passes.append(FuseByPattern(get_table(name)))
+        except (KeyError, ValueError) as err:
+            raise UsageError(str(err).strip("'\"")) from None
+    p = Path(args.model)
+    if not p.exists() or p.is_dir():
+        raise UsageError(f"no such file: {args.model}" if not p.exists()
+                         else f"{args.model} is a directory, not an ONNX model")
+    try:
+        mod = from_onnx(p, shape=_parse_shapes(args.shape) or None)
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(_as_cli_words(str(err).splitlines()[0])) from None
+    target = _resolve_target(args.target)
+    report = build(mod, target=target, passes=passes).kernel_report
+    if args.json:
+        print(json.dumps({"model": str(args.model), "ir": "relax", "target": str(target), "tables": names,
+                          **report.to_dict()}, indent=2))
+    else:
+        print(f"model:  {args.model}")
+        print("ir:     relax (tvm_ext.relax.build)")
+        print(f"target: {target}")
+        print(f"tables: {', '.join(names) or '(none)'}")
+        print()
+        print(report.table(max_kernels=None if args.all else 40))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from ..core.build import build
+
+    if getattr(args, "ir", "relay") == "relax":
+        return _report_relax(args)
+    if getattr(args, "tables", None):
+        raise UsageError("--tables applies to --ir relax; on Relay use the Python API (FuseByPattern(table))")
+    passes = _pipeline_or_passes(args)
+    mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
+    target = _tvm_ext_target(args.target)
+    from ..core.tvm_bugs import UnsupportedByTVM
+
+    try:
+        factory = build(mod, target=target, params=params, passes=passes, at=args.at, opt_level=args.opt_level)
+    except UnsupportedByTVM as err:
+        raise UsageError(str(err)) from None
+    report = factory.kernel_report
+    if args.json:
+        out = {"model": str(args.model), "target": str(target), "opt_level": args.opt_level,
+               "pipeline": getattr(args, "pipeline", None) or "none", "passes": _pass_names(passes),
+               **report.to_dict()}
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"model:  {args.model}")
+        print(f"target: {target}")
+        if getattr(args, "pipeline", None) == "int8":
+            names = passes.pass_names()
+            print(f"pipeline: int8 (start: {', '.join(names['start'])}; "
+                  f"before_fuse: {', '.join(names['before_fuse'])}), opt_level {args.opt_level}")
+        else:
+            print(f"passes: {', '.join(_pass_names(passes)) or '(none)'} (at {args.at}), opt_level {args.opt_level}")
+        print()
+        print(report.table(max_kernels=None if args.all else 40))
+    return 0
+
+
+def _pass_names(passes) -> list:
+    if hasattr(passes, "pass_names"):  # a tvm_ext.core.pipelines.Pipeline
+        return [n for stage in passes.pass_names().values() for n in stage]
+    return [p.info.name for p in passes]
+
+
+def _pipeline_or_passes(args):
+    """``--pipeline int8|none`` and ``--passes A,B``: one or the other (a pipeline fixes its own order)."""
+    pipeline = getattr(args, "pipeline", None) or "none"
+    if pipeline != "none" and args.passes:
+        raise UsageError("--pipeline and --passes cannot be combined (the pipeline fixes its passes and their "
+                         "order); use --pipeline none --passes A,B")
+    if pipeline == "int8":
+        if getattr(args, "at", "before_fuse") != "before_fuse":
+            raise UsageError("--at applies to --passes; the int8 pipeline places its own passes")
+        from ..core import pipelines
+
+        return pipelines.int8()
+    return parse_pass_list(args.passes)
+
+
+def cmd_passes(args) -> int:
+    if args.pipeline:  # the pipeline's table: passes in order, what each does, why it stands there
+        from ..core import pipelines
+
+        print(pipelines.listing(args.numerics or "tvm"))
+        return 0
+    if args.numerics:
+        raise UsageError("--numerics selects a variant of --pipeline int8; give --pipeline int8 too")
+    from ..core.registry import list_passes
+
+    specs = list_passes()
+    width = max((len(s.name) for s in specs), default=0)
+    for s in specs:
+        extra = " (needs arguments)" if s.needs_args else ""
+        print(f"{s.name.ljust(width)}  {s.summary}{extra}")
+    return 0
+
+
+def cmd_patterns(args) -> int:
+    try:
+        from ..patterns import list_tables
+    except ImportError as err:
+        raise UsageError(f"pattern tables are not available: {err}") from None
+    for table, entries in list_tables().items():
+        print(f"{table}:")
+        for entry in entries:
+            if isinstance(entry, (tuple, list)):
+                print(f"  {entry[0]:<40} {entry[1] if len(entry) > 1 else ''}")
+            else:
+                print(f"  {entry}")
+    return 0
+
+
+def cmd_zoo(args) -> int:
+    from . import zoo
+
+    if args.list:
+        from . import zoo_real
+
+        for name in zoo.list_models("resnet"):
+            print(f"{name}\tsynthetic ResNet (built locally; _small variant too)")
+        for name in zoo.list_models("real"):
+            v = zoo_real.variant(name)
+            what = f"{v.fmt} {v.setting.name}" if v.quantized else "fp32"
+            print(f"{name}\t{v.model.kind}, {what}; {v.model.member.rsplit('/', 1)[-1]} from {v.model.requirement}")
+        return 0
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory")
+    paths = zoo.write_zoo(out, small=args.small)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from . import zoo
+    from .bench import VARIANTS, real_variants, render_markdown, run
+    from ..x86.target import build_target
+
+    if args.zoo and args.variants:
+        raise UsageError("--zoo and --variants cannot be combined (--variants selects by name from any zoo)")
+    if args.zoo == "real":
+        variants = real_variants("u8s8")
+    elif args.zoo == "real-all":
+        variants = real_variants("all")
+    else:
+        variants = [v.strip() for v in (args.variants or "qoperator,qdq,relay").split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS and v not in zoo.list_models("all")]
+    if unknown:
+        raise UsageError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)} or zoo names "
+                         f"(tvm-ext zoo --list)")
+    if args.small and any(v not in VARIANTS for v in variants):
+        raise UsageError("--small applies to the ResNet-50 variants only")
+    if args.model and not Path(args.model).is_file():
+        raise UsageError(f"no such file: {args.model}")
+    if args.repeat < 1 or args.threads < 1:
+        raise UsageError("--repeat and --threads must be positive")
+    stock = _resolve_target(args.target)
+    print(f"stock target: {stock}", flush=True)
+    print(f"tvm-ext target: {build_target(args.target)}", flush=True)
+    print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op, OpenVINO inference threads), "
+          f"repeat {args.repeat}", flush=True)
+    try:
+        results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
+                      out=args.out, small=args.small, tuned=not args.untuned,
+                      compare_untuned=args.compare_untuned, numerics=args.numerics, ort_isa=args.ort_isa)
+    except ValueError as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+    print()
+    print(render_markdown(results))
+    print(f"wrote {Path(args.out) / 'results.json'}, results.md, chart.png")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from ..core import pipelines
+    from .tune import tune_model, write_records
+
+    if bool(args.model) == bool(args.zoo):
+        raise UsageError("give one ONNX model, or --zoo for the benchmark models")
+    if args.budget <= 0:
+        raise UsageError("--budget must be positive (minutes)")
+    target = _tvm_ext_target(args.target)
+    passes = pipelines.int8() if args.pipeline == "int8" else parse_pass_list(args.passes)
+    if args.zoo:
+        from . import zoo
+        from .bench import VARIANTS
+
+        models = []
+        for key in VARIANTS:
+            m = zoo.load(VARIANTS[key][0], small=args.small)
+            models.append((VARIANTS[key][1], m.mod, m.params))
+    else:
+        mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
+        models = [(args.model, mod, params)]
+    print(f"tuning for {target} ({len(models)} model(s), budget {args.budget:g} min)", flush=True)
+    lines, written, done = [], None, []
+    for _i, (name, mod, params) in enumerate(models):
+        print(f"== {name}", flush=True)
+        try:
+            res = tune_model(mod, params, target, passes, budget_s=args.budget * 60 / len(models),
+                             layouts=not args.no_layouts, progress=lambda msg: print("  " + msg, flush=True),
+                             skip=done)
+        except ValueError as err:
+            raise UsageError(str(err).splitlines()[0]) from None
+        print(res.table(), flush=True)
+        lines += res.records
+        done += [r[5] for r in res.rows]
+        written = write_records(lines, target, args.out)  # after each model: an interrupted run keeps its work
+    print(f"wrote {len(lines)} records to {written}; tvm_ext.build applies them on this CPU", flush=True)
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from ..core.explain import explain
+
+    if args.pipeline and args.passes:
+        raise UsageError("--pipeline and --passes cannot be combined")
+    if args.pipeline:
+        from ..core import pipelines
+
+        if args.pipeline != "int8":
+            raise UsageError(f"unknown --pipeline {args.pipeline!r}; available: int8")
+        passes = pipelines.int8()
+    else:
+        passes = parse_pass_list(args.passes)
+    if args.html:
+        html_dir = Path(args.html).parent
+        if not html_dir.is_dir():
+            raise UsageError(f"--html: no such directory: {html_dir}")
+    config = {"relay.FuseOps.max_depth": args.max_depth} if args.max_depth is not None else None
+    mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
+    target = _tvm_ext_target(args.target)
+    ex = explain(mod, target=target, params=params, passes=passes, at=args.at, opt_level=args.opt_level,
+                 config=config, compile=args.compile, check_remedies=args.check)
+    if args.html:
+        Path(args.html).write_text(ex.to_html(title=f"tvm-ext explain {Path(args.model).name}"))
+    if args.json:
+        print(ex.to_json())
+    else:
+        print(f"model:  {args.model}")
+        print(f"target: {target}")
+        print()
+        print(ex.table(max_rows=None if args.all else 40))
+        if args.html:
+            print(f"\nwrote {args.html}")
+    return 0
+
+
+def _compile_target(text: str | None):
+    """``--target`` for compile: any valid LLVM target (also one this host cannot run)."""
+    if not text:
+        return None
+    from ..core.tvm_bugs import UnsupportedByTVM, check_target
+
+    try:
+        import tvm
+
+        check_target(text)  # an unknown -mtriple crashes LLVM's feature query
+        tvm.target.Target(text)
+    except UnsupportedByTVM as err:
+        raise UsageError(f"bad --target {text!r}: {err}") from None
+    except Exception as err:  # TVMError / ValueError for malformed targets
+        raise UsageError(f"bad --target {text!r}: {str(err).splitlines()[-1]}") from None
+    return text
+
+
+def cmd_compile(args) -> int:
+    from .deploy import DeployError, compile_library
+    from ..core.tvm_bugs import UnsupportedByTVM
+
+    out = Path(args.output)
+    if out.suffix not in (".tar", ".so"):
+        raise UsageError(f"-o {args.output}: the library must end in .tar or .so")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {args.output}: no such directory: {out.parent}")
+    passes = _pipeline_or_passes(args)
+    mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
+    target = _compile_target(args.target)
+    print(f"compiling {args.model} (pipeline {args.pipeline}"
+          f"{', passes ' + ','.join(_pass_names(passes)) if args.pipeline == 'none' and args.passes else ''}) for "
+          f"{target or 'this CPU'}: tvm_ext.build, then export_library", flush=True)
+    try:
+        res = compile_library(mod, params, out, target=target, passes=passes, opt_level=args.opt_level,
+                              source=str(args.model), pipeline=args.pipeline, amx=args.amx)
+    except (DeployError, UnsupportedByTVM) as err:
+        raise UsageError(str(err)) from None
+    print(res.summary())
+    if args.amx and not {"amx-tile", "amx-int8"} <= set(res.meta["features"]):
+        print(f"tvm-ext compile: warning: --amx: {res.target} has no AMX; the library is built without AMX tiles",
+              file=sys.stderr)
+    if res.cannot_run_here:
+        print(f"tvm-ext compile: warning: {res.target}: {res.cannot_run_here}; the library cannot run here",
+              file=sys.stderr)
+    return 0
+
+
+def _load_npy(text: str):
+    import numpy as np
+
+    name, path = (text.split("=", 1) if "=" in text and not Path(text).exists() else (None, text))
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--input {text}: no such file: {path}")
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except Exception as err:  # ValueError, OSError, pickle refusals
+        raise UsageError(f"--input {text}: not a .npy array ({str(err).splitlines()[0]})") from None
+    if not isinstance(arr, np.ndarray):
+        raise UsageError(f"--input {text}: {path} holds several arrays (.npz); give one .npy per input")
+    return name, arr
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from .deploy import DeployError, run_library
+
+    if args.repeat < 0:
+        raise UsageError("--repeat must be >= 0")
+    named, positional = {}, []
+    for item in args.input or []:
+        name, arr = _load_npy(item)
+        if name is None:
+            positional.append(arr)
+        elif name in named:
+            raise UsageError(f"--input {name}= given twice")
+        else:
+            named[name] = arr
+    if args.output and Path(args.output).suffix != ".npz":
+        raise UsageError(f"--output {args.output}: must end in .npz")
+    try:
+        if args.rpc:
+            from .rpc import run_remote
+
+            res = run_remote(args.library, args.rpc, named, positional, repeat=args.repeat)
+        else:
+            res = run_library(args.library, named, positional, repeat=args.repeat)
+    except DeployError as err:
+        raise UsageError(str(err)) from None
+    where = f", on the RPC server {res.meta['rpc']}" if args.rpc else ""
+    print(f"library: {args.library} (target {res.meta['target']}, {res.meta.get('num_kernels', '?')} kernels{where})")
+    for i, out in enumerate(res.outputs):
+        flat = out.reshape(-1)
+        head = np.array2string(flat[:6], precision=4, separator=", ", max_line_width=200)
+        more = " ..." if flat.size > 6 else ""
+        print(f"output {i}: {out.dtype}{list(out.shape)}  {head}{more}")
+    if res.latency_ms is not None:
+        timed = ", timed by the server" if args.rpc else ""
+        print(f"latency: {res.latency_ms:.3f} ms (median of {res.repeat} runs{timed})")
+    if args.output:
+        np.savez(args.output, **{f"output_{i}": o for i, o in enumerate(res.outputs)})
+        print(f"wrote {args.output} (output_0..output_{len(res.outputs) - 1})")
+    return 0

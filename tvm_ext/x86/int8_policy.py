@@ -1,0 +1,141 @@
+"""tvm-ext's x86 int8 kernel policy: per instruction-set class, the conv schedule, channel blocks
+and register budgets :mod:`tvm_ext.x86.int8_conv` applies, each with the measurement behind it.
+
+The tables are keyed by :func:`tvm_ext.x86.isa.isa_class`; a class without an entry keeps TVM's
+choice. :func:`policy` reads them for one target. The changes they drive, and their measurements
+in full, are in :mod:`tvm_ext.x86.int8_conv`'s design note and ``docs/x86-kernels.md``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .isa import isa_class
+
+__all__ = ["policy", "KernelPolicy", "vnni_ready", "needs_operand_fix", "INT8_CONV_BLOCK", "FALLBACK_TILE_ACCUMULATORS"]
+
+
+#: LLVM major version from which vpdpbusd takes <64 x i8> byte operands (llvm-project #155194).
+LLVM_VNNI_I8_OPERANDS = 22
+#: Channel block AlterOpLayout gives an untuned int8 conv on every x86 CPU (TVM's ``int32_lanes=16``).
+INT8_CONV_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """How tvm-ext compiles x86 int8 convolutions for one instruction-set class.
+
+    Attributes
+    ----------
+    isa : str
+        The class (:func:`tvm_ext.x86.isa.isa_class`).
+    vector_bits : int
+        Register width the int8 dot product uses (512 zmm, 256 ymm, 128 xmm; 0 for non-x86).
+    dot : str
+        The instruction of the int8 dot product: ``vpdpbusd`` (VNNI) or ``vpmaddubsw``
+        (+ ``vpmaddwd``; saturates int16 pair sums).
+    per_row : bool
+        Compute 3x3/7x7 int8 convs per output row (``epilogue_per_row``) instead of TVM's
+        per-pixel form.
+    evidence : str
+        The measurement behind ``per_row`` and ``tile_accumulators``
+        (``benchmarks/lab/int8_conv_schedules.py``).
+    channel_blocks : tuple of int
+        The channel blocks of 8-bit tensors in order of preference (:func:`tvm_ext.x86.int8_conv.int8_block` takes the
+        first that divides the channels): TVM's int8 rule (16, 12, 8, 4), or on AVX2 and AVX-512
+        VNNI 8 before 12 (``narrow_channel_blocks``: a full 8-lane register, not one and a half).
+    int8_out_blocks : tuple of int
+        The output blocks an int8 conv may take, largest first; output channels no block divides
+        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 and
+        AVX-512 VNNI (16, 8) (``narrow_channel_blocks``: 24 output channels are not padded to 32
+        and sliced).
+    tile_accumulators : int
+        Compute 1x1 int8 convs, and 3x3/7x7 ones when not ``per_row``, per *tile* of output
+        pixels whose accumulators fit this many vector registers (``per_tile_accumulators``),
+        instead of TVM's forms; 0 keeps TVM's.
+    """
+
+    isa: str
+    vector_bits: int
+    dot: str
+    per_row: bool
+    evidence: str
+    channel_blocks: tuple = (16, 12, 8, 4)
+    int8_out_blocks: tuple = (16,)
+    tile_accumulators: int = 0
+
+    @property
+    def conv_schedule(self) -> str:
+        """``"per_row"``, ``"per_tile"`` or ``"tvm"``: how 3x3/7x7 int8 convs are computed."""
+        return "per_row" if self.per_row else ("per_tile" if self.tile_accumulators else "tvm")
+
+    @property
+    def conv1x1_schedule(self) -> str:
+        """``"per_tile"`` or ``"tvm"``: how 1x1 int8 convs are computed."""
+        return "per_tile" if self.tile_accumulators else "tvm"
+
+
+# Per-ISA choices (vector bits, dot instruction, epilogue_per_row, evidence); ResNet-50's 3x3/7x7
+# int8 convs with a requantize epilogue, one thread, Zen 4 (AVX2 measured by building for
+# -mcpu=znver3), benchmarks/lab/int8_conv_schedules.py.
+_POLICY = {
+    "avx512_vnni": (512, "vpdpbusd", True, "epilogue_per_row: 0.19-0.49x TVM's time per conv (Zen 4, "
+                    "-mcpu=znver4)"),
+    "avx512": (512, "vpmaddubsw", True, "epilogue_per_row: 0.82-0.99x TVM's time per conv, 0.90x summed (Zen 4, "
+               "VNNI masked)"),
+    "avx2": (256, "vpmaddubsw", False, "epilogue_per_row: 0.86-1.65x TVM's time per conv, 1.16-1.32x summed; "
+             "per_tile_accumulators: 0.86-1.02x, 0.94-0.96x summed (Zen 4 running -mcpu=znver3 code)"),
+    "sse": (128, "pmaddubsw", False, "not measured: TVM's schedule kept"),
+    "other": (0, "", False, "not x86: TVM's schedule"),
+}
+
+
+#: Channel blocks of 8-bit tensors per class where they differ from TVM's int8 rule
+#: (``narrow_channel_blocks``).
+_NARROW_BLOCKS = {"avx2": (16, 8, 12, 4), "avx512_vnni": (16, 8, 12, 4)}
+
+
+#: Int8 conv output blocks per class where they differ from TVM's (``narrow_channel_blocks``; on
+#: AVX-512 VNNI through the 8-lane ymm ``vpdpbusd``).
+_NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
+
+
+#: Accumulator registers of the per-tile schedules per class (``per_tile_accumulators``): AVX2 has
+#: 16 ymm registers, AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
+#: take three, and one is left spare.
+_TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
+
+
+#: The same for the tiles of TVM's *fallback* (untuned) configs of float convs and of depthwise
+#: convs, 8-bit and float (``fallback_register_tile``). TVM's fallback takes up to 31 pixels of one
+#: register each, which fits AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry
+#: (AVX-512 is not measured).
+FALLBACK_TILE_ACCUMULATORS = {"avx2": 12}
+
+
+#: Classes whose convs take another class's choices in every table above: an AMX target's convs
+#: run on AVX-512 VNNI (its tiles compute dense and batch_matmul only, :mod:`tvm_ext.x86.amx`).
+_CONVS_AS = {"amx": "avx512_vnni"}
+
+
+def policy(target) -> KernelPolicy:
+    """The int8 conv kernel choices tvm-ext makes for ``target`` (see :class:`KernelPolicy`)."""
+    cls = isa_class(target)
+    key = _CONVS_AS.get(cls, cls)
+    bits, dot, per_row, evidence = _POLICY[key]
+    return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
+                        _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
+                        _TILE_ACCUMULATORS.get(key, 0))
+
+
+def needs_operand_fix() -> bool:
+    """True when this LLVM's ``vpdpbusd.512`` takes ``<64 x i8>`` (TVM 0.19's call aborts)."""
+    from tvm.target import codegen
+
+    return codegen.llvm_version_major() >= LLVM_VNNI_I8_OPERANDS
+
+
+def vnni_ready(target) -> bool:
+    """True when ``target`` has AVX-512 VNNI and :func:`tvm_ext.x86.int8_conv.kernels` can build for it
+    safely."""
+    cls = isa_class(target)
+    return _CONVS_AS.get(cls, cls) == "avx512_vnni"

@@ -1,0 +1,377 @@
+"""The TOPI schedules :func:`tvm_ext.x86.int8_conv.kernels` puts in place of TVM's: int8 convs per
+output row or per register tile, the VNNI dot product with LLVM 22's operand types, and the pool
+schedules with their producers inlined and channel blocks vectorized.
+
+Which one a conv takes is decided per instruction-set class at schedule time
+(:func:`tvm_ext.x86.int8_policy.policy` of the target being compiled); the names of the changes
+(``epilogue_per_row``, ``per_tile_accumulators``, ``vnni_operand_types``, ``pool_prologue_inline``,
+``global_pool_channel_vector``) and their measurements are in :mod:`tvm_ext.x86.int8_conv`'s design note.
+"""
+from __future__ import annotations
+
+from .int8_policy import needs_operand_fix, policy, vnni_ready
+
+__all__ = ["dot_u8s8_vnni", "tile_width", "tile_shape"]
+
+
+#: Widest channel block ``global_pool_channel_vector`` vectorizes a global pool over (TVM's own limit
+#: for its pool vectorizer).
+_MAX_POOL_VECTOR = 64
+#: While :func:`tvm_ext.x86.int8_conv.kernels` is entered: TVM's functions it replaced (the schedules
+#: here fall back to TVM's own, ``"schedule"`` and ``"schedule_1x1"``) and the entered ``"mode"``.
+_SAVED: dict = {}
+
+
+def dot_u8s8_vnni(lanes: int = 16):
+    """``int32[lanes] += sum_k uint8[4] * int8[lanes][4]`` as one ``vpdpbusd`` (LLVM 22 operand types).
+
+    ``lanes`` 16: a zmm ``vpdpbusd``, the same computation, buffers and body/reset/update protocol
+    as TVM's ``dot_16x1x16_uint8_int8_int32_cascadelake``, so TVM's int8 schedules tensorize with
+    it unchanged. ``lanes`` 8: the ymm form (AVX-512 VL + VNNI), for int8 convs whose output block
+    is 8 (``narrow_channel_blocks`` on AVX-512 VNNI). On LLVM <= 21 the byte operands are passed
+    as ``int32`` vectors, the intrinsic's old signature.
+    """
+    import tvm
+    from tvm import te
+
+    if lanes not in (8, 16):
+        raise ValueError(f"dot_u8s8_vnni: lanes must be 8 or 16, got {lanes}")
+    group = 4  # 4 bytes reduced into each int32 output
+    bits = 32 * lanes
+    data = te.placeholder((group,), dtype="uint8", name="data")
+    kernel = te.placeholder((lanes, group), dtype="int8", name="kernel")
+    k = te.reduce_axis((0, group), name="k")
+    out = te.compute(
+        (lanes,),
+        lambda i: te.sum(data[k].astype("int32") * kernel[i, k].astype("int32"), axis=k),
+        name="C",
+    )
+    a_buf = tvm.tir.decl_buffer(data.shape, dtype="uint8", name="a_buffer", offset_factor=1, strides=[1])
+    b_buf = tvm.tir.decl_buffer(
+        kernel.shape, dtype="int8", name="b_buffer", offset_factor=1, strides=[te.var("ldw"), 1]
+    )
+    acc_t, byte_t = f"int32x{lanes}", (f"int8x{4 * lanes}" if needs_operand_fix() else f"int32x{lanes}")
+
+    def intrin_func(ins, outs):
+        def emit(kind):  # kind: "body" (c = dot), "reset" (c = 0), "update" (c += dot)
+            ib = tvm.tir.ir_builder.create()
+            if kind == "reset":
+                ib.emit(outs[0].vstore(0, tvm.tir.const(0, acc_t)))
+                return ib.get()
+            # the 4 data bytes, as one int32 broadcast to every lane, seen as bytes
+            word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
+            a = word.astype(acc_t)
+            if byte_t != acc_t:
+                a = tvm.tir.call_intrin(byte_t, "tir.reinterpret", a)
+            b = ins[1].vload([0, 0], f"int8x{4 * lanes}")
+            if byte_t != b.dtype:
+                b = tvm.tir.call_intrin(byte_t, "tir.reinterpret", b)
+            acc = outs[0].vload([0], acc_t) if kind == "update" else tvm.tir.const(0, acc_t)
+            dot = tvm.tir.call_llvm_pure_intrin(
+                acc_t, f"llvm.x86.avx512.vpdpbusd.{bits}", tvm.tir.const(3, "uint32"), acc, a, b
+            )
+            ib.emit(outs[0].vstore(0, dot))
+            return ib.get()
+
+        return emit("body"), emit("reset"), emit("update")
+
+    return te.decl_tensor_intrin(
+        out.op, intrin_func, binds={data: a_buf, kernel: b_buf}, default_buffer_params={"offset_factor": 1}
+    )
+
+
+def _dot_for_block(oc_bn: int) -> tuple:
+    """``(int32 lanes, tensor intrinsic)`` an int8 conv with output block ``oc_bn`` tensorizes
+    with on the target being compiled: TVM's (the SIMD width's) unless the block is narrower than
+    that, which only ``narrow_channel_blocks`` gives (8 on AVX-512 VNNI: the ymm ``vpdpbusd``)."""
+    from tvm.target.x86 import get_simd_32bit_lanes
+    from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
+
+    lanes = get_simd_32bit_lanes()
+    if oc_bn == 8 and vnni_ready(_current_target()):  # VNNI: 16 lanes, so 8 is narrower
+        return 8, dot_u8s8_vnni(8)
+    return lanes, dot_16x1x16_uint8_int8_int32()
+
+
+def _chosen_schedule(kind: str) -> tuple:
+    """``(schedule, accumulators)`` for the target being compiled: ``kind`` ``"3x3"`` (also 7x7)
+    takes :attr:`KernelPolicy.conv_schedule`, ``"1x1"`` :attr:`KernelPolicy.conv1x1_schedule`;
+    ``kernels(schedule="per_row" | "per_tile")`` forces one (per-row has no 1x1 form: TVM's).
+    ``accumulators`` is the class's tile budget, 12 where it has none (a forced per-tile)."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    pol = policy(target) if target is not None else None
+    chosen = "tvm" if pol is None else (pol.conv_schedule if kind == "3x3" else pol.conv1x1_schedule)
+    mode = _SAVED.get("mode")
+    if mode in ("per_row", "per_tile"):  # forced, for measurements
+        chosen = mode if kind == "3x3" or mode == "per_tile" else "tvm"
+    return chosen, (pol.tile_accumulators if pol is not None and pol.tile_accumulators else 12)
+
+
+def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
+    """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row
+    (``epilogue_per_row``) or per register tile (``per_tile_accumulators``) where :func:`policy`
+    says so for the target being compiled."""
+    from tvm.target.x86 import get_simd_32bit_lanes
+    from tvm.topi.generic import conv2d as conv2d_generic
+    from tvm.topi.utils import get_const_tuple
+
+    chosen, accumulators = _chosen_schedule("3x3")
+    lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
+    if chosen == "per_row":
+        return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
+            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=False)
+    if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
+        return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
+    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (8-lane VNNI)
+        return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
+            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=True)
+    return _SAVED["schedule"](s, cfg, data_vec, kernel_vec, conv_out, last)
+
+
+def _tileable(kernel_vec, conv_out, last) -> bool:
+    """The per-tile schedule handles NCHWc outputs of a pre-packed kernel (what AlterOpLayout
+    gives); TVM's ``conv2d_nchw`` test path (kernel packed in the schedule) keeps TVM's."""
+    from tvm import te
+
+    packed_here = isinstance(kernel_vec.op, te.tensor.ComputeOp) and kernel_vec.name == "kernel_vec"
+    return not packed_here and len(conv_out.shape) == 5 and len(last.shape) == 5
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` not above ``at_most`` (at least 1)."""
+    return next(d for d in range(max(1, min(at_most, n)), 0, -1) if n % d == 0)
+
+
+def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> int:
+    """Output pixels per tile of the per-tile schedule (``per_tile_accumulators``).
+
+    ``groups`` accumulator registers per pixel (output block / int32 lanes); ``wanted`` is the
+    config's ``tile_ow`` (tuned or TVM's fallback, which takes the largest divisor of the width up
+    to 31: 28 pixels x 2 registers on AVX2, far more than its 16 registers). Returns ``wanted``
+    when its accumulators fit, else the largest divisor of ``out_width`` whose accumulators fit;
+    when that is one pixel (a prime width such as ResNet's 7), the whole row if its accumulators
+    fit two more registers (on AVX2 all 16 but the kernel vector and the data word: measured
+    0.84-0.91x TVM's time for ResNet-50's 7x7-output convs, where one pixel per tile is TVM's form).
+    """
+    fit = max(1, accumulators // max(1, groups))
+    if 1 <= wanted <= fit and out_width % wanted == 0:
+        return wanted
+    best = _largest_divisor(out_width, fit)
+    if best == 1 and out_width * groups <= accumulators + 2:
+        return out_width
+    return best
+
+
+def _tile_stages(s, data_vec, conv_out, last, rows, cols):
+    """The per-tile schedules' stages: the conv's output computed per ``rows x cols`` tile of the fused output
+    (parallel over channel chunks and row blocks, channel block vectorized), its accumulation
+    stage per tile. Returns the accumulation stage; the caller orders its reduction."""
+    from tvm import autotvm, te
+
+    if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
+        batch, ic_chunk, ih, _, _ = s[data_vec].op.axis
+        s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
+        data_vec = data_vec.op.input_tensors[0]
+    if autotvm.GLOBAL_SCOPE.in_tuning and isinstance(data_vec.op, te.tensor.ComputeOp):
+        s[data_vec].pragma(s[data_vec].op.axis[0], "debug_skip_region")  # a layout transform when tuning
+
+    conv, out = conv_out, last
+    acc = s.cache_write(conv, "global")
+
+    def split_tiles(stage):
+        """(batch, oc_chunk, row block) fused, then the tiles of a row; oc block innermost."""
+        batch, oc_chunk, oh, ow, oc_block = s[stage].op.axis
+        oh_outer, oh_inner = s[stage].split(oh, factor=rows)
+        ow_outer, ow_inner = s[stage].split(ow, factor=cols)
+        s[stage].reorder(oc_chunk, oh_outer, ow_outer, oh_inner, ow_inner, oc_block)
+        return s[stage].fuse(batch, oc_chunk, oh_outer), ow_outer, oc_block
+
+    row, tile, oc_block = split_tiles(conv)
+    s[conv].vectorize(oc_block)
+    if conv == out:
+        s[conv].parallel(row)
+    else:
+        out_row, out_tile, out_block = split_tiles(out)
+        s[out].vectorize(out_block)
+        s[out].parallel(out_row)
+        s[conv].compute_at(s[out], out_tile)
+    s[acc].compute_at(s[conv], tile)
+    return acc
+
+
+def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
+    """``per_tile_accumulators``: the int8 NCHWc conv computed per tile of ``reg_n`` output pixels of one row, every
+    pixel's accumulators in registers (:func:`tile_width`), the epilogue applied per tile.
+
+    TVM's form (``inline_fused=True``) computes one pixel at a time: the kernel vectors are loaded
+    again for every pixel and only ``oc_bn / lanes`` accumulators are live. Per row
+    (``inline_fused=False``, ``epilogue_per_row``) with TVM's ``tile_ow`` (up to 28 pixels) spills on AVX2's 16
+    registers. A tile reuses each kernel vector ``reg_n`` times and keeps the tile in registers.
+    Same products, summed in the same order per output: bit-identical to TVM's schedule.
+    """
+    from tvm.topi.utils import get_const_tuple
+
+    _, _, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
+    wanted = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
+    reg_n = tile_width(out_width, oc_bn // lanes, wanted, accumulators)
+    unroll_kw = cfg["unroll_kw"] if isinstance(cfg["unroll_kw"], (int, bool)) else cfg["unroll_kw"].val
+
+    acc = _tile_stages(s, data_vec, conv_out, last, 1, reg_n)
+    # the tile's reduction: every (kh, kw, input block) step updates all reg_n x groups accumulators
+    _, _, oh, ow, oc_block = s[acc].op.axis
+    kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
+    oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
+    if unroll_kw:
+        s[acc].reorder(ic_outer, kh, ic_f_inner, kw, oh, ow, oc_group, oc_lane, ic_s_inner)
+        s[acc].unroll(kw)
+    else:
+        s[acc].reorder(ic_outer, kh, kw, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
+    s[acc].tensorize(oc_lane, intrin)
+    s[acc].unroll(ow)
+    s[acc].unroll(oc_group)
+    return s
+
+
+def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
+    """TVM's x86 NCHWc int8 1x1 conv schedule, or the per-tile one (``per_tile_accumulators``)
+    where :func:`policy` says so for the target being compiled."""
+    from tvm.target.x86 import get_simd_32bit_lanes
+    from tvm.topi.generic import conv2d as conv2d_generic
+    from tvm.topi.utils import get_const_tuple
+
+    chosen, accumulators = _chosen_schedule("1x1")
+    lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
+    if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
+        return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
+    if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (8-lane VNNI)
+        return conv2d_generic.schedule_conv_NCHWc_cpu_1x1_int8(
+            s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin)
+    return _SAVED["schedule_1x1"](s, cfg, data_vec, kernel_vec, conv_out, last)
+
+
+def tile_shape(out_height: int, out_width: int, groups: int, wanted: tuple, accumulators: int) -> tuple:
+    """``(rows, pixels per row)`` of a 1x1 conv's tile (``per_tile_accumulators``): the config's ``(tile_oh, tile_ow)``
+    when its accumulators fit, else as many of its rows as fit (dividing the height) and the
+    widest divisor of the width that fits beside them."""
+    rows, cols = wanted
+    if rows * cols * groups <= accumulators and out_height % rows == 0 and out_width % cols == 0:
+        return rows, cols
+    fit = max(1, accumulators // max(1, groups))
+    rows = _largest_divisor(out_height, min(rows, fit))
+    cols = _largest_divisor(out_width, fit // rows)
+    return rows, cols
+
+
+def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
+    """``per_tile_accumulators`` for 1x1 convs: the conv computed per tile of ``rows x cols`` output pixels
+    (:func:`tile_shape`), accumulators in registers, the epilogue applied per tile.
+
+    TVM's 1x1 form accumulates a block of ``tile_oh`` whole rows into a buffer, copies it into the
+    conv's output buffer, and runs the epilogue over that: two extra passes over int32 values per
+    output. Same products, summed in the same order per output: bit-identical to TVM's schedule.
+    """
+    from tvm.topi.utils import get_const_tuple
+
+    _, _, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
+    wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
+    wanted_cols = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
+    rows, cols = tile_shape(out_height, out_width, oc_bn // lanes, (wanted_rows, wanted_cols), accumulators)
+
+    acc = _tile_stages(s, data_vec, conv_out, last, rows, cols)
+    _, _, oh, ow, oc_block = s[acc].op.axis
+    kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
+    oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
+    s[acc].reorder(kh, kw, ic_outer, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
+    s[acc].tensorize(oc_lane, intrin)
+    s[acc].unroll(oh)
+    s[acc].unroll(ow)
+    s[acc].unroll(oc_group)
+    return s
+
+
+def _float_product_summed(op, reader) -> bool:
+    """True when ``op`` computes a float product and ``reader`` sums it (a reduction).
+
+    Inlined, the product would feed the sum's add directly, and LLVM (TVM allows floating-point
+    contraction) fuses the two into one ``vfmadd``: one rounding where TVM's schedule, which keeps
+    the product in its own stage, rounds twice. Such a stage keeps its buffer.
+    """
+    from tvm import te, tir
+
+    body = op.body[0]
+    return (isinstance(reader, te.tensor.ComputeOp) and isinstance(reader.body[0], tir.Reduce)
+            and isinstance(body, tir.Mul) and body.dtype.startswith("float"))
+
+
+def _inline_pool_producers(schedule_fn):
+    """``schedule_fn`` (a TVM x86 pool schedule), then every injective producer of the pool inlined,
+    except a float product the pool's sum reads (:func:`_float_product_summed`).
+
+    Inlining an elementwise/injective stage into its reader does not change a value (the same
+    expression is evaluated per element) unless the compiler contracts a multiply into the add that
+    reads it; it removes the stage's own loop nest and buffer.
+    """
+    import functools
+
+    from tvm import te
+    from tvm.topi import tag
+
+    @functools.wraps(schedule_fn)
+    def wrapped(outs, *args, **kwargs):
+        s = schedule_fn(outs, *args, **kwargs)
+        outs = [outs] if isinstance(outs, te.tensor.Tensor) else list(outs)
+        out_ops = {o.op for o in outs}
+        seen, stack = set(), [(t, o.op) for o in outs for t in o.op.input_tensors]
+        while stack:
+            tensor, reader = stack.pop()
+            op = tensor.op
+            if op in seen or not isinstance(op, te.tensor.ComputeOp):
+                continue
+            seen.add(op)
+            if tag.is_injective(op.tag) and op not in out_ops and not _float_product_summed(op, reader):
+                s[op].compute_inline()
+            stack.extend((t, op) for t in op.input_tensors)
+        return s
+
+    wrapped._tvm_ext_change = "pool_prologue_inline"  # pylint: disable=protected-access
+    return wrapped
+
+
+def _vectorize_pool_channel_block(schedule_fn):
+    """``schedule_fn`` (TVM's x86 ``schedule_adaptive_pool``), then every global/adaptive pool over a
+    channel-blocked layout (``NCHW[x]c``) vectorized over its channel block
+    (``global_pool_channel_vector``): the reduction loops move outside the block, so each step adds
+    one contiguous vector of channels.
+
+    Every channel's sum runs over the same window positions in the same order as in TVM's schedule:
+    the results are bit-identical; only the loop order and the vector width change."""
+    import functools
+
+    from tvm import te
+
+    @functools.wraps(schedule_fn)
+    def wrapped(outs, *args, **kwargs):
+        s = schedule_fn(outs, *args, **kwargs)
+        for stage in s.stages:
+            op = stage.op
+            if not (isinstance(op, te.ComputeOp) and op.tag.startswith("adaptive_pool") and len(op.axis) == 5):
+                continue
+            block, red = op.axis[4], list(op.reduce_axis)
+            leaves = list(stage.leaf_iter_vars)
+            if not any(v.same_as(block) for v in leaves) or int(block.dom.extent) > _MAX_POOL_VECTOR:
+                continue  # already split or fused by another schedule rule, or too wide a block
+            rest = [v for v in leaves if not v.same_as(block) and not any(v.same_as(r) for r in red)]
+            stage.reorder(*rest, *red, block)
+            stage.vectorize(block)
+        return s
+
+    wrapped._tvm_ext_change = "global_pool_channel_vector"  # pylint: disable=protected-access
+    return wrapped
+
+
+def _current_target():
+    import tvm
+
+    return tvm.target.Target.current(allow_none=True)
