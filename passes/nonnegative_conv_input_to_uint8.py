@@ -11,10 +11,12 @@ Why, what it rejects and where it runs: docs/passes.md, section "Design notes", 
 """
 from __future__ import annotations
 
+import tvm
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.core.registry import register_pass
+from tvm_ext.x86.isa import isa_class
 
 from ._intervals import value_ranges
 from ._rules import Rule, first_rewrite
@@ -97,7 +99,12 @@ RULES = (
 
 
 def _collect(nodes, users, body) -> dict:
-    """Each conv2d whose int8 input is proven in [0, 127], reading it as uint8."""
+    """Each conv2d whose int8 input is proven in [0, 127], reading it as uint8 (x86 targets only)."""
+    tgt = tvm.target.Target.current(allow_none=True)
+    if tgt is not None and isa_class(tgt) == "other":
+        # aarch64's dot products are int8 x int8: a uint8 input would get the shift back (QNN legalization)
+        _log.debug("skipped: target %s is not x86 (uint8 x int8 is x86's instruction form)", tgt)
+        return {}
     ranges = value_ranges(nodes)
     subst: dict = {}
     new_data: dict = {}  # old data arg -> new data arg (shared by every conv reading it)
@@ -135,7 +142,9 @@ def NonNegativeConvInputToUint8():  # pylint: disable=invalid-name
 
     Notes
     -----
-    Grouped or dilated convs, non-int8 operands, data that is not a cast, ranges that cannot be
+    Skipped (every function) when the current target is not x86: aarch64's dot products take
+    int8 x int8, so its legalization would shift the uint8 input back. Grouped or dilated convs,
+    non-int8 operands, data that is not a cast, ranges that cannot be
     proven and dynamic shapes are left unchanged, as are functions with ``If``/``Let``/``Match``/
     references/closures; each reason is logged at DEBUG on
     ``tvm_ext.passes.NonNegativeConvInputToUint8``.

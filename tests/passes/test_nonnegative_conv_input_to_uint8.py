@@ -78,6 +78,14 @@ def test_possibly_negative_data_unchanged(caplog):
     assert_unchanged_with_reason(NonNegativeConvInputToUint8(), graph(relu=False), "cannot prove", LOGGER, caplog)
 
 
+def test_aarch64_target_unchanged(caplog):
+    """aarch64's dot products take int8 x int8: a uint8 input would be shifted back by its legalization."""
+    with tvm.target.Target("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod"):
+        assert_unchanged_with_reason(NonNegativeConvInputToUint8(), graph(), "is not x86", LOGGER, caplog)
+    with tvm.target.Target("llvm -mcpu=x86-64-v3"):
+        assert not tvm.ir.structural_equal(NonNegativeConvInputToUint8()(graph()), graph())
+
+
 def test_overflowing_arithmetic_gives_no_bound(caplog):
     """relu(x:i32) + 64 may wrap to negative: no bound, no rewrite."""
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="int32")
