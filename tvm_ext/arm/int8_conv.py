@@ -29,7 +29,7 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
 * Everything else stays TVM's: depthwise convs, NHWC, float.
 
 :func:`kernels` installs the four registrations for as long as it is entered and puts TVM's back
-on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext.x86._patch.Patch`).
+on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).
 :func:`tvm_ext.build` enters it for aarch64 targets when a tvm-ext pipeline runs (``kernels=True``).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from tvm.relay.op.strategy import arm_cpu as _arm_strategy
 from tvm.relay.qnn.op import legalizations as _qnn_legalize
 from tvm.target import Target
 
-from ..x86._patch import Patch
+from .._patch import Patch
 
 logger = logging.getLogger(__name__)
 

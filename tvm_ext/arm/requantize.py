@@ -16,7 +16,7 @@ under qemu (``docs/arm.md``).
     # q_multiply_shift(x, m, 31, s) on aarch64: sqrdmulh + srshl  ->  round(x * m / 2^(31 + s)) in int64
 
 and registers TVM's again on the outermost exit. Lowering rules are process-wide: the replacement
-is re-entrant and shared by threads (:class:`tvm_ext.x86._patch.Patch`); each registration takes a
+is re-entrant and shared by threads (:class:`tvm_ext._patch.Patch`); each registration takes a
 higher priority level than the last, since TVM keeps the highest.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import logging
 
 from tvm.ir import register_intrin_lowering
 
-from ..x86._patch import Patch
+from .._patch import Patch
 
 logger = logging.getLogger(__name__)
 

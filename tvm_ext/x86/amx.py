@@ -55,7 +55,7 @@ import struct
 import sys
 import threading
 
-from ._patch import Patch
+from .._patch import Patch
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
-"""tvm_ext.x86._patch.Patch: installed by the outermost entry, restored by its exit, shared by threads."""
+"""tvm_ext._patch.Patch: installed by the outermost entry, restored by its exit, shared by threads."""
 import threading
 
 import pytest
 
-from tvm_ext.x86._patch import Patch
+from tvm_ext._patch import Patch
 
 
 def _recording():
