@@ -118,3 +118,26 @@ def test_x86_targets_untouched():
     with int8_conv.kernels():
         inside = _kernel_names(_stock(mod, target))
     assert inside == _kernel_names(_stock(mod, target))
+
+
+def _float_stem_then_int8():
+    """relay.quantize's first layer kept in float (3 channels), quantized, max-pooled, then an int8 conv."""
+    rng = np.random.default_rng(3)
+    x = relay.var("x", shape=(1, 3, 32, 32), dtype="float32")
+    y = relay.nn.conv2d(x, relay.const(rng.standard_normal((64, 3, 3, 3)).astype("float32")), padding=(1, 1),
+                        channels=64, kernel_size=(3, 3))
+    q = relay.cast(relay.clip(relay.round(relay.multiply(relay.nn.relu(y), relay.const(8.0))), 0, 127), "int8")
+    q = relay.nn.max_pool2d(q, pool_size=(2, 2), strides=(2, 2))
+    w = relay.const(rng.integers(-127, 128, (64, 64, 3, 3)).astype("int8"))
+    z = relay.nn.conv2d(q, w, padding=(1, 1), channels=64, kernel_size=(3, 3), out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([x], z))
+
+
+def test_float_first_layer_is_blocked_like_the_int8_convs_after_it():
+    mod = _float_stem_then_int8()
+    stock, ours = _stock(mod, TARGETS["neoverse-n1"]), _policy(mod, TARGETS["neoverse-n1"])
+    def after_pool(names):
+        return names[next(i for i, n in enumerate(names) if "max_pool2d" in n) + 1]
+
+    assert after_pool(_kernel_names(stock)).endswith("fused_layout_transform"), _kernel_names(stock)
+    assert "conv2d_NCHWc" in after_pool(_kernel_names(ours)), _kernel_names(ours)

@@ -26,7 +26,12 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
 
       # conv2d(x[C], w[O, C]) -> conv2d(pad(x)[4 ceil(C/4)], pad(w)[8 ceil(O/8), 4 ceil(C/4)]) (zeros: exact)
 
-* Everything else stays TVM's: depthwise convs, NHWC, float.
+* **A float first layer** (relay.quantize keeps it, ``skip_conv_layers``) with fewer than 64 input
+  channels takes the NCHW spatial pack, so a ``layout_transform`` kernel sits between its pool and
+  the first int8 NCHWc conv. The policy gives it TVM's x86 float conv, which TVM's arm_cpu layout
+  rules turn into NCHWc (``conv2d_NCHWc.x86``), at the int8 kernel's priority.
+
+* Everything else stays TVM's: depthwise convs, NHWC, float convs with 64 or more input channels.
 
 :func:`kernels` installs the four registrations for as long as it is entered and puts TVM's back
 on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).
@@ -52,6 +57,9 @@ __all__ = ["kernels", "NCHWC_INT8", "MIN_INT8_CHANNELS"]
 
 #: The implementation name of TVM's NCHWc int8 conv on aarch64 (``sdot``/``udot``, or ``smull``).
 NCHWC_INT8 = "conv2d_nchw_int8.arm_cpu"
+
+#: The float conv the policy gives a float first layer (NCHWc after TVM's layout rules).
+NCHWC_FLOAT = "conv2d_nchw.x86"
 
 #: TVM 0.19's lower bound on input channels for :data:`NCHWC_INT8`, which the policy lifts.
 MIN_INT8_CHANNELS = 64
@@ -90,6 +98,16 @@ def _takes_nchwc_int8(attrs, data, kernel) -> bool:
     return int(channels) < MIN_INT8_CHANNELS and int(channels) % 4 == 0
 
 
+def _float_stem(attrs, data, kernel) -> bool:
+    """A float32 NCHW conv (groups 1) with fewer input channels than :data:`MIN_INT8_CHANNELS`: the
+    float first layer that relay.quantize keeps (``skip_conv_layers``), in front of int8 NCHWc convs."""
+    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+        return False
+    channels = kernel.shape[1]
+    return (data.dtype == kernel.dtype == "float32" and isinstance(channels, tvm.tir.IntImm)
+            and int(channels) < MIN_INT8_CHANNELS)
+
+
 def _conv2d_strategy(attrs, inputs, out_type, target):
     strategy = _arm_strategy.conv2d_strategy_arm_cpu(attrs, inputs, out_type, target)
     data, kernel = inputs
@@ -98,6 +116,15 @@ def _conv2d_strategy(attrs, inputs, out_type, target):
             _strategy.wrap_compute_conv2d(topi.arm_cpu.conv2d_nchw_int8),
             _strategy.wrap_topi_schedule(topi.arm_cpu.schedule_conv2d_nchw_int8),
             name=NCHWC_INT8,
+            plevel=15,
+        )
+    elif _float_stem(attrs, data, kernel):
+        # NCHWc (TVM's x86 float conv, which TVM's arm_cpu layout rules already convert): the pool and
+        # the int8 NCHWc convs after it need no layout_transform kernel
+        strategy.add_implementation(
+            _strategy.wrap_compute_conv2d(topi.x86.conv2d_nchw),
+            _strategy.wrap_topi_schedule(topi.x86.schedule_conv2d_nchw),
+            name=NCHWC_FLOAT,
             plevel=15,
         )
     return strategy
