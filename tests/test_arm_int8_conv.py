@@ -100,6 +100,15 @@ def test_few_channels_take_the_nchwc_dot_product_kernel(cpu):
     assert DOT & set(_conv_mnemonics(ours)), f"no sdot/udot in the 8-channel conv at {cpu}"
 
 
+@pytest.mark.parametrize("channels", [3, 12, 20, 68])
+@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1"])
+def test_channel_counts_of_every_kind_build(cpu, channels):
+    """Up to 4 input channels pad to 4; other counts to multiples of 8 (the kernel's channel blocks):
+    12, 20 and 68 are multiples of 4 that no block of 8 divides."""
+    names = _kernel_names(_policy(_conv_requantize(channels, size=8), TARGETS[cpu]))
+    assert any("conv2d_NCHWc" in n for n in names), names
+
+
 def test_tvms_rules_are_back_after_the_build_and_after_an_error():
     mod = _conv_requantize(8)
     names = _kernel_names(_stock(mod, TARGETS["neoverse-n1"]))

@@ -15,16 +15,17 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
 * **Fewer than 64 input channels.** The int8 conv strategy requires 64 (``conv2d_strategy_arm_cpu``);
   below, the conv takes the NCHW spatial pack, so a ``layout_transform`` kernel and an explicit pad
   kernel sit between it and its NCHWc neighbours (ResNet's stem, small models). The policy offers
-  the NCHWc int8 kernel for any int8 x int8 conv whose input channels are a multiple of 4 (TVM's
-  conv2d legalization pads them to 8), at the same priority as TVM's own.
+  the NCHWc int8 kernel for any int8 x int8 conv whose input channels are a multiple of 8 or are 4
+  (the channel padding below makes them so), at the same priority as TVM's own.
 
 * **Input channels padded to 8.** TVM's conv2d legalization pads an int8 conv's input channels to a
-  multiple of 8 (``conv2d_alter_int8_common(..., 8, 8)``); the NCHWc dot-product kernel needs 4 (four
-  int8 lanes per int32). ResNet's stem (3 channels) then writes 8 x 230 x 230 bytes where 4 x 230 x 230
-  do (0.21 MB of a ResNet-50's 11.5 MB crossing). The policy pads input channels to 4 for NCHW convs
-  (groups 1) and keeps TVM's 8 for output channels::
+  multiple of 8 (``conv2d_alter_int8_common(..., 8, 8)``). The NCHWc dot-product kernel takes blocks
+  of 8 channels, or all of them below 8, and one block of 4 (four int8 lanes per int32) is enough.
+  ResNet's stem (3 channels) then writes 8 x 230 x 230 bytes where 4 x 230 x 230 do (0.21 MB of a
+  ResNet-50's 11.5 MB crossing). The policy pads up to 4 input channels to 4 (NCHW convs, groups 1)
+  and keeps TVM's multiples of 8 otherwise::
 
-      # conv2d(x[C], w[O, C]) -> conv2d(pad(x)[4 ceil(C/4)], pad(w)[8 ceil(O/8), 4 ceil(C/4)]) (zeros: exact)
+      # conv2d(x[C], w[O, C]), C <= 4 -> conv2d(pad(x)[4], pad(w)[8 ceil(O/8), 4])   (zeros: exact)
 
 * **A float first layer** (relay.quantize keeps it, ``skip_conv_layers``) with fewer than 64 input
   channels takes the NCHW spatial pack, so a ``layout_transform`` kernel sits between its pool and
@@ -87,7 +88,7 @@ def _qnn_dense_legalize(attrs, inputs, types):
 
 
 def _takes_nchwc_int8(attrs, data, kernel) -> bool:
-    """An NCHW int8 x int8 conv (groups 1) with fewer input channels than TVM's bound, a multiple of 4."""
+    """An NCHW int8 x int8 conv (groups 1) with fewer input channels than TVM's bound: 4, or a multiple of 8."""
     if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return False
     if not topi.arm_cpu.conv2d_int8.is_int8_hw_support(data.dtype, kernel.dtype):
@@ -95,7 +96,9 @@ def _takes_nchwc_int8(attrs, data, kernel) -> bool:
     channels = kernel.shape[1]
     if not isinstance(channels, tvm.tir.IntImm):
         return False  # a dynamic channel count: TVM's rule
-    return int(channels) < MIN_INT8_CHANNELS and int(channels) % 4 == 0
+    c = int(channels)
+    # the kernel's channel blocks: multiples of 8, or all of the channels below 8 (4: one int32 lane)
+    return c < MIN_INT8_CHANNELS and (c % CHANNEL_MULTIPLE == 0 or c == INT8_LANES)
 
 
 def _float_stem(attrs, data, kernel) -> bool:
@@ -133,18 +136,21 @@ def _conv2d_strategy(attrs, inputs, out_type, target):
 #: Int8 lanes per int32 lane of the NCHWc dot-product kernel: its input channels are a multiple of this.
 INT8_LANES = 4
 
-#: TVM's output-channel multiple for aarch64 int8 convs, kept.
-OUT_CHANNEL_MULTIPLE = 8
+#: TVM's channel multiple for aarch64 int8 convs, kept above 4 input channels and for output channels: the
+#: NCHWc kernel's channel blocks must be multiples of 8 (or the whole count below 8).
+CHANNEL_MULTIPLE = 8
 
 
 def _conv2d_legalize(attrs, inputs, arg_types):
     data_type, kernel_type = arg_types[0], arg_types[1]
     if (attrs["data_layout"] == "NCHW" and attrs["kernel_layout"] == "OIHW" and attrs["groups"] == 1
             and topi.arm_cpu.conv2d_int8.is_int8_hw_support(kernel_type.dtype, kernel_type.dtype)):
-        # input channels to a multiple of 4 (TVM: 8), output channels to 8 as TVM does
+        # up to 4 input channels: padded to 4 (TVM: 8); more: to a multiple of 8, as TVM does
+        channels = int(data_type.shape[1])
+        multiple = INT8_LANES if channels <= INT8_LANES else CHANNEL_MULTIPLE
         return topi.generic.conv2d.conv2d_alter_int8_common(
             inputs[0], data_type, inputs[1], kernel_type, arg_types[2], attrs, kernel_type.dtype,
-            INT8_LANES, OUT_CHANNEL_MULTIPLE)
+            multiple, CHANNEL_MULTIPLE)
     return topi.arm_cpu.conv2d_alter_op._conv2d_legalize(attrs, inputs, arg_types)
 
 
