@@ -45,6 +45,7 @@ def test_summary_adds_runs_per_pass_and_separates_nested_time():
     assert [r["pass"] for r in _script_module().summarize(runs)] == ["seq", "A", "B"], "largest total first"
 
 
+@pytest.mark.slow  # the whole int8 pipeline timed pass by pass: minutes on 2 cores
 def test_int8_pipeline_build_lists_its_passes(conv_relu, tmp_path):
     out = _run(conv_relu, "--min-seconds", "0", "--json", tmp_path / "t.json")
     table = {line.split("|")[1].strip(): line

@@ -616,6 +616,7 @@ def test_kernel_names_are_the_built_modules():
     assert all(n in page and n in text for n in names) and "tvmgen_m1_fused_reshape (graph executor: __nop)" in text
 
 
+@pytest.mark.slow  # a small zoo ResNet built and replayed: minutes on 2 cores
 def test_kernel_names_of_a_zoo_model_match_the_kernel_report():
     """ONNX Runtime's QOperator ResNet (small) at the host target: names (hash-truncated and _N ones
     included) and count equal the kernel report's, kernel for kernel."""

@@ -271,6 +271,7 @@ def small_zoo():
     return tvm_ext.tools.zoo.load("resnet50_int8_relay", small=True)
 
 
+@pytest.mark.slow  # a small zoo ResNet built twice: minutes on 2 cores
 def test_zoo_small_fewer_kernels_bit_exact(small_zoo):
     z = small_zoo
     stock = tvm_ext.build(z.mod, params=z.params)
