@@ -304,6 +304,7 @@ def test_cli_explain(tmp_path):
     assert r.returncode == 2 and "unknown --pipeline" in r.stderr
 
 
+@pytest.mark.slow  # the small relay.quantize ResNet built and replayed: a minute and a half on 2 cores
 def test_zoo_relay_quantize_small():
     """relay.quantize ResNet (small): stop_fusion dominates; RemoveStopFusion removes most of it."""
     m = tvm_ext.tools.zoo.load("resnet50_int8_relay", small=True)

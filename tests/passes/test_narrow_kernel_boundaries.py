@@ -196,6 +196,7 @@ def test_tuple_output_join_ok():
     assert after.astext().count("annotation.stop_fusion") == 1
 
 
+@pytest.mark.slow  # the small QOperator ResNet built twice: a minute and a half on 2 cores
 # -- the zoo model (small): the whole issue-6 pipeline ------------------------------------------
 def test_small_qoperator_resnet_only_8bit_crosses_bit_exact():
     """The int8 pipeline (which ends with FoldPadIntoConv, NarrowKernelBoundaries and
