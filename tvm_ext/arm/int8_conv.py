@@ -87,49 +87,48 @@ def _qnn_dense_legalize(attrs, inputs, types):
     return _qnn_legalize._qnn_dense_legalize_arm_cpu(attrs, inputs, types)
 
 
-def _takes_nchwc_int8(attrs, data, kernel) -> bool:
-    """An NCHW int8 x int8 conv (groups 1) with fewer input channels than TVM's bound: 4, or a multiple of 8."""
+def _few_channels(attrs, kernel):
+    """The static input-channel count of an NCHW conv (groups 1) below :data:`MIN_INT8_CHANNELS`, else None
+    (other layouts, groups, dynamic counts and wider convs keep TVM's rule)."""
     if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
-        return False
-    if not topi.arm_cpu.conv2d_int8.is_int8_hw_support(data.dtype, kernel.dtype):
-        return False
+        return None
     channels = kernel.shape[1]
-    if not isinstance(channels, tvm.tir.IntImm):
-        return False  # a dynamic channel count: TVM's rule
-    c = int(channels)
-    # the kernel's channel blocks: multiples of 8, or all of the channels below 8 (4: one int32 lane)
-    return c < MIN_INT8_CHANNELS and (c % CHANNEL_MULTIPLE == 0 or c == INT8_LANES)
+    if not isinstance(channels, tvm.tir.IntImm) or int(channels) >= MIN_INT8_CHANNELS:
+        return None
+    return int(channels)
+
+
+def _takes_nchwc_int8(attrs, data, kernel) -> bool:
+    """An int8 x int8 conv with few input channels: 4, or a multiple of 8 (the kernel's channel blocks:
+    multiples of 8, or all of the channels below 8; 4 is one int32 lane)."""
+    c = _few_channels(attrs, kernel)
+    return (c is not None and topi.arm_cpu.conv2d_int8.is_int8_hw_support(data.dtype, kernel.dtype)
+            and (c % CHANNEL_MULTIPLE == 0 or c == INT8_LANES))
 
 
 def _float_stem(attrs, data, kernel) -> bool:
-    """A float32 NCHW conv (groups 1) with fewer input channels than :data:`MIN_INT8_CHANNELS`: the
-    float first layer that relay.quantize keeps (``skip_conv_layers``), in front of int8 NCHWc convs."""
-    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
-        return False
-    channels = kernel.shape[1]
-    return (data.dtype == kernel.dtype == "float32" and isinstance(channels, tvm.tir.IntImm)
-            and int(channels) < MIN_INT8_CHANNELS)
+    """A float32 conv with few input channels: the float first layer that relay.quantize keeps
+    (``skip_conv_layers``), in front of int8 NCHWc convs."""
+    return _few_channels(attrs, kernel) is not None and data.dtype == kernel.dtype == "float32"
+
+
+#: The implementations the policy adds, in order (the first whose check holds), at TVM's int8 priority.
+#: The float one is TVM's x86 float conv, which TVM's arm_cpu layout rules turn into NCHWc: the pool and
+#: the int8 NCHWc convs after a float first layer then need no layout_transform kernel.
+_ADDED = (
+    (_takes_nchwc_int8, topi.arm_cpu.conv2d_nchw_int8, topi.arm_cpu.schedule_conv2d_nchw_int8, NCHWC_INT8),
+    (_float_stem, topi.x86.conv2d_nchw, topi.x86.schedule_conv2d_nchw, NCHWC_FLOAT),
+)
 
 
 def _conv2d_strategy(attrs, inputs, out_type, target):
     strategy = _arm_strategy.conv2d_strategy_arm_cpu(attrs, inputs, out_type, target)
     data, kernel = inputs
-    if _takes_nchwc_int8(attrs, data, kernel):
-        strategy.add_implementation(
-            _strategy.wrap_compute_conv2d(topi.arm_cpu.conv2d_nchw_int8),
-            _strategy.wrap_topi_schedule(topi.arm_cpu.schedule_conv2d_nchw_int8),
-            name=NCHWC_INT8,
-            plevel=15,
-        )
-    elif _float_stem(attrs, data, kernel):
-        # NCHWc (TVM's x86 float conv, which TVM's arm_cpu layout rules already convert): the pool and
-        # the int8 NCHWc convs after it need no layout_transform kernel
-        strategy.add_implementation(
-            _strategy.wrap_compute_conv2d(topi.x86.conv2d_nchw),
-            _strategy.wrap_topi_schedule(topi.x86.schedule_conv2d_nchw),
-            name=NCHWC_FLOAT,
-            plevel=15,
-        )
+    for check, compute, schedule, name in _ADDED:
+        if check(attrs, data, kernel):
+            strategy.add_implementation(_strategy.wrap_compute_conv2d(compute),
+                                        _strategy.wrap_topi_schedule(schedule), name=name, plevel=15)
+            break
     return strategy
 
 
