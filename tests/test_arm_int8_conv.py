@@ -14,13 +14,14 @@ from tvm import relay
 from tvm.target import codegen
 
 import tvm_ext
-from tvm_ext.arm import int8_conv
+from tvm_ext.arm import int8_conv, mmla_conv
 from tvm_ext.testing.aarch64 import TARGETS
 
 pytestmark = pytest.mark.skipif("aarch64" not in list(codegen.llvm_get_targets()),
                                 reason="this TVM's LLVM has no AArch64 back end")
 
 DOT = {"sdot", "udot", "usdot"}
+MATRIX = {"smmla", "ummla", "usmmla"}
 
 
 def _conv_requantize(channels, size=14):
@@ -91,17 +92,17 @@ def test_neon_only_conv_multiplies_int8_with_widening_instructions():
     assert not DOT & set(ops), "the library must run on a CPU without FEAT_DotProd"
 
 
-@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
-def test_few_channels_take_the_nchwc_dot_product_kernel(cpu):
+@pytest.mark.parametrize("cpu, instructions", [("neoverse-n1", DOT), ("neoverse-v1", MATRIX)])
+def test_few_channels_take_an_nchwc_int8_kernel(cpu, instructions):
     mod = _conv_requantize(8)  # below TVM's 64: the NCHW spatial pack and layout transforms otherwise
     stock, ours = _stock(mod, TARGETS[cpu]), _policy(mod, TARGETS[cpu])
     assert not any("NCHWc" in n for n in _kernel_names(stock)), _kernel_names(stock)
     assert any("conv2d_NCHWc" in n for n in _kernel_names(ours)), _kernel_names(ours)
-    assert DOT & set(_conv_mnemonics(ours)), f"no sdot/udot in the 8-channel conv at {cpu}"
+    assert instructions & set(_conv_mnemonics(ours)), f"none of {instructions} in the 8-channel conv at {cpu}"
 
 
 @pytest.mark.parametrize("channels", [3, 12, 20, 68])
-@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1"])
+@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1", "neoverse-v1"])
 def test_channel_counts_of_every_kind_build(cpu, channels):
     """Up to 4 input channels pad to 4; other counts to multiples of 8 (the kernel's channel blocks):
     12, 20 and 68 are multiples of 4 that no block of 8 divides."""
@@ -150,3 +151,47 @@ def test_float_first_layer_is_blocked_like_the_int8_convs_after_it():
 
     assert after_pool(_kernel_names(stock)).endswith("fused_layout_transform"), _kernel_names(stock)
     assert "conv2d_NCHWc" in after_pool(_kernel_names(ours)), _kernel_names(ours)
+
+
+def _busiest_block(factory, mnemonic):
+    """The basic block of the conv kernel with the most ``mnemonic``: Counter of its mnemonics."""
+    blocks, current = collections.defaultdict(collections.Counter), None
+    for line in factory.get_lib().get_source("asm").splitlines():
+        label = re.match(r"^([A-Za-z_.][\w.$]*):", line)
+        if label:
+            current = label.group(1)
+            continue
+        op = re.match(r"^\s+([a-z][a-z0-9.]*)\s", line)
+        if op and current:
+            blocks[current][op.group(1)] += 1
+    return max(blocks.values(), key=lambda ops: ops[mnemonic])
+
+
+def test_i8mm_convs_multiply_8bit_matrices_and_tvm_does_not():
+    mod = _conv_requantize(64)
+    stock, ours = _stock(mod, TARGETS["neoverse-v1"]), _policy(mod, TARGETS["neoverse-v1"])
+    assert not MATRIX & set(_conv_mnemonics(stock)), "TVM 0.19 uses i8mm only in its NHWC schedule"
+    ops = _conv_mnemonics(ours)
+    assert ops["smmla"] and not DOT & set(ops), f"int8 x int8 operands take smmla alone: {dict(ops)}"
+    assert any("conv2d_NCHWc" in n for n in _kernel_names(ours)), _kernel_names(ours)
+
+
+def test_i8mm_register_tile_reuses_its_loads():
+    """4 pixel pairs x 4 channel pairs: 16 accumulators, 8 16-byte loads per 8 input channels (0.5 per
+    smmla); the loop body keeps them in registers (loads and stores of the stack stay few)."""
+    block = _busiest_block(_policy(_conv_requantize(64, size=16), TARGETS["neoverse-v1"]), "smmla")
+    loads = block["ldr"] + 2 * block["ldp"] + block["ld1"]
+    assert block["smmla"] >= 16, dict(block)
+    assert loads <= 0.55 * block["smmla"], f"{loads} vector loads for {block['smmla']} smmla: {dict(block)}"
+
+
+def test_i8mm_stem_keeps_the_dot_product_kernel():
+    """3 input channels pad to 4, fewer than one 8-channel row of the matrix instruction."""
+    ops = _conv_mnemonics(_policy(_conv_requantize(3, size=8), TARGETS["neoverse-v1"]))
+    assert DOT & set(ops) and not MATRIX & set(ops), dict(ops)
+
+
+@pytest.mark.parametrize("pairs, tile", [(28, 4), (4, 4), (7, 4), (1, 1), (2, 2), (3, 3), (9, 3)])
+def test_register_tile_per_row(pairs, tile):
+    """The largest tile that fits the registers, unless a smaller one pads the row less."""
+    assert mmla_conv.pixel_pairs(pairs) == tile

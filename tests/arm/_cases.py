@@ -42,3 +42,17 @@ def qnn_dense(rng, m=4, k=64, n=32):
 
 def dense_reference(x, w):
     return ((x.astype(np.int64) - X_ZP) @ w.astype(np.int64).T).astype(np.int32)
+
+
+def conv_nchw_exact(x, w, x_zero_point=0, strides=(1, 1), padding=(0, 0)):
+    """Exact int64 NCHW conv of ``x - x_zero_point`` with OIHW ``w`` (padding with the zero point: 0 after)."""
+    (sh, sw), (ph, pw) = strides, padding
+    xs = np.pad(x.astype(np.int64) - x_zero_point, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    kh, kw = w.shape[2:]
+    oh, ow = (xs.shape[2] - kh) // sh + 1, (xs.shape[3] - kw) // sw + 1
+    out = np.zeros((x.shape[0], w.shape[0], oh, ow), np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            window = xs[:, :, ky:ky + (oh - 1) * sh + 1:sh, kx:kx + (ow - 1) * sw + 1:sw]
+            out += np.einsum("nchw,oc->nohw", window, w[:, :, ky, kx].astype(np.int64))
+    return out

@@ -32,9 +32,17 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
   the first int8 NCHWc conv. The policy gives it TVM's x86 float conv, which TVM's arm_cpu layout
   rules turn into NCHWc (``conv2d_NCHWc.x86``), at the int8 kernel's priority.
 
+* **The 8-bit matrix multiply (+i8mm, Neoverse V1/V2) is unused.** TVM 0.19 uses ``smmla`` only in
+  its NHWC GEMM schedule, so NCHWc int8 convs get ``sdot`` at +i8mm. The policy gives 8-bit convs
+  whose input and output channels are multiples of 8 tvm-ext's NCHW8c ``smmla``/``ummla``/``usmmla``
+  kernel (:mod:`tvm_ext.arm.mmla_conv`: 32 multiply-adds per instruction where ``sdot`` does 16),
+  above TVM's priorities, and lays them out for it (``NCHW8c`` data, ``OIHW8o8i`` weights)::
+
+      # conv2d(x[C], w[O, C]) at +i8mm, C % 8 == O % 8 == 0  ->  contrib_conv2d_nchwc(x', w', "NCHW8c", "OIHW8o8i")
+
 * Everything else stays TVM's: depthwise convs, NHWC, float convs with 64 or more input channels.
 
-:func:`kernels` installs the four registrations for as long as it is entered and puts TVM's back
+:func:`kernels` installs the six registrations for as long as it is entered and puts TVM's back
 on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).
 :func:`tvm_ext.build` enters it for aarch64 targets when a tvm-ext pipeline runs (``kernels=True``).
 """
@@ -51,13 +59,20 @@ from tvm.relay.qnn.op import legalizations as _qnn_legalize
 from tvm.target import Target
 
 from .._patch import Patch
+from . import mmla_conv
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernels", "NCHWC_INT8", "MIN_INT8_CHANNELS"]
+__all__ = ["kernels", "NCHWC_INT8", "NCHWC_MMLA", "MIN_INT8_CHANNELS"]
 
 #: The implementation name of TVM's NCHWc int8 conv on aarch64 (``sdot``/``udot``, or ``smull``).
 NCHWC_INT8 = "conv2d_nchw_int8.arm_cpu"
+
+#: The implementation name of tvm-ext's NCHW8c matrix-multiply int8 conv (+i8mm).
+NCHWC_MMLA = "conv2d_nchwc_mmla.tvm_ext"
+
+#: The data and weight layouts of :data:`NCHWC_MMLA` after the layout pass.
+MMLA_LAYOUTS = {"data_layout": "NCHW8c", "kernel_layout": "OIHW8o8i", "out_layout": "NCHW8c"}
 
 #: The float conv the policy gives a float first layer (NCHWc after TVM's layout rules).
 NCHWC_FLOAT = "conv2d_nchw.x86"
@@ -112,6 +127,32 @@ def _float_stem(attrs, data, kernel) -> bool:
     return _few_channels(attrs, kernel) is not None and data.dtype == kernel.dtype == "float32"
 
 
+def _takes_mmla(attrs, data, kernel) -> bool:
+    """An NCHW 8-bit conv (groups 1, no dilation) at +i8mm whose static channel counts are multiples of 8,
+    with operand types a matrix-multiply instruction takes."""
+    if not bool(Target.current(allow_none=False).features.has_matmul_i8):
+        return False
+    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+        return False
+    if (data.dtype, kernel.dtype) not in mmla_conv.MMLA_INSTRUCTION or not _static(data.shape, kernel.shape):
+        return False
+    if tuple(int(d) for d in attrs.dilation) != (1, 1) or attrs.out_dtype not in ("int32", ""):
+        return False
+    out_channels, channels = int(kernel.shape[0]), int(kernel.shape[1])
+    return channels % mmla_conv.BLOCK == 0 and out_channels % mmla_conv.BLOCK == 0
+
+
+def _static(*shapes) -> bool:
+    return all(isinstance(d, tvm.tir.IntImm) for shape in shapes for d in shape)
+
+
+def _mmla_compute(compute):
+    def _compute(attrs, inputs, out_type):
+        return [compute(inputs[0], inputs[1], attrs.get_int_tuple("strides"), attrs.get_int_tuple("padding"),
+                        attrs.get_int_tuple("dilation"), out_type.dtype)]
+    return _compute
+
+
 #: The implementations the policy adds, in order (the first whose check holds), at TVM's int8 priority.
 #: The float one is TVM's x86 float conv, which TVM's arm_cpu layout rules turn into NCHWc: the pool and
 #: the int8 NCHWc convs after a float first layer then need no layout_transform kernel.
@@ -124,12 +165,39 @@ _ADDED = (
 def _conv2d_strategy(attrs, inputs, out_type, target):
     strategy = _arm_strategy.conv2d_strategy_arm_cpu(attrs, inputs, out_type, target)
     data, kernel = inputs
+    if _takes_mmla(attrs, data, kernel):
+        strategy.add_implementation(_mmla_compute(mmla_conv.conv2d_nchw_mmla),
+                                    _strategy.wrap_topi_schedule(mmla_conv.schedule_conv2d_mmla),
+                                    name=NCHWC_MMLA, plevel=25)
+        return strategy
     for check, compute, schedule, name in _ADDED:
         if check(attrs, data, kernel):
             strategy.add_implementation(_strategy.wrap_compute_conv2d(compute),
                                         _strategy.wrap_topi_schedule(schedule), name=name, plevel=15)
             break
     return strategy
+
+
+def _conv2d_nchwc_strategy(attrs, inputs, out_type, target):
+    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) == tuple(MMLA_LAYOUTS.values()):
+        strategy = relay.op.OpStrategy()
+        strategy.add_implementation(_mmla_compute(mmla_conv.conv2d_nchwc_mmla),
+                                    _strategy.wrap_topi_schedule(mmla_conv.schedule_conv2d_mmla),
+                                    name=NCHWC_MMLA, plevel=25)
+        return strategy
+    return _arm_strategy.conv2d_NCHWc_strategy_arm_cpu(attrs, inputs, out_type, target)
+
+
+def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
+    # the layout pass: a conv that takes the matrix-multiply kernel becomes NCHW8c with OIHW8o8i weights
+    target = Target.current(allow_none=False)
+    impl, _ = relay.backend.te_compiler.select_implementation(relay.op.get("nn.conv2d"), attrs, tinfos,
+                                                              out_type, target)
+    if impl.name == NCHWC_MMLA:
+        new_attrs = {k: attrs[k] for k in attrs.keys()}
+        new_attrs.update(MMLA_LAYOUTS)
+        return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
+    return topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout(attrs, inputs, tinfos, out_type)
 
 
 #: Int8 lanes per int32 lane of the NCHWc dot-product kernel: its input channels are a multiple of this.
@@ -159,6 +227,8 @@ def _install():
     _qnn_legalize.qnn_dense_legalize.register("arm_cpu", _qnn_dense_legalize, override=True)
     _strategy.conv2d_strategy.register("arm_cpu", _conv2d_strategy, override=True)
     topi.nn.conv2d_legalize.register("arm_cpu", _conv2d_legalize, override=True)
+    _strategy.conv2d_NCHWc_strategy.register("arm_cpu", _conv2d_nchwc_strategy, override=True)
+    topi.nn.conv2d_alter_layout.register("arm_cpu", _conv2d_alter_layout, override=True)
 
 
 def _uninstall():
@@ -166,6 +236,9 @@ def _uninstall():
     _qnn_legalize.qnn_dense_legalize.register("arm_cpu", _qnn_legalize._qnn_dense_legalize_arm_cpu, override=True)
     _strategy.conv2d_strategy.register("arm_cpu", _arm_strategy.conv2d_strategy_arm_cpu, override=True)
     topi.nn.conv2d_legalize.register("arm_cpu", topi.arm_cpu.conv2d_alter_op._conv2d_legalize, override=True)
+    _strategy.conv2d_NCHWc_strategy.register("arm_cpu", _arm_strategy.conv2d_NCHWc_strategy_arm_cpu, override=True)
+    topi.nn.conv2d_alter_layout.register("arm_cpu", topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout,
+                                         override=True)
 
 
 _PATCH = Patch(_install, _uninstall)

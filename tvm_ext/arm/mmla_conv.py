@@ -1,0 +1,250 @@
+"""An int8 NCHWc convolution for aarch64's 8-bit matrix multiply (``smmla``/``ummla``/``usmmla``, +i8mm).
+
+Design note
+-----------
+One ``smmla`` multiplies a 2 x 8 int8 matrix by the transpose of another 2 x 8 and adds the 2 x 2
+int32 result to an accumulator register: 32 multiply-adds, where ``sdot`` does 16. TVM 0.19 uses it
+only in its NHWC GEMM schedule; the NCHWc convolutions that tvm-ext's int8 networks use get ``sdot``.
+
+Here the two rows of A are two neighbouring output pixels and the two rows of B two output
+channels, each over 8 input channels::
+
+    # C2[n, o, y, x2, c2, p, q] = sum_{i, ky, kx, k} X[n, i, y*sh + ky*dh, (2*x2 + p)*sw + kx*dw, k]
+    #                                             * W[o, i, ky, kx, 2*c2 + q, k]             (exact int32)
+    # out[n, o, y, x, c] = C2[n, o, y, x // 2, c // 2, x % 2, c % 2]
+
+with data in NCHW8c (8 input channels contiguous: two neighbouring pixels' rows of A are one
+16-byte load) and weights in ``OIHW8o8i`` (two output channels' rows of B are one 16-byte load). An odd output
+width computes one extra pixel column from zero padding and drops it. Strided convolutions first
+gather the columns they read (``X_s[n, i, y, kx, x, k] = X[n, i, y, x*sw + kx*dw, k]``), so that
+the two pixels of A stay 8 bytes apart.
+
+The register tile is ``R`` pixel pairs by the 4 channel pairs of a block of 8:
+``4R`` accumulators, ``R`` loads of A and 4 of B per 8 input channels (R = 4: 16 + 8 of 32 vector
+registers, 0.5 loads per ``smmla``). The accumulators stay in registers across the whole reduction,
+and the requantize epilogue is computed from them in the same kernel.
+
+Operand types follow the instruction: int8 x int8 ``smmla``, uint8 x uint8 ``ummla``, uint8 data with
+int8 weights ``usmmla``.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import te, topi
+from tvm.topi.nn.utils import get_pad_tuple
+from tvm.topi.utils import get_const_tuple, traverse_inline
+
+__all__ = ["BLOCK", "MMLA_INSTRUCTION", "conv2d_nchwc_mmla", "conv2d_nchw_mmla", "schedule_conv2d_mmla",
+           "pixel_pairs"]
+
+#: Channels per NCHWc block of data and weights (8 int8 per row of a 2 x 8 operand).
+BLOCK = 8
+
+#: The LLVM intrinsic per (data, weight) dtype.
+MMLA_INSTRUCTION = {
+    ("int8", "int8"): "llvm.aarch64.neon.smmla",
+    ("uint8", "uint8"): "llvm.aarch64.neon.ummla",
+    ("uint8", "int8"): "llvm.aarch64.neon.usmmla",
+}
+
+#: The tag of the convolution stage, which the schedule looks for.
+TAG = "conv2d_nchwc_mmla"
+
+#: Vector registers the tile may hold: accumulators plus one load per A row pair and B channel pair.
+_REGISTERS = 28
+_PAIRS_PER_BLOCK = BLOCK // 2
+
+
+def pixel_pairs(pairs: int) -> int:
+    """The register tile's pixel pairs ``R`` for a row of ``pairs`` output pixel pairs.
+
+    The largest tile that fits :data:`_REGISTERS`, unless a smaller one computes fewer padding
+    columns: the row is rounded up to a multiple of ``R`` and the tile's cost is its padded share
+    of the row times (accumulator updates + loads) per ``smmla``.
+    """
+    best, best_cost = 1, None
+    for r in range(1, pairs + 1):
+        if _PAIRS_PER_BLOCK * r + r + _PAIRS_PER_BLOCK > _REGISTERS:
+            break
+        padded = -(-pairs // r) * r
+        cost = padded * (_PAIRS_PER_BLOCK * r + r + _PAIRS_PER_BLOCK) / (_PAIRS_PER_BLOCK * r)
+        if best_cost is None or cost < best_cost - 1e-9:
+            best, best_cost = r, cost
+    return best
+
+
+def _mmla_intrin(data_dtype: str, kernel_dtype: str, acc_scope: str):
+    """C[2, 2] += A[2, 8] x B[2, 8]^T in one matrix-multiply instruction, A and B one 16-byte load each
+    (two neighbouring pixels of NCHW8c data, or of gathered columns, are 8 bytes apart)."""
+    a = te.placeholder((2, BLOCK), data_dtype, name="a")
+    b = te.placeholder((2, BLOCK), kernel_dtype, name="b")
+    k = te.reduce_axis((0, BLOCK), name="k")
+    c = te.compute((2, 2), lambda i, j: te.sum(a[i, k].astype("int32") * b[j, k].astype("int32"), axis=k),
+                   name="c")
+    a_buf = tvm.tir.decl_buffer(a.shape, data_dtype, name="a_buf", offset_factor=1, strides=[BLOCK, 1])
+    b_buf = tvm.tir.decl_buffer(b.shape, kernel_dtype, name="b_buf", offset_factor=1, strides=[BLOCK, 1])
+    c_buf = tvm.tir.decl_buffer(c.shape, "int32", name="c_buf", offset_factor=1, strides=[2, 1], scope=acc_scope)
+    instruction = MMLA_INSTRUCTION[(data_dtype, kernel_dtype)]
+
+    def _body(ins, outs):
+        def _emit(kind):
+            ib = tvm.tir.ir_builder.create()
+            if kind == "reset":
+                ib.emit(outs[0].vstore([0, 0], tvm.tir.const(0, "int32x4")))
+                return ib.get()
+            lhs = ins[0].vload([0, 0], f"{data_dtype}x{2 * BLOCK}")
+            rhs = ins[1].vload([0, 0], f"{kernel_dtype}x{2 * BLOCK}")
+            acc = tvm.tir.const(0, "int32x4") if kind == "body" else outs[0].vload([0, 0], "int32x4")
+            ib.emit(outs[0].vstore([0, 0], tvm.tir.call_llvm_pure_intrin(
+                "int32x4", instruction, tvm.tir.const(3, "uint32"), acc, lhs, rhs)))
+            return ib.get()
+
+        return _emit("body"), _emit("reset"), _emit("update")
+
+    return te.decl_tensor_intrin(c.op, _body, binds={a: a_buf, b: b_buf, c: c_buf},
+                                 default_buffer_params={"offset_factor": 1})
+
+
+def conv2d_nchwc_mmla(data, kernel, strides, padding, dilation, out_dtype="int32"):
+    """An NCHW8c int8 convolution with ``OIHW8o8i`` weights, as 2 x 2 matrix products (module note).
+
+    Parameters
+    ----------
+    data : te.Tensor
+        ``[N, C/8, H, W, 8]``, int8 or uint8.
+    kernel : te.Tensor
+        ``[O/8, C/8, KH, KW, 8, 8]``, int8 or uint8 (see :data:`MMLA_INSTRUCTION`).
+    strides, padding, dilation
+        As ``nn.conv2d`` (padding: 1, 2 or 4 values).
+    out_dtype : str
+        int32.
+
+    Returns
+    -------
+    te.Tensor
+        ``[N, O/8, OH, OW, 8]`` int32.
+    """
+    n, ic_chunks, height, width, ic_block = get_const_tuple(data.shape)
+    oc_chunks, k_chunks, kh, kw, oc_block, k_block = get_const_tuple(kernel.shape)
+    if (ic_block, oc_block, k_block) != (BLOCK,) * 3 or k_chunks != ic_chunks:
+        raise ValueError(f"conv2d_nchwc_mmla: data {get_const_tuple(data.shape)} and kernel "
+                         f"{get_const_tuple(kernel.shape)} are not NCHW8c and OIHW8o8i with the same channels")
+    if (data.dtype, kernel.dtype) not in MMLA_INSTRUCTION or out_dtype != "int32":
+        raise ValueError(f"conv2d_nchwc_mmla: no matrix-multiply instruction takes {data.dtype} x "
+                         f"{kernel.dtype} -> {out_dtype}")
+    sh, sw = strides if isinstance(strides, (tuple, list)) else (strides, strides)
+    dh, dw = dilation if isinstance(dilation, (tuple, list)) else (dilation, dilation)
+    pt, pl, pb, pr = get_pad_tuple(padding, ((kh - 1) * dh + 1, (kw - 1) * dw + 1))
+    out_h = (height + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    out_w = (width + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    pairs = -(-out_w // 2)
+    tile = pixel_pairs(pairs)
+    pairs = -(-pairs // tile) * tile  # whole tiles: the extra columns read zero padding and are dropped
+    columns = (2 * pairs - 1) * sw + (kw - 1) * dw + 1
+    pr = max(pr, columns - width - pl)
+    if pt or pb or pl or pr:
+        data = topi.nn.pad(data, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0], name="data_pad")
+    ic = te.reduce_axis((0, ic_chunks), name="ic")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rk = te.reduce_axis((0, BLOCK), name="rk")
+    if sw == 1:
+        def _a(b, i, y, x, kx, k):
+            return data[b, i, y, x + kx * dw, k]
+    else:
+        gathered = te.compute((n, ic_chunks, data.shape[2], kw, 2 * pairs, BLOCK),
+                              lambda b, i, y, kx, x, k: data[b, i, y, x * sw + kx * dw, k], name="data_cols")
+
+        def _a(b, i, y, x, kx, k):
+            return gathered[b, i, y, kx, x, k]
+    c2 = te.compute(
+        (n, oc_chunks, out_h, pairs, _PAIRS_PER_BLOCK, 2, 2),
+        lambda b, o, y, x2, c2, p, q: te.sum(
+            _a(b, ic, y * sh + ry * dh, 2 * x2 + p, rx, rk).astype("int32")
+            * kernel[o, ic, ry, rx, 2 * c2 + q, rk].astype("int32"), axis=[ic, ry, rx, rk]),
+        name="conv_mmla_tiles")
+    return te.compute((n, oc_chunks, out_h, out_w, BLOCK),
+                      lambda b, o, y, x, c: c2[b, o, y, x // 2, c // 2, x % 2, c % 2],
+                      name="conv_mmla", tag=TAG, attrs={"pixel_pairs": tile})
+
+
+def conv2d_nchw_mmla(data, kernel, strides, padding, dilation, out_dtype="int32"):
+    """The same convolution on NCHW data and OIHW weights (channels multiples of 8), packing both first.
+
+    The layout pass normally rewrites the conv to :func:`conv2d_nchwc_mmla` with the weights packed
+    at build time; this form is what runs without it.
+    """
+    n, channels, height, width = get_const_tuple(data.shape)
+    out_channels, _, kh, kw = get_const_tuple(kernel.shape)
+    if channels % BLOCK or out_channels % BLOCK:
+        raise ValueError(f"conv2d_nchw_mmla: channels {channels} -> {out_channels} are not multiples of {BLOCK}")
+    packed = te.compute((n, channels // BLOCK, height, width, BLOCK),
+                        lambda b, i, y, x, k: data[b, i * BLOCK + k, y, x], name="data_vec")
+    weights = te.compute((out_channels // BLOCK, channels // BLOCK, kh, kw, BLOCK, BLOCK),
+                         lambda o, i, y, x, oo, ii: kernel[o * BLOCK + oo, i * BLOCK + ii, y, x], name="kernel_vec")
+    out = conv2d_nchwc_mmla(packed, weights, strides, padding, dilation, out_dtype)
+    return te.compute((n, out_channels) + get_const_tuple(out.shape)[2:4],
+                      lambda b, c, y, x: out[b, c // BLOCK, y, x, c % BLOCK], name="conv_mmla_nchw",
+                      tag="injective")
+
+
+def _schedule_tiles(s, c2, tile, data_dtype, kernel_dtype, acc_scope):
+    """The reduction outside, the tile's pixel and channel pairs unrolled, one instruction per 2 x 2."""
+    b, o, y, x2, c2_, p, q = s[c2].op.axis
+    ic, ry, rx, rk = s[c2].op.reduce_axis
+    x2o, x2i = s[c2].split(x2, factor=tile)
+    s[c2].reorder(b, o, y, x2o, ic, ry, rx, x2i, c2_, p, q, rk)
+    s[c2].unroll(x2i)
+    s[c2].unroll(c2_)
+    s[c2].tensorize(p, _mmla_intrin(data_dtype, kernel_dtype, acc_scope))
+
+
+def _schedule_producers(s, conv):
+    """Padding, column gathering and (without the layout pass) packing: whole tensors, in parallel."""
+    stack = list(conv.op.input_tensors)
+    while stack:
+        t = stack.pop()
+        if isinstance(t.op, te.ComputeOp) and t.op.name in ("data_pad", "data_cols", "data_vec", "kernel_vec"):
+            axes = s[t].op.axis
+            s[t].parallel(s[t].fuse(*axes[:3]))
+            stack.extend(t.op.input_tensors)
+
+
+def schedule_conv2d_mmla(outs):
+    """Schedule :func:`conv2d_nchwc_mmla` (or its NCHW form) with its fused epilogue."""
+    outs = [outs] if isinstance(outs, te.Tensor) else outs
+    s = te.create_schedule([x.op for x in outs])
+
+    def _callback(op):
+        if op.tag != TAG:
+            return
+        conv = op.output(0)
+        c2 = op.input_tensors[0]
+        tile = int(op.attrs["pixel_pairs"])
+        a_dtype = c2.op.input_tensors[0].dtype
+        k_dtype = c2.op.input_tensors[-1].dtype
+        _schedule_producers(s, c2)
+        last = outs[0]
+        if len(last.shape) == 5:  # NCHW8c: tiles computed per tile of the output, in registers
+            if conv.op != last.op:
+                s[conv].compute_inline()
+            s[c2].set_scope("local")
+            b, o, y, x, c = s[last].op.axis
+            xo, xi = s[last].split(x, factor=2 * tile)
+            s[last].reorder(b, o, y, xo, xi, c)
+            s[last].parallel(s[last].fuse(b, o, y))
+            s[last].vectorize(c)
+            s[c2].compute_at(s[last], xo)
+            scope = "local"
+        else:  # NCHW: whole tensors, the unpacked output with its epilogue in parallel rows
+            if conv.op != last.op:
+                s[conv].compute_inline()
+            b, o, y, *_ = s[c2].op.axis
+            s[c2].parallel(s[c2].fuse(b, o, y))
+            b, c, y, x = s[last].op.axis
+            s[last].parallel(s[last].fuse(b, c, y))
+            scope = "global"
+        _schedule_tiles(s, c2, tile, a_dtype, k_dtype, scope)
+
+    traverse_inline(s, outs[0].op, _callback)
+    return s
