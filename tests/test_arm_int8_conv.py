@@ -37,9 +37,9 @@ def _conv_requantize(channels, size=14):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-def _dense_requantize():
+def _dense_requantize(rows=2):
     rng = np.random.default_rng(5)
-    x = relay.var("x", shape=(2, 64), dtype="uint8")
+    x = relay.var("x", shape=(rows, 64), dtype="uint8")
     y = relay.qnn.op.dense(x, relay.const(rng.integers(-127, 128, (16, 64)).astype("int8")), relay.const(77),
                            relay.const(0), relay.const(0.02), relay.const(0.01), units=16, out_dtype="int32")
     y = relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(3),
@@ -55,12 +55,12 @@ def _policy(mod, target):
     return tvm_ext.build(mod, target=target, kernels=True)
 
 
-def _conv_mnemonics(factory) -> collections.Counter:
+def _conv_mnemonics(factory, kernel="conv2d") -> collections.Counter:
     ops, inside = collections.Counter(), False
     for line in factory.get_lib().get_source("asm").splitlines():
         label = re.match(r"^([A-Za-z_][\w.$]*):", line)
         if label:
-            inside = "conv2d" in label.group(1)
+            inside = kernel in label.group(1)
             continue
         op = re.match(r"^\s+([a-z][a-z0-9.]*)\s", line)
         if op and inside:
@@ -195,3 +195,16 @@ def test_i8mm_stem_keeps_the_dot_product_kernel():
 def test_register_tile_per_row(pairs, tile):
     """The largest tile that fits the registers, unless a smaller one pads the row less."""
     assert mmla_conv.pixel_pairs(pairs) == tile
+
+
+@pytest.mark.parametrize("cpu, rows, instruction", [("cortex-a72", 2, "smull"), ("neoverse-n1", 2, "sdot"),
+                                                   ("neoverse-v1", 2, "smmla"), ("neoverse-v1", 1, "sdot")])
+def test_int8_dense_instruction_per_class(cpu, rows, instruction):
+    """TVM gives every class widening multiplies; the policy the 8-bit dot product or matrix multiply
+    where the target has them (one data row: the dot product, a matrix product would be half padding)."""
+    mod = _dense_requantize(rows)
+    stock = _conv_mnemonics(_stock(mod, TARGETS[cpu]), "dense")
+    ours = _conv_mnemonics(_policy(mod, TARGETS[cpu]), "dense")
+    assert not (DOT | MATRIX) & set(stock), dict(stock)
+    assert ours[instruction], f"no {instruction} in the dense at {cpu}: {dict(ours)}"
+    assert not (DOT | MATRIX) - {instruction} & set(ours), dict(ours)

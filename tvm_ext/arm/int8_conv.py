@@ -40,9 +40,14 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
 
       # conv2d(x[C], w[O, C]) at +i8mm, C % 8 == O % 8 == 0  ->  contrib_conv2d_nchwc(x', w', "NCHW8c", "OIHW8o8i")
 
+* **Int8 dense layers get TVM's x86 ``dense_pack``,** widening multiplies (``smull``/``smlal``) at
+  every class. The policy gives 8-bit denses :mod:`tvm_ext.arm.int8_dense`'s kernels: the matrix
+  multiply at +i8mm for two or more data rows, the dot product at +dotprod (and for one row at
+  +i8mm, where half of every matrix product would be padding). Without a dot product TVM's stays.
+
 * Everything else stays TVM's: depthwise convs, NHWC, float convs with 64 or more input channels.
 
-:func:`kernels` installs the six registrations for as long as it is entered and puts TVM's back
+:func:`kernels` installs the seven registrations for as long as it is entered and puts TVM's back
 on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).
 :func:`tvm_ext.build` enters it for aarch64 targets when a tvm-ext pipeline runs (``kernels=True``).
 """
@@ -59,7 +64,7 @@ from tvm.relay.qnn.op import legalizations as _qnn_legalize
 from tvm.target import Target
 
 from .._patch import Patch
-from . import mmla_conv
+from . import int8_dense, mmla_conv
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +75,10 @@ NCHWC_INT8 = "conv2d_nchw_int8.arm_cpu"
 
 #: The implementation name of tvm-ext's NCHW8c matrix-multiply int8 conv (+i8mm).
 NCHWC_MMLA = "conv2d_nchwc_mmla.tvm_ext"
+
+#: The implementation names of :mod:`tvm_ext.arm.int8_dense`'s kernels.
+DENSE_MMLA = "dense_int8_mmla.tvm_ext"
+DENSE_DOT = "dense_int8_dot.tvm_ext"
 
 #: The data and weight layouts of :data:`NCHWC_MMLA` after the layout pass.
 MMLA_LAYOUTS = {"data_layout": "NCHW8c", "kernel_layout": "OIHW8o8i", "out_layout": "NCHW8c"}
@@ -200,6 +209,34 @@ def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
     return topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout(attrs, inputs, tinfos, out_type)
 
 
+def _dense_kernel(attrs, data, weight):
+    """The :mod:`tvm_ext.arm.int8_dense` kernel for a static 8-bit dense at this target, or None."""
+    features = Target.current(allow_none=False).features
+    if len(data.shape) != 2 or not _static(data.shape, weight.shape) or attrs.out_dtype not in ("int32", ""):
+        return None
+    (m, k), n = (int(d) for d in data.shape), int(weight.shape[0])
+    dtypes = (data.dtype, weight.dtype)
+    if bool(features.has_matmul_i8) and dtypes in int8_dense.MMLA_INSTRUCTION and m >= 2 and k % 8 == 0 \
+            and n % 2 == 0:
+        return int8_dense.dense_mmla, DENSE_MMLA
+    usdot_ok = dtypes != ("uint8", "int8") or bool(features.has_matmul_i8)
+    if bool(features.has_dotprod) and dtypes in int8_dense.DOT_INSTRUCTION and usdot_ok and k % 16 == 0:
+        return int8_dense.dense_dot, DENSE_DOT
+    return None
+
+
+def _dense_strategy(attrs, inputs, out_type, target):
+    strategy = _arm_strategy.schedule_dense_arm_cpu(attrs, inputs, out_type, target)
+    kernel = _dense_kernel(attrs, *inputs)
+    if kernel is not None:
+        compute, name = kernel
+        strategy.add_implementation(lambda attrs_, inputs_, out_type_: [compute(inputs_[0], inputs_[1],
+                                                                                out_type_.dtype)],
+                                    _strategy.wrap_topi_schedule(int8_dense.schedule_dense_int8),
+                                    name=name, plevel=25)
+    return strategy
+
+
 #: Int8 lanes per int32 lane of the NCHWc dot-product kernel: its input channels are a multiple of this.
 INT8_LANES = 4
 
@@ -229,6 +266,7 @@ def _install():
     topi.nn.conv2d_legalize.register("arm_cpu", _conv2d_legalize, override=True)
     _strategy.conv2d_NCHWc_strategy.register("arm_cpu", _conv2d_nchwc_strategy, override=True)
     topi.nn.conv2d_alter_layout.register("arm_cpu", _conv2d_alter_layout, override=True)
+    _strategy.dense_strategy.register("arm_cpu", _dense_strategy, override=True)
 
 
 def _uninstall():
@@ -239,6 +277,7 @@ def _uninstall():
     _strategy.conv2d_NCHWc_strategy.register("arm_cpu", _arm_strategy.conv2d_NCHWc_strategy_arm_cpu, override=True)
     topi.nn.conv2d_alter_layout.register("arm_cpu", topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout,
                                          override=True)
+    _strategy.dense_strategy.register("arm_cpu", _arm_strategy.schedule_dense_arm_cpu, override=True)
 
 
 _PATCH = Patch(_install, _uninstall)
