@@ -92,7 +92,7 @@ def qoperator_and_reference():
     return m, x, gm.get_output(0).numpy()
 
 
-@pytest.mark.parametrize("cpu", ["neoverse-n1", "cortex-a72"])
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "cortex-a72", "neoverse-v1"])
 def test_tvm_ext_int8_pipeline_resnet50_qoperator_is_exact(cpu, qoperator_and_reference, arm_server, tmp_path,
                                                             record_property):
     """tvm-ext's int8 pipeline and aarch64 kernel policy (8-bit operands, hoisted input shifts, one rounding
