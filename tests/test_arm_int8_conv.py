@@ -208,3 +208,33 @@ def test_int8_dense_instruction_per_class(cpu, rows, instruction):
     assert not (DOT | MATRIX) & set(stock), dict(stock)
     assert ours[instruction], f"no {instruction} in the dense at {cpu}: {dict(ours)}"
     assert not (DOT | MATRIX) - {instruction} & set(ours), dict(ours)
+
+
+def _stem_pool_two_convs():
+    """A 3-channel int8 stem and a max pool read by two 1x1 16-channel int8 convs (a residual block's branch
+    and shortcut), summed: a dot-product conv, then matrix ones at V1."""
+    rng = np.random.default_rng(7)
+
+    def conv(y, cin, cout, k):
+        w = relay.const(rng.integers(-127, 128, (cout, cin, k, k)).astype("int8"))
+        y = relay.qnn.op.conv2d(y, w, relay.const(77), relay.const(0), relay.const(0.02), relay.const(0.01),
+                                kernel_size=(k, k), channels=cout, padding=(k // 2, k // 2), out_dtype="int32")
+        return relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(77),
+                                       out_dtype="uint8")
+
+    x = relay.var("x", shape=(1, 3, 32, 32), dtype="uint8")
+    pool = relay.nn.max_pool2d(conv(x, 3, 16, 3), pool_size=(2, 2), strides=(2, 2))
+    y = relay.add(relay.cast(conv(pool, 16, 16, 1), "int32"), relay.cast(conv(pool, 16, 16, 1), "int32"))
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def test_i8mm_stem_writes_the_matrix_kernels_layout():
+    """The stem's dot-product conv writes NCHW8c at +i8mm: no layout_transform kernel before the next conv,
+    as many kernels and bytes as at +dotprod."""
+    mod = _stem_pool_two_convs()
+    v1, n1 = _policy(mod, TARGETS["neoverse-v1"]), _policy(mod, TARGETS["neoverse-n1"])
+    inner = _kernel_names(v1)[:-1]  # the last kernel writes the graph's NCHW output
+    assert not any(re.search(r"fused_layout_transform(_\d+)?$", n) for n in inner), _kernel_names(v1)
+    assert len(_kernel_names(v1)) == len(_kernel_names(n1))
+    assert v1.kernel_report.crossing.to_dict()["total_bytes"] <= n1.kernel_report.crossing.to_dict()["total_bytes"]
+    assert MATRIX & set(_conv_mnemonics(v1)) and DOT & set(_conv_mnemonics(v1))
