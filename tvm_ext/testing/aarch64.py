@@ -44,7 +44,7 @@ from typing import Iterator, Optional
 logger = logging.getLogger(__name__)
 
 __all__ = ["ArmEnv", "ArmEnvMissing", "RPCServer", "find_env", "missing", "rpc_server", "default_dir",
-           "run_on_session", "load_on_session", "CROSS_CXX", "TARGETS"]
+           "run_on_session", "load_on_session", "CROSS_CXX", "TARGETS", "EMULATION_LABEL"]
 
 #: The cross compiler export_library links aarch64 libraries with.
 CROSS_CXX = "aarch64-linux-gnu-g++"
@@ -141,14 +141,30 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
-# Runs in the aarch64 Python: TVM's own server entry point, with sys.executable naming the wrapper so
-# that the PopenWorker it starts is exec'd through qemu.
+# Runs in the aarch64 Python: TVM's own server (rpc.Server, as ``python -m tvm.exec.rpc_server`` makes it),
+# with sys.executable naming the wrapper so that the PopenWorker it starts is exec'd through qemu, and
+# a server_init_callback that registers tvm_ext.tools._remote.EMULATION_FUNC in that worker (every
+# session is a fork of it): a client can tell the server is emulated.
 # SIGTERM (sent by _kill_group, or by the kernel when the process that started the server dies: see
 # _die_with_parent) ends the whole process group: TVM's PopenWorker child would otherwise outlive it.
-_SERVER_MAIN = ("import os, runpy, signal, sys; sys.executable = {python!r}; "
-                "signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL)); "
-                "sys.argv[0] = 'tvm.exec.rpc_server'; "
-                "runpy.run_module('tvm.exec.rpc_server', run_name='__main__', alter_sys=True)")
+_SERVER_MAIN = """\
+import logging, os, signal, sys
+sys.executable = {python!r}
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+logging.basicConfig(level=logging.INFO)
+from tvm import rpc
+
+def _say_emulated():
+    import tvm
+    tvm.register_func({func!r}, lambda: {label!r}, override=True)
+
+server = rpc.Server({host!r}, {port}, {port_end}, key={key!r}, tracker_addr={tracker!r},
+                    server_init_callback=_say_emulated)
+server.proc.join()
+"""
+
+#: What the emulated server answers when asked what emulates it (tvm_ext.tools._remote.emulation).
+EMULATION_LABEL = "qemu-user"
 
 
 def _die_with_parent():
@@ -193,8 +209,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
-               start_timeout: float = 300.0) -> Iterator[RPCServer]:
+def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None, start_timeout: float = 300.0,
+               tracker: Optional[str] = None, key: str = "") -> Iterator[RPCServer]:
     """TVM's RPC server in the emulated aarch64 Python, on 127.0.0.1.
 
     Parameters
@@ -205,6 +221,9 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
         Default: a free port.
     start_timeout : float
         Seconds to wait for the server to listen (its start imports TVM twice under emulation).
+    tracker, key : str, optional
+        ``HOST:PORT`` of a TVM RPC tracker to register with, under ``key`` (then clients reach the
+        server through the tracker only: it accepts the match key the tracker hands out).
 
     Yields
     ------
@@ -220,8 +239,14 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
     env = env or find_env(need_cxx=False)
     port = port or _free_port()
     host = "127.0.0.1"
-    cmd = [str(env.python), "-c", _SERVER_MAIN.format(python=str(env.python)),
-           "--host", host, "--port", str(port), "--port-end", str(port + 1)]
+    from ..tools._remote import EMULATION_FUNC, parse_address
+
+    if tracker and not key:
+        raise ValueError("rpc_server: a server registered with a tracker needs a key")
+    tracker_addr = parse_address(tracker) if tracker else None
+    main = _SERVER_MAIN.format(python=str(env.python), func=EMULATION_FUNC, label=EMULATION_LABEL, host=host,
+                               port=port, port_end=port + 1, key=key, tracker=tracker_addr)
+    cmd = [str(env.python), "-c", main]
     logger.info("starting aarch64 RPC server under qemu: %s:%d", host, port)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
