@@ -444,9 +444,10 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         "openvino_isa": ov_peer,
         "small": small, "platform": platform.platform(),
     }
-    if rpc:  # the engines run on the board: its CPU is the target's, and its threads its own
+    if rpc:  # the engines run on the board: its CPU and threads are its own
         env.update(cpu=f"remote board at {rpc}" + (f", emulated by {emulated}" if emulated else ""), cores=None,
-                   threads="the board's TVM runtime's", tvm_threads=None, tvm_thread_pool_spin_count=None, rpc={"address": rpc, "emulated": emulated})
+                   threads="the board's TVM runtime's", tvm_threads=None, tvm_thread_pool_spin_count=None,
+                   rpc={"address": rpc, "emulated": emulated})
     results = {"environment": env, "variants": []}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
