@@ -181,3 +181,13 @@ def test_aarch64_record_loads_for_its_target_only(tmp_path, monkeypatch):
     assert inp.config.to_json_dict()["entity"] == cfg.to_json_dict()["entity"]
     for other in (A72, V1, "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2 -mattr=+neon,+dotprod"):
         assert tuning.load_records(build_target(other)) == []
+
+
+def test_bench_labels_emulation_only_when_the_server_says_so():
+    from tvm_ext.tools.bench._render import _board_lines
+
+    assert _board_lines({}) == []
+    board = _board_lines({"rpc": {"address": "10.0.0.7:9090", "emulated": None}})
+    assert len(board) == 1 and "TVM RPC server 10.0.0.7:9090" in board[0] and "emulat" not in board[0]
+    emulated = _board_lines({"rpc": {"address": "127.0.0.1:9090", "emulated": "qemu-user"}})
+    assert len(emulated) == 2 and "**under emulation (qemu-user)**" in emulated[1]

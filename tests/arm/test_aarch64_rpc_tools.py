@@ -6,15 +6,12 @@ this host). Timings under emulation are not speed: these tests check the flow, t
 that the records tuning writes are the ones a later build for the same target applies.
 """
 import json
-import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import tvm
-from tvm import autotvm, relay
+from tvm import autotvm, relay, rpc
 from tvm.contrib import graph_executor
 
 import tvm_ext
@@ -104,33 +101,15 @@ def tracker_with_board():
     why = aarch64.missing()
     if why:
         pytest.skip(why)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                             "--port-end", str(port + 1), "--silent"], start_new_session=True)
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the RPC tracker did not start"
-                time.sleep(0.2)
-        with aarch64.rpc_server(tracker=address, key="qemu-aarch64"):
-            from tvm import rpc
-
-            client = rpc.connect_tracker("127.0.0.1", port)
-            while "qemu-aarch64" not in _remote.tracker_keys(client.summary()):
-                assert time.monotonic() < deadline + 300, "the emulated server did not register"
-                time.sleep(0.5)
-            client.close()
-            yield address
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with aarch64.rpc_tracker() as address, aarch64.rpc_server(tracker=address, key="qemu-aarch64"):
+        host, port = _remote.parse_address(address)
+        client = rpc.connect_tracker(host, port)
+        deadline = time.monotonic() + 120
+        while "qemu-aarch64" not in _remote.tracker_keys(client.summary()):
+            assert time.monotonic() < deadline, "the emulated server did not register with the tracker"
+            time.sleep(0.5)
+        client.close()
+        yield address
 
 
 def test_tune_over_tracker(tiny, tracker_with_board, tmp_path, monkeypatch, capsys):

@@ -252,7 +252,8 @@ def build(
         only TVM's VNNI intrinsic is replaced by one LLVM 22 accepts (the same instruction).
     tuned : bool, optional
         Use the int8 conv layouts and schedules tuned for this CPU and instruction set
-        (:mod:`tvm_ext.x86.tuning`): the user's records (``tvm-ext tune``) first, then shipped ones.
+        (:mod:`tvm_ext.x86.tuning`): the user's records (``tvm-ext tune``; for an aarch64 target,
+        ``tvm-ext tune --rpc/--tracker`` on a board of that CPU) first, then shipped ones.
         None (default): as ``kernels``. ``kernel_report`` marks the kernels they reached
         (``Kernel.tuned``).
     amx : bool

@@ -323,7 +323,9 @@ def cmd_tune(args) -> int:
         if remote:
             from .tune_remote import Boards
 
-            boards = Boards.open(rpc=args.rpc, tracker=args.tracker, key=args.key, timeout=args.timeout)
+            # the boards end their sessions a little after the budget: a kernel hanging there cannot hold the run
+            boards = Boards.open(rpc=args.rpc, tracker=args.tracker, key=args.key, timeout=args.timeout,
+                                 session_timeout=args.budget * 60 + 2 * args.timeout)
     except DeployError as err:
         raise UsageError(str(err)) from None
     passes = pipelines.int8() if args.pipeline == "int8" else parse_pass_list(args.passes)

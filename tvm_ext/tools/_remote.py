@@ -127,15 +127,14 @@ def _tracker(address: str, timeout: float):
 
 
 def tracker_keys(summary: dict) -> dict:
-    """``{key: boards registered}`` from a tracker's ``summary()``, free or busy."""
+    """``{key: boards registered}`` from a tracker's ``summary()``, free or busy (a server keeps its
+    tracker connection, ``"server:KEY"``, while it serves a session)."""
     keys: dict = {}
     for info in summary.get("server_info", []):
-        kind, _, key = str(info.get("key", "")).partition(":")  # "server:KEY"
-        if kind == "server":
+        kind, _, key = str(info.get("key", "")).partition(":")
+        if kind == "server" and key:
             keys[key] = keys.get(key, 0) + 1
-    for key, queue in summary.get("queue_info", {}).items():
-        keys.setdefault(key, queue.get("free", 0) + queue.get("pending", 0))
-    return {k: n for k, n in keys.items() if k}
+    return keys
 
 
 def request(address: str, key: str, *, session_timeout: float = 0, timeout: float = DEFAULT_TIMEOUT):

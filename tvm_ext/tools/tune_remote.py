@@ -61,9 +61,12 @@ class Boards:
 
     @classmethod
     def open(cls, *, rpc: Optional[str] = None, tracker: Optional[str] = None, key: Optional[str] = None,
-             max_boards: Optional[int] = None, timeout: float = _remote.DEFAULT_TIMEOUT) -> "Boards":
+             max_boards: Optional[int] = None, timeout: float = _remote.DEFAULT_TIMEOUT,
+             session_timeout: float = 0) -> "Boards":
         """Sessions on one server (``rpc``) or on the free boards of ``key`` at ``tracker`` (the first
         within ``timeout``, the others if free within a few seconds; at most ``max_boards``).
+        ``session_timeout``: seconds after which a board ends its session (0: never), so that a
+        kernel that hangs there ends the measurement on that board.
 
         Raises
         ------
@@ -74,15 +77,16 @@ class Boards:
         if bool(rpc) == bool(tracker):
             raise DeployError("tune_remote: give one of --rpc HOST:PORT or --tracker HOST:PORT --key KEY")
         if rpc:
-            sess = _remote.connect(rpc, timeout=timeout)
+            sess = _remote.connect(rpc, timeout=timeout, session_timeout=session_timeout)
             return cls([sess], f"RPC server {rpc}", _remote.emulation(sess))
         if not key:
             raise DeployError(f"tune_remote: --tracker {tracker} needs --key KEY (the key the boards registered with)")
-        first, known = _remote.request(tracker, key, timeout=timeout)
+        first, known = _remote.request(tracker, key, timeout=timeout, session_timeout=session_timeout)
         sessions = [first]
         for _ in range(min(known, max_boards or known) - 1):
             try:  # a busy board is not waited for: the free ones start now
-                sessions.append(_remote.request(tracker, key, timeout=min(timeout, 5.0))[0])
+                sessions.append(_remote.request(tracker, key, timeout=min(timeout, 5.0),
+                                                session_timeout=session_timeout)[0])
             except DeployError as err:
                 logger.info("measuring on %d board(s) of %s: %s", len(sessions), key, err)
                 break
@@ -231,7 +235,8 @@ def tune_model_remote(mod, params, target, passes, boards: Boards, *, budget_s: 
         for j, cfg in enumerate(options):
             jobs.put((i, j, cfg))
     costs: dict = {}  # (workload index, candidate index or -1) -> seconds
-    errors: list = []
+    errors: list = []  # boards that stopped
+    refused: list = []  # candidates a board could not load
     lock = threading.Lock()
     budget_hit = threading.Event()
 
@@ -252,8 +257,10 @@ def tune_model_remote(mod, params, target, passes, boards: Boards, *, budget_s: 
                 continue
             try:
                 cost = _time_on_board(sess, path, bufs, entry, tgt, where, number, repeat)
-            except DeployError as err:
+            except DeployError as err:  # the board cannot load it (e.g. a .tar and no compiler there)
                 logger.warning("%s", err)
+                with lock:
+                    refused.append(str(err))
                 continue
             except Exception as err:  # noqa: BLE001  the session died (timeout, board gone): stop this board
                 with lock:
@@ -275,8 +282,8 @@ def tune_model_remote(mod, params, target, passes, boards: Boards, *, budget_s: 
             t.start()
         for t in threads:
             t.join()
-    if errors and not costs:
-        raise DeployError(f"tune_remote: no board measured anything ({errors[0]})")
+    if (errors or refused) and not costs:
+        raise DeployError(f"tune_remote: no board measured anything ({(errors or refused)[0]})")
     for err in errors:
         logger.warning("a board stopped: %s", err)
 

@@ -41,6 +41,8 @@ def _ort_isa_text(env: dict) -> str:
     peer = env.get("onnxruntime_isa")
     if not peer:  # a results file without ONNX Runtime's ISA (older format)
         return "- ONNX Runtime kernels: the host's (not recorded)"
+    if env.get("rpc"):  # on a board: not run
+        return f"- ONNX Runtime: {peer['note']}"
     which = "AVX2" if peer["isa"] == "avx2" else "the host's"
     return f"- ONNX Runtime kernels: {which} ({peer['note']})"
 
@@ -69,7 +71,7 @@ def _openvino_isa_text(env: dict) -> str:
     peer = env.get("openvino_isa")
     if not peer:  # a results file without it (older format)
         return "- OpenVINO kernels: the host's (not recorded)"
-    return f"- OpenVINO kernels: {peer['note']}"
+    return f"- OpenVINO{'' if env.get('rpc') else ' kernels'}: {peer['note']}"
 
 
 def _settle_text(env: dict, results: dict) -> str:
