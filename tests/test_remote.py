@@ -126,13 +126,14 @@ def tiny_onnx(tmp_path_factory):
 
 
 @pytest.mark.parametrize("argv, error", [
-    (["tune", "{m}", "--rpc", "127.0.0.1:9"], "tune: --rpc/--tracker measure on a remote board: give its --target"),
+    (["tune", "{m}", "--rpc", "127.0.0.1:9"], "tvm-ext tune: error: --rpc/--tracker measure on a remote board: "
+                                              "give its --target"),
     (["tune", "{m}", "--target", N1], "is for aarch64, which cannot run here; give --rpc HOST:PORT"),
     (["tune", "{m}", "--key", "board"], "--key selects boards of a --tracker"),
     (["tune", "{m}", "--rpc", "h:1", "--tracker", "h:2"], "not both"),
     (["tune", "{m}", "--target", N1, "--tracker", "127.0.0.1:9"], "needs --key KEY"),
     (["tune", "{m}", "--target", N1, "--rpc", "nowhere"], "expected HOST:PORT"),
-    (["bench", "--model", "{m}", "--rpc", "127.0.0.1:9"], "bench: --rpc/--tracker measure on a remote board"),
+    (["bench", "--model", "{m}", "--rpc", "127.0.0.1:9"], "tvm-ext bench: error: --rpc/--tracker measure on a"),
     (["bench", "--model", "{m}", "--target", A72], "is for aarch64, which cannot run here"),
 ])
 def test_cli_refuses_in_one_line(tiny_onnx, capsys, argv, error):

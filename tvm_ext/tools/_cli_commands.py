@@ -272,7 +272,7 @@ def cmd_bench(args) -> int:
     from .deploy import DeployError
 
     try:
-        _remote.check_remote_target(_compile_target(args.target), bool(args.rpc), "bench")
+        _remote.check_remote_target(_compile_target(args.target), bool(args.rpc))
         if args.rpc:
             _remote.parse_address(args.rpc)
     except DeployError as err:
@@ -319,7 +319,7 @@ def cmd_tune(args) -> int:
     remote = bool(args.rpc or args.tracker)
     target = _tvm_ext_target(args.target)
     try:
-        _remote.check_remote_target(target if args.target else None, remote, "tune")
+        _remote.check_remote_target(target if args.target else None, remote)
         if remote:
             from .tune_remote import Boards
 

@@ -214,7 +214,7 @@ def upload_and_load(sess, path: Path, target: str, where: str):
                           f"({last_line(err)})") from None
 
 
-def check_remote_target(target, remote: bool, command: str) -> None:
+def check_remote_target(target, remote: bool, command: Optional[str] = None) -> None:
     """Refuse a target that does not fit where the code runs.
 
     With a remote (``remote``), the target must name the board's CPU: a target of this host's
@@ -224,13 +224,14 @@ def check_remote_target(target, remote: bool, command: str) -> None:
     Raises
     ------
     DeployError
-        One line naming ``command`` and what to give instead.
+        One line naming ``command`` (the function; the CLI names itself) and what to give instead.
     """
     arch = foreign_arch(target) if target is not None else None
+    who = f"{command}: " if command else ""
     if remote and not arch:
-        raise DeployError(f"{command}: --rpc/--tracker measure on a remote board: give its --target "
+        raise DeployError(f"{who}--rpc/--tracker measure on a remote board: give its --target "
                           f"(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod'); "
                           f"{'no --target' if target is None else repr(str(target))} is this host's architecture")
     if not remote and arch:
-        raise DeployError(f"{command}: target {str(target)!r} is for {arch.split('-')[0]}, which cannot run here; "
+        raise DeployError(f"{who}target {str(target)!r} is for {arch.split('-')[0]}, which cannot run here; "
                           f"give --rpc HOST:PORT of a board (or --tracker HOST:PORT --key KEY)")

@@ -210,7 +210,7 @@ def tune_model_remote(mod, params, target, passes, boards: Boards, *, budget_s: 
     t0 = time.monotonic()
     deadline = t0 + budget_s
     tgt = build_target(target)
-    _remote.check_remote_target(tgt, True, "tune_remote")
+    _remote.check_remote_target(tgt, True, "tune_model_remote")
     say = progress or (lambda msg: logger.info("%s", msg))
     say(f"recording the int8 workloads tvm_ext.build compiles for {tgt}")
     found = record_workloads(mod, params, tgt, passes)

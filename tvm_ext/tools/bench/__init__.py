@@ -415,7 +415,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
 
     from .. import _remote
 
-    _remote.check_remote_target(target, bool(rpc), "bench")
+    _remote.check_remote_target(target, bool(rpc), "tvm_ext.tools.bench.run")
     tgt = safe_target(target) if target else host_target()
     ext_tgt = build_target(target)
     actual_threads = _set_tvm_threads(threads)
