@@ -22,7 +22,8 @@ A workload gets a record when its best candidate beats TVM's rule by ``min_gain`
 are keyed as :mod:`tvm_ext.x86.tuning` keys them for aarch64 (``aarch64_int8_<mcpu>_<class>.log``,
 the full target string in each record), so a later ``tvm_ext.build`` for the same target applies
 them. The channel-blocking stage of local tuning (full-model builds timed end to end) is not run
-over RPC: layouts stay TVM's rule.
+over RPC: layouts stay TVM's rule. Kernels without AutoTVM knobs (tvm-ext's ``smmla`` conv at
+``+i8mm``, its int8 dense kernels) query no workload and are not tuned.
 
 Failures are one line (:class:`tvm_ext.tools.deploy.DeployError`): see :mod:`tvm_ext.tools._remote`;
 a candidate that fails on the board is skipped and logged, a board that stops answering ends its
