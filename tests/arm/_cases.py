@@ -56,3 +56,27 @@ def conv_nchw_exact(x, w, x_zero_point=0, strides=(1, 1), padding=(0, 0)):
             window = xs[:, :, ky:ky + (oh - 1) * sh + 1:sh, kx:kx + (ow - 1) * sw + 1:sw]
             out += np.einsum("nchw,oc->nohw", window, w[:, :, ky, kx].astype(np.int64))
     return out
+
+
+def qlinearconv_onnx(path, rng, channels=16, size=8):
+    """A tiny QOperator ONNX model: two uint8 x int8 ``QLinearConv`` (3x3 with bias, then 1x1) with
+    non-zero zero points; an integer graph, so every build is compared with exact integer arithmetic."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = channels
+    consts = {"xs": np.array(0.02, np.float32), "ws": np.array(0.01, np.float32), "ys": np.array(0.5, np.float32),
+              "zs": np.array(0.4, np.float32), "xz": np.array(X_ZP, np.uint8), "wz": np.array(0, np.int8),
+              "yz": np.array(60, np.uint8), "zz": np.array(100, np.uint8),
+              "w1": rng.integers(-127, 128, (c, c, 3, 3)).astype(np.int8),
+              "w2": rng.integers(-127, 128, (c, c, 1, 1)).astype(np.int8),
+              "b1": rng.integers(-2000, 2000, (c,)).astype(np.int32)}
+    nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w1", "ws", "wz", "ys", "yz", "b1"], ["y"],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("QLinearConv", ["y", "ys", "yz", "w2", "ws", "wz", "zs", "zz"], ["z"])]
+    graph = helper.make_graph(nodes, "tiny_qlinearconv",
+                              [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, c, size, size])],
+                              [helper.make_tensor_value_info("z", TensorProto.UINT8, [1, c, size, size])],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path

@@ -252,7 +252,8 @@ def build(
         only TVM's VNNI intrinsic is replaced by one LLVM 22 accepts (the same instruction).
     tuned : bool, optional
         Use the int8 conv layouts and schedules tuned for this CPU and instruction set
-        (:mod:`tvm_ext.x86.tuning`): the user's records (``tvm-ext tune``) first, then shipped ones.
+        (:mod:`tvm_ext.x86.tuning`): the user's records (``tvm-ext tune``; for an aarch64 target,
+        ``tvm-ext tune --rpc/--tracker`` on a board of that CPU) first, then shipped ones.
         None (default): as ``kernels``. ``kernel_report`` marks the kernels they reached
         (``Kernel.tuned``).
     amx : bool
@@ -363,8 +364,10 @@ def kernel_contexts(tgt, mod, kernels: bool, tuned: bool) -> tuple:
     if tgt.kind.name != "llvm":
         return contextlib.nullcontext(), contextlib.nullcontext()
     if _is_aarch64(tgt):
-        # aarch64: 8-bit operands for every int8 conv and dense (tvm_ext.arm.int8_conv); no tuned records
-        return arm_int8.kernels() if kernels else contextlib.nullcontext(), contextlib.nullcontext()
+        # aarch64: 8-bit operands for every int8 conv and dense (tvm_ext.arm.int8_conv); the records
+        # `tvm-ext tune --rpc` measured on a board of this CPU (tvm_ext.x86.tuning's aarch64 files)
+        policy = arm_int8.kernels() if kernels else contextlib.nullcontext()
+        return policy, tuning.apply(tgt) if tuned else contextlib.nullcontext()
     policy = x86_int8.kernels(schedule=kernels, int8_graph=kernels and _has_8bit_tensors(mod))
     return policy, tuning.apply(tgt) if tuned else contextlib.nullcontext()
 

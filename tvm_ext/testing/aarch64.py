@@ -18,12 +18,16 @@ session is a ``fork`` of that child (no exec), so a session costs no interpreter
 server's start does (two aarch64 Pythons importing TVM: 30 to 60 s under emulation here).
 
 TVM's server serves one session at a time; a second client waits in the listen queue.
+:func:`rpc_server` can register the server with a TVM tracker under a key (:func:`rpc_tracker`
+starts one on this host); it then serves the clients the tracker sends. The server registers
+``tvm_ext.tools._remote.EMULATION_FUNC`` in its sessions, so that a client (``tvm-ext bench --rpc``)
+can label what it measured as emulated.
 
 The server also ends when the thread that started it exits (``PR_SET_PDEATHSIG``), so a test
 process killed from outside leaves no emulated server behind.
 
-``python -m tvm_ext.testing.aarch64 [--port N]`` serves until interrupted, for ``tvm-ext run --rpc``
-by hand (docs/arm.md).
+``python -m tvm_ext.testing.aarch64 [--port N] [--tracker HOST:PORT --key KEY]`` serves until
+interrupted, for ``tvm-ext run/bench/tune --rpc`` (or ``tune --tracker``) by hand (docs/arm.md).
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ from typing import Iterator, Optional
 logger = logging.getLogger(__name__)
 
 __all__ = ["ArmEnv", "ArmEnvMissing", "RPCServer", "find_env", "missing", "rpc_server", "default_dir",
-           "run_on_session", "load_on_session", "CROSS_CXX", "TARGETS"]
+           "run_on_session", "load_on_session", "rpc_tracker", "CROSS_CXX", "TARGETS", "EMULATION_LABEL"]
 
 #: The cross compiler export_library links aarch64 libraries with.
 CROSS_CXX = "aarch64-linux-gnu-g++"
@@ -141,14 +145,30 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
-# Runs in the aarch64 Python: TVM's own server entry point, with sys.executable naming the wrapper so
-# that the PopenWorker it starts is exec'd through qemu.
+# Runs in the aarch64 Python: TVM's own server (rpc.Server, as ``python -m tvm.exec.rpc_server`` makes it),
+# with sys.executable naming the wrapper so that the PopenWorker it starts is exec'd through qemu, and
+# a server_init_callback that registers tvm_ext.tools._remote.EMULATION_FUNC in that worker (every
+# session is a fork of it): a client can tell the server is emulated.
 # SIGTERM (sent by _kill_group, or by the kernel when the process that started the server dies: see
 # _die_with_parent) ends the whole process group: TVM's PopenWorker child would otherwise outlive it.
-_SERVER_MAIN = ("import os, runpy, signal, sys; sys.executable = {python!r}; "
-                "signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL)); "
-                "sys.argv[0] = 'tvm.exec.rpc_server'; "
-                "runpy.run_module('tvm.exec.rpc_server', run_name='__main__', alter_sys=True)")
+_SERVER_MAIN = """\
+import logging, os, signal, sys
+sys.executable = {python!r}
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+logging.basicConfig(level=logging.INFO)
+from tvm import rpc
+
+def _say_emulated():
+    import tvm
+    tvm.register_func({func!r}, lambda: {label!r}, override=True)
+
+server = rpc.Server({host!r}, {port}, {port_end}, key={key!r}, tracker_addr={tracker!r},
+                    server_init_callback=_say_emulated)
+server.proc.join()
+"""
+
+#: What the emulated server answers when asked what emulates it (tvm_ext.tools._remote.emulation).
+EMULATION_LABEL = "qemu-user"
 
 
 def _die_with_parent():
@@ -193,8 +213,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
-               start_timeout: float = 300.0) -> Iterator[RPCServer]:
+def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None, start_timeout: float = 300.0,
+               tracker: Optional[str] = None, key: str = "") -> Iterator[RPCServer]:
     """TVM's RPC server in the emulated aarch64 Python, on 127.0.0.1.
 
     Parameters
@@ -205,6 +225,9 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
         Default: a free port.
     start_timeout : float
         Seconds to wait for the server to listen (its start imports TVM twice under emulation).
+    tracker, key : str, optional
+        ``HOST:PORT`` of a TVM RPC tracker to register with, under ``key`` (then clients reach the
+        server through the tracker only: it accepts the match key the tracker hands out).
 
     Yields
     ------
@@ -220,8 +243,14 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
     env = env or find_env(need_cxx=False)
     port = port or _free_port()
     host = "127.0.0.1"
-    cmd = [str(env.python), "-c", _SERVER_MAIN.format(python=str(env.python)),
-           "--host", host, "--port", str(port), "--port-end", str(port + 1)]
+    from ..tools._remote import EMULATION_FUNC, parse_address
+
+    if tracker and not key:
+        raise ValueError("rpc_server: a server registered with a tracker needs a key")
+    tracker_addr = parse_address(tracker) if tracker else None
+    main = _SERVER_MAIN.format(python=str(env.python), func=EMULATION_FUNC, label=EMULATION_LABEL, host=host,
+                               port=port, port_end=port + 1, key=key, tracker=tracker_addr)
+    cmd = [str(env.python), "-c", main]
     logger.info("starting aarch64 RPC server under qemu: %s:%d", host, port)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
@@ -259,6 +288,34 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None,
         reader.join(5)
 
 
+@contextlib.contextmanager
+def rpc_tracker(start_timeout: float = 60.0) -> Iterator[str]:
+    """TVM's tracker (``python -m tvm.exec.rpc_tracker``, this host's Python) on 127.0.0.1 and a free
+    port, for :func:`rpc_server`'s ``tracker=``; yields its ``HOST:PORT``. Its process group (the
+    tracker runs in a child of that process) is killed on exit.
+
+    Raises
+    ------
+    RuntimeError
+        The tracker exited or did not listen within ``start_timeout``.
+    """
+    port = _free_port()
+    cmd = [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+           "--port-end", str(port + 1), "--silent"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent() if sys.platform == "linux" else None)
+    try:
+        t0 = time.monotonic()
+        while not _accepts("127.0.0.1", port):
+            if proc.poll() is not None or time.monotonic() - t0 > start_timeout:
+                raise RuntimeError(f"rpc_tracker: TVM's RPC tracker did not listen on 127.0.0.1:{port} "
+                                   f"(exit code {proc.poll()})")
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        _kill_group(proc)
+
+
 def load_on_session(session, factory, workdir, name: str = "lib"):
     """Link a built module for aarch64 (``export_library`` with :data:`CROSS_CXX`) in ``workdir``,
     upload it through ``session`` (``tvm.rpc.connect``) as ``<name>.so`` and load it there: a
@@ -294,10 +351,16 @@ def main(argv=None) -> int:  # pragma: no cover - interactive
     parser = argparse.ArgumentParser(prog="python -m tvm_ext.testing.aarch64",
                                      description="Serve TVM RPC from the emulated aarch64 Python until interrupted.")
     parser.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker (needs --key)")
+    parser.add_argument("--key", default="", help="the key to register under (e.g. qemu-aarch64)")
     args = parser.parse_args(argv)
+    if args.tracker and not args.key:
+        parser.error("--tracker needs --key")
     try:
-        with rpc_server(port=args.port) as server:
-            print(f"aarch64 TVM RPC server (qemu-user) listening on {server.address}; Ctrl-C stops it", flush=True)
+        with rpc_server(port=args.port, tracker=args.tracker, key=args.key) as server:
+            via = f", registered with the tracker {args.tracker} as {args.key!r}" if args.tracker else ""
+            print(f"aarch64 TVM RPC server (qemu-user) listening on {server.address}{via}; Ctrl-C stops it",
+                  flush=True)
             server.proc.wait()
     except ArmEnvMissing as err:
         print(f"error: {err}")

@@ -268,16 +268,31 @@ def cmd_bench(args) -> int:
         raise UsageError(f"no such file: {args.model}")
     if args.repeat < 1 or args.threads < 1:
         raise UsageError("--repeat and --threads must be positive")
+    from . import _remote
+    from .deploy import DeployError
+
+    try:
+        _remote.check_remote_target(_compile_target(args.target), bool(args.rpc))
+        if args.rpc:
+            _remote.parse_address(args.rpc)
+    except DeployError as err:
+        raise UsageError(str(err)) from None
     stock = _resolve_target(args.target)
+    if args.rpc:
+        print(f"board: TVM RPC server {args.rpc}", flush=True)
     print(f"stock target: {stock}", flush=True)
     print(f"tvm-ext target: {build_target(args.target)}", flush=True)
-    print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op, OpenVINO inference threads), "
-          f"repeat {args.repeat}", flush=True)
+    if args.rpc:
+        print(f"threads: the board's TVM runtime's; repeat {args.repeat}", flush=True)
+    else:
+        print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op, OpenVINO inference threads), "
+              f"repeat {args.repeat}", flush=True)
     try:
         results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
                       out=args.out, small=args.small, tuned=not args.untuned,
-                      compare_untuned=args.compare_untuned, numerics=args.numerics, ort_isa=args.ort_isa)
-    except ValueError as err:
+                      compare_untuned=args.compare_untuned, numerics=args.numerics, ort_isa=args.ort_isa,
+                      rpc=args.rpc, timeout=args.timeout)
+    except ValueError as err:  # DeployError is one
         raise UsageError(str(err).splitlines()[0]) from None
     print()
     print(render_markdown(results))
@@ -287,13 +302,32 @@ def cmd_bench(args) -> int:
 
 def cmd_tune(args) -> int:
     from ..core import pipelines
+    from . import _remote
+    from .deploy import DeployError
     from .tune import tune_model, write_records
 
     if bool(args.model) == bool(args.zoo):
         raise UsageError("give one ONNX model, or --zoo for the benchmark models")
     if args.budget <= 0:
         raise UsageError("--budget must be positive (minutes)")
+    if args.rpc and args.tracker:
+        raise UsageError("give --rpc HOST:PORT or --tracker HOST:PORT --key KEY, not both")
+    if args.key and not args.tracker:
+        raise UsageError("--key selects boards of a --tracker")
+    if args.trials is not None and args.trials < 0:
+        raise UsageError("--trials must be >= 0")
+    remote = bool(args.rpc or args.tracker)
     target = _tvm_ext_target(args.target)
+    try:
+        _remote.check_remote_target(target if args.target else None, remote)
+        if remote:
+            from .tune_remote import Boards
+
+            # the boards end their sessions a little after the budget: a kernel hanging there cannot hold the run
+            boards = Boards.open(rpc=args.rpc, tracker=args.tracker, key=args.key, timeout=args.timeout,
+                                 session_timeout=args.budget * 60 + 2 * args.timeout)
+    except DeployError as err:
+        raise UsageError(str(err)) from None
     passes = pipelines.int8() if args.pipeline == "int8" else parse_pass_list(args.passes)
     if args.zoo:
         from . import zoo
@@ -306,21 +340,31 @@ def cmd_tune(args) -> int:
     else:
         mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
         models = [(args.model, mod, params)]
-    print(f"tuning for {target} ({len(models)} model(s), budget {args.budget:g} min)", flush=True)
+    where = f", timed on {boards.where}" if remote else ""
+    print(f"tuning for {target} ({len(models)} model(s), budget {args.budget:g} min{where})", flush=True)
+    if remote and boards.emulated:
+        print(f"the remote is emulated ({boards.emulated}): its timings are not the speed of a board", flush=True)
     lines, written, done = [], None, []
     for _i, (name, mod, params) in enumerate(models):
         print(f"== {name}", flush=True)
+        say = lambda msg: print("  " + msg, flush=True)  # noqa: E731
         try:
-            res = tune_model(mod, params, target, passes, budget_s=args.budget * 60 / len(models),
-                             layouts=not args.no_layouts, progress=lambda msg: print("  " + msg, flush=True),
-                             skip=done)
-        except ValueError as err:
+            if remote:
+                from .tune_remote import tune_model_remote
+
+                res = tune_model_remote(mod, params, target, passes, boards, budget_s=args.budget * 60 / len(models),
+                                        trials=args.trials, progress=say, skip=done)
+            else:
+                res = tune_model(mod, params, target, passes, budget_s=args.budget * 60 / len(models),
+                                 layouts=not args.no_layouts, progress=say, skip=done)
+        except ValueError as err:  # DeployError is one
             raise UsageError(str(err).splitlines()[0]) from None
         print(res.table(), flush=True)
         lines += res.records
         done += [r[5] for r in res.rows]
         written = write_records(lines, target, args.out)  # after each model: an interrupted run keeps its work
-    print(f"wrote {len(lines)} records to {written}; tvm_ext.build applies them on this CPU", flush=True)
+    on = "for this target's boards" if remote else "on this CPU"
+    print(f"wrote {len(lines)} records to {written}; tvm_ext.build applies them {on}", flush=True)
     return 0
 
 

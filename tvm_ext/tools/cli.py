@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run the int8 ResNet-50 benchmark",
                        description="Kernels, bytes between kernels, latency and numerics (against exact integer "
                                    "arithmetic) of int8 ResNet-50 under stock TVM, TVM + tvm-ext, ONNX Runtime and "
-                                   "OpenVINO.")
+                                   "OpenVINO; with --rpc, of stock TVM and tvm-ext on a remote board.")
     p.add_argument("--variants", help="comma-separated: qoperator,qdq,relay (default all), or zoo model names such "
                                       "as yolov8n_int8_qdq,ppocr_cls_v2_int8_qoperator")
     p.add_argument("--zoo", choices=["resnet", "real", "real-all"],
@@ -83,7 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "cls/det, YOLOv8n; U8S8 QOperator and QDQ; downloads pinned wheels with pip on first use); "
                         "real-all: every quantization setting of them")
     p.add_argument("--model", help="benchmark this ONNX model instead of the zoo")
-    p.add_argument("--target", help="TVM target (default: the host CPU, VNNI masked)")
+    p.add_argument("--target", help="TVM target (default: the host CPU, VNNI masked); with --rpc, the board's "
+                                    "(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
+    p.add_argument("--rpc", metavar="HOST:PORT",
+                   help="run and time stock TVM and tvm-ext on this TVM RPC server (python -m tvm.exec.rpc_server on "
+                        "a board), cross-compiled here; the exact reference runs here, ONNX Runtime and OpenVINO "
+                        "are not run. A server that says it is emulated is labelled so")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --rpc: wait this long for the server's answer (default 60)")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per engine (default 30)")
     p.add_argument("--threads", type=int, default=2, help="threads for TVM, ONNX Runtime and OpenVINO (default 2)")
     p.add_argument("--out", default="bench-results", help="output folder (default ./bench-results)")
@@ -102,21 +109,37 @@ def build_parser() -> argparse.ArgumentParser:
                         "ONNX Runtime's kernels follow the host's CPUID")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("tune", help="tune int8 convs and denses of a model on this CPU",
+    p = sub.add_parser("tune", help="tune int8 convs and denses of a model on this CPU or on remote boards",
                        description="Tune the int8 convolution layouts (ic_bn/oc_bn) and schedules, and int8 dense "
                                    "layers, that tvm_ext.build compiles for a model on this CPU; write AutoTVM "
-                                   "records to $TVM_EXT_CACHE/tuned/ (applied by tvm_ext.build automatically).")
+                                   "records to $TVM_EXT_CACHE/tuned/ (applied by tvm_ext.build automatically). With "
+                                   "--rpc or --tracker, the int8 conv schedules for a board's --target (aarch64): "
+                                   "candidates built here, timed on the board(s).")
     p.add_argument("model", nargs="?", help="path to an .onnx file")
     p.add_argument("--zoo", action="store_true", help="tune the benchmark's three int8 ResNet-50 models")
     p.add_argument("--small", action="store_true", help="with --zoo: the small variants (smoke run)")
     p.add_argument("--pipeline", choices=["int8", "none"], default="int8", help="passes the build runs (default int8)")
     p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes")
-    p.add_argument("--target", help="x86 target that runs on this CPU (default: the host CPU)")
+    p.add_argument("--target", help="x86 target that runs on this CPU (default: the host CPU); with --rpc or "
+                                    "--tracker, the boards' target (e.g. 'llvm -mtriple=aarch64-linux-gnu "
+                                    "-mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
+    p.add_argument("--rpc", metavar="HOST:PORT",
+                   help="time candidates on this TVM RPC server (python -m tvm.exec.rpc_server on a board); they are "
+                        "compiled and cross-linked here")
+    p.add_argument("--tracker", metavar="HOST:PORT",
+                   help="time candidates on the boards a TVM RPC tracker (python -m tvm.exec.rpc_tracker) hands out "
+                        "for --key, several at once")
+    p.add_argument("--key", help="with --tracker: the key the boards registered with (rpc_server --key)")
+    p.add_argument("--trials", type=int, metavar="N",
+                   help="with --rpc/--tracker: at most N candidates per convolution besides TVM's rule (default all)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --rpc/--tracker: wait this long for a server's answer or a free board (default 60)")
     p.add_argument("--budget", type=float, default=20.0, metavar="MINUTES", help="time budget (default 20)")
     p.add_argument("--no-layouts", action="store_true", help="skip the channel-blocking stage (no full-model builds)")
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
                    help="input shape for dynamic inputs (repeatable)")
-    p.add_argument("--out", help="records file (default: $TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log)")
+    p.add_argument("--out", help="records file (default: $TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log, for aarch64 "
+                                 "aarch64_int8_<mcpu>_<neon|dotprod|i8mm>.log)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("explain", help="why every kernel boundary exists, and what would remove it",

@@ -19,9 +19,7 @@ there, a library the server cannot load (wrong architecture, no compiler for a `
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -29,55 +27,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .deploy import DeployError, RunResult, cross_cxx, foreign_arch, match_inputs, read_sidecar
+from ._remote import connect, parse_address, shared_object, upload_and_load
+from .deploy import DeployError, RunResult, match_inputs, read_sidecar
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["parse_address", "run_remote"]
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` -> ``(host, port)``.
-
-    Raises
-    ------
-    DeployError
-        No colon, a port that is not an integer in 1..65535, an empty host.
-    """
-    host, sep, port = str(text).rpartition(":")
-    if not sep or not host:
-        raise DeployError(f"RPC address {text!r}: expected HOST:PORT")
-    try:
-        number = int(port)
-    except ValueError:
-        raise DeployError(f"RPC address {text!r}: port {port!r} is not an integer") from None
-    if not 0 < number < 65536:
-        raise DeployError(f"RPC address {text!r}: port {number} is out of range")
-    return host.strip("[]"), number
-
-
-def _last_line(err: Exception) -> str:
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
-
-
-def _shared_object(lib: Path, meta: dict, workdir: Path) -> Path:
-    """The file to upload: ``lib`` itself, or a ``.tar`` linked here when a compiler for it exists."""
-    if lib.suffix != ".tar":
-        return lib
-    from tvm.contrib import cc, tar
-
-    cxx = cross_cxx(meta["target"]) if foreign_arch(meta["target"]) else shutil.which("g++")
-    if cxx is None:
-        logger.info("no compiler here links %s for %s; the server links it", lib.name, meta["target"])
-        return lib
-    objects = workdir / "objects"
-    objects.mkdir()
-    tar.untar(str(lib), str(objects))
-    shared = workdir / (lib.stem + ".so")
-    cc.create_shared(str(shared), sorted(str(p) for p in objects.iterdir()), cc=cxx)
-    logger.info("linked %s with %s", lib.name, cxx)
-    return shared
 
 
 def run_remote(lib_path, address: str, inputs: Mapping[str, np.ndarray] | None = None,
@@ -109,8 +64,6 @@ def run_remote(lib_path, address: str, inputs: Mapping[str, np.ndarray] | None =
         :func:`tvm_ext.tools.deploy.match_inputs`; no server at ``address``; the server cannot load
         or run the library.
     """
-    import tvm
-    from tvm import rpc
     from tvm.contrib import graph_executor
 
     if repeat < 0:
@@ -120,19 +73,9 @@ def run_remote(lib_path, address: str, inputs: Mapping[str, np.ndarray] | None =
     meta = read_sidecar(lib)
     feed = match_inputs(meta, inputs, positional)
     with tempfile.TemporaryDirectory(prefix="tvm_ext_rpc_") as tmp:
-        upload = _shared_object(lib, meta, Path(tmp))
-        try:
-            sess = rpc.connect(host, port, session_timeout=session_timeout)
-        except (tvm.TVMError, OSError, RuntimeError) as err:
-            raise DeployError(f"cannot reach a TVM RPC server at {host}:{port} ({_last_line(err)})") from None
-        # a name per content: a server keeps one work folder per session, and boards are shared
-        name = f"{lib.stem}-{hashlib.sha256(upload.read_bytes()).hexdigest()[:12]}{upload.suffix}"
-        try:
-            sess.upload(str(upload), name)
-            factory = sess.load_module(name)["default"]
-        except tvm.TVMError as err:
-            raise DeployError(f"the server at {host}:{port} could not load {upload.name} built for "
-                              f"{meta['target']} ({_last_line(err)})") from None
+        upload = shared_object(lib, meta["target"], Path(tmp))
+        sess = connect(f"{host}:{port}", session_timeout=session_timeout)
+        factory = upload_and_load(sess, upload, meta["target"], f"{host}:{port}")["default"]
     dev = sess.cpu(0)
     gm = graph_executor.GraphModule(factory(dev))
     for key, arr in feed.items():

@@ -129,7 +129,7 @@ def record_workloads(mod, params=None, target=None, passes=(), records=()) -> Wo
     class _Recorder(autotvm.task.DispatchContext):
         def _query_inside(self, target, workload):
             if workload:
-                if workload[0] == tuning.TASK:
+                if workload[0] in tuning.CONV_TASKS:
                     bucket = found.conv if len(workload[1][1]) == 5 else found.layout
                     if workload not in bucket:
                         bucket.append(workload)
@@ -205,7 +205,7 @@ def _dense_candidates(task, n: int = 16, seed: int = 0) -> list:
 
 
 def _describe(wl) -> str:
-    if wl[0] == tuning.TASK:
+    if wl[0] in tuning.CONV_TASKS:
         return f"conv data {list(wl[1][1])} {wl[1][2]} kernel {list(wl[2][1])} stride {list(wl[3])} pad {list(wl[4])}"
     return f"{wl[0]} data {list(wl[1][1])} weight {list(wl[2][1])}"
 

@@ -28,6 +28,11 @@ is never consulted. Two kinds of conv records exist:
   (``tile_ic``/``tile_oc`` = ``ic_bn``/``oc_bn``). Without one, TVM's rule applies (``oc_bn`` 16,
   ``ic_bn`` the largest divisor up to it).
 
+aarch64 targets (``-mtriple=aarch64-...``) have their own files, ``aarch64_int8_<mcpu>_<class>.log``
+with the class ``neon``, ``dotprod`` or ``i8mm`` (:func:`target_class`): records of TVM's
+``conv2d_NCHWc_int8.arm_cpu`` template, measured on a board by ``tvm-ext tune --rpc`` or
+``--tracker`` (:mod:`tvm_ext.tools.tune_remote`). None are shipped: no ARM board times here.
+
 Tuned records win over the configuration AlterOpLayout registers (``update``) for the same
 ``NCHWc`` workload. Schedules and layouts never change results: integer accumulation is exact in
 any loop order (the tests compare tuned and untuned builds bit for bit).
@@ -43,29 +48,54 @@ from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TASK", "DENSE_TASKS", "records_name", "shipped_name", "shipped_path", "user_path", "user_dir",
-           "load_records", "apply", "TUNED_DIR"]
+__all__ = ["TASK", "ARM_TASK", "CONV_TASKS", "DENSE_TASKS", "target_class", "records_name", "shipped_name",
+           "shipped_path", "user_path", "user_dir", "load_records", "apply", "TUNED_DIR"]
 
 TASK = "conv2d_NCHWc_int8.x86"
+#: TVM's int8 conv template on aarch64 (``sdot``/``udot``, ``smull`` with NEON only).
+ARM_TASK = "conv2d_NCHWc_int8.arm_cpu"
+#: The int8 conv templates tuned: the NCHWc data of the workload is 5-d, the NCHW one (layout query) 4-d.
+CONV_TASKS = (TASK, ARM_TASK)
 #: TVM's x86 dense templates an int8 dense may compile to.
 DENSE_TASKS = ("dense_pack.x86", "dense_nopack.x86", "dense_int8.x86", "dense_vnni.x86")
 TUNED_DIR = Path(__file__).parent / "tuned"
 
 
+def _is_aarch64(target) -> bool:
+    return target.kind.name == "llvm" and str(target.attrs.get("mtriple", "")).startswith(("aarch64", "arm64"))
+
+
+def target_class(target) -> str:
+    """The int8 class records are keyed by: :func:`tvm_ext.x86.isa.isa_class` on x86; on aarch64
+    ``aarch64_i8mm``, ``aarch64_dotprod`` or ``aarch64_neon`` (the int8 instructions TVM's kernels use)."""
+    if not _is_aarch64(target):
+        return isa_class(target)
+    features = target.features
+    if bool(features.has_matmul_i8):
+        return "aarch64_i8mm"
+    return "aarch64_dotprod" if bool(features.has_dotprod) else "aarch64_neon"
+
+
 def target_key(target) -> tuple[str, str]:
-    """(``-mcpu``, int8 ISA class) of ``target``: what a user's record must match to be applied."""
-    return str(target.attrs.get("mcpu", "")) or "generic", isa_class(target)
+    """(``-mcpu``, int8 class) of ``target``: what a user's record must match to be applied."""
+    return str(target.attrs.get("mcpu", "")) or "generic", target_class(target)
 
 
 def records_name(target) -> str:
-    """File name of the user's records for ``target``'s CPU and instruction set."""
-    mcpu, isa = target_key(target)
-    return f"x86_int8_{mcpu}_{isa}.log"
+    """File name of the user's records for ``target``'s CPU and instruction set
+    (``x86_int8_<mcpu>_<isa>.log``; ``aarch64_int8_<mcpu>_<class>.log``)."""
+    mcpu, cls = target_key(target)
+    if cls.startswith("aarch64_"):
+        return f"aarch64_int8_{mcpu}_{cls[len('aarch64_'):]}.log"
+    return f"x86_int8_{mcpu}_{cls}.log"
 
 
 def shipped_name(target) -> str:
     """File name of the package's records for ``target``'s instruction-set class."""
-    return f"x86_int8_{isa_class(target)}.log"
+    cls = target_class(target)
+    if cls.startswith("aarch64_"):
+        return f"aarch64_int8_{cls[len('aarch64_'):]}.log"
+    return f"x86_int8_{cls}.log"
 
 
 def shipped_path(target) -> Path:
@@ -115,7 +145,7 @@ def load_records(target, *, user: bool = True, shipped: bool = True) -> list:
     class, for workloads the user did not tune."""
     mine = _read(user_path(target), target_key(target)) if user else []
     tuned = {inp.task.workload for inp, _ in mine}
-    shipped_recs = _read(shipped_path(target), isa_class(target), isa_class) if shipped else []
+    shipped_recs = _read(shipped_path(target), target_class(target), target_class) if shipped else []
     return mine + [r for r in shipped_recs if r[0].task.workload not in tuned]
 
 

@@ -83,7 +83,8 @@ def real_variants(settings: str = "u8s8") -> list:
 
 def bench_variant(key, *, target, small, model_path, repeat, threads, progress, workdir, parallel=True,
                   ext_target=None, tuned: bool = True, compare_untuned: bool = False,
-                  numerics: str = "tvm", ort_package=None, openvino_isa: Optional[str] = None) -> dict:
+                  numerics: str = "tvm", ort_package=None, openvino_isa: Optional[str] = None,
+                  board=None) -> dict:
     """Build, check and time one variant; returns its results dict (errors recorded, not raised).
 
     ``target`` is stock TVM's target (what plain relay.build survives); ``ext_target`` is
@@ -97,6 +98,9 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     :func:`ort_peer`); None: the installed one, in this process. ONNX models also run in OpenVINO
     (:mod:`tvm_ext.tools.openvino_peer`) at the host's ISA, and with ``openvino_isa`` (an
     ``ONEDNN_MAX_CPU_ISA`` value, :func:`openvino_peer`) also capped there, in a child process.
+    ``board``: ``(session, address)`` of a TVM RPC server: stock TVM and tvm-ext run and are timed there
+    (:mod:`._board`); the exact reference runs here; ONNX Runtime and OpenVINO are not run (they
+    would run on this host, not on the board).
     """
     import tvm
 
@@ -116,11 +120,12 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         pipes["tvm_same"] = ext_target
     if compare_untuned and tuned:
         pipes["tvm_ext_untuned"] = ext_target
-    if exact_int8.packs_pairs(tvm.target.Target(str(ext_target))):  # what exactness costs at this ISA
+    if board is None and exact_int8.packs_pairs(tvm.target.Target(str(ext_target))):  # what exactness costs here
         pipes["tvm_ext_saturating"] = ext_target
     pipes["exact"] = EXACT_TARGET
     jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir),
-                 tuned=tuned and p != "tvm_ext_untuned", log_level=logging.getLogger().level, numerics=numerics)
+                 tuned=tuned and p != "tvm_ext_untuned", log_level=logging.getLogger().level, numerics=numerics,
+                 remote=board is not None and p != "exact")
             for p, t in pipes.items()]
     built = run_builds(jobs, parallel)
     engines, reference = [], None
@@ -133,12 +138,20 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         for k in ("passes", "explain", "workaround", "exact_graph", "float_anchors"):
             if b.get(k) is not None:
                 res["pipelines"][name][k] = b[k]
-        engine = LoadedBuild(b).engine(name, v["input_name"])
+        if board is not None and name != "exact":
+            from ._board import RemoteBuild
+
+            engine = RemoteBuild(b, board[0], str(pipes[name]), board[1], vdir).engine(name, v["input_name"])
+        else:
+            engine = LoadedBuild(b).engine(name, v["input_name"])
         if name == "exact":
             reference = engine
         else:
             engines.append(engine)
-    if v["onnx_path"] is not None:
+    if board is not None:
+        for peer in ("onnxruntime", "openvino"):
+            res["pipelines"][peer] = {"skipped": "not run: it would run on this host, not on the board"}
+    elif v["onnx_path"] is not None:
         try:
             engines.append(ort_engine(v["onnx_path"], v["input_name"], threads, ort_package))
         except Exception as err:
@@ -366,7 +379,8 @@ def versions() -> dict:
 # --- entry points ----------------------------------------------------------------------------
 def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, target=None, repeat: int = 30,
         threads: int = 2, out="bench-results", small: bool = False, stream=None, parallel: bool = True,
-        tuned: bool = True, compare_untuned: bool = False, numerics: str = "tvm", ort_isa: str = "auto") -> dict:
+        tuned: bool = True, compare_untuned: bool = False, numerics: str = "tvm", ort_isa: str = "auto",
+        rpc: Optional[str] = None, timeout: float = 60.0) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``.
 
     ``variants`` are keys of :data:`VARIANTS` (the ResNet-50 benchmark) or any zoo model name
@@ -379,6 +393,17 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
     with the tuning records for that target (user's, then shipped) unless ``tuned=False``, and
     ``pipelines.int8(numerics=numerics)``. ONNX Runtime runs at tvm-ext's ISA where it can be
     restricted to it (``ort_isa="auto"``, :func:`ort_peer`) or at the host's (``"host"``).
+
+    With ``rpc`` (``HOST:PORT`` of a TVM RPC server, e.g. an aarch64 board; ``target`` is the board's),
+    stock TVM and tvm-ext are cross-compiled here and run and timed on the board by its
+    ``time_evaluator``; the exact reference runs here. The results say where they ran and, when
+    the server says it is emulated (:func:`tvm_ext.tools._remote.emulation`), that too.
+
+    Raises
+    ------
+    tvm_ext.tools.deploy.DeployError
+        ``rpc`` with a target of this host's architecture, a target of another architecture without
+        ``rpc``, or the server cannot be reached within ``timeout`` seconds.
     """
     from ...core import pipelines
     from ...x86 import tuning
@@ -388,11 +413,21 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         raise ValueError(f"numerics must be one of {sorted(pipelines.NUMERICS)}, not {numerics!r}")
     from ...x86.target import build_target, describe_target, host_target, safe_target
 
+    from .. import _remote
+
+    _remote.check_remote_target(target, bool(rpc), "tvm_ext.tools.bench.run")
     tgt = safe_target(target) if target else host_target()
     ext_tgt = build_target(target)
     actual_threads = _set_tvm_threads(threads)
-    peer = ort_peer(ext_tgt, ort_isa)
-    ov_peer = openvino_peer(ext_tgt)
+    board, emulated = None, None
+    if rpc:
+        sess = _remote.connect(rpc, timeout=timeout)
+        board, emulated = (sess, rpc), _remote.emulation(sess)
+        peer = {"isa": None, "package": None, "note": "not run: ONNX Runtime would run on this host, not on the board"}
+        ov_peer = {"cap": None, "note": "not run: OpenVINO would run on this host, not on the board"}
+    else:
+        peer = ort_peer(ext_tgt, ort_isa)
+        ov_peer = openvino_peer(ext_tgt)
     keys = ["model"] if model else list(variants)
     progress = Progress(total=len(keys) * 4 + 1, stream=stream)
     env = {
@@ -409,6 +444,10 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         "openvino_isa": ov_peer,
         "small": small, "platform": platform.platform(),
     }
+    if rpc:  # the engines run on the board: its CPU and threads are its own
+        env.update(cpu=f"remote board at {rpc}" + (f", emulated by {emulated}" if emulated else ""), cores=None,
+                   threads="the board's TVM runtime's", tvm_threads=None, tvm_thread_pool_spin_count=None,
+                   rpc={"address": rpc, "emulated": emulated})
     results = {"environment": env, "variants": []}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -421,7 +460,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
                     bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
                                   progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt,
                                   tuned=tuned, compare_untuned=compare_untuned, numerics=numerics,
-                                  ort_package=peer["package"], openvino_isa=ov_peer["cap"]))
+                                  ort_package=peer["package"], openvino_isa=ov_peer["cap"], board=board))
             except zoo_real.ModelUnavailable as err:  # pip cannot reach the registry: say so, go on
                 logger.error("%s: %s", key, err)
                 results["variants"].append({"variant": key, "label": key, "unavailable": str(err), "pipelines": {},

@@ -147,7 +147,8 @@ def _build_job(job: dict) -> dict:
     build_s = time.perf_counter() - t0
     explained = None if job["pipeline"] == "exact" else _explain_summary(fuse_input, target)
     out = Path(job["dir"])
-    lib_path = out / f"{job['pipeline']}.so"
+    # a build for a remote board: object files, linked by the parent with the cross compiler (or by the board)
+    lib_path = out / f"{job['pipeline']}{'.tar' if job.get('remote') else '.so'}"
     fac.get_lib().export_library(str(lib_path))
     (out / f"{job['pipeline']}.json").write_text(fac.get_graph_json())
     (out / f"{job['pipeline']}.params").write_bytes(relay.save_param_dict(fac.get_params()))

@@ -41,6 +41,8 @@ def _ort_isa_text(env: dict) -> str:
     peer = env.get("onnxruntime_isa")
     if not peer:  # a results file without ONNX Runtime's ISA (older format)
         return "- ONNX Runtime kernels: the host's (not recorded)"
+    if env.get("rpc"):  # on a board: not run
+        return f"- ONNX Runtime: {peer['note']}"
     which = "AVX2" if peer["isa"] == "avx2" else "the host's"
     return f"- ONNX Runtime kernels: {which} ({peer['note']})"
 
@@ -69,7 +71,7 @@ def _openvino_isa_text(env: dict) -> str:
     peer = env.get("openvino_isa")
     if not peer:  # a results file without it (older format)
         return "- OpenVINO kernels: the host's (not recorded)"
-    return f"- OpenVINO kernels: {peer['note']}"
+    return f"- OpenVINO{'' if env.get('rpc') else ' kernels'}: {peer['note']}"
 
 
 def _settle_text(env: dict, results: dict) -> str:
@@ -97,6 +99,19 @@ def _openvino_kernel_lines(results: dict) -> list:
     return ["", "OpenVINO's convolution kernels (its runtime model):", "", *rows] if rows else []
 
 
+def _board_lines(env: dict) -> list:
+    """Where the engines ran, for a run on a remote board (``tvm-ext bench --rpc``); none otherwise."""
+    rpc = env.get("rpc")
+    if not rpc:
+        return []
+    lines = [f"- run on the TVM RPC server {rpc['address']}: stock TVM and tvm-ext cross-compiled here, run and "
+             "timed there by its `time_evaluator`; the exact reference runs here"]
+    if rpc.get("emulated"):
+        lines.append(f"- **under emulation ({rpc['emulated']})**: the latencies are the emulator's, not the "
+                     "speed of an ARM board; kernels, bytes and numerics are the board's")
+    return lines
+
+
 def render_markdown(results: dict) -> str:
     """The results table (and the environment it was measured in) as Markdown."""
     env = results["environment"]
@@ -106,9 +121,11 @@ def render_markdown(results: dict) -> str:
     lines = [
         title,
         "",
-        f"- date: {env['date']}; CPU: {env['cpu']} ({env['cores']} cores); threads: {env['threads']} per engine"
+        f"- date: {env['date']}; CPU: {env['cpu']}" + (f" ({env['cores']} cores)" if env.get("cores") else "")
+        + f"; threads: {env['threads']} per engine"
         + (f" (TVM_THREAD_POOL_SPIN_COUNT={env['tvm_thread_pool_spin_count']})"
            if env.get("tvm_thread_pool_spin_count") else ""),
+        *_board_lines(env),
         f"- stock TVM target: `{env['target']}`",
         f"- tvm-ext target: `{env.get('ext_target', env['target'])}`"
         + (" (stock TVM at this target, with only the VNNI operand types fixed, is compared: "

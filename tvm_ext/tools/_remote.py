@@ -1,0 +1,237 @@
+"""Reaching remote boards through TVM RPC: what ``run --rpc``, ``bench --rpc`` and ``tune --rpc/--tracker`` share.
+
+Design note
+-----------
+A leaf below :mod:`tvm_ext.tools.rpc`, :mod:`tvm_ext.tools.bench` and :mod:`tvm_ext.tools.tune_remote`
+(it imports only :mod:`tvm_ext.tools.deploy`). A board is reached one of two ways:
+
+* directly, ``HOST:PORT`` of ``python -m tvm.exec.rpc_server`` (:func:`connect`);
+* through TVM's tracker, ``HOST:PORT`` of ``python -m tvm.exec.rpc_tracker`` and the key the boards
+  registered with (:func:`request`): the tracker hands out a free board of that key; several
+  requests get several boards.
+
+Every way of failing is one line (:class:`tvm_ext.tools.deploy.DeployError`): a malformed address,
+nothing listening, a tracker that does not know the key, no board free within the timeout, a peer
+that does not answer within it. TVM's own calls block without a bound (a server that serves another
+session keeps the next client in its listen queue; a tracker keeps a request until a board is free),
+so each is waited for in a daemon thread for at most ``timeout`` seconds.
+
+:func:`emulation` asks the remote whether it is an emulator: the testing server of
+:mod:`tvm_ext.testing.aarch64` registers :data:`EMULATION_FUNC` in its sessions and answers what
+emulates it; a board has no such function and is not labelled.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import socket
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+from .deploy import DeployError, cross_cxx, foreign_arch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["parse_address", "last_line", "connect", "request", "tracker_keys", "emulation", "upload_and_load",
+           "shared_object", "check_remote_target", "EMULATION_FUNC", "DEFAULT_TIMEOUT"]
+
+#: The global function an emulated RPC server registers in its sessions; it returns what emulates it.
+EMULATION_FUNC = "tvm_ext.testing.emulation"
+
+#: Seconds to wait for a server's handshake or a tracker's free board.
+DEFAULT_TIMEOUT = 60.0
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> ``(host, port)``.
+
+    Raises
+    ------
+    DeployError
+        No colon, a port that is not an integer in 1..65535, an empty host.
+    """
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host:
+        raise DeployError(f"RPC address {text!r}: expected HOST:PORT")
+    try:
+        number = int(port)
+    except ValueError:
+        raise DeployError(f"RPC address {text!r}: port {port!r} is not an integer") from None
+    if not 0 < number < 65536:
+        raise DeployError(f"RPC address {text!r}: port {number} is out of range")
+    return host.strip("[]"), number
+
+
+def last_line(err: BaseException) -> str:
+    """The last non-empty line of an error (TVM puts the cause there), or its type's name."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def _within(timeout: float, fn: Callable, what: str):
+    """``fn()``, waited for at most ``timeout`` seconds in a daemon thread (TVM's calls cannot be
+    interrupted); its exception is re-raised here. A call still blocked is left to its thread."""
+    box: dict = {}
+
+    def call():
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001  re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=call, daemon=True, name=f"tvm-ext-rpc: {what}")
+    thread.start()
+    thread.join(timeout if timeout and timeout > 0 else None)
+    if thread.is_alive():
+        raise DeployError(f"{what}: no answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def connect(address: str, *, session_timeout: float = 0, timeout: float = DEFAULT_TIMEOUT):
+    """A session on the RPC server at ``address`` (``tvm.rpc.connect``).
+
+    Raises
+    ------
+    DeployError
+        Malformed address; nothing listens there; no handshake within ``timeout`` (a server busy
+        with another session, or not a TVM RPC server).
+    """
+    import tvm
+    from tvm import rpc
+
+    host, port = parse_address(address)
+    try:
+        return _within(timeout, lambda: rpc.connect(host, port, session_timeout=session_timeout),
+                       f"the TVM RPC server at {host}:{port}")
+    except (tvm.TVMError, OSError, RuntimeError) as err:
+        raise DeployError(f"cannot reach a TVM RPC server at {host}:{port} ({last_line(err)})") from None
+
+
+def _tracker(address: str, timeout: float):
+    import tvm
+    from tvm import rpc
+
+    host, port = parse_address(address)
+    try:
+        # TVM's tracker client retries a refused connection for 60 s: a plain probe first
+        socket.create_connection((host, port), timeout=min(timeout, 10) if timeout else 10).close()
+        tracker = _within(timeout, lambda: rpc.connect_tracker(host, port), f"the TVM RPC tracker at {host}:{port}")
+        summary = _within(timeout, tracker.summary, f"the TVM RPC tracker at {host}:{port}")
+    except (tvm.TVMError, OSError, RuntimeError) as err:
+        raise DeployError(f"cannot reach a TVM RPC tracker at {host}:{port} ({last_line(err)})") from None
+    return tracker, summary, f"{host}:{port}"
+
+
+def tracker_keys(summary: dict) -> dict:
+    """``{key: boards registered}`` from a tracker's ``summary()``, free or busy (a server keeps its
+    tracker connection, ``"server:KEY"``, while it serves a session)."""
+    keys: dict = {}
+    for info in summary.get("server_info", []):
+        kind, _, key = str(info.get("key", "")).partition(":")
+        if kind == "server" and key:
+            keys[key] = keys.get(key, 0) + 1
+    return keys
+
+
+def request(address: str, key: str, *, session_timeout: float = 0, timeout: float = DEFAULT_TIMEOUT):
+    """``(session, boards)``: a session on a free board of ``key`` from the tracker at ``address``,
+    and how many boards of that key the tracker knows (what can measure in parallel).
+
+    Raises
+    ------
+    DeployError
+        Malformed address; no tracker there; no board registered with ``key`` (the message lists
+        the keys it knows); no board free within ``timeout``.
+    """
+    import tvm
+
+    tracker, summary, where = _tracker(address, timeout)
+    keys = tracker_keys(summary)
+    if key not in keys:
+        known = ", ".join(sorted(keys)) or "none"
+        raise DeployError(f"the TVM RPC tracker at {where} has no board with key {key!r} (keys: {known})")
+    try:
+        sess = _within(timeout, lambda: tracker.request(key, priority=1, session_timeout=session_timeout),
+                       f"a free board with key {key!r} from the tracker at {where}")
+    except (tvm.TVMError, OSError, RuntimeError) as err:
+        raise DeployError(f"the TVM RPC tracker at {where} gave no board with key {key!r} ({last_line(err)})") from None
+    return sess, keys[key]
+
+
+def emulation(sess) -> Optional[str]:
+    """What emulates the remote (the testing server says, e.g. ``"qemu-user"``), or None for a board."""
+    try:
+        return str(sess.get_function(EMULATION_FUNC)())
+    except Exception:  # noqa: BLE001  a board has no such function: not emulated as far as we know
+        return None
+
+
+def shared_object(lib: Path, target: str, workdir: Path) -> Path:
+    """The file to upload: ``lib`` itself, or a ``.tar`` linked here when a compiler for ``target`` exists
+    (the cross compiler, :func:`tvm_ext.tools.deploy.cross_cxx`, or the system one for this host's
+    architecture); else the ``.tar``, which the server links with its own compiler."""
+    lib = Path(lib)
+    if lib.suffix != ".tar":
+        return lib
+    from tvm.contrib import cc, tar
+
+    cxx = cross_cxx(target) if foreign_arch(target) else shutil.which("g++")
+    if cxx is None:
+        logger.info("no compiler here links %s for %s; the server links it", lib.name, target)
+        return lib
+    objects = Path(workdir) / f"{lib.stem}-objects"
+    objects.mkdir()
+    tar.untar(str(lib), str(objects))
+    shared = Path(workdir) / (lib.stem + ".so")
+    cc.create_shared(str(shared), sorted(str(p) for p in objects.iterdir()), cc=cxx)
+    logger.info("linked %s with %s", lib.name, cxx)
+    return shared
+
+
+def upload_and_load(sess, path: Path, target: str, where: str):
+    """Upload ``path`` (a ``.so`` or ``.tar``) under a name per content and load it on the remote.
+
+    A name per content: a server keeps one work folder per session, and boards are shared.
+
+    Raises
+    ------
+    DeployError
+        The server cannot load it (wrong architecture, no compiler for a ``.tar``).
+    """
+    import tvm
+
+    path = Path(path)
+    name = f"{path.stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}{path.suffix}"
+    try:
+        sess.upload(str(path), name)
+        return sess.load_module(name)
+    except tvm.TVMError as err:
+        raise DeployError(f"the server at {where} could not load {path.name} built for {target} "
+                          f"({last_line(err)})") from None
+
+
+def check_remote_target(target, remote: bool, command: Optional[str] = None) -> None:
+    """Refuse a target that does not fit where the code runs.
+
+    With a remote (``remote``), the target must name the board's CPU: a target of this host's
+    architecture (or none) is refused. Without one, a target of another architecture is refused:
+    its code cannot run here.
+
+    Raises
+    ------
+    DeployError
+        One line naming ``command`` (the function; the CLI names itself) and what to give instead.
+    """
+    arch = foreign_arch(target) if target is not None else None
+    who = f"{command}: " if command else ""
+    if remote and not arch:
+        raise DeployError(f"{who}--rpc/--tracker measure on a remote board: give its --target "
+                          f"(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod'); "
+                          f"{'no --target' if target is None else repr(str(target))} is this host's architecture")
+    if not remote and arch:
+        raise DeployError(f"{who}target {str(target)!r} is for {arch.split('-')[0]}, which cannot run here; "
+                          f"give --rpc HOST:PORT of a board (or --tracker HOST:PORT --key KEY)")
