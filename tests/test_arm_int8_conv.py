@@ -143,9 +143,10 @@ def _float_stem_then_int8():
     return tvm.IRModule.from_expr(relay.Function([x], z))
 
 
-def test_float_first_layer_is_blocked_like_the_int8_convs_after_it():
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+def test_float_first_layer_is_blocked_like_the_int8_convs_after_it(cpu):
     mod = _float_stem_then_int8()
-    stock, ours = _stock(mod, TARGETS["neoverse-n1"]), _policy(mod, TARGETS["neoverse-n1"])
+    stock, ours = _stock(mod, TARGETS[cpu]), _policy(mod, TARGETS[cpu])
     def after_pool(names):
         return names[next(i for i, n in enumerate(names) if "max_pool2d" in n) + 1]
 

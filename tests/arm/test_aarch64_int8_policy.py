@@ -32,7 +32,8 @@ def test_qnn_dense_exact_under_qemu_neon_only(arm_session, tmp_path):
     np.testing.assert_array_equal(out, dense_reference(x, w), err_msg="qnn.dense at Cortex-A72")
 
 
-def test_float_first_layer_within_tolerance_under_qemu(arm_session, tmp_path):
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+def test_float_first_layer_within_tolerance_under_qemu(cpu, arm_session, tmp_path):
     """The float first layer the policy blocks as NCHWc (TVM's x86 float conv): float64 numpy's result."""
     import tvm
     from tvm import relay
@@ -43,8 +44,8 @@ def test_float_first_layer_within_tolerance_under_qemu(arm_session, tmp_path):
     var = relay.var("x", shape=x.shape, dtype="float32")
     mod = tvm.IRModule.from_expr(relay.Function([var], relay.nn.conv2d(var, relay.const(w), padding=(1, 1),
                                                                       channels=16, kernel_size=(3, 3))))
-    factory = tvm_ext.build(mod, target=TARGETS["neoverse-n1"], kernels=True)
-    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, "float_stem")
+    factory = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True)
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"float_stem_{cpu}")
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + 16, kx:kx + 16], w[:, :, ky, kx].astype(np.float64))
               for ky in range(3) for kx in range(3))

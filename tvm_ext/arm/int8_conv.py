@@ -37,7 +37,7 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
   whose input and output channels are multiples of 8 tvm-ext's NCHW8c ``smmla``/``ummla``/``usmmla``
   kernel (:mod:`tvm_ext.arm.mmla_conv`: 32 multiply-adds per instruction where ``sdot`` does 16),
   above TVM's priorities, and lays them out for it (``NCHW8c`` data, ``OIHW8o8i`` weights). A
-  dot-product conv at +i8mm (the stem's 4 channels) writes NCHW8c too, so that no
+  dot-product or float NCHWc conv at +i8mm (the stem) writes NCHW8c too, so that no
   ``layout_transform`` kernel sits between it and the matrix-multiply convs::
 
       # conv2d(x[C], w[O, C]) at +i8mm, C % 8 == O % 8 == 0  ->  contrib_conv2d_nchwc(x', w', "NCHW8c", "OIHW8o8i")
@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 
 import tvm
 from tvm import relay, topi
@@ -211,11 +212,12 @@ def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
     altered = topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout(attrs, inputs, tinfos, out_type)
     if (bool(target.features.has_matmul_i8) and isinstance(altered, relay.Call)
             and altered.op.name == "nn.contrib_conv2d_NCHWc" and altered.attrs.out_layout == "NCHW4c"
+            and re.fullmatch(r"OIHW\d+i4o(4i)?", altered.attrs.kernel_layout)  # int8 dot product, or float
             and int(tinfos[1].shape[0]) % mmla_conv.BLOCK == 0):
-        # a dot-product conv among matrix-multiply ones (the stem) writes their NCHW8c: no layout_transform kernel
+        # another NCHWc conv among matrix-multiply ones (the int8 or float stem) writes their NCHW8c: no
+        # layout_transform kernel between them
         new_attrs = {k: altered.attrs[k] for k in altered.attrs.keys()}
-        ic_bn = int(new_attrs["data_layout"][len("NCHW"):-1])
-        new_attrs.update(out_layout="NCHW8c", kernel_layout=f"OIHW{ic_bn // INT8_LANES}i8o{INT8_LANES}i")
+        new_attrs.update(out_layout="NCHW8c", kernel_layout=altered.attrs.kernel_layout.replace("i4o", "i8o"))
         return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
     return altered
 
