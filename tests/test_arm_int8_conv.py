@@ -239,3 +239,21 @@ def test_i8mm_stem_writes_the_matrix_kernels_layout():
     assert len(_kernel_names(v1)) == len(_kernel_names(n1))
     assert v1.kernel_report.crossing.to_dict()["total_bytes"] <= n1.kernel_report.crossing.to_dict()["total_bytes"]
     assert MATRIX & set(_conv_mnemonics(v1)) and DOT & set(_conv_mnemonics(v1))
+
+
+def _float_network():
+    """Float convs with 3 and 16 input channels, and no 8-bit tensor anywhere."""
+    rng = np.random.default_rng(4)
+    x = relay.var("x", shape=(1, 3, 16, 16), dtype="float32")
+    y = relay.nn.conv2d(x, relay.const(rng.standard_normal((16, 3, 3, 3)).astype("float32")), padding=(1, 1),
+                        channels=16, kernel_size=(3, 3))
+    y = relay.nn.conv2d(relay.nn.relu(y), relay.const(rng.standard_normal((16, 16, 3, 3)).astype("float32")),
+                        padding=(1, 1), channels=16, kernel_size=(3, 3))
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+def test_float_network_keeps_tvms_convs(cpu):
+    """Only an 8-bit graph's float first layer is blocked: a float network compiles as TVM compiles it."""
+    mod = _float_network()
+    assert _kernel_names(_policy(mod, TARGETS[cpu])) == _kernel_names(_stock(mod, TARGETS[cpu]))

@@ -27,10 +27,11 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
 
       # conv2d(x[C], w[O, C]), C <= 4 -> conv2d(pad(x)[4], pad(w)[8 ceil(O/8), 4])   (zeros: exact)
 
-* **A float first layer** (relay.quantize keeps it, ``skip_conv_layers``) with fewer than 64 input
-  channels takes the NCHW spatial pack, so a ``layout_transform`` kernel sits between its pool and
-  the first int8 NCHWc conv. The policy gives it TVM's x86 float conv, which TVM's arm_cpu layout
-  rules turn into NCHWc (``conv2d_NCHWc.x86``), at the int8 kernel's priority.
+* **A float first layer** (relay.quantize keeps it, ``skip_conv_layers``) on an image's channels
+  (up to 4), in a graph with 8-bit tensors, takes the NCHW spatial pack, so a ``layout_transform``
+  kernel sits between its pool and the first int8 NCHWc conv. The policy gives it TVM's x86 float
+  conv, which TVM's arm_cpu layout rules turn into NCHWc (``conv2d_NCHWc.x86``), at the int8
+  kernel's priority. In a float network, or deeper (a detector's float head), TVM's rule stays.
 
 * **The 8-bit matrix multiply (+i8mm, Neoverse V1/V2) is unused.** TVM 0.19 uses ``smmla`` only in
   its NHWC GEMM schedule, so NCHWc int8 convs get ``sdot`` at +i8mm. The policy gives 8-bit convs
@@ -56,6 +57,7 @@ on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import re
 
@@ -134,9 +136,12 @@ def _takes_nchwc_int8(attrs, data, kernel) -> bool:
 
 
 def _float_stem(attrs, data, kernel) -> bool:
-    """A float32 conv with few input channels: the float first layer that relay.quantize keeps
-    (``skip_conv_layers``), in front of int8 NCHWc convs."""
-    return _few_channels(attrs, kernel) is not None and data.dtype == kernel.dtype == "float32"
+    """A float32 conv on an image's channels (up to 4) in an 8-bit graph: the float first layer that
+    relay.quantize keeps (``skip_conv_layers``), in front of int8 NCHWc convs. In a float network, or
+    deeper (a detector's float head), TVM's NCHW rule stays: NCHWc there would only add layout changes."""
+    channels = _few_channels(attrs, kernel)
+    return (_FLOAT_STEM.get() and channels is not None and channels <= INT8_LANES
+            and data.dtype == kernel.dtype == "float32")
 
 
 def _takes_mmla(attrs, data, kernel) -> bool:
@@ -295,9 +300,19 @@ def _uninstall():
 
 _PATCH = Patch(_install, _uninstall)
 
+#: Whether the build in this context blocks a float first layer (:func:`kernels`' ``int8_graph``).
+_FLOAT_STEM = contextvars.ContextVar("tvm_ext_arm_float_stem", default=True)
+
 
 @contextlib.contextmanager
-def kernels():
-    """Enter to build aarch64 int8 convs and denses with tvm-ext's kernel policy (module note)."""
-    with _PATCH.entered():
-        yield
+def kernels(int8_graph: bool = True):
+    """Enter to build aarch64 int8 convs and denses with tvm-ext's kernel policy (module note).
+
+    ``int8_graph``: the graph holds 8-bit tensors, so a float first layer is blocked like the int8
+    convs after it; False leaves every float conv to TVM."""
+    token = _FLOAT_STEM.set(bool(int8_graph))
+    try:
+        with _PATCH.entered():
+            yield
+    finally:
+        _FLOAT_STEM.reset(token)

@@ -366,7 +366,7 @@ def kernel_contexts(tgt, mod, kernels: bool, tuned: bool) -> tuple:
     if _is_aarch64(tgt):
         # aarch64: 8-bit operands for every int8 conv and dense (tvm_ext.arm.int8_conv); the records
         # `tvm-ext tune --rpc` measured on a board of this CPU (tvm_ext.x86.tuning's aarch64 files)
-        policy = arm_int8.kernels() if kernels else contextlib.nullcontext()
+        policy = arm_int8.kernels(int8_graph=_has_8bit_tensors(mod)) if kernels else contextlib.nullcontext()
         return policy, tuning.apply(tgt) if tuned else contextlib.nullcontext()
     policy = x86_int8.kernels(schedule=kernels, int8_graph=kernels and _has_8bit_tensors(mod))
     return policy, tuning.apply(tgt) if tuned else contextlib.nullcontext()
