@@ -22,12 +22,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 # Two pytest workers (pytest-xdist): the suite is mostly single-threaded LLVM code generation.
+# --dist loadgroup: the tests marked xdist_group("small_zoo:<model>") share one worker's builds of that
+# model (tests/conftest.py, small_zoo_build); the other tests are spread one at a time.
 JOBS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" -n $(JOBS) --durations=25
+	$(PY) -m pytest -q -m "not slow" -n $(JOBS) --dist loadgroup --durations=25
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n $(JOBS)
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) benchmarks/resnet50_int8.py

@@ -23,6 +23,7 @@ from tvm.relay import dataflow_pattern as dfp
 from tvm_ext.ops import round_half_to_even
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._rules import Rule, first_rewrite
 from ._util import ANCHOR_OPS, Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
@@ -203,6 +204,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def AddAsOnnxRuntime():  # pylint: disable=invalid-name
     """Compute quantized adds as ONNX Runtime's MLAS ``QLinearAdd`` kernel does (x86 AVX2+).
 
@@ -214,16 +216,6 @@ def AddAsOnnxRuntime():  # pylint: disable=invalid-name
     ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.
 
     Run it before relay.build's prefix (stage ``"start"``), after ``QDQToInteger``.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"AddAsOnnxRuntime"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

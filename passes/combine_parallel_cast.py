@@ -25,6 +25,7 @@ from tvm import relay
 from tvm_ext._op_pattern import K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, op_pattern
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._util import (Check, Reject, consumers, dataflow_nodes, describe, function_pass, is_primitive, op_name,
                     pass_logger, rebuild, static_tensor_type, with_body)
 
@@ -275,6 +276,8 @@ def _check_min(min_num_branches) -> int:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME, raises=(
+    ("ValueError, TypeError", "``min_num_branches`` is not an int >= 2 (at construction)."),))
 def CombineParallelCast(min_num_branches: int = 2):  # pylint: disable=invalid-name
     """Merge parallel narrowing casts of one value so FuseOps fuses the cast into the producer.
 
@@ -298,18 +301,6 @@ def CombineParallelCast(min_num_branches: int = 2):  # pylint: disable=invalid-n
     ----------
     min_num_branches : int
         Smallest number of identical casts of one value that are merged (>= 2).
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"CombineParallelCast"``.
-
-    Raises
-    ------
-    ValueError, TypeError
-        ``min_num_branches`` is not an int >= 2 (at construction).
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -25,6 +25,7 @@ from tvm_ext._op_pattern import K_INJECTIVE, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import chain_arg, narrow_type
+from ._doc import factory_sections
 from ._util import (Reject, consumers, dataflow_nodes, fixed_point, function_pass, lift_constants, op_name, pass_logger,
                     rebuild, static_tensor_type, with_body)
 
@@ -243,6 +244,7 @@ def _run(func):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def DequantizeInConvTranspose():  # pylint: disable=invalid-name
     """Make a float transposed conv one kernel from its 8-bit input to its 8-bit output.
 
@@ -252,16 +254,6 @@ def DequantizeInConvTranspose():  # pylint: disable=invalid-name
     ``cast(N, u8)``, so neither the dequantized input nor the float output crosses kernels. Exact.
 
     Use last at stage ``before_fuse``.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"DequantizeInConvTranspose"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

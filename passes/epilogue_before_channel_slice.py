@@ -24,6 +24,7 @@ from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import narrow_type
+from ._doc import factory_sections
 from ._util import Reject, int_list, op_calls, op_name, pass_logger, static_shape, static_tensor_type, substitution_pass
 
 __all__ = ["EpilogueBeforeChannelSlice"]
@@ -168,6 +169,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def EpilogueBeforeChannelSlice():  # pylint: disable=invalid-name
     """Move a conv's elementwise epilogue in front of the channel slice x86 legalization adds.
 
@@ -178,16 +180,6 @@ def EpilogueBeforeChannelSlice():  # pylint: disable=invalid-name
     accumulators. Exact; no kernel is added.
 
     Use at stage ``before_fuse`` (after relay.build's prefix has legalized and blocked the convs).
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"EpilogueBeforeChannelSlice"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

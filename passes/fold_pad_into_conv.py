@@ -24,6 +24,7 @@ from tvm.relay import dataflow_pattern as dfp
 from tvm_ext.core.registry import register_pass
 
 from . import _layout
+from ._doc import factory_sections
 from ._util import (
     Reject,
     constant_scalar,
@@ -250,6 +251,7 @@ def _collect(nodes, users, body):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def FoldPadIntoConv():  # pylint: disable=invalid-name
     """Fold an explicit ``nn.pad`` into the padding of the convolution that reads it.
 
@@ -263,16 +265,6 @@ def FoldPadIntoConv():  # pylint: disable=invalid-name
 
     Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN and altered
     layouts); it also works at ``start`` on ``nn.conv2d`` / ``qnn.conv2d``.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"FoldPadIntoConv"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -25,6 +25,7 @@ from tvm.relay import dataflow_pattern as dfp
 from tvm_ext.core.registry import register_pass
 
 from . import _layout
+from ._doc import factory_sections
 from ._util import (
     Reject,
     constant_scalar,
@@ -370,6 +371,7 @@ def _collect(nodes, users, body):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def FoldZeroPointPadIntoConv():  # pylint: disable=invalid-name
     """Fold a non-zero constant pad (the input zero point) into the integer convolution reading it.
 
@@ -383,16 +385,6 @@ def FoldZeroPointPadIntoConv():  # pylint: disable=invalid-name
     integer convs (see docs/passes.md for x86 without VNNI).
 
     Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN).
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"FoldZeroPointPadIntoConv"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

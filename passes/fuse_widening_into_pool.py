@@ -19,6 +19,7 @@ from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import POOLS, walk_chain
+from ._doc import factory_sections
 from ._util import (Reject, lift_constants, op_calls, op_name, pass_logger, rebuild, static_tensor_type,
                     substitution_pass)
 
@@ -87,6 +88,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def FuseWideningIntoPool():  # pylint: disable=invalid-name
     """Make a pool's kernel read the 8-bit value and do the widening (requantize) itself.
 
@@ -98,16 +100,6 @@ def FuseWideningIntoPool():  # pylint: disable=invalid-name
     called on the 8-bit value: the producer kernel writes 8 bits. Exact; no kernel added.
 
     Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN).
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"FuseWideningIntoPool"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

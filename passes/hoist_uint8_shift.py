@@ -25,6 +25,7 @@ from tvm import relay
 from tvm_ext._op_pattern import K_INJECTIVE, K_OUT_EWISE_FUSABLE, call_pattern
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._intervals import value_ranges
 from ._util import Reject, constant_scalar, op_name, pass_logger, static_tensor_type, substitution_pass
 
@@ -148,6 +149,7 @@ def _unshift(s, shift, dtype):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def HoistUint8Shift():  # pylint: disable=invalid-name
     """Move x86's int8 -> uint8 conv-input shift into the producer of a value with other readers.
 
@@ -157,16 +159,6 @@ def HoistUint8Shift():  # pylint: disable=invalid-name
     Exact. For int8-activation (S8S8) models on x86, whose convs read ``x + 128``.
 
     Use at stage ``before_fuse`` (after relay.build's prefix has legalized and lowered QNN).
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"HoistUint8Shift"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -28,6 +28,7 @@ from tvm_ext.core.registry import register_pass
 
 from . import _layout
 from ._chains import copy_chain, narrow_type
+from ._doc import factory_sections
 from ._intervals import full_range, value_ranges
 from ._util import (Reject, count_calls, fixed_point, function_pass, op_calls, op_name, pass_logger, rebuild,
                     static_tensor_type, substitute)
@@ -396,6 +397,7 @@ def _run(func):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def NarrowBeforeMaxPool():  # pylint: disable=invalid-name
     """Move the quantizing chain after a max pool in front of it, so the pool reads 8 bits.
 
@@ -405,16 +407,6 @@ def NarrowBeforeMaxPool():  # pylint: disable=invalid-name
     fuses into the producer's kernel, which writes the 8-bit tensor instead of a float32 one.
     Otherwise, ``max_pool(g(n))`` becomes ``g(max_pool(n))`` for such a chain ``g`` that widens
     an 8-bit ``n`` (a dequantize in front of the pool): the producer writes ``n``.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"NarrowBeforeMaxPool"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

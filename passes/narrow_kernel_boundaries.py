@@ -24,6 +24,7 @@ from tvm_ext._op_pattern import K_BROADCAST, K_OUT_EWISE_FUSABLE, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import walk_chain
+from ._doc import factory_sections
 from ._util import describe, op_name, pass_logger, static_tensor_type, substitution_pass
 
 __all__ = ["NarrowKernelBoundaries"]
@@ -111,6 +112,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def NarrowKernelBoundaries():  # pylint: disable=invalid-name
     """Make the 8-bit value, not its widened form, cross between the two kernels meeting at a join.
 
@@ -123,16 +125,6 @@ def NarrowKernelBoundaries():  # pylint: disable=invalid-name
     kernel (FuseOps never merges two).
 
     Use at stage ``before_fuse`` (after relay.build's prefix has lowered QNN).
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"NarrowKernelBoundaries"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -18,6 +18,7 @@ from tvm.relay import dataflow_pattern as dfp
 from tvm_ext.core.registry import register_pass
 from tvm_ext.x86.isa import isa_class
 
+from ._doc import factory_sections
 from ._intervals import value_ranges
 from ._rules import Rule, first_rewrite
 from ._util import Check, Reject, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass
@@ -119,6 +120,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def NonNegativeConvInputToUint8():  # pylint: disable=invalid-name
     """Retype an int8 conv input proven to lie in ``[0, 127]`` as uint8, so x86 needs no shift.
 
@@ -129,16 +131,6 @@ def NonNegativeConvInputToUint8():  # pylint: disable=invalid-name
     padded copy fewer per such conv).
 
     Run it before ``Legalize``: stage ``"start"`` of :func:`tvm_ext.build`.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"NonNegativeConvInputToUint8"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

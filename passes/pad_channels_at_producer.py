@@ -32,6 +32,7 @@ from tvm import relay
 
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild,
                     static_shape, static_tensor_type, with_body)
 
@@ -395,6 +396,7 @@ def _rewrite(func):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def PadChannelsAtProducer():  # pylint: disable=invalid-name
     """Let the float conv that writes an int8 conv's input pad its channels to a multiple of 4.
 
@@ -408,16 +410,6 @@ def PadChannelsAtProducer():  # pylint: disable=invalid-name
     where the readers' extra work stays below :data:`MAX_EXTRA_MACS`.
 
     Run it at stage ``"start"`` of :func:`tvm_ext.build`, after ``QDQToInteger``.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"PadChannelsAtProducer"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -18,6 +18,7 @@ from tvm import relay
 
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._util import Reject, op_calls, op_name, pass_logger, substitution_pass
 
 __all__ = ["QuantizeWeightsAsOnnxRuntime", "ort_int8_weight_parameters"]
@@ -134,6 +135,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def QuantizeWeightsAsOnnxRuntime():  # pylint: disable=invalid-name
     """Quantize float weights (and biases) of ops between a dequantize and a quantize as ONNX Runtime does.
 
@@ -147,16 +149,6 @@ def QuantizeWeightsAsOnnxRuntime():  # pylint: disable=invalid-name
     ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``, not of the default pipeline.
 
     Run it at stage ``"start"``, after ``QDQToInteger``.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"QuantizeWeightsAsOnnxRuntime"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -24,6 +24,7 @@ from tvm import relay
 from tvm_ext._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_INJECTIVE, op_pattern
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._util import Reject, describe, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass
 
 __all__ = ["RemoveStopFusion", "DECISIONS"]
@@ -309,6 +310,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def RemoveStopFusion():  # pylint: disable=invalid-name
     """Remove ``annotation.stop_fusion`` barriers, or move them so the narrowest tensor crosses.
 
@@ -321,16 +323,6 @@ def RemoveStopFusion():  # pylint: disable=invalid-name
 
     Run it at stage ``"before_fuse"`` of :func:`tvm_ext.build` (after ``CanonicalizeCast``,
     ``FoldScaleAxis`` and ``SimplifyExpr``, which the barriers must still constrain).
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"RemoveStopFusion"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -23,6 +23,7 @@ from tvm.relay import dataflow_pattern as dfp
 from tvm_ext.ops import round_half_to_even  # the replacement (re-exported: AddAsOnnxRuntime, tests)
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._rules import Rule, first_rewrite
 from ._util import (Check, Reject, is_primitive, lift_constants, op_calls, op_name, pass_logger, post_order, rebuild,
                     substitution_pass, with_body)
@@ -140,6 +141,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def RoundHalfToEven():  # pylint: disable=invalid-name
     """Make every float ``round`` round halfway cases to even, as ONNX and ONNX Runtime do.
 
@@ -156,16 +158,6 @@ def RoundHalfToEven():  # pylint: disable=invalid-name
     in as parameters. Part of ``tvm_ext.core.pipelines.int8(numerics="onnxruntime")``.
 
     Run it after QNN ops are lowered: stage ``"before_fuse"`` of :func:`tvm_ext.build`.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"RoundHalfToEven"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -17,6 +17,7 @@ from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
 from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,
                     static_tensor_type, with_body)
 
@@ -258,6 +259,7 @@ def _rewrite(func, ops: frozenset):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME, raises=(("TypeError", "``ops`` is not a collection of op names."),))
 def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
     """Replace every elementwise function of one 8-bit tensor that calls a transcendental op by a
     256-entry table lookup (``tvm_ext.table_lookup``), computed exactly by TVM at compile time.
@@ -273,18 +275,6 @@ def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
     ops : frozenset of str, optional
         Op names that make a chain worth a table (default :data:`TRANSCENDENTAL`). Chains without
         any are left alone: a table read costs more than a few vectorized arithmetic ops.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"TabulateEightBit"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
-    TypeError
-        ``ops`` is not a collection of op names.
 
     Notes
     -----

@@ -16,6 +16,7 @@ from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.core.registry import register_pass
 
+from ._doc import factory_sections
 from ._rules import Rule, first_rewrite
 from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
 
@@ -94,6 +95,7 @@ def _collect(nodes, users, body) -> dict:
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def UniformZeroPointsToScalar():  # pylint: disable=invalid-name
     """Replace QNN zero-point vectors whose entries are all equal by the scalar.
 
@@ -106,16 +108,6 @@ def UniformZeroPointsToScalar():  # pylint: disable=invalid-name
     per-channel quantized convs lose three kernels each (channel sum, window average, multiply).
 
     Run it before relay.build's prefix: stage ``"start"`` of :func:`tvm_ext.build`.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"UniformZeroPointsToScalar"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

@@ -25,6 +25,7 @@ from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import narrow_type, takes_widening
+from ._doc import factory_sections
 from ._util import (Reject, count_calls, fixed_point, function_pass, op_name, pass_logger, static_shape,
                     static_tensor_type, substitute)
 
@@ -311,6 +312,7 @@ def _run(func):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def WidenAfterMovement():  # pylint: disable=invalid-name
     """Move a widening (dequantize) chain past data movement, so the movement runs on 8-bit values.
 
@@ -322,16 +324,6 @@ def WidenAfterMovement():  # pylint: disable=invalid-name
     reader that computes on it (docs/passes.md).
 
     Use at stage ``before_fuse``, before ``WidenInEachReader`` and ``FuseWideningIntoPool``.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"WidenAfterMovement"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

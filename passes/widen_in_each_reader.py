@@ -22,6 +22,7 @@ from tvm import relay
 from tvm_ext.core.registry import register_pass
 
 from ._chains import chain_arg, copy_chain, narrow_type, takes_widening
+from ._doc import factory_sections
 from ._util import Reject, fixed_point, function_pass, op_name, pass_logger, static_tensor_type, substitute
 
 __all__ = ["WidenInEachReader"]
@@ -119,6 +120,7 @@ def _sweep(func):
 
 
 @register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
 def WidenInEachReader():  # pylint: disable=invalid-name
     """Let a widened (dequantized) value with several readers cross kernels as its 8-bit source.
 
@@ -129,16 +131,6 @@ def WidenInEachReader():  # pylint: disable=invalid-name
     pool readers).
 
     Use at stage ``before_fuse``, before ``FuseWideningIntoPool``.
-
-    Returns
-    -------
-    tvm.transform.Pass
-        A Relay function pass named ``"WidenInEachReader"`` (opt_level 1).
-
-    Raises
-    ------
-    tvm_ext.passes._util.UntypedModuleError
-        When run on a module that was not type-inferred.
 
     Notes
     -----

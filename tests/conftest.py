@@ -49,3 +49,46 @@ def _quiet_tvm_loggers():
     logging.getLogger("autotvm").setLevel(logging.ERROR)
     logging.getLogger("te_compiler").setLevel(logging.WARNING)
     yield
+
+
+
+# -- builds of the small zoo ResNets that tests in several modules check --------------------------
+# A small zoo ResNet takes most of a minute to build on 2 cores. Tests that check the same build
+# (model, pipeline, at the host target) take it from this per-process cache and carry the mark
+# ``xdist_group("small_zoo:<model>")``, so that `make test` (``--dist loadgroup``) runs them in one
+# pytest-xdist worker, which builds it once. (A test's xdist_group marks join into one group name:
+# one mark per test.)
+_SMALL_ZOO_PIPELINES = ("stock", "int8")
+_small_zoo_builds: dict = {}
+
+
+@pytest.fixture
+def small_zoo_build(request):
+    """``build(name, pipeline)``: the small zoo model ``name`` (a ``ZooModel``) and its build at the
+    host target, ``"stock"`` (relay.build at opt_level 3) or ``"int8"`` (tvm_ext.build with
+    ``pipelines.int8()``), made once per worker process. Callers only read and run the factory.
+    A test without the build's ``xdist_group`` mark is an error: it would build again elsewhere."""
+    from tvm_ext.core import pipelines
+    from tvm_ext.tools import zoo
+
+    marks = request.node.iter_markers("xdist_group")
+    groups = {mark.args[0] if mark.args else mark.kwargs.get("name") for mark in marks}
+
+    def build(name: str, pipeline: str):
+        if pipeline not in _SMALL_ZOO_PIPELINES:
+            raise ValueError(f"small_zoo_build: pipeline must be one of {_SMALL_ZOO_PIPELINES}, not {pipeline!r}")
+        group = f"small_zoo:{name}"
+        if group not in groups:
+            raise ValueError(f"small_zoo_build: {request.node.nodeid} needs @pytest.mark.xdist_group({group!r})")
+        if (name, pipeline) not in _small_zoo_builds:
+            m = zoo.load(name, small=True)
+            target = tvm_ext.host_target()
+            if pipeline == "stock":
+                with tvm.transform.PassContext(opt_level=3):
+                    lib = relay.build(tvm_ext.copy_module(m.mod), target=target, params=m.params)
+            else:
+                lib = tvm_ext.build(m.mod, target, m.params, passes=pipelines.int8())
+            _small_zoo_builds[name, pipeline] = (m, lib)
+        return _small_zoo_builds[name, pipeline]
+
+    return build

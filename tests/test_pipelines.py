@@ -3,14 +3,10 @@ narrow boundaries, numerics."""
 import numpy as np
 import pytest
 import tvm
-from tvm import relay
 
 import tvm_ext
-import tvm_ext.tools.zoo
 from tvm_ext.core import pipelines
 from tvm_ext.testing import run_module
-
-TARGET = tvm_ext.host_target()
 
 
 INT8_ORDER = {
@@ -151,18 +147,17 @@ def test_step_creates_the_registered_pass_with_its_arguments():
     assert step.make().info.name == "QDQToInteger"
 
 
-def _build_both(name):
-    m = tvm_ext.tools.zoo.load(name, small=True)
-    with tvm.transform.PassContext(opt_level=3):
-        stock = relay.build(tvm_ext.copy_module(m.mod), target=TARGET, params=m.params)
-    ext = tvm_ext.build(m.mod, TARGET, m.params, passes=pipelines.int8())
+def _build_both(small_zoo_build, name):
+    m, stock = small_zoo_build(name, "stock")
+    _, ext = small_zoo_build(name, "int8")
     xs = [np.random.default_rng(1000 + s).standard_normal(m.input_shape).astype("float32") for s in range(3)]
     outs = [(run_module(stock, {m.input_name: x})[0], run_module(ext, {m.input_name: x})[0]) for x in xs]
     return m, tvm_ext.KernelReport.from_factory(stock), ext.kernel_report, outs
 
 
-def test_qoperator_floor_narrow_and_bit_exact():
-    _, stock, ext, outs = _build_both("resnet50_int8_qoperator")
+@pytest.mark.xdist_group("small_zoo:resnet50_int8_qoperator")
+def test_qoperator_floor_narrow_and_bit_exact(small_zoo_build):
+    _, stock, ext, outs = _build_both(small_zoo_build, "resnet50_int8_qoperator")
     assert ext.num_anchor_kernels == stock.num_anchor_kernels
     assert ext.num_kernels <= ext.num_anchor_kernels + 2 < stock.num_kernels
     assert set(ext.crossing.nbytes) <= {"uint8", "int8"}, ext.crossing.nbytes
@@ -170,8 +165,9 @@ def test_qoperator_floor_narrow_and_bit_exact():
         np.testing.assert_array_equal(a, b)
 
 
-def test_qdq_floor_and_narrow():
-    _, stock, ext, outs = _build_both("resnet50_int8_qdq")
+@pytest.mark.xdist_group("small_zoo:resnet50_int8_qdq")
+def test_qdq_floor_and_narrow(small_zoo_build):
+    _, stock, ext, outs = _build_both(small_zoo_build, "resnet50_int8_qdq")
     assert "float32" in stock.crossing.nbytes
     assert ext.num_kernels <= ext.num_anchor_kernels + 2
     assert set(ext.crossing.nbytes) <= {"uint8", "int8"}, ext.crossing.nbytes
@@ -179,8 +175,9 @@ def test_qdq_floor_and_narrow():
         assert a.argmax() == b.argmax()
 
 
-def test_relay_quantize_fewer_kernels_and_bytes():
-    _, stock, ext, _ = _build_both("resnet50_int8_relay")
+@pytest.mark.xdist_group("small_zoo:resnet50_int8_relay")
+def test_relay_quantize_fewer_kernels_and_bytes(small_zoo_build):
+    _, stock, ext, _ = _build_both(small_zoo_build, "resnet50_int8_relay")
     assert ext.num_anchor_kernels == stock.num_anchor_kernels
     assert ext.num_kernels < stock.num_kernels / 2
     assert ext.crossing.total_bytes < stock.crossing.total_bytes / 2

@@ -4,11 +4,11 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relay
 
 import tvm_ext
-import tvm_ext.tools.zoo
 from _helpers import (
     assert_if_and_let_skipped,
     assert_not_mutated_and_disabled_by_name,
@@ -124,12 +124,12 @@ def test_not_mutated_and_disabled_by_name():
     assert "QDQToInteger" in pass_names_seen(lambda: QDQToInteger()(qdq_block()))
 
 
-def test_small_zoo_qdq_integer_between_kernels_and_close_to_ort():
+@pytest.mark.xdist_group("small_zoo:resnet50_int8_qdq")
+def test_small_zoo_qdq_integer_between_kernels_and_close_to_ort(small_zoo_build):
     """Small QDQ ResNet through the int8 pipeline: only uint8 crosses kernels; top-1 as ORT."""
     import onnxruntime as ort
 
-    m = tvm_ext.tools.zoo.load("resnet50_int8_qdq", small=True)
-    fac = tvm_ext.build(m.mod, params=m.params, passes=tvm_ext.core.pipelines.int8())
+    m, fac = small_zoo_build("resnet50_int8_qdq", "int8")
     assert set(fac.kernel_report.crossing.nbytes) <= {"uint8", "int8"}, fac.kernel_report.crossing.nbytes
     sess = ort.InferenceSession(str(m.onnx_path), providers=["CPUExecutionProvider"])
     for s in range(4):

@@ -1,7 +1,8 @@
-"""Tests of the machinery the passes share: passes/_util.py, passes/_chains.py, tvm_ext._op_pattern,
+"""Tests of the machinery the passes share: passes/_util.py, passes/_chains.py, passes/_doc.py, tvm_ext._op_pattern,
 tvm_ext._reject."""
 from __future__ import annotations
 
+import inspect
 import logging
 
 import pytest
@@ -10,7 +11,8 @@ from tvm import relay
 
 from tvm_ext import _op_pattern
 from tvm_ext._reject import Reject
-from tvm_ext.passes import _chains, _util
+from tvm_ext.core.registry import list_passes
+from tvm_ext.passes import _chains, _doc, _util
 from tvm_ext.testing import infer
 
 
@@ -109,3 +111,29 @@ def test_copy_chain_rebuilds_the_links_on_a_new_input():
     copy = _chains.copy_chain([chain, chain.args[0]], y)
     assert tvm.ir.structural_equal(infer(copy)["main"].body,
                                    infer(relay.multiply(relay.cast(y, "float32"), relay.const(0.5)))["main"].body)
+
+
+def test_every_pass_factory_documents_the_pass_it_returns():
+    """Each registered factory's docstring names its own pass under Returns, in numpydoc order
+    (Returns, then Raises and Notes where there are some)."""
+    for spec in list_passes():
+        doc = inspect.getdoc(spec.factory)
+        returns, raises, notes = (doc.find(f"\n{t}\n{'-' * len(t)}\n") for t in ("Returns", "Raises", "Notes"))
+        assert returns > 0 and f'pass named ``"{spec.name}"``' in doc[returns:], spec.name
+        assert all(at == -1 or returns < at for at in (raises, notes)) and (-1 in (raises, notes) or raises < notes)
+
+
+def test_factory_sections_insert_before_notes_and_reject_a_second_returns():
+    def factory():
+        """Summary.
+
+        Notes
+        -----
+        Own note.
+        """
+
+    doc = _doc.factory_sections("Toy", raises=(("TypeError", "a bad argument."),))(factory).__doc__
+    assert doc.index("Returns") < doc.index("TypeError") < doc.index("UntypedModuleError") < doc.index("Own note")
+    assert '``"Toy"`` (opt_level 1)' in doc
+    with pytest.raises(ValueError, match="factory_sections: factory's docstring already has Returns"):
+        _doc.factory_sections("Toy")(factory)
