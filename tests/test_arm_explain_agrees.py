@@ -83,7 +83,9 @@ def _check_agree(mod, target, params, passes):
     return report
 
 
-@pytest.mark.parametrize("cpu, pipeline", [(cpu, "int8") for cpu in sorted(TARGETS)] + [("cortex-a72", "none")])
+@pytest.mark.parametrize("cpu, pipeline", [("neoverse-v1", "int8"), ("cortex-a72", "none"),
+                                           pytest.param("cortex-a72", "int8", marks=pytest.mark.slow),
+                                           pytest.param("neoverse-n1", "int8", marks=pytest.mark.slow)])
 def test_small_quantized_net_agrees_with_the_built_module(cpu, pipeline):
     """tvm-ext's int8 pipeline at each class, and stock TVM at NEON only (its int16 legalization)."""
     passes = pipelines.int8() if pipeline == "int8" else ()

@@ -16,9 +16,10 @@ from tvm_ext.testing.aarch64 import TARGETS, run_on_session
 from _cases import dense_reference, qnn_dense
 
 
-@pytest.mark.parametrize("cpu, m, k, n", [("neoverse-n1", 1, 64, 15), ("neoverse-n1", 3, 2048, 40),
-                                          ("neoverse-v1", 1, 64, 16), ("neoverse-v1", 3, 64, 10),
-                                          ("neoverse-v1", 4, 2048, 24)])
+@pytest.mark.parametrize("cpu, m, k, n", [pytest.param("neoverse-n1", 1, 64, 15, marks=pytest.mark.slow),
+                                          ("neoverse-n1", 3, 2048, 40), ("neoverse-v1", 1, 64, 16),
+                                          ("neoverse-v1", 3, 64, 10),
+                                          pytest.param("neoverse-v1", 4, 2048, 24, marks=pytest.mark.slow)])
 def test_qnn_dense_exact_under_qemu(cpu, m, k, n, arm_session, tmp_path):
     mod, x, w = qnn_dense(np.random.default_rng(m * k + n), m=m, k=k, n=n)
     factory = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True)

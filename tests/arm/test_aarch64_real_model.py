@@ -38,7 +38,7 @@ def model_and_reference():
 
 
 @pytest.mark.parametrize("cpu", list(TARGETS))
-def test_tvm_ext_int8_pipeline_real_classifier_matches_x86_llvm(cpu, model_and_reference, arm_session, tmp_path,
+def test_tvm_ext_int8_pipeline_real_classifier_matches_x86_llvm(cpu, model_and_reference, arm_server, tmp_path,
                                                                record_property):
     import tvm_ext
     from tvm_ext.core import pipelines
@@ -46,7 +46,8 @@ def test_tvm_ext_int8_pipeline_real_classifier_matches_x86_llvm(cpu, model_and_r
     m, x, ref = model_and_reference
     factory = tvm_ext.build(m.mod, TARGETS[cpu], m.params, passes=pipelines.int8())
     record_property("kernels", factory.kernel_report.num_kernels)
-    (out,) = run_on_session(arm_session, factory, {m.input_name: x}, tmp_path, f"ppocr_cls_{cpu}")
+    session = arm_server.connect(session_timeout=600)  # after the build: a session ends at its timeout
+    (out,) = run_on_session(session, factory, {m.input_name: x}, tmp_path, f"ppocr_cls_{cpu}")
     record_property("max_abs_diff", float(np.abs(out - ref).max()))
     assert out.argmax() == ref.argmax()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=f"{MODEL} at {TARGETS[cpu]} vs x86 llvm")

@@ -112,6 +112,7 @@ def tracker_with_board():
         yield address
 
 
+@pytest.mark.slow  # a second emulated server (about a minute); tests/test_remote.py covers trackers without qemu
 def test_tune_over_tracker(tiny, tracker_with_board, tmp_path, monkeypatch, capsys):
     path, _, _ = tiny
     monkeypatch.setenv("TVM_EXT_CACHE", str(tmp_path))
