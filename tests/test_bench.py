@@ -13,6 +13,9 @@ from tvm_ext.x86 import int8_policy
 from tvm_ext.x86.target import host_target
 from tvm_ext.tools.cli import main
 
+# the module's bench run (minutes of builds) is made once, on one worker
+pytestmark = pytest.mark.xdist_group("bench")
+
 
 HOST_VNNI = int8_policy.vnni_ready(host_target(allow_vnni=True))
 

@@ -14,6 +14,9 @@ from tvm_ext.x86 import tuning
 from tvm_ext.x86.target import build_target
 from tvm_ext.testing import run_module
 
+# the module's recorded and tuned builds are made once, on one worker
+pytestmark = pytest.mark.xdist_group("tuning")
+
 
 @pytest.fixture(scope="module")
 def small():
