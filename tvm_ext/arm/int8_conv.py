@@ -70,6 +70,7 @@ from tvm.target import Target
 
 from .._patch import Patch
 from . import int8_dense, mmla_conv
+from ._mmla import MMLA_INSTRUCTION
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def _takes_mmla(attrs, data, kernel) -> bool:
         return False
     if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return False
-    if (data.dtype, kernel.dtype) not in mmla_conv.MMLA_INSTRUCTION or not _static(data.shape, kernel.shape):
+    if (data.dtype, kernel.dtype) not in MMLA_INSTRUCTION or not _static(data.shape, kernel.shape):
         return False
     if tuple(int(d) for d in attrs.dilation) != (1, 1) or attrs.out_dtype not in ("int32", ""):
         return False
@@ -234,7 +235,7 @@ def _dense_kernel(attrs, data, weight):
         return None
     (m, k), n = (int(d) for d in data.shape), int(weight.shape[0])
     dtypes = (data.dtype, weight.dtype)
-    if bool(features.has_matmul_i8) and dtypes in int8_dense.MMLA_INSTRUCTION and m >= 2 and k % 8 == 0 \
+    if bool(features.has_matmul_i8) and dtypes in MMLA_INSTRUCTION and m >= 2 and k % 8 == 0 \
             and n % 2 == 0:
         return int8_dense.dense_mmla, DENSE_MMLA
     usdot_ok = dtypes != ("uint8", "int8") or bool(features.has_matmul_i8)

@@ -31,20 +31,15 @@ import tvm
 from tvm import te
 from tvm.topi.utils import get_const_tuple, traverse_inline
 
-__all__ = ["DOT_INSTRUCTION", "MMLA_INSTRUCTION", "dense_dot", "dense_mmla", "schedule_dense_int8"]
+from ._mmla import MMLA_INSTRUCTION, mmla_intrin
+
+__all__ = ["DOT_INSTRUCTION", "dense_dot", "dense_mmla", "schedule_dense_int8"]
 
 #: The dot-product intrinsic per (data, weight) dtype (``usdot`` needs +i8mm).
 DOT_INSTRUCTION = {
     ("int8", "int8"): "llvm.aarch64.neon.sdot",
     ("uint8", "uint8"): "llvm.aarch64.neon.udot",
     ("uint8", "int8"): "llvm.aarch64.neon.usdot",
-}
-
-#: The matrix-multiply intrinsic per (data, weight) dtype.
-MMLA_INSTRUCTION = {
-    ("int8", "int8"): "llvm.aarch64.neon.smmla",
-    ("uint8", "uint8"): "llvm.aarch64.neon.ummla",
-    ("uint8", "int8"): "llvm.aarch64.neon.usmmla",
 }
 
 TAG_DOT = "dense_int8_dot"
@@ -84,38 +79,6 @@ def _dot_intrin(data_dtype, weight_dtype, acc_scope):
         return _emit("body"), _emit("reset"), _emit("update")
 
     return te.decl_tensor_intrin(p.op, _body, binds=binds, default_buffer_params={"offset_factor": 1})
-
-
-def _mmla_intrin(data_dtype, weight_dtype, acc_scope):
-    """C[2, 2] += A[2, 8] x B[2, 8]^T; the rows of A and of B are 8-byte loads wherever they lie."""
-    a = te.placeholder((2, 8), data_dtype, name="a")
-    b = te.placeholder((2, 8), weight_dtype, name="b")
-    k = te.reduce_axis((0, 8), name="k")
-    c = te.compute((2, 2), lambda i, j: te.sum(a[i, k].astype("int32") * b[j, k].astype("int32"), axis=k),
-                   name="c")
-    binds = {a: tvm.tir.decl_buffer(a.shape, a.dtype, name="a_buf", offset_factor=1, strides=[te.var("sa"), 1]),
-             b: tvm.tir.decl_buffer(b.shape, b.dtype, name="b_buf", offset_factor=1, strides=[te.var("sb"), 1]),
-             c: tvm.tir.decl_buffer(c.shape, "int32", name="c_buf", offset_factor=1, strides=[2, 1],
-                                    scope=acc_scope)}
-    instruction = MMLA_INSTRUCTION[(data_dtype, weight_dtype)]
-    halves = [tvm.tir.const(i, "int32") for i in range(16)]
-
-    def _body(ins, outs):
-        def _emit(kind):
-            ib = tvm.tir.ir_builder.create()
-            if kind == "reset":
-                ib.emit(outs[0].vstore([0, 0], tvm.tir.const(0, "int32x4")))
-                return ib.get()
-            lhs = tvm.tir.Shuffle([ins[0].vload([r, 0], f"{data_dtype}x8") for r in range(2)], halves)
-            rhs = tvm.tir.Shuffle([ins[1].vload([r, 0], f"{weight_dtype}x8") for r in range(2)], halves)
-            acc = tvm.tir.const(0, "int32x4") if kind == "body" else outs[0].vload([0, 0], "int32x4")
-            ib.emit(outs[0].vstore([0, 0], tvm.tir.call_llvm_pure_intrin(
-                "int32x4", instruction, tvm.tir.const(3, "uint32"), acc, lhs, rhs)))
-            return ib.get()
-
-        return _emit("body"), _emit("reset"), _emit("update")
-
-    return te.decl_tensor_intrin(c.op, _body, binds=binds, default_buffer_params={"offset_factor": 1})
 
 
 def _check(name, data, weight, out_dtype, table, k_multiple):
@@ -201,7 +164,7 @@ def _schedule_mmla(s, out, last):
     s[tiles].reorder(b, ty, tx, p, q, r)
     s[tiles].unroll(ty)
     s[tiles].unroll(tx)
-    s[tiles].tensorize(p, _mmla_intrin(data.dtype, weight.dtype, "local"))
+    s[tiles].tensorize(p, mmla_intrin(data.dtype, weight.dtype, "local", rows_apart=True))  # rows K bytes apart
 
 
 def schedule_dense_int8(outs):

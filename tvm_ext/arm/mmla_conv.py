@@ -29,23 +29,17 @@ int8 weights ``usmmla``.
 """
 from __future__ import annotations
 
-import tvm
 from tvm import te, topi
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple, traverse_inline
 
-__all__ = ["BLOCK", "MMLA_INSTRUCTION", "conv2d_nchwc_mmla", "conv2d_nchw_mmla", "schedule_conv2d_mmla",
+from ._mmla import MMLA_INSTRUCTION, mmla_intrin
+
+__all__ = ["BLOCK", "conv2d_nchwc_mmla", "conv2d_nchw_mmla", "schedule_conv2d_mmla",
            "pixel_pairs"]
 
 #: Channels per NCHWc block of data and weights (8 int8 per row of a 2 x 8 operand).
 BLOCK = 8
-
-#: The LLVM intrinsic per (data, weight) dtype.
-MMLA_INSTRUCTION = {
-    ("int8", "int8"): "llvm.aarch64.neon.smmla",
-    ("uint8", "uint8"): "llvm.aarch64.neon.ummla",
-    ("uint8", "int8"): "llvm.aarch64.neon.usmmla",
-}
 
 #: The tag of the convolution stage, which the schedule looks for.
 TAG = "conv2d_nchwc_mmla"
@@ -73,38 +67,6 @@ def pixel_pairs(pairs: int) -> int:
     return best
 
 
-def _mmla_intrin(data_dtype: str, kernel_dtype: str, acc_scope: str):
-    """C[2, 2] += A[2, 8] x B[2, 8]^T in one matrix-multiply instruction, A and B one 16-byte load each
-    (two neighbouring pixels of NCHW8c data, or of gathered columns, are 8 bytes apart)."""
-    a = te.placeholder((2, BLOCK), data_dtype, name="a")
-    b = te.placeholder((2, BLOCK), kernel_dtype, name="b")
-    k = te.reduce_axis((0, BLOCK), name="k")
-    c = te.compute((2, 2), lambda i, j: te.sum(a[i, k].astype("int32") * b[j, k].astype("int32"), axis=k),
-                   name="c")
-    a_buf = tvm.tir.decl_buffer(a.shape, data_dtype, name="a_buf", offset_factor=1, strides=[BLOCK, 1])
-    b_buf = tvm.tir.decl_buffer(b.shape, kernel_dtype, name="b_buf", offset_factor=1, strides=[BLOCK, 1])
-    c_buf = tvm.tir.decl_buffer(c.shape, "int32", name="c_buf", offset_factor=1, strides=[2, 1], scope=acc_scope)
-    instruction = MMLA_INSTRUCTION[(data_dtype, kernel_dtype)]
-
-    def _body(ins, outs):
-        def _emit(kind):
-            ib = tvm.tir.ir_builder.create()
-            if kind == "reset":
-                ib.emit(outs[0].vstore([0, 0], tvm.tir.const(0, "int32x4")))
-                return ib.get()
-            lhs = ins[0].vload([0, 0], f"{data_dtype}x{2 * BLOCK}")
-            rhs = ins[1].vload([0, 0], f"{kernel_dtype}x{2 * BLOCK}")
-            acc = tvm.tir.const(0, "int32x4") if kind == "body" else outs[0].vload([0, 0], "int32x4")
-            ib.emit(outs[0].vstore([0, 0], tvm.tir.call_llvm_pure_intrin(
-                "int32x4", instruction, tvm.tir.const(3, "uint32"), acc, lhs, rhs)))
-            return ib.get()
-
-        return _emit("body"), _emit("reset"), _emit("update")
-
-    return te.decl_tensor_intrin(c.op, _body, binds={a: a_buf, b: b_buf, c: c_buf},
-                                 default_buffer_params={"offset_factor": 1})
-
-
 def conv2d_nchwc_mmla(data, kernel, strides, padding, dilation, out_dtype="int32"):
     """An NCHW8c int8 convolution with ``OIHW8o8i`` weights, as 2 x 2 matrix products (module note).
 
@@ -113,7 +75,7 @@ def conv2d_nchwc_mmla(data, kernel, strides, padding, dilation, out_dtype="int32
     data : te.Tensor
         ``[N, C/8, H, W, 8]``, int8 or uint8.
     kernel : te.Tensor
-        ``[O/8, C/8, KH, KW, 8, 8]``, int8 or uint8 (see :data:`MMLA_INSTRUCTION`).
+        ``[O/8, C/8, KH, KW, 8, 8]``, int8 or uint8 (see :data:`tvm_ext.arm._mmla.MMLA_INSTRUCTION`).
     strides, padding, dilation
         As ``nn.conv2d`` (padding: 1, 2 or 4 values).
     out_dtype : str
@@ -196,7 +158,7 @@ def _schedule_tiles(s, c2, tile, data_dtype, kernel_dtype, acc_scope):
     s[c2].reorder(b, o, y, x2o, ic, ry, rx, x2i, c2_, p, q, rk)
     s[c2].unroll(x2i)
     s[c2].unroll(c2_)
-    s[c2].tensorize(p, _mmla_intrin(data_dtype, kernel_dtype, acc_scope))
+    s[c2].tensorize(p, mmla_intrin(data_dtype, kernel_dtype, acc_scope, rows_apart=False))  # rows 8 bytes apart
 
 
 def _schedule_producers(s, conv):
