@@ -59,6 +59,21 @@ def _quiet_tvm_loggers():
 # pytest-xdist worker, which builds it once. (A test's xdist_group marks join into one group name:
 # one mark per test.)
 _SMALL_ZOO_PIPELINES = ("stock", "int8")
+
+
+def pytest_configure(config):
+    """``--dist loadgroup`` groups by a suffix that pytest-xdist (3.8 and older) writes into
+    ``Item._nodeid``; pytest 9 no longer reads it, so each group would be spread over the workers and
+    its builds made once per worker. Stop rather than run the suite at twice its cost."""
+    if config.getoption("dist", "no") != "loadgroup" or int(pytest.__version__.split(".")[0]) < 9:
+        return
+    from importlib.metadata import version
+
+    xdist = version("pytest-xdist")
+    if tuple(int(p) for p in xdist.split(".")[:2]) <= (3, 8):
+        raise pytest.UsageError(
+            f"--dist loadgroup: pytest-xdist {xdist} does not group tests under pytest {pytest.__version__} "
+            "(its group suffix is lost from the node ids); install the test extra's pytest<9 (pyproject.toml)")
 _small_zoo_builds: dict = {}
 
 
