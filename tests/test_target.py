@@ -1,6 +1,8 @@
 """Host target resolution and the VNNI mask (the LLVM 22 abort is tested in a subprocess only)."""
 import logging
 
+import pytest
+
 import tvm
 
 from tvm_ext.x86.isa import llvm_features as _llvm_features
@@ -38,7 +40,16 @@ def test_no_vnni_left_alone():
 
 def test_describe():
     d = describe_target("llvm -mcpu=znver4")
-    assert d["mcpu"] == "znver4" and "avx512f" in d["features"]
+    assert d["mcpu"] == "znver4" and "avx512f" in d["features"] and d["isa"] == "avx512_vnni"
+
+
+@pytest.mark.parametrize("cpu, attrs, isa", [("cortex-a72", "+neon", "aarch64_neon"),
+                                             ("neoverse-n1", "+neon,+dotprod", "aarch64_dotprod"),
+                                             ("neoverse-v1", "+neon,+dotprod,+i8mm", "aarch64_i8mm")])
+def test_describe_names_the_aarch64_int8_instructions(cpu, attrs, isa):
+    """bench's environment line names the int8 instructions of an aarch64 board, not "other"."""
+    d = describe_target(f"llvm -mtriple=aarch64-linux-gnu -mcpu={cpu} -mattr={attrs}")
+    assert d["mcpu"] == cpu and d["isa"] == isa and "neon" in d["features"]
 
 
 _INT8_CONV = r"""

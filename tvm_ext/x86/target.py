@@ -33,7 +33,8 @@ import logging
 import os
 from typing import Union
 
-from .isa import isa_class, llvm_features, missing_on_host
+from .isa import llvm_features, missing_on_host
+from .tuning import target_class
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,9 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
 
 
 def describe_target(target) -> dict:
-    """A JSON-friendly description of a target: string, cpu, int8 ISA class, vector features."""
+    """A JSON-friendly description of a target: string, cpu, int8 instruction class (x86's
+    :func:`~tvm_ext.x86.isa.isa_class`, or ``aarch64_neon`` / ``aarch64_dotprod`` / ``aarch64_i8mm``:
+    :func:`tvm_ext.x86.tuning.target_class`), vector features."""
     import tvm
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
@@ -194,6 +197,6 @@ def describe_target(target) -> dict:
         "target": str(tgt),
         "kind": tgt.kind.name,
         "mcpu": str(tgt.attrs.get("mcpu", "")),
-        "isa": isa_class(tgt),
+        "isa": target_class(tgt),
         "features": interesting,
     }
