@@ -76,9 +76,13 @@ _AVG_POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d")
 
 #: Multiply-accumulates from which a padded int8 conv pays for its slice kernel (:func:`_padded_int8_conv`).
 PADDED_INT8_MIN_MACS = 1 << 24
-#: The same per instruction-set class (:func:`tvm_ext.x86.isa.isa_class` of the current target) where
-#: it differs: AVX2 and AVX-512 VNNI take 8-channel int8 blocks (no padding), every conv converts.
-PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0}
+#: The same per int8 instruction class (:func:`tvm_ext.x86.isa.target_class` of the current target)
+#: where it differs: every conv converts where int8 blocks are 8 channels, so no 16-channel padding:
+#: AVX2 and AVX-512 VNNI, and aarch64, whose int8 convs pad to 8 channels at most
+#: (``tvm_ext.arm.int8_conv``). On aarch64 a float conv among int8 ones would also keep TVM's NCHW
+#: float schedule between NCHWc int8 neighbours: a layout_transform kernel on each side.
+PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0, "aarch64_neon": 0, "aarch64_dotprod": 0,
+                               "aarch64_i8mm": 0}
 #: A padded conv also converts when each output sums at least this many products and the conv
 #: has at least :data:`PADDED_INT8_LONG_MIN_MACS` (:func:`_padded_int8_conv`).
 PADDED_INT8_LONG_REDUCTION = 48
@@ -90,9 +94,9 @@ def _min_macs() -> int:
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is None:
         return PADDED_INT8_MIN_MACS
-    from tvm_ext.x86.isa import isa_class
+    from tvm_ext.x86.isa import target_class
 
-    return PADDED_INT8_MIN_MACS_BY_ISA.get(isa_class(tgt), PADDED_INT8_MIN_MACS)
+    return PADDED_INT8_MIN_MACS_BY_ISA.get(target_class(tgt), PADDED_INT8_MIN_MACS)
 
 
 # --- side conditions: True keeps the op in float, a Reject leaves it to FQ2I (reason logged) ---

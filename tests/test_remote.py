@@ -18,7 +18,7 @@ from tvm_ext.tools.cli import main
 from tvm_ext.tools.deploy import DeployError
 from tvm_ext.tools.tune import write_records
 from tvm_ext.tools.tune_remote import Boards, _layout_candidates
-from tvm_ext.x86 import tuning
+from tvm_ext.x86 import isa, tuning
 from tvm_ext.x86.target import build_target
 
 N1 = "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod"
@@ -160,7 +160,7 @@ def test_emulation_is_none_for_a_plain_session():
 ])
 def test_aarch64_record_keys(target, cls, name):
     tgt = build_target(target)
-    assert tuning.target_class(tgt) == cls and tuning.records_name(tgt) == name
+    assert isa.target_class(tgt) == cls and tuning.records_name(tgt) == name
     assert tuning.records_name(build_target("llvm -mcpu=x86-64-v3")) == "x86_int8_x86-64-v3_avx2.log"
 
 

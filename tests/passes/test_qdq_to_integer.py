@@ -17,6 +17,7 @@ from _helpers import (
 )
 from tvm_ext.passes.qdq_to_integer import KEEP_FLOAT, QDQToInteger, is_qdq_graph
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
+from tvm_ext.testing.aarch64 import TARGETS as AARCH64_TARGETS
 
 LOGGER = "tvm_ext.passes.QDQToInteger"
 S, ZP = relay.const(0.05), relay.const(0, "int32")
@@ -325,11 +326,11 @@ def test_padded_conv_with_a_long_reduction_becomes_integer():
     assert np.abs(diff).max() <= 1
 
 
-def test_small_padded_conv_converts_for_avx2_and_vnni_targets():
-    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=x86-64-v3) or AVX-512 VNNI (znver4),
-    the small 8- and 6-channel convs convert too (8-channel int8 blocks there: no padding); for
-    AVX-512 without VNNI and without a target they stay float. The pass only reads the target:
-    the graphs are the same QNN graphs whatever it is, and run on any host."""
+def test_small_padded_conv_converts_for_avx2_vnni_and_aarch64_targets():
+    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=x86-64-v3), AVX-512 VNNI (znver4) or
+    aarch64 (each ARM class), the small 8- and 6-channel convs convert too (int8 blocks of 8
+    channels there: no 16-channel padding); for AVX-512 without VNNI and without a target they stay
+    float. The pass only reads the target: the graphs are the same QNN graphs whatever it is, and run on any host."""
     def block(oc):
         a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
         w = _dq(relay.const(np.random.default_rng(oc).integers(-20, 20, (oc, 16, 1, 1)).astype("int8")),
@@ -338,7 +339,7 @@ def test_small_padded_conv_converts_for_avx2_and_vnni_targets():
 
     x = {"a": np.random.default_rng(2).integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
     for oc in (8, 6):
-        for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"):
+        for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4", *AARCH64_TARGETS.values()):
             with tvm.target.Target(target):
                 got = QDQToInteger()(block(oc))
                 check(QDQToInteger(), block(oc), relay.transform.FakeQuantizationToInteger()(block(oc)))

@@ -33,8 +33,7 @@ import logging
 import os
 from typing import Union
 
-from .isa import llvm_features, missing_on_host
-from .tuning import target_class
+from .isa import llvm_features, missing_on_host, target_class
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +186,7 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
 def describe_target(target) -> dict:
     """A JSON-friendly description of a target: string, cpu, int8 instruction class (x86's
     :func:`~tvm_ext.x86.isa.isa_class`, or ``aarch64_neon`` / ``aarch64_dotprod`` / ``aarch64_i8mm``:
-    :func:`tvm_ext.x86.tuning.target_class`), vector features."""
+    :func:`tvm_ext.x86.isa.target_class`), vector features."""
     import tvm
 
     tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target

@@ -29,7 +29,7 @@ is never consulted. Two kinds of conv records exist:
   ``ic_bn`` the largest divisor up to it).
 
 aarch64 targets (``-mtriple=aarch64-...``) have their own files, ``aarch64_int8_<mcpu>_<class>.log``
-with the class ``neon``, ``dotprod`` or ``i8mm`` (:func:`target_class`): records of TVM's
+with the class ``neon``, ``dotprod`` or ``i8mm`` (:func:`tvm_ext.x86.isa.target_class`): records of TVM's
 ``conv2d_NCHWc_int8.arm_cpu`` template, measured on a board by ``tvm-ext tune --rpc`` or
 ``--tracker`` (:mod:`tvm_ext.tools.tune_remote`). None are shipped: no ARM board times here.
 
@@ -44,11 +44,11 @@ import logging
 import os
 from pathlib import Path
 
-from .isa import isa_class
+from .isa import target_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TASK", "ARM_TASK", "CONV_TASKS", "DENSE_TASKS", "target_class", "records_name", "shipped_name",
+__all__ = ["TASK", "ARM_TASK", "CONV_TASKS", "DENSE_TASKS", "records_name", "shipped_name",
            "shipped_path", "user_path", "user_dir", "load_records", "apply", "TUNED_DIR"]
 
 TASK = "conv2d_NCHWc_int8.x86"
@@ -59,21 +59,6 @@ CONV_TASKS = (TASK, ARM_TASK)
 #: TVM's x86 dense templates an int8 dense may compile to.
 DENSE_TASKS = ("dense_pack.x86", "dense_nopack.x86", "dense_int8.x86", "dense_vnni.x86")
 TUNED_DIR = Path(__file__).parent / "tuned"
-
-
-def _is_aarch64(target) -> bool:
-    return target.kind.name == "llvm" and str(target.attrs.get("mtriple", "")).startswith(("aarch64", "arm64"))
-
-
-def target_class(target) -> str:
-    """The int8 class records are keyed by: :func:`tvm_ext.x86.isa.isa_class` on x86; on aarch64
-    ``aarch64_i8mm``, ``aarch64_dotprod`` or ``aarch64_neon`` (the int8 instructions TVM's kernels use)."""
-    if not _is_aarch64(target):
-        return isa_class(target)
-    features = target.features
-    if bool(features.has_matmul_i8):
-        return "aarch64_i8mm"
-    return "aarch64_dotprod" if bool(features.has_dotprod) else "aarch64_neon"
 
 
 def target_key(target) -> tuple[str, str]:
