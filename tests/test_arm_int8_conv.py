@@ -192,6 +192,14 @@ def test_i8mm_stem_keeps_the_dot_product_kernel():
     assert DOT & set(ops) and not MATRIX & set(ops), dict(ops)
 
 
+@pytest.mark.parametrize("size, instructions", [(1, DOT), (2, MATRIX)])
+def test_i8mm_one_pixel_rows_keep_the_dot_product(size, instructions):
+    """A one-pixel-wide output (a squeeze-excite conv on a pooled 1x1 map) builds at +i8mm and keeps
+    the dot product: the matrix instruction pairs two pixels of a row, and takes rows of two or more."""
+    ops = _conv_mnemonics(_policy(_conv_requantize(64, size=size), TARGETS["neoverse-v1"]))
+    assert instructions & set(ops) and not ((DOT | MATRIX) - instructions) & set(ops), dict(ops)
+
+
 @pytest.mark.parametrize("pairs, tile", [(28, 4), (4, 4), (7, 4), (1, 1), (2, 2), (3, 3), (9, 3)])
 def test_register_tile_per_row(pairs, tile):
     """The largest tile that fits the registers, unless a smaller one pads the row less."""

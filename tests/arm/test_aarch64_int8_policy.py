@@ -50,3 +50,12 @@ def test_float_first_layer_within_tolerance_under_qemu(cpu, arm_session, tmp_pat
     ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + 16, kx:kx + 16], w[:, :, ky, kx].astype(np.float64))
               for ky in range(3) for kx in range(3))
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_one_pixel_rows_at_i8mm_exact_under_qemu(arm_session, tmp_path):
+    """A conv whose output rows are one pixel wide (a squeeze-excite conv on a pooled 1x1 map) at +i8mm:
+    the policy keeps the dot product for it (the matrix instruction pairs two pixels of a row)."""
+    mod, x, w = qnn_conv(np.random.default_rng(1), channels=16, size=1)
+    factory = tvm_ext.build(mod, target=TARGETS["neoverse-v1"], kernels=True)
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, "conv_v1_one_pixel")
+    np.testing.assert_array_equal(out, conv_reference(x, w), err_msg="1x1 map conv at Neoverse-V1")

@@ -66,6 +66,7 @@ from tvm import relay, topi
 from tvm.relay.op import strategy as _strategy
 from tvm.relay.op.strategy import arm_cpu as _arm_strategy
 from tvm.relay.qnn.op import legalizations as _qnn_legalize
+from tvm.topi.nn.utils import get_pad_tuple
 from tvm.target import Target
 
 from .._patch import Patch
@@ -147,7 +148,11 @@ def _float_stem(attrs, data, kernel) -> bool:
 
 def _takes_mmla(attrs, data, kernel) -> bool:
     """An NCHW 8-bit conv (groups 1, no dilation) at +i8mm whose static channel counts are multiples of 8,
-    with operand types a matrix-multiply instruction takes."""
+    with operand types a matrix-multiply instruction takes, and output rows at least two pixels wide.
+
+    One instruction computes two neighbouring pixels of a row: for a one-pixel row (a squeeze-excite
+    conv after a global pool) half of every product would be padding, so the conv keeps the dot
+    product, as a one-row dense does."""
     if not bool(Target.current(allow_none=False).features.has_matmul_i8):
         return False
     if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
@@ -157,7 +162,11 @@ def _takes_mmla(attrs, data, kernel) -> bool:
     if tuple(int(d) for d in attrs.dilation) != (1, 1) or attrs.out_dtype not in ("int32", ""):
         return False
     out_channels, channels = int(kernel.shape[0]), int(kernel.shape[1])
-    return channels % mmla_conv.BLOCK == 0 and out_channels % mmla_conv.BLOCK == 0
+    if channels % mmla_conv.BLOCK or out_channels % mmla_conv.BLOCK:
+        return False
+    _, left, _, right = get_pad_tuple(attrs.get_int_tuple("padding"), (int(kernel.shape[2]), int(kernel.shape[3])))
+    out_width = (int(data.shape[3]) + left + right - int(kernel.shape[3])) // int(attrs.strides[1]) + 1
+    return out_width >= 2
 
 
 def _static(*shapes) -> bool:
