@@ -77,12 +77,12 @@ _AVG_POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d")
 #: Multiply-accumulates from which a padded int8 conv pays for its slice kernel (:func:`_padded_int8_conv`).
 PADDED_INT8_MIN_MACS = 1 << 24
 #: The same per int8 instruction class (:func:`tvm_ext.x86.isa.target_class` of the current target)
-#: where it differs: every conv converts where int8 blocks are 8 channels, so no 16-channel padding:
-#: AVX2 and AVX-512 VNNI, and aarch64, whose int8 convs pad to 8 channels at most
-#: (``tvm_ext.arm.int8_conv``). On aarch64 a float conv among int8 ones would also keep TVM's NCHW
-#: float schedule between NCHWc int8 neighbours: a layout_transform kernel on each side.
-PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0, "aarch64_neon": 0, "aarch64_dotprod": 0,
-                               "aarch64_i8mm": 0}
+#: where it differs: AVX2 and AVX-512 VNNI take 8-channel int8 blocks (no padding), every conv converts.
+PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0}
+#: The output-channel multiple a target's int8 legalization pads a conv to (16: x86's
+#: ``conv2d_alter_int8_common``), per int8 instruction class where it differs: aarch64 pads to 8
+#: (``tvm_ext.arm.int8_conv.CHANNEL_MULTIPLE``), so there a conv with a multiple of 8 converts.
+PADDED_INT8_CHANNELS_BY_ISA = {"aarch64_neon": 8, "aarch64_dotprod": 8, "aarch64_i8mm": 8}
 #: A padded conv also converts when each output sums at least this many products and the conv
 #: has at least :data:`PADDED_INT8_LONG_MIN_MACS` (:func:`_padded_int8_conv`).
 PADDED_INT8_LONG_REDUCTION = 48
@@ -91,12 +91,21 @@ PADDED_INT8_LONG_MIN_MACS = 1 << 20
 
 def _min_macs() -> int:
     """:data:`PADDED_INT8_MIN_MACS` for the target being compiled (the default without one)."""
+    return PADDED_INT8_MIN_MACS_BY_ISA.get(_target_class(), PADDED_INT8_MIN_MACS)
+
+
+def _padded_channels() -> int:
+    """The output-channel multiple int8 convs are padded to at the target being compiled."""
+    return PADDED_INT8_CHANNELS_BY_ISA.get(_target_class(), 16)
+
+
+def _target_class() -> str | None:
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is None:
-        return PADDED_INT8_MIN_MACS
+        return None
     from tvm_ext.x86.isa import target_class
 
-    return PADDED_INT8_MIN_MACS_BY_ISA.get(target_class(tgt), PADDED_INT8_MIN_MACS)
+    return target_class(tgt)
 
 
 # --- side conditions: True keeps the op in float, a Reject leaves it to FQ2I (reason logged) ---
@@ -131,10 +140,11 @@ def _product_of_activations(call):
 
 
 def _padded_int8_conv(call):
-    """True for a small conv that x86's int8 legalization pads to a multiple of 16 output channels.
+    """True for a small conv that the target's int8 legalization pads to a multiple of 16 (aarch64:
+    8) output channels (:func:`_padded_channels`).
 
-    A ``groups=1`` conv whose output channels 16 does not divide is computed for the next multiple
-    of 16 and sliced back (``topi/generic/conv2d.py::conv2d_alter_int8_common``): the
+    A ``groups=1`` conv whose output channels that multiple does not divide is computed for the next
+    multiple and sliced back (x86: ``topi/generic/conv2d.py::conv2d_alter_int8_common``): the
     ``strided_slice`` is a kernel of its own and an int32 crossing more. Such a conv stays float
     below :func:`_min_macs` multiply-accumulates, unless every output sums at least
     :data:`PADDED_INT8_LONG_REDUCTION` products over at least :data:`PADDED_INT8_LONG_MIN_MACS`.
@@ -149,8 +159,9 @@ def _padded_int8_conv(call):
     axis = str(attrs.out_layout or attrs.data_layout).find("C")
     if axis < 0:
         return Reject(f"layout {attrs.out_layout or attrs.data_layout} has no C axis")
-    if int(shape[axis]) % 16 == 0:
-        return Reject(f"{int(shape[axis])} output channels: a multiple of 16, not padded")
+    multiple = _padded_channels()
+    if int(shape[axis]) % multiple == 0:
+        return Reject(f"{int(shape[axis])} output channels: a multiple of {multiple}, not padded")
     weight = [int(d) for d in call.args[1].checked_type.shape]
     reduction = int(np.prod(weight)) // int(shape[axis])  # products per output (any kernel layout)
     macs = int(np.prod([int(d) for d in shape])) * reduction

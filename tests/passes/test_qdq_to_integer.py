@@ -326,33 +326,44 @@ def test_padded_conv_with_a_long_reduction_becomes_integer():
     assert np.abs(diff).max() <= 1
 
 
-def test_small_padded_conv_converts_for_avx2_vnni_and_aarch64_targets():
-    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=x86-64-v3), AVX-512 VNNI (znver4) or
-    aarch64 (each ARM class), the small 8- and 6-channel convs convert too (int8 blocks of 8
-    channels there: no 16-channel padding); for AVX-512 without VNNI and without a target they stay
-    float. The pass only reads the target: the graphs are the same QNN graphs whatever it is, and run on any host."""
-    def block(oc):
-        a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
-        w = _dq(relay.const(np.random.default_rng(oc).integers(-20, 20, (oc, 16, 1, 1)).astype("int8")),
-                relay.const(0.02), relay.const(0, "int32"))
-        return infer(_q(relay.nn.conv2d(_dq(a), w, channels=oc, kernel_size=1)))
-
+def test_small_padded_conv_converts_for_avx2_and_vnni_targets():
+    """PADDED_INT8_MIN_MACS_BY_ISA: compiling for AVX2 (-mcpu=x86-64-v3) or AVX-512 VNNI (znver4),
+    the small 8- and 6-channel convs convert too (8-channel int8 blocks there: no padding); for
+    AVX-512 without VNNI and without a target they stay float. The pass only reads the target:
+    the graphs are the same QNN graphs whatever it is, and run on any host."""
     x = {"a": np.random.default_rng(2).integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
     for oc in (8, 6):
-        for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4", *AARCH64_TARGETS.values()):
+        for target in ("llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4"):
             with tvm.target.Target(target):
-                got = QDQToInteger()(block(oc))
-                check(QDQToInteger(), block(oc), relay.transform.FakeQuantizationToInteger()(block(oc)))
+                got = QDQToInteger()(_small_conv(oc))
+                check(QDQToInteger(), _small_conv(oc), relay.transform.FakeQuantizationToInteger()(_small_conv(oc)))
             assert "qnn.conv2d" in got.astext(), (oc, target)
         with tvm.target.Target("llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"):
-            assert_unchanged(QDQToInteger(), block(oc))
-        assert_unchanged(QDQToInteger(), block(oc))
+            assert_unchanged(QDQToInteger(), _small_conv(oc))
+        assert_unchanged(QDQToInteger(), _small_conv(oc))
         # the integer conv against the float region it replaces: within one output step
-        diff = run_module(got, x)[0].astype(np.int64) - run_module(block(oc), x)[0].astype(np.int64)
+        diff = run_module(got, x)[0].astype(np.int64) - run_module(_small_conv(oc), x)[0].astype(np.int64)
         assert np.abs(diff).max() <= 1
     with tvm.target.Target("llvm -mcpu=znver4"):
-        once = QDQToInteger()(block(8))
+        once = QDQToInteger()(_small_conv(8))
         tvm.ir.assert_structural_equal(QDQToInteger()(once), once)
+
+
+def _small_conv(oc):
+    a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+    w = _dq(relay.const(np.random.default_rng(oc).integers(-20, 20, (oc, 16, 1, 1)).astype("int8")),
+            relay.const(0.02), relay.const(0, "int32"))
+    return infer(_q(relay.nn.conv2d(_dq(a), w, channels=oc, kernel_size=1)))
+
+
+@pytest.mark.parametrize("cpu", list(AARCH64_TARGETS))
+def test_aarch64_pads_to_8_channels_so_a_multiple_of_8_converts(cpu):
+    """PADDED_INT8_CHANNELS_BY_ISA: aarch64's int8 convs pad output channels to a multiple of 8, not 16:
+    an 8-channel conv converts (no slice kernel), a small 6-channel one stays float (its padded int8
+    form would need a slice kernel)."""
+    with tvm.target.Target(AARCH64_TARGETS[cpu]):
+        assert "qnn.conv2d" in QDQToInteger()(_small_conv(8)).astext()
+        assert_unchanged(QDQToInteger(), _small_conv(6))
 
 
 # --- shared_dequantize: an add / pool whose dequantize has other readers (SE blocks, residuals) -------
