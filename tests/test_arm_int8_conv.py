@@ -257,3 +257,54 @@ def test_float_network_keeps_tvms_convs(cpu):
     """Only an 8-bit graph's float first layer is blocked: a float network compiles as TVM compiles it."""
     mod = _float_network()
     assert _kernel_names(_policy(mod, TARGETS[cpu])) == _kernel_names(_stock(mod, TARGETS[cpu]))
+
+
+def _qnn_conv_requantize(x, channels, out_channels, kernel, groups, seed):
+    rng = np.random.default_rng(seed)
+    w = relay.const(rng.integers(-127, 128, (out_channels, channels // groups, kernel, kernel)).astype("int8"))
+    y = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.02), relay.const(0.01),
+                            kernel_size=(kernel, kernel), channels=out_channels, groups=groups,
+                            padding=(kernel // 2, kernel // 2), out_dtype="int32")
+    y = relay.nn.bias_add(y, relay.const(rng.integers(-1000, 1000, out_channels).astype("int32")))
+    return relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(3),
+                                   out_dtype="uint8")
+
+
+def _pointwise_depthwise_pointwise(channels=16, expanded=32, size=14):
+    """A MobileNet block: 1x1 conv up, 3x3 depthwise conv, 1x1 conv down, each requantized to uint8."""
+    x = relay.var("x", shape=(1, channels, size, size), dtype="uint8")
+    y = _qnn_conv_requantize(x, channels, expanded, 1, 1, 1)
+    y = _qnn_conv_requantize(y, expanded, expanded, 3, expanded, 2)
+    y = _qnn_conv_requantize(y, expanded, channels, 1, 1, 3)
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1", "neoverse-v1"])
+def test_depthwise_conv_is_blocked_like_its_pointwise_neighbours(cpu):
+    """No layout_transform kernel between the three convs; at +dotprod and +i8mm no more kernels than stock
+    (at NEON only stock's int16 convs stay NCHW, so the block's output needs one layout change more)."""
+    from tvm_ext.core import pipelines
+
+    mod = _pointwise_depthwise_pointwise()
+    ours = _kernel_names(tvm_ext.build(mod, target=TARGETS[cpu], passes=pipelines.int8(), kernels=True))
+    convs = [i for i, n in enumerate(ours) if "conv2d" in n]
+    assert len(convs) == 3 and "depthwise_conv2d_NCHWc" in ours[convs[1]], ours
+    between = ours[convs[0]:convs[-1] + 1]
+    assert not [n for n in between if "layout_transform" in n], ours
+    if cpu != "cortex-a72":
+        stock = _kernel_names(_stock(mod, TARGETS[cpu]))
+        assert len(ours) <= len(stock), (ours, stock)
+
+
+@pytest.mark.parametrize("cpu, channels, block", [("neoverse-n1", 32, 4), ("neoverse-v1", 32, 8),
+                                                  ("neoverse-v1", 12, 4)])
+def test_depthwise_block_follows_the_conv_kernels(cpu, channels, block):
+    """NCHW4c with the dot-product convs, NCHW8c with the matrix-multiply convs (channels allowing)."""
+    x = relay.var("x", shape=(1, channels, 8, 8), dtype="uint8")
+    mod = tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(x, channels, channels, 3, channels, 4)))
+    with tvm.target.Target(TARGETS[cpu]), int8_conv.kernels(), tvm.transform.PassContext(opt_level=3):
+        altered = tvm.transform.Sequential([relay.transform.InferType(), relay.qnn.transform.Legalize(),
+                                            relay.qnn.transform.CanonicalizeOps(), relay.transform.InferType(),
+                                            relay.transform.AlterOpLayout()])(mod)
+    text = altered.astext()
+    assert f'data_layout="NCHW{block}c", kernel_layout="OIHW1i{block}o"' in text, text

@@ -58,6 +58,32 @@ def conv_nchw_exact(x, w, x_zero_point=0, strides=(1, 1), padding=(0, 0)):
     return out
 
 
+def qnn_depthwise_conv(rng, channels=16, size=9, strides=(1, 1)):
+    """uint8 x int8 -> int32 3x3 depthwise conv (groups = channels), padding 1 with the input zero point:
+    a MobileNet block's middle layer."""
+    x = rng.integers(0, 256, (1, channels, size, size)).astype("uint8")
+    w = rng.integers(-127, 128, (channels, 1, 3, 3)).astype("int8")
+    w[0, 0, 0] = (127, -127, 127)  # both ends of the range present
+    var = relay.var("x", shape=x.shape, dtype="uint8")
+    y = relay.qnn.op.conv2d(var, relay.const(w), relay.const(X_ZP), relay.const(0), relay.const(0.02),
+                            relay.const(0.01), kernel_size=(3, 3), channels=channels, groups=channels,
+                            strides=strides, padding=(1, 1), out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([var], y)), x, w
+
+
+def depthwise_reference(x, w, strides=(1, 1)):
+    """Exact int64 depthwise conv of ``x - X_ZP`` (padding 1 with the zero point: 0 after), as int32."""
+    (sh, sw), c = strides, x.shape[1]
+    xs = np.pad(x.astype(np.int64) - X_ZP, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    oh, ow = (xs.shape[2] - 3) // sh + 1, (xs.shape[3] - 3) // sw + 1
+    out = np.zeros((x.shape[0], c, oh, ow), np.int64)
+    for ky in range(3):
+        for kx in range(3):
+            window = xs[:, :, ky:ky + (oh - 1) * sh + 1:sh, kx:kx + (ow - 1) * sw + 1:sw]
+            out += window * w[:, 0, ky, kx].astype(np.int64)[None, :, None, None]
+    return out.astype(np.int32)
+
+
 def qlinearconv_onnx(path, rng, channels=16, size=8):
     """A tiny QOperator ONNX model: two uint8 x int8 ``QLinearConv`` (3x3 with bias, then 1x1) with
     non-zero zero points; an integer graph, so every build is compared with exact integer arithmetic."""

@@ -5,8 +5,8 @@ Design note
 TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path (docs/arm.md):
 
 * **No dot product (NEON only, Cortex-A72).** QNN legalization
-  (``python/tvm/relay/qnn/op/legalizations.py``) widens NCHW convs and every dense to int16 and
-  subtracts the zero points first, so an int16 tensor crosses into each conv. TVM's NCHWc int8
+  (``python/tvm/relay/qnn/op/legalizations.py``) widens NCHW convs (depthwise ones too) and every
+  dense to int16 and subtracts the zero points first, so an int16 tensor crosses into each conv. TVM's NCHWc int8
   kernel runs on NEON too (``smull`` + ``saddlp``: int8 x int8 products in int16, pairs summed in
   int32, exact), so the policy legalizes as with a dot product::
 
@@ -48,7 +48,17 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
   multiply at +i8mm for two or more data rows, the dot product at +dotprod (and for one row at
   +i8mm, where half of every matrix product would be padding). Without a dot product TVM's stays.
 
-* Everything else stays TVM's: depthwise convs, NHWC, float convs with 64 or more input channels.
+* **Depthwise int8 convs keep TVM's NCHW schedule** while the convs around them are NCHWc, so each
+  sits between two ``layout_transform`` kernels (MobileNet blocks; a squeeze-excite pool reads its NCHW
+  output). The policy gives an NCHW 8-bit depthwise conv (channel multiplier 1, channels a multiple
+  of 4) TVM's x86 depthwise compute, which the layout pass makes ``contrib_depthwise_conv2d_nchwc``
+  with the block of its neighbours (NCHW8c at +i8mm when the channels allow it, else NCHW4c); TVM's
+  arm_cpu NCHWc depthwise strategy builds it (int32 sums of int8 products: exact). At NEON only it is
+  legalized with int8 operands like the other convs::
+
+      # conv2d(x, w[C, 1], groups=C)  ->  contrib_depthwise_conv2d_nchwc(x in NCHWbc, w in OIHW1ibo)
+
+* Everything else stays TVM's: NHWC, float convs with 64 or more input channels, float depthwise convs.
 
 :func:`kernels` installs the seven registrations for as long as it is entered and puts TVM's back
 on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).
@@ -92,6 +102,12 @@ MMLA_LAYOUTS = {"data_layout": "NCHW8c", "kernel_layout": "OIHW8o8i", "out_layou
 #: The float conv the policy gives a float first layer (NCHWc after TVM's layout rules).
 NCHWC_FLOAT = "conv2d_nchw.x86"
 
+#: The implementation name the policy gives an 8-bit depthwise conv: TVM's x86 depthwise compute, which
+#: the layout pass makes NCHWc (``contrib_depthwise_conv2d_nchwc``, TVM's arm_cpu NCHWc strategy).
+DEPTHWISE_INT8 = "depthwise_conv2d_nchw_int8.tvm_ext"
+
+_8BIT = ("int8", "uint8")
+
 #: TVM 0.19's lower bound on input channels for :data:`NCHWC_INT8`, which the policy lifts.
 MIN_INT8_CHANNELS = 64
 
@@ -102,10 +118,8 @@ def _asimd_without_dotprod() -> bool:
 
 
 def _qnn_conv2d_legalize(attrs, inputs, types):
-    # NEON only: int8 x int8 operands (as at +dotprod) instead of int16 ones, for NCHW non-depthwise convs
-    is_depthwise = _strategy.is_depthwise_conv2d(types[0].shape, attrs["data_layout"], types[1].shape,
-                                                 attrs["kernel_layout"], attrs["groups"])
-    if _asimd_without_dotprod() and not is_depthwise and attrs["data_layout"] == "NCHW":
+    # NEON only: int8 x int8 operands (as at +dotprod) instead of int16 ones, for NCHW convs (depthwise too)
+    if _asimd_without_dotprod() and attrs["data_layout"] == "NCHW":
         return _qnn_legalize.helper_change_dtypes_to_be_same(attrs, inputs, types, relay.qnn.op.conv2d)
     return _qnn_legalize._qnn_conv2d_legalize_arm_cpu(attrs, inputs, types)
 
@@ -134,6 +148,24 @@ def _takes_nchwc_int8(attrs, data, kernel) -> bool:
     c = _few_channels(attrs, kernel)
     return (c is not None and topi.arm_cpu.conv2d_int8.is_int8_hw_support(data.dtype, kernel.dtype)
             and (c % CHANNEL_MULTIPLE == 0 or c == INT8_LANES))
+
+
+def _takes_depthwise_int8(attrs, data, kernel) -> bool:
+    """An NCHW 8-bit depthwise conv (channel multiplier 1, static shapes) whose channels fill the NCHWc
+    blocks of its int8 neighbours (a multiple of :data:`INT8_LANES`)."""
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or not _static(data.shape, kernel.shape):
+        return False
+    channels, multiplier = int(data.shape[1]), int(kernel.shape[1])
+    return (multiplier == 1 and int(attrs.groups) == channels == int(kernel.shape[0]) > 1
+            and channels % INT8_LANES == 0 and data.dtype in _8BIT and kernel.dtype in _8BIT)
+
+
+def _depthwise_block(channels: int) -> int:
+    """The channel block of an int8 depthwise conv: that of the convs around it (NCHW8c among the
+    matrix-multiply convs at +i8mm, NCHW4c among the dot-product ones)."""
+    if bool(Target.current(allow_none=False).features.has_matmul_i8) and channels % mmla_conv.BLOCK == 0:
+        return mmla_conv.BLOCK
+    return INT8_LANES
 
 
 def _float_stem(attrs, data, kernel) -> bool:
@@ -177,6 +209,8 @@ def _mmla_compute(compute):
 _ADDED = (
     (_takes_nchwc_int8, topi.arm_cpu.conv2d_nchw_int8, topi.arm_cpu.schedule_conv2d_nchw_int8, NCHWC_INT8),
     (_float_stem, topi.x86.conv2d_nchw, topi.x86.schedule_conv2d_nchw, NCHWC_FLOAT),
+    (_takes_depthwise_int8, topi.x86.depthwise_conv2d_nchw, topi.x86.schedule_depthwise_conv2d_nchw,
+     DEPTHWISE_INT8),
 )
 
 
@@ -215,6 +249,14 @@ def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
         new_attrs = {k: attrs[k] for k in attrs.keys()}
         new_attrs.update(MMLA_LAYOUTS)
         return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
+    if impl.name == DEPTHWISE_INT8:
+        # conv2d(x, w[C, 1], groups=C) -> contrib_depthwise_conv2d_nchwc(x in NCHWbc, w in OIHW1ibo)
+        channels = int(tinfos[0].shape[1])
+        block = _depthwise_block(channels)
+        new_attrs = {k: attrs[k] for k in attrs.keys()}
+        new_attrs.update(channels=channels, data_layout=f"NCHW{block}c", kernel_layout=f"OIHW1i{block}o",
+                         out_layout=f"NCHW{block}c")
+        return relay.nn.contrib_depthwise_conv2d_nchwc(*inputs, **new_attrs)
     altered = topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout(attrs, inputs, tinfos, out_type)
     if (bool(target.features.has_matmul_i8) and isinstance(altered, relay.Call)
             and altered.op.name == "nn.contrib_conv2d_NCHWc" and altered.attrs.out_layout == "NCHW4c"
