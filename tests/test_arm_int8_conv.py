@@ -296,15 +296,37 @@ def test_depthwise_conv_is_blocked_like_its_pointwise_neighbours(cpu):
         assert len(ours) <= len(stock), (ours, stock)
 
 
-@pytest.mark.parametrize("cpu, channels, block", [("neoverse-n1", 32, 4), ("neoverse-v1", 32, 8),
-                                                  ("neoverse-v1", 12, 4)])
-def test_depthwise_block_follows_the_conv_kernels(cpu, channels, block):
-    """NCHW4c with the dot-product convs, NCHW8c with the matrix-multiply convs (channels allowing)."""
+def _altered(mod, cpu):
+    """The policy build's graph as FuseOps receives it (layouts altered), as text."""
+    seen = []
+
+    @tvm.instrument.pass_instrument
+    class BeforeFuse:
+        def run_before_pass(self, mod_, info):
+            if info.name == "FuseOps" and not seen:
+                seen.append(mod_["main"].astext())
+
+    _policy_instrumented = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True, instruments=[BeforeFuse()])
+    assert _policy_instrumented is not None and seen
+    return seen[0]
+
+
+@pytest.mark.parametrize("cpu, channels, block", [("neoverse-n1", 32, 4), ("neoverse-n1", 12, 4),
+                                                  ("neoverse-v1", 32, 8)])
+def test_depthwise_block_follows_its_producer(cpu, channels, block):
+    """The 1x1 conv's block: NCHW4c from the dot-product conv (12 channels: padded to 16, 3 of 4 blocks
+    sliced), NCHW8c from the matrix-multiply conv."""
     x = relay.var("x", shape=(1, channels, 8, 8), dtype="uint8")
-    mod = tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(x, channels, channels, 3, channels, 4)))
-    with tvm.target.Target(TARGETS[cpu]), int8_conv.kernels(), tvm.transform.PassContext(opt_level=3):
-        altered = tvm.transform.Sequential([relay.transform.InferType(), relay.qnn.transform.Legalize(),
-                                            relay.qnn.transform.CanonicalizeOps(), relay.transform.InferType(),
-                                            relay.transform.AlterOpLayout()])(mod)
-    text = altered.astext()
+    y = _qnn_conv_requantize(x, channels, channels, 1, 1, 4)
+    text = _altered(tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(y, channels, channels, 3,
+                                                                                     channels, 5))), cpu)
     assert f'data_layout="NCHW{block}c", kernel_layout="OIHW1i{block}o"' in text, text
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1", "neoverse-v1"])
+def test_depthwise_after_an_nchw_producer_keeps_tvms_layout(cpu):
+    """Read from the graph's NCHW input (or a float conv), the depthwise conv stays NCHW: blocking it
+    would only add a layout_transform kernel."""
+    x = relay.var("x", shape=(1, 32, 8, 8), dtype="uint8")
+    text = _altered(tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(x, 32, 32, 3, 32, 4))), cpu)
+    assert "contrib_depthwise_conv2d_NCHWc" not in text and "groups=32" in text, text

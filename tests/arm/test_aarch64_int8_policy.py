@@ -13,7 +13,8 @@ import pytest
 import tvm_ext
 from tvm_ext.testing.aarch64 import TARGETS, run_on_session
 
-from _cases import conv_reference, dense_reference, depthwise_reference, qnn_conv, qnn_dense, qnn_depthwise_conv
+from _cases import (conv_reference, dense_reference, pointwise_depthwise_reference, qnn_conv, qnn_dense,
+                    qnn_pointwise_depthwise)
 
 
 @pytest.mark.parametrize("cpu, channels", [("cortex-a72", 64), ("cortex-a72", 8), ("cortex-a72", 12),
@@ -29,12 +30,12 @@ def test_qnn_conv2d_exact_under_qemu(cpu, channels, arm_session, tmp_path):
 @pytest.mark.parametrize("cpu, channels, strides", [("cortex-a72", 16, (1, 1)), ("neoverse-n1", 16, (1, 1)),
                                                     ("neoverse-n1", 12, (2, 2)), ("neoverse-v1", 24, (2, 2))])
 def test_qnn_depthwise_conv2d_exact_under_qemu(cpu, channels, strides, arm_session, tmp_path):
-    """The policy's NCHWc depthwise int8 conv (NCHW4c; NCHW8c at +i8mm when the channels allow it)."""
-    mod, x, w = qnn_depthwise_conv(np.random.default_rng(channels), channels=channels, strides=strides)
+    """The policy's NCHWc depthwise int8 conv after a 1x1 conv (NCHW4c; NCHW8c at +i8mm)."""
+    mod, x, w1, w2 = qnn_pointwise_depthwise(np.random.default_rng(channels), channels=channels, strides=strides)
     factory = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True)
     assert any("depthwise_conv2d_NCHWc" in k.name for k in factory.kernel_report.kernels)
     (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"depthwise_{cpu}_{channels}")
-    np.testing.assert_array_equal(out, depthwise_reference(x, w, strides),
+    np.testing.assert_array_equal(out, pointwise_depthwise_reference(x, w1, w2, strides),
                                   err_msg=f"{channels}-channel depthwise conv, strides {strides}, at {TARGETS[cpu]}")
 
 

@@ -50,13 +50,13 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
 
 * **Depthwise int8 convs keep TVM's NCHW schedule** while the convs around them are NCHWc, so each
   sits between two ``layout_transform`` kernels (MobileNet blocks; a squeeze-excite pool reads its NCHW
-  output). The policy gives an NCHW 8-bit depthwise conv (channel multiplier 1, channels a multiple
-  of 4) TVM's x86 depthwise compute, which the layout pass makes ``contrib_depthwise_conv2d_nchwc``
-  with the block of its neighbours (NCHW8c at +i8mm when the channels allow it, else NCHW4c); TVM's
-  arm_cpu NCHWc depthwise strategy builds it (int32 sums of int8 products: exact). At NEON only it is
-  legalized with int8 operands like the other convs::
+  output). The policy's layout rule makes an NCHW 8-bit depthwise conv (channel multiplier 1, channels
+  a multiple of 4) whose data comes from an NCHWkc producer ``contrib_depthwise_conv2d_nchwc`` with the
+  producer's block k; TVM's arm_cpu strategy builds it with its x86 depthwise compute (int32 sums of
+  int8 products: exact). After an NCHW producer (a float conv) it stays NCHW, as TVM has it. At NEON
+  only it is legalized with int8 operands like the other convs::
 
-      # conv2d(x, w[C, 1], groups=C)  ->  contrib_depthwise_conv2d_nchwc(x in NCHWbc, w in OIHW1ibo)
+      # conv2d(x in NCHWkc, w[C, 1], groups=C)  ->  contrib_depthwise_conv2d_nchwc(x, w in OIHW1iko)
 
 * Everything else stays TVM's: NHWC, float convs with 64 or more input channels, float depthwise convs.
 
@@ -102,11 +102,13 @@ MMLA_LAYOUTS = {"data_layout": "NCHW8c", "kernel_layout": "OIHW8o8i", "out_layou
 #: The float conv the policy gives a float first layer (NCHWc after TVM's layout rules).
 NCHWC_FLOAT = "conv2d_nchw.x86"
 
-#: The implementation name the policy gives an 8-bit depthwise conv: TVM's x86 depthwise compute, which
-#: the layout pass makes NCHWc (``contrib_depthwise_conv2d_nchwc``, TVM's arm_cpu NCHWc strategy).
-DEPTHWISE_INT8 = "depthwise_conv2d_nchw_int8.tvm_ext"
+#: The implementation TVM's arm_cpu strategy gives ``contrib_depthwise_conv2d_nchwc`` (the x86 compute),
+#: which the policy's layout rule makes of an 8-bit depthwise conv reading an NCHWc tensor.
+DEPTHWISE_NCHWC = "depthwise_conv2d_NCHWc.x86"
 
 _8BIT = ("int8", "uint8")
+_BROADCAST = 1  # relay's kBroadcast: elementwise (0) and broadcast ops keep their input's layout
+_KEEP_LAYOUT = ("nn.pad", "strided_slice", "annotation.stop_fusion")  # so do these (a slice of whole blocks)
 
 #: TVM 0.19's lower bound on input channels for :data:`NCHWC_INT8`, which the policy lifts.
 MIN_INT8_CHANNELS = 64
@@ -160,12 +162,31 @@ def _takes_depthwise_int8(attrs, data, kernel) -> bool:
             and channels % INT8_LANES == 0 and data.dtype in _8BIT and kernel.dtype in _8BIT)
 
 
-def _depthwise_block(channels: int) -> int:
-    """The channel block of an int8 depthwise conv: that of the convs around it (NCHW8c among the
-    matrix-multiply convs at +i8mm, NCHW4c among the dot-product ones)."""
-    if bool(Target.current(allow_none=False).features.has_matmul_i8) and channels % mmla_conv.BLOCK == 0:
-        return mmla_conv.BLOCK
-    return INT8_LANES
+def _producer_block(expr, max_depth: int = 32):
+    """The channel block k of ``expr`` when it computes an NCHWkc tensor, else None.
+
+    The layout pass hands the layout rule a conv's data already in its producer's new layout; this
+    follows the data through the producer's epilogue (elementwise and broadcast ops, a pad, the channel
+    slice of a padded conv) to the op that fixes its layout: a layout_transform or an NCHWc conv."""
+    for _ in range(max_depth):
+        if not (isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op)):
+            return None
+        name = expr.op.name
+        if name == "layout_transform":
+            layout = str(expr.attrs.dst_layout)
+        elif name in ("nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc"):
+            layout = str(expr.attrs.out_layout) or str(expr.attrs.data_layout)
+        elif name in _KEEP_LAYOUT or int(expr.op.get_attr("TOpPattern")) <= _BROADCAST:
+            data = [a for a in expr.args if not isinstance(a, relay.Constant)]
+            if not data:
+                return None
+            expr = data[0]
+            continue
+        else:
+            return None
+        m = re.fullmatch(r"NCHW(\d+)c", layout)
+        return int(m.group(1)) if m else None
+    return None
 
 
 def _float_stem(attrs, data, kernel) -> bool:
@@ -209,8 +230,6 @@ def _mmla_compute(compute):
 _ADDED = (
     (_takes_nchwc_int8, topi.arm_cpu.conv2d_nchw_int8, topi.arm_cpu.schedule_conv2d_nchw_int8, NCHWC_INT8),
     (_float_stem, topi.x86.conv2d_nchw, topi.x86.schedule_conv2d_nchw, NCHWC_FLOAT),
-    (_takes_depthwise_int8, topi.x86.depthwise_conv2d_nchw, topi.x86.schedule_depthwise_conv2d_nchw,
-     DEPTHWISE_INT8),
 )
 
 
@@ -249,13 +268,13 @@ def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
         new_attrs = {k: attrs[k] for k in attrs.keys()}
         new_attrs.update(MMLA_LAYOUTS)
         return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
-    if impl.name == DEPTHWISE_INT8:
-        # conv2d(x, w[C, 1], groups=C) -> contrib_depthwise_conv2d_nchwc(x in NCHWbc, w in OIHW1ibo)
-        channels = int(tinfos[0].shape[1])
-        block = _depthwise_block(channels)
+    block = _producer_block(inputs[0]) if _takes_depthwise_int8(attrs, *tinfos) else None
+    if block is not None and int(tinfos[0].shape[1]) % block == 0:
+        # conv2d(x in NCHWkc, w[C, 1], groups=C) -> contrib_depthwise_conv2d_nchwc(x, w in OIHW1iko): the
+        # producer's blocks, no layout_transform kernel on either side
         new_attrs = {k: attrs[k] for k in attrs.keys()}
-        new_attrs.update(channels=channels, data_layout=f"NCHW{block}c", kernel_layout=f"OIHW1i{block}o",
-                         out_layout=f"NCHW{block}c")
+        new_attrs.update(channels=int(tinfos[0].shape[1]), data_layout=f"NCHW{block}c",
+                         kernel_layout=f"OIHW1i{block}o", out_layout=f"NCHW{block}c")
         return relay.nn.contrib_depthwise_conv2d_nchwc(*inputs, **new_attrs)
     altered = topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout(attrs, inputs, tinfos, out_type)
     if (bool(target.features.has_matmul_i8) and isinstance(altered, relay.Call)
