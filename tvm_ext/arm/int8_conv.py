@@ -162,12 +162,13 @@ def _takes_depthwise_int8(attrs, data, kernel) -> bool:
             and channels % INT8_LANES == 0 and data.dtype in _8BIT and kernel.dtype in _8BIT)
 
 
-def _producer_block(expr, max_depth: int = 32):
+def _producer_block(expr, max_depth: int = 512):
     """The channel block k of ``expr`` when it computes an NCHWkc tensor, else None.
 
     The layout pass hands the layout rule a conv's data already in its producer's new layout; this
     follows the data through the producer's epilogue (elementwise and broadcast ops, a pad, the channel
-    slice of a padded conv) to the op that fixes its layout: a layout_transform or an NCHWc conv."""
+    slice of a padded conv) to the op that fixes its layout: a layout_transform or an NCHWc conv. A
+    quantized hard-swish between them is some 50 such ops; ``max_depth`` only bounds the walk."""
     for _ in range(max_depth):
         if not (isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op)):
             return None
