@@ -330,3 +330,27 @@ def test_depthwise_after_an_nchw_producer_keeps_tvms_layout(cpu):
     x = relay.var("x", shape=(1, 32, 8, 8), dtype="uint8")
     text = _altered(tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(x, 32, 32, 3, 32, 4))), cpu)
     assert "contrib_depthwise_conv2d_NCHWc" not in text and "groups=32" in text, text
+
+
+def _quantized_hard_swish(x):
+    """x * clip(x + 3, 0, 6) / 6 on uint8 as PP-OCR's QDQ detector has it after QDQToInteger: each step
+    dequantized, computed in float and quantized, the product as qnn.mul (23 elementwise ops on the
+    data's path once canonicalized)."""
+    s, z = relay.const(0.05), relay.const(3)
+
+    def step(v, f):
+        return relay.qnn.op.quantize(f(relay.qnn.op.dequantize(v, s, z)), s, z, out_dtype="uint8")
+
+    plus3 = step(x, lambda d: relay.clip(relay.add(d, relay.const(3.0)), 0.0, 6.0))
+    prod = relay.qnn.op.mul(x, plus3, s, z, s, z, s, z)
+    return step(prod, lambda d: relay.divide(d, relay.const(6.0)))
+
+
+def test_depthwise_follows_its_producer_through_a_long_quantized_epilogue():
+    """Two quantized hard-swishes between the 1x1 conv and the depthwise conv: some 45 elementwise ops
+    (PP-OCR's QDQ detector has some 50 between them)."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    y = _quantized_hard_swish(_quantized_hard_swish(_qnn_conv_requantize(x, 16, 32, 1, 1, 4)))
+    text = _altered(tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(y, 32, 32, 3, 32, 5))),
+                    "neoverse-n1")
+    assert 'data_layout="NCHW4c", kernel_layout="OIHW1i4o"' in text, text
