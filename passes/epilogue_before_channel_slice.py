@@ -1,33 +1,52 @@
-"""EpilogueBeforeChannelSlice: a conv's elementwise epilogue moves in front of x86's channel slice.
+"""EpilogueBeforeChannelSlice: a conv's elementwise epilogue moves in front of its channel slice.
 
-Rewrites::
+Rewrites (as data: :data:`RULES`, ``tvm.relay.dataflow_pattern`` heads)::
 
-    # E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C))
+    # E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C))                   (x86)
     #     -> strided_slice(layout_transform(E'(y), "NCHWkc", "NCHW"), C)
-    # E: elementwise/broadcast ops on the slice, constants scalar or per channel (1, C, 1, 1)
-    # E': the same ops on the blocked tensor, per-channel constants padded to the blocked channel
-    #     count (with their last value) and blocked to (1, C'/k, 1, 1, k)
+    # E(layout_transform(strided_slice(y, C/k blocks), "NCHWkc", "NCHW"))          (aarch64)
+    #     -> layout_transform(strided_slice(E'(y), C/k blocks), "NCHWkc", "NCHW")
+    # E(strided_slice(y, C/k blocks))  -> strided_slice(E'(y), C/k blocks)         (aarch64, E blocked)
+    # E: elementwise/broadcast ops on the head, constants scalar or per channel ((1, C, 1, 1) after
+    #     the layout change, (1, C/k, 1, 1, k) or (1, C/k, 1, 1, 1) on the blocks)
+    # E': the same ops on the blocked tensor y, per-channel constants padded to y's channel count
+    #     (with their last value) and blocked to (1, C'/k, 1, 1, k)
 
-Walked by hand: the epilogue after the slice is a region of any size, each call's readers counted.
+The head (slice and layout change) is a dataflow pattern; the epilogue after it is a region of any
+size, walked by hand (each call's readers counted), which the pattern language cannot say.
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``EpilogueBeforeChannelSlice``.
 """
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from tvm import relay
+from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.core.registry import register_pass
 
 from ._chains import narrow_type
 from ._doc import factory_sections
-from ._util import Reject, int_list, op_calls, op_name, pass_logger, static_shape, static_tensor_type, substitution_pass
+from ._util import (
+    Reject,
+    cut_below,
+    int_list,
+    op_calls,
+    op_name,
+    pass_logger,
+    static_shape,
+    static_tensor_type,
+    substitution_pass,
+)
 
-__all__ = ["EpilogueBeforeChannelSlice"]
+__all__ = ["EpilogueBeforeChannelSlice", "RULES"]
 
 PASS_NAME = "EpilogueBeforeChannelSlice"
 _log = pass_logger(PASS_NAME)
@@ -36,41 +55,144 @@ _INT_DIVISIONS = ("divide", "floor_divide", "trunc_divide", "mod", "floor_mod", 
                   "left_shift")
 
 
-def _match_slice(sl, users):
-    """(layout_transform, blocked input y, block k, channels C) for a channel slice, or a Reject."""
-    lt = sl.args[0]
-    if not (isinstance(lt, relay.Call) and op_name(lt) == "layout_transform"):
-        return Reject("the slice does not read a layout_transform")
-    for e in (sl, lt, lt.args[0]):
-        ok = static_tensor_type(e)
-        if not ok:
-            return ok
-    m = re.fullmatch(r"NCHW(\d+)c", str(lt.attrs.src_layout))
-    if not m or str(lt.attrs.dst_layout) != "NCHW":
-        return Reject(f"layout_transform {lt.attrs.src_layout} -> {lt.attrs.dst_layout}, not NCHW<k>c -> NCHW")
-    if len(users.get(lt, [])) != 1:
-        return Reject("the layout_transform has other readers")
-    full, out = static_shape(lt), static_shape(sl)
-    if len(out) != 4 or [a for i, (a, b) in enumerate(zip(full, out)) if i != 1 and a != b]:
-        return Reject(f"slices other axes than channels: {list(full)} -> {list(out)}")
+def _from_zero_step_one(sl):
     a = sl.attrs
     begin = int_list(a.begin)
     strides = [1] if a.strides is None else int_list(a.strides)
     if a.axes is not None or begin is None or any(b != 0 for b in begin) or strides is None \
             or any(s != 1 for s in strides):
         return Reject("the slice does not start at 0 with step 1 on every axis")
-    return lt, lt.args[0], int(m.group(1)), out[1]
-
-
-def _constant_ok(c, channels):
-    shape = (1,) * (4 - len(c.data.shape)) + tuple(c.data.shape) if len(c.data.shape) <= 4 else None
-    if shape is None or any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
-        return Reject(f"constant of shape {list(c.data.shape)} is not scalar or per channel")
     return True
 
 
-def _region(sl, nodes, users, channels):
-    """The elementwise region computed from ``sl`` alone, in topological order (``sl`` first)."""
+def _channel_slice(sl, rank):
+    """True for a slice of axis 1 alone (from 0, step 1) of a static rank-``rank`` tensor, else a Reject."""
+    for e in (sl, sl.args[0]):
+        ok = static_tensor_type(e)
+        if not ok:
+            return ok
+    full, out = static_shape(sl.args[0]), static_shape(sl)
+    if len(out) != rank or [a for i, (a, b) in enumerate(zip(full, out)) if i != 1 and a != b]:
+        return Reject(f"slices other axes than channels: {list(full)} -> {list(out)}")
+    return _from_zero_step_one(sl)
+
+
+def _block(lt, src_first):
+    """k of a layout_transform NCHW<k>c -> NCHW, else a Reject."""
+    m = re.fullmatch(r"NCHW(\d+)c", str(lt.attrs.src_layout))
+    if not m or str(lt.attrs.dst_layout) != "NCHW":
+        where = "the slice reads" if src_first else "reads the slice:"
+        return Reject(f"{where} layout_transform {lt.attrs.src_layout} -> {lt.attrs.dst_layout}, "
+                      "not NCHW<k>c -> NCHW")
+    return int(m.group(1))
+
+
+@dataclass(frozen=True)
+class Head:
+    """A matched head: the blocked input ``y`` (block ``k``), the channels ``C`` the region sees, whether
+    the region reads the blocked tensor, and ``rebuild(v)``: the head's calls applied to a new ``v``."""
+
+    y: relay.Expr
+    k: int
+    channels: int
+    blocked: bool
+    rebuild: Callable
+
+
+def _copy(call, arg):
+    return relay.Call(call.op, [arg], call.attrs, call.type_args, call.span)
+
+
+def _slice_of_layout_transform(sl, users):
+    lt = sl.args[0]
+    ok = _channel_slice(sl, 4)
+    if not ok:
+        return ok
+    k = _block(lt, src_first=True)
+    if isinstance(k, Reject):
+        return k
+    if len(users.get(lt, [])) != 1:
+        return Reject("the layout_transform has other readers")
+    return Head(lt.args[0], k, static_shape(sl)[1], False, lambda v: _copy(sl, _copy(lt, v)))
+
+
+def _layout_transform_of_slice(lt, users):
+    sl = lt.args[0]
+    ok = _channel_slice(sl, 5) and static_tensor_type(lt)
+    if not ok:
+        return ok
+    k = _block(lt, src_first=False)
+    if isinstance(k, Reject):
+        return k
+    if static_shape(sl)[4] != k:
+        return Reject(f"the slice's block {static_shape(sl)[4]} is not the layout_transform's {k}")
+    if len(users.get(sl, [])) != 1:
+        return Reject("the slice has other readers")
+    return Head(sl.args[0], k, static_shape(lt)[1], False, lambda v: _copy(lt, _copy(sl, v)))
+
+
+def _slice_of_blocks(sl, users):
+    ok = _channel_slice(sl, 5)
+    if not ok:
+        return ok
+    shape = static_shape(sl)
+    return Head(sl.args[0], shape[4], shape[1] * shape[4], True, lambda v: _copy(sl, v))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One head form. ``pattern(dfp)`` builds it, rooted at the call the epilogue reads, from the module
+    ``tvm.relay.dataflow_pattern`` (built on first use); ``match(head, users)`` checks the side conditions
+    and gives a :class:`Head`, or a Reject saying why not."""
+
+    name: str
+    pattern: Callable
+    match: Callable
+
+
+#: Ordered rule table (order is priority); the region E after the head is the same for every rule.
+RULES = (
+    # E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C)) -> strided_slice(layout_transform(E'(y)), C)
+    Rule(f"{PASS_NAME}.slice_of_layout_transform",
+         lambda dfp: dfp.is_op("strided_slice")(dfp.is_op("layout_transform")(dfp.wildcard())),
+         _slice_of_layout_transform),
+    # E(layout_transform(strided_slice(y, C/k blocks), "NCHWkc", "NCHW")) -> layout_transform(strided_slice(E'(y)))
+    Rule(f"{PASS_NAME}.layout_transform_of_slice",
+         lambda dfp: dfp.is_op("layout_transform")(dfp.is_op("strided_slice")(dfp.wildcard())),
+         _layout_transform_of_slice),
+    # E(strided_slice(y, C/k blocks)) -> strided_slice(E'(y), C/k blocks)       (y: NCHWkc, rank 5)
+    Rule(f"{PASS_NAME}.slice_of_blocks",
+         lambda dfp: dfp.is_op("strided_slice")(dfp.wildcard()),
+         _slice_of_blocks),
+)
+#: Calls below the root the rules' patterns look at (head -> head -> y).
+_DEPTH = 2
+
+
+@functools.cache
+def _patterns() -> tuple:
+    return tuple(rule.pattern(dfp) for rule in RULES)
+
+
+def _per_channel_shape(c, head):
+    """The constant's shape as the region's rank, or None."""
+    rank = 5 if head.blocked else 4
+    shape = tuple(c.data.shape)
+    return (1,) * (rank - len(shape)) + shape if len(shape) <= rank else None
+
+
+def _constant_ok(c, head):
+    shape = _per_channel_shape(c, head)
+    if head.blocked:
+        ok = shape is not None and shape[0] == shape[2] == shape[3] == 1 and shape[1] in (1, head.channels // head.k) \
+            and shape[4] in (1, head.k)
+    else:
+        ok = shape is not None and all(d == 1 for i, d in enumerate(shape) if i != 1) and shape[1] in (1, head.channels)
+    return True if ok else Reject(f"constant of shape {list(c.data.shape)} is not scalar or per channel")
+
+
+def _region(sl, nodes, users, head):
+    """The elementwise region computed from the head ``sl`` alone, in topological order (``sl`` first)."""
     region = [sl]
     inside = {sl}
     shape = static_shape(sl)
@@ -79,7 +201,7 @@ def _region(sl, nodes, users, channels):
             continue
         if call_pattern(n) > K_BROADCAST or not static_tensor_type(n) or static_shape(n) != shape:
             continue
-        ok = all(a in inside or (isinstance(a, relay.Constant) and _constant_ok(a, channels)) for a in n.args)
+        ok = all(a in inside or (isinstance(a, relay.Constant) and _constant_ok(a, head)) for a in n.args)
         if ok and op_name(n) in _INT_DIVISIONS and not str(n.checked_type.dtype).startswith("float") \
                 and n.args[1] in inside:
             ok = False  # integer division by a region value: a padded channel might divide by zero
@@ -119,51 +241,73 @@ def _end(sl, region, users, body):
     return best
 
 
-def _blocked_constant(c, k, full_channels):
-    """A scalar or per-channel (1, C, 1, 1) constant in the blocked layout (1, C'/k, 1, 1, k)."""
-    a = c.data.numpy()
+def _blocked_constant(c, head, full_channels):
+    """A scalar or per-channel constant of the region on y's blocks (1, C'/k, 1, 1, k), padded with its
+    last channel's value."""
+    a, k = c.data.numpy(), head.k
     if a.ndim == 0:
         return c
-    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)
-    if a4.shape[1] == 1:
-        return relay.const(a4.reshape(1, 1, 1, 1, 1))
-    padded = np.pad(a4, ((0, 0), (0, full_channels - a4.shape[1]), (0, 0), (0, 0)), mode="edge")
+    a = a.reshape(_per_channel_shape(c, head))
+    if head.blocked:  # (1, C/k or 1, 1, 1, k or 1): pad the blocks
+        return relay.const(np.pad(a, ((0, 0), (0, full_channels // k - a.shape[1]), (0, 0), (0, 0), (0, 0)),
+                                  mode="edge") if a.shape[1] > 1 else a)
+    if a.shape[1] == 1:
+        return relay.const(a.reshape(1, 1, 1, 1, 1))
+    padded = np.pad(a, ((0, 0), (0, full_channels - a.shape[1]), (0, 0), (0, 0)), mode="edge")
     return relay.const(np.ascontiguousarray(padded.reshape(1, full_channels // k, k, 1, 1).transpose(0, 1, 3, 4, 2)))
 
 
-def _rewrite(sl, lt, y, k, e, anc, region, dtype, how):
-    full = static_shape(lt)[1]
+def _rewrite(sl, head, e, anc, region, dtype, how):
+    y = head.y
+    full = static_shape(y)[1] * head.k
     new = {sl: y}
     for n in region:
         if n.same_as(sl) or n not in anc:
             continue
-        args = [new[a] if a in new else (_blocked_constant(a, k, full) if isinstance(a, relay.Constant) else a)
+        args = [new[a] if a in new else (_blocked_constant(a, head, full) if isinstance(a, relay.Constant) else a)
                 for a in n.args]
         new[n] = relay.Call(n.op, args, n.attrs, n.type_args, n.span)
     out = new[e] if how == "typed" else relay.cast(new[e], dtype)
-    out = relay.Call(lt.op, [out], lt.attrs, lt.type_args, lt.span)
-    out = relay.Call(sl.op, [out], sl.attrs, sl.type_args, sl.span)
-    # E(slice(lt(y))) -> slice(lt(E'(y)))   [clip end: cast to 8 bits before, back after]
+    out = head.rebuild(out)
+    # E(head(y)) -> head(E'(y))   [clip end: cast to 8 bits before, back after]
     return out if how == "typed" else relay.cast(out, str(e.checked_type.dtype))
+
+
+def _match(node, users):
+    """(rule, Head) of the first rule whose pattern matches ``node`` and whose checks hold, or (rule, Reject)
+    of the first that matched and rejected, or None."""
+    local, rejected = cut_below(node, _DEPTH), None
+    for rule, pattern in zip(RULES, _patterns()):
+        if not pattern.match(local):
+            continue
+        head = rule.match(node, users)
+        if not isinstance(head, Reject):
+            return rule, head
+        rejected = rejected or (rule, head)
+    return rejected
 
 
 def _collect(nodes, users, body) -> dict:
     """Each movable epilogue's end, replaced by the epilogue in front of the slice."""
     subst: dict = {}
-    for sl in op_calls(nodes, ("strided_slice",)):
-        m = _match_slice(sl, users)
-        if isinstance(m, Reject):
-            _log.debug("strided_slice: not moved: %s", m)
+    for sl in op_calls(nodes, ("strided_slice", "layout_transform")):
+        matched = _match(sl, users)
+        if matched is None:
             continue
-        lt, y, k, channels = m
-        region = _region(sl, nodes, users, channels)
+        rule, head = matched
+        if isinstance(head, Reject):
+            _log.debug("%s: not moved: %s", rule.name, head)
+            continue
+        region = _region(sl, nodes, users, head)
         end = _end(sl, region, users, body)
         if isinstance(end, Reject):
-            _log.debug("strided_slice %s: not moved: %s", list(static_shape(sl)), end)
+            _log.debug("%s %s: not moved: %s", rule.name, list(static_shape(sl)), end)
             continue
         e, anc, dtype, how = end
-        subst[e] = _rewrite(sl, lt, y, k, e, anc, region, dtype, how)
-        _log.info("strided_slice %s: %d elementwise ops moved in front of it; %s crosses instead of %s",
+        if e in subst:
+            continue
+        subst[e] = _rewrite(sl, head, e, anc, region, dtype, how)
+        _log.info("%s %s: %d elementwise ops moved in front of it; %s crosses instead of %s", rule.name,
                   list(static_shape(sl)), len(anc) - 1, dtype, sl.checked_type.dtype)
     return subst
 
@@ -171,11 +315,14 @@ def _collect(nodes, users, body) -> dict:
 @register_pass(PASS_NAME)
 @factory_sections(PASS_NAME)
 def EpilogueBeforeChannelSlice():  # pylint: disable=invalid-name
-    """Move a conv's elementwise epilogue in front of the channel slice x86 legalization adds.
+    """Move a conv's elementwise epilogue in front of the channel slice conv legalization adds.
 
-    ``E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C))`` becomes
-    ``strided_slice(layout_transform(E'(y), ...), C)`` when ``E`` is an elementwise region
-    computed from the slice alone (constants scalar or per channel) ending in an 8-bit value:
+    ``E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C))`` (x86) becomes
+    ``strided_slice(layout_transform(E'(y), ...), C)``; at aarch64, where the slice takes whole
+    channel blocks of ``y`` before (or without) the layout change, ``E(layout_transform(strided_slice(y)))``
+    becomes ``layout_transform(strided_slice(E'(y)))`` and ``E(strided_slice(y))`` becomes
+    ``strided_slice(E'(y))`` (:data:`RULES`). ``E`` is an elementwise region
+    computed from the head alone (constants scalar or per channel) ending in an 8-bit value:
     the conv's kernel computes the requantize in its epilogue and writes 8 bits instead of int32
     accumulators. Exact; no kernel is added.
 

@@ -265,3 +265,100 @@ def test_float_network_keeps_tvms_convs(cpu):
     """Only an 8-bit graph's float first layer is blocked: a float network compiles as TVM compiles it."""
     mod = _float_network()
     assert _kernel_names(_policy(mod, TARGETS[cpu])) == _kernel_names(_stock(mod, TARGETS[cpu]))
+
+
+def _qnn_conv_requantize(x, channels, out_channels, kernel, groups, seed):
+    rng = np.random.default_rng(seed)
+    w = relay.const(rng.integers(-127, 128, (out_channels, channels // groups, kernel, kernel)).astype("int8"))
+    y = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.02), relay.const(0.01),
+                            kernel_size=(kernel, kernel), channels=out_channels, groups=groups,
+                            padding=(kernel // 2, kernel // 2), out_dtype="int32")
+    y = relay.nn.bias_add(y, relay.const(rng.integers(-1000, 1000, out_channels).astype("int32")))
+    return relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(3),
+                                   out_dtype="uint8")
+
+
+def _pointwise_depthwise_pointwise(channels=16, expanded=32, size=14):
+    """A MobileNet block: 1x1 conv up, 3x3 depthwise conv, 1x1 conv down, each requantized to uint8."""
+    x = relay.var("x", shape=(1, channels, size, size), dtype="uint8")
+    y = _qnn_conv_requantize(x, channels, expanded, 1, 1, 1)
+    y = _qnn_conv_requantize(y, expanded, expanded, 3, expanded, 2)
+    y = _qnn_conv_requantize(y, expanded, channels, 1, 1, 3)
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1", "neoverse-v1"])
+def test_depthwise_conv_is_blocked_like_its_pointwise_neighbours(cpu):
+    """No layout_transform kernel between the three convs; at +dotprod and +i8mm no more kernels than stock
+    (at NEON only stock's int16 convs stay NCHW, so the block's output needs one layout change more)."""
+    from tvm_ext.core import pipelines
+
+    mod = _pointwise_depthwise_pointwise()
+    ours = _kernel_names(tvm_ext.build(mod, target=TARGETS[cpu], passes=pipelines.int8(), kernels=True))
+    convs = [i for i, n in enumerate(ours) if "conv2d" in n]
+    assert len(convs) == 3 and "depthwise_conv2d_NCHWc" in ours[convs[1]], ours
+    between = ours[convs[0]:convs[-1] + 1]
+    assert not [n for n in between if "layout_transform" in n], ours
+    if cpu != "cortex-a72":
+        stock = _kernel_names(_stock(mod, TARGETS[cpu]))
+        assert len(ours) <= len(stock), (ours, stock)
+
+
+def _altered(mod, cpu):
+    """The policy build's graph as FuseOps receives it (layouts altered), as text."""
+    seen = []
+
+    @tvm.instrument.pass_instrument
+    class BeforeFuse:
+        def run_before_pass(self, mod_, info):
+            if info.name == "FuseOps" and not seen:
+                seen.append(mod_["main"].astext())
+
+    _policy_instrumented = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True, instruments=[BeforeFuse()])
+    assert _policy_instrumented is not None and seen
+    return seen[0]
+
+
+@pytest.mark.parametrize("cpu, channels, block", [("neoverse-n1", 32, 4), ("neoverse-n1", 12, 4),
+                                                  ("neoverse-v1", 32, 8)])
+def test_depthwise_block_follows_its_producer(cpu, channels, block):
+    """The 1x1 conv's block: NCHW4c from the dot-product conv (12 channels: padded to 16, 3 of 4 blocks
+    sliced), NCHW8c from the matrix-multiply conv."""
+    x = relay.var("x", shape=(1, channels, 8, 8), dtype="uint8")
+    y = _qnn_conv_requantize(x, channels, channels, 1, 1, 4)
+    text = _altered(tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(y, channels, channels, 3,
+                                                                                     channels, 5))), cpu)
+    assert f'data_layout="NCHW{block}c", kernel_layout="OIHW1i{block}o"' in text, text
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1", "neoverse-v1"])
+def test_depthwise_after_an_nchw_producer_keeps_tvms_layout(cpu):
+    """Read from the graph's NCHW input (or a float conv), the depthwise conv stays NCHW: blocking it
+    would only add a layout_transform kernel."""
+    x = relay.var("x", shape=(1, 32, 8, 8), dtype="uint8")
+    text = _altered(tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(x, 32, 32, 3, 32, 4))), cpu)
+    assert "contrib_depthwise_conv2d_NCHWc" not in text and "groups=32" in text, text
+
+
+def _quantized_hard_swish(x):
+    """x * clip(x + 3, 0, 6) / 6 on uint8 as PP-OCR's QDQ detector has it after QDQToInteger: each step
+    dequantized, computed in float and quantized, the product as qnn.mul (23 elementwise ops on the
+    data's path once canonicalized)."""
+    s, z = relay.const(0.05), relay.const(3)
+
+    def step(v, f):
+        return relay.qnn.op.quantize(f(relay.qnn.op.dequantize(v, s, z)), s, z, out_dtype="uint8")
+
+    plus3 = step(x, lambda d: relay.clip(relay.add(d, relay.const(3.0)), 0.0, 6.0))
+    prod = relay.qnn.op.mul(x, plus3, s, z, s, z, s, z)
+    return step(prod, lambda d: relay.divide(d, relay.const(6.0)))
+
+
+def test_depthwise_follows_its_producer_through_a_long_quantized_epilogue():
+    """Two quantized hard-swishes between the 1x1 conv and the depthwise conv: some 45 elementwise ops
+    (PP-OCR's QDQ detector has some 50 between them)."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    y = _quantized_hard_swish(_quantized_hard_swish(_qnn_conv_requantize(x, 16, 32, 1, 1, 4)))
+    text = _altered(tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(y, 32, 32, 3, 32, 5))),
+                    "neoverse-n1")
+    assert 'data_layout="NCHW4c", kernel_layout="OIHW1i4o"' in text, text

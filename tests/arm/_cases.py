@@ -58,6 +58,44 @@ def conv_nchw_exact(x, w, x_zero_point=0, strides=(1, 1), padding=(0, 0)):
     return out
 
 
+PW_ZP = 61  # the pointwise conv's output zero point, the depthwise conv's input zero point
+
+
+def qnn_pointwise_depthwise(rng, channels=16, size=9, strides=(1, 1)):
+    """uint8 x -> 1x1 conv (uint8 x int8) -> requantize at equal scales (acc + PW_ZP, clipped to uint8)
+    -> 3x3 depthwise conv (groups = channels, padding 1 with PW_ZP) -> int32: a MobileNet block's first
+    two layers, whose integer result numpy computes exactly. The depthwise conv reads the 1x1 conv's
+    NCHWc output. Returns (module, x, 1x1 weights, depthwise weights)."""
+    x = rng.integers(0, 256, (1, channels, size, size)).astype("uint8")
+    w1 = rng.integers(-127, 128, (channels, channels, 1, 1)).astype("int8")
+    w2 = rng.integers(-127, 128, (channels, 1, 3, 3)).astype("int8")
+    w2[0, 0, 0] = (127, -127, 127)  # both ends of the range present
+    var = relay.var("x", shape=x.shape, dtype="uint8")
+    y = relay.qnn.op.conv2d(var, relay.const(w1), relay.const(X_ZP), relay.const(0), relay.const(0.02),
+                            relay.const(0.01), kernel_size=(1, 1), channels=channels, out_dtype="int32")
+    y = relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.0002), relay.const(PW_ZP),
+                                out_dtype="uint8")
+    y = relay.qnn.op.conv2d(y, relay.const(w2), relay.const(PW_ZP), relay.const(0), relay.const(0.0002),
+                            relay.const(0.01), kernel_size=(3, 3), channels=channels, groups=channels,
+                            strides=strides, padding=(1, 1), out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([var], y)), x, w1, w2
+
+
+def pointwise_depthwise_reference(x, w1, w2, strides=(1, 1)):
+    """Exact int64 result of :func:`qnn_pointwise_depthwise`, as int32."""
+    acc = np.einsum("nchw,oc->nohw", x.astype(np.int64) - X_ZP, w1[:, :, 0, 0].astype(np.int64))
+    y = np.clip(acc + PW_ZP, 0, 255)
+    (sh, sw), c = strides, y.shape[1]
+    ys = np.pad(y - PW_ZP, ((0, 0), (0, 0), (1, 1), (1, 1)))  # padded with the zero point: 0 after
+    oh, ow = (ys.shape[2] - 3) // sh + 1, (ys.shape[3] - 3) // sw + 1
+    out = np.zeros((y.shape[0], c, oh, ow), np.int64)
+    for ky in range(3):
+        for kx in range(3):
+            window = ys[:, :, ky:ky + (oh - 1) * sh + 1:sh, kx:kx + (ow - 1) * sw + 1:sw]
+            out += window * w2[:, 0, ky, kx].astype(np.int64)[None, :, None, None]
+    return out.astype(np.int32)
+
+
 def qlinearconv_onnx(path, rng, channels=16, size=8):
     """A tiny QOperator ONNX model: two uint8 x int8 ``QLinearConv`` (3x3 with bias, then 1x1) with
     non-zero zero points; an integer graph, so every build is compared with exact integer arithmetic."""

@@ -1,8 +1,9 @@
 """tvm-ext's aarch64 int8 kernel policy (tvm_ext.arm.int8_conv), run under qemu: exact integer results.
 
 The layers the policy moves off TVM's rules: convs and denses at NEON only (Cortex-A72), which TVM
-widens to int16 and the policy multiplies as int8 (``smull`` + ``saddlp``), and convs with fewer than
-64 input channels, which TVM gives the NCHW spatial pack and the policy the NCHWc dot-product kernel.
+widens to int16 and the policy multiplies as int8 (``smull`` + ``saddlp``), convs with fewer than
+64 input channels, which TVM gives the NCHW spatial pack and the policy the NCHWc dot-product kernel,
+and depthwise int8 convs, which TVM keeps NCHW and the policy makes NCHWc like their neighbours.
 The oracle is numpy integer arithmetic with the input over the full uint8 range and the weights over
 [-127, 127]; the uint8 -> int8 input shift of every class is part of what is checked.
 """
@@ -12,7 +13,8 @@ import pytest
 import tvm_ext
 from tvm_ext.testing.aarch64 import TARGETS, run_on_session
 
-from _cases import conv_reference, dense_reference, qnn_conv, qnn_dense
+from _cases import (conv_reference, dense_reference, pointwise_depthwise_reference, qnn_conv, qnn_dense,
+                    qnn_pointwise_depthwise)
 
 
 @pytest.mark.parametrize("cpu, channels", [("cortex-a72", 64), ("cortex-a72", 8), ("cortex-a72", 12),
@@ -23,6 +25,18 @@ def test_qnn_conv2d_exact_under_qemu(cpu, channels, arm_session, tmp_path):
     factory = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True)
     (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"conv_{cpu}_{channels}")
     np.testing.assert_array_equal(out, conv_reference(x, w), err_msg=f"{channels}-channel conv at {TARGETS[cpu]}")
+
+
+@pytest.mark.parametrize("cpu, channels, strides", [("cortex-a72", 16, (1, 1)), ("neoverse-n1", 16, (1, 1)),
+                                                    ("neoverse-n1", 12, (2, 2)), ("neoverse-v1", 24, (2, 2))])
+def test_qnn_depthwise_conv2d_exact_under_qemu(cpu, channels, strides, arm_session, tmp_path):
+    """The policy's NCHWc depthwise int8 conv after a 1x1 conv (NCHW4c; NCHW8c at +i8mm)."""
+    mod, x, w1, w2 = qnn_pointwise_depthwise(np.random.default_rng(channels), channels=channels, strides=strides)
+    factory = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True)
+    assert any("depthwise_conv2d_NCHWc" in k.name for k in factory.kernel_report.kernels)
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"depthwise_{cpu}_{channels}")
+    np.testing.assert_array_equal(out, pointwise_depthwise_reference(x, w1, w2, strides),
+                                  err_msg=f"{channels}-channel depthwise conv, strides {strides}, at {TARGETS[cpu]}")
 
 
 def test_qnn_dense_exact_under_qemu_neon_only(arm_session, tmp_path):

@@ -5,8 +5,8 @@ Design note
 TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path (docs/arm.md):
 
 * **No dot product (NEON only, Cortex-A72).** QNN legalization
-  (``python/tvm/relay/qnn/op/legalizations.py``) widens NCHW convs and every dense to int16 and
-  subtracts the zero points first, so an int16 tensor crosses into each conv. TVM's NCHWc int8
+  (``python/tvm/relay/qnn/op/legalizations.py``) widens NCHW convs (depthwise ones too) and every
+  dense to int16 and subtracts the zero points first, so an int16 tensor crosses into each conv. TVM's NCHWc int8
   kernel runs on NEON too (``smull`` + ``saddlp``: int8 x int8 products in int16, pairs summed in
   int32, exact), so the policy legalizes as with a dot product::
 
@@ -48,7 +48,17 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
   multiply at +i8mm for two or more data rows, the dot product at +dotprod (and for one row at
   +i8mm, where half of every matrix product would be padding). Without a dot product TVM's stays.
 
-* Everything else stays TVM's: depthwise convs, NHWC, float convs with 64 or more input channels.
+* **Depthwise int8 convs keep TVM's NCHW schedule** while the convs around them are NCHWc, so each
+  sits between two ``layout_transform`` kernels (MobileNet blocks; a squeeze-excite pool reads its NCHW
+  output). The policy's layout rule makes an NCHW 8-bit depthwise conv (channel multiplier 1, channels
+  a multiple of 4) whose data comes from an NCHWkc producer ``contrib_depthwise_conv2d_nchwc`` with the
+  producer's block k; TVM's arm_cpu strategy builds it with its x86 depthwise compute (int32 sums of
+  int8 products: exact). After an NCHW producer (a float conv) it stays NCHW, as TVM has it. At NEON
+  only it is legalized with int8 operands like the other convs::
+
+      # conv2d(x in NCHWkc, w[C, 1], groups=C)  ->  contrib_depthwise_conv2d_nchwc(x, w in OIHW1iko)
+
+* Everything else stays TVM's: NHWC, float convs with 64 or more input channels, float depthwise convs.
 
 :func:`kernels` installs the seven registrations for as long as it is entered and puts TVM's back
 on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).
@@ -93,6 +103,14 @@ MMLA_LAYOUTS = {"data_layout": "NCHW8c", "kernel_layout": "OIHW8o8i", "out_layou
 #: The float conv the policy gives a float first layer (NCHWc after TVM's layout rules).
 NCHWC_FLOAT = "conv2d_nchw.x86"
 
+#: The implementation TVM's arm_cpu strategy gives ``contrib_depthwise_conv2d_nchwc`` (the x86 compute),
+#: which the policy's layout rule makes of an 8-bit depthwise conv reading an NCHWc tensor.
+DEPTHWISE_NCHWC = "depthwise_conv2d_NCHWc.x86"
+
+_8BIT = ("int8", "uint8")
+_BROADCAST = 1  # relay's kBroadcast: elementwise (0) and broadcast ops keep their input's layout
+_KEEP_LAYOUT = ("nn.pad", "strided_slice", "annotation.stop_fusion")  # so do these (a slice of whole blocks)
+
 #: TVM 0.19's lower bound on input channels for :data:`NCHWC_INT8`, which the policy lifts.
 MIN_INT8_CHANNELS = 64
 
@@ -103,10 +121,8 @@ def _asimd_without_dotprod() -> bool:
 
 
 def _qnn_conv2d_legalize(attrs, inputs, types):
-    # NEON only: int8 x int8 operands (as at +dotprod) instead of int16 ones, for NCHW non-depthwise convs
-    is_depthwise = _strategy.is_depthwise_conv2d(types[0].shape, attrs["data_layout"], types[1].shape,
-                                                 attrs["kernel_layout"], attrs["groups"])
-    if _asimd_without_dotprod() and not is_depthwise and attrs["data_layout"] == "NCHW":
+    # NEON only: int8 x int8 operands (as at +dotprod) instead of int16 ones, for NCHW convs (depthwise too)
+    if _asimd_without_dotprod() and attrs["data_layout"] == "NCHW":
         return _qnn_legalize.helper_change_dtypes_to_be_same(attrs, inputs, types, relay.qnn.op.conv2d)
     return _qnn_legalize._qnn_conv2d_legalize_arm_cpu(attrs, inputs, types)
 
@@ -135,6 +151,44 @@ def _takes_nchwc_int8(attrs, data, kernel) -> bool:
     c = _few_channels(attrs, kernel)
     return (c is not None and topi.arm_cpu.conv2d_int8.is_int8_hw_support(data.dtype, kernel.dtype)
             and (c % CHANNEL_MULTIPLE == 0 or c == INT8_LANES))
+
+
+def _takes_depthwise_int8(attrs, data, kernel) -> bool:
+    """An NCHW 8-bit depthwise conv (channel multiplier 1, static shapes) whose channels fill the NCHWc
+    blocks of its int8 neighbours (a multiple of :data:`INT8_LANES`)."""
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or not _static(data.shape, kernel.shape):
+        return False
+    channels, multiplier = int(data.shape[1]), int(kernel.shape[1])
+    return (multiplier == 1 and int(attrs.groups) == channels == int(kernel.shape[0]) > 1
+            and channels % INT8_LANES == 0 and data.dtype in _8BIT and kernel.dtype in _8BIT)
+
+
+def _producer_block(expr, max_depth: int = 512):
+    """The channel block k of ``expr`` when it computes an NCHWkc tensor, else None.
+
+    The layout pass hands the layout rule a conv's data already in its producer's new layout; this
+    follows the data through the producer's epilogue (elementwise and broadcast ops, a pad, the channel
+    slice of a padded conv) to the op that fixes its layout: a layout_transform or an NCHWc conv. A
+    quantized hard-swish between them is some 50 such ops; ``max_depth`` only bounds the walk."""
+    for _ in range(max_depth):
+        if not (isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op)):
+            return None
+        name = expr.op.name
+        if name == "layout_transform":
+            layout = str(expr.attrs.dst_layout)
+        elif name in ("nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc"):
+            layout = str(expr.attrs.out_layout) or str(expr.attrs.data_layout)
+        elif name in _KEEP_LAYOUT or int(expr.op.get_attr("TOpPattern")) <= _BROADCAST:
+            data = [a for a in expr.args if not isinstance(a, relay.Constant)]
+            if not data:
+                return None
+            expr = data[0]
+            continue
+        else:
+            return None
+        m = re.fullmatch(r"NCHW(\d+)c", layout)
+        return int(m.group(1)) if m else None
+    return None
 
 
 def _float_stem(attrs, data, kernel) -> bool:
@@ -224,6 +278,14 @@ def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
         new_attrs = {k: attrs[k] for k in attrs.keys()}
         new_attrs.update(MMLA_LAYOUTS)
         return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
+    block = _producer_block(inputs[0]) if _takes_depthwise_int8(attrs, *tinfos) else None
+    if block is not None and int(tinfos[0].shape[1]) % block == 0:
+        # conv2d(x in NCHWkc, w[C, 1], groups=C) -> contrib_depthwise_conv2d_nchwc(x, w in OIHW1iko): the
+        # producer's blocks, no layout_transform kernel on either side
+        new_attrs = {k: attrs[k] for k in attrs.keys()}
+        new_attrs.update(channels=int(tinfos[0].shape[1]), data_layout=f"NCHW{block}c",
+                         kernel_layout=f"OIHW1i{block}o", out_layout=f"NCHW{block}c")
+        return relay.nn.contrib_depthwise_conv2d_nchwc(*inputs, **new_attrs)
     altered = topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout(attrs, inputs, tinfos, out_type)
     if (bool(target.features.has_matmul_i8) and isinstance(altered, relay.Call)
             and altered.op.name == "nn.contrib_conv2d_NCHWc" and altered.attrs.out_layout == "NCHW4c"

@@ -166,8 +166,8 @@ REMEDIES = (
     Remedy("EpilogueBeforeChannelSlice", "pass",
            lambda b: b.kind == "injective_after_anchor" and b.dtype == "int32" and b.op in _SLICED_CONVS
            and any(r in ("layout_transform", "strided_slice") for r in b.readers),
-           "tvm-ext pass EpilogueBeforeChannelSlice: the requantize epilogue moves in front of x86's output-channel "
-           "slice, so the padded conv writes 8 bits instead of its int32 accumulators",
+           "tvm-ext pass EpilogueBeforeChannelSlice: the requantize epilogue moves in front of the conv's "
+           "output-channel slice, so the padded conv writes 8 bits instead of its int32 accumulators",
            pass_name="EpilogueBeforeChannelSlice"),
     Remedy("relay.FuseOps.max_depth", "config", lambda b: b.kind == "max_depth",
            "config: raise PassContext(config={'relay.FuseOps.max_depth': N})", config=_raise_max_depth),
