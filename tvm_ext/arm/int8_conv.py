@@ -79,6 +79,7 @@ from tvm.relay.qnn.op import legalizations as _qnn_legalize
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.target import Target
 
+from .._op_pattern import K_BROADCAST, call_pattern
 from .._patch import Patch
 from . import int8_dense, mmla_conv
 from ._mmla import MMLA_INSTRUCTION
@@ -108,8 +109,8 @@ NCHWC_FLOAT = "conv2d_nchw.x86"
 DEPTHWISE_NCHWC = "depthwise_conv2d_NCHWc.x86"
 
 _8BIT = ("int8", "uint8")
-_BROADCAST = 1  # relay's kBroadcast: elementwise (0) and broadcast ops keep their input's layout
-_KEEP_LAYOUT = ("nn.pad", "strided_slice", "annotation.stop_fusion")  # so do these (a slice of whole blocks)
+#: besides elementwise and broadcast ops, these keep their input's layout (a slice of whole blocks)
+_KEEP_LAYOUT = ("nn.pad", "strided_slice", "annotation.stop_fusion")
 
 #: TVM 0.19's lower bound on input channels for :data:`NCHWC_INT8`, which the policy lifts.
 MIN_INT8_CHANNELS = 64
@@ -178,7 +179,7 @@ def _producer_block(expr, max_depth: int = 512):
             layout = str(expr.attrs.dst_layout)
         elif name in ("nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc"):
             layout = str(expr.attrs.out_layout) or str(expr.attrs.data_layout)
-        elif name in _KEEP_LAYOUT or int(expr.op.get_attr("TOpPattern")) <= _BROADCAST:
+        elif name in _KEEP_LAYOUT or call_pattern(expr) <= K_BROADCAST:
             data = [a for a in expr.args if not isinstance(a, relay.Constant)]
             if not data:
                 return None
