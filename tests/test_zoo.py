@@ -172,6 +172,30 @@ def test_cache_reuse_and_atomicity(cache):
     assert p.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
 
 
+
+def test_relay_import_cached_by_model_bytes(cache, tmp_path, monkeypatch):
+    import tvm
+
+    from tvm_ext.core import frontend
+
+    first = zoo.load("resnet50_fp32", small=True)
+    calls = []
+    real = frontend.from_onnx
+    monkeypatch.setattr(frontend, "from_onnx", lambda *a, **k: calls.append(a) or real(*a, **k))
+    again = zoo.load("resnet50_fp32", small=True)
+    assert calls == [], "the second load reads the cached import"
+    assert again.mod is not first.mod and again.mod["main"] is not first.mod["main"]
+    tvm.ir.assert_structural_equal(again.mod, first.mod, map_free_vars=True)
+    assert again.mod["main"].body.checked_type == first.mod["main"].body.checked_type
+    assert not list((Path(cache) / "relay").glob("*.tmp"))
+    # other bytes at the same name: imported again, not served from the cache
+    model = onnx.load(str(first.onnx_path))
+    model.graph.initializer[0].raw_data = bytes(len(model.graph.initializer[0].raw_data))
+    other = tmp_path / first.onnx_path.name
+    onnx.save(model, str(other))
+    zoo._import_onnx(other, cache)
+    assert len(calls) == 1
+
 # ------------------------------------------------------- TVM vs ORT ----
 @pytest.mark.parametrize("name", ["resnet50_int8_qoperator", "resnet50_int8_qdq", "resnet50_fp32"])
 def test_tvm_matches_onnxruntime(cache, name):

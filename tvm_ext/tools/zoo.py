@@ -48,6 +48,13 @@ parameters and the onnx/onnxruntime versions (the quantizer output depends on
 them).  Files are written to a temporary name in the same directory and
 ``os.replace``-d into place, so concurrent pytest workers never see a partial
 file (at worst both build it).
+
+TVM's ONNX importer constant-folds after every node, compiling each folded expression with LLVM:
+importing a quantized model takes seconds (16 s for the small QOperator ResNet on a 2-core Zen 1
+guest, 41 s for the full QDQ one), reading its Relay JSON a tenth of a second (1.4 s). So
+:func:`load` also caches what the importer made, as ``tvm.ir.save_json``, keyed by the ONNX file's
+bytes, the input shapes and the source of both importers (TVM's ``relay/frontend/onnx.py`` and
+:mod:`tvm_ext.core.frontend`): a changed model, TVM or importer imports again.
 """
 from __future__ import annotations
 
@@ -310,12 +317,63 @@ def _cached_relay_int8(small: bool, cache_dir=None):
     return mod
 
 
+#: Bumped when what :func:`_import_onnx` stores changes.
+_IMPORT_CACHE_VERSION = 1
+
+
+def _file_digest(path: Union[str, os.PathLike]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _import_key(path: Path, shape: Optional[dict]) -> str:
+    import tvm
+    import tvm.relay.frontend.onnx as tvm_onnx
+
+    from ..core import frontend
+
+    payload = {
+        "version": _IMPORT_CACHE_VERSION,
+        "model": _file_digest(path),
+        "shape": {k: list(v) for k, v in (shape or {}).items()},
+        "tvm": tvm.__version__,
+        "importers": [_file_digest(tvm_onnx.__file__), _file_digest(frontend.__file__)],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _import_onnx(path: Path, cache_dir, shape: Optional[dict] = None):
+    """``from_onnx(path)``, or the Relay JSON of an earlier import of the same bytes (module docstring)."""
+    import tvm
+    from tvm import relay
+
+    from ..core.frontend import from_onnx
+
+    d = _cache_dir_fn(cache_dir) / "relay"
+    stem = d / f"{path.stem}-{_import_key(path, shape)}"
+    js, pr = stem.with_suffix(".json"), stem.with_suffix(".params")
+    if js.is_file() and pr.is_file():
+        logger.debug("zoo: Relay import cache hit: %s", js)
+        return tvm.ir.load_json(js.read_text()), dict(relay.load_param_dict(pr.read_bytes()))
+    t0 = time.perf_counter()
+    mod, params = from_onnx(path, shape=shape)
+    logger.info("zoo: imported %s into Relay in %.1fs (cached in %s)", path.name, time.perf_counter() - t0, d)
+    d.mkdir(parents=True, exist_ok=True)
+    _write_bytes_atomic(pr, relay.save_param_dict(params))  # params first: the JSON's presence means complete
+    _write_bytes_atomic(js, tvm.ir.save_json(mod).encode())
+    return mod, params
+
+
 def load(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathLike]] = None) -> ZooModel:
     """Load a zoo model as Relay.
 
     ONNX models are built/cached with :func:`onnx_path` and imported with
-    :func:`tvm_ext.core.frontend.from_onnx`; ``resnet50_int8_relay`` is built in
-    memory with :func:`relay_resnet_int8`.
+    :func:`tvm_ext.core.frontend.from_onnx` (the import is cached too: module docstring);
+    ``resnet50_int8_relay`` is built with :func:`relay_resnet_int8` and cached as Relay JSON.
+    Every call returns a module of its own.
 
     Parameters
     ----------
@@ -339,12 +397,8 @@ def load(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathL
     if base == "resnet50_int8_relay":
         mod = _cached_relay_int8(small, cache_dir)
         return ZooModel(full_name, mod, {}, INPUT_NAME, shape, "float32", None)
-    from ..core.frontend import from_onnx
-
     path = onnx_path(base, small, cache_dir)
-    t0 = time.perf_counter()
-    mod, params = from_onnx(path)
-    logger.info("zoo: imported %s into Relay in %.1fs", full_name, time.perf_counter() - t0)
+    mod, params = _import_onnx(path, cache_dir)
     return ZooModel(full_name, mod, params, INPUT_NAME, shape, "float32", path)
 
 
@@ -481,11 +535,7 @@ def _real_onnx_path(name: str, small: bool, cache_dir) -> Path:
 
 
 def _load_real(name: str, small: bool, cache_dir) -> ZooModel:
-    from ..core.frontend import from_onnx
-
     path = _real_onnx_path(name, small, cache_dir)
     m = zoo_real.variant(name).model
-    t0 = time.perf_counter()
-    mod, params = from_onnx(path, shape={m.input_name: m.input_shape})
-    logger.info("zoo: imported %s into Relay in %.1fs", name, time.perf_counter() - t0)
+    mod, params = _import_onnx(path, cache_dir, shape={m.input_name: m.input_shape})
     return ZooModel(name, mod, params, m.input_name, tuple(m.input_shape), "float32", path)
