@@ -17,7 +17,7 @@ from tvm import relay
 from tvm_ext.testing import fuzz
 from tvm_ext.testing.fuzz import execution, oracle, runner
 
-SMOKE_N = 60  # under 2 min of the CI on 2 cores; `make fuzz` runs the long campaigns
+SMOKE_N = 30  # under a minute of the CI on 2 cores; `make fuzz` runs the long campaigns
 SMOKE_SEED = 12
 
 
