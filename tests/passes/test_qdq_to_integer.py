@@ -66,11 +66,16 @@ def test_plain_fq2i_would_round_twice():
     assert "qnn.add" in mod.astext() and "qnn.add" not in QDQToInteger()(qdq_block()).astext()
 
 
+def _llvm(mod):
+    """relay.build at plain ``llvm``, once per module: the numerics tests run it on several inputs."""
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(mod, target="llvm")
+
+
 def test_numerics_against_the_float_qdq_graph():
     """Within one step of the float QDQ graph, and no further from it than TVM's plain FQ2I."""
-    before = qdq_block()
-    ours = QDQToInteger()(qdq_block())
-    plain = relay.transform.FakeQuantizationToInteger()(qdq_block())
+    before, ours, plain = (_llvm(m) for m in (
+        qdq_block(), QDQToInteger()(qdq_block()), relay.transform.FakeQuantizationToInteger()(qdq_block())))
     rng = np.random.default_rng(3)
     err_ours = err_plain = 0
     for _ in range(4):
@@ -181,8 +186,9 @@ def test_plain_fq2i_saturates_the_constant():
 
 def test_float_constant_region_numerics():
     """Bit-exact with the float QDQ graph on all uint8 inputs; plain FQ2I is many steps off."""
-    before, ours = hard_sigmoid_block(), QDQToInteger()(hard_sigmoid_block())
-    plain = relay.transform.FakeQuantizationToInteger()(hard_sigmoid_block())
+    before, ours, plain = (_llvm(m) for m in (
+        hard_sigmoid_block(), QDQToInteger()(hard_sigmoid_block()),
+        relay.transform.FakeQuantizationToInteger()(hard_sigmoid_block())))
     for seed in range(3):
         inputs = {"a": np.random.default_rng(seed).integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
         ref = run_module(before, inputs)[0].astype(int)
