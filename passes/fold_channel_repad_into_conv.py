@@ -91,8 +91,10 @@ def _block(layout) -> int | None:
 def _unblocks(lt, k=None) -> Check:
     """True for ``layout_transform(NCHW<k>c -> NCHW)`` (any k when ``k`` is None), else a Reject."""
     src, dst = str(lt.attrs.src_layout), str(lt.attrs.dst_layout)
-    if dst != "NCHW" or _block(src) is None or (k is not None and _block(src) != k):
+    if dst != "NCHW" or _block(src) is None:
         return Reject(f"layout_transform {src} -> {dst}, not NCHW<k>c -> NCHW")
+    if k is not None and _block(src) != k:
+        return Reject(f"x is {src}, the conv reads NCHW{k}c (a layout change would stay)")
     return True
 
 

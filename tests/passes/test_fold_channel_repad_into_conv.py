@@ -222,7 +222,7 @@ def _variant(case):
     ("slice_not_from_zero", "the slice does not start at 0"),
     ("pad_in_front", "pad more than the channels' end"),
     ("pad_spatial", "pad more than the channels' end"),
-    ("other_block", "not NCHW<k>c -> NCHW"),
+    ("other_block", "x is NCHW8c, the conv reads NCHW4c"),
 ])
 def test_unchanged_on_no_match(case, reason, caplog):
     assert_unchanged_with_reason(FoldChannelRepadIntoConv(), infer(_variant(case)), reason, LOGGER, caplog)
