@@ -9,6 +9,7 @@ from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
 from .dequantize_in_conv_transpose import DequantizeInConvTranspose
 from .epilogue_before_channel_slice import EpilogueBeforeChannelSlice
+from .fold_channel_repad_into_conv import FoldChannelRepadIntoConv
 from .fold_pad_into_conv import FoldPadIntoConv
 from .fold_zero_point_pad_into_conv import FoldZeroPointPadIntoConv
 from .fuse_by_pattern import FuseByPattern
@@ -33,6 +34,7 @@ __all__ = [
     "CombineParallelOpBatch",
     "DequantizeInConvTranspose",
     "EpilogueBeforeChannelSlice",
+    "FoldChannelRepadIntoConv",
     "FoldPadIntoConv",
     "FoldZeroPointPadIntoConv",
     "FuseByPattern",

@@ -9,7 +9,8 @@ Rewrites::
     # quantize(...sigmoid(v)...)  (tanh, exp, ...)        -> unchanged (float, fuses into the conv)
     # quantize(batch_matmul(dequantize(a), dequantize(b))), a and b both computed (not constants)
     #                                                    -> unchanged (float, as stock TVM)
-    # quantize(conv2d(...)), groups 1, channels % 16 != 0, small (see _padded_int8_conv)
+    # quantize(conv2d(...)), groups 1, channels % 16 != 0, small, x86 without 8-channel int8 blocks
+    #                                                    (see _padded_int8_conv)
     #                                                    -> unchanged (float, as stock TVM)
     # quantize(f(dequantize(x), dequantize(w), ...))     -> qnn form of f       (TVM's FQ2I rules)
 
@@ -77,12 +78,13 @@ _AVG_POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d")
 #: Multiply-accumulates from which a padded int8 conv pays for its slice kernel (:func:`_padded_int8_conv`).
 PADDED_INT8_MIN_MACS = 1 << 24
 #: The same per int8 instruction class (:func:`tvm_ext.x86.isa.target_class` of the current target)
-#: where it differs: AVX2 and AVX-512 VNNI take 8-channel int8 blocks (no padding), every conv converts.
-PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0}
-#: The output-channel multiple a target's int8 legalization pads a conv to (16: x86's
-#: ``conv2d_alter_int8_common``), per int8 instruction class where it differs: aarch64 pads to 8
-#: (``tvm_ext.arm.int8_conv.CHANNEL_MULTIPLE``), so there a conv with a multiple of 8 converts.
-PADDED_INT8_CHANNELS_BY_ISA = {"aarch64_neon": 8, "aarch64_dotprod": 8, "aarch64_i8mm": 8}
+#: where it differs: every conv converts where the padding costs no kernel. AVX2 and AVX-512 VNNI take
+#: 8-channel int8 blocks (no padding); aarch64 pads to 8 channels, and ``FoldChannelRepadIntoConv`` lets
+#: the next conv read the padded channels, so no slice/re-pad kernel stays between them (docs/arm.md).
+PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0, "aarch64_neon": 0, "aarch64_dotprod": 0,
+                               "aarch64_i8mm": 0}
+#: The output-channel multiple x86's int8 legalization pads a conv to (``conv2d_alter_int8_common``).
+PADDED_INT8_CHANNELS = 16
 #: A padded conv also converts when each output sums at least this many products and the conv
 #: has at least :data:`PADDED_INT8_LONG_MIN_MACS` (:func:`_padded_int8_conv`).
 PADDED_INT8_LONG_REDUCTION = 48
@@ -92,11 +94,6 @@ PADDED_INT8_LONG_MIN_MACS = 1 << 20
 def _min_macs() -> int:
     """:data:`PADDED_INT8_MIN_MACS` for the target being compiled (the default without one)."""
     return PADDED_INT8_MIN_MACS_BY_ISA.get(_target_class(), PADDED_INT8_MIN_MACS)
-
-
-def _padded_channels() -> int:
-    """The output-channel multiple int8 convs are padded to at the target being compiled."""
-    return PADDED_INT8_CHANNELS_BY_ISA.get(_target_class(), 16)
 
 
 def _target_class() -> str | None:
@@ -140,8 +137,8 @@ def _product_of_activations(call):
 
 
 def _padded_int8_conv(call):
-    """True for a small conv that the target's int8 legalization pads to a multiple of 16 (aarch64:
-    8) output channels (:func:`_padded_channels`).
+    """True for a small conv that x86's int8 legalization pads to a multiple of
+    :data:`PADDED_INT8_CHANNELS` output channels.
 
     A ``groups=1`` conv whose output channels that multiple does not divide is computed for the next
     multiple and sliced back (x86: ``topi/generic/conv2d.py::conv2d_alter_int8_common``): the
@@ -150,7 +147,9 @@ def _padded_int8_conv(call):
     :data:`PADDED_INT8_LONG_REDUCTION` products over at least :data:`PADDED_INT8_LONG_MIN_MACS`.
     Measured reason: on AVX-512 without VNNI and SSE targets (16-channel int8 blocks) the slice
     costs a small or short-reduction conv more than int8 saves, while AVX2 and AVX-512 VNNI
-    targets take 8-channel blocks, so there every conv converts (numbers in ``docs/passes.md``).
+    targets take 8-channel blocks, so there every conv converts (numbers in ``docs/passes.md``), and
+    so does every conv at aarch64, where ``FoldChannelRepadIntoConv`` removes the slice's kernel
+    (numbers in ``docs/arm.md``).
     """
     attrs = call.attrs
     if int(attrs.groups) != 1:
@@ -159,7 +158,7 @@ def _padded_int8_conv(call):
     axis = str(attrs.out_layout or attrs.data_layout).find("C")
     if axis < 0:
         return Reject(f"layout {attrs.out_layout or attrs.data_layout} has no C axis")
-    multiple = _padded_channels()
+    multiple = PADDED_INT8_CHANNELS
     if int(shape[axis]) % multiple == 0:
         return Reject(f"{int(shape[axis])} output channels: a multiple of {multiple}, not padded")
     weight = [int(d) for d in call.args[1].checked_type.shape]

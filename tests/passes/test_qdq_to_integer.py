@@ -363,13 +363,15 @@ def _small_conv(oc):
 
 
 @pytest.mark.parametrize("cpu", list(AARCH64_TARGETS))
-def test_aarch64_pads_to_8_channels_so_a_multiple_of_8_converts(cpu):
-    """PADDED_INT8_CHANNELS_BY_ISA: aarch64's int8 convs pad output channels to a multiple of 8, not 16:
-    an 8-channel conv converts (no slice kernel), a small 6-channel one stays float (its padded int8
-    form would need a slice kernel)."""
+def test_every_conv_converts_at_aarch64(cpu):
+    """PADDED_INT8_MIN_MACS_BY_ISA: at aarch64 a small conv converts whether int8 legalization pads its
+    output channels (6 -> 8) or not (8): FoldChannelRepadIntoConv lets the next conv read the padded
+    channels, so the padding costs no kernel; without a target the 6-channel conv stays float."""
     with tvm.target.Target(AARCH64_TARGETS[cpu]):
-        assert "qnn.conv2d" in QDQToInteger()(_small_conv(8)).astext()
-        assert_unchanged(QDQToInteger(), _small_conv(6))
+        for oc in (8, 6):
+            check(QDQToInteger(), _small_conv(oc), relay.transform.FakeQuantizationToInteger()(_small_conv(oc)))
+            assert "qnn.conv2d" in QDQToInteger()(_small_conv(oc)).astext(), oc
+    assert_unchanged(QDQToInteger(), _small_conv(6))
 
 
 # --- shared_dequantize: an add / pool whose dequantize has other readers (SE blocks, residuals) -------

@@ -332,6 +332,14 @@ INT8 = (
                  "(and add a border term right after the conv), this pass starts at the layout transform, "
                  "whatever feeds it.",
              before=("NarrowKernelBoundaries",)),
+        Step("FoldChannelRepadIntoConv",
+             does="a conv reading channels sliced off and padded back (int8 legalization between a conv whose "
+                  "output channels are no multiple of the channel block and the next conv, whose weights are zero "
+                  "on those channels) reads the tensor below the slice: the slice/pad kernel goes (exact).",
+             why="after ``EpilogueBeforeChannelSlice``, which moves the first conv's requantize in front of the "
+                 "slice, so only data movement stands between the two convs. At ``before_fuse``: Legalize writes "
+                 "the slice and the pad, AlterOpLayout the layout transforms around them.",
+             after=("EpilogueBeforeChannelSlice",)),
         Step("NarrowKernelBoundaries",
              does="at residual joins, the 8-bit value crosses the kernel boundary and the widening (dequantize) "
                   "chain fuses into the consumer.",
