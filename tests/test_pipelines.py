@@ -13,16 +13,17 @@ INT8_ORDER = {
     "start": ["UniformZeroPointsToScalar", "QDQToInteger", "NonNegativeConvInputToUint8", "PadChannelsAtProducer"],
     "before_fuse": ["RemoveStopFusion", "NarrowBeforeMaxPool", "CombineParallelCast", "HoistUint8Shift",
                     "FoldPadIntoConv", "FoldZeroPointPadIntoConv", "EpilogueBeforeChannelSlice",
-                    "NarrowKernelBoundaries", "WidenAfterMovement", "WidenInEachReader", "FuseWideningIntoPool",
-                    "TabulateEightBit", "DequantizeInConvTranspose"],
+                    "FoldChannelRepadIntoConv", "NarrowKernelBoundaries", "WidenAfterMovement",
+                    "WidenInEachReader", "FuseWideningIntoPool", "TabulateEightBit", "DequantizeInConvTranspose"],
 }
 INT8_ORT_ORDER = {
     "start": ["UniformZeroPointsToScalar", "QDQToInteger", "AddAsOnnxRuntime", "QuantizeWeightsAsOnnxRuntime",
               "NonNegativeConvInputToUint8", "PadChannelsAtProducer"],
     "before_fuse": ["RemoveStopFusion", "NarrowBeforeMaxPool", "CombineParallelCast", "HoistUint8Shift",
                     "FoldPadIntoConv", "FoldZeroPointPadIntoConv", "EpilogueBeforeChannelSlice",
-                    "NarrowKernelBoundaries", "WidenAfterMovement", "WidenInEachReader", "FuseWideningIntoPool",
-                    "RoundHalfToEven", "TabulateEightBit", "DequantizeInConvTranspose"],
+                    "FoldChannelRepadIntoConv", "NarrowKernelBoundaries", "WidenAfterMovement",
+                    "WidenInEachReader", "FuseWideningIntoPool", "RoundHalfToEven", "TabulateEightBit",
+                    "DequantizeInConvTranspose"],
 }
 VARIANTS = [("tvm", INT8_ORDER, "tvm_ext.int8", ()),
             ("onnxruntime", INT8_ORT_ORDER, "tvm_ext.int8_ort", pipelines.ORT_REQUANTIZE)]
