@@ -59,6 +59,7 @@ def _make_passes():
         "CombineParallelOpBatch(add)": (lambda: P.CombineParallelOpBatch("add", "add", 2), both),
         "CombineParallelOpBatch(multiply)": (lambda: P.CombineParallelOpBatch("multiply", "multiply", 2), both),
         "EpilogueBeforeChannelSlice": (lambda: P.EpilogueBeforeChannelSlice(), ("before_fuse",)),
+        "FoldChannelRepadIntoConv": (lambda: P.FoldChannelRepadIntoConv(), ("before_fuse",)),  # legalization's slice
         "FoldPadIntoConv": (lambda: P.FoldPadIntoConv(), both),
         "FoldZeroPointPadIntoConv": (lambda: P.FoldZeroPointPadIntoConv(), both),
         "FuseByPattern(generic)": (lambda: P.FuseByPattern("generic"), ("before_fuse",)),
@@ -84,6 +85,7 @@ PASSES = (
     "CombineParallelOpBatch(add)",
     "CombineParallelOpBatch(multiply)",
     "EpilogueBeforeChannelSlice",
+    "FoldChannelRepadIntoConv",
     "FoldPadIntoConv",
     "FoldZeroPointPadIntoConv",
     "FuseByPattern(generic)",
