@@ -228,8 +228,11 @@ def build(
         User passes, run in order as one ``tvm.transform.Sequential`` at ``at``. A mapping
         ``{"start": [...], "before_fuse": [...]}`` (such as :func:`tvm_ext.core.pipelines.int8`) runs
         each list at its own stage, and ``at`` only decides whether the prefix is split off.
-        A :class:`tvm_ext.core.pipelines.Pipeline` with ``requantize`` settings is built inside
-        ``relay.qnn.op.requantize_config(**settings)`` (e.g. ``pipelines.int8(numerics="onnxruntime")``).
+        A :class:`tvm_ext.core.pipelines.Pipeline` is built inside
+        ``relay.qnn.op.requantize_config(**settings)``, with its ``requantize`` settings (e.g.
+        ``pipelines.int8(numerics="onnxruntime")``) or, without any, ``pipelines.EXACT_REQUANTIZE``
+        (TVM's int64 fixed point at every target), and every ``qnn.requantize`` of ``mod`` is given
+        them as attributes first (:func:`pin_requantize`).
     at : {"before_fuse", "start"}
         ``"before_fuse"``: passes see the module after relay.build's optimisation prefix
         (layouts altered, constants folded, CSE done) and their output reaches FuseOps without
@@ -308,7 +311,11 @@ def build(
         stages["before_fuse"] = [*stages["before_fuse"], exact_int8.PairPackInt8Convs()]
         split = True
     kernels, schedules = kernel_contexts(tgt, mod, use_kernels, use_tuned)
-    requantize = dict(getattr(passes, "requantize", ()) or ())  # a Pipeline may fix QNN requantize's lowering
+    from .pipelines import EXACT_REQUANTIZE, Pipeline
+
+    # a Pipeline fixes QNN requantize's lowering: its own settings, or TVM's integer one at every target
+    requantize = dict(getattr(passes, "requantize", ()) or ()) or (
+        dict(EXACT_REQUANTIZE) if isinstance(passes, Pipeline) else {})
     if requantize:
         from tvm.relay.qnn.op import requantize_config
 

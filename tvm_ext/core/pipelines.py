@@ -38,8 +38,9 @@ NUMERICS = ("tvm", "onnxruntime")
 #: targets without SSE4.1 (plain ``llvm``), ``float32`` on the others.
 ORT_REQUANTIZE = (("rounding", "TONEAREST"), ("compute_dtype", "float32"))
 
-#: How ``numerics="tvm"`` requantizes at every target: TVM's integer lowering (int64 fixed point,
-#: ``UPWARD``), which it picks by default only without SSE4.1 (plain ``llvm``). Its float32 lowering,
+#: How a :class:`Pipeline` without ``requantize`` settings (``numerics="tvm"``) requantizes at every
+#: target: TVM's integer lowering (int64 fixed point, ``UPWARD``), which it picks by default only
+#: without SSE4.1 (plain ``llvm``). Its float32 lowering,
 #: the default at SSE4.1 targets, rounds ``acc * scale`` in float32 and so rounds some values within
 #: about 1e-5 of a half the wrong way (full-size QOperator ResNet-50: ``acc = 17057``, scale ratio
 #: 6.2514846e-05 / 0.037414595, exactly 28.4999935, gives 29 in float32), and those steps reach the
@@ -59,7 +60,7 @@ class Pipeline(Mapping):
     before_fuse: object
     doc: str = ""
     #: ``relay.qnn.op.requantize_config`` settings :func:`tvm_ext.build` compiles under, as
-    #: ``(key, value)`` pairs (empty: TVM's defaults). QNN canonicalization reads them.
+    #: ``(key, value)`` pairs (empty: :data:`EXACT_REQUANTIZE`). QNN canonicalization reads them.
     requantize: tuple = ()
     #: The :class:`Stage` tables the pipeline was built from (empty for a pipeline not built
     #: from tables).
@@ -562,7 +563,7 @@ def int8(numerics: str = "tvm") -> Pipeline:  # the docstring is generated from 
         start=_sequential(start.passes(), f"{name}.start"),
         before_fuse=_sequential(before_fuse.passes(), f"{name}.before_fuse"),
         doc=int8.__doc__ or "",
-        requantize=ORT_REQUANTIZE if numerics == "onnxruntime" else EXACT_REQUANTIZE,
+        requantize=ORT_REQUANTIZE if numerics == "onnxruntime" else (),
         stages=stages,
     )
 
