@@ -32,7 +32,8 @@ from .. import _compat
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build", "copy_module", "prefix_pass_names", "kernel_settings", "kernel_contexts", "AT_CHOICES"]
+__all__ = ["build", "copy_module", "prefix_pass_names", "kernel_settings", "kernel_contexts", "pin_requantize",
+           "AT_CHOICES"]
 
 AT_CHOICES = ("before_fuse", "start")
 
@@ -227,8 +228,11 @@ def build(
         User passes, run in order as one ``tvm.transform.Sequential`` at ``at``. A mapping
         ``{"start": [...], "before_fuse": [...]}`` (such as :func:`tvm_ext.core.pipelines.int8`) runs
         each list at its own stage, and ``at`` only decides whether the prefix is split off.
-        A :class:`tvm_ext.core.pipelines.Pipeline` with ``requantize`` settings is built inside
-        ``relay.qnn.op.requantize_config(**settings)`` (e.g. ``pipelines.int8(numerics="onnxruntime")``).
+        A :class:`tvm_ext.core.pipelines.Pipeline` is built inside
+        ``relay.qnn.op.requantize_config(**settings)``, with its ``requantize`` settings (e.g.
+        ``pipelines.int8(numerics="onnxruntime")``) or, without any, ``pipelines.EXACT_REQUANTIZE``
+        (TVM's int64 fixed point at every target), and every ``qnn.requantize`` of ``mod`` is given
+        them as attributes first (:func:`pin_requantize`).
     at : {"before_fuse", "start"}
         ``"before_fuse"``: passes see the module after relay.build's optimisation prefix
         (layouts altered, constants folded, CSE done) and their output reaches FuseOps without
@@ -307,10 +311,15 @@ def build(
         stages["before_fuse"] = [*stages["before_fuse"], exact_int8.PairPackInt8Convs()]
         split = True
     kernels, schedules = kernel_contexts(tgt, mod, use_kernels, use_tuned)
-    requantize = dict(getattr(passes, "requantize", ()) or ())  # a Pipeline may fix QNN requantize's lowering
+    from .pipelines import EXACT_REQUANTIZE, Pipeline
+
+    # a Pipeline fixes QNN requantize's lowering: its own settings, or TVM's integer one at every target
+    requantize = dict(getattr(passes, "requantize", ()) or ()) or (
+        dict(EXACT_REQUANTIZE) if isinstance(passes, Pipeline) else {})
     if requantize:
         from tvm.relay.qnn.op import requantize_config
 
+        mod = pin_requantize(mod, requantize)
         rq = requantize_config(**requantize)
     else:
         rq = contextlib.nullcontext()
@@ -334,6 +343,38 @@ def build(
 def _is_aarch64(tgt) -> bool:
     """True for an LLVM target that compiles for 64-bit ARM."""
     return tgt.kind.name == "llvm" and str(tgt.attrs.get("mtriple", "")).startswith(("aarch64", "arm64"))
+
+
+def pin_requantize(mod, settings: Mapping):
+    """``mod`` with every ``qnn.requantize`` in its Relay functions made anew with ``settings``
+    (``rounding``, ``compute_dtype``) as explicit attributes.
+
+    TVM 0.19's QNN canonicalization writes the values it lowers a requantize with into that call's
+    attributes (``src/relay/qnn/op/requantize.cc``, ``RequantizeQnnCanonicalize``: ``const_cast``
+    of the attrs, then ``SelectRequntizeParameter``), and an explicit attribute wins over
+    ``requantize_config``. Modules share those attributes (copies of a module share its calls), so
+    without this a build would lower requantize as the first build of the same graph in the process
+    did: ``int64`` after one at plain ``llvm``, ``float32`` after one at an SSE4.1 target.
+    """
+    from tvm import relay
+
+    requantize = relay.op.get("qnn.requantize")
+
+    class _Pin(relay.ExprMutator):
+        def visit_call(self, call):
+            new = super().visit_call(call)
+            if call.op != requantize:
+                return new
+            a = call.attrs
+            return relay.qnn.op.requantize(*new.args, axis=int(a.axis), out_dtype=str(a.out_dtype),
+                                           rounding=settings.get("rounding", str(a.rounding)),
+                                           compute_dtype=settings.get("compute_dtype", str(a.compute_dtype)))
+
+    out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relay.Function):
+            out[gv] = _Pin().visit(func)
+    return out
 
 
 def kernel_settings(passes=(), kernels: bool | None = None, tuned: bool | None = None) -> tuple[bool, bool]:

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 __all__ = ["Pipeline", "Step", "Stage", "Insertion", "int8", "int8_stages", "listing", "onnxruntime_numerics",
-           "INT8", "INT8_ONNXRUNTIME", "ONNXRUNTIME_INSERTIONS", "NUMERICS", "ORT_REQUANTIZE"]
+           "INT8", "INT8_ONNXRUNTIME", "ONNXRUNTIME_INSERTIONS", "NUMERICS", "ORT_REQUANTIZE",
+           "EXACT_REQUANTIZE"]
 
 #: ``numerics=`` choices of :func:`int8`: whose rounding the built model follows.
 NUMERICS = ("tvm", "onnxruntime")
@@ -36,6 +37,15 @@ NUMERICS = ("tvm", "onnxruntime")
 #: TVM's default is ``rounding="UPWARD"``, and ``compute_dtype="int64"`` (fixed point) on
 #: targets without SSE4.1 (plain ``llvm``), ``float32`` on the others.
 ORT_REQUANTIZE = (("rounding", "TONEAREST"), ("compute_dtype", "float32"))
+
+#: How a :class:`Pipeline` without ``requantize`` settings (``numerics="tvm"``) requantizes at every
+#: target: TVM's integer lowering (int64 fixed point, ``UPWARD``), which it picks by default only
+#: without SSE4.1 (plain ``llvm``). Its float32 lowering,
+#: the default at SSE4.1 targets, rounds ``acc * scale`` in float32 and so rounds some values within
+#: about 1e-5 of a half the wrong way (full-size QOperator ResNet-50: ``acc = 17057``, scale ratio
+#: 6.2514846e-05 / 0.037414595, exactly 28.4999935, gives 29 in float32), and those steps reach the
+#: logits.
+EXACT_REQUANTIZE = (("rounding", "UPWARD"), ("compute_dtype", "int64"))
 
 #: Build stages of a :class:`Pipeline`, in the order :func:`tvm_ext.build` runs them.
 STAGE_KEYS = ("start", "before_fuse")
@@ -50,7 +60,7 @@ class Pipeline(Mapping):
     before_fuse: object
     doc: str = ""
     #: ``relay.qnn.op.requantize_config`` settings :func:`tvm_ext.build` compiles under, as
-    #: ``(key, value)`` pairs (empty: TVM's defaults). QNN canonicalization reads them.
+    #: ``(key, value)`` pairs (empty: :data:`EXACT_REQUANTIZE`). QNN canonicalization reads them.
     requantize: tuple = ()
     #: The :class:`Stage` tables the pipeline was built from (empty for a pipeline not built
     #: from tables).
@@ -514,12 +524,15 @@ passes are inserted:
 """
 
 _INT8_DOC_TAIL = """This changes outputs (near rounding ties only): it is not the default, so that the default
-pipeline stays bit-exact to stock TVM.
+pipeline stays bit-exact to TVM's integer arithmetic.
 
 Parameters
 ----------
 numerics : {"tvm", "onnxruntime"}
-    ``"tvm"`` (default): results bit-exact to stock ``relay.build`` at the same target.
+    ``"tvm"`` (default): TVM's integer arithmetic, requantize included (:data:`EXACT_REQUANTIZE`)
+    at every target: bit-exact to stock ``relay.build`` at plain ``llvm``, which is exact integer
+    arithmetic. Stock at an SSE4.1 target requantizes in float32 and rounds some near-half values
+    the other way.
     ``"onnxruntime"``: round as ONNX Runtime does (see above); the pipeline is then named
     ``tvm_ext.int8_ort``.
 

@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-untuned", action="store_true",
                    help="also build and time tvm-ext without tuning records, in the same run")
     p.add_argument("--numerics", choices=["tvm", "onnxruntime"], default="tvm",
-                   help="tvm-ext's pipeline: int8(numerics=...); tvm (default): bit-exact to stock TVM; "
+                   help="tvm-ext's pipeline: int8(numerics=...); tvm (default): TVM's integer arithmetic (exact); "
                         "onnxruntime: rounds as ONNX Runtime does (closer to ORT's outputs)")
     from .ort_isa import ORT_ISA_CHOICES
 
