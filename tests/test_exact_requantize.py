@@ -78,3 +78,12 @@ def test_build_leaves_the_callers_requantize_attributes_as_they_were():
     tvm_ext.build(mod, target=TARGET, passes=pipelines.int8())  # compile only
     assert _requantize_attrs(mod).compute_dtype == "None"
     assert _requantize_attrs(mod).rounding == "None"
+
+
+def test_pin_requantize_returns_a_new_module_and_leaves_the_callers():
+    from tvm_ext.core.build import pin_requantize
+
+    mod = _module()
+    pinned = pin_requantize(mod, dict(pipelines.EXACT_REQUANTIZE))
+    assert (_requantize_attrs(mod).compute_dtype, _requantize_attrs(mod).rounding) == ("None", "None")
+    assert (_requantize_attrs(pinned).compute_dtype, _requantize_attrs(pinned).rounding) == ("int64", "UPWARD")

@@ -356,6 +356,7 @@ def pin_requantize(mod, settings: Mapping):
     without this a build would lower requantize as the first build of the same graph in the process
     did: ``int64`` after one at plain ``llvm``, ``float32`` after one at an SSE4.1 target.
     """
+    import tvm
     from tvm import relay
 
     requantize = relay.op.get("qnn.requantize")
@@ -370,11 +371,8 @@ def pin_requantize(mod, settings: Mapping):
                                            rounding=settings.get("rounding", str(a.rounding)),
                                            compute_dtype=settings.get("compute_dtype", str(a.compute_dtype)))
 
-    out = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relay.Function):
-            out[gv] = _Pin().visit(func)
-    return out
+    functions = {gv: _Pin().visit(f) if isinstance(f, relay.Function) else f for gv, f in mod.functions.items()}
+    return tvm.IRModule(functions, type_definitions=mod.type_definitions, attrs=mod.attrs)  # the caller's stays
 
 
 def kernel_settings(passes=(), kernels: bool | None = None, tuned: bool | None = None) -> tuple[bool, bool]:
