@@ -12,47 +12,15 @@ from tvm_ext.core import pipelines
 from tvm_ext.tools import tune
 from tvm_ext.x86 import tuning
 from tvm_ext.x86.target import build_target
-from tvm_ext.testing import run_module
+from tvm_ext.testing import qoperator_net, run_module
 
 # the module's recorded and tuned builds are made once, on one worker
 pytestmark = pytest.mark.xdist_group("tuning")
 
 
-class _Net:
-    """What the tuning functions read of a model: a Relay module, its params, its input."""
-
-    def __init__(self, mod, input_name, input_shape):
-        self.mod, self.params, self.input_name, self.input_shape = mod, {}, input_name, input_shape
-
-
-def _qoperator_net(size=16):
-    """Three convolutions as TVM imports an ONNX QOperator model (uint8 activations, int8 weights):
-    quantize, then per conv a zero-point ``nn.pad`` for the 3x3 ones, ``qnn.conv2d``, an int32 bias and
-    ``qnn.requantize`` to uint8 with ReLU as a clip at the zero point; dequantized at the end."""
-    from tvm import relay
-
-    rng = np.random.default_rng(0)
-    x = relay.var("data", shape=(1, 3, size, size))
-    zp, scale = relay.const(128), relay.const(np.float32(0.05))
-    y = relay.qnn.op.quantize(x, scale, zp, out_dtype="uint8")
-    for cin, cout, k in ((3, 32, 3), (32, 64, 1), (64, 64, 3)):
-        if k == 3:
-            y = relay.nn.pad(y, ((0, 0), (0, 0), (1, 1), (1, 1)), pad_value=zp)
-        w = relay.const(rng.integers(-127, 128, (cout, cin, k, k)).astype("int8"))
-        w_scale = relay.const(np.float32(0.01))
-        acc = relay.qnn.op.conv2d(y, w, zp, relay.const(0), scale, w_scale, kernel_size=(k, k), channels=cout)
-        acc = relay.nn.bias_add(acc, relay.const(rng.integers(-500, 500, cout).astype("int32")))
-        y = relay.qnn.op.requantize(acc, relay.const(np.float32(0.05 * 0.01)), relay.const(0), scale, zp,
-                                    out_dtype="uint8")
-        y = relay.clip(y, 128, 255)
-    out = relay.qnn.op.dequantize(y, scale, zp)
-    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], out)))
-    return _Net(mod, "data", (1, 3, size, size))
-
-
 @pytest.fixture(scope="module")
 def small():
-    m = _qoperator_net()
+    m = qoperator_net()  # three convs: the tuning flow, not a ResNet, is under test
     target = build_target()
     wls = tune.record_workloads(m.mod, m.params, target, pipelines.int8())
     return m, target, wls

@@ -217,7 +217,7 @@ def test_tvm_matches_onnxruntime(name):  # the shared cache: its models are this
 
 
 # ------------------------------------------------------------- relay int8 ----
-def test_relay_int8_small_and_write_zoo(cache, tmp_path):
+def test_relay_int8_small_and_write_zoo(tmp_path):  # the shared cache: relay.quantize once per suite
     import tvm
     from tvm import relay
 

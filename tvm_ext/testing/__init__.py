@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-__all__ = ["exact_ort_session", "infer", "check", "run_module", "random_inputs", "assert_same_outputs",
-           "assert_unchanged", "with_instruments", "environment"]
+__all__ = ["QOperatorNet", "qoperator_net", "exact_ort_session", "infer", "check", "run_module", "random_inputs",
+           "assert_same_outputs", "assert_unchanged", "with_instruments", "environment"]
 
 
 def with_instruments(*instruments):
@@ -152,3 +152,38 @@ def exact_ort_session(model):
     except Exception:  # noqa: BLE001  (NOT_IMPLEMENTED: no exact kernel for these types)
         return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
+
+
+class QOperatorNet:
+    """What a model loader gives (as :class:`tvm_ext.tools.zoo.ZooModel`): module, params, its input."""
+
+    def __init__(self, mod, input_name: str, input_shape: tuple):
+        self.mod, self.params, self.input_name, self.input_shape = mod, {}, input_name, input_shape
+        self.input_dtype = "float32"
+
+
+def qoperator_net(size: int = 16) -> QOperatorNet:
+    """Three convolutions as TVM imports an ONNX QOperator model (uint8 activations, int8 weights):
+    quantize, then per conv a zero-point ``nn.pad`` for the 3x3 ones, ``qnn.conv2d``, an int32 bias
+    and ``qnn.requantize`` to uint8 with ReLU as a clip at the zero point; dequantized at the end.
+    Seconds to build, where a small zoo ResNet takes most of a minute."""
+    import tvm
+    from tvm import relay
+
+    rng = np.random.default_rng(0)
+    x = relay.var("data", shape=(1, 3, size, size))
+    zp, scale = relay.const(128), relay.const(np.float32(0.05))
+    y = relay.qnn.op.quantize(x, scale, zp, out_dtype="uint8")
+    for cin, cout, k in ((3, 32, 3), (32, 64, 1), (64, 64, 3)):
+        if k == 3:
+            y = relay.nn.pad(y, ((0, 0), (0, 0), (1, 1), (1, 1)), pad_value=zp)
+        w = relay.const(rng.integers(-127, 128, (cout, cin, k, k)).astype("int8"))
+        acc = relay.qnn.op.conv2d(y, w, zp, relay.const(0), scale, relay.const(np.float32(0.01)),
+                                  kernel_size=(k, k), channels=cout)
+        acc = relay.nn.bias_add(acc, relay.const(rng.integers(-500, 500, cout).astype("int32")))
+        y = relay.qnn.op.requantize(acc, relay.const(np.float32(0.05 * 0.01)), relay.const(0), scale, zp,
+                                    out_dtype="uint8")
+        y = relay.clip(y, 128, 255)
+    out = relay.qnn.op.dequantize(y, scale, zp)
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], out)))
+    return QOperatorNet(mod, "data", (1, 3, size, size))
