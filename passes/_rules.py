@@ -15,9 +15,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._util import Reject, cut_below
+from ._util import Reject, cut_below, op_calls, op_name
 
-__all__ = ["Rule", "first_rewrite"]
+__all__ = ["Rule", "first_rewrite", "rewrites_by_op"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,14 @@ def first_rewrite(rules, call, log: logging.Logger, *context):
             continue
         return rule, new
     return why
+
+
+def rewrites_by_op(nodes, by_op: dict, log: logging.Logger) -> dict:
+    """``{call: replacement}`` for each call among ``nodes`` of an op in ``by_op`` (op name -> its
+    rules) that :func:`first_rewrite` rewrites."""
+    subst: dict = {}
+    for call in op_calls(nodes, by_op):
+        found = first_rewrite(by_op[op_name(call)], call, log)
+        if found:
+            subst[call] = found[1]
+    return subst

@@ -35,12 +35,11 @@ from tvm_ext.core.registry import register_pass
 
 from . import _layout
 from ._doc import factory_sections
-from ._rules import Rule, first_rewrite
+from ._rules import Rule, rewrites_by_op
 from ._util import (
     Check,
     Reject,
     int_list,
-    op_calls,
     op_name,
     pass_logger,
     static_shape,
@@ -105,15 +104,21 @@ def _blocks_to(lt, layout: str) -> Check:
     return True
 
 
+def _transforms_fit(conv, outer, inner) -> Check:
+    """``outer`` blocks NCHW into the conv's data layout and ``inner`` unblocks that layout's block."""
+    ok = _blocks_to(outer, str(conv.attrs.data_layout))
+    return _unblocks(inner, _block(conv.attrs.data_layout)) if ok else ok
+
+
 def _chain_blocked_slice(conv):
     """``(x, slice, pad)`` of ``lt(pad(lt(strided_slice(x))))`` under an NCHWc conv, or a Reject."""
     outer = conv.args[0]
     pad = outer.args[0]
     inner = pad.args[0]
     sl = inner.args[0]
-    for ok in (_blocks_to(outer, str(conv.attrs.data_layout)), _unblocks(inner, _block(conv.attrs.data_layout))):
-        if not ok:
-            return ok
+    ok = _transforms_fit(conv, outer, inner)
+    if not ok:
+        return ok
     return sl.args[0], sl, pad
 
 
@@ -123,9 +128,9 @@ def _chain_channel_slice(conv):
     pad = outer.args[0]
     sl = pad.args[0]
     inner = sl.args[0]
-    for ok in (_blocks_to(outer, str(conv.attrs.data_layout)), _unblocks(inner, _block(conv.attrs.data_layout))):
-        if not ok:
-            return ok
+    ok = _transforms_fit(conv, outer, inner)
+    if not ok:
+        return ok
     return inner.args[0], sl, pad
 
 
@@ -262,12 +267,7 @@ _BY_OP = {_NCHWC: RULES[:2], "nn.conv2d": RULES[2:]}
 
 def _collect(nodes, users, body) -> dict:
     """Each conv the rules rewrite, reading the tensor below its channel slice and pad."""
-    subst: dict = {}
-    for conv in op_calls(nodes, _BY_OP):
-        found = first_rewrite(_BY_OP[op_name(conv)], conv, _log)
-        if found:
-            subst[conv] = found[1]
-    return subst
+    return rewrites_by_op(nodes, _BY_OP, _log)
 
 
 @register_pass(PASS_NAME)

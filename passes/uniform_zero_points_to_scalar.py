@@ -17,8 +17,8 @@ from tvm.relay import dataflow_pattern as dfp
 from tvm_ext.core.registry import register_pass
 
 from ._doc import factory_sections
-from ._rules import Rule, first_rewrite
-from ._util import Check, Reject, op_calls, op_name, pass_logger, substitution_pass
+from ._rules import Rule, rewrites_by_op
+from ._util import Check, Reject, pass_logger, substitution_pass
 
 __all__ = ["UniformZeroPointsToScalar", "ZERO_POINT_ARGS", "RULES"]
 
@@ -86,12 +86,7 @@ _BY_OP = {op: (rule,) for op, rule in zip(ZERO_POINT_ARGS, RULES)}
 
 def _collect(nodes, users, body) -> dict:
     """Each QNN call with a uniform zero-point vector, reading the scalar instead."""
-    subst: dict = {}
-    for node in op_calls(nodes, _BY_OP):
-        found = first_rewrite(_BY_OP[op_name(node)], node, _log)
-        if found:
-            subst[node] = found[1]
-    return subst
+    return rewrites_by_op(nodes, _BY_OP, _log)
 
 
 @register_pass(PASS_NAME)
