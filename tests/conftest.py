@@ -45,6 +45,21 @@ def _well_formed_instrument():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _libinfo_read_once():
+    """TVM's ``te_compiler.get_shape`` calls ``tvm.support.libinfo()`` for every dimension of every op it
+    lowers, and each call copies the library's ~100 compile-time flags from C++ into a new dict: a fifth
+    to a third of a ``relay.build`` in these tests (constant folding lowers every constant op). The flags
+    are fixed when the library is built, so the suite reads them once; what gets built is unchanged."""
+    from tvm.relay.backend import te_compiler
+
+    info = tvm.support.libinfo()
+    original = te_compiler.libinfo
+    te_compiler.libinfo = lambda: dict(info)
+    yield
+    te_compiler.libinfo = original
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _quiet_tvm_loggers():
     logging.getLogger("autotvm").setLevel(logging.ERROR)
     logging.getLogger("te_compiler").setLevel(logging.WARNING)

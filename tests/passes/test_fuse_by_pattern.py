@@ -185,8 +185,9 @@ def test_build_int8_graph_bit_exact():
     testing.assert_same_outputs(stock, fused, testing.random_inputs(mod))  # integer output: exact
 
 
-def test_seed_003_mlp_fused_dense_add():
-    """The course's MLP (dense -> add -> relu -> dense -> add) with a dense+add table."""
+def test_dense_bias_table_keeps_relu_out_of_the_mlp_kernels():
+    """An MLP (dense -> add -> relu -> dense -> add) with a dense+bias table: each dense fuses with its
+    bias add and nothing else (the relu gets a kernel of its own), with the stock build's outputs."""
     x = relay.var("x", shape=(1, 784))
     h = relay.nn.relu(relay.add(relay.nn.dense(x, const(128, 784)), const(128)))
     mod = infer(relay.add(relay.nn.dense(h, const(10, 128)), const(10)))
