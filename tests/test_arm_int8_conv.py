@@ -362,3 +362,41 @@ def test_depthwise_follows_its_producer_through_a_long_quantized_epilogue():
     text = _altered(tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(y, 32, 32, 3, 32, 5))),
                     "neoverse-n1")
     assert 'data_layout="NCHW4c", kernel_layout="OIHW1i4o"' in text, text
+
+
+def _squeeze_excite(mid, channels=16, size=8):
+    """uint8 x -> 1x1 conv -> global average pool (int32) -> 1x1 conv to ``mid`` channels -> 1x1 conv back,
+    each conv requantized to uint8: a squeeze-excite block's convs. At +i8mm the first conv takes the matrix
+    multiply (NCHW8c), the two on the pooled one-pixel map the dot product; ``mid`` 2 and 12 are padded to 8
+    and 16 output channels and sliced back (2 is re-padded to 4 input channels at the other classes)."""
+    x = relay.var("x", shape=(1, channels, size, size), dtype="uint8")
+    y = _qnn_conv_requantize(x, channels, channels, 1, 1, 11)
+    y = relay.cast(relay.nn.global_avg_pool2d(relay.cast(y, "int32")), "uint8")
+    y = _qnn_conv_requantize(y, channels, mid, 1, 1, 12)
+    return tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(y, mid, channels, 1, 1, 13)))
+
+
+@pytest.mark.parametrize("mid", [2, 12])
+def test_i8mm_squeeze_excite_convs_share_one_channel_block(mid):
+    """At +i8mm the dot-product convs after the pool read the NCHW8c that the matrix-multiply conv and the
+    padded conv write: no layout_transform kernel and no slice/re-pad kernel between the convs, and no more
+    kernels than at +dotprod (one block, NCHW4c, everywhere)."""
+    from tvm_ext.core import pipelines
+
+    mod = _squeeze_excite(mid)
+    v1, n1 = (tvm_ext.build(mod, target=TARGETS[cpu], passes=pipelines.int8()).kernel_report.kernels
+              for cpu in ("neoverse-v1", "neoverse-n1"))
+    convs = [i for i, k in enumerate(v1) if any("conv2d" in op for op in k.ops)]
+    assert len(convs) == 3, [k.ops for k in v1]
+    between = [k.ops for k in v1[convs[0]:convs[-1] + 1]
+               if {"layout_transform", "strided_slice", "nn.pad"} & set(k.ops)]
+    assert not between, [k.ops for k in v1]
+    assert len(v1) <= len(n1), ([k.ops for k in v1], [k.ops for k in n1])
+
+
+def test_i8mm_dot_product_conv_reads_its_producers_nchw8c():
+    """The conv after the pool reads NCHW8c with ``OIHW2i8o4i`` int8 weights (two groups of 4 input channels
+    per dot product of an 8-channel block); after the padded conv, its 2 input channels are padded to 8."""
+    text = _altered(_squeeze_excite(2), "neoverse-v1")
+    reads = re.findall(r'contrib_conv2d_NCHWc\([^;]*?data_layout="(NCHW\d+c)", kernel_layout="(\w+)"', text)
+    assert reads[1:] == [("NCHW8c", "OIHW2i8o4i")] * 2, text

@@ -6,6 +6,10 @@ and pads the second conv's input channels again. With the pass the second conv r
 output (its weights are zero on those channels), so no slice/re-pad kernel stands between them. The
 requantize between the convs has equal input and output scales (``acc + zp`` clipped to uint8), so numpy
 computes the result exactly.
+
+A whole squeeze-excite block (1x1 conv, global pool, the pair of 1x1 convs on the pooled map) checks that at
+Neoverse-V1 the dot-product convs after the pool read the matrix-multiply conv's NCHW8c; its oracle is the
+plain ``llvm`` build (exact integer arithmetic, no int8 SIMD), run on the host.
 """
 import numpy as np
 import pytest
@@ -55,3 +59,50 @@ def test_se_pair_without_repad_kernel_exact_under_qemu(cpu, mid, arm_session, tm
     assert not [k.ops for k in report.kernels if "strided_slice" in k.ops or "nn.pad" in k.ops], report.table()
     (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"se_pair_{cpu}_{mid}")
     np.testing.assert_array_equal(out, ref, err_msg=f"squeeze-excite pair ({mid} middle channels) at {TARGETS[cpu]}")
+
+
+def squeeze_excite(rng, mid, channels=32, size=6, batch=2):
+    """uint8 x -> 1x1 conv -> global average pool (int32) -> 1x1 conv to ``mid`` -> 1x1 conv back to int32,
+    the first two convs requantized to uint8: a squeeze-excite block's convs (at Neoverse-V1 the first takes
+    the matrix multiply, the two on the pooled 1x1 map the dot product, reading its NCHW8c).
+    Returns (module, x)."""
+    x = rng.integers(0, 256, (batch, channels, size, size)).astype("uint8")
+
+    def conv(y, cin, cout, zp_in):
+        w = relay.const(rng.integers(-127, 128, (cout, cin, 1, 1)).astype("int8"))
+        y = relay.qnn.op.conv2d(y, w, relay.const(zp_in), relay.const(0), relay.const(0.02), relay.const(0.01),
+                                kernel_size=(1, 1), channels=cout, out_dtype="int32")
+        return relay.nn.bias_add(y, relay.const(rng.integers(-2000, 2000, cout).astype("int32")))
+
+    def requantize(y, scale):
+        return relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(scale),
+                                       relay.const(MID_ZP), out_dtype="uint8")
+
+    var = relay.var("x", shape=x.shape, dtype="uint8")
+    y = requantize(conv(var, channels, channels, X_ZP), 0.1)
+    y = relay.cast(relay.nn.global_avg_pool2d(relay.cast(y, "int32")), "uint8")
+    y = conv(requantize(conv(y, channels, mid, MID_ZP), 0.01), mid, channels, MID_ZP)
+    return tvm.IRModule.from_expr(relay.Function([var], y)), x
+
+
+@pytest.mark.parametrize("cpu, mid", [("neoverse-v1", 2), ("neoverse-v1", 12), ("neoverse-n1", 2),
+                                      ("cortex-a72", 12)])
+def test_squeeze_excite_block_exact_under_qemu(cpu, mid, arm_session, tmp_path):
+    """The squeeze-excite convs read one channel block (NCHW8c at V1, no layout change or slice/re-pad kernel
+    between them) and compute what the plain ``llvm`` build (no int8 SIMD) computes, bit for bit."""
+    from tvm.contrib import graph_executor
+
+    mod, x = squeeze_excite(np.random.default_rng(mid), mid)
+    with tvm.transform.PassContext(opt_level=3):
+        host = graph_executor.GraphModule(relay.build(mod, target="llvm")["default"](tvm.cpu()))
+    host.set_input("x", x)
+    host.run()
+    ref = host.get_output(0).numpy()
+    assert len(np.unique(ref)) > ref.size // 2, ref.ravel()  # the middle channels are not clipped flat
+    factory = tvm_ext.build(mod, target=TARGETS[cpu], passes=pipelines.int8())
+    kernels = factory.kernel_report.kernels
+    convs = [i for i, k in enumerate(kernels) if any("conv2d" in op for op in k.ops)]
+    assert not [k.ops for k in kernels[convs[0]:convs[-1] + 1]
+                if {"layout_transform", "strided_slice", "nn.pad"} & set(k.ops)], [k.ops for k in kernels]
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"squeeze_excite_{cpu}_{mid}")
+    np.testing.assert_array_equal(out, ref, err_msg=f"squeeze-excite block ({mid} middle channels) at {TARGETS[cpu]}")

@@ -37,11 +37,21 @@ TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path 
   its NHWC GEMM schedule, so NCHWc int8 convs get ``sdot`` at +i8mm. The policy gives 8-bit convs
   whose input and output channels are multiples of 8 tvm-ext's NCHW8c ``smmla``/``ummla``/``usmmla``
   kernel (:mod:`tvm_ext.arm.mmla_conv`: 32 multiply-adds per instruction where ``sdot`` does 16),
-  above TVM's priorities, and lays them out for it (``NCHW8c`` data, ``OIHW8o8i`` weights). A
-  dot-product or float NCHWc conv at +i8mm (the stem) writes NCHW8c too, so that no
-  ``layout_transform`` kernel sits between it and the matrix-multiply convs::
+  above TVM's priorities, and lays them out for it (``NCHW8c`` data, ``OIHW8o8i`` weights)::
 
       # conv2d(x[C], w[O, C]) at +i8mm, C % 8 == O % 8 == 0  ->  contrib_conv2d_nchwc(x', w', "NCHW8c", "OIHW8o8i")
+
+* **One channel block per chain of convs at +i8mm.** The convs that keep the dot product there (the stem;
+  a squeeze-excite's 1x1 convs on a pooled one-pixel row) would take TVM's NCHW4c, and each change
+  between 4 and 8 would be a ``layout_transform`` kernel (and a squeeze-excite slice/re-pad kernel
+  that FoldChannelRepadIntoConv cannot fold across blocks). Such a conv (int8 dot product, or float)
+  writes NCHW8c when its output channels are a multiple of 8, and reads NCHW8c when its input
+  channels are and its producer wrote NCHW8c, across a pool or the channel slice of a padded conv
+  (``OIHW<C/4>i<k>o4i`` int8 weights; TVM's NCHWc int8 compute takes any input block that is a
+  multiple of 4). Up to 4 input channels sliced from a padded conv's output are padded to 8, not 4,
+  so that the conv can read that output's NCHW8c block::
+
+      # conv_NCHWc(x in NCHW8c, w[O, C]) at +i8mm, no mmla, C % 8 == 0  ->  conv_NCHWc(x, w in OIHW2i8o4i, "NCHW8c")
 
 * **Int8 dense layers get TVM's x86 ``dense_pack``,** widening multiplies (``smull``/``smlal``) at
   every class. The policy gives 8-bit denses :mod:`tvm_ext.arm.int8_dense`'s kernels: the matrix
@@ -111,6 +121,9 @@ DEPTHWISE_NCHWC = "depthwise_conv2d_NCHWc.x86"
 _8BIT = ("int8", "uint8")
 #: besides elementwise and broadcast ops, these keep their input's layout (a slice of whole blocks)
 _KEEP_LAYOUT = ("nn.pad", "strided_slice", "annotation.stop_fusion")
+#: pools whose output keeps their input's NCHWkc layout (their ``layout`` attribute after the layout pass)
+_POOLS = ("nn.global_avg_pool2d", "nn.global_max_pool2d", "nn.avg_pool2d", "nn.max_pool2d",
+          "nn.adaptive_avg_pool2d", "nn.adaptive_max_pool2d")
 
 #: TVM 0.19's lower bound on input channels for :data:`NCHWC_INT8`, which the policy lifts.
 MIN_INT8_CHANNELS = 64
@@ -164,19 +177,26 @@ def _takes_depthwise_int8(attrs, data, kernel) -> bool:
             and channels % INT8_LANES == 0 and data.dtype in _8BIT and kernel.dtype in _8BIT)
 
 
-def _producer_block(expr, max_depth: int = 512):
+def _producer_block(expr, max_depth: int = 512, across: bool = False):
     """The channel block k of ``expr`` when it computes an NCHWkc tensor, else None.
 
     The layout pass hands the layout rule a conv's data already in its producer's new layout; this
     follows the data through the producer's epilogue (elementwise and broadcast ops, a pad, the channel
     slice of a padded conv) to the op that fixes its layout: a layout_transform or an NCHWc conv. A
-    quantized hard-swish between them is some 50 such ops; ``max_depth`` only bounds the walk."""
+    quantized hard-swish between them is some 50 such ops; ``max_depth`` only bounds the walk.
+
+    ``across``: also the block of an NCHWkc tensor that a pool kept (a squeeze-excite's global pool) or
+    that a ``layout_transform(NCHWkc -> NCHW)`` took apart (a channel slice that no block divides: the
+    slice and pad that FoldChannelRepadIntoConv removes when the conv reads NCHWkc)."""
     for _ in range(max_depth):
         if not (isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op)):
             return None
         name = expr.op.name
         if name == "layout_transform":
-            layout = str(expr.attrs.dst_layout)
+            unblocks = across and str(expr.attrs.dst_layout) == "NCHW"
+            layout = str(expr.attrs.src_layout if unblocks else expr.attrs.dst_layout)
+        elif across and name in _POOLS:
+            layout = str(expr.attrs.out_layout) or str(expr.attrs.layout)
         elif name in ("nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc"):
             layout = str(expr.attrs.out_layout) or str(expr.attrs.data_layout)
         elif name in _KEEP_LAYOUT or call_pattern(expr) <= K_BROADCAST:
@@ -289,15 +309,35 @@ def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
         return relay.nn.contrib_depthwise_conv2d_nchwc(*inputs, **new_attrs)
     altered = topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout(attrs, inputs, tinfos, out_type)
     if (bool(target.features.has_matmul_i8) and isinstance(altered, relay.Call)
-            and altered.op.name == "nn.contrib_conv2d_NCHWc" and altered.attrs.out_layout == "NCHW4c"
-            and re.fullmatch(r"OIHW\d+i4o(4i)?", altered.attrs.kernel_layout)  # int8 dot product, or float
-            and int(tinfos[1].shape[0]) % mmla_conv.BLOCK == 0):
-        # another NCHWc conv among matrix-multiply ones (the int8 or float stem) writes their NCHW8c: no
-        # layout_transform kernel between them
-        new_attrs = {k: altered.attrs[k] for k in altered.attrs.keys()}
-        new_attrs.update(out_layout="NCHW8c", kernel_layout=altered.attrs.kernel_layout.replace("i4o", "i8o"))
-        return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
+            and altered.op.name == "nn.contrib_conv2d_NCHWc"):
+        return _among_mmla(altered, inputs, tinfos)
     return altered
+
+
+def _among_mmla(altered, inputs, tinfos):
+    """A dot-product (or float) NCHWc conv at +i8mm, re-blocked to the matrix-multiply convs' NCHW8c: it
+    writes NCHW8c when its output channels are a multiple of 8, and reads NCHW8c when its input channels
+    are and its producer wrote NCHW8c (:func:`_producer_block` across a pool or a channel slice).
+
+    TVM's NCHWc int8 compute takes any input block that is a multiple of 4 (``OIHW<ic/4>i<oc>o4i``
+    weights, the dot product over 4 channels at a time), its x86 float compute any block (``OIHW<ic>i<oc>o``)."""
+    m = re.fullmatch(r"OIHW(\d+)i(\d+)o(4i)?", str(altered.attrs.kernel_layout))  # int8 dot product, or float
+    if m is None:
+        return altered
+    lanes = INT8_LANES if m.group(3) else 1
+    in_block, out_block = int(m.group(1)) * lanes, int(m.group(2))
+    in_channels, out_channels = int(tinfos[1].shape[1]), int(tinfos[1].shape[0])
+    if out_block == INT8_LANES and out_channels % mmla_conv.BLOCK == 0:
+        out_block = mmla_conv.BLOCK
+    if (in_block != mmla_conv.BLOCK and in_channels % mmla_conv.BLOCK == 0 and int(altered.attrs.groups) == 1
+            and _producer_block(inputs[0], across=True) == mmla_conv.BLOCK):
+        in_block = mmla_conv.BLOCK
+    new_attrs = {k: altered.attrs[k] for k in altered.attrs.keys()}
+    new_attrs.update(data_layout=f"NCHW{in_block}c", out_layout=f"NCHW{out_block}c",
+                     kernel_layout=f"OIHW{in_block // lanes}i{out_block}o" + ("4i" if lanes > 1 else ""))
+    if all(str(new_attrs[k]) == str(altered.attrs[k]) for k in ("data_layout", "out_layout", "kernel_layout")):
+        return altered
+    return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
 
 
 def _dense_kernel(attrs, data, weight):
@@ -336,13 +376,42 @@ INT8_LANES = 4
 CHANNEL_MULTIPLE = 8
 
 
+def _padded_conv_output(expr, max_nodes: int = 512) -> bool:
+    """Whether ``expr`` is a conv's output whose channels int8 legalization padded and sliced back
+    (``strided_slice(conv2d(...))``), through the conv's epilogue (elementwise and broadcast ops; any of
+    their arguments, as Legalize hands them over unfolded: ``add(cast(3), y)``). ``max_nodes`` bounds the walk.
+
+    At +i8mm that conv writes them in NCHW8c blocks; a conv reading them pads its input channels to 8 too,
+    so that it can read the NCHW8c tensor below the slice (FoldChannelRepadIntoConv, its weights being zero
+    on the padded channels) instead of 4 channels after a layout change::
+
+        # conv2d(f(strided_slice(conv2d(x, w1))[:n]), w2), n <= 4, +i8mm  ->  conv2d(pad(...)[8], pad(w2)[O, 8])
+    """
+    stack, seen = [expr], set()
+    while stack and len(seen) < max_nodes:
+        expr = stack.pop()
+        if not (isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op)) or expr in seen:
+            continue
+        seen.add(expr)
+        if expr.op.name == "strided_slice":
+            conv = expr.args[0]
+            if isinstance(conv, relay.Call) and isinstance(conv.op, tvm.ir.Op) and conv.op.name == "nn.conv2d":
+                return True
+        elif call_pattern(expr) <= K_BROADCAST:
+            stack.extend(expr.args)
+    return False
+
+
 def _conv2d_legalize(attrs, inputs, arg_types):
     data_type, kernel_type = arg_types[0], arg_types[1]
     if (attrs["data_layout"] == "NCHW" and attrs["kernel_layout"] == "OIHW" and attrs["groups"] == 1
             and topi.arm_cpu.conv2d_int8.is_int8_hw_support(kernel_type.dtype, kernel_type.dtype)):
-        # up to 4 input channels: padded to 4 (TVM: 8); more: to a multiple of 8, as TVM does
+        # up to 4 input channels: padded to 4 (TVM: 8); more, or a padded conv's channels at +i8mm: to a
+        # multiple of 8, as TVM does
         channels = int(data_type.shape[1])
-        multiple = INT8_LANES if channels <= INT8_LANES else CHANNEL_MULTIPLE
+        few = channels <= INT8_LANES and not (bool(Target.current(allow_none=False).features.has_matmul_i8)
+                                              and _padded_conv_output(inputs[0]))
+        multiple = INT8_LANES if few else CHANNEL_MULTIPLE
         return topi.generic.conv2d.conv2d_alter_int8_common(
             inputs[0], data_type, inputs[1], kernel_type, arg_types[2], attrs, kernel_type.dtype,
             multiple, CHANNEL_MULTIPLE)
