@@ -376,7 +376,7 @@ def _squeeze_excite(mid, channels=16, size=8):
     return tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(y, mid, channels, 1, 1, 13)))
 
 
-@pytest.mark.parametrize("mid", [2, 12])
+@pytest.mark.parametrize("mid", [2, pytest.param(12, marks=pytest.mark.slow)])
 def test_i8mm_squeeze_excite_convs_share_one_channel_block(mid):
     """At +i8mm the dot-product convs after the pool read the NCHW8c that the matrix-multiply conv and the
     padded conv write: no layout_transform kernel and no slice/re-pad kernel between the convs, and no more

@@ -17,7 +17,7 @@ from tvm import relay
 from tvm_ext.testing import fuzz
 from tvm_ext.testing.fuzz import execution, oracle, runner
 
-SMOKE_N = 20  # half a minute of the CI on 2 cores; `make fuzz` runs the long campaigns
+SMOKE_N = 10  # a quarter of a minute of the CI on 2 cores; `make fuzz` runs the long campaigns
 SMOKE_SEED = 12
 
 
