@@ -344,10 +344,14 @@ def _results(openvino_isa=None):
     return {"environment": committed["environment"], "variants": variants}
 
 
+def _markdown_and_head(results):
+    md = bench.render_markdown(results)
+    return md, next(line for line in md.splitlines() if line.startswith("| variant | pipeline"))
+
+
 def test_openvino_columns_ratios_and_reasons():
     results = _results()
-    md = bench.render_markdown(results)
-    head = next(line for line in md.splitlines() if line.startswith("| variant | pipeline"))
+    md, head = _markdown_and_head(results)
     assert head.endswith("| vs stock | vs ORT | vs OpenVINO |")
     assert "| (b) | TVM + tvm-ext | | | | | | | 12.00 (12.00–12.00) | 0.30× | 0.80× | 1.20× |" in md
     assert "| (b) | OpenVINO | | | | | | | 10.00 (10.00–10.00) | 0.25× | 0.67× | |" in md
@@ -359,8 +363,7 @@ def test_openvino_columns_ratios_and_reasons():
 
 def test_capped_openvino_gets_its_own_row_and_column():
     results = _results(openvino_isa="AVX512_CORE_VNNI")
-    md = bench.render_markdown(results)
-    head = next(line for line in md.splitlines() if line.startswith("| variant | pipeline"))
+    md, head = _markdown_and_head(results)
     assert head.endswith("| vs OpenVINO | vs OpenVINO @ AVX512_CORE_VNNI |")
     assert "| (b) | TVM + tvm-ext | | | | | | | 12.00 (12.00–12.00) | 0.30× | 0.80× | 1.20× | 1.50× |" in md
     assert "| (b) | OpenVINO @ AVX512_CORE_VNNI | " in md

@@ -88,31 +88,29 @@ def test_before_fuse_sees_altered_layouts(cnn):
         np.testing.assert_allclose(run_module(fac, inputs)[0], ref[0], rtol=1e-5, atol=1e-5)
 
 
+@tvm.instrument.pass_instrument
+class PassNames:
+    """Records the name of every pass that runs (after it ran)."""
+
+    def __init__(self):
+        self.names = []
+
+    def run_after_pass(self, _mod, info):
+        self.names.append(info.name)
+
+
 def test_prefix_runs_once(cnn):
     mod, params, _ = cnn
-    seen = []
-
-    @tvm.instrument.pass_instrument
-    class Rec:
-        def run_before_pass(self, _mod, info):
-            seen.append(info.name)
-
     prefix = prefix_pass_names(mod, TARGET)
     assert "AlterOpLayout" in prefix and "FoldConstant" in prefix
-    stock_seen = []
-
-    @tvm.instrument.pass_instrument
-    class RecStock:
-        def run_before_pass(self, _mod, info):
-            stock_seen.append(info.name)
-
-    tvm_ext.build(mod, TARGET, params, instruments=[Rec()])
-    with tvm.transform.PassContext(opt_level=3, instruments=[RecStock()]):
+    ours, stock = PassNames(), PassNames()
+    tvm_ext.build(mod, TARGET, params, instruments=[ours])
+    with tvm.transform.PassContext(opt_level=3, instruments=[stock]):
         relay.build(tvm_ext.copy_module(mod), target=TARGET, params=params)
     for name in prefix:
-        assert seen.count(name) == stock_seen.count(name), name
+        assert ours.names.count(name) == stock.names.count(name), name
     # FuseOps still runs exactly once, after our passes
-    assert seen.count("FuseOps") == stock_seen.count("FuseOps") == 1
+    assert ours.names.count("FuseOps") == stock.names.count("FuseOps") == 1
 
 
 @pytest.mark.parametrize("at", ["before_fuse", "start"])
@@ -156,16 +154,10 @@ def test_opt_level_and_disabled_pass(cnn):
 
 def test_instruments_see_user_pass(cnn):
     mod, params, _ = cnn
-    names = []
-
-    @tvm.instrument.pass_instrument
-    class Rec:
-        def run_after_pass(self, _mod, info):
-            names.append(info.name)
-
-    with tvm.transform.PassContext(opt_level=3, instruments=[Rec()]):
+    seen = PassNames()
+    with tvm.transform.PassContext(opt_level=3, instruments=[seen]):
         tvm_ext.build(mod, TARGET, params, passes=[ToyNegateLayoutTransform()])
-    assert "ToyNegateLayoutTransform" in names
+    assert "ToyNegateLayoutTransform" in seen.names
 
 
 def test_bad_arguments(cnn):
