@@ -11,7 +11,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.testing import environment
+from tvm_ext.testing import environment, run_module
 from tvm_ext.tools import zoo, zoo_models
 
 ort = pytest.importorskip("onnxruntime")
@@ -187,18 +187,6 @@ def test_relay_import_cached_by_model_bytes(cache, tmp_path, monkeypatch):
     assert len(calls) == 1
 
 # ------------------------------------------------------- TVM vs ORT ----
-def _stock_outputs(m, lib, xs):
-    from tvm.contrib import graph_executor
-
-    g = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    outs = []
-    for x in xs:
-        g.set_input(m.input_name, x)
-        g.run()
-        outs.append(g.get_output(0).numpy())
-    return outs
-
-
 def _small_zoo(name):  # the quantized models' stock builds are shared with their group (tests/conftest.py)
     return pytest.param(name, marks=pytest.mark.xdist_group(f"small_zoo:{name}"))
 
@@ -218,7 +206,7 @@ def test_tvm_matches_onnxruntime(name, small_zoo_build):
     assert (m.input_name, m.input_shape, m.input_dtype) == ("data", (1, 3, 64, 64), "float32")
     assert m.onnx_path == zoo.onnx_path(name, small=True)
     xs = [zoo.sample_input(m, seed) for seed in (0, 1)]
-    got = _stock_outputs(m, lib, xs)
+    got = [run_module(lib, {m.input_name: x})[0] for x in xs]
     for x, y in zip(xs, got):
         ref = _ort_run(m.onnx_path, x)
         assert y.shape == ref.shape == (1, 100)
