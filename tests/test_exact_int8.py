@@ -380,6 +380,35 @@ def test_pair_pack_leaves_what_it_must_not_pack(case, caplog):
     assert {"fits": "fits int16", "int8 data": "not uint8 x int8"}[case] in caplog.text
 
 
+def test_pair_pack_types_an_untyped_module_first():
+    before, expected = _nchwc_conv(_full_range((16, 16, 3, 3)))
+    untyped = tvm.IRModule.from_expr(before["main"])  # from_expr does not infer types
+    text = untyped.astext()
+    got = exact_int8.PairPackInt8Convs()(untyped)
+    tvm.ir.assert_structural_equal(got, relay.transform.InferType()(expected), map_free_vars=True)
+    assert untyped.astext() == text
+
+
+@pytest.mark.parametrize("wrap", ["If", "Let"])
+def test_pair_pack_rewrites_convs_under_if_and_let(wrap):
+    """Packing changes a constant kernel and its layout only: the conv computes the same under any
+    control flow, so a conv in an ``If`` branch or a ``Let`` binding is packed like any other."""
+    before, expected = _nchwc_conv(_full_range((16, 16, 3, 3)))
+
+    def wrapped(mod):
+        f = mod["main"]
+        if wrap == "If":
+            cond = relay.var("c", shape=(), dtype="bool")
+            body = relay.If(cond, f.body, relay.zeros_like(f.body))
+            return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([*f.params, cond], body)))
+        v = relay.var("v")
+        body = relay.Let(v, f.body, relay.add(v, v))
+        return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(list(f.params), body)))
+
+    got = exact_int8.PairPackInt8Convs()(wrapped(before))
+    tvm.ir.assert_structural_equal(got, wrapped(expected), map_free_vars=True)
+
+
 @pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
 def test_pair_packed_conv_is_exact(target):
     """The packed conv, built alone, against numpy (through the module's own unpacking of the
