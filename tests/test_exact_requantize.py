@@ -86,4 +86,32 @@ def test_pin_requantize_returns_a_new_module_and_leaves_the_callers():
     mod = _module()
     pinned = pin_requantize(mod, dict(pipelines.EXACT_REQUANTIZE))
     assert (_requantize_attrs(mod).compute_dtype, _requantize_attrs(mod).rounding) == ("None", "None")
-    assert (_requantize_attrs(pinned).compute_dtype, _requantize_attrs(pinned).rounding) == ("int64", "UPWARD")
+    assert (_requantize_attrs(pinned).compute_dtype, _requantize_attrs(pinned).rounding) == ("int64", "None")
+
+
+def _ties_module(rounding: str) -> tvm.IRModule:
+    """A requantize by 1/2: every odd accumulator is a tie. TVM's ONNX importer writes
+    ``rounding="TONEAREST"`` for ``QGemm`` and ``QLinearMatMul``."""
+    x = relay.var("acc", shape=TIES.shape, dtype="int32")
+    y = relay.qnn.op.requantize(x, relay.const(np.float32(0.5)), relay.const(0), relay.const(np.float32(1.0)),
+                                relay.const(0), rounding=rounding, out_dtype="int8")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+TIES = np.arange(-9, 10).astype("int32")
+
+
+@pytest.mark.parametrize("rounding, want", [
+    ("TONEAREST", np.sign(TIES) * ((np.abs(TIES) + 1) // 2)),  # half away from zero: -4.5 -> -5
+    ("UPWARD", (TIES + 1) // 2),                                # half up: -4.5 -> -4
+    ("None", (TIES + 1) // 2),                                  # unset: TVM's default, UPWARD
+])
+def test_int8_keeps_each_requantize_rounding(rounding, want):
+    from tvm_ext.testing import run_module
+
+    for target in ("llvm", TARGET):
+        if not runs_on_host(target):
+            continue
+        got = run_module(tvm_ext.build(_ties_module(rounding), target=target, passes=pipelines.int8()),
+                         {"acc": TIES})[0]
+        np.testing.assert_array_equal(got, want.astype("int8"), err_msg=f"rounding={rounding} at {target}")

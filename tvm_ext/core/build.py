@@ -231,8 +231,8 @@ def build(
         A :class:`tvm_ext.core.pipelines.Pipeline` is built inside
         ``relay.qnn.op.requantize_config(**settings)``, with its ``requantize`` settings (e.g.
         ``pipelines.int8(numerics="onnxruntime")``) or, without any, ``pipelines.EXACT_REQUANTIZE``
-        (TVM's int64 fixed point at every target), and every ``qnn.requantize`` of ``mod`` is given
-        them as attributes first (:func:`pin_requantize`).
+        (TVM's int64 fixed point at every target, each call's own rounding), and every
+        ``qnn.requantize`` of ``mod`` is given them as attributes first (:func:`pin_requantize`).
     at : {"before_fuse", "start"}
         ``"before_fuse"``: passes see the module after relay.build's optimisation prefix
         (layouts altered, constants folded, CSE done) and their output reaches FuseOps without
@@ -347,7 +347,8 @@ def _is_aarch64(tgt) -> bool:
 
 def pin_requantize(mod, settings: Mapping):
     """``mod`` with every ``qnn.requantize`` in its Relay functions made anew with ``settings``
-    (``rounding``, ``compute_dtype``) as explicit attributes.
+    (``rounding``, ``compute_dtype``) as explicit attributes; an attribute ``settings`` does not name
+    keeps the call's value (the ONNX importer's ``TONEAREST`` stays ``TONEAREST``).
 
     TVM 0.19's QNN canonicalization writes the values it lowers a requantize with into that call's
     attributes (``src/relay/qnn/op/requantize.cc``, ``RequantizeQnnCanonicalize``: ``const_cast``

@@ -39,13 +39,14 @@ NUMERICS = ("tvm", "onnxruntime")
 ORT_REQUANTIZE = (("rounding", "TONEAREST"), ("compute_dtype", "float32"))
 
 #: How a :class:`Pipeline` without ``requantize`` settings (``numerics="tvm"``) requantizes at every
-#: target: TVM's integer lowering (int64 fixed point, ``UPWARD``), which it picks by default only
-#: without SSE4.1 (plain ``llvm``). Its float32 lowering,
+#: target: TVM's integer lowering (int64 fixed point), which it picks by default only without SSE4.1
+#: (plain ``llvm``), with each call's own rounding (the ONNX importer's ``TONEAREST`` for ``QGemm`` and
+#: ``QLinearMatMul``; TVM's default ``UPWARD`` where the call leaves it unset). Its float32 lowering,
 #: the default at SSE4.1 targets, rounds ``acc * scale`` in float32 and so rounds some values within
 #: about 1e-5 of a half the wrong way (full-size QOperator ResNet-50: ``acc = 17057``, scale ratio
 #: 6.2514846e-05 / 0.037414595, exactly 28.4999935, gives 29 in float32), and those steps reach the
 #: logits.
-EXACT_REQUANTIZE = (("rounding", "UPWARD"), ("compute_dtype", "int64"))
+EXACT_REQUANTIZE = (("compute_dtype", "int64"),)
 
 #: Build stages of a :class:`Pipeline`, in the order :func:`tvm_ext.build` runs them.
 STAGE_KEYS = ("start", "before_fuse")
