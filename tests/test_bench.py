@@ -406,6 +406,24 @@ def test_exact_reference_label_says_which_graph_and_whether_it_is_exact():
     assert "(a): the reference keeps 1 convolution/dense layer(s) in float" in bench.render_markdown(results)
 
 
+def test_float_anchors_counted_in_the_layouts_the_prefix_gives_them():
+    """A float first conv (relay.quantize keeps one) is an ``nn.contrib_conv2d_NCHWc`` after the prefix,
+    and an int8 dense an ``nn.contrib_dense_pack``: the reference built from such a module is exact in
+    its integer layers only, and its label must say so."""
+    import numpy as np
+    from tvm import relay
+
+    x = relay.var("x", shape=(1, 1, 8, 8, 4), dtype="float32")
+    conv = relay.nn.contrib_conv2d_nchwc(x, relay.const(np.ones((2, 1, 3, 3, 4, 4), "float32")), channels=8,
+                                         kernel_size=(3, 3), padding=(1, 1), data_layout="NCHW4c",
+                                         kernel_layout="OIHW4i4o", out_layout="NCHW4c")
+    q = relay.cast(relay.clip(relay.round(relay.nn.batch_flatten(conv)), -127.0, 127.0), "int8")
+    dense = relay.nn.contrib_dense_pack(q, relay.const(np.ones((1, 512, 16), "int8")), "NC16n", None, "int32")
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.dense(relay.cast(dense, "float32"),
+                                                                      relay.const(np.ones((3, 16), "float32")))))
+    assert _jobs._float_anchors(mod) == 2  # the NCHWc conv and the float dense; the int8 packed dense is not
+
+
 def test_wait_quiet_waits_for_spinning_threads_and_gives_up_at_the_cap(monkeypatch):
     """Fake clock: the processes burn a full core until t = 0.8 s (TVM's workers spinning), then idle."""
     monkeypatch.setattr(_measure, "SETTLE_SECONDS", 0.3)

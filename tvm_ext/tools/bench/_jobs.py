@@ -60,16 +60,23 @@ def load_variant(key: str, small: bool, model_path: Optional[str], import_relay:
                 input_shape=tuple(m.input_shape), input_dtype=m.input_dtype, onnx_path=m.onnx_path)
 
 
+#: Op names of the convolution and matrix-product families, in any layout AlterOpLayout gives them
+#: (``nn.contrib_conv2d_NCHWc``, ``nn.contrib_dense_pack``, ...).
+_ANCHOR_FAMILIES = ("conv", "dense", "matmul")
+
+
 def _float_anchors(mod) -> int:
-    """How many convolutions and dense layers compute in float (inside fused groups too)."""
+    """How many convolutions and dense layers compute in float (inside fused groups too), before or
+    after relay.build's prefix (NCHWc and packed forms count)."""
     from tvm import relay
 
     found = []
 
     def visit(node):
-        if isinstance(node, relay.Call) and hasattr(node.op, "name") and node.op.name in ("nn.conv2d", "nn.dense"):
+        name = getattr(getattr(node, "op", None), "name", "") if isinstance(node, relay.Call) else ""
+        if name.startswith("nn.") and "weight_transform" not in name and any(f in name for f in _ANCHOR_FAMILIES):
             if str(node.checked_type.dtype).startswith("float"):
-                found.append(node.op.name)
+                found.append(name)
 
     m = relay.transform.InferType()(mod)
     relay.analysis.post_order_visit(m["main"], visit)
