@@ -9,12 +9,15 @@ Usage (each engine runs in its own child process: a crash of the LLVM assertions
 libtvm.so does not take the tool down)::
 
     python benchmarks/lab/ort_layerwise.py MODEL --engines ort,stock-llvm,stock-host,tvm-ext \
-        [--inputs 8] [--small] [--config relay.qnn.requantize_rounding=TONEAREST] [--out DIR]
+        [--inputs 8] [--small] [--ort-exact] [--config relay.qnn.requantize_rounding=TONEAREST] [--out DIR]
 
 MODEL is a zoo name (``resnet50_int8_qoperator`` with ``--small``, ``ppocr_cls_v2_int8_qdq``, ...)
 or an ONNX file. Engines:
 
-- ``ort``: ONNX Runtime, CPU, ORT_ENABLE_ALL (as the benchmark runs it), on the exposed model.
+- ``ort``: ONNX Runtime, CPU, ORT_ENABLE_ALL (as the benchmark runs it), on the exposed model;
+  with ``--ort-exact`` on its exact int8 path (``session.x64quantprecision``): without VNNI its
+  default uint8 x int8 kernels saturate int16 pair sums (PP-OCR cls: 21 levels at the first conv,
+  29 output steps), so on such CPUs the numerics of ``numerics="onnxruntime"`` are compared with it.
   Exposing a QDQ model's tensors as graph outputs changes ORT's fusions (the run prints whether
   the final output changed): then use ``--ort-reference optimized``, which runs ORT's *own*
   optimized graph of the plain model (``optimized_model_filepath``) with its tensors of the same
@@ -195,16 +198,16 @@ def run_engine(engine: str, model_path: str, xs_path: str, out_path: str, config
     out_names = [o.name for o in model.graph.output]
     t0 = time.perf_counter()
     info = {}
-    if engine == "ort":
+    if engine in ("ort", "ort-exact"):
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
+        so = _ort_options(engine.endswith("-exact"))
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
         results = [sess.run(None, {in_name: x}) for x in xs]
-    elif engine == "ort-opt":  # ORT's own optimized graph of plain.onnx, the exposed names that survive
-        out_names, results = _run_ort_optimized(model, Path(model_path).parent, in_name, xs)
+    elif engine in ("ort-opt", "ort-opt-exact"):  # ORT's own optimized graph of plain.onnx, the exposed names
+        out_names, results = _run_ort_optimized(model, Path(model_path).parent, in_name, xs,
+                                                engine.endswith("-exact"))
     else:
         import tvm
         from tvm import relay
@@ -283,12 +286,22 @@ def _drop_per_tensor_axis(model) -> int:
     return dropped
 
 
-def _run_ort_optimized(exposed, out: Path, in_name: str, xs):
-    import onnx
+def _ort_options(exact: bool):
+    """One-thread session options; ``exact``: ONNX Runtime's exact int8 path (``session.x64quantprecision``)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
+    if exact:
+        so.add_session_config_entry("session.x64quantprecision", "1")
+    return so
+
+
+def _run_ort_optimized(exposed, out: Path, in_name: str, xs, exact: bool = False):
+    import onnx
+    import onnxruntime as ort
+
+    so = _ort_options(exact)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.optimized_model_filepath = str(out / "ort_optimized.onnx")
     ort.InferenceSession(str(out / "plain.onnx"), so, providers=["CPUExecutionProvider"])
@@ -299,8 +312,7 @@ def _run_ort_optimized(exposed, out: Path, in_name: str, xs):
     for o in exposed.graph.output:
         if o.name in produced and o.name not in have:
             opt.graph.output.append(onnx.helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None))
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
+    so = _ort_options(exact)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(opt.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return [o.name for o in opt.graph.output], [sess.run(None, {in_name: x}) for x in xs]
@@ -361,6 +373,9 @@ def main(argv=None):
     ap.add_argument("--ort-reference", default="exposed", choices=("exposed", "optimized"),
                     help="ORT's per-tensor values: from the exposed model, or from ORT's own optimized graph "
                          "(fusions as in the plain session; QDQ models)")
+    ap.add_argument("--ort-exact", action="store_true",
+                    help="ORT on its exact int8 path (session.x64quantprecision): no saturated int16 pair sums "
+                         "on CPUs without VNNI")
     args = ap.parse_args(argv)
     import onnx
 
@@ -391,13 +406,15 @@ def main(argv=None):
         t0 = time.perf_counter()
         tag_e = e + ("" if not config else "_" + "_".join(f"{k.split('.')[-1]}-{v}" for k, v in config.items()))
         child_e = "ort-opt" if e == "ort" and args.ort_reference == "optimized" else e
+        if e == "ort" and args.ort_exact:
+            child_e += "-exact"
         r = _child(child_e, str(mpath), str(out / "xs.npz"), str(out / f"{tag_e}.npz"), config if e != "ort" else {},
                    str(out / f"{tag_e}.log"))
         print(f"[{e}] {r} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
         results[e] = (tag_e, r)
     # ONNX Runtime with nothing exposed: the exposed outputs must not change what it computes
-    _child("ort", str(out / "plain.onnx"), str(out / "xs.npz"), str(out / "ort_plain.npz"), {},
-           str(out / "ort_plain.log"))
+    _child("ort-exact" if args.ort_exact else "ort", str(out / "plain.onnx"), str(out / "xs.npz"),
+           str(out / "ort_plain.npz"), {}, str(out / "ort_plain.log"))
     ref = dict(np.load(out / "ort.npz"))
     plain = dict(np.load(out / "ort_plain.npz"))
     same = np.array_equal(plain[final], ref[final])
@@ -405,7 +422,8 @@ def main(argv=None):
           + (f" (reference: ORT's optimized graph, {sum(m['name'] in ref for m in meta)} of the tensors in it)"
              if args.ort_reference == "optimized" else ""))
     summary = {"model": tag, "inputs": int(len(xs)), "output_step": final_step, "exposed": len(meta),
-               "ort_reference": args.ort_reference, "ort_unchanged_by_exposing": bool(same), "engines": {}}
+               "ort_reference": args.ort_reference, "ort_exact": args.ort_exact,
+               "ort_unchanged_by_exposing": bool(same), "engines": {}}
     for e in engines:
         if e == "ort":
             continue
