@@ -314,6 +314,23 @@ def test_real_model_reference_is_exact_accumulation(fmt, tmp_path):
         assert (saturated != want).any()  # what a default session would have compared with here
 
 
+def test_exact_session_says_when_it_falls_back_to_the_default_one(tmp_path, caplog):
+    """An int8 x int8 QLinearConv has no exact kernel in ONNX Runtime: the default session is used, and
+    a warning says so (a silent fallback could make a saturating session the reference)."""
+    import logging
+
+    model, _ = _saturating_conv_model("qoperator")
+    for t in model.graph.initializer:  # activations int8 instead of uint8
+        if t.name in ("z_x", "z_y"):
+            t.CopyFrom(helper.make_tensor(t.name, TensorProto.INT8, [], [0]))
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.INT8
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.INT8
+    with caplog.at_level(logging.WARNING, logger="tvm_ext.testing"):
+        sess = exact_ort_session(model.SerializeToString())
+    assert "no exact int8 kernel" in caplog.text
+    assert sess.run(None, {"x": np.zeros((1, 64, 4, 4), "int8")})[0].shape == (1, 8, 4, 4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, pipeline", [
     ("ppocr_cls_v2_int8_qoperator", "int8"),
