@@ -75,16 +75,24 @@ def _quantize_graph():
     return infer(relay.Function([x], q))
 
 
+def _onnx_model(nodes, name, x, y, inits):
+    """A checked opset-13 ONNX model of ``nodes``: input "x" as ``x = (elem_type, shape)``, one output as
+    ``y = (elem_type, shape, name)``."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", x[0], list(x[1]))],
+                              [helper.make_tensor_value_info(y[2], y[0], list(y[1]))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
 def _ort_quantize(x):
     import onnxruntime as ort
 
     node = helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["y"])
-    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.UINT8, list(x.shape))],
-                              [helper.make_tensor("s", TensorProto.FLOAT, [], [np.float32(2 / 255)]),
-                               helper.make_tensor("zp", TensorProto.UINT8, [], [127])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    model = _onnx_model([node], "q", (TensorProto.FLOAT, x.shape), (TensorProto.UINT8, x.shape, "y"),
+                        [helper.make_tensor("s", TensorProto.FLOAT, [], [np.float32(2 / 255)]),
+                         helper.make_tensor("zp", TensorProto.UINT8, [], [127])])
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})[0]
 
@@ -178,12 +186,8 @@ def _qdq_conv_model():
              helper.make_node("Conv", ["xd", "wd"], ["y"], pads=[1, 1, 1, 1]),
              helper.make_node("QuantizeLinear", ["y", "s_y", "z_y"], ["yq"]),
              helper.make_node("DequantizeLinear", ["yq", "s_y", "z_y"], ["out"])]
-    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 16, 8, 8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return _onnx_model(nodes, "qdq", (TensorProto.FLOAT, [1, 4, 8, 8]), (TensorProto.FLOAT, [1, 16, 8, 8], "out"),
+                       inits)
 
 
 def test_pipeline_onnxruntime_numerics_on_a_qdq_conv():
@@ -281,12 +285,8 @@ def _saturating_conv_model(fmt):
                  helper.make_node("DequantizeLinear", ["w", "s_w", "z_w"], ["wd"]),
                  helper.make_node("Conv", ["xd", "wd"], ["yf"]),
                  helper.make_node("QuantizeLinear", ["yf", "s_y", "z_y"], ["y"])]
-    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 64, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 8, 4, 4])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model, w
+    return _onnx_model(nodes, "conv", (TensorProto.UINT8, [1, 64, 4, 4]), (TensorProto.UINT8, [1, 8, 4, 4], "y"),
+                       inits), w
 
 
 @pytest.mark.parametrize("fmt", ["qoperator", "qdq"])
