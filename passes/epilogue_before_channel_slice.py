@@ -11,6 +11,8 @@ Rewrites (as data: :data:`RULES`, ``tvm.relay.dataflow_pattern`` heads)::
     #     the layout change, (1, C/k, 1, 1, k) or (1, C/k, 1, 1, 1) on the blocks)
     # E': the same ops on the blocked tensor y, per-channel constants padded to y's channel count
     #     (with their last value) and blocked to (1, C'/k, 1, 1, k)
+    # fixed_point_multiply_per_axis(v, m, l, r, axes) in E: its constants are indexed by v's axes instead of
+    #     broadcast, c[i] = m[i[axes]]; in E' they are (C'/k, k) on axes (1, 4)
 
 The head (slice and layout change) is a dataflow pattern; the epilogue after it is a region of any
 size, walked by hand (each call's readers counted), which the pattern language cannot say.
@@ -174,20 +176,41 @@ def _patterns() -> tuple:
     return tuple(rule.pattern(dfp) for rule in RULES)
 
 
-def _per_channel_shape(c, head):
-    """The constant's shape as the region's rank, or None."""
-    rank = 5 if head.blocked else 4
-    shape = tuple(c.data.shape)
-    return (1,) * (rank - len(shape)) + shape if len(shape) <= rank else None
+_PER_AXIS = "fixed_point_multiply_per_axis"
 
 
-def _constant_ok(c, head):
-    shape = _per_channel_shape(c, head)
-    if head.blocked:
-        ok = shape is not None and shape[0] == shape[2] == shape[3] == 1 and shape[1] in (1, head.channels // head.k) \
+def _rank(head):
+    return 5 if head.blocked else 4
+
+
+def _as_broadcast(call, c, head):
+    """Constant operand ``c`` of region call ``call`` as an array broadcasting against the region's rank, or a
+    Reject. fixed_point_multiply_per_axis indexes its constants by ``attrs.axes`` of its data instead."""
+    a, rank = c.data.numpy(), _rank(head)
+    if op_name(call) != _PER_AXIS:
+        return a if a.ndim == 0 else a.reshape((1,) * (rank - a.ndim) + a.shape) if a.ndim <= rank else \
+            Reject(f"constant of shape {list(a.shape)} has a higher rank than the region's {rank}")
+    axes = int_list(call.attrs.axes)
+    if axes is None or axes != sorted(set(axes)) or any(not 0 <= ax < rank for ax in axes) or a.ndim != len(axes):
+        return Reject(f"{_PER_AXIS} on axes {axes} with a constant of shape {list(a.shape)}")
+    shape = [1] * rank
+    for ax, d in zip(axes, a.shape):
+        shape[ax] = d
+    return a.reshape(shape)
+
+
+def _constant_ok(call, c, head):
+    a = _as_broadcast(call, c, head)
+    if isinstance(a, Reject):
+        return a
+    shape = a.shape
+    if not shape:
+        ok = True
+    elif head.blocked:
+        ok = shape[0] == shape[2] == shape[3] == 1 and shape[1] in (1, head.channels // head.k) \
             and shape[4] in (1, head.k)
     else:
-        ok = shape is not None and all(d == 1 for i, d in enumerate(shape) if i != 1) and shape[1] in (1, head.channels)
+        ok = all(d == 1 for i, d in enumerate(shape) if i != 1) and shape[1] in (1, head.channels)
     return True if ok else Reject(f"constant of shape {list(c.data.shape)} is not scalar or per channel")
 
 
@@ -201,7 +224,9 @@ def _region(sl, nodes, users, head):
             continue
         if call_pattern(n) > K_BROADCAST or not static_tensor_type(n) or static_shape(n) != shape:
             continue
-        ok = all(a in inside or (isinstance(a, relay.Constant) and _constant_ok(a, head)) for a in n.args)
+        ok = all(a in inside or (isinstance(a, relay.Constant) and _constant_ok(n, a, head)) for a in n.args)
+        if ok and op_name(n) == _PER_AXIS and n.args[0] not in inside:
+            ok = False  # its data is outside and only its per-axis constants read the region
         if ok and op_name(n) in _INT_DIVISIONS and not str(n.checked_type.dtype).startswith("float") \
                 and n.args[1] in inside:
             ok = False  # integer division by a region value: a padded channel might divide by zero
@@ -241,20 +266,33 @@ def _end(sl, region, users, body):
     return best
 
 
-def _blocked_constant(c, head, full_channels):
-    """A scalar or per-channel constant of the region on y's blocks (1, C'/k, 1, 1, k), padded with its
-    last channel's value."""
-    a, k = c.data.numpy(), head.k
+def _blocked(a, head, full_channels):
+    """A scalar or per-channel array of the region (broadcast form) on y's blocks (1, C'/k, 1, 1, k or 1),
+    padded with its last channel's value."""
+    k = head.k
     if a.ndim == 0:
-        return c
-    a = a.reshape(_per_channel_shape(c, head))
+        return a
     if head.blocked:  # (1, C/k or 1, 1, 1, k or 1): pad the blocks
-        return relay.const(np.pad(a, ((0, 0), (0, full_channels // k - a.shape[1]), (0, 0), (0, 0), (0, 0)),
-                                  mode="edge") if a.shape[1] > 1 else a)
+        return np.pad(a, ((0, 0), (0, full_channels // k - a.shape[1]), (0, 0), (0, 0), (0, 0)), mode="edge") \
+            if a.shape[1] > 1 else a
     if a.shape[1] == 1:
-        return relay.const(a.reshape(1, 1, 1, 1, 1))
+        return a.reshape(1, 1, 1, 1, 1)
     padded = np.pad(a, ((0, 0), (0, full_channels - a.shape[1]), (0, 0), (0, 0)), mode="edge")
-    return relay.const(np.ascontiguousarray(padded.reshape(1, full_channels // k, k, 1, 1).transpose(0, 1, 3, 4, 2)))
+    return np.ascontiguousarray(padded.reshape(1, full_channels // k, k, 1, 1).transpose(0, 1, 3, 4, 2))
+
+
+def _moved_call(n, args, head, full_channels):
+    """Region call ``n`` on the blocked tensor: ``args`` are its moved region operands (or None for constants)."""
+    consts = [_blocked(_as_broadcast(n, a, head), head, full_channels) if isinstance(a, relay.Constant) else None
+              for a in n.args]
+    if op_name(n) != _PER_AXIS:
+        args = [m if c is None else a if c.ndim == 0 else relay.const(c) for a, m, c in zip(n.args, args, consts)]
+        return relay.Call(n.op, args, n.attrs, n.type_args, n.span)
+    # fixed_point_multiply_per_axis(v, m, l, r, axes) -> the same on y's blocks, constants (C'/k, k) on axes (1, 4)
+    per_block = [relay.const(np.ascontiguousarray(np.broadcast_to(c, (1, full_channels // head.k, 1, 1, head.k))
+                                                  [0, :, 0, 0, :])) for c in consts[1:]]
+    return relay.op._make.fixed_point_multiply_per_axis(  # pylint: disable=protected-access
+        args[0], *per_block, bool(n.attrs.is_lshift_required), bool(n.attrs.is_rshift_required), [1, 4])
 
 
 def _rewrite(sl, head, e, anc, region, dtype, how):
@@ -264,9 +302,7 @@ def _rewrite(sl, head, e, anc, region, dtype, how):
     for n in region:
         if n.same_as(sl) or n not in anc:
             continue
-        args = [new[a] if a in new else (_blocked_constant(a, head, full) if isinstance(a, relay.Constant) else a)
-                for a in n.args]
-        new[n] = relay.Call(n.op, args, n.attrs, n.type_args, n.span)
+        new[n] = _moved_call(n, [new.get(a) for a in n.args], head, full)
     out = new[e] if how == "typed" else relay.cast(new[e], dtype)
     out = head.rebuild(out)
     # E(head(y)) -> head(E'(y))   [clip end: cast to 8 bits before, back after]

@@ -214,6 +214,104 @@ def test_build_removes_int32_crossing_bit_exact(caplog):
     assert_same_outputs(base, new, {"x": x})
 
 
+# -- per-axis requantize: fixed_point_multiply_per_axis indexes its constants by the data's axes ------------
+M = RNG.integers(2**30, 2**31 - 1, C).astype("int32")  # Q31 multipliers, per channel
+LSHIFT = RNG.integers(0, 3, C).astype("int32")
+RSHIFT = RNG.integers(2, 10, C).astype("int32")
+
+
+def _fpm_per_axis(v, consts, axes):
+    """round(v * 2^l * m / 2^(31 + r)) (the per-channel requantize QNN lowering leaves), constants on ``axes``."""
+    return relay.op._make.fixed_point_multiply_per_axis(v, *map(relay.const, consts), True, True, axes)
+
+
+def _requantize_per_axis(v, zp, consts, axes):
+    """subtract zp -> fixed_point_multiply_per_axis -> add 3 -> clip [0, 255] -> cast u8"""
+    v = _fpm_per_axis(relay.subtract(v, relay.const(zp)), consts, axes)
+    return relay.cast(relay.clip(relay.add(v, relay.const(3)), 0, 255), "uint8")
+
+
+def _per_block(a, blocks, k):
+    """(C,) -> (blocks, k): padded with the last channel's value."""
+    return np.pad(a, (0, blocks * k - a.size), mode="edge").reshape(blocks, k)
+
+
+PER_AXIS_FORMS = ["slice_of_layout_transform", "layout_transform_of_slice", "slice_of_blocks"]
+
+
+def before_per_axis(form):
+    """y -> [x86: NCHW16c -> NCHW, slice 12 of 16 | aarch64: slice 3 of 4 NCHW4c blocks [-> NCHW]]
+    -> per-axis requantize -> cast u8 -> max_pool2d"""
+    consts = (M, LSHIFT, RSHIFT)
+    if form == "slice_of_blocks":  # the region is blocked: constants (3, 4) on axes (1, 4)
+        r = _requantize_per_axis(_block_slice(_y4()), _as_blocks(ZP, 3), [_per_block(c, 3, K4) for c in consts],
+                                 [1, 4])
+        return infer(relay.nn.max_pool2d(r, pool_size=(2, 2), layout="NCHW4c"))
+    head = _slice(_y()) if form == "slice_of_layout_transform" else \
+        relay.layout_transform(_block_slice(_y4()), "NCHW4c", "NCHW")
+    return infer(relay.nn.max_pool2d(_requantize_per_axis(head, ZP, consts, [1]), pool_size=(2, 2)))
+
+
+def expected_per_axis(form):
+    consts = (M, LSHIFT, RSHIFT)
+    if form == "slice_of_layout_transform":
+        y, zp, consts = _y(), _blocked(ZP), [_per_block(c, 1, 16) for c in consts]
+    elif form == "layout_transform_of_slice":  # per channel: padded with the last channel, then blocked
+        y, zp, consts = _y4(), relay.const(_as_blocks(ZP, 4)), [_per_block(c, 4, K4) for c in consts]
+    else:  # per block: the last block repeated
+        def last_block(a, axis):
+            return np.concatenate([a, a.take([-1], axis=axis)], axis=axis)
+
+        y, zp = _y4(), relay.const(last_block(_as_blocks(ZP, 3), 1))
+        consts = [last_block(_per_block(c, 3, K4), 0) for c in consts]
+    v = _fpm_per_axis(relay.subtract(y, zp), consts, [1, 4])
+    r = relay.cast(relay.clip(relay.add(v, relay.const(3)), 0, 255), "uint8")
+    if form == "slice_of_layout_transform":
+        return infer(relay.nn.max_pool2d(_slice(r), pool_size=(2, 2)))
+    if form == "layout_transform_of_slice":
+        return infer(relay.nn.max_pool2d(relay.layout_transform(_block_slice(r), "NCHW4c", "NCHW"), pool_size=(2, 2)))
+    return infer(relay.nn.max_pool2d(_block_slice(r), pool_size=(2, 2), layout="NCHW4c"))
+
+
+@pytest.mark.parametrize("form", PER_AXIS_FORMS)
+def test_structure_per_axis(form):
+    check(EpilogueBeforeChannelSlice(), before_per_axis(form), expected_per_axis(form))
+
+
+@pytest.mark.parametrize("form", PER_AXIS_FORMS)
+def test_idempotent_per_axis(form):
+    assert_unchanged(EpilogueBeforeChannelSlice(), expected_per_axis(form))
+
+
+@pytest.mark.parametrize("form", PER_AXIS_FORMS)
+def test_numerics_bit_exact_per_axis(form):
+    """Exact against numpy's int64 requantize of the sliced channels, before and after the move."""
+    mod = before_per_axis(form)
+    shape = (1, 1, 5, 6, 16) if form == "slice_of_layout_transform" else (1, 4, 5, 6, K4)
+    y = np.random.default_rng(3).integers(-3000, 3000, shape).astype("int32")
+    # opt_level 2: no AlterOpLayout, whose layout inference of fixed_point_multiply_per_axis takes one axis
+    # unless the layout changes (the blocked form on axes (1, 4) is what it leaves, not what it reads)
+    out_b, out_a = assert_same_outputs(mod, EpilogueBeforeChannelSlice()(mod), {"y": y}, opt_level=2)
+    np.testing.assert_array_equal(out_b[0], out_a[0])
+    nchw = y.transpose(0, 1, 4, 2, 3).reshape(1, -1, 5, 6)[:, :C].astype("int64") - ZP
+    m, lshift, rshift = (a.astype("int64")[:, None, None] for a in (M, LSHIFT, RSHIFT))
+    v = ((nchw << lshift) * m + (1 << (30 + rshift))) >> (31 + rshift)  # Q31 product, right shift, half up
+    want = np.clip(v + 3, 0, 255)
+    want = np.lib.stride_tricks.sliding_window_view(want, (2, 2), axis=(2, 3)).max(axis=(-2, -1))
+    got = out_a[0] if form != "slice_of_blocks" else \
+        out_a[0].transpose(0, 1, 4, 2, 3).reshape(1, -1, 4, 5)[:, :C]
+    np.testing.assert_array_equal(got, want.astype("uint8"))
+
+
+def test_unchanged_on_no_match_per_axis_over_width(caplog):
+    """Constants indexed by the width axis: not per channel."""
+    v = _fpm_per_axis(_slice(_y()), [RNG.integers(2**30, 2**31 - 1, 6).astype("int32"),
+                                     np.zeros(6, "int32"), np.full(6, -5, "int32")], [3])
+    mod = infer(relay.cast(relay.clip(v, 0, 255), "uint8"))
+    assert_unchanged_with_reason(EpilogueBeforeChannelSlice(), mod, "no 8-bit value ends a closed elementwise region",
+                                 LOGGER, caplog)
+
+
 # -- no match: unchanged, with the reason logged ----------------------------------------------
 @pytest.mark.parametrize("case,reason", [
     ("no_narrow_end", "no 8-bit value ends a closed elementwise region"),
