@@ -61,11 +61,12 @@ def test_se_pair_without_repad_kernel_exact_under_qemu(cpu, mid, arm_session, tm
     np.testing.assert_array_equal(out, ref, err_msg=f"squeeze-excite pair ({mid} middle channels) at {TARGETS[cpu]}")
 
 
-def squeeze_excite(rng, mid, channels=32, size=6, batch=2):
+def squeeze_excite(rng, mid, channels=32, size=6, batch=2, per_channel=False):
     """uint8 x -> 1x1 conv -> global average pool (int32) -> 1x1 conv to ``mid`` -> 1x1 conv back to int32,
     the first two convs requantized to uint8: a squeeze-excite block's convs (at Neoverse-V1 the first takes
     the matrix multiply, the two on the pooled 1x1 map the dot product, reading its NCHW8c).
-    Returns (module, x)."""
+    ``per_channel``: the conv to ``mid`` is requantized per output channel (fixed_point_multiply_per_axis
+    at aarch64), as with per-channel weight scales. Returns (module, x)."""
     x = rng.integers(0, 256, (batch, channels, size, size)).astype("uint8")
 
     def conv(y, cin, cout, zp_in):
@@ -74,28 +75,33 @@ def squeeze_excite(rng, mid, channels=32, size=6, batch=2):
                                 kernel_size=(1, 1), channels=cout, out_dtype="int32")
         return relay.nn.bias_add(y, relay.const(rng.integers(-2000, 2000, cout).astype("int32")))
 
-    def requantize(y, scale):
-        return relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(scale),
-                                       relay.const(MID_ZP), out_dtype="uint8")
+    def requantize(y, scale, cout=None):
+        in_scale = rng.uniform(0.0001, 0.0003, cout).astype("float32") if cout else 0.0002
+        return relay.qnn.op.requantize(y, relay.const(in_scale), relay.const(0), relay.const(scale),
+                                       relay.const(MID_ZP), axis=1, out_dtype="uint8")
 
     var = relay.var("x", shape=x.shape, dtype="uint8")
     y = requantize(conv(var, channels, channels, X_ZP), 0.1)
     y = relay.cast(relay.nn.global_avg_pool2d(relay.cast(y, "int32")), "uint8")
-    y = conv(requantize(conv(y, channels, mid, MID_ZP), 0.01), mid, channels, MID_ZP)
+    y = conv(requantize(conv(y, channels, mid, MID_ZP), 0.01, mid if per_channel else None), mid, channels, MID_ZP)
     return tvm.IRModule.from_expr(relay.Function([var], y)), x
 
 
 # CI runs Neoverse-V1 with 2 middle channels: the pooled map read as NCHW8c and the 2 channels padded to 8, the
-# two paths the +i8mm policy adds; the other cases (20 s each under qemu) are slow
-@pytest.mark.parametrize("cpu, mid", [("neoverse-v1", 2), pytest.param("neoverse-v1", 12, marks=pytest.mark.slow),
-                                      pytest.param("neoverse-n1", 2, marks=pytest.mark.slow),
-                                      pytest.param("cortex-a72", 12, marks=pytest.mark.slow)])
-def test_squeeze_excite_block_exact_under_qemu(cpu, mid, arm_session, tmp_path):
+# two paths the +i8mm policy adds; and Neoverse-N1 with 12 per-channel requantized (3 of 4 NCHW4c blocks kept);
+# the other cases (20 s each under qemu) are slow
+@pytest.mark.parametrize("cpu, mid, per_channel", [
+    ("neoverse-v1", 2, False), pytest.param("neoverse-v1", 12, False, marks=pytest.mark.slow),
+    pytest.param("neoverse-n1", 2, False, marks=pytest.mark.slow),
+    pytest.param("cortex-a72", 12, False, marks=pytest.mark.slow),
+    ("neoverse-n1", 12, True), pytest.param("neoverse-v1", 12, True, marks=pytest.mark.slow),
+    pytest.param("cortex-a72", 10, True, marks=pytest.mark.slow)])
+def test_squeeze_excite_block_exact_under_qemu(cpu, mid, per_channel, arm_session, tmp_path):
     """The squeeze-excite convs read one channel block (NCHW8c at V1, no layout change or slice/re-pad kernel
     between them) and compute what the plain ``llvm`` build (no int8 SIMD) computes, bit for bit."""
     from tvm.contrib import graph_executor
 
-    mod, x = squeeze_excite(np.random.default_rng(mid), mid)
+    mod, x = squeeze_excite(np.random.default_rng(mid), mid, per_channel=per_channel)
     with tvm.transform.PassContext(opt_level=3):
         host = graph_executor.GraphModule(relay.build(mod, target="llvm")["default"](tvm.cpu()))
     host.set_input("x", x)
@@ -107,5 +113,5 @@ def test_squeeze_excite_block_exact_under_qemu(cpu, mid, arm_session, tmp_path):
     convs = [i for i, k in enumerate(kernels) if any("conv2d" in op for op in k.ops)]
     assert not [k.ops for k in kernels[convs[0]:convs[-1] + 1]
                 if {"layout_transform", "strided_slice", "nn.pad"} & set(k.ops)], [k.ops for k in kernels]
-    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"squeeze_excite_{cpu}_{mid}")
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"squeeze_excite_{cpu}_{mid}_{per_channel}")
     np.testing.assert_array_equal(out, ref, err_msg=f"squeeze-excite block ({mid} middle channels) at {TARGETS[cpu]}")

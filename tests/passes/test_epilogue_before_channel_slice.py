@@ -79,16 +79,18 @@ def test_numerics_bit_exact():
     np.testing.assert_array_equal(out_b[0], out_a[0])
 
 
-def qnn_conv_chain():
-    """uint8 x -> qconv (12 output channels: x86 pads them to 16) -> requantize -> qconv (12) -> requantize."""
+def qnn_conv_chain(per_channel=False):
+    """uint8 x -> qconv (12 output channels: x86 pads them to 16) -> requantize -> qconv (12) -> requantize;
+    ``per_channel``: the requantizes' input scales per output channel (fixed_point_multiply_per_axis)."""
     x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
     v = x
     for cin in (16, 12):
         w = RNG.integers(-3, 4, (C, cin, 3, 3)).astype("int8")
+        w_scale = RNG.uniform(0.01, 0.05, C).astype("float32")
         c = relay.qnn.op.conv2d(v, relay.const(w), relay.const(3), relay.const(0), relay.const(0.1),
-                                relay.const(RNG.uniform(0.01, 0.05, C).astype("float32")), kernel_size=(3, 3),
-                                channels=C, padding=(1, 1), out_dtype="int32")
-        v = relay.qnn.op.requantize(c, relay.const(0.002), relay.const(0), relay.const(0.1), relay.const(3),
+                                relay.const(w_scale), kernel_size=(3, 3), channels=C, padding=(1, 1), out_dtype="int32")
+        in_scale = relay.const(0.1 * w_scale) if per_channel else relay.const(0.002)
+        v = relay.qnn.op.requantize(c, in_scale, relay.const(0), relay.const(0.1), relay.const(3), axis=1,
                                     out_dtype="uint8")
     return infer(v)
 
@@ -180,17 +182,19 @@ def test_unchanged_on_no_match_aarch64(case, reason, caplog):
     assert_unchanged_with_reason(EpilogueBeforeChannelSlice(), mod, reason, LOGGER, caplog)
 
 
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
 @pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
-def test_aarch64_build_removes_int32_crossing(cpu, caplog):
+def test_aarch64_build_removes_int32_crossing(cpu, per_channel, caplog):
     """Compiled only: at Neoverse-N1 the 12-channel convs are NCHW4c and the slice takes 3 of 4 blocks;
-    at Neoverse-V1 they are NCHW8c and x86's form appears (12 is no multiple of 8)."""
+    at Neoverse-V1 they are NCHW8c and x86's form appears (12 is no multiple of 8). Per channel, the
+    requantizes are fixed_point_multiply_per_axis at aarch64 (x86's int64 requantize broadcasts instead)."""
     from tvm.target import codegen
 
     from tvm_ext.testing.aarch64 import TARGETS
 
     if "aarch64" not in list(codegen.llvm_get_targets()):
         pytest.skip("this TVM's LLVM has no AArch64 back end")
-    mod = qnn_conv_chain()
+    mod = qnn_conv_chain(per_channel)
     base = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         new = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True,
