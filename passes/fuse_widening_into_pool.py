@@ -20,13 +20,19 @@ from tvm_ext.core.registry import register_pass
 
 from ._chains import POOLS, walk_chain
 from ._doc import factory_sections
-from ._util import (Reject, lift_constants, op_calls, op_name, pass_logger, rebuild, static_tensor_type,
+from ._util import (Reject, lift_constants, op_calls, op_name, pass_logger, post_order, rebuild, static_tensor_type,
                     substitution_pass)
 
 __all__ = ["FuseWideningIntoPool", "POOLS"]
 
 PASS_NAME = "FuseWideningIntoPool"
 _log = pass_logger(PASS_NAME)
+
+
+def _is_qnn(call) -> bool:
+    """A QNN op: its scales and zero points must stay constants until relay.build lowers QNN; in a
+    Primitive function they would become parameters, and QNN's canonicalization would fail."""
+    return op_name(call) is not None and op_name(call).startswith("qnn.")
 
 
 def _post_chain(pool, users, body):
@@ -37,7 +43,7 @@ def _post_chain(pool, users, body):
         if len(us) != 1:
             break
         user = us[0][0]
-        if not isinstance(user, relay.Call) or call_pattern(user) > K_BROADCAST:
+        if not isinstance(user, relay.Call) or call_pattern(user) > K_BROADCAST or _is_qnn(user):
             break
         if any(not isinstance(a, relay.Constant) for a in user.args if not a.same_as(end)):
             break
@@ -67,7 +73,12 @@ def _rewrite(pool, users, body):
     param = relay.var("p0", relay.TensorType(node.checked_type.shape, dtype))
     # clip form: p (8-bit) -> cast(p, wide) == n exactly; typed form: p is n
     inner = param if kind == "typed" else relay.cast(param, node.checked_type.dtype)
-    fn, consts = _primitive([param], rebuild(end, {node: inner}))
+    group = rebuild(end, {node: inner})
+    qnn = sorted({op_name(n) for n in post_order(group) if isinstance(n, relay.Call) and _is_qnn(n)})
+    if qnn:
+        return Reject(f"its input chain has {', '.join(qnn)}, not lowered yet (QNN ops need constant scales "
+                      "at canonicalization): run at stage before_fuse")
+    fn, consts = _primitive([param], group)
     # the caller substitutes ``end`` (downstream of n), so the argument may read n itself
     arg = node if kind == "typed" else relay.cast(node, dtype)
     return end, relay.Call(fn, [arg, *consts], span=end.span)

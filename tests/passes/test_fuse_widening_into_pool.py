@@ -112,6 +112,43 @@ def test_softmax_reads_the_8bit_logits(op):
     assert out_b[0].std() > 0
 
 
+# -- QNN ops not lowered yet (stage start): their scales must stay constants -------------------------------
+SCALES = np.random.default_rng(2).uniform(0.01, 0.2, 8).astype("float32")
+
+
+def _qnn_requantize(v):
+    """per-channel qnn.requantize to uint8: its vector scale is no scalar, so in a Primitive function it
+    would become a parameter, which QNN's canonicalization cannot read."""
+    return relay.qnn.op.requantize(v, relay.const(SCALES), relay.const(0), relay.const(0.5), relay.const(128),
+                                   axis=1, out_dtype="uint8")
+
+
+def test_qnn_consumer_stays_outside_the_pool_function():
+    """u8 x -> cast i32 -> avg_pool2d -> qnn.requantize: the pool reads x and widens it itself; the
+    requantize stays after the call, and the module still builds (QNN lowers its constant scales)."""
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+    mod = infer(_qnn_requantize(relay.nn.avg_pool2d(relay.cast(x, "int32"), (3, 3), (2, 2))))
+    p0 = relay.var("p0", shape=(1, 8, 6, 6), dtype="uint8")
+    fn = relay.Function([p0], relay.nn.avg_pool2d(relay.cast(p0, "int32"), (3, 3), (2, 2)))
+    fn = fn.with_attr("Primitive", tvm.tir.IntImm("int32", 1))
+    want = infer(_qnn_requantize(relay.Call(fn, [x])))
+    after = check(FuseWideningIntoPool(), mod, want)
+    assert_unchanged(FuseWideningIntoPool(), after)
+    data = {"x": np.random.default_rng(3).integers(0, 256, (1, 8, 6, 6)).astype("uint8")}
+    out_b, _ = assert_same_outputs(mod, after, data)
+    assert len(np.unique(out_b[0])) > 10
+
+
+def test_qnn_op_in_the_input_chain_unchanged(caplog):
+    """u8 x -> cast i32 -> qnn.requantize (to int32) -> global_avg_pool2d: the group would hold the
+    requantize, so no rewrite."""
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+    r = relay.qnn.op.requantize(relay.cast(x, "int32"), relay.const(SCALES), relay.const(0), relay.const(0.5),
+                                relay.const(0), axis=1, out_dtype="int32")
+    mod = infer(relay.nn.global_avg_pool2d(r))
+    assert_unchanged_with_reason(FuseWideningIntoPool(), mod, "qnn.requantize, not lowered yet", LOGGER, caplog)
+
+
 # -- no match --------------------------------------------------------------------------------------
 def test_pool_reading_8bit_value_directly_unchanged(caplog):
     x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")

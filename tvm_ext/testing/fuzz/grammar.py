@@ -43,7 +43,7 @@ class Spec:
 
 STEP_KINDS = (
     "conv", "requant", "widen", "ewise", "parallel_cast", "join", "pool", "stop", "layout", "tuple",
-    "dense_head", "ewise_head", "qdq_add", "pad", "pool_quant", "nonneg_conv",
+    "dense_head", "ewise_head", "qdq_add", "pad", "pool_quant", "nonneg_conv", "sliced_conv",
 )
 
 
@@ -74,9 +74,11 @@ def graph_specs(max_steps: int = 6, variants=VARIANTS):
         st.tuples(st.just("ewise_head"), small, st.sampled_from(["add", "multiply"]), st.integers(2, 3)),
         st.tuples(st.just("qdq_add"), small, small),
         st.tuples(st.just("pad"), small, st.sampled_from(["zero", "one"])),
-        # motifs: the exact chains NarrowBeforeMaxPool and NonNegativeConvInputToUint8 look for
+        # motifs: the exact chains NarrowBeforeMaxPool, NonNegativeConvInputToUint8 and (channel counts no
+        # int8 channel block divides) EpilogueBeforeChannelSlice and FoldChannelRepadIntoConv look for
         st.tuples(st.just("pool_quant"), small, st.sampled_from(["int8", "uint8"]), st.booleans()),
         st.tuples(st.just("nonneg_conv"), small, st.sampled_from([1, 3]), st.booleans()),
+        st.tuples(st.just("sliced_conv"), small, st.sampled_from([3, 6, 12]), st.booleans()),
     )
     variant = st.sampled_from(list(variants)) if len(variants) > 1 else st.just(variants[0])
     if len(variants) > 1:

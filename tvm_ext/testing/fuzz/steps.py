@@ -285,6 +285,18 @@ def nonneg_conv(g, i, k, stop):
     conv(g, len(g.values) - 1, 8, k, 1, 1, 0, "plain", "none", False)
 
 
+def sliced_conv(g, i, oc, chain):
+    """qnn.conv2d 1x1 to ``oc`` channels, a count no int8 channel block divides (legalization pads the conv's
+    output channels and slices them back) -> qnn.requantize (per tensor or per channel) -> uint8
+    [-> qnn.conv2d 1x1 back to the input's channel count, reading the sliced channels]"""
+    c = g.pick(i).shape[0]
+    conv(g, i, oc, 1, 1, 0, 0, "qnn", "none", False)
+    y = g.requant_qnn(g.values[-1], "uint8")
+    g.push(y.expr, y.dtype, y.shape)
+    if chain:
+        conv(g, len(g.values) - 1, c, 1, 1, 0, 0, "qnn", "none", False)
+
+
 def stop(g, i):
     """``annotation.stop_fusion``."""
     v = g.pick(i)
@@ -394,4 +406,5 @@ STEPS = {
     "conv": conv, "requant": requant, "widen": widen, "ewise": elementwise, "parallel_cast": parallel_cast,
     "join": join, "pool": pool, "stop": stop, "layout": layout, "tuple": tuple_get_item, "dense_head": dense_head,
     "ewise_head": ewise_head, "qdq_add": qdq_add, "pad": pad, "pool_quant": pool_quant, "nonneg_conv": nonneg_conv,
+    "sliced_conv": sliced_conv,
 }
