@@ -278,13 +278,9 @@ def expected_per_axis(form):
 
 
 @pytest.mark.parametrize("form", PER_AXIS_FORMS)
-def test_structure_per_axis(form):
-    check(EpilogueBeforeChannelSlice(), before_per_axis(form), expected_per_axis(form))
-
-
-@pytest.mark.parametrize("form", PER_AXIS_FORMS)
-def test_idempotent_per_axis(form):
-    assert_unchanged(EpilogueBeforeChannelSlice(), expected_per_axis(form))
+def test_structure_and_idempotence_per_axis(form):
+    after = check(EpilogueBeforeChannelSlice(), before_per_axis(form), expected_per_axis(form))
+    assert_unchanged(EpilogueBeforeChannelSlice(), after)
 
 
 @pytest.mark.parametrize("form", PER_AXIS_FORMS)
