@@ -57,6 +57,7 @@ __all__ = [
     "with_body",
     "static_tensor_type",
     "op_name",
+    "is_unlowered_qnn",
     "function_pass",
     "until_unchanged",
     "fixed_point",
@@ -95,6 +96,14 @@ def op_name(call) -> str | None:
     """Name of the op a Call calls, or None when it calls a function or a global (or is no Call)."""
     op = getattr(call, "op", None)  # None for a node without an op (a Tuple user, e.g.)
     return op.name if isinstance(op, tvm.ir.Op) else None
+
+
+def is_unlowered_qnn(call) -> bool:
+    """True for a call of a QNN op (``qnn.*``). Its scales and zero points must stay constants until
+    relay.build lowers QNN: put in a Primitive function they become parameters, and QNN's
+    canonicalization fails ("Expr must be a constant expr")."""
+    name = op_name(call)
+    return name is not None and name.startswith("qnn.")
 
 
 def static_tensor_type(expr) -> Check:

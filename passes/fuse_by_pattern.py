@@ -13,7 +13,7 @@ from tvm import relay, tir
 
 from .._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_TUPLE, call_pattern
 from ..core.registry import register_pass
-from ._util import Reject, SIMPLE_CONST, lift_constants
+from ._util import Reject, SIMPLE_CONST, is_unlowered_qnn, lift_constants
 
 logger = logging.getLogger("tvm_ext.passes.fuse_by_pattern")
 
@@ -41,9 +41,7 @@ def tvm_fusible(ctx):
             return Reject("the match calls a function, not an op")
         if not _static(c.checked_type) or not all(_static(a.checked_type) for a in c.args):
             return Reject(f"{c.op.name} has a dynamic or non-tensor shape")
-        if c.op.name.startswith("qnn."):
-            # qnn.conv2d(...) inside a Primitive fn: its scales become parameters, and relay.build's QNN
-            # canonicalization then fails ("Expr must be a constant expr"); lowered forms match at before_fuse
+        if is_unlowered_qnn(c):  # lowered forms match at before_fuse
             return Reject(f"{c.op.name} is not lowered yet (QNN ops need constant scales at canonicalization): "
                           f"run FuseByPattern at stage before_fuse")
         if c.op.name in ("nn.conv2d", "nn.dense") and str(c.args[0].checked_type.dtype) == "int8" \

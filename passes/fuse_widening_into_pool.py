@@ -20,19 +20,13 @@ from tvm_ext.core.registry import register_pass
 
 from ._chains import POOLS, walk_chain
 from ._doc import factory_sections
-from ._util import (Reject, lift_constants, op_calls, op_name, pass_logger, post_order, rebuild, static_tensor_type,
-                    substitution_pass)
+from ._util import (Reject, is_unlowered_qnn, lift_constants, op_calls, op_name, pass_logger, post_order, rebuild,
+                    static_tensor_type, substitution_pass)
 
 __all__ = ["FuseWideningIntoPool", "POOLS"]
 
 PASS_NAME = "FuseWideningIntoPool"
 _log = pass_logger(PASS_NAME)
-
-
-def _is_qnn(call) -> bool:
-    """A QNN op: its scales and zero points must stay constants until relay.build lowers QNN; in a
-    Primitive function they would become parameters, and QNN's canonicalization would fail."""
-    return op_name(call) is not None and op_name(call).startswith("qnn.")
 
 
 def _post_chain(pool, users, body):
@@ -43,7 +37,7 @@ def _post_chain(pool, users, body):
         if len(us) != 1:
             break
         user = us[0][0]
-        if not isinstance(user, relay.Call) or call_pattern(user) > K_BROADCAST or _is_qnn(user):
+        if not isinstance(user, relay.Call) or call_pattern(user) > K_BROADCAST or is_unlowered_qnn(user):
             break
         if any(not isinstance(a, relay.Constant) for a in user.args if not a.same_as(end)):
             break
@@ -74,7 +68,7 @@ def _rewrite(pool, users, body):
     # clip form: p (8-bit) -> cast(p, wide) == n exactly; typed form: p is n
     inner = param if kind == "typed" else relay.cast(param, node.checked_type.dtype)
     group = rebuild(end, {node: inner})
-    qnn = sorted({op_name(n) for n in post_order(group) if isinstance(n, relay.Call) and _is_qnn(n)})
+    qnn = sorted({op_name(n) for n in post_order(group) if is_unlowered_qnn(n)})
     if qnn:
         return Reject(f"its input chain has {', '.join(qnn)}, not lowered yet (QNN ops need constant scales "
                       "at canonicalization): run at stage before_fuse")
