@@ -260,32 +260,37 @@ def test_an_engine_that_dies_while_timed_is_dropped_and_reported(monkeypatch):
     assert len(ok.times_ms) == 15, "the other engines keep every round"
 
 
-def test_avx2_int8_peak_script_prints_a_rate_per_core():
-    """benchmarks/lab/avx2_int8_peak.py (the machine's AVX2 int8 ceiling) compiles its micro-kernel,
-    runs it on every core alone and on all at once, and prints positive rates and the latency bound."""
+@pytest.mark.parametrize("isa, flags", [("avx2", {"avx2"}), ("avx512_vnni", {"avx512f", "avx512bw", "avx512vnni"})])
+def test_int8_peak_script_prints_a_rate_per_core(isa, flags):
+    """benchmarks/lab/int8_peak.py (the machine's int8 ceiling per instruction set) compiles its
+    micro-kernel, runs it on every core alone and on all at once, and prints positive rates and the
+    latency bound; on a host without the instruction set it exits naming what is missing."""
     import re
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
-    from tvm_ext.x86 import isa
+    from tvm_ext.x86 import isa as isa_mod
 
     if shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no C compiler")
-    if "avx2" not in isa.host_features():
-        pytest.skip("host has no AVX2")
-    script = Path(__file__).parents[1] / "benchmarks/lab/avx2_int8_peak.py"
-    out = subprocess.run([sys.executable, str(script), "--iters", "200000", "--rounds", "1", "--gmac", "1"],
-                         capture_output=True, text=True, check=True).stdout
+    script = Path(__file__).parents[1] / "benchmarks/lab/int8_peak.py"
+    cmd = [sys.executable, str(script), "--isa", isa, "--iters", "200000", "--rounds", "1", "--gmac", "1"]
+    if not flags <= isa_mod.host_features():
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode != 0 and "cannot run here" in res.stderr, res.stderr
+        return
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert out.startswith(f"{isa} micro-kernel"), out
     rows = [line for line in out.splitlines() if line.startswith("| core") or line.startswith("| all")]
     assert len(rows) >= 2, out  # at least one core alone, and all cores at once
     rates = [float(v) for row in rows for v in re.findall(r"(\d+\.\d+)", row.split("|")[2])]
     assert rates and all(r > 0 for r in rates), out
 
 
-def test_layers_vs_ort_finds_the_convolutions_of_a_qdq_model(tmp_path):
-    """benchmarks/layers_vs_ort.py maps ONNX Runtime's conv nodes to geometries; in a QDQ model the
+def test_layers_vs_peers_finds_the_convolutions_of_a_qdq_model(tmp_path):
+    """benchmarks/layers_vs_peers.py maps ONNX Runtime's conv nodes to geometries; in a QDQ model the
     weight is a DequantizeLinear of the int8 initializer, whose shape gives the geometry; a float
     conv's weight is the initializer itself."""
     import importlib.util
@@ -296,7 +301,7 @@ def test_layers_vs_ort_finds_the_convolutions_of_a_qdq_model(tmp_path):
     from onnx import TensorProto, helper
 
     spec = importlib.util.spec_from_file_location(
-        "layers_vs_ort", Path(__file__).parents[1] / "benchmarks/layers_vs_ort.py")
+        "layers_vs_peers", Path(__file__).parents[1] / "benchmarks/layers_vs_peers.py")
     lvo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lvo)
     rng = np.random.default_rng(0)
@@ -316,6 +321,41 @@ def test_layers_vs_ort_finds_the_convolutions_of_a_qdq_model(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
     assert lvo._ort_conv_geometry(str(path)) == {"qdq_conv": (6, 3, 3, 8, 8), "float_conv": (5, 1, 1, 8, 8)}
+    # multiply-accumulates: out x in x kh x kw x oh x ow
+    shapes = lvo._ort_conv_shapes(str(path))
+    assert shapes["qdq_conv"][1] == 6 * 3 * 3 * 3 * 8 * 8 and shapes["float_conv"][1] == 5 * 6 * 8 * 8
+
+    # OpenVINO's performance counters, attributed to the ONNX conv each of its kernels computes
+    pytest.importorskip("openvino")
+    times, kernels, note = lvo.openvino_node_times(str(path), 1, set(shapes), runs=8)
+    assert note is None and set(times) == {"qdq_conv", "float_conv"} == set(kernels), (times, kernels, note)
+    assert all(t >= 0 for t in times.values())
+
+
+def test_layers_vs_peers_table_sums_layers_and_divides_by_peak():
+    """One row per geometry: its layers' times summed per engine, tvm-ext over each peer, and each
+    engine's rate as a fraction of peak x threads; the totals row sums the rows."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "layers_vs_peers", Path(__file__).parents[1] / "benchmarks/layers_vs_peers.py")
+    lvp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lvp)
+    g = (64, 3, 3, 56, 56)
+    macs = 64 * 64 * 9 * 56 * 56  # 0.1156 GMAC per layer
+    shapes = {"a": (g, macs), "b": (g, macs)}
+    conv = {"name": "tvmgen_default_fused_nn_contrib_conv2d_NCHWc", "out": [1, 4, 56, 56, 16],
+            "ins": [[1, 4, 58, 58, 16], [4, 4, 3, 3, 4, 16, 4]]}
+    tvm_rows = {"stock": [dict(conv, ms=4.0), dict(conv, ms=4.0)],
+                "tvm-ext": [dict(conv, ms=2.0), dict(conv, ms=2.0), {"name": "fused_add", "ms": 0.5}]}
+    out = lvp.table(tvm_rows, {"ORT": {"a": 1.0, "b": 1.0}, "OpenVINO": {"a": 0.5, "b": 1.5}}, shapes,
+                    peak=100.0, threads=2)
+    row = next(line for line in out.splitlines() if line.startswith("| (64, 3, 3, 56, 56)"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # n, GMAC, stock, tvm-ext, ORT, OpenVINO ms, tvm-ext / ORT, tvm-ext / OpenVINO, % peak x 3
+    assert cells[1:] == ["2", "0.231", "8.000", "4.000", "2.000", "2.000", "2.00", "2.00", "29", "58", "58"], row
+    assert "| everything else (TVM) |  |  | 0.00 | 0.50 |" in out
 
 
 # --- OpenVINO columns, the exact reference, timing between engines (no builds, no timing) ---------------

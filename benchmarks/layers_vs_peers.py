@@ -1,21 +1,29 @@
 #!/usr/bin/env python
-"""Per convolution: TVM's kernel time (stock and tvm-ext) next to ONNX Runtime's time for the same layer.
+"""Per convolution: TVM's kernel time (stock and tvm-ext) next to ONNX Runtime's and OpenVINO's time
+for the same layer, and each engine's fraction of the instruction set's multiply-accumulate peak.
 
-Where tvm-ext does not reach ONNX Runtime on a CPU class, this is the per-kernel profile that says
-which convolutions, and how far each is from ONNX Runtime's time for the same layer. This script
-builds an int8 ONNX model with plain ``relay.build`` and with ``tvm_ext.build(...,
-passes=pipelines.int8())`` for a target, times every kernel with TVM's debug executor, times every
-ONNX Runtime node with its profiler, matches convolutions by geometry (out channels, in channels,
-kernel, output size; layers of equal geometry are summed) and prints a markdown table.
+Where tvm-ext does not reach a peer on a CPU class, this is the per-kernel profile that says which
+convolutions, and how far each is from the peer's time for the same layer. This script builds an int8
+ONNX model with plain ``relay.build`` and with ``tvm_ext.build(..., passes=pipelines.int8())`` for a
+target, times every kernel with TVM's debug executor, every ONNX Runtime node with its profiler and
+every OpenVINO node with its performance counters (``PERF_COUNT``; its runtime model names the ONNX
+nodes each of its kernels computes), matches convolutions by geometry (out channels, kernel,
+output size; layers of equal geometry are summed) and prints a markdown table. Each row also
+gives the layers' multiply-accumulates; with ``--peak`` (GMAC/s per core, what
+``benchmarks/lab/int8_peak.py`` measures) it gives each engine's rate as a fraction of that peak
+times the threads.
 
 ONNX Runtime picks its kernels from the *host's* CPUID (MLAS has no switch to restrict them). For an
 AVX2 target on an AVX-512 host, ``--ort-isa auto`` (the default) times a copy of ONNX Runtime whose
 AVX-512 dispatch is masked (:mod:`tvm_ext.tools.ort_isa`, in a child process), so both sides run AVX2
-code; ``--ort-isa host`` times the installed one. The table says which ISA each side ran. Builds
-run in child processes (a crash is reported, not fatal).
+code; ``--ort-isa host`` times the installed one. OpenVINO runs at the host's instruction set, and
+not at all on a model with ONNX Runtime contrib ops (a QOperator model; the table says why), as in
+``tvm-ext bench``. The table says which ISA each side ran. Builds run in child processes (a crash is
+reported, not fatal).
 
-    python benchmarks/layers_vs_ort.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=x86-64-v3"]
-                                       [--threads 2] [--repeat 7] [--ort-isa auto|host] [--out layers.json]
+    python benchmarks/layers_vs_peers.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=x86-64-v3"]
+                                         [--threads 2] [--repeat 7] [--ort-isa auto|host] [--peak GMACS]
+                                         [--out layers.json]
 """
 import argparse
 import collections
@@ -30,7 +38,7 @@ from pathlib import Path
 
 os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
-logger = logging.getLogger("layers_vs_ort")
+logger = logging.getLogger("layers_vs_peers")
 
 
 def _build(args):
@@ -130,8 +138,65 @@ def ort_node_times_in(package_dir, path, threads):
     res = subprocess.run([sys.executable, __file__, "--ort-times-of", path, "--threads", str(threads)],
                          capture_output=True, text=True, env=child_env(package_dir))
     if res.returncode != 0:
-        sys.exit(f"layers_vs_ort: the ONNX Runtime child failed (exit {res.returncode}): {res.stderr[-500:]}")
+        sys.exit(f"layers_vs_peers: the ONNX Runtime child failed (exit {res.returncode}): {res.stderr[-500:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def openvino_node_times(path, threads, conv_names, runs=40):
+    """``({ONNX conv node: median ms}, {ONNX conv node: OpenVINO kernel}, None)`` from OpenVINO's
+    performance counters (first 5 runs dropped), or ``(None, None, reason)`` where OpenVINO does not
+    run the model: not installed, ONNX Runtime contrib ops (``tvm-ext bench`` does not trust their
+    conversion either), or a conversion error.
+
+    A kernel of OpenVINO's runtime model lists the ONNX nodes it computes (``originalLayersNames``:
+    the conv, its requantize, ..., by node name or by output name); its time goes to the conv among them.
+    """
+    import numpy as np
+
+    try:
+        import openvino as ov
+    except ImportError:
+        return None, None, "not run: OpenVINO is not installed (pip install 'tvm-ext[bench]')"
+    from tvm_ext.tools.openvino_peer import contrib_ops, why_not
+
+    contrib = contrib_ops(path)
+    if contrib:
+        return None, None, f"not run: ONNX Runtime contrib ops ({', '.join(c.rsplit('.', 1)[1] for c in contrib)})"
+    try:
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+            "INFERENCE_NUM_THREADS": int(threads), "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
+            "PERF_COUNT": True})
+    except Exception as err:  # noqa: BLE001 (OpenVINO raises plain RuntimeErrors; why_not reads them)
+        return None, None, why_not(err)
+    import onnx
+
+    # OpenVINO names a layer after its ONNX node, or after the node's output where it renamed it
+    alias = {}
+    for n in onnx.load(str(path), load_external_data=False).graph.node:
+        if n.name in conv_names:
+            alias[n.name] = alias[n.output[0]] = n.name
+    owner, kernel = {}, {}
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if "originalLayersNames" not in info:
+            continue
+        convs = [alias[n] for n in info["originalLayersNames"].astype(str).split(",") if n in alias]
+        if convs:
+            owner[op.get_friendly_name()] = convs[0]
+            kernel[convs[0]] = info["primitiveType"].astype(str) if "primitiveType" in info else "?"
+    req = compiled.create_infer_request()
+    inp = compiled.input(0)
+    x = np.random.default_rng(0).uniform(-1, 1, [d if d > 0 else 1 for d in inp.get_partial_shape().get_min_shape()])
+    per = collections.defaultdict(list)
+    for i in range(runs):
+        req.infer({0: x.astype(np.float32)})
+        if i < 5:
+            continue
+        for e in req.get_profiling_info():
+            if e.node_name in owner:
+                per[owner[e.node_name]].append(e.real_time.total_seconds() * 1e3)
+    return {n: float(np.median(v)) for n, v in per.items()}, kernel, None
 
 
 def _onnx_name(ort_name: str) -> str:
@@ -159,7 +224,12 @@ def _geometry_tvm(row):
 
 
 def _ort_conv_geometry(path):
-    """{ONNX node name: (out ch, kh, kw, out h, out w)} for the model's convolutions.
+    """{ONNX node name: (out ch, kh, kw, out h, out w)} for the model's convolutions."""
+    return {name: geometry for name, (geometry, _macs) in _ort_conv_shapes(path).items()}
+
+
+def _ort_conv_shapes(path):
+    """{ONNX node name: ((out ch, kh, kw, out h, out w), multiply-accumulates)} for the model's convolutions.
 
     Output shapes come from one ONNX Runtime run with every conv output added as a graph output
     (ONNX shape inference stops at the first com.microsoft contrib op of a QOperator model).
@@ -192,41 +262,66 @@ def _ort_conv_geometry(path):
     inp = sess.get_inputs()[0]
     x = np.zeros([d if isinstance(d, int) else 1 for d in inp.shape], np.float32)
     outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {inp.name: x})))
-    return {name: (W[0], W[2], W[3], *outs[n.output[0]].shape[2:4]) for name, (n, W) in convs.items()}
+    shapes = {}
+    for name, (n, W) in convs.items():
+        oh, ow = outs[n.output[0]].shape[2:4]
+        # W is (out, in / groups, kh, kw): each output value takes in / groups x kh x kw products
+        shapes[name] = ((W[0], W[2], W[3], oh, ow), int(W[0] * W[1] * W[2] * W[3] * oh * ow))
+    return shapes
 
 
-def table(tvm_rows, ort_times, geometry):
-    """Markdown rows per conv geometry: count, TVM ms per pipeline, ORT ms, ratios; and totals."""
+def table(tvm_rows, peer_times, shapes, peak=None, threads=1):
+    """Markdown rows per conv geometry: count, multiply-accumulates, TVM ms per pipeline, each peer's
+    ms, tvm-ext over each peer; with ``peak`` (GMAC/s per core), each engine's fraction of ``peak x
+    threads``; and totals. ``peer_times``: ``{peer: {ONNX node: ms}}`` (peers that did not run are
+    left out); ``shapes``: :func:`_ort_conv_shapes`."""
     per = {p: collections.defaultdict(list) for p in tvm_rows}
     for p, rows in tvm_rows.items():
         for r in rows:
             if "conv2d" in r["name"] and _geometry_tvm(r) is not None:
                 per[p][_geometry_tvm(r)].append(r["ms"])
-    ort = collections.defaultdict(list)
-    ort_times = {_onnx_name(n): v for n, v in ort_times.items()}
-    for name, g in geometry.items():
-        if name in ort_times:
-            ort[g].append(ort_times[name])
-    pipes = list(tvm_rows)
-    keys = sorted(set(ort).union(*[set(v) for v in per.values()]), key=lambda k: -sum(ort.get(k, [0])))
-    head = ["conv (out, kh, kw, oh, ow)", "n"] + [f"{p} ms" for p in pipes] + ["ORT ms"] + [
-        f"{p} / ORT" for p in pipes]
+    macs, count = collections.Counter(), collections.Counter()
+    for g, m in shapes.values():
+        macs[g] += m
+        count[g] += 1
+    peers = {name: collections.defaultdict(list) for name in peer_times}
+    for name, times in peer_times.items():
+        times = {_onnx_name(n): v for n, v in times.items()}
+        for node, (g, _m) in shapes.items():
+            if node in times:
+                peers[name][g].append(times[node])
+    pipes, names = list(tvm_rows), list(peer_times)
+    ours = "tvm-ext" if "tvm-ext" in pipes else pipes[-1]
+    first = names[0] if names else None
+    keys = sorted(set(macs).union(*[set(v) for v in per.values()]),
+                  key=lambda k: -sum(peers[first].get(k, [0])) if first else -macs[k])
+    engines = pipes + names
+    head = (["conv (out, kh, kw, oh, ow)", "n", "GMAC"] + [f"{e} ms" for e in engines]
+            + [f"{ours} / {n}" for n in names] + ([f"{e} % peak" for e in [ours] + names] if peak else []))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tot = collections.Counter()
+
+    def pct(ms, gmac):
+        return f"{gmac / (ms * 1e-3) / (peak * threads) * 100:.0f}" if ms else "-"
+
     for k in keys:
         t = {p: sum(per[p].get(k, [])) for p in pipes}
-        o = sum(ort.get(k, []))
-        for p in pipes:
-            tot[p] += t[p]
-        tot["ort"] += o
-        lines.append("| " + " | ".join([str(k), str(len(ort.get(k, [])))] + [f"{t[p]:.3f}" for p in pipes]
-                                       + [f"{o:.3f}"] + [f"{t[p] / o:.2f}" if o else "-" for p in pipes]) + " |")
-    lines.append("| all convolutions | | " + " | ".join(f"{tot[p]:.2f}" for p in pipes) + f" | {tot['ort']:.2f} | "
-                 + " | ".join(f"{tot[p] / tot['ort']:.2f}" if tot["ort"] else "-" for p in pipes) + " |")
+        t.update({n: sum(peers[n].get(k, [])) for n in names})
+        gmac = macs[k] / 1e9
+        for e in engines:
+            tot[e] += t[e]
+        tot["gmac"] += gmac
+        cells = ([str(k), str(count[k]), f"{gmac:.3f}"] + [f"{t[e]:.3f}" for e in engines]
+                 + [f"{t[ours] / t[n]:.2f}" if t[n] else "-" for n in names]
+                 + ([pct(t[e], gmac) for e in [ours] + names] if peak else []))
+        lines.append("| " + " | ".join(cells) + " |")
+    cells = (["all convolutions", "", f"{tot['gmac']:.3f}"] + [f"{tot[e]:.2f}" for e in engines]
+             + [f"{tot[ours] / tot[n]:.2f}" if tot[n] else "-" for n in names]
+             + ([pct(tot[e], tot["gmac"]) for e in [ours] + names] if peak else []))
+    lines.append("| " + " | ".join(cells) + " |")
     other = {p: sum(r["ms"] for r in rows if "conv2d" not in r["name"]) for p, rows in tvm_rows.items()}
-    other_ort = sum(v for n, v in ort_times.items() if n not in geometry)
-    lines.append("| everything else | | " + " | ".join(f"{other[p]:.2f}" for p in pipes) + f" | {other_ort:.2f} |"
-                 + " |" * len(pipes))
+    cells = ["everything else (TVM)", "", ""] + [f"{other[p]:.2f}" for p in pipes] + [""] * (len(head) - 3 - len(pipes))
+    lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -243,6 +338,9 @@ def main(argv=None):
     ap.add_argument("--ort-isa", choices=ORT_ISA_CHOICES, default="auto",
                     help="auto: ONNX Runtime at the target's ISA where it can be masked (AVX2 on an AVX-512 host); "
                          "host: the installed ONNX Runtime")
+    ap.add_argument("--peak", type=float, default=None, metavar="GMACS",
+                    help="the instruction set's multiply-accumulate peak per core, GMAC/s "
+                         "(benchmarks/lab/int8_peak.py): adds each engine's fraction of peak x threads")
     ap.add_argument("--ort-times-of", default=None, help=argparse.SUPPRESS)  # the child of ort_node_times_in
     a = ap.parse_args(argv)
     if a.ort_times_of:
@@ -253,7 +351,8 @@ def main(argv=None):
 
         raw = json.loads(Path(a.table_from).read_text())
         path = raw.get("model") or str(zoo.onnx_path(f"resnet50_int8_{a.variant}"))
-        print(table(raw["tvm"], raw["ort"], _ort_conv_geometry(path)))
+        peers = {"ORT": raw["ort"], **({"OpenVINO": raw["openvino"]} if raw.get("openvino") else {})}
+        print(table(raw["tvm"], peers, _ort_conv_shapes(path), a.peak, raw.get("threads", a.threads)))
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ["TVM_NUM_THREADS"] = str(a.threads)
@@ -271,25 +370,35 @@ def main(argv=None):
         proc.start()
         proc.join()
         if proc.exitcode != 0:
-            sys.exit(f"layers_vs_ort: the {p} build failed (exit code {proc.exitcode})")
+            sys.exit(f"layers_vs_peers: the {p} build failed (exit code {proc.exitcode})")
     rows = tvm_kernel_times(folder, ["stock", "tvm-ext"], a.repeat)
     from tvm_ext.tools.bench import ort_peer
 
     peer = ort_peer(target, a.ort_isa)
     logger.info("ONNX Runtime node timing (%s)", peer["note"])
     ort = ort_node_times_in(peer["package"], path, a.threads) if peer["package"] else ort_node_times(path, a.threads)
+    shapes = _ort_conv_shapes(path)
+    logger.info("OpenVINO node timing")
+    ov_times, ov_kernels, ov_note = openvino_node_times(path, a.threads, set(shapes))
     import tvm
 
     feats = host_features()
     host_isa = "avx512_vnni" if {"avx512vnni", "avx512bw"} <= feats else ("avx512" if "avx512bw" in feats else "avx2")
     ort_isa = "avx2 (AVX-512 masked: tvm_ext.tools.ort_isa)" if peer["package"] else f"the host's ISA ({host_isa})"
+    ov_kinds = collections.Counter((ov_kernels or {}).values())
+    ov_said = f"OpenVINO {ov_note}"
+    if ov_times:
+        kinds = ", ".join(f"`{k}` {n}" for k, n in ov_kinds.most_common())
+        ov_said = f"OpenVINO runs the host's ISA ({host_isa}; kernels: {kinds})"
+    peak = f"; peak {a.peak:g} GMAC/s per core x {a.threads}" if a.peak else ""
     print(f"model: {Path(path).name}; TVM target `{target}` (ISA {isa_class(tvm.target.Target(target))}); "
-          f"ONNX Runtime runs {ort_isa}; {a.threads} threads; medians of {a.repeat} rounds\n")
-    print(table(rows, ort, _ort_conv_geometry(path)))
+          f"ONNX Runtime runs {ort_isa}; {ov_said}; {a.threads} threads; medians of {a.repeat} rounds{peak}\n")
+    peers = {"ORT": ort, **({"OpenVINO": ov_times} if ov_times else {})}
+    print(table(rows, peers, shapes, a.peak, a.threads))
     if a.out:
-        Path(a.out).write_text(json.dumps({"model": path, "target": target, "tvm": rows, "ort": ort,
-                                           "onnxruntime_isa": peer}, indent=1))
-
+        Path(a.out).write_text(json.dumps({"model": path, "target": target, "threads": a.threads, "tvm": rows,
+                                           "ort": ort, "onnxruntime_isa": peer, "openvino": ov_times,
+                                           "openvino_kernels": ov_kernels, "openvino_note": ov_note}, indent=1))
 
 if __name__ == "__main__":
     main()
