@@ -228,6 +228,24 @@ def test_1x1_tile_shape_fits_the_registers(shape, groups, wanted, expected):
     assert got[0] * got[1] * groups <= budget
 
 
+@pytest.mark.parametrize("shape,oc_chunks,groups,wanted,max_chunks,expected", [
+    ((56, 56), 16, 1, (1, 28), 1, (1, 1, 28)),  # one chunk: tile_shape's tile
+    ((56, 56), 16, 1, (1, 28), 4, (4, 1, 4)),   # 4 vectors x 4 pixels: 8 loads for 16 products
+    ((14, 14), 16, 1, (1, 14), 4, (2, 1, 7)),   # 4 chunks fit 2 pixels (0.75 loads per product); 2 fit 7 (0.64)
+    ((7, 7), 16, 1, (7, 1), 4, (2, 7, 1)),      # 7 rows x 4 chunks do not fit 28 - 3; 7 x 2 do
+    ((56, 56), 6, 1, (1, 28), 4, (3, 1, 8)),    # 4 does not divide 6 output-channel chunks: 3 does
+    ((56, 56), 7, 1, (1, 28), 4, (1, 1, 28)),   # 7 chunks: no divisor up to 4 but 1
+    ((28, 28), 16, 2, (1, 28), 4, (1, 1, 4)),   # AVX2 (2 registers per 16 channels, 12): 2 chunks tie, 1 kept
+])
+def test_1x1_tile_chunks_shape_loads_least_per_product(shape, oc_chunks, groups, wanted, max_chunks, expected):
+    budget = 12 if groups == 2 else 28
+    got = int8_schedules.tile_chunks_shape(shape[0], shape[1], oc_chunks, groups, wanted, max_chunks, budget)
+    assert got == expected
+    chunks, rows, cols = got
+    assert oc_chunks % chunks == 0
+    assert chunks * groups * rows * cols + (chunks - 1) * groups <= budget, "accumulators and kernel vectors fit"
+
+
 @pytest.mark.parametrize("width,groups,wanted,expected", [
     (14, 2, 14, 2),   # TVM's fallback takes the whole row: 28 accumulators, AVX2 has 16 registers
     (56, 2, 28, 4),
@@ -781,3 +799,91 @@ def test_vnni_8_channel_blocks_are_bit_identical(tmp_path):
     for k in (3, 1):
         assert np.array_equal(outs[f"policy{k}"], outs[f"stock{k}"]), k
         assert np.array_equal(outs[f"forced{k}"], outs[f"stock{k}"]), k
+
+
+_VNNI_TARGET = "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"
+
+
+def _conv1x1(cin=64, cout=256, size=28, epilogue=True, seed=5):
+    """A uint8 x int8 1x1 conv (int32 out, or requantized to uint8) and its int8 weights."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, cin, size, size), dtype="uint8")
+    w = rng.integers(-128, 128, (cout, cin, 1, 1)).astype("int8")
+    y = relay.nn.conv2d(x, relay.const(w), channels=cout, kernel_size=1, out_dtype="int32")
+    if epilogue:
+        y = _requantize(y, cout, rng)
+    return tvm.IRModule.from_expr(relay.Function([x], y)), w
+
+
+def _build_chunks(mod, chunks, target=_VNNI_TARGET):
+    """``mod`` built with the policy's kernels, ``tile_oc_chunks`` set to ``chunks`` on AVX-512 VNNI."""
+    saved = dict(int8_policy._TILE_OC_CHUNKS)
+    int8_policy._TILE_OC_CHUNKS["avx512_vnni"] = chunks
+    try:
+        with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
+            return relay.build(mod, target=target)
+    finally:
+        int8_policy._TILE_OC_CHUNKS.clear()
+        int8_policy._TILE_OC_CHUNKS.update(saved)
+
+
+def _loads_per_vpdpbusd(asm: str) -> float:
+    """Vector loads and broadcasts from memory (as separate instructions or as vpdpbusd's memory
+    operand) per vpdpbusd in ``asm``."""
+    import re
+
+    dots = len(re.findall(r"\bvpdpbusd\b", asm))
+    moves = "vpbroadcastd|vmovdqu64|vmovdqu32|vmovdqa64|vmovdqa32|vmovups|vmovaps"
+    loads = len(re.findall(rf"\b(?:{moves})\s+-?\w*\(", asm))
+    loads += len(re.findall(r"\bvpdpbusd\s+-?\w*\(", asm))
+    return loads / dots
+
+
+def test_1x1_tile_of_several_channel_chunks_loads_less_per_product():
+    """``tile_oc_chunks`` compiled only at an AVX-512 VNNI target: with up to 4 output-channel
+    chunks per tile, the 1x1 conv's kernel loads about half a vector per vpdpbusd (4 kernel vectors
+    and 4 data words per 16 products), where one chunk per tile loads about one (28 pixels, 1 vector)."""
+    mod, _ = _conv1x1()
+    one = _loads_per_vpdpbusd(_build_chunks(mod, 1).get_lib().get_source("asm"))
+    four = _loads_per_vpdpbusd(_build_chunks(mod, 4).get_lib().get_source("asm"))
+    assert one > 0.9, one
+    assert four < 0.65, four
+
+
+_CHILD_CHUNKS = r"""
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_x86_int8 import _build_chunks, _conv1x1, _run
+outs = {}
+for name, kw in (("int32", dict(epilogue=False)), ("uint8", dict(epilogue=True))):
+    for cin, cout, size in ((64, 256, 56), (256, 1024, 14), (512, 2048, 7), (64, 96, 13)):
+        mod, w = _conv1x1(cin, cout, size, **kw)
+        x = np.random.default_rng(size).integers(0, 256, (1, cin, size, size)).astype("uint8")
+        for chunks in (1, 2, 4):
+            outs[f"{name}-{cin}-{cout}-{size}-{chunks}"] = _run(_build_chunks(mod, chunks), x)
+        if name == "int32":  # exact integer arithmetic, independent of TVM
+            ref = np.einsum("oc,chw->ohw", w[:, :, 0, 0].astype(np.int64), x[0].astype(np.int64))[None]
+            outs[f"exact-{cin}-{cout}-{size}"] = ref
+np.savez(sys.argv[2], **outs)
+print("OK")
+"""
+
+
+@needs_vnni
+def test_1x1_tile_of_several_channel_chunks_is_exact(tmp_path):
+    """``tile_oc_chunks`` executed (host with AVX-512 VNNI, child process): 1x1 convs with 1, 2 and 4
+    output-channel chunks per tile, ResNet's widths and a prime one, 96 channels (6 chunks: 4 does
+    not divide it), full-range weights: int32 outputs equal numpy's integer products; requantized
+    outputs are the same bits for every chunk count."""
+    import os
+
+    out = tmp_path / "outs.npz"
+    r = subprocess.run([sys.executable, "-c", _CHILD_CHUNKS, os.path.dirname(__file__), str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    outs = np.load(out)
+    for cin, cout, size in ((64, 256, 56), (256, 1024, 14), (512, 2048, 7), (64, 96, 13)):
+        for chunks in (1, 2, 4):
+            got = outs[f"int32-{cin}-{cout}-{size}-{chunks}"]
+            assert np.array_equal(got, outs[f"exact-{cin}-{cout}-{size}"]), (cin, cout, size, chunks)
+            assert np.array_equal(outs[f"uint8-{cin}-{cout}-{size}-{chunks}"], outs[f"uint8-{cin}-{cout}-{size}-1"])

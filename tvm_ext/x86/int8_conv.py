@@ -73,6 +73,17 @@ are in :mod:`tvm_ext.x86.int8_schedules`; the layouts and fallback configs are h
     Measured: 0.86-1.02x TVM's time per ResNet-50 3x3/7x7 conv as AVX2 code (0.94-0.96x summed),
     and ResNet-50's 1x1 convs 2-9 % faster as AVX2 code and 4-15 % on AVX-512 VNNI.
 
+``tile_oc_chunks`` -- 1x1 int8 convs on AVX-512 VNNI (:attr:`KernelPolicy.tile_oc_chunks`: up to 4).
+    A 1x1 tile also spans several output-channel chunks, their kernel vectors held through each
+    reduction step, so each data word loaded serves several ``vpdpbusd`` (oneDNN's brgemm tile is 4
+    vectors x 6 pixels); :func:`.int8_schedules.tile_chunks_shape` takes the chunk count whose tile
+    loads the fewest values per product::
+
+        # C * tile pixels * (oc_bn / lanes) + (C - 1) * (oc_bn / lanes) <= accumulators
+
+    Measured (Intel Cascade Lake class, QDQ ResNet-50, 2 threads): its 1x1 convs 0.72-0.89x the time
+    of one chunk per tile, 0.91x end to end.
+
 ``fallback_register_tile`` -- untuned float convs and untuned depthwise convs (8-bit and float) on
     AVX2 (:data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`; tuned configs are not touched). TVM's fallback takes
     ``tile_ow`` = the largest divisor of the output width up to 31 (float 1x1: ``tile_oh x tile_ow``

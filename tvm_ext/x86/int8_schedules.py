@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .int8_policy import needs_operand_fix, policy, vnni_ready
 
-__all__ = ["dot_u8s8_vnni", "tile_width", "tile_shape"]
+__all__ = ["dot_u8s8_vnni", "tile_width", "tile_shape", "tile_chunks_shape"]
 
 
 #: Widest channel block ``global_pool_channel_vector`` vectorizes a global pool over (TVM's own limit
@@ -109,6 +109,14 @@ def _chosen_schedule(kind: str) -> tuple:
     return chosen, (pol.tile_accumulators if pol is not None and pol.tile_accumulators else 12)
 
 
+def _policy_oc_chunks() -> int:
+    """The target's :attr:`KernelPolicy.tile_oc_chunks` (1 without a target)."""
+    import tvm
+
+    target = tvm.target.Target.current(allow_none=True)
+    return policy(target).tile_oc_chunks if target is not None else 1
+
+
 def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row
     (``epilogue_per_row``) or per register tile (``per_tile_accumulators``) where :func:`policy`
@@ -164,10 +172,11 @@ def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> i
     return best
 
 
-def _tile_stages(s, data_vec, conv_out, last, rows, cols):
+def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1):
     """The per-tile schedules' stages: the conv's output computed per ``rows x cols`` tile of the fused output
     (parallel over channel chunks and row blocks, channel block vectorized), its accumulation
-    stage per tile. Returns the accumulation stage; the caller orders its reduction."""
+    stage per tile. ``chunks`` > 1: each tile also spans that many output-channel chunks (which
+    it must divide). Returns the accumulation stage; the caller orders its reduction."""
     from tvm import autotvm, te
 
     if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
@@ -185,8 +194,12 @@ def _tile_stages(s, data_vec, conv_out, last, rows, cols):
         batch, oc_chunk, oh, ow, oc_block = s[stage].op.axis
         oh_outer, oh_inner = s[stage].split(oh, factor=rows)
         ow_outer, ow_inner = s[stage].split(ow, factor=cols)
-        s[stage].reorder(oc_chunk, oh_outer, ow_outer, oh_inner, ow_inner, oc_block)
-        return s[stage].fuse(batch, oc_chunk, oh_outer), ow_outer, oc_block
+        if chunks == 1:
+            s[stage].reorder(oc_chunk, oh_outer, ow_outer, oh_inner, ow_inner, oc_block)
+            return s[stage].fuse(batch, oc_chunk, oh_outer), ow_outer, oc_block
+        oc_outer, oc_inner = s[stage].split(oc_chunk, factor=chunks)
+        s[stage].reorder(oc_outer, oh_outer, ow_outer, oc_inner, oh_inner, ow_inner, oc_block)
+        return s[stage].fuse(batch, oc_outer, oh_outer), ow_outer, oc_block
 
     row, tile, oc_block = split_tiles(conv)
     s[conv].vectorize(oc_block)
@@ -270,25 +283,56 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
 
     TVM's 1x1 form accumulates a block of ``tile_oh`` whole rows into a buffer, copies it into the
     conv's output buffer, and runs the epilogue over that: two extra passes over int32 values per
-    output. Same products, summed in the same order per output: bit-identical to TVM's schedule.
+    output. With ``tile_oc_chunks`` C > 1 a tile may also span several output-channel chunks
+    (:func:`tile_chunks_shape`), so each data word loaded serves several dot products. Same products, summed
+    in the same order per output: bit-identical to TVM's schedule.
     """
     from tvm.topi.utils import get_const_tuple
 
-    _, _, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
+    _, oc_chunks, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
+    groups = oc_bn // lanes
     wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
     wanted_cols = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
-    rows, cols = tile_shape(out_height, out_width, oc_bn // lanes, (wanted_rows, wanted_cols), accumulators)
+    chunks, rows, cols = tile_chunks_shape(out_height, out_width, oc_chunks, groups, (wanted_rows, wanted_cols),
+                                           _policy_oc_chunks(), accumulators)
 
-    acc = _tile_stages(s, data_vec, conv_out, last, rows, cols)
-    _, _, oh, ow, oc_block = s[acc].op.axis
+    acc = _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks)
+    _, oc_chunk, oh, ow, oc_block = s[acc].op.axis
     kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
     oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
-    s[acc].reorder(kh, kw, ic_outer, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
+    if chunks == 1:
+        s[acc].reorder(kh, kw, ic_outer, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
+    else:  # every reduction step updates the whole tile: rows x cols pixels x C chunks
+        s[acc].reorder(kh, kw, ic_outer, ic_f_inner, oc_chunk, oh, ow, oc_group, oc_lane, ic_s_inner)
+        s[acc].unroll(oc_chunk)
     s[acc].tensorize(oc_lane, intrin)
     s[acc].unroll(oh)
     s[acc].unroll(ow)
     s[acc].unroll(oc_group)
     return s
+
+
+def tile_chunks_shape(out_height: int, out_width: int, oc_chunks: int, groups: int, wanted: tuple,
+                      max_chunks: int, accumulators: int) -> tuple:
+    """``(chunks, rows, pixels per row)`` of a 1x1 conv's tile (``per_tile_accumulators`` with
+    ``tile_oc_chunks``): of the output-channel chunk counts up to ``max_chunks`` that divide the
+    conv's ``oc_chunks``, the one whose tile (:func:`tile_shape`) loads the fewest values per dot
+    product (C kernel vectors and R data words for R x C products; ties: fewer chunks).
+
+    The kernel vectors of every chunk stay in registers through a reduction step, so each chunk
+    beyond the first takes ``groups`` registers from ``accumulators``. ``max_chunks`` 1 gives
+    :func:`tile_shape`'s tile.
+    """
+    best = None
+    for c in range(1, min(max_chunks, oc_chunks) + 1):
+        budget = accumulators - (c - 1) * groups
+        if oc_chunks % c or budget < c * groups:
+            continue
+        rows, cols = tile_shape(out_height, out_width, c * groups, wanted, budget)
+        loads_per_dot = (c * groups + rows * cols) / (c * groups * rows * cols)
+        if best is None or loads_per_dot < best[0] - 1e-9:
+            best = (loads_per_dot, c, rows, cols)
+    return best[1:]
 
 
 def _float_product_summed(op, reader) -> bool:
