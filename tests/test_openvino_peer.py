@@ -121,8 +121,10 @@ def test_contrib_ops_openvino_converts_wrongly_are_refused(tmp_path):
 
 def test_cap_set_in_the_child_reaches_onednn(tmp_path):
     """The child process's ONEDNN_MAX_CPU_ISA changes the kernels OpenVINO chooses (SSE4.1 is below
-    every x86-64 host this runs on, so the cap is always a restriction here), and the capped
-    OpenVINO computes what the uncapped one does within one output step."""
+    every x86-64 host this runs on, so the cap is always a restriction here), and the SSE4.1-capped
+    OpenVINO computes what an AVX2-capped one does within one output step. (Not the uncapped one:
+    on a host with AVX-512 VNNI, oneDNN's int8 convolutions without VNNI differ from its VNNI ones by
+    up to 12 output steps in 0.4 % of this model's outputs, at every cap below VNNI.)"""
     pytest.importorskip("openvino")
     if "avx2" not in isa.host_features():
         pytest.skip("host has no AVX2: SSE41 is not a restriction here")
@@ -134,5 +136,7 @@ def test_cap_set_in_the_child_reaches_onednn(tmp_path):
         assert child.conv_primitives and all("sse" in k for k in child.conv_primitives), child.conv_primitives
         assert not any("sse" in k for k in host.conv_primitives), host.conv_primitives
         step = bench._output_step(q)["output_step"]
-        assert np.abs(child.run(x) - host.run(x)).max() <= step + 1e-6
+        with openvino_peer.ChildOpenVINO(q, "x", 1, "AVX2") as avx2:
+            assert avx2.conv_primitives and all("avx2" in k for k in avx2.conv_primitives), avx2.conv_primitives
+            assert np.abs(child.run(x) - avx2.run(x)).max() <= step + 1e-6
         assert len(child.time(x, 2)) == 2 and child.pid > 0
