@@ -850,20 +850,23 @@ def test_1x1_tile_of_several_channel_chunks_loads_less_per_product():
     assert four < 0.65, four
 
 
+#: (output, in channels, out channels, width): ResNet's 4 x 4-pixel and 7-row tiles, and 96 channels
+#: (6 chunks: 4 does not divide them) at a prime width, int32 out and requantized
+_CHUNK_CASES = (("int32", 64, 256, 28), ("int32", 256, 512, 7), ("int32", 64, 96, 13), ("uint8", 64, 96, 13))
+
 _CHILD_CHUNKS = r"""
 import sys, numpy as np
 sys.path.insert(0, sys.argv[1])
-from test_x86_int8 import _build_chunks, _conv1x1, _run
+from test_x86_int8 import _CHUNK_CASES, _build_chunks, _conv1x1, _run
 outs = {}
-for name, kw in (("int32", dict(epilogue=False)), ("uint8", dict(epilogue=True))):
-    for cin, cout, size in ((64, 256, 56), (256, 1024, 14), (512, 2048, 7), (64, 96, 13)):
-        mod, w = _conv1x1(cin, cout, size, **kw)
-        x = np.random.default_rng(size).integers(0, 256, (1, cin, size, size)).astype("uint8")
-        for chunks in (1, 2, 4):
-            outs[f"{name}-{cin}-{cout}-{size}-{chunks}"] = _run(_build_chunks(mod, chunks), x)
-        if name == "int32":  # exact integer arithmetic, independent of TVM
-            ref = np.einsum("oc,chw->ohw", w[:, :, 0, 0].astype(np.int64), x[0].astype(np.int64))[None]
-            outs[f"exact-{cin}-{cout}-{size}"] = ref
+for name, cin, cout, size in _CHUNK_CASES:
+    mod, w = _conv1x1(cin, cout, size, epilogue=name == "uint8")
+    x = np.random.default_rng(size).integers(0, 256, (1, cin, size, size)).astype("uint8")
+    for chunks in (1, 2, 4):
+        outs[f"{name}-{cin}-{cout}-{size}-{chunks}"] = _run(_build_chunks(mod, chunks), x)
+    if name == "int32":  # exact integer arithmetic, independent of TVM
+        ref = np.einsum("oc,chw->ohw", w[:, :, 0, 0].astype(np.int64), x[0].astype(np.int64))[None]
+        outs[f"exact-{cin}-{cout}-{size}"] = ref
 np.savez(sys.argv[2], **outs)
 print("OK")
 """
@@ -872,9 +875,8 @@ print("OK")
 @needs_vnni
 def test_1x1_tile_of_several_channel_chunks_is_exact(tmp_path):
     """``tile_oc_chunks`` executed (host with AVX-512 VNNI, child process): 1x1 convs with 1, 2 and 4
-    output-channel chunks per tile, ResNet's widths and a prime one, 96 channels (6 chunks: 4 does
-    not divide it), full-range weights: int32 outputs equal numpy's integer products; requantized
-    outputs are the same bits for every chunk count."""
+    output-channel chunks per tile (:data:`_CHUNK_CASES`), full-range weights: int32 outputs equal
+    numpy's integer products; requantized outputs are the same bits for every chunk count."""
     import os
 
     out = tmp_path / "outs.npz"
@@ -882,8 +884,8 @@ def test_1x1_tile_of_several_channel_chunks_is_exact(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
     outs = np.load(out)
-    for cin, cout, size in ((64, 256, 56), (256, 1024, 14), (512, 2048, 7), (64, 96, 13)):
+    for name, cin, cout, size in _CHUNK_CASES:
         for chunks in (1, 2, 4):
-            got = outs[f"int32-{cin}-{cout}-{size}-{chunks}"]
-            assert np.array_equal(got, outs[f"exact-{cin}-{cout}-{size}"]), (cin, cout, size, chunks)
-            assert np.array_equal(outs[f"uint8-{cin}-{cout}-{size}-{chunks}"], outs[f"uint8-{cin}-{cout}-{size}-1"])
+            got = outs[f"{name}-{cin}-{cout}-{size}-{chunks}"]
+            want = outs[f"exact-{cin}-{cout}-{size}"] if name == "int32" else outs[f"{name}-{cin}-{cout}-{size}-1"]
+            assert np.array_equal(got, want), (name, cin, cout, size, chunks)
