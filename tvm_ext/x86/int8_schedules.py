@@ -94,10 +94,11 @@ def _dot_for_block(oc_bn: int) -> tuple:
 
 
 def _chosen_schedule(kind: str) -> tuple:
-    """``(schedule, accumulators)`` for the target being compiled: ``kind`` ``"3x3"`` (also 7x7)
+    """``(schedule, accumulators, chunks)`` for the target being compiled: ``kind`` ``"3x3"`` (also 7x7)
     takes :attr:`KernelPolicy.conv_schedule`, ``"1x1"`` :attr:`KernelPolicy.conv1x1_schedule`;
     ``kernels(schedule="per_row" | "per_tile")`` forces one (per-row has no 1x1 form: TVM's).
-    ``accumulators`` is the class's tile budget, 12 where it has none (a forced per-tile)."""
+    ``accumulators`` is the class's tile budget, 12 where it has none (a forced per-tile);
+    ``chunks`` its :attr:`KernelPolicy.tile_oc_chunks` (1 without a target)."""
     import tvm
 
     target = tvm.target.Target.current(allow_none=True)
@@ -106,15 +107,8 @@ def _chosen_schedule(kind: str) -> tuple:
     mode = _SAVED.get("mode")
     if mode in ("per_row", "per_tile"):  # forced, for measurements
         chosen = mode if kind == "3x3" or mode == "per_tile" else "tvm"
-    return chosen, (pol.tile_accumulators if pol is not None and pol.tile_accumulators else 12)
-
-
-def _policy_oc_chunks() -> int:
-    """The target's :attr:`KernelPolicy.tile_oc_chunks` (1 without a target)."""
-    import tvm
-
-    target = tvm.target.Target.current(allow_none=True)
-    return policy(target).tile_oc_chunks if target is not None else 1
+    accumulators = pol.tile_accumulators if pol is not None and pol.tile_accumulators else 12
+    return chosen, accumulators, (pol.tile_oc_chunks if pol is not None else 1)
 
 
 def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
@@ -125,7 +119,7 @@ def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.utils import get_const_tuple
 
-    chosen, accumulators = _chosen_schedule("3x3")
+    chosen, accumulators, _ = _chosen_schedule("3x3")
     lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
     if chosen == "per_row":
         return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
@@ -254,10 +248,10 @@ def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.utils import get_const_tuple
 
-    chosen, accumulators = _chosen_schedule("1x1")
+    chosen, accumulators, chunks = _chosen_schedule("1x1")
     lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
     if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
-        return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators)
+        return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, chunks)
     if lanes != get_simd_32bit_lanes():  # TVM's form, with the narrow block's intrinsic (8-lane VNNI)
         return conv2d_generic.schedule_conv_NCHWc_cpu_1x1_int8(
             s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin)
@@ -277,13 +271,13 @@ def tile_shape(out_height: int, out_width: int, groups: int, wanted: tuple, accu
     return rows, cols
 
 
-def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
+def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, max_chunks=1):
     """``per_tile_accumulators`` for 1x1 convs: the conv computed per tile of ``rows x cols`` output pixels
     (:func:`tile_shape`), accumulators in registers, the epilogue applied per tile.
 
     TVM's 1x1 form accumulates a block of ``tile_oh`` whole rows into a buffer, copies it into the
     conv's output buffer, and runs the epilogue over that: two extra passes over int32 values per
-    output. With ``tile_oc_chunks`` C > 1 a tile may also span several output-channel chunks
+    output. With ``max_chunks`` (``tile_oc_chunks``) > 1 a tile may also span several output-channel chunks
     (:func:`tile_chunks_shape`), so each data word loaded serves several dot products. Same products, summed
     in the same order per output: bit-identical to TVM's schedule.
     """
@@ -294,7 +288,7 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
     wanted_cols = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
     chunks, rows, cols = tile_chunks_shape(out_height, out_width, oc_chunks, groups, (wanted_rows, wanted_cols),
-                                           _policy_oc_chunks(), accumulators)
+                                           max_chunks, accumulators)
 
     acc = _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks)
     _, oc_chunk, oh, ow, oc_block = s[acc].op.axis
