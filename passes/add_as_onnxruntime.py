@@ -21,7 +21,7 @@ from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.ops import round_half_to_even
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._rules import Rule, first_rewrite

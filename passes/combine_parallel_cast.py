@@ -23,7 +23,7 @@ import tvm
 from tvm import relay
 
 from tvm_ext._op_pattern import K_INJECTIVE, K_OPAQUE, K_OUT_EWISE_FUSABLE, op_pattern
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._util import (Check, Reject, consumers, dataflow_nodes, describe, function_pass, is_primitive, op_name,

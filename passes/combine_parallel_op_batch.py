@@ -23,7 +23,7 @@ import tvm
 from tvm import relay
 
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, post_order, rebuild,
                     static_shape, static_tensor_type, with_body)

@@ -32,7 +32,7 @@ from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._chains import narrow_type
 from ._doc import factory_sections

@@ -31,7 +31,7 @@ import numpy as np
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from . import _layout
 from ._doc import factory_sections

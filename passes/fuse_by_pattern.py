@@ -12,7 +12,7 @@ import tvm
 from tvm import relay, tir
 
 from .._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_TUPLE, call_pattern
-from ..core.registry import register_pass
+from ._registry import register_pass
 from ._util import Reject, SIMPLE_CONST, is_unlowered_qnn, lift_constants
 
 logger = logging.getLogger("tvm_ext.passes.fuse_by_pattern")

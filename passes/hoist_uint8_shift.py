@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from tvm import relay
 
 from tvm_ext._op_pattern import K_INJECTIVE, K_OUT_EWISE_FUSABLE, call_pattern
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._intervals import value_ranges

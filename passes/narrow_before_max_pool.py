@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relay
 
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from . import _layout
 from ._chains import copy_chain, narrow_type

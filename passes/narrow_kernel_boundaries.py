@@ -21,7 +21,7 @@ from __future__ import annotations
 from tvm import relay
 
 from tvm_ext._op_pattern import K_BROADCAST, K_OUT_EWISE_FUSABLE, call_pattern
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._chains import walk_chain
 from ._doc import factory_sections

@@ -15,7 +15,7 @@ import tvm
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 from tvm_ext.x86.isa import isa_class
 
 from ._doc import factory_sections

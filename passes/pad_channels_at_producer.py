@@ -30,7 +30,7 @@ import numpy as np
 import tvm
 from tvm import relay
 
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild,

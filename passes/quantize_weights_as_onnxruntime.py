@@ -16,7 +16,7 @@ import numpy as np
 
 from tvm import relay
 
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._util import Reject, op_calls, op_name, pass_logger, substitution_pass

@@ -22,7 +22,7 @@ import tvm
 from tvm import relay
 
 from tvm_ext._op_pattern import K_BROADCAST, K_COMM_REDUCE, K_INJECTIVE, op_pattern
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._util import Reject, describe, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass

@@ -15,7 +15,7 @@ from tvm.contrib import graph_executor
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
 from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._rules import Rule, rewrites_by_op

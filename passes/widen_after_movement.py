@@ -22,7 +22,7 @@ import tvm
 from tvm import relay
 
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._chains import narrow_type, takes_widening
 from ._doc import factory_sections

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tvm import relay
 
-from tvm_ext.core.registry import register_pass
+from ._registry import register_pass
 
 from ._chains import chain_arg, copy_chain, narrow_type, takes_widening
 from ._doc import factory_sections

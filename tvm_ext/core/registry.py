@@ -1,79 +1,32 @@
-"""Name -> factory registry of tvm-ext passes (used by the CLI and the benchmarks).
+"""Passes by name: what the pipelines, the CLI and the benchmarks create passes through.
 
-Each public pass module registers its factory at import time with :func:`register_pass`.
-The registered name equals the ``name=`` the pass is created with, so ``disabled_pass``,
-PassContext instruments, the CLI and the benchmarks all key on the same string.
+Each public pass module registers its factory at import time with :func:`register_pass`
+(:mod:`tvm_ext.passes._registry`, a leaf). The registered name equals the ``name=`` the pass is
+created with, so ``disabled_pass``, PassContext instruments, the CLI and the benchmarks all key on
+the same string. This module sits above the passes and imports them, so every built-in pass is
+registered before a name is looked up; a user's pass registers with the same decorator.
 """
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
-from typing import Callable
+from .. import passes as _builtin  # noqa: F401  (every built-in pass module registers itself)
+from ..passes._registry import PassSpec, UnknownPassError, register_pass, registered
 
 __all__ = ["PassSpec", "register_pass", "list_passes", "get_pass", "create_pass", "UnknownPassError"]
 
 
-class UnknownPassError(KeyError):
-    """No pass of that name is registered."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return self.args[0]
-
-
-@dataclass(frozen=True)
-class PassSpec:
-    """A registered pass factory."""
-
-    name: str
-    factory: Callable
-    summary: str
-    needs_args: bool
-
-
-_REGISTRY: dict[str, PassSpec] = {}
-
-
-def _summary(factory) -> str:
-    doc = inspect.getdoc(factory) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
-
-
-def register_pass(name: str | None = None):
-    """Decorator registering a pass factory under ``name`` (default: the factory's name)."""
-
-    def deco(factory):
-        key = name or factory.__name__
-        if key in _REGISTRY and _REGISTRY[key].factory is not factory:
-            raise ValueError(f"pass {key!r} is registered twice")
-        sig = inspect.signature(factory)
-        needs = any(
-            p.default is inspect.Parameter.empty
-            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            for p in sig.parameters.values()
-        )
-        _REGISTRY[key] = PassSpec(key, factory, _summary(factory), needs)
-        return factory
-
-    return deco
-
-
-def _load_builtin() -> None:
-    from .. import passes  # noqa: F401  (imports every pass module, which registers itself)
-
-
 def list_passes() -> list[PassSpec]:
     """All registered passes, sorted by name."""
-    _load_builtin()
-    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+    table = registered()
+    return [table[k] for k in sorted(table)]
 
 
 def get_pass(name: str) -> PassSpec:
     """The spec registered under ``name``; :class:`UnknownPassError` lists the known names."""
-    _load_builtin()
+    table = registered()
     try:
-        return _REGISTRY[name]
+        return table[name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
+        known = ", ".join(sorted(table)) or "none"
         raise UnknownPassError(f"unknown pass {name!r}; registered passes: {known}") from None
 
 
