@@ -7,20 +7,18 @@ Rewrites::
     # depthwise_conv2d_NCHWc(pad(x, 0), w, padding=p)      -> depthwise_conv2d_NCHWc(x, w, padding=p + pad)
     # qnn.conv2d(pad(x, zx), w, zx, zw, sx, sw, padding=p) -> qnn.conv2d(x, w, zx, zw, sx, sw, padding=p + pad)
 
-As data: :data:`RULES` (``tvm.relay.dataflow_pattern``), side conditions as named checks.
+As data: :data:`RULES`, rules of the shared shape (``tvm_ext._rules.Rule``: a
+``tvm.relay.dataflow_pattern``, a check giving the folded padding or a Reject, a rewrite), run by
+the shared driver once per pad of a chain.
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``FoldPadIntoConv``.
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import tvm
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
+from tvm_ext._rules import Rule, first_rewrite
 from ._registry import register_pass
 
 from . import _layout
@@ -29,7 +27,6 @@ from ._util import (
     Reject,
     constant_scalar,
     conv_padding,
-    cut_below,
     int_list,
     op_calls,
     op_name,
@@ -45,8 +42,10 @@ _log = pass_logger(PASS_NAME)
 _SPATIAL = ("H", "W")
 #: Folds into one convolution at most (pads of a longer chain stay, with a warning).
 MAX_FOLDS = 16
-#: Calls below the root a rule's pattern looks at (conv -> pad -> x): the matched copy's depth.
+#: Levels of calls a rule's pattern spans (conv -> pad -> x).
 _DEPTH = 2
+#: The convolutions the rules are rooted at.
+_ROOT_OPS = ("nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc", "qnn.conv2d")
 
 
 def spatial_axes(layout: str):
@@ -64,22 +63,7 @@ def spatial_axes(layout: str):
         return Reject(f"layout {layout!r} has no H and W axes")
 
 
-# --- the rules --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rule:
-    """One fold. ``pattern(dfp)`` builds its left side, a call of one conv op, from the module
-    ``tvm.relay.dataflow_pattern`` (built on first use: importing the pass builds no pattern);
-    ``pad_value(conv)`` is the value that conv pads with (a Python scalar) or a Reject."""
-
-    name: str
-    pattern: Callable
-    pad_value: Callable
-
-
-def _pad(dfp):
-    return dfp.is_op("nn.pad")(dfp.wildcard(), dfp.wildcard())  # pad(x, value); widths, mode: attributes
-
-
+# --- side conditions --------------------------------------------------------------------------
 def _zero(conv):  # nn.conv2d and the NCHWc convs pad with 0
     return 0
 
@@ -89,47 +73,16 @@ def _input_zero_point(conv):  # qnn.conv2d pads with its input zero point (args[
     return Reject("input zero point is not a constant scalar") if zp is None else zp
 
 
-#: Ordered rule table (order is priority).
-RULES = (
-    # conv2d(pad(x, 0), w, padding=p)                      -> conv2d(x, w, padding=p + pad)
-    Rule(f"{PASS_NAME}.conv2d",
-         lambda dfp: dfp.is_op("nn.conv2d")(_pad(dfp), dfp.wildcard()), _zero),
-    # conv2d_NCHWc(pad(x, 0), w, padding=p)                -> conv2d_NCHWc(x, w, padding=p + pad)
-    Rule(f"{PASS_NAME}.conv2d_NCHWc",
-         lambda dfp: dfp.is_op("nn.contrib_conv2d_NCHWc")(_pad(dfp), dfp.wildcard()), _zero),
-    # depthwise_conv2d_NCHWc(pad(x, 0), w, padding=p)      -> depthwise_conv2d_NCHWc(x, w, padding=p + pad)
-    Rule(f"{PASS_NAME}.depthwise_conv2d_NCHWc",
-         lambda dfp: dfp.is_op("nn.contrib_depthwise_conv2d_NCHWc")(_pad(dfp), dfp.wildcard()), _zero),
-    # qnn.conv2d(pad(x, zx), w, zx, zw, sx, sw, padding=p) -> qnn.conv2d(x, w, zx, zw, sx, sw, padding=p + pad)
-    Rule(f"{PASS_NAME}.qnn_conv2d",
-         lambda dfp: dfp.is_op("qnn.conv2d")(_pad(dfp), *(dfp.wildcard() for _ in range(5))), _input_zero_point),
-)
-
-
-@functools.cache
-def _table() -> dict:
-    """conv op -> [(rule, its pattern)] in table order: only calls of these ops are matched."""
-    by_op: dict = {}
-    for rule in RULES:
-        pattern = rule.pattern(dfp)
-        op = getattr(getattr(pattern, "op", None), "expr", None)
-        if not isinstance(pattern, dfp.CallPattern) or not isinstance(op, tvm.ir.Op):
-            raise ValueError(f"{rule.name}: the pattern must be a call of one op, not {pattern}")
-        by_op.setdefault(op.name, []).append((rule, pattern))
-    return by_op
-
-
-# --- side conditions --------------------------------------------------------------------------
-def _constant_mode(rule, conv, pad):
+def _constant_mode(conv, pad, pad_value):
     mode = str(pad.attrs.pad_mode)
     return True if mode == "constant" else Reject(f"pad mode {mode!r} (only 'constant' folds)")
 
 
-def _pads_with_conv_value(rule, conv, pad):
+def _pads_with_conv_value(conv, pad, pad_value):
     value = constant_scalar(pad.args[1])
     if value is None:
         return Reject("pad value is not a constant scalar")
-    expected = rule.pad_value(conv)
+    expected = pad_value(conv)
     if isinstance(expected, Reject):
         return expected
     if value != expected:
@@ -137,7 +90,7 @@ def _pads_with_conv_value(rule, conv, pad):
     return True
 
 
-def _static_shapes(rule, conv, pad):
+def _static_shapes(conv, pad, pad_value):
     for e in (pad.args[0], pad, conv):
         ok = static_tensor_type(e)
         if not ok:
@@ -170,27 +123,33 @@ def _conv_padding(conv):
     return old if old is not None else Reject(f"conv padding {list(conv.attrs.padding)} is not 1, 2 or 4 constants")
 
 
-def _folded_padding(rule, conv):
-    """``conv``'s padding with the pad it reads added ([t, l, b, r]), or the first check's Reject."""
-    pad = conv.args[0]
-    for check in (_constant_mode, _pads_with_conv_value, _static_shapes):
-        ok = check(rule, conv, pad)
-        if not ok:
-            return ok
-    hw = _spatial_widths(conv, pad)
-    if not hw:
-        return hw
-    old = _conv_padding(conv)
-    if not old:
-        return old
-    (top, bottom), (left, right) = hw
-    return [old[0] + top, old[1] + left, old[2] + bottom, old[3] + right]
+def _folded_padding(pad_value):
+    """The rule's check: ``conv``'s padding with the pad it reads added ([t, l, b, r]), or the first
+    side condition's Reject; ``pad_value(conv)`` is the value that conv pads with, or a Reject."""
+    def check(conv):
+        pad = conv.args[0]
+        for condition in (_constant_mode, _pads_with_conv_value, _static_shapes):
+            ok = condition(conv, pad, pad_value)
+            if not ok:
+                return ok
+        hw = _spatial_widths(conv, pad)
+        if not hw:
+            return hw
+        old = _conv_padding(conv)
+        if not old:
+            return old
+        (top, bottom), (left, right) = hw
+        return [old[0] + top, old[1] + left, old[2] + bottom, old[3] + right]
+
+    return check
 
 
 # --- the rewrite ------------------------------------------------------------------------------
-def _with_padding(conv, padding, data):
-    """``conv`` reading ``data`` (below its pad), with ``padding``; every other attribute kept."""
+def _with_padding(conv, padding):
+    """The rules' rewrite: ``conv`` reading the input of its pad, with ``padding``; every other
+    attribute kept."""
     a = conv.attrs
+    data = conv.args[0].args[0]
     common = dict(strides=a.strides, padding=padding, dilation=a.dilation, groups=a.groups,
                   channels=a.channels, kernel_size=a.kernel_size, data_layout=str(a.data_layout),
                   kernel_layout=str(a.kernel_layout), out_layout=str(a.out_layout),
@@ -207,44 +166,56 @@ def _with_padding(conv, padding, data):
     return relay.Call(new.op, new.args, new.attrs, conv.type_args, conv.span)
 
 
-def _fold_once(conv):
-    """``(rule, padding, replacement)`` of the first rule whose pattern matches ``conv`` and whose
-    checks pass, or None; each rejection is logged under its rule's name."""
-    local = cut_below(conv, _DEPTH)
-    for rule, pattern in _table()[op_name(conv)]:
-        if not pattern.match(local):
-            continue
-        padding = _folded_padding(rule, conv)
-        if not padding:
-            _log.debug("%s: pad not folded: %s", rule.name, padding)
-            continue
-        return rule, padding, _with_padding(conv, padding, conv.args[0].args[0])
-    return None
+# --- the rules --------------------------------------------------------------------------------
+def _pad():
+    return dfp.is_op("nn.pad")(dfp.wildcard(), dfp.wildcard())  # pad(x, value); widths, mode: attributes
 
 
-def _rewrite(conv):
+def _conv(op, n_operands):
+    """``op(pad(x, value), ...)``: a conv of ``op`` reading a pad, with ``n_operands`` more operands."""
+    return dfp.is_op(op)(_pad(), *(dfp.wildcard() for _ in range(n_operands)))
+
+
+#: Ordered rule table (order is priority); each rule's check gives the folded padding.
+RULES = (
+    # conv2d(pad(x, 0), w, padding=p)                      -> conv2d(x, w, padding=p + pad)
+    Rule(f"{PASS_NAME}.conv2d", lambda: _conv("nn.conv2d", 1),
+         _folded_padding(_zero), _with_padding, depth=_DEPTH),
+    # conv2d_NCHWc(pad(x, 0), w, padding=p)                -> conv2d_NCHWc(x, w, padding=p + pad)
+    Rule(f"{PASS_NAME}.conv2d_NCHWc", lambda: _conv("nn.contrib_conv2d_NCHWc", 1),
+         _folded_padding(_zero), _with_padding, depth=_DEPTH),
+    # depthwise_conv2d_NCHWc(pad(x, 0), w, padding=p)      -> depthwise_conv2d_NCHWc(x, w, padding=p + pad)
+    Rule(f"{PASS_NAME}.depthwise_conv2d_NCHWc", lambda: _conv("nn.contrib_depthwise_conv2d_NCHWc", 1),
+         _folded_padding(_zero), _with_padding, depth=_DEPTH),
+    # qnn.conv2d(pad(x, zx), w, zx, zw, sx, sw, padding=p) -> qnn.conv2d(x, w, zx, zw, sx, sw, padding=p + pad)
+    Rule(f"{PASS_NAME}.qnn_conv2d", lambda: _conv("qnn.conv2d", 5),
+         _folded_padding(_input_zero_point), _with_padding, depth=_DEPTH),
+)
+
+
+# --- the pass ---------------------------------------------------------------------------------
+def _fold_all(conv):
     """``conv`` with every pad the rules accept folded in, one after the other (a pad of a pad)."""
     new = conv
     for folds in range(MAX_FOLDS + 1):
-        found = _fold_once(new)
-        if found is None:
+        found = first_rewrite(RULES, new, _log)
+        if not found:
             break
-        rule, padding, folded = found
         if folds == MAX_FOLDS:
-            _log.warning("%s: %d pads folded into one %s; the rest of the chain stays", rule.name, MAX_FOLDS,
+            _log.warning("%s: %d pads folded into one %s; the rest of the chain stays", found.rule.name, MAX_FOLDS,
                          op_name(conv))
             break
-        _log.info("%s: folded pad into %s padding=%s", rule.name, op_name(conv), padding)
-        relay.transform.InferTypeLocal(folded)  # the next match's checks read its type
-        new = folded
+        _log.info("%s: folded pad into %s padding=%s", found.rule.name, op_name(conv), found.found)
+        relay.transform.InferTypeLocal(found.new)  # the next match's checks read its type
+        new = found.new
     return new
 
 
 def _collect(nodes, users, body):
-    """{conv: conv with its pads folded} for every call of a rule's op that folds."""
+    """{conv: conv with its pads folded} for every call of a rule's root op that folds."""
     subst: dict = {}
-    for conv in op_calls(nodes, _table()):
-        new = _rewrite(conv)
+    for conv in op_calls(nodes, _ROOT_OPS):
+        new = _fold_all(conv)
         if new is not conv:
             subst[conv] = new
     return subst

@@ -5,7 +5,8 @@ Rewrites::
     # conv(pad(x, z), w)                   -> add(conv(x, w, padding=p + pad), cast(C, int32))
     # conv(layout_transform(pad(x, z)), w) -> add(conv(layout_transform(x), w, padding=p + pad), cast(C, int32))
 
-As data: :data:`RULES` (``tvm.relay.dataflow_pattern``), side conditions as named checks.
+As data: :data:`RULES`, rules of the shared shape (``tvm_ext._rules.Rule``): a dataflow pattern, a
+check (named side conditions, then the border constant), a rewrite.
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``FoldZeroPointPadIntoConv``.
 """
@@ -13,8 +14,6 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,6 +21,7 @@ import tvm
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
+from tvm_ext._rules import Rule, first_rewrite
 from ._registry import register_pass
 
 from . import _layout
@@ -30,7 +30,6 @@ from ._util import (
     Reject,
     constant_scalar,
     conv_padding,
-    cut_below,
     fixed_point,
     function_pass,
     int_list,
@@ -125,46 +124,6 @@ def _hw(layout: str):
     if len(pos) != 2:
         return Reject(f"layout {layout!r} has no H and W axes")
     return tuple(sorted(pos, key=lambda i: axes[i][0]))  # (H, W)
-
-
-# --- the rules --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rule:
-    """One fold. ``pattern(dfp)`` builds its left side, rooted at a call of :data:`CONV_OPS`, from the
-    module ``tvm.relay.dataflow_pattern`` (built on first use: importing the pass builds no pattern);
-    ``operands(conv)`` names the matched nodes: ``(pad, layout_transform or None)``."""
-
-    name: str
-    pattern: Callable
-    operands: Callable
-
-
-def _conv(dfp):
-    return functools.reduce(operator.or_, (dfp.is_op(op) for op in CONV_OPS))
-
-
-def _pad(dfp):
-    return dfp.is_op("nn.pad")(dfp.wildcard(), dfp.wildcard())  # pad(x, value); widths, mode: attributes
-
-
-#: Ordered rule table (order is priority). C = conv(pad(zeros_like(x), z), w), a constant.
-RULES = (
-    # conv(pad(x, z), w)                   -> add(conv(x, w, padding=p + pad), cast(C, int32))
-    Rule(f"{PASS_NAME}.pad",
-         lambda dfp: _conv(dfp)(_pad(dfp), dfp.wildcard()),
-         lambda conv: (conv.args[0], None)),
-    # conv(layout_transform(pad(x, z)), w) -> add(conv(layout_transform(x), w, padding=p + pad), cast(C, int32))
-    Rule(f"{PASS_NAME}.layout_transform_of_pad",
-         lambda dfp: _conv(dfp)(dfp.is_op("layout_transform")(_pad(dfp)), dfp.wildcard()),
-         lambda conv: (conv.args[0].args[0], conv.args[0])),
-)
-#: Calls below the root the rules' patterns look at (conv -> layout_transform -> pad -> x).
-_DEPTH = 3
-
-
-@functools.cache
-def _patterns() -> tuple:
-    return tuple(rule.pattern(dfp) for rule in RULES)
 
 
 # --- side conditions (in the order they are tried; the first rejection is logged) --------------
@@ -313,34 +272,68 @@ def _rebuilt_conv(conv, data, padding):
     return relay.Call(new.op, new.args, new.attrs, conv.type_args, conv.span)
 
 
-def _fold(rule, conv, users):
-    """The replacement of ``conv`` (and the constant's dtype and size), or the first check's Reject."""
-    pad, lt = rule.operands(conv)
+def _operands(conv):
+    """``(pad, layout_transform or None)`` under ``conv`` (the rules' patterns matched one of them)."""
+    lt = conv.args[0] if op_name(conv.args[0]) == "layout_transform" else None
+    return (lt.args[0] if lt is not None else conv.args[0]), lt
+
+
+def _folds(conv, users):
+    """The rules' check: ``(pad_hw, the border constant C, its narrowest dtype)``, or the first
+    side condition's Reject."""
+    pad, lt = _operands(conv)
     for check in _CHECKS:
         ok = check(conv, pad, lt, users)
         if not ok:
             return ok
     pad_hw = _pad_hw(conv, pad, lt)
-    value = int(constant_scalar(pad.args[1]))
-    full = _constant(conv, pad_hw, value)
+    full = _constant(conv, pad_hw, int(constant_scalar(pad.args[1])))
     if isinstance(full, Reject):
         return full
+    lo, hi = int(full.min()), int(full.max())
+    if lo == hi == 0:
+        return pad_hw, full, None
+    if lo < _NARROW[-1][1] or hi > _NARROW[-1][2]:
+        return Reject(f"border constant [{lo}, {hi}] exceeds int32")
+    return pad_hw, full, next(name for name, tlo, thi in _NARROW if tlo <= lo and hi <= thi)
+
+
+def _folded(conv, found, users):
+    """The rules' rewrite: ``conv`` reading ``x`` with the pad in its padding, plus the border
+    constant (none when it is zero), cast to int32."""
+    pad_hw, full, dtype = found
+    pad, lt = _operands(conv)
     q = conv_padding(conv.attrs)
     padding = [q[0] + pad_hw[0][0], q[1] + pad_hw[1][0], q[2] + pad_hw[0][1], q[3] + pad_hw[1][1]]
     x = pad.args[0]
     data = relay.Call(lt.op, [x], lt.attrs, lt.type_args, lt.span) if lt is not None else x
     new = _rebuilt_conv(conv, data, padding)
-    lo, hi = int(full.min()), int(full.max())
-    if lo == hi == 0:
-        return new, "int8", 0
-    if lo < _NARROW[-1][1] or hi > _NARROW[-1][2]:
-        return Reject(f"border constant [{lo}, {hi}] exceeds int32")
-    dtype = next(name for name, tlo, thi in _NARROW if tlo <= lo and hi <= thi)
+    if dtype is None:
+        return new
     const = relay.const(tvm.nd.array(full.astype(dtype)))
-    corr = const if dtype == "int32" else relay.cast(const, "int32")
-    return relay.add(new, corr), dtype, full.size
+    return relay.add(new, const if dtype == "int32" else relay.cast(const, "int32"))
 
 
+# --- the rules --------------------------------------------------------------------------------
+def _conv(data):
+    return functools.reduce(operator.or_, (dfp.is_op(op) for op in CONV_OPS))(data, dfp.wildcard())
+
+
+def _pad():
+    return dfp.is_op("nn.pad")(dfp.wildcard(), dfp.wildcard())  # pad(x, value); widths, mode: attributes
+
+
+#: Ordered rule table (order is priority). C = conv(pad(zeros_like(x), z), w), a constant.
+RULES = (
+    # conv(pad(x, z), w)                   -> add(conv(x, w, padding=p + pad), cast(C, int32))
+    Rule(f"{PASS_NAME}.pad", lambda: _conv(_pad()), _folds, _folded, depth=2),
+    # conv(layout_transform(pad(x, z)), w) -> add(conv(layout_transform(x), w, padding=p + pad), cast(C, int32))
+    Rule(f"{PASS_NAME}.layout_transform_of_pad", lambda: _conv(dfp.is_op("layout_transform")(_pad())),
+         _folds, _folded, depth=3),
+)
+
+
+# --- the pass ---------------------------------------------------------------------------------
 def _run(func):
     """Sweeps of :func:`_sweep` until none folds, at most :data:`MAX_ROUNDS` (then an error)."""
     return fixed_point(func, _sweep, PASS_NAME, MAX_ROUNDS)
@@ -354,19 +347,13 @@ def _sweep(func):
 def _collect(nodes, users, body):
     subst: dict = {}
     for conv in op_calls(nodes, CONV_OPS):
-        local = cut_below(conv, _DEPTH)
-        for rule, pattern in zip(RULES, _patterns()):
-            if not pattern.match(local):
-                continue
-            folded = _fold(rule, conv, users)
-            if isinstance(folded, Reject):
-                _log.debug("%s: %s not folded: %s", rule.name, op_name(conv), folded)
-                continue
-            new, dtype, size = folded
-            _log.info("%s: %s %s: zero-point pad folded; border constant %s x %d added in the epilogue",
-                      rule.name, op_name(conv), list(static_shape(conv)), dtype, size)
-            subst[conv] = new
-            break
+        found = first_rewrite(RULES, conv, _log, users)
+        if not found:
+            continue
+        _, full, dtype = found.found
+        _log.info("%s: %s %s: zero-point pad folded; border constant %s x %d added in the epilogue",
+                  found.rule.name, op_name(conv), list(static_shape(conv)), dtype or "int8", full.size if dtype else 0)
+        subst[conv] = found.new
     return subst
 
 
