@@ -1,0 +1,58 @@
+"""Multiply-accumulates of a fused Relay function's convolutions and dense layers, from its types.
+
+A conv's MACs = output elements x (input channels / groups) x kernel height x kernel width, the
+channels read off the data layout (``C`` times ``c`` for blocked layouts such as ``NCHW16c``); a dense
+or batch matmul's = output elements x the reduced dimension (the data's last axis).
+"""
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = ["macs"]
+
+
+def _shape(expr) -> list:
+    return [int(d) for d in expr.checked_type.shape]
+
+
+def _channels(shape, layout: str) -> int:
+    n = 1
+    for dim, letter in zip(shape, layout):
+        if letter in "Cc":
+            n *= dim
+    return n
+
+
+def _call_macs(call) -> int:
+    name = call.op.name
+    if "conv2d" in name and "transpose" not in name:
+        out = _shape(call)
+        data = _shape(call.args[0])
+        layout = re.sub(r"\d", "", str(call.attrs.data_layout) or "NCHW")  # NCHW16c -> NCHWc
+        if len(layout) != len(data):
+            return 0
+        kh, kw = (int(k) for k in call.attrs.kernel_size) if call.attrs.kernel_size else _shape(call.args[1])[2:4]
+        return math.prod(out) * _channels(data, layout) // int(call.attrs.groups) * kh * kw
+    if "dense" in name or "matmul" in name:
+        return math.prod(_shape(call)) * _shape(call.args[0])[-1]
+    return 0
+
+
+def macs(func) -> int:
+    """Sum of the MACs of the convolutions and dense layers called in Relay function ``func``."""
+    import tvm
+    from tvm import relay
+
+    total = 0
+
+    def visit(node):
+        nonlocal total
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            try:
+                total += _call_macs(node)
+            except (AttributeError, ValueError, TypeError):  # an untyped or shape-polymorphic call
+                pass
+
+    relay.analysis.post_order_visit(func, visit)
+    return total
