@@ -58,7 +58,7 @@ class McaResult:
             return "dependencies"
         ports = sorted(((v, k) for k, v in b.items() if k not in ("Resource Pressure", "Data Dependencies",
                                                                    "Register Dependencies", "Memory Dependencies")),
-                       reverse=True)
+                       key=lambda vk: (-vk[0], vk[1]))
         top = [k for v, k in ports if v >= 0.9 * ports[0][0]] if ports else []
         return "ports " + "/".join(top) if top else "ports"
 

