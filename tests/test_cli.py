@@ -124,7 +124,7 @@ def test_tune_usage_errors(tmp_path):
     model = tiny_onnx(tmp_path / "tiny.onnx")
     _one_line_error(run_cli("tune", str(model), "--budget", "0"), "--budget")
     _one_line_error(run_cli("tune", str(model), "--target", "llvm -mtriple=aarch64-linux-gnu"),
-                    "is for aarch64, which cannot run here; give --rpc HOST:PORT")
+                    "is for aarch64, which cannot run here; give --rpc HOST[:PORT]")
 
 
 def test_tune_a_float_model_writes_no_records(tmp_path):

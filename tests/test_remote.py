@@ -18,7 +18,8 @@ from tvm_ext.tools.cli import main
 from tvm_ext.tools.deploy import DeployError
 from tvm_ext.tools.tune import write_records
 from tvm_ext.tools.tune_remote import Boards, _layout_candidates
-from tvm_ext.x86 import isa, tuning
+from tvm_ext.backend.select import isa_class
+from tvm_ext.x86 import tuning
 from tvm_ext.x86.target import build_target
 
 N1 = "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod"
@@ -62,7 +63,8 @@ def tracker():
         trk.terminate()
 
 
-@pytest.mark.parametrize("address, error", [("localhost", "expected HOST:PORT"), ("h:x", "not an integer")])
+@pytest.mark.parametrize("address, error", [(":9090", r"expected HOST\[:PORT\]"), ("h:x", "not an integer"),
+                                            ("fe80::1", r"IPv6 address as \[ADDR\]")])
 def test_bad_address(address, error):
     with pytest.raises(DeployError, match=error):
         Boards.open(rpc=address)
@@ -92,7 +94,7 @@ def test_a_peer_that_does_not_answer_times_out(silent_listener):
 def test_tracker_hands_out_every_board_and_then_none(tracker):
     with pytest.raises(DeployError, match=r"no board with key 'phone' \(keys: board\)"):
         Boards.open(tracker=tracker, key="phone")
-    with pytest.raises(DeployError, match="needs --key"):
+    with pytest.raises(DeployError, match="needs --rpc-key"):
         Boards.open(tracker=tracker)
     boards = Boards.open(tracker=tracker, key="board", timeout=10)
     assert len(boards.sessions) == 2 and "2 board(s) with key 'board'" in boards.where
@@ -126,15 +128,19 @@ def tiny_onnx(tmp_path_factory):
 
 
 @pytest.mark.parametrize("argv, error", [
-    (["tune", "{m}", "--rpc", "127.0.0.1:9"], "tvm-ext tune: error: --rpc/--tracker measure on a remote board: "
+    (["tune", "{m}", "--rpc", "127.0.0.1:9"], "tvm-ext tune: error: --rpc/--rpc-tracker measure on a remote board: "
                                               "give its --target"),
-    (["tune", "{m}", "--target", N1], "is for aarch64, which cannot run here; give --rpc HOST:PORT"),
-    (["tune", "{m}", "--key", "board"], "--key selects boards of a --tracker"),
+    (["tune", "{m}", "--target", N1], "is for aarch64, which cannot run here; give --rpc HOST[:PORT]"),
+    (["tune", "{m}", "--key", "board"], "--rpc-key selects the boards of an --rpc-tracker"),
+    (["tune", "{m}", "--rpc-key", "board"], "--rpc-key selects the boards of an --rpc-tracker"),
     (["tune", "{m}", "--rpc", "h:1", "--tracker", "h:2"], "not both"),
-    (["tune", "{m}", "--target", N1, "--tracker", "127.0.0.1:9"], "needs --key KEY"),
-    (["tune", "{m}", "--target", N1, "--rpc", "nowhere"], "expected HOST:PORT"),
-    (["bench", "--model", "{m}", "--rpc", "127.0.0.1:9"], "tvm-ext bench: error: --rpc/--tracker measure on a"),
+    (["tune", "{m}", "--target", N1, "--tracker", "127.0.0.1:9"], "needs --rpc-key KEY"),
+    (["tune", "{m}", "--target", N1, "--rpc-tracker", "127.0.0.1:9"], "needs --rpc-key KEY"),
+    (["tune", "{m}", "--target", N1, "--rpc", "nowhere:port"], "port 'port' is not an integer"),
+    (["bench", "--model", "{m}", "--rpc", "127.0.0.1:9"], "tvm-ext bench: error: --rpc/--rpc-tracker measure on a"),
     (["bench", "--model", "{m}", "--target", A72], "is for aarch64, which cannot run here"),
+    (["bench", "--model", "{m}", "--target", A72, "--rpc-tracker", "h", "--rpc", "h"], "not both"),
+    (["bench", "--model", "{m}", "--target", A72, "--rpc-tracker", "h"], "needs --rpc-key KEY"),
 ])
 def test_cli_refuses_in_one_line(tiny_onnx, capsys, argv, error):
     assert main([a.replace("{m}", tiny_onnx) for a in argv]) == 2
@@ -160,7 +166,7 @@ def test_emulation_is_none_for_a_plain_session():
 ])
 def test_aarch64_record_keys(target, cls, name):
     tgt = build_target(target)
-    assert isa.target_class(tgt) == cls and tuning.records_name(tgt) == name
+    assert isa_class(tgt) == cls and tuning.records_name(tgt) == name
     assert tuning.records_name(build_target("llvm -mcpu=x86-64-v3")) == "x86_int8_x86-64-v3_avx2.log"
 
 
@@ -190,5 +196,9 @@ def test_bench_labels_emulation_only_when_the_server_says_so():
     assert _board_lines({}) == []
     board = _board_lines({"rpc": {"address": "10.0.0.7:9090", "emulated": None}})
     assert len(board) == 1 and "TVM RPC server 10.0.0.7:9090" in board[0] and "emulat" not in board[0]
+    tracked = _board_lines({"rpc": {"address": "10.0.0.1:9190", "key": "rpi5", "emulated": None,
+                                    "features": ["asimd", "asimddp", "fp"]}})
+    assert "a board with key `rpi5` from the TVM RPC tracker 10.0.0.1:9190" in tracked[0]
+    assert len(tracked) == 2 and tracked[1].endswith("asimd asimddp fp")
     emulated = _board_lines({"rpc": {"address": "127.0.0.1:9090", "emulated": "qemu-user"}})
     assert len(emulated) == 2 and "**under emulation (qemu-user)**" in emulated[1]

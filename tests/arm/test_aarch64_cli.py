@@ -95,8 +95,9 @@ def test_compile_so_without_cross_compiler_says_so(model, capsys, monkeypatch, t
     assert not (d / "nocc.so").exists()
 
 
-@pytest.mark.parametrize("text, error", [("localhost", "expected HOST:PORT"), (":9090", "expected HOST:PORT"),
-                                         ("h:x", "not an integer"), ("h:70000", "out of range")])
+@pytest.mark.parametrize("text, error", [(":9090", r"expected HOST\[:PORT\]"), ("", r"expected HOST\[:PORT\]"),
+                                         ("h:x", "not an integer"), ("h:70000", "out of range"),
+                                         ("::1", r"\[ADDR\]:PORT"), ("[::1", r"expected HOST\[:PORT\]")])
 def test_parse_address_rejects(text, error):
     with pytest.raises(deploy.DeployError, match=error):
         parse_address(text)
@@ -105,3 +106,6 @@ def test_parse_address_rejects(text, error):
 def test_parse_address():
     assert parse_address("127.0.0.1:9090") == ("127.0.0.1", 9090)
     assert parse_address("[::1]:9090") == ("::1", 9090)
+    assert parse_address("board.local") == ("board.local", 9090)  # TVM's and tvmc's default port
+    assert parse_address("[::1]") == ("::1", 9090)
+    assert parse_address("10.0.0.7:9190") == ("10.0.0.7", 9190)

@@ -26,8 +26,11 @@ can label what it measured as emulated.
 The server also ends when the thread that started it exits (``PR_SET_PDEATHSIG``), so a test
 process killed from outside leaves no emulated server behind.
 
-``python -m tvm_ext.testing.aarch64 [--port N] [--tracker HOST:PORT --key KEY]`` serves until
-interrupted, for ``tvm-ext run/bench/tune --rpc`` (or ``tune --tracker``) by hand (docs/arm.md).
+``rpc_server(cpu=...)`` picks the CPU qemu emulates (``QEMU_CPU``; default ``max``, with every
+feature qemu implements): a ``cortex-a72`` server lacks dotprod, as a Raspberry Pi 4 does.
+
+``python -m tvm_ext.testing.aarch64 [--port N] [--cpu CPU] [--tracker HOST:PORT --key KEY]`` serves
+until interrupted, for ``tvm-ext run/bench/tune --rpc`` (or ``--rpc-tracker``) by hand (docs/arm.md).
 """
 from __future__ import annotations
 
@@ -214,7 +217,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None, start_timeout: float = 300.0,
-               tracker: Optional[str] = None, key: str = "") -> Iterator[RPCServer]:
+               tracker: Optional[str] = None, key: str = "", cpu: Optional[str] = None) -> Iterator[RPCServer]:
     """TVM's RPC server in the emulated aarch64 Python, on 127.0.0.1.
 
     Parameters
@@ -228,6 +231,9 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None, start_t
     tracker, key : str, optional
         ``HOST:PORT`` of a TVM RPC tracker to register with, under ``key`` (then clients reach the
         server through the tracker only: it accepts the match key the tracker hands out).
+    cpu : str, optional
+        The CPU qemu emulates (``QEMU_CPU``: ``cortex-a72``, ``neoverse-n1``, ...; ``qemu-aarch64 -cpu
+        help`` lists them). Default qemu's ``max``, which has every feature qemu implements.
 
     Yields
     ------
@@ -251,9 +257,13 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None, start_t
     main = _SERVER_MAIN.format(python=str(env.python), func=EMULATION_FUNC, label=EMULATION_LABEL, host=host,
                                port=port, port_end=port + 1, key=key, tracker=tracker_addr)
     cmd = [str(env.python), "-c", main]
-    logger.info("starting aarch64 RPC server under qemu: %s:%d", host, port)
+    logger.info("starting aarch64 RPC server under qemu (cpu %s): %s:%d", cpu or "max", host, port)
+    environ = dict(os.environ)
+    environ.pop("QEMU_CPU", None)
+    if cpu:
+        environ["QEMU_CPU"] = cpu  # qemu-user reads it; the server's worker and sessions inherit it
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True,
+                            text=True, start_new_session=True, env=environ,
                             preexec_fn=_die_with_parent() if sys.platform == "linux" else None)
     log: list = []
     listening = threading.Event()
@@ -353,11 +363,12 @@ def main(argv=None) -> int:  # pragma: no cover - interactive
     parser.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker (needs --key)")
     parser.add_argument("--key", default="", help="the key to register under (e.g. qemu-aarch64)")
+    parser.add_argument("--cpu", help="the CPU qemu emulates (QEMU_CPU, e.g. cortex-a72; default max)")
     args = parser.parse_args(argv)
     if args.tracker and not args.key:
         parser.error("--tracker needs --key")
     try:
-        with rpc_server(port=args.port, tracker=args.tracker, key=args.key) as server:
+        with rpc_server(port=args.port, tracker=args.tracker, key=args.key, cpu=args.cpu) as server:
             via = f", registered with the tracker {args.tracker} as {args.key!r}" if args.tracker else ""
             print(f"aarch64 TVM RPC server (qemu-user) listening on {server.address}{via}; Ctrl-C stops it",
                   flush=True)

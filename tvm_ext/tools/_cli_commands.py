@@ -271,18 +271,23 @@ def cmd_bench(args) -> int:
     from . import _remote
     from .deploy import DeployError
 
+    remote = bool(args.rpc or args.rpc_tracker)
     try:
-        _remote.check_remote_target(_compile_target(args.target), bool(args.rpc))
-        if args.rpc:
-            _remote.parse_address(args.rpc)
+        _remote.check_remote_options(args.rpc, args.rpc_tracker, args.rpc_key)
+        _remote.check_remote_target(_compile_target(args.target), remote)
+        for address in (args.rpc, args.rpc_tracker):
+            if address:
+                _remote.parse_address(address)
     except DeployError as err:
         raise UsageError(str(err)) from None
     stock = _resolve_target(args.target)
     if args.rpc:
         print(f"board: TVM RPC server {args.rpc}", flush=True)
+    elif args.rpc_tracker:
+        print(f"board: a board with key {args.rpc_key!r} from the TVM RPC tracker {args.rpc_tracker}", flush=True)
     print(f"stock target: {stock}", flush=True)
     print(f"tvm-ext target: {build_target(args.target)}", flush=True)
-    if args.rpc:
+    if remote:
         print(f"threads: the board's TVM runtime's; repeat {args.repeat}", flush=True)
     else:
         print(f"threads: {args.threads} per engine (TVM_NUM_THREADS, ORT intra-op, OpenVINO inference threads), "
@@ -291,7 +296,7 @@ def cmd_bench(args) -> int:
         results = run(variants, model=args.model, target=args.target, repeat=args.repeat, threads=args.threads,
                       out=args.out, small=args.small, tuned=not args.untuned,
                       compare_untuned=args.compare_untuned, numerics=args.numerics, ort_isa=args.ort_isa,
-                      rpc=args.rpc, timeout=args.timeout)
+                      rpc=args.rpc, tracker=args.rpc_tracker, key=args.rpc_key, timeout=args.rpc_timeout)
     except ValueError as err:  # DeployError is one
         raise UsageError(str(err).splitlines()[0]) from None
     print()
@@ -310,22 +315,19 @@ def cmd_tune(args) -> int:
         raise UsageError("give one ONNX model, or --zoo for the benchmark models")
     if args.budget <= 0:
         raise UsageError("--budget must be positive (minutes)")
-    if args.rpc and args.tracker:
-        raise UsageError("give --rpc HOST:PORT or --tracker HOST:PORT --key KEY, not both")
-    if args.key and not args.tracker:
-        raise UsageError("--key selects boards of a --tracker")
-    if args.trials is not None and args.trials < 0:
-        raise UsageError("--trials must be >= 0")
-    remote = bool(args.rpc or args.tracker)
+    if args.trials_per_conv is not None and args.trials_per_conv < 0:
+        raise UsageError("--trials-per-conv must be >= 0")
+    remote = bool(args.rpc or args.rpc_tracker)
     target = _tvm_ext_target(args.target)
     try:
+        _remote.check_remote_options(args.rpc, args.rpc_tracker, args.rpc_key)
         _remote.check_remote_target(target if args.target else None, remote)
         if remote:
             from .tune_remote import Boards
 
             # the boards end their sessions a little after the budget: a kernel hanging there cannot hold the run
-            boards = Boards.open(rpc=args.rpc, tracker=args.tracker, key=args.key, timeout=args.timeout,
-                                 session_timeout=args.budget * 60 + 2 * args.timeout)
+            boards = Boards.open(rpc=args.rpc, tracker=args.rpc_tracker, key=args.rpc_key, timeout=args.rpc_timeout,
+                                 session_timeout=args.budget * 60 + 2 * args.rpc_timeout, target=target)
     except DeployError as err:
         raise UsageError(str(err)) from None
     passes = pipelines.int8() if args.pipeline == "int8" else parse_pass_list(args.passes)
@@ -353,7 +355,7 @@ def cmd_tune(args) -> int:
                 from .tune_remote import tune_model_remote
 
                 res = tune_model_remote(mod, params, target, passes, boards, budget_s=args.budget * 60 / len(models),
-                                        trials=args.trials, progress=say, skip=done)
+                                        trials=args.trials_per_conv, progress=say, skip=done)
             else:
                 res = tune_model(mod, params, target, passes, budget_s=args.budget * 60 / len(models),
                                  layouts=not args.no_layouts, progress=say, skip=done)
@@ -362,7 +364,7 @@ def cmd_tune(args) -> int:
         print(res.table(), flush=True)
         lines += res.records
         done += [r[5] for r in res.rows]
-        written = write_records(lines, target, args.out)  # after each model: an interrupted run keeps its work
+        written = write_records(lines, target, args.output)  # after each model: an interrupted run keeps its work
     on = "for this target's boards" if remote else "on this CPU"
     print(f"wrote {len(lines)} records to {written}; tvm_ext.build applies them {on}", flush=True)
     return 0
@@ -431,6 +433,14 @@ def cmd_compile(args) -> int:
         raise UsageError(f"-o {args.output}: the library must end in .tar or .so")
     if not out.parent.is_dir():
         raise UsageError(f"-o {args.output}: no such directory: {out.parent}")
+    if args.cross_compiler_options and not args.cross_compiler:
+        raise UsageError("--cross-compiler-options needs --cross-compiler")
+    if args.cross_compiler and out.suffix != ".so":
+        raise UsageError(f"--cross-compiler links a .so; -o {args.output} is a .tar of object files, which the "
+                         f"machine that loads it links")
+    import shlex
+
+    options = shlex.split(args.cross_compiler_options or "")
     passes = _pipeline_or_passes(args)
     mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
     target = _compile_target(args.target)
@@ -439,7 +449,8 @@ def cmd_compile(args) -> int:
           f"{target or 'this CPU'}: tvm_ext.build, then export_library", flush=True)
     try:
         res = compile_library(mod, params, out, target=target, passes=passes, opt_level=args.opt_level,
-                              source=str(args.model), pipeline=args.pipeline, amx=args.amx)
+                              source=str(args.model), pipeline=args.pipeline, amx=args.amx, cc=args.cross_compiler,
+                              cc_options=options)
     except (DeployError, UnsupportedByTVM) as err:
         raise UsageError(str(err)) from None
     print(res.summary())
@@ -452,20 +463,97 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _load_npy(text: str):
+def _load_arrays(text: str, flag: str) -> tuple:
+    """``[NAME=]FILE.npy`` -> ``(name or None, {None: array})``; ``FILE.npz`` -> ``(None, {name: array})``."""
     import numpy as np
 
     name, path = (text.split("=", 1) if "=" in text and not Path(text).exists() else (None, text))
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"--input {text}: no such file: {path}")
+        raise UsageError(f"{flag} {text}: no such file: {path}")
     try:
         arr = np.load(p, allow_pickle=False)
+        if not isinstance(arr, np.ndarray):  # an .npz: its arrays by name
+            with arr:
+                arrays = {key: arr[key] for key in arr.files}
+            if name is not None:
+                raise UsageError(f"{flag} {text}: a .npz names its arrays itself; give it without NAME=")
+            return None, arrays
+    except UsageError:
+        raise
     except Exception as err:  # ValueError, OSError, pickle refusals
-        raise UsageError(f"--input {text}: not a .npy array ({str(err).splitlines()[0]})") from None
-    if not isinstance(arr, np.ndarray):
-        raise UsageError(f"--input {text}: {path} holds several arrays (.npz); give one .npy per input")
-    return name, arr
+        raise UsageError(f"{flag} {text}: not a .npy or .npz file ({str(err).splitlines()[0]})") from None
+    return name, {None: arr}
+
+
+def _run_inputs(args) -> tuple:
+    """``(named, positional)`` from ``-i/--inputs FILE.npz`` (tvmc's form) and ``--input [NAME=]FILE``."""
+    named, positional = {}, []
+    items = ([("-i/--inputs", args.inputs)] if args.inputs else []) + [("--input", t) for t in args.input or []]
+    for flag, item in items:
+        if flag == "-i/--inputs" and Path(item).suffix != ".npz":
+            raise UsageError(f"-i/--inputs {item}: must be a .npz (one array per input name); give .npy files "
+                             f"with --input")
+        name, arrays = _load_arrays(item, flag)
+        if None in arrays:
+            if name is None:
+                positional.append(arrays[None])
+                continue
+            arrays = {name: arrays[None]}
+        for key, arr in arrays.items():
+            if key in named:
+                raise UsageError(f"input {key!r} given twice")
+            named[key] = arr
+    return named, positional
+
+
+def _reference_outputs(path: str, feed: dict) -> list:
+    """The outputs to compare with: ``output_0, ...`` of a .npz (``run --outputs``), or an ONNX model run
+    by ONNX Runtime here on the same inputs."""
+    import numpy as np
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--compare-with {path}: no such file")
+    if p.suffix == ".onnx":
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise UsageError("--compare-with MODEL.onnx runs ONNX Runtime, which is not installed") from None
+        try:
+            sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+            return [np.asarray(o) for o in sess.run(None, feed)]
+        except Exception as err:  # ORT's errors: a model or inputs it cannot run
+            raise UsageError(f"--compare-with {path}: ONNX Runtime cannot run it ({str(err).splitlines()[0]})") \
+                from None
+    if p.suffix != ".npz":
+        raise UsageError(f"--compare-with {path}: give a .npz (as --outputs writes it) or an .onnx model")
+    with np.load(p, allow_pickle=False) as z:
+        keys = sorted((k for k in z.files if re.fullmatch(r"output_\d+", k)), key=lambda k: int(k.split("_")[1]))
+        if not keys:
+            raise UsageError(f"--compare-with {path}: no arrays named output_0, output_1, ...")
+        return [z[k] for k in keys]
+
+
+def _compare(outputs: list, reference: list, atol: float) -> bool:
+    """Print, per output, how far it is from the reference; True when every one is within ``atol``."""
+    import numpy as np
+
+    if len(outputs) != len(reference):
+        print(f"compare: {len(outputs)} outputs, the reference has {len(reference)}")
+        return False
+    ok = True
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        if out.shape != ref.shape:
+            print(f"compare: output {i}: shape {list(out.shape)}, the reference's {list(ref.shape)}")
+            ok = False
+            continue
+        diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+        worst = float(diff.max()) if diff.size else 0.0
+        differ = int(np.count_nonzero(diff > atol))
+        print(f"compare: output {i}: max abs diff {worst:g}, {differ} of {diff.size} elements beyond atol {atol:g}")
+        ok = ok and differ == 0
+    return ok
 
 
 def cmd_run(args) -> int:
@@ -473,39 +561,49 @@ def cmd_run(args) -> int:
 
     from .deploy import DeployError, run_library
 
+    from . import _remote
+
     if args.repeat < 0:
         raise UsageError("--repeat must be >= 0")
-    named, positional = {}, []
-    for item in args.input or []:
-        name, arr = _load_npy(item)
-        if name is None:
-            positional.append(arr)
-        elif name in named:
-            raise UsageError(f"--input {name}= given twice")
-        else:
-            named[name] = arr
+    if args.atol < 0:
+        raise UsageError("--atol must be >= 0")
+    named, positional = _run_inputs(args)
     if args.output and Path(args.output).suffix != ".npz":
-        raise UsageError(f"--output {args.output}: must end in .npz")
+        raise UsageError(f"-o/--outputs {args.output}: must end in .npz")
+    remote = bool(args.rpc or args.rpc_tracker)
     try:
-        if args.rpc:
+        _remote.check_remote_options(args.rpc, args.rpc_tracker, args.rpc_key)
+        if remote:
             from .rpc import run_remote
 
-            res = run_remote(args.library, args.rpc, named, positional, repeat=args.repeat)
+            res = run_remote(args.library, args.rpc, named, positional, repeat=args.repeat, tracker=args.rpc_tracker,
+                             key=args.rpc_key, timeout=args.rpc_timeout)
         else:
             res = run_library(args.library, named, positional, repeat=args.repeat)
     except DeployError as err:
         raise UsageError(str(err)) from None
-    where = f", on the RPC server {res.meta['rpc']}" if args.rpc else ""
+    where = (f", on the RPC server {res.meta['rpc']}" if args.rpc else f", on {res.meta['rpc']}") if remote else ""
     print(f"library: {args.library} (target {res.meta['target']}, {res.meta.get('num_kernels', '?')} kernels{where})")
     for i, out in enumerate(res.outputs):
         flat = out.reshape(-1)
         head = np.array2string(flat[:6], precision=4, separator=", ", max_line_width=200)
         more = " ..." if flat.size > 6 else ""
         print(f"output {i}: {out.dtype}{list(out.shape)}  {head}{more}")
+    if remote:
+        feats = res.meta.get("remote_features")
+        print(f"remote CPU features: {' '.join(feats) if feats is not None else '(not read: not checked)'}")
     if res.latency_ms is not None:
-        timed = ", timed by the server" if args.rpc else ""
+        timed = ", timed by the server" if remote else ""
         print(f"latency: {res.latency_ms:.3f} ms (median of {res.repeat} runs{timed})")
     if args.output:
         np.savez(args.output, **{f"output_{i}": o for i, o in enumerate(res.outputs)})
         print(f"wrote {args.output} (output_0..output_{len(res.outputs) - 1})")
+    if args.compare_with:
+        from .deploy import match_inputs
+
+        feed = match_inputs(res.meta, named, positional)
+        if not _compare(res.outputs, _reference_outputs(args.compare_with, feed), args.atol):
+            print(f"compare: the outputs differ from {args.compare_with}")
+            return 1
+        print(f"compare: the outputs match {args.compare_with}")
     return 0

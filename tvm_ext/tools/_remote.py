@@ -5,10 +5,12 @@ Design note
 A leaf below :mod:`tvm_ext.tools.rpc`, :mod:`tvm_ext.tools.bench` and :mod:`tvm_ext.tools.tune_remote`
 (it imports only :mod:`tvm_ext.tools.deploy`). A board is reached one of two ways:
 
-* directly, ``HOST:PORT`` of ``python -m tvm.exec.rpc_server`` (:func:`connect`);
-* through TVM's tracker, ``HOST:PORT`` of ``python -m tvm.exec.rpc_tracker`` and the key the boards
-  registered with (:func:`request`): the tracker hands out a free board of that key; several
-  requests get several boards.
+* directly, ``HOST[:PORT]`` of ``python -m tvm.exec.rpc_server`` (:func:`connect`; ``--rpc``);
+* through TVM's tracker, ``HOST[:PORT]`` of ``python -m tvm.exec.rpc_tracker`` and the key the boards
+  registered with (:func:`request`; ``--rpc-tracker`` and ``--rpc-key``, as tvmc names them): the
+  tracker hands out a free board of that key; several requests get several boards.
+
+:func:`open_session` takes either. A port left out is 9090 (:data:`DEFAULT_PORT`), as in tvmc.
 
 Every way of failing is one line (:class:`tvm_ext.tools.deploy.DeployError`): a malformed address,
 nothing listening, a tracker that does not know the key, no board free within the timeout, a peer
@@ -34,8 +36,9 @@ from .deploy import DeployError, cross_cxx, foreign_arch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["parse_address", "last_line", "connect", "request", "tracker_keys", "emulation", "upload_and_load",
-           "shared_object", "check_remote_target", "EMULATION_FUNC", "DEFAULT_TIMEOUT"]
+__all__ = ["parse_address", "last_line", "connect", "request", "open_session", "tracker_keys", "emulation",
+           "upload_and_load", "shared_object", "check_remote_target", "check_remote_options", "EMULATION_FUNC",
+           "DEFAULT_TIMEOUT", "DEFAULT_PORT"]
 
 #: The global function an emulated RPC server registers in its sessions; it returns what emulates it.
 EMULATION_FUNC = "tvm_ext.testing.emulation"
@@ -43,25 +46,41 @@ EMULATION_FUNC = "tvm_ext.testing.emulation"
 #: Seconds to wait for a server's handshake or a tracker's free board.
 DEFAULT_TIMEOUT = 60.0
 
+#: The port of an address given without one (TVM's ``rpc_server`` and ``rpc_tracker`` default; tvmc's too).
+DEFAULT_PORT = 9090
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` -> ``(host, port)``.
+
+def parse_address(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """``"HOST[:PORT]"`` -> ``(host, port)``; the port defaults to ``default_port`` (9090, as tvmc and
+    TVM's ``rpc_server``/``rpc_tracker``). An IPv6 address is written ``[ADDR]`` or ``[ADDR]:PORT``.
 
     Raises
     ------
     DeployError
-        No colon, a port that is not an integer in 1..65535, an empty host.
+        An empty host, a port that is not an integer in 1..65535, an IPv6 address without brackets.
     """
-    host, sep, port = str(text).rpartition(":")
-    if not sep or not host:
-        raise DeployError(f"RPC address {text!r}: expected HOST:PORT")
+    text = str(text).strip()
+    if text.startswith("["):
+        host, close, rest = text[1:].partition("]")
+        if not close or (rest and not rest.startswith(":")):
+            raise DeployError(f"RPC address {text!r}: expected HOST[:PORT] ([ADDR]:PORT for IPv6)")
+        port = rest[1:] if rest else None
+    elif text.count(":") > 1:
+        raise DeployError(f"RPC address {text!r}: write an IPv6 address as [ADDR] or [ADDR]:PORT")
+    else:
+        host, sep, port = text.partition(":")
+        port = port if sep else None
+    if not host:
+        raise DeployError(f"RPC address {text!r}: expected HOST[:PORT]")
+    if port is None:
+        return host, int(default_port)
     try:
         number = int(port)
     except ValueError:
         raise DeployError(f"RPC address {text!r}: port {port!r} is not an integer") from None
     if not 0 < number < 65536:
         raise DeployError(f"RPC address {text!r}: port {number} is out of range")
-    return host.strip("[]"), number
+    return host, number
 
 
 def last_line(err: BaseException) -> str:
@@ -162,6 +181,43 @@ def request(address: str, key: str, *, session_timeout: float = 0, timeout: floa
     return sess, keys[key]
 
 
+def check_remote_options(rpc: Optional[str], tracker: Optional[str], key: Optional[str]) -> None:
+    """One way to a remote: ``rpc`` (a server), or ``tracker`` with ``key``; neither is fine (no remote).
+
+    Raises
+    ------
+    DeployError
+        Both ``rpc`` and ``tracker``; ``tracker`` without ``key``; ``key`` without ``tracker``.
+    """
+    if rpc and tracker:
+        raise DeployError("give --rpc HOST[:PORT] (a server) or --rpc-tracker HOST[:PORT] --rpc-key KEY, not both")
+    if tracker and not key:
+        raise DeployError(f"--rpc-tracker {tracker} needs --rpc-key KEY (the key the boards registered with)")
+    if key and not tracker:
+        raise DeployError("--rpc-key selects the boards of an --rpc-tracker; give --rpc-tracker HOST[:PORT] too")
+
+
+def open_session(rpc: Optional[str] = None, tracker: Optional[str] = None, key: Optional[str] = None, *,
+                 session_timeout: float = 0, timeout: float = DEFAULT_TIMEOUT) -> tuple:
+    """``(session, where)``: a session on the server ``rpc``, or on a free board of ``key`` from
+    ``tracker``; ``where`` names it for messages.
+
+    Raises
+    ------
+    DeployError
+        See :func:`check_remote_options` (and neither given), :func:`connect`, :func:`request`.
+    """
+    check_remote_options(rpc, tracker, key)
+    if rpc:
+        host, port = parse_address(rpc)
+        return connect(rpc, session_timeout=session_timeout, timeout=timeout), f"{host}:{port}"
+    if not tracker:
+        raise DeployError("no remote: give --rpc HOST[:PORT] or --rpc-tracker HOST[:PORT] --rpc-key KEY")
+    host, port = parse_address(tracker)
+    sess, _boards = request(tracker, key, session_timeout=session_timeout, timeout=timeout)
+    return sess, f"a board with key {key!r} from the tracker {host}:{port}"
+
+
 def emulation(sess) -> Optional[str]:
     """What emulates the remote (the testing server says, e.g. ``"qemu-user"``), or None for a board."""
     try:
@@ -229,9 +285,9 @@ def check_remote_target(target, remote: bool, command: Optional[str] = None) -> 
     arch = foreign_arch(target) if target is not None else None
     who = f"{command}: " if command else ""
     if remote and not arch:
-        raise DeployError(f"{who}--rpc/--tracker measure on a remote board: give its --target "
+        raise DeployError(f"{who}--rpc/--rpc-tracker measure on a remote board: give its --target "
                           f"(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod'); "
                           f"{'no --target' if target is None else repr(str(target))} is this host's architecture")
     if not remote and arch:
         raise DeployError(f"{who}target {str(target)!r} is for {arch.split('-')[0]}, which cannot run here; "
-                          f"give --rpc HOST:PORT of a board (or --tracker HOST:PORT --key KEY)")
+                          f"give --rpc HOST[:PORT] of a board (or --rpc-tracker HOST[:PORT] --rpc-key KEY)")

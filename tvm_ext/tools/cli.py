@@ -20,6 +20,40 @@ from ._cli_commands import cmd_bench, cmd_compile, cmd_explain, cmd_passes, cmd_
 
 __all__ = ["main"]
 
+logger = logging.getLogger(__name__)
+
+
+class _Deprecated(argparse.Action):
+    """An option name kept for old command lines whose meaning differs from tvmc's option of that name:
+    it sets its new option's value and leaves a note that :func:`main` logs as a warning."""
+
+    def __init__(self, option_strings, dest, new: str = "", why: str = "", **kwargs):
+        self.new, self.why = new, why
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        notes = list(getattr(namespace, "deprecated", None) or [])
+        notes.append(f"{option_string} is deprecated, use {self.new}: {self.why}")
+        namespace.deprecated = notes
+
+
+def _remote_options(p, what: str) -> None:
+    """``--rpc``, ``--rpc-tracker``/``--rpc-key`` (tvmc's names; ``--tracker``/``--key`` too) and
+    ``--rpc-timeout`` (``--timeout``, deprecated: tvmc's ``tune --timeout`` is a compile timeout)."""
+    p.add_argument("--rpc", metavar="HOST[:PORT]",
+                   help=f"{what} on this TVM RPC server (python -m tvm.exec.rpc_server on a board; port 9090 by "
+                        "default)")
+    p.add_argument("--rpc-tracker", "--tracker", dest="rpc_tracker", metavar="HOST[:PORT]",
+                   help=f"{what} on a board a TVM RPC tracker (python -m tvm.exec.rpc_tracker) hands out for "
+                        "--rpc-key (port 9090 by default)")
+    p.add_argument("--rpc-key", "--key", dest="rpc_key", metavar="KEY",
+                   help="with --rpc-tracker: the key the boards registered with (rpc_server --key)")
+    p.add_argument("--rpc-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="wait this long for a server's answer or a free board (default 60)")
+    p.add_argument("--timeout", dest="rpc_timeout", type=float, action=_Deprecated, default=argparse.SUPPRESS,
+                   new="--rpc-timeout", why="tvmc's --timeout is a compile timeout", help=argparse.SUPPRESS)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-ext",
@@ -85,12 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="benchmark this ONNX model instead of the zoo")
     p.add_argument("--target", help="TVM target (default: the host CPU, VNNI masked); with --rpc, the board's "
                                     "(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
-    p.add_argument("--rpc", metavar="HOST:PORT",
-                   help="run and time stock TVM and tvm-ext on this TVM RPC server (python -m tvm.exec.rpc_server on "
-                        "a board), cross-compiled here; the exact reference runs here, ONNX Runtime and OpenVINO "
-                        "are not run. A server that says it is emulated is labelled so")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="with --rpc: wait this long for the server's answer (default 60)")
+    _remote_options(p, "run and time stock TVM and tvm-ext (cross-compiled here; the exact reference runs here, "
+                       "ONNX Runtime and OpenVINO are not run; a server that says it is emulated is labelled so)")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per engine (default 30)")
     p.add_argument("--threads", type=int, default=2, help="threads for TVM, ONNX Runtime and OpenVINO (default 2)")
     p.add_argument("--out", default="bench-results", help="output folder (default ./bench-results)")
@@ -113,33 +143,31 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Tune the int8 convolution layouts (ic_bn/oc_bn) and schedules, and int8 dense "
                                    "layers, that tvm_ext.build compiles for a model on this CPU; write AutoTVM "
                                    "records to $TVM_EXT_CACHE/tuned/ (applied by tvm_ext.build automatically). With "
-                                   "--rpc or --tracker, the int8 conv schedules for a board's --target (aarch64): "
-                                   "candidates built here, timed on the board(s).")
+                                   "--rpc or --rpc-tracker, the int8 conv schedules for a board's --target "
+                                   "(aarch64): candidates built here, timed on the board(s).")
     p.add_argument("model", nargs="?", help="path to an .onnx file")
     p.add_argument("--zoo", action="store_true", help="tune the benchmark's three int8 ResNet-50 models")
     p.add_argument("--small", action="store_true", help="with --zoo: the small variants (smoke run)")
     p.add_argument("--pipeline", choices=["int8", "none"], default="int8", help="passes the build runs (default int8)")
     p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes")
     p.add_argument("--target", help="x86 target that runs on this CPU (default: the host CPU); with --rpc or "
-                                    "--tracker, the boards' target (e.g. 'llvm -mtriple=aarch64-linux-gnu "
+                                    "--rpc-tracker, the boards' target (e.g. 'llvm -mtriple=aarch64-linux-gnu "
                                     "-mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
-    p.add_argument("--rpc", metavar="HOST:PORT",
-                   help="time candidates on this TVM RPC server (python -m tvm.exec.rpc_server on a board); they are "
-                        "compiled and cross-linked here")
-    p.add_argument("--tracker", metavar="HOST:PORT",
-                   help="time candidates on the boards a TVM RPC tracker (python -m tvm.exec.rpc_tracker) hands out "
-                        "for --key, several at once")
-    p.add_argument("--key", help="with --tracker: the key the boards registered with (rpc_server --key)")
-    p.add_argument("--trials", type=int, metavar="N",
-                   help="with --rpc/--tracker: at most N candidates per convolution besides TVM's rule (default all)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="with --rpc/--tracker: wait this long for a server's answer or a free board (default 60)")
+    _remote_options(p, "time candidates (compiled and cross-linked here; with a tracker, on every free board of the "
+                       "key at once)")
+    p.add_argument("--trials-per-conv", type=int, metavar="N",
+                   help="with --rpc/--rpc-tracker: at most N candidates per convolution besides TVM's rule "
+                        "(default all)")
+    p.add_argument("--trials", dest="trials_per_conv", type=int, action=_Deprecated, default=argparse.SUPPRESS,
+                   new="--trials-per-conv", why="it counts per convolution; tvmc's --trials counts for the model",
+                   help=argparse.SUPPRESS)
     p.add_argument("--budget", type=float, default=20.0, metavar="MINUTES", help="time budget (default 20)")
     p.add_argument("--no-layouts", action="store_true", help="skip the channel-blocking stage (no full-model builds)")
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
                    help="input shape for dynamic inputs (repeatable)")
-    p.add_argument("--out", help="records file (default: $TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log, for aarch64 "
-                                 "aarch64_int8_<mcpu>_<neon|dotprod|i8mm>.log)")
+    p.add_argument("-o", "--output", "--out", dest="output", metavar="RECORDS.log",
+                   help="records file (default: $TVM_EXT_CACHE/tuned/x86_int8_<mcpu>_<isa>.log, for aarch64 "
+                        "aarch64_int8_<mcpu>_<neon|dotprod|i8mm>.log)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("explain", help="why every kernel boundary exists, and what would remove it",
@@ -171,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path to an .onnx file")
     p.add_argument("-o", "--output", required=True, metavar="LIB.tar",
                    help="library to write (.tar or .so; a .so for -mtriple=aarch64-linux-gnu is linked with "
-                        "aarch64-linux-gnu-g++)")
+                        "aarch64-linux-gnu-g++ unless --cross-compiler names another)")
+    p.add_argument("--cross-compiler", metavar="CXX",
+                   help="link the .so with this compiler (e.g. aarch64-linux-gnu-g++; as tvmc)")
+    p.add_argument("--cross-compiler-options", metavar="OPTIONS",
+                   help="options for --cross-compiler, one string (e.g. '--sysroot=/opt/board')")
     p.add_argument("--pipeline", choices=["int8", "none"], default="none", help="tvm-ext pipeline (default none)")
     p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes (run before FuseOps)")
     p.add_argument("--target", help="LLVM target (default: the host CPU); may be another CPU, then it cannot run here")
@@ -189,13 +221,21 @@ def build_parser() -> argparse.ArgumentParser:
                                    "print the outputs. Refuses libraries compiled for CPU features this host lacks; "
                                    "with --rpc, runs them on a remote TVM RPC server (e.g. an ARM board).")
     p.add_argument("library", help="the .tar or .so (its <library>.json must be next to it)")
+    p.add_argument("-i", "--inputs", metavar="FILE.npz",
+                   help="the inputs, one array per input name (numpy.savez; as tvmc)")
     p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy",
-                   help="an input array; without NAME= it fills the next unnamed input (repeatable)")
-    p.add_argument("--output", metavar="OUT.npz", help="save the outputs (output_0, output_1, ...)")
+                   help="an input array; without NAME= it fills the next unnamed input (repeatable; a .npz gives "
+                        "its arrays by name)")
+    p.add_argument("-o", "--outputs", "--output", dest="output", metavar="OUT.npz",
+                   help="save the outputs (output_0, output_1, ...)")
     p.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs and print the median")
-    p.add_argument("--rpc", metavar="HOST:PORT",
-                   help="run on a TVM RPC server (python -m tvm.exec.rpc_server on a board) instead of here; "
-                        "a .tar is linked here when a cross compiler exists, else by the server")
+    p.add_argument("--compare-with", metavar="REF.npz",
+                   help="compare the outputs with these (output_0, ... as --outputs writes them, e.g. from a run of a "
+                        "host build); prints the differences, exit code 1 when they exceed --atol")
+    p.add_argument("--atol", type=float, default=0.0, metavar="X",
+                   help="with --compare-with: largest absolute difference accepted (default 0: equal)")
+    _remote_options(p, "run (instead of here; a .tar is linked here when a cross compiler exists, else by the "
+                       "server)")
     p.set_defaults(func=cmd_run)
     return parser
 
@@ -208,6 +248,8 @@ def main(argv=None) -> int:
     if args.verbose < 2:
         logging.getLogger("autotvm").setLevel(logging.ERROR)
         logging.getLogger("te_compiler").setLevel(logging.WARNING)
+    for note in getattr(args, "deprecated", None) or []:
+        logger.warning("%s", note)
     try:
         return args.func(args)
     except UsageError as err:

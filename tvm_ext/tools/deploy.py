@@ -114,7 +114,8 @@ def _io_from_graph(graph_json: str, param_names) -> tuple[list, list]:
 
 
 def compile_library(mod, params, out, *, target=None, passes=(), at: str = "before_fuse", opt_level: int = 3,
-                    source: Optional[str] = None, pipeline: str = "none", amx: bool = False) -> Compiled:
+                    source: Optional[str] = None, pipeline: str = "none", amx: bool = False,
+                    cc: Optional[str] = None, cc_options: Sequence[str] = ()) -> Compiled:
     """Build ``mod`` with :func:`tvm_ext.build` and export a library plus its sidecar.
 
     Parameters
@@ -137,6 +138,10 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
         Forwarded to :func:`tvm_ext.build` (opt-in AMX int8 tiles on a target that has them) and
         recorded in the sidecar. The target then keeps ``amx-tile``/``amx-int8``, so ``tvm-ext run``
         refuses the library on a host without them; loading it asks Linux for the tile state.
+    cc, cc_options : optional
+        The compiler that links a ``.so`` (a name on PATH or a path; default: the cross compiler
+        for another architecture, the system one for this host's) and its extra options
+        (``--cross-compiler`` and ``--cross-compiler-options`` of ``tvm-ext compile``, as in tvmc).
 
     Returns
     -------
@@ -146,7 +151,7 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     ------
     DeployError
         Bad suffix, missing output folder, a ``.so`` for another architecture without its cross
-        compiler on PATH.
+        compiler on PATH, ``cc`` not found or given for a ``.tar``.
     """
     import tvm
 
@@ -163,7 +168,17 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
         raise DeployError(f"compile_library: no such directory: {out.parent}")
     tgt = build_target(target, allow_amx=amx)
     link = {}
-    if out.suffix == ".so" and foreign_arch(tgt):
+    if (cc or cc_options) and out.suffix != ".so":
+        raise DeployError(f"compile_library: a compiler links a .so; {out.name} is a .tar of object files, which "
+                          f"the machine that loads it links")
+    if cc:
+        path = shutil.which(cc)
+        if path is None:
+            raise DeployError(f"compile_library: compiler {cc!r} not found (not on PATH, not an executable file)")
+        link = {"cc": path, **({"options": list(cc_options)} if cc_options else {})}
+    elif cc_options:
+        raise DeployError("compile_library: cc_options needs cc (the compiler they are for)")
+    elif out.suffix == ".so" and foreign_arch(tgt):
         cxx = cross_cxx(tgt)
         if cxx is None:
             raise DeployError(f"compile_library: linking a .so for {foreign_arch(tgt)} needs a cross compiler "

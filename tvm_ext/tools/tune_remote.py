@@ -1,4 +1,4 @@
-"""``tvm-ext tune --rpc`` / ``--tracker``: tune a model's int8 convolutions on remote boards.
+"""``tvm-ext tune --rpc`` / ``--rpc-tracker``: tune a model's int8 convolutions on remote boards.
 
 Design note
 -----------
@@ -13,8 +13,8 @@ layout's channel blocks (``tile_ow`` x ``unroll_kw``, or ``tile_ow`` x ``tile_oh
    (:func:`tvm_ext.tools.deploy.cross_cxx`), or written as a ``.tar`` the board links;
 2. uploaded to a board, loaded and timed there by the remote's ``time_evaluator``.
 
-Boards: one server (``--rpc HOST:PORT``), or every board a TVM tracker knows under a key
-(``--tracker HOST:PORT --key KEY``): a thread per board takes the next candidate from a shared
+Boards: one server (``--rpc HOST[:PORT]``), or every board a TVM tracker knows under a key
+(``--rpc-tracker HOST[:PORT] --rpc-key KEY``): a thread per board takes the next candidate from a shared
 queue, so a farm of N boards measures N candidates at once (TVM's own
 ``autotvm.measure.RPCRunner`` works the same way: one tracker request per parallel measurement).
 
@@ -59,40 +59,55 @@ class Boards:
     sessions: list
     where: str
     emulated: Optional[str] = None
+    features: Optional[frozenset] = None  # the first board's CPU features (None: not read)
 
     @classmethod
     def open(cls, *, rpc: Optional[str] = None, tracker: Optional[str] = None, key: Optional[str] = None,
              max_boards: Optional[int] = None, timeout: float = _remote.DEFAULT_TIMEOUT,
-             session_timeout: float = 0) -> "Boards":
+             session_timeout: float = 0, target=None) -> "Boards":
         """Sessions on one server (``rpc``) or on the free boards of ``key`` at ``tracker`` (the first
         within ``timeout``, the others if free within a few seconds; at most ``max_boards``).
         ``session_timeout``: seconds after which a board ends its session (0: never), so that a
-        kernel that hangs there ends the measurement on that board.
+        kernel that hangs there ends the measurement on that board. With ``target``, every board's
+        CPU is checked to have the features the target uses
+        (:func:`tvm_ext.tools._remote_cpu.check_remote_cpu`) before anything is timed there.
 
         Raises
         ------
         DeployError
             Neither or both of ``rpc`` and ``tracker``; ``tracker`` without ``key``; see
-            :func:`tvm_ext.tools._remote.connect` and :func:`tvm_ext.tools._remote.request`.
+            :func:`tvm_ext.tools._remote.connect` and :func:`tvm_ext.tools._remote.request`; a board
+            whose CPU lacks a feature of ``target``.
         """
+        from ._remote_cpu import check_remote_cpu
+
+        def checked(sess, where):
+            return check_remote_cpu(sess, target, where) if target is not None else None
+
         if bool(rpc) == bool(tracker):
-            raise DeployError("tune_remote: give one of --rpc HOST:PORT or --tracker HOST:PORT --key KEY")
+            raise DeployError("tune_remote: give one of --rpc HOST[:PORT] or --rpc-tracker HOST[:PORT] --rpc-key KEY")
         if rpc:
             sess = _remote.connect(rpc, timeout=timeout, session_timeout=session_timeout)
-            return cls([sess], f"RPC server {rpc}", _remote.emulation(sess))
+            where = "{}:{}".format(*_remote.parse_address(rpc))
+            features = checked(sess, where)
+            return cls([sess], f"RPC server {where}", _remote.emulation(sess), features)
         if not key:
-            raise DeployError(f"tune_remote: --tracker {tracker} needs --key KEY (the key the boards registered with)")
+            raise DeployError(f"tune_remote: --rpc-tracker {tracker} needs --rpc-key KEY (the key the boards "
+                              f"registered with)")
         first, known = _remote.request(tracker, key, timeout=timeout, session_timeout=session_timeout)
+        features = checked(first, f"a board with key {key!r}")
         sessions = [first]
         for _ in range(min(known, max_boards or known) - 1):
             try:  # a busy board is not waited for: the free ones start now
-                sessions.append(_remote.request(tracker, key, timeout=min(timeout, 5.0),
-                                                session_timeout=session_timeout)[0])
+                sess = _remote.request(tracker, key, timeout=min(timeout, 5.0), session_timeout=session_timeout)[0]
             except DeployError as err:
                 logger.info("measuring on %d board(s) of %s: %s", len(sessions), key, err)
                 break
-        return cls(sessions, f"{len(sessions)} board(s) with key {key!r} from the tracker {tracker}",
-                   _remote.emulation(first))
+            checked(sess, f"board {len(sessions) + 1} with key {key!r}")  # boards of one key may differ
+            sessions.append(sess)
+        where = "{}:{}".format(*_remote.parse_address(tracker))
+        return cls(sessions, f"{len(sessions)} board(s) with key {key!r} from the tracker {where}",
+                   _remote.emulation(first), features)
 
     def close(self) -> None:
         """End the sessions (a session ends when its last reference goes): the boards serve the next client."""

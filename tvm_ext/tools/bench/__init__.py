@@ -380,7 +380,8 @@ def versions() -> dict:
 def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, target=None, repeat: int = 30,
         threads: int = 2, out="bench-results", small: bool = False, stream=None, parallel: bool = True,
         tuned: bool = True, compare_untuned: bool = False, numerics: str = "tvm", ort_isa: str = "auto",
-        rpc: Optional[str] = None, timeout: float = 60.0) -> dict:
+        rpc: Optional[str] = None, timeout: float = 60.0, tracker: Optional[str] = None,
+        key: Optional[str] = None) -> dict:
     """Run the benchmark and write ``results.json``, ``results.md`` and ``chart.png`` to ``out``.
 
     ``variants`` are keys of :data:`VARIANTS` (the ResNet-50 benchmark) or any zoo model name
@@ -394,16 +395,20 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
     ``pipelines.int8(numerics=numerics)``. ONNX Runtime runs at tvm-ext's ISA where it can be
     restricted to it (``ort_isa="auto"``, :func:`ort_peer`) or at the host's (``"host"``).
 
-    With ``rpc`` (``HOST:PORT`` of a TVM RPC server, e.g. an aarch64 board; ``target`` is the board's),
-    stock TVM and tvm-ext are cross-compiled here and run and timed on the board by its
-    ``time_evaluator``; the exact reference runs here. The results say where they ran and, when
-    the server says it is emulated (:func:`tvm_ext.tools._remote.emulation`), that too.
+    With ``rpc`` (``HOST[:PORT]`` of a TVM RPC server, e.g. an aarch64 board; ``target`` is the board's),
+    or ``tracker`` and ``key`` (a TVM RPC tracker and the key of the boards to ask it for), stock TVM
+    and tvm-ext are cross-compiled here and run and timed on the board by its ``time_evaluator``; the
+    exact reference runs here. The board's CPU is checked first: it must have every feature the
+    target uses (:func:`tvm_ext.tools._remote_cpu.check_remote_cpu`). The results say where they ran,
+    the board's CPU features and, when the server says it is emulated
+    (:func:`tvm_ext.tools._remote.emulation`), that too.
 
     Raises
     ------
     tvm_ext.tools.deploy.DeployError
-        ``rpc`` with a target of this host's architecture, a target of another architecture without
-        ``rpc``, or the server cannot be reached within ``timeout`` seconds.
+        A remote with a target of this host's architecture, a target of another architecture without
+        a remote, a server (or free board) not reached within ``timeout`` seconds, a board whose CPU
+        lacks a feature the target uses.
     """
     from ...core import pipelines
     from ...x86 import tuning
@@ -415,14 +420,20 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
 
     from .. import _remote
 
-    _remote.check_remote_target(target, bool(rpc), "tvm_ext.tools.bench.run")
+    from .._remote_cpu import check_remote_cpu
+
+    remote = bool(rpc or tracker)
+    _remote.check_remote_options(rpc, tracker, key)
+    _remote.check_remote_target(target, remote, "tvm_ext.tools.bench.run")
     tgt = safe_target(target) if target else host_target()
     ext_tgt = build_target(target)
     actual_threads = _set_tvm_threads(threads)
-    board, emulated = None, None
-    if rpc:
-        sess = _remote.connect(rpc, timeout=timeout)
-        board, emulated = (sess, rpc), _remote.emulation(sess)
+    board, emulated, where, features = None, None, None, None
+    if remote:
+        sess, where = _remote.open_session(rpc, tracker, key, timeout=timeout)
+        for t in dict.fromkeys((str(tgt), str(ext_tgt))):  # both builds run there
+            features = check_remote_cpu(sess, t, where)
+        board, emulated = (sess, where), _remote.emulation(sess)
         peer = {"isa": None, "package": None, "note": "not run: ONNX Runtime would run on this host, not on the board"}
         ov_peer = {"cap": None, "note": "not run: OpenVINO would run on this host, not on the board"}
     else:
@@ -444,10 +455,12 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         "openvino_isa": ov_peer,
         "small": small, "platform": platform.platform(),
     }
-    if rpc:  # the engines run on the board: its CPU and threads are its own
-        env.update(cpu=f"remote board at {rpc}" + (f", emulated by {emulated}" if emulated else ""), cores=None,
+    if remote:  # the engines run on the board: its CPU and threads are its own
+        env.update(cpu=f"remote board at {where}" + (f", emulated by {emulated}" if emulated else ""), cores=None,
                    threads="the board's TVM runtime's", tvm_threads=None, tvm_thread_pool_spin_count=None,
-                   rpc={"address": rpc, "emulated": emulated})
+                   rpc={"address": "{}:{}".format(*_remote.parse_address(rpc or tracker)), "emulated": emulated,
+                        **({"key": key} if tracker else {}),
+                        "features": sorted(features) if features is not None else None})
     results = {"environment": env, "variants": []}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)

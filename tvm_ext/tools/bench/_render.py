@@ -104,8 +104,13 @@ def _board_lines(env: dict) -> list:
     rpc = env.get("rpc")
     if not rpc:
         return []
-    lines = [f"- run on the TVM RPC server {rpc['address']}: stock TVM and tvm-ext cross-compiled here, run and "
+    where = (f"a board with key `{rpc['key']}` from the TVM RPC tracker {rpc['address']}" if rpc.get("key")
+             else f"the TVM RPC server {rpc['address']}")
+    lines = [f"- run on {where}: stock TVM and tvm-ext cross-compiled here, run and "
              "timed there by its `time_evaluator`; the exact reference runs here"]
+    if rpc.get("features"):
+        lines.append(f"- the board's CPU features (its `getauxval(AT_HWCAP)`, as `/proc/cpuinfo` names them): "
+                     f"{' '.join(rpc['features'])}")
     if rpc.get("emulated"):
         lines.append(f"- **under emulation ({rpc['emulated']})**: the latencies are the emulator's, not the "
                      "speed of an ARM board; kernels, bytes and numerics are the board's")
