@@ -63,7 +63,6 @@ __all__ = [
     "fixed_point",
     "describe",
     "static_shape",
-    "cut_below",
     "lift_constants",
     "SIMPLE_CONST",
     "int_list",
@@ -384,17 +383,6 @@ def conv_padding(attrs) -> list | None:
     if pad is None:
         return None
     return {1: pad * 4, 2: pad + pad, 4: pad}.get(len(pad))
-
-
-def cut_below(expr, depth: int):
-    """``expr`` with the calls deeper than ``depth`` replaced by fresh variables (constants and
-    variables kept): what a dataflow pattern of that depth sees, without the graph below it (TVM's
-    matcher indexes the whole graph under the expression it is given)."""
-    if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and depth > 0:
-        return relay.Call(expr.op, [cut_below(a, depth - 1) for a in expr.args], expr.attrs, expr.type_args)
-    if isinstance(expr, (relay.Var, relay.Constant)):
-        return expr
-    return relay.var("below")
 
 
 def static_shape(expr) -> tuple:

@@ -21,11 +21,11 @@ from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.ops import round_half_to_even
+from tvm_ext._rules import Rule, rewrites
 from ._registry import register_pass
 
 from ._doc import factory_sections
-from ._rules import Rule, first_rewrite
-from ._util import ANCHOR_OPS, Check, Reject, op_calls, op_name, pass_logger, substitution_pass
+from ._util import ANCHOR_OPS, Check, Reject, op_name, pass_logger, substitution_pass
 
 __all__ = ["AddAsOnnxRuntime", "RULES"]
 
@@ -146,22 +146,51 @@ def _quantize(body):
     return dfp.is_op("qnn.quantize")(body, dfp.wildcard(), dfp.wildcard())
 
 
-#: The forms of one quantized add, in priority order; each rule's ``rewrite`` gives the operands, their
-#: scales and zero points, or a Reject (the rewrite itself, MLAS's arithmetic, is :func:`mlas_add`).
+def _checked(operands):
+    """The rules' check: ``operands(node)`` (a, b, consts, out_dtype, dequantizes) or its Reject, then
+    the conditions of :func:`_check` on them."""
+    def check(node, users):
+        found = operands(node)
+        if isinstance(found, Reject):
+            return found
+        ok = _check(*found[:4])
+        return found if ok else ok
+
+    return check
+
+
+def _as_mlas(node, found, users):
+    """The rules' rewrite: MLAS's computation of the add (:func:`mlas_add`).
+
+    An operand whose dequantize a float conv/dense also reads is recovered from that dequantize:
+    the 8-bit tensor then has one reader, the dequantize fuses into its producer's kernel, and no
+    kernel of its own dequantizes it for the anchor."""
+    a, b, consts, out_dtype, (deq_a, deq_b) = found
+    if _read_by_an_anchor(deq_a, users) and _one_element_value(a) is None:
+        a = _recovered(deq_a, consts[0], consts[1])
+    if _read_by_an_anchor(deq_b, users) and _one_element_value(b) is None:
+        b = _recovered(deq_b, consts[2], consts[3])
+    return mlas_add(a, b, *consts, out_dtype)
+
+
+#: The forms of one quantized add, in priority order; each rule's check reads the operands, their
+#: scales and zero points (or says why not), its rewrite is MLAS's arithmetic (:func:`mlas_add`).
 RULES = (
     # qnn.add(a, b, sa, za, sb, zb, sc, zc)                                  -> mlas_add(a, b, ...)
-    Rule(f"{PASS_NAME}.qnn.add", lambda: dfp.is_op("qnn.add")(*(dfp.wildcard() for _ in range(8))), _qnn_add),
+    Rule(f"{PASS_NAME}.qnn.add", lambda: dfp.is_op("qnn.add")(*(dfp.wildcard() for _ in range(8))),
+         _checked(_qnn_add), _as_mlas),
     # quantize(add(dequantize(a, sa, za), dequantize(b, sb, zb)), sc, zc)    -> mlas_add(a, b, ...)
-    Rule(f"{PASS_NAME}.qnn.quantize", lambda: _quantize(_dequantized_add(dfp.is_op("add"))), _quantized_add, depth=3),
+    Rule(f"{PASS_NAME}.qnn.quantize", lambda: _quantize(_dequantized_add(dfp.is_op("add"))),
+         _checked(_quantized_add), _as_mlas, depth=3),
     # quantize(clip(add(dequantize(a), dequantize(b)), lo, hi), sc, zc)      -> mlas_add(a, b, ...)
     #     (the clip implied by the 8-bit range of the output)
     Rule(f"{PASS_NAME}.qnn.quantize", lambda: _quantize(dfp.is_op("clip")(_dequantized_add(dfp.is_op("add")))),
-         _quantized_add, depth=4),
+         _checked(_quantized_add), _as_mlas, depth=4),
     # quantize([clip](add(x, y)), sc, zc), x or y computed in float           -> unchanged (said why)
     Rule(f"{PASS_NAME}.qnn.quantize", lambda: _quantize(dfp.is_op("add")(dfp.wildcard(), dfp.wildcard())
                                                         | dfp.is_op("clip")(dfp.is_op("add")(dfp.wildcard(),
                                                                                              dfp.wildcard()))),
-         _float_add, depth=3),
+         _checked(_float_add), _as_mlas, depth=3),
 )
 
 
@@ -179,25 +208,7 @@ def _clip_implied(clip, sc, zc, out_dtype) -> Check:
 
 def _collect(nodes, users, body) -> dict:
     """Each quantized add, replaced by MLAS's computation of it."""
-    subst: dict = {}
-    for node in op_calls(nodes, ("qnn.add", "qnn.quantize")):
-        found = first_rewrite(RULES, node, _log)
-        if not found:
-            continue
-        rule, m = found
-        a, b, consts, out_dtype, (deq_a, deq_b) = m
-        ok = _check(a, b, consts, out_dtype)
-        if not ok:
-            _log.debug("%s: not rewritten: %s", rule.name, ok)
-            continue
-        # An operand whose dequantize a float conv/dense also reads is recovered from that
-        # dequantize: the 8-bit tensor then has one reader, the dequantize fuses into its
-        # producer's kernel, and no kernel of its own dequantizes it for the anchor.
-        if _read_by_an_anchor(deq_a, users) and _one_element_value(a) is None:
-            a = _recovered(deq_a, consts[0], consts[1])
-        if _read_by_an_anchor(deq_b, users) and _one_element_value(b) is None:
-            b = _recovered(deq_b, consts[2], consts[3])
-        subst[node] = mlas_add(a, b, *consts, out_dtype)
+    subst = rewrites(nodes, RULES, _log, users)
     if subst:
         _log.info("%s: %d quantized add(s) now computed as ONNX Runtime's MLAS does", PASS_NAME, len(subst))
     return subst

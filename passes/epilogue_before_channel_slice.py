@@ -1,6 +1,6 @@
 """EpilogueBeforeChannelSlice: a conv's elementwise epilogue moves in front of its channel slice.
 
-Rewrites (as data: :data:`RULES`, ``tvm.relay.dataflow_pattern`` heads)::
+Rewrites (as data: :data:`RULES`, rules of the shared shape ``tvm_ext._rules.Rule``)::
 
     # E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C))                   (x86)
     #     -> strided_slice(layout_transform(E'(y), "NCHWkc", "NCHW"), C)
@@ -14,14 +14,14 @@ Rewrites (as data: :data:`RULES`, ``tvm.relay.dataflow_pattern`` heads)::
     # fixed_point_multiply_per_axis(v, m, l, r, axes) in E: its constants are indexed by v's axes instead of
     #     broadcast, c[i] = m[i[axes]]; in E' they are (C'/k, k) on axes (1, 4)
 
-The head (slice and layout change) is a dataflow pattern; the epilogue after it is a region of any
-size, walked by hand (each call's readers counted), which the pattern language cannot say.
+The head (slice and layout change) is the rule's dataflow pattern; the epilogue after it is a region
+of any size, walked by hand in the rule's check (each call's readers counted), which the pattern
+language cannot say; the rewrite replaces the region's end.
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``EpilogueBeforeChannelSlice``.
 """
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,13 +32,13 @@ from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
+from tvm_ext._rules import Rule, first_rewrite
 from ._registry import register_pass
 
 from ._chains import narrow_type
 from ._doc import factory_sections
 from ._util import (
     Reject,
-    cut_below,
     int_list,
     op_calls,
     op_name,
@@ -139,41 +139,6 @@ def _slice_of_blocks(sl, users):
         return ok
     shape = static_shape(sl)
     return Head(sl.args[0], shape[4], shape[1] * shape[4], True, lambda v: _copy(sl, v))
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One head form. ``pattern(dfp)`` builds it, rooted at the call the epilogue reads, from the module
-    ``tvm.relay.dataflow_pattern`` (built on first use); ``match(head, users)`` checks the side conditions
-    and gives a :class:`Head`, or a Reject saying why not."""
-
-    name: str
-    pattern: Callable
-    match: Callable
-
-
-#: Ordered rule table (order is priority); the region E after the head is the same for every rule.
-RULES = (
-    # E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C)) -> strided_slice(layout_transform(E'(y)), C)
-    Rule(f"{PASS_NAME}.slice_of_layout_transform",
-         lambda dfp: dfp.is_op("strided_slice")(dfp.is_op("layout_transform")(dfp.wildcard())),
-         _slice_of_layout_transform),
-    # E(layout_transform(strided_slice(y, C/k blocks), "NCHWkc", "NCHW")) -> layout_transform(strided_slice(E'(y)))
-    Rule(f"{PASS_NAME}.layout_transform_of_slice",
-         lambda dfp: dfp.is_op("layout_transform")(dfp.is_op("strided_slice")(dfp.wildcard())),
-         _layout_transform_of_slice),
-    # E(strided_slice(y, C/k blocks)) -> strided_slice(E'(y), C/k blocks)       (y: NCHWkc, rank 5)
-    Rule(f"{PASS_NAME}.slice_of_blocks",
-         lambda dfp: dfp.is_op("strided_slice")(dfp.wildcard()),
-         _slice_of_blocks),
-)
-#: Calls below the root the rules' patterns look at (head -> head -> y).
-_DEPTH = 2
-
-
-@functools.cache
-def _patterns() -> tuple:
-    return tuple(rule.pattern(dfp) for rule in RULES)
 
 
 _PER_AXIS = "fixed_point_multiply_per_axis"
@@ -309,41 +274,59 @@ def _rewrite(sl, head, e, anc, region, dtype, how):
     return out if how == "typed" else relay.cast(out, str(e.checked_type.dtype))
 
 
-def _match(node, users):
-    """(rule, Head) of the first rule whose pattern matches ``node`` and whose checks hold, or (rule, Reject)
-    of the first that matched and rejected, or None."""
-    local, rejected = cut_below(node, _DEPTH), None
-    for rule, pattern in zip(RULES, _patterns()):
-        if not pattern.match(local):
-            continue
-        head = rule.match(node, users)
-        if not isinstance(head, Reject):
-            return rule, head
-        rejected = rejected or (rule, head)
-    return rejected
+# --- the rules --------------------------------------------------------------------------------
+def _movable(head_of):
+    """The rules' check: ``head_of(node, users)`` gives the :class:`Head` (or a Reject); then the
+    elementwise region after it must end in a closed 8-bit value. Gives ``(head, end, region)``."""
+    def check(sl, users, nodes, body):
+        head = head_of(sl, users)
+        if isinstance(head, Reject):
+            return head
+        region = _region(sl, nodes, users, head)
+        end = _end(sl, region, users, body)
+        if isinstance(end, Reject):
+            return Reject(f"{list(static_shape(sl))}: {end}")
+        return head, end, region
+
+    return check
 
 
+def _moved(sl, found, users, nodes, body):
+    """The rules' rewrite: the replacement of the region's end ``e``, the region in front of the head."""
+    head, (e, anc, dtype, how), region = found
+    return _rewrite(sl, head, e, anc, region, dtype, how)
+
+
+#: Ordered rule table (order is priority); the region E after the head is the same for every rule.
+RULES = (
+    # E(strided_slice(layout_transform(y, "NCHWkc", "NCHW"), C)) -> strided_slice(layout_transform(E'(y)), C)
+    Rule(f"{PASS_NAME}.slice_of_layout_transform",
+         lambda: dfp.is_op("strided_slice")(dfp.is_op("layout_transform")(dfp.wildcard())),
+         _movable(_slice_of_layout_transform), _moved, depth=2),
+    # E(layout_transform(strided_slice(y, C/k blocks), "NCHWkc", "NCHW")) -> layout_transform(strided_slice(E'(y)))
+    Rule(f"{PASS_NAME}.layout_transform_of_slice",
+         lambda: dfp.is_op("layout_transform")(dfp.is_op("strided_slice")(dfp.wildcard())),
+         _movable(_layout_transform_of_slice), _moved, depth=2),
+    # E(strided_slice(y, C/k blocks)) -> strided_slice(E'(y), C/k blocks)       (y: NCHWkc, rank 5)
+    Rule(f"{PASS_NAME}.slice_of_blocks",
+         lambda: dfp.is_op("strided_slice")(dfp.wildcard()),
+         _movable(_slice_of_blocks), _moved),
+)
+
+
+# --- the pass ---------------------------------------------------------------------------------
 def _collect(nodes, users, body) -> dict:
     """Each movable epilogue's end, replaced by the epilogue in front of the slice."""
     subst: dict = {}
     for sl in op_calls(nodes, ("strided_slice", "layout_transform")):
-        matched = _match(sl, users)
-        if matched is None:
+        found = first_rewrite(RULES, sl, _log, users, nodes, body)
+        if not found:
             continue
-        rule, head = matched
-        if isinstance(head, Reject):
-            _log.debug("%s: not moved: %s", rule.name, head)
-            continue
-        region = _region(sl, nodes, users, head)
-        end = _end(sl, region, users, body)
-        if isinstance(end, Reject):
-            _log.debug("%s %s: not moved: %s", rule.name, list(static_shape(sl)), end)
-            continue
-        e, anc, dtype, how = end
+        _, (e, anc, dtype, _how), _ = found.found
         if e in subst:
             continue
-        subst[e] = _rewrite(sl, head, e, anc, region, dtype, how)
-        _log.info("%s %s: %d elementwise ops moved in front of it; %s crosses instead of %s", rule.name,
+        subst[e] = found.new
+        _log.info("%s %s: %d elementwise ops moved in front of it; %s crosses instead of %s", found.rule.name,
                   list(static_shape(sl)), len(anc) - 1, dtype, sl.checked_type.dtype)
     return subst
 

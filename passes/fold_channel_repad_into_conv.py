@@ -1,6 +1,6 @@
 """FoldChannelRepadIntoConv: a conv reading a channel slice of ``x`` padded back reads ``x``.
 
-Rewrites (as data: :data:`RULES`, ``tvm.relay.dataflow_pattern``)::
+Rewrites (as data: :data:`RULES`, the shared shape ``tvm_ext._rules.Rule``)::
 
     # conv_NCHWc(lt(pad(lt(strided_slice(x, n/k blocks), NCHWkc -> NCHW), C' - n), NCHW -> NCHWkc), w)
     #     -> conv_NCHWc(x, w')                                      (aarch64, n a multiple of k)
@@ -31,11 +31,11 @@ import numpy as np
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
+from tvm_ext._rules import Rule, rewrites
 from ._registry import register_pass
 
 from . import _layout
 from ._doc import factory_sections
-from ._rules import Rule, rewrites_by_op
 from ._util import (
     Check,
     Reject,
@@ -191,14 +191,9 @@ def _widened_weight(conv, n: int, c_read: int, c_x: int):
     return relay.const(back(np.pad(flat, widths)), dtype=str(w.data.dtype))
 
 
-def _reads_x(conv, x, weight):
-    """``conv`` reading ``x`` with ``weight``, every attribute kept."""
-    return relay.Call(conv.op, [x, weight, *conv.args[2:]], conv.attrs, conv.type_args, conv.span)
-
-
-def _fold(chain, rule_name: str):
-    """The rule's rewrite: ``conv`` reading the ``x`` that ``chain(conv)`` finds, or a Reject."""
-    def rewrite(conv):
+def _fold(chain):
+    """The rule's check: ``(x, w', n, C', C_x)`` for the ``x`` that ``chain(conv)`` finds, or a Reject."""
+    def check(conv):
         if int(conv.attrs.groups) != 1:
             return Reject(f"groups={int(conv.attrs.groups)}: only a dense conv's weights are padded per input channel")
         found = chain(conv)
@@ -222,9 +217,18 @@ def _fold(chain, rule_name: str):
         weight = _widened_weight(conv, n, c_read, c_x)
         if isinstance(weight, Reject):
             return weight
+        return x, weight, n, c_read, c_x
+
+    return check
+
+
+def _reads_x(rule_name: str):
+    """The rule's rewrite: ``conv`` reading ``x`` with ``w'``, every attribute kept."""
+    def rewrite(conv, found):
+        x, weight, n, c_read, c_x = found
         _log.info("%s: %s reads the %d-channel tensor below the slice to %d and the pad to %d", rule_name,
                   op_name(conv), c_x, n, c_read)
-        return _reads_x(conv, x, weight)
+        return relay.Call(conv.op, [x, weight, *conv.args[2:]], conv.attrs, conv.type_args, conv.span)
 
     return rewrite
 
@@ -252,22 +256,21 @@ RULES = (
     # conv_NCHWc(lt(pad(lt(strided_slice(x, n/k blocks), NCHWkc -> NCHW)), NCHW -> NCHWkc), w) -> conv_NCHWc(x, w')
     Rule(f"{PASS_NAME}.blocked_slice",
          lambda: _conv(_NCHWC, _lt(_pad(_lt(_sl(dfp.wildcard()))))),
-         _fold(_chain_blocked_slice, f"{PASS_NAME}.blocked_slice"), depth=5),
+         _fold(_chain_blocked_slice), _reads_x(f"{PASS_NAME}.blocked_slice"), depth=5),
     # conv_NCHWc(lt(pad(strided_slice(lt(x, NCHWkc -> NCHW), n)), NCHW -> NCHWkc), w) -> conv_NCHWc(x, w')
     Rule(f"{PASS_NAME}.channel_slice",
          lambda: _conv(_NCHWC, _lt(_pad(_sl(_lt(dfp.wildcard()))))),
-         _fold(_chain_channel_slice, f"{PASS_NAME}.channel_slice"), depth=5),
+         _fold(_chain_channel_slice), _reads_x(f"{PASS_NAME}.channel_slice"), depth=5),
     # conv2d(pad(strided_slice(x, n), C' - n), w) -> conv2d(x, w')
     Rule(f"{PASS_NAME}.nchw",
          lambda: _conv("nn.conv2d", _pad(_sl(dfp.wildcard()))),
-         _fold(_chain_nchw, f"{PASS_NAME}.nchw"), depth=3),
+         _fold(_chain_nchw), _reads_x(f"{PASS_NAME}.nchw"), depth=3),
 )
-_BY_OP = {_NCHWC: RULES[:2], "nn.conv2d": RULES[2:]}
 
 
 def _collect(nodes, users, body) -> dict:
     """Each conv the rules rewrite, reading the tensor below its channel slice and pad."""
-    return rewrites_by_op(nodes, _BY_OP, _log)
+    return rewrites(nodes, RULES, _log)
 
 
 @register_pass(PASS_NAME)

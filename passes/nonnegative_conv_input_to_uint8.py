@@ -5,7 +5,7 @@ Rewrites::
     # conv2d(stop*(cast(v, i8)), w: i8),  range(v) ⊆ [0, 127]
     #     -> conv2d(stop*(cast(v, u8)), w)          (stop* = any stop_fusion wrappers, kept)
 
-As data: :data:`RULES` (``tvm.relay.dataflow_pattern``); any number of barriers is peeled by hand.
+As data: :data:`RULES` (the shared shape, ``tvm_ext._rules.Rule``); any number of barriers is peeled by hand.
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``NonNegativeConvInputToUint8``.
 """
@@ -15,12 +15,12 @@ import tvm
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
+from tvm_ext._rules import Rule, first_rewrite
 from ._registry import register_pass
 from tvm_ext.x86.isa import isa_class
 
 from ._doc import factory_sections
 from ._intervals import value_ranges
-from ._rules import Rule, first_rewrite
 from ._util import Check, Reject, op_calls, op_name, pass_logger, static_tensor_type, substitution_pass
 
 __all__ = ["NonNegativeConvInputToUint8", "RULES"]
@@ -71,12 +71,14 @@ def _conv(data):
     return dfp.is_op("nn.conv2d")(data, dfp.wildcard())
 
 
-def _uint8_data(conv, ranges, new_data):
-    """``conv`` reading stop*(cast(v, u8)) for its data stop*(cast(v, i8)) (the same barriers; one new
-    data node per old one, shared by the convs reading it), or the Reject of :func:`_check`."""
-    ok = _check(conv, ranges)
-    if not ok:
-        return ok
+def _proven_nonnegative(conv, ranges, new_data) -> Check:
+    """The rules' check: :func:`_check`."""
+    return _check(conv, ranges)
+
+
+def _uint8_data(conv, found, ranges, new_data):
+    """The rules' rewrite: ``conv`` reading stop*(cast(v, u8)) for its data stop*(cast(v, i8)) (the
+    same barriers; one new data node per old one, shared by the convs reading it)."""
     data = conv.args[0]
     if data not in new_data:
         v, _, stops = _peel(data)
@@ -91,11 +93,12 @@ def _uint8_data(conv, ranges, new_data):
 #: ``range(v)`` within [0, 127] by the function's value ranges.
 RULES = (
     # conv2d(cast(v, i8), w: i8)               -> conv2d(cast(v, u8), w)
-    Rule(f"{PASS_NAME}.conv2d_data", lambda: _conv(dfp.is_op("cast")(dfp.wildcard())), _uint8_data, depth=2),
+    Rule(f"{PASS_NAME}.conv2d_data", lambda: _conv(dfp.is_op("cast")(dfp.wildcard())),
+         _proven_nonnegative, _uint8_data, depth=2),
     # conv2d(stop*(cast(v, i8)), w: i8)        -> conv2d(stop*(cast(v, u8)), w)
     #     (stop* = one or more stop_fusion barriers, kept; peeled by hand: a pattern has no repetition)
-    Rule(f"{PASS_NAME}.conv2d_data_behind_barriers", lambda: _conv(dfp.is_op(_STOP)(dfp.wildcard())), _uint8_data,
-         depth=2),
+    Rule(f"{PASS_NAME}.conv2d_data_behind_barriers", lambda: _conv(dfp.is_op(_STOP)(dfp.wildcard())),
+         _proven_nonnegative, _uint8_data, depth=2),
 )
 
 
@@ -114,8 +117,8 @@ def _collect(nodes, users, body) -> dict:
         if not found:
             _log.debug("%s: not rewritten: %s", RULE, found)
             continue
-        subst[node] = found[1]
-        _log.info("%s: conv2d reads uint8 data (input proven in [0, 127])", found[0].name)
+        subst[node] = found.new
+        _log.info("%s: conv2d reads uint8 data (input proven in [0, 127])", found.rule.name)
     return subst
 
 

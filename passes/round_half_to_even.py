@@ -11,7 +11,7 @@ Rewrites::
     # f(a...) with f = fn(p...) {...round(v)...} Primitive=1
     #     -> f'(a..., k...) with f' = fn(p..., q...) {...rne(v)...} Primitive=1
 
-As data: :data:`RULES` (``tvm.relay.dataflow_pattern``), applied inside ``Primitive`` groups too.
+As data: :data:`RULES` (the shared shape, ``tvm_ext._rules.Rule``), applied inside ``Primitive`` groups too.
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``RoundHalfToEven``.
 """
@@ -21,11 +21,11 @@ from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
 from tvm_ext.ops import round_half_to_even  # the replacement (re-exported: AddAsOnnxRuntime, tests)
+from tvm_ext._rules import Rule, rewrites
 from ._registry import register_pass
 
 from ._doc import factory_sections
-from ._rules import Rule, first_rewrite
-from ._util import (Check, Reject, is_primitive, lift_constants, op_calls, op_name, pass_logger, post_order, rebuild,
+from ._util import (Check, Reject, is_primitive, lift_constants, op_name, pass_logger, post_order, rebuild,
                     substitution_pass, with_body)
 
 __all__ = ["RoundHalfToEven", "RULES"]
@@ -64,25 +64,41 @@ def _rounded(v):
     return round_half_to_even(v)
 
 
-def _zero_point_after(call):
-    """``add(rne(v), z)`` for ``call = round(add(v, z))`` (either order), ``z`` an integer-valued float
-    scalar constant; else a Reject."""
+def _integer_zero_point(call):
+    """Check: ``(v, z)`` for ``call = round(add(v, z))`` (either order), ``z`` an integer-valued
+    float scalar constant; else a Reject."""
+    ok = _check(call)
+    if not ok:
+        return ok
     add = call.args[0]
     for i in (1, 0):
         z = add.args[i]
         if isinstance(z, relay.Constant) and z.data.numpy().ndim == 0:
             value = float(z.data.numpy())
             if value == int(value):
-                return relay.add(_rounded(add.args[1 - i]), z)
+                return add.args[1 - i], z
     return Reject("no integer-valued scalar constant is added")
 
 
-def _divide(call):
-    kept = _true_division(call.args[0])
-    return round_half_to_even(kept) if kept else kept
+def _zero_point_after(call, found):
+    """``add(rne(v), z)`` for ``call = round(add(v, z))``."""
+    v, z = found
+    return relay.add(_rounded(v), z)
 
 
-def _round(call):
+def _scalar_division(call):
+    """Check: ``round(divide(x, c))`` keeps a true division (see :func:`_true_division`)."""
+    ok = _check(call)
+    if not ok:
+        return ok
+    return _true_division(call.args[0])
+
+
+def _divide(call, kept):
+    return round_half_to_even(kept)
+
+
+def _round(call, found):
     return round_half_to_even(call.args[0])
 
 
@@ -90,25 +106,18 @@ def _round(call):
 RULES = (
     # round(add(v, z)) -> add(rne(v), z)       z an integer-valued float scalar constant; v may be a division below
     Rule(f"{PASS_NAME}.zero_point_after", lambda: dfp.is_op("round")(dfp.is_op("add")(dfp.wildcard(), dfp.wildcard())),
-         _zero_point_after, depth=2),
+         _integer_zero_point, _zero_point_after, depth=2),
     # round(divide(x, c)) -> rne(divide(x, const([c])))     c a float scalar constant, rank(x) >= 1
     Rule(f"{PASS_NAME}.true_divide", lambda: dfp.is_op("round")(dfp.is_op("divide")(dfp.wildcard(), dfp.is_constant())),
-         _divide, depth=2),
-    # round(v) -> rne(v)
-    Rule(RULE, lambda: dfp.is_op("round")(dfp.wildcard()), _round),
+         _scalar_division, _divide, depth=2),
+    # round(v) -> rne(v)                        v float32 or float64
+    Rule(RULE, lambda: dfp.is_op("round")(dfp.wildcard()), _check, _round),
 )
 
 
 def _rounds(nodes) -> dict:
     """Each float ``round`` among ``nodes``, replaced by rounding half to even."""
-    subst: dict = {}
-    for node in op_calls(nodes, ("round",)):
-        ok = _check(node)
-        if not ok:
-            _log.debug("%s: not rewritten: %s", RULE, ok)
-            continue
-        subst[node] = first_rewrite(RULES, node, _log)[1]
-    return subst
+    return rewrites(nodes, RULES, _log)
 
 
 def _group_calls(nodes) -> tuple[dict, int]:

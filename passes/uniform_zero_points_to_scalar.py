@@ -14,10 +14,10 @@ from __future__ import annotations
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
+from tvm_ext._rules import Rule, rewrites
 from ._registry import register_pass
 
 from ._doc import factory_sections
-from ._rules import Rule, rewrites_by_op
 from ._util import Check, Reject, pass_logger, substitution_pass
 
 __all__ = ["UniformZeroPointsToScalar", "ZERO_POINT_ARGS", "RULES"]
@@ -54,39 +54,51 @@ def _check(zp) -> Check:
     return True
 
 
-def _scalar_zero_points(positions, rule_name, call):
-    """``call`` reading each uniform zero-point vector at ``positions`` as its scalar, or a Reject."""
-    args = list(call.args)
-    changed = []
-    for i in positions:
-        ok = _check(args[i])
-        if not ok:
-            _log.debug("%s: arg %d not rewritten: %s", rule_name, i, ok)
-            continue
-        value = args[i].data.numpy()
-        args[i] = relay.const(value.reshape(-1)[0], dtype=str(value.dtype))
-        changed.append(i)
-    if not changed:
-        return Reject("no zero point is a uniform constant vector")
-    _log.info("%s: zero point(s) at %s are uniform vectors: now scalars", rule_name, changed)
-    return relay.Call(call.op, args, call.attrs, call.type_args, call.span)
+def _uniform_zero_points(positions, rule_name):
+    """The rule's check: the positions among ``positions`` that hold a uniform constant zero-point
+    vector (each other one logged with its reason), or a Reject when none does."""
+    def check(call):
+        changed = []
+        for i in positions:
+            ok = _check(call.args[i])
+            if not ok:
+                _log.debug("%s: arg %d not rewritten: %s", rule_name, i, ok)
+                continue
+            changed.append(i)
+        if not changed:
+            return Reject("no zero point is a uniform constant vector")
+        return changed
+
+    return check
+
+
+def _scalar_zero_points(rule_name):
+    """The rule's rewrite: ``call`` reading each uniform zero-point vector the check found as its scalar."""
+    def rewrite(call, changed):
+        args = list(call.args)
+        for i in changed:
+            value = args[i].data.numpy()
+            args[i] = relay.const(value.reshape(-1)[0], dtype=str(value.dtype))
+        _log.info("%s: zero point(s) at %s are uniform vectors: now scalars", rule_name, changed)
+        return relay.Call(call.op, args, call.attrs, call.type_args, call.span)
+
+    return rewrite
 
 
 def _rule(op: str, arity: int, positions: tuple) -> Rule:
     name = f"{PASS_NAME}.{op}"
     return Rule(name, lambda: dfp.is_op(op)(*(dfp.wildcard() for _ in range(arity))),
-                lambda call: _scalar_zero_points(positions, name, call))
+                _uniform_zero_points(positions, name), _scalar_zero_points(name))
 
 
 #: One rule per op of :data:`ZERO_POINT_ARGS`, each
 #: ``# op(..., zp = const([c, c, ..., c]), ...) -> op(..., zp = const(c), ...)`` at its zero-point positions.
 RULES = tuple(_rule(op, arity, positions) for op, (arity, positions) in ZERO_POINT_ARGS.items())
-_BY_OP = {op: (rule,) for op, rule in zip(ZERO_POINT_ARGS, RULES)}
 
 
 def _collect(nodes, users, body) -> dict:
     """Each QNN call with a uniform zero-point vector, reading the scalar instead."""
-    return rewrites_by_op(nodes, _BY_OP, _log)
+    return rewrites(nodes, RULES, _log)
 
 
 @register_pass(PASS_NAME)
