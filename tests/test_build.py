@@ -264,13 +264,19 @@ def test_no_passes_equals_relay_build_on_a_real_model(target):
 
 
 def test_a_pipeline_turns_the_kernel_policy_on():
-    from tvm_ext.core.build import kernel_settings
+    from tvm_ext.core.build import prepare
 
-    assert kernel_settings(()) == (False, False)
-    assert kernel_settings([relay.transform.InferType()]) == (False, False)
-    assert kernel_settings(pipelines.int8()) == (True, True)
-    assert kernel_settings(pipelines.int8(), tuned=False) == (True, False)
-    assert kernel_settings((), kernels=True) == (True, True)
+    mod = tvm.IRModule.from_expr(relay.Function([x := relay.var("x", shape=(2,))], x))
+
+    def settings(passes, **kw):
+        prep = prepare(mod, "llvm -mcpu=x86-64-v3", passes, **kw)
+        return prep.request.kernels, prep.request.tuned, bool(prep.requantize)
+
+    assert settings(()) == (False, False, False)
+    assert settings([relay.transform.InferType()]) == (False, False, False)
+    assert settings(pipelines.int8()) == (True, True, True)
+    assert settings(pipelines.int8(), tuned=False) == (True, False, True)
+    assert settings((), kernels=True) == (True, True, False)
 
 
 @pytest.mark.slow

@@ -19,7 +19,9 @@ LAYERS = (
     ("tvm_ext", "tvm_ext.core"),
     ("tvm_ext.passes",),
     ("tvm_ext.patterns",),
-    ("tvm_ext.x86", "tvm_ext.arm"),
+    ("tvm_ext.backend.select",),
+    ("tvm_ext.x86", "tvm_ext.arm", "tvm_ext.gpu"),
+    ("tvm_ext.backend", "tvm_ext.backend.interface", "tvm_ext._records"),
     ("tvm_ext.errors", "tvm_ext.ops", "tvm_ext._op_pattern", "tvm_ext._reject", "tvm_ext._attrs", "tvm_ext._compat",
      "tvm_ext._atomic", "tvm_ext._files", "tvm_ext._patch", "tvm_ext._rules"),
 )
@@ -180,8 +182,9 @@ def test_one_name_per_module():
 
 
 def test_import_changes_nothing_process_wide():
-    """``import tvm_ext`` (a new process, TOPHUB_LOCATION unset) adds no import hook, loads no TVM and sets
-    no environment variable but TOPHUB_LOCATION (see ``tvm_ext._compat``)."""
+    """``import tvm_ext`` (a new process, TOPHUB_LOCATION unset) adds no import hook, loads no TVM, sets
+    no environment variable and installs no ``onnx.mapping`` stand-in (``tvm_ext._compat`` applies
+    those while a build or an import runs)."""
     import os
     import subprocess
     import sys
@@ -189,13 +192,14 @@ def test_import_changes_nothing_process_wide():
     code = ("import json, os, sys; hooks = (list(sys.meta_path), list(sys.path_hooks)); env = dict(os.environ)\n"
             "import tvm_ext\n"
             "print(json.dumps({'hooks_kept': hooks == (sys.meta_path, sys.path_hooks), 'tvm': 'tvm' in sys.modules,\n"
+            "                  'onnx_mapping': 'onnx.mapping' in sys.modules,\n"
             "                  'env': sorted(k for k in os.environ if os.environ[k] != env.get(k))}))")
     env = {k: v for k, v in os.environ.items() if k != "TOPHUB_LOCATION"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     import json
 
-    assert json.loads(r.stdout) == {"hooks_kept": True, "tvm": False, "env": ["TOPHUB_LOCATION"]}
+    assert json.loads(r.stdout) == {"hooks_kept": True, "tvm": False, "onnx_mapping": False, "env": []}
 
 
 def _pass_modules(mods: dict) -> set:

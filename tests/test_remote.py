@@ -19,6 +19,7 @@ from tvm_ext.tools.deploy import DeployError
 from tvm_ext.tools.tune import write_records
 from tvm_ext.tools.tune_remote import Boards, _layout_candidates
 from tvm_ext.backend.select import isa_class
+from tvm_ext.arm import tuning as arm_tuning
 from tvm_ext.x86 import tuning
 from tvm_ext.x86.target import build_target
 
@@ -166,7 +167,7 @@ def test_emulation_is_none_for_a_plain_session():
 ])
 def test_aarch64_record_keys(target, cls, name):
     tgt = build_target(target)
-    assert isa_class(tgt) == cls and tuning.records_name(tgt) == name
+    assert isa_class(tgt) == cls and arm_tuning.records_name(tgt) == name
     assert tuning.records_name(build_target("llvm -mcpu=x86-64-v3")) == "x86_int8_x86-64-v3_avx2.log"
 
 
@@ -183,11 +184,11 @@ def test_aarch64_record_loads_for_its_target_only(tmp_path, monkeypatch):
     line = autotvm.record.encode(autotvm.MeasureInput(tgt, task, cfg), autotvm.MeasureResult((1e-4,), 0, 0.0, 0.0))
     path = write_records([line], tgt)
     assert path.endswith("tuned/aarch64_int8_neoverse-n1_dotprod.log")
-    (inp, _), = tuning.load_records(tgt)
+    (inp, _), = arm_tuning.load_records(tgt)
     assert str(inp.target) == str(tgt) and inp.task.workload == task.workload
     assert inp.config.to_json_dict()["entity"] == cfg.to_json_dict()["entity"]
     for other in (A72, V1, "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2 -mattr=+neon,+dotprod"):
-        assert tuning.load_records(build_target(other)) == []
+        assert arm_tuning.load_records(build_target(other)) == []
 
 
 def test_bench_labels_emulation_only_when_the_server_says_so():

@@ -1,27 +1,26 @@
 """tvm-ext: Relay passes, pattern tables, a relay.build with insertion points, and kernel reports.
 
-Built on Apache TVM 0.19 (the last release with Relay). Importing :mod:`tvm_ext` sets
-``TOPHUB_LOCATION=NONE`` when unset (no network) and installs a small ``onnx.mapping`` shim so
-TVM 0.19's ONNX frontend works with current onnx releases. It asks nothing of the operating system:
-the AMX tile permission is requested when AMX code is built or loaded (:mod:`tvm_ext.x86.amx`).
+Built on Apache TVM 0.19 (the last release with Relay). Importing :mod:`tvm_ext` changes nothing in
+the process: TVM's compatibility settings (no TopHub download, the ``onnx.mapping`` stand-in) are
+applied while tvm-ext builds or imports a model and undone after (:mod:`tvm_ext._compat`).
 
-Layout: :mod:`tvm_ext.core` (build, pipelines, report, explain, registry, frontend),
-:mod:`tvm_ext.x86` (instruction sets, targets, the int8 kernel policy, tuned records, AMX),
-:mod:`tvm_ext.tools` (cli, bench, zoo, ort_isa, deploy, tune), :mod:`tvm_ext.passes`,
-:mod:`tvm_ext.patterns`, :mod:`tvm_ext.relax` and :mod:`tvm_ext.testing`. Each module has one
+Layout, top first: :mod:`tvm_ext.tools` and :mod:`tvm_ext.testing`; :mod:`tvm_ext.relax`;
+:mod:`tvm_ext.core` (build, pipelines, report, explain, registry, frontend); :mod:`tvm_ext.passes`
+and :mod:`tvm_ext.patterns`; :mod:`tvm_ext.backend` (one back end per target family:
+:mod:`tvm_ext.x86`, :mod:`tvm_ext.arm`, :mod:`tvm_ext.gpu`); leaf modules. Each module has one
 import path, the one of its file (``tvm_ext.tools.zoo``, ``tvm_ext.x86.int8_conv``, ...).
 """
 import importlib
 
-from . import _compat  # noqa: F401  (environment and onnx compatibility, before TVM is used)
 from .core.build import build, copy_module
 from .core.explain import explain
 from .core.report import KernelReport
-from .x86.target import build_target, host_target, safe_target
+from .backend.select import build_target
+from .x86.target import host_target, safe_target
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("core", "x86", "tools", "passes", "patterns", "relax", "testing")
+_SUBPACKAGES = ("core", "backend", "x86", "arm", "gpu", "tools", "passes", "patterns", "relax", "testing")
 
 
 def __getattr__(name):

@@ -1,35 +1,25 @@
-"""Environment and library compatibility set-up that must run before TVM is used.
+"""Compatibility settings TVM 0.19 needs, applied only while tvm-ext's own work runs, then undone.
 
-Design note
------------
-* ``TOPHUB_LOCATION=NONE`` keeps TVM from trying to download AutoTVM tophub
-  logs (there is no network); ``setdefault`` lets a user override it.
-* TVM 0.19's ONNX frontends (``tvm.relay.frontend.onnx`` and
-  ``tvm.relax.frontend.onnx``) do ``from onnx.mapping import
-  TENSOR_TYPE_TO_NP_TYPE`` and ``tvm.contrib.target.onnx`` uses
-  ``onnx.mapping.NP_TYPE_TO_TENSOR_TYPE``.  ``onnx.mapping`` was deprecated in
-  onnx 1.13 and removed later (it is gone in 1.23), so ``from_onnx`` fails with
-  an ``ImportError`` on any graph.  :func:`install_onnx_mapping_shim` registers
-  a small replacement module built from the public ``onnx.helper`` dtype
-  functions.  It is idempotent and does nothing when onnx still ships
-  ``onnx.mapping`` or when onnx is not installed.
-* TVM 0.19's ``relay.backend.te_compiler.get_shape`` calls ``tvm.support.libinfo()`` once per
-  dimension of every lowered call's output type; each call converts the ~100-entry build-info
-  map into a fresh dict over the FFI (milliseconds). On small graphs this was 25 % of a
-  ``relay.build`` (profiled on the fuzzer's graphs). :func:`install_libinfo_cache` makes the
-  name ``libinfo`` inside ``te_compiler`` return a copy of a dict read once (the build info of a
-  loaded ``libtvm`` cannot change). ``tvm.support.libinfo`` itself is untouched. Called by
-  :mod:`tvm_ext.build` on import; idempotent.
+* :func:`onnx_mapping`: TVM 0.19's ONNX frontends import ``onnx.mapping``, which onnx removed (gone
+  in 1.23); while entered, a stand-in built from ``onnx.helper`` is ``sys.modules["onnx.mapping"]``.
+  :func:`install_onnx_mapping_shim` installs it for the rest of the process: a user's choice, for
+  code that calls ``tvm.relay.frontend.from_onnx`` directly.
+* :func:`no_tophub_download`: while entered, ``TOPHUB_LOCATION`` is ``NONE`` unless the user set it,
+  so ``relay.build`` never tries to download AutoTVM's TopHub logs.
+* :func:`te_compiler_libinfo_cached`: while entered, ``te_compiler``'s ``libinfo`` returns a dict
+  read once (TVM 0.19 converts the ~100-entry build-info map over the FFI once per output dimension
+  of every lowered call: 25 % of a small graph's ``relay.build``). ``tvm.support.libinfo`` is untouched.
+
+Nothing here runs on import.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import sys
 import types
-
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
 logger = logging.getLogger(__name__)
 
@@ -111,33 +101,56 @@ def install_onnx_mapping_shim() -> bool:
     return True
 
 
-def install_libinfo_cache() -> bool:
-    """Let TVM's ``te_compiler`` read ``libinfo()`` once per process (see the design note).
+@contextlib.contextmanager
+def onnx_mapping():
+    """Enter to let TVM's ONNX frontends import ``onnx.mapping`` (see the module note); a shim this
+    installed is removed on exit, one the user installed stays."""
+    had = "onnx.mapping" in sys.modules
+    installed = install_onnx_mapping_shim() and not had
+    try:
+        yield
+    finally:
+        if installed:
+            import onnx
 
-    Returns
-    -------
-    bool
-        True when the cached function is (now or already) installed, False when TVM is not
-        importable or ``te_compiler`` has no ``libinfo`` name to replace.
-    """
+            sys.modules.pop("onnx.mapping", None)
+            if getattr(getattr(onnx, "mapping", None), _SHIM_MARKER, False):
+                del onnx.mapping
+
+
+@contextlib.contextmanager
+def no_tophub_download():
+    """Enter to keep ``relay.build`` from downloading TopHub logs (``TOPHUB_LOCATION=NONE`` unless set)."""
+    if "TOPHUB_LOCATION" in os.environ:
+        yield
+        return
+    os.environ["TOPHUB_LOCATION"] = "NONE"
+    try:
+        yield
+    finally:
+        os.environ.pop("TOPHUB_LOCATION", None)
+
+
+@contextlib.contextmanager
+def te_compiler_libinfo_cached():
+    """Enter to let TVM's ``te_compiler`` read ``libinfo()`` once (see the module note)."""
     try:
         from tvm.relay.backend import te_compiler
     except ImportError:
-        return False
+        yield
+        return
     current = getattr(te_compiler, "libinfo", None)
-    if current is None:
-        return False
-    if getattr(current, _SHIM_MARKER, False):
-        return True
+    if current is None or getattr(current, _SHIM_MARKER, False):
+        yield
+        return
     info = dict(current())
 
     def libinfo() -> dict:
         return dict(info)
 
     setattr(libinfo, _SHIM_MARKER, True)
-    libinfo.__doc__ = current.__doc__
     te_compiler.libinfo = libinfo
-    return True
-
-
-install_onnx_mapping_shim()
+    try:
+        yield
+    finally:
+        te_compiler.libinfo = current

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from .. import _compat
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build", "copy_module", "prefix_pass_names", "kernel_settings", "kernel_contexts", "pin_requantize",
-           "AT_CHOICES"]
+__all__ = ["build", "prepare", "Prepared", "copy_module", "prefix_pass_names", "pin_requantize", "AT_CHOICES"]
 
 AT_CHOICES = ("before_fuse", "start")
 
@@ -118,23 +118,6 @@ def _as_module(mod):
     return mod
 
 
-def _stage_passes(passes, at) -> dict:
-    """``passes`` as {stage: [Pass, ...]}: a sequence runs at ``at``; a mapping names its stages;
-    None is no passes (as ``()``)."""
-    if passes is None:
-        passes = ()
-    if isinstance(passes, Mapping):
-        unknown = sorted(set(passes) - set(AT_CHOICES))
-        if unknown:
-            raise ValueError(f"tvm_ext.build: unknown pass stage(s) {unknown}; expected keys from {AT_CHOICES}")
-        return {stage: _check_passes(passes.get(stage, ())) for stage in AT_CHOICES}
-    if at not in AT_CHOICES:
-        raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {AT_CHOICES}")
-    out = {stage: [] for stage in AT_CHOICES}
-    out[at] = _check_passes(passes)
-    return out
-
-
 def _check_passes(passes) -> list:
     import tvm
 
@@ -169,7 +152,8 @@ def _bind_params(mod, params):
 
 def prefix_pass_names(mod, target, opt_level=3, **ctx) -> list[str]:
     """Names of the passes relay.build's optimisation prefix runs on ``mod`` for ``target``."""
-    _, names = _run_prefix(copy_module(_as_module(mod)), target, opt_level, **ctx)
+    with _compat.no_tophub_download():
+        _, names = _run_prefix(copy_module(_as_module(mod)), target, opt_level, **ctx)
     return names
 
 
@@ -193,6 +177,84 @@ def _run_prefix(mod, target, opt_level, config=None, disabled_pass=(), instrumen
     return mod, ran
 
 
+@dataclass
+class Prepared:
+    """A build as :func:`prepare` sets it up: what :func:`build` (and ``explain``, which stops before
+    FuseOps) runs.
+
+    Attributes
+    ----------
+    mod : tvm.IRModule
+        A copy of the user's module.
+    target : tvm.target.Target
+        The resolved target (the back end's :meth:`~tvm_ext.backend.interface.Backend.target`).
+    backend : tvm_ext.backend.interface.Backend
+        The target's family.
+    stages : dict
+        Stage -> passes: the pipeline's for the family, then the back end's.
+    split : bool
+        Run relay.build's prefix here (``before_fuse`` passes exist or ``at="before_fuse"``).
+    request : tvm_ext.backend.interface.BuildRequest
+        What the back end was asked (target, kernel policy and tuned records on or off, ...).
+    plan : tvm_ext.backend.interface.BuildPlan
+        The back end's contexts, instruments, configuration and finishing step.
+    requantize : dict
+        ``relay.qnn.op.requantize_config`` settings (empty: TVM's defaults).
+    """
+
+    mod: object
+    target: object
+    backend: object
+    stages: dict
+    split: bool
+    request: object
+    plan: object
+    requantize: dict
+
+    def contexts(self) -> contextlib.ExitStack:
+        """Every context the build runs in, entered: the requantize settings, then the back end's."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(_compat.no_tophub_download())
+        if self.requantize:
+            from tvm.relay.qnn.op import requantize_config
+
+            stack.enter_context(requantize_config(**self.requantize))
+        stack.enter_context(self.plan.entered())
+        return stack
+
+
+def prepare(mod, target=None, passes=(), at: str = "before_fuse", *, kernels: bool | None = None,
+            tuned: bool | None = None, **options) -> Prepared:
+    """Resolve a build of ``mod``: the target's back end and target, the pipeline for its family,
+    and the back end's plan (see :func:`build` for the arguments; ``options`` are the family's)."""
+    from ..backend import select
+    from ..backend.interface import BuildRequest
+    from . import tvm_bugs
+    from .pipelines import resolve
+
+    if at not in AT_CHOICES:
+        raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {AT_CHOICES}")
+    mod = copy_module(_as_module(mod))
+    if target is not None:
+        tvm_bugs.check_target(target)  # an unknown -mtriple segfaults LLVM's feature query
+    backend = select.for_target(target)
+    tgt = backend.target(target, **options)
+    chosen = resolve(passes, at, backend.family)
+    stages = {stage: _check_passes(chosen.stages.get(stage, ())) for stage in AT_CHOICES}
+    use_kernels = chosen.kernels if kernels is None else bool(kernels)
+    use_tuned = use_kernels if tuned is None else bool(tuned)
+    request = BuildRequest(tgt, mod, kernels=use_kernels, tuned=use_tuned, eight_bit=_has_8bit_tensors(mod),
+                           options=options)
+    plan = backend.plan(request)
+    for stage, extra in plan.passes.items():
+        stages[stage] = [*stages[stage], *extra]
+    split = at == "before_fuse" or bool(stages["before_fuse"])
+    requantize = dict(chosen.requantize)
+    if requantize:
+        mod = pin_requantize(mod, requantize)
+    return Prepared(mod, tgt, backend, stages, split, request, plan, requantize)
+
+
 def build(
     mod,
     target=None,
@@ -214,62 +276,49 @@ def build(
 ):
     """Build a Relay module like ``relay.build``, running ``passes`` at an insertion point.
 
+    The target's back end (:mod:`tvm_ext.backend`: x86, aarch64, GPU) resolves the target, adds its
+    passes, kernel policy, tuned records and instruments; docs/backends.md says what each adds.
+
     Parameters
     ----------
     mod : tvm.IRModule or relay.Function
         The model. Never modified: a copy is built.
     target : str or tvm.target.Target, optional
-        Default: the host CPU. Resolved by :func:`tvm_ext.x86.target.build_target`: ``-mcpu=native``
-        becomes the real CPU, and AVX-512 VNNI is kept (LLVM targets are compiled inside
-        :func:`tvm_ext.x86.int8_conv.kernels`, whose VNNI intrinsic LLVM 22 accepts).
+        Default: the host CPU. x86: ``-mcpu=native`` becomes the real CPU, AVX-512 VNNI is kept
+        (:func:`tvm_ext.x86.target.build_target`); a GPU target gets the host CPU as its host.
     params : dict of str to array, optional
         Bound into ``main`` first, as ``relay.build`` does.
-    passes : sequence of tvm.transform.Pass, or mapping
-        User passes, run in order as one ``tvm.transform.Sequential`` at ``at``. A mapping
-        ``{"start": [...], "before_fuse": [...]}`` (such as :func:`tvm_ext.core.pipelines.int8`) runs
-        each list at its own stage, and ``at`` only decides whether the prefix is split off.
-        A :class:`tvm_ext.core.pipelines.Pipeline` is built inside
-        ``relay.qnn.op.requantize_config(**settings)``, with its ``requantize`` settings (e.g.
-        ``pipelines.int8(numerics="onnxruntime")``) or, without any, ``pipelines.EXACT_REQUANTIZE``
-        (TVM's int64 fixed point at every target, each call's own rounding), and every
-        ``qnn.requantize`` of ``mod`` is given them as attributes first (:func:`pin_requantize`).
+    passes : sequence of tvm.transform.Pass, mapping, or Pipeline
+        User passes, run in order at ``at``; a mapping ``{"start": [...], "before_fuse": [...]}``
+        runs each list at its stage. A :class:`tvm_ext.core.pipelines.Pipeline` (such as
+        :func:`~tvm_ext.core.pipelines.int8`) is first narrowed to the target's family
+        (:meth:`~tvm_ext.core.pipelines.Pipeline.for_family`), turns the family's kernel policy on,
+        and fixes QNN requantize's lowering (its ``requantize`` settings, else
+        :data:`~tvm_ext.core.pipelines.EXACT_REQUANTIZE`; every ``qnn.requantize`` is pinned to them
+        first, :func:`pin_requantize`).
     at : {"before_fuse", "start"}
-        ``"before_fuse"``: passes see the module after relay.build's optimisation prefix
-        (layouts altered, constants folded, CSE done) and their output reaches FuseOps without
-        the prefix running again. ``"start"``: passes run before the prefix.
+        ``"before_fuse"``: passes see the module after relay.build's optimisation prefix and their
+        output reaches FuseOps without the prefix running again. ``"start"``: before the prefix.
     opt_level : int
-        PassContext opt_level for everything (default 3, like ``relay.build`` users set).
+        PassContext opt_level for everything (default 3).
     config, disabled_pass, instruments
-        Merged with the PassContext the caller entered, if any (config: explicit wins;
-        disabled passes and instruments: union).
+        Merged with the PassContext the caller entered, if any (config: explicit wins; disabled
+        passes and instruments: union).
     executor, runtime, mod_name
         Forwarded to ``relay.build``.
     allow_vnni : bool, optional
-        None (default): use AVX-512 VNNI where the CPU has it. False: mask it (the instruction
-        set a plain ``relay.build`` can survive). See :func:`tvm_ext.x86.target.build_target`.
-        AMX is masked (:data:`tvm_ext.x86.target.AMX_FEATURES`) unless ``amx``.
+        x86 only. None (default): use AVX-512 VNNI where the CPU has it; False: mask it.
     kernels : bool, optional
-        Compile x86 int8 ops with tvm-ext's kernel policy (:mod:`tvm_ext.x86.int8_conv`: layouts,
-        channel blocks and schedules per instruction set). None (default): on when ``passes`` is a
-        :class:`tvm_ext.core.pipelines.Pipeline` (such as :func:`tvm_ext.core.pipelines.int8`), off
-        otherwise, so that without a pipeline the kernels and outputs are ``relay.build``'s. Off,
-        only TVM's VNNI intrinsic is replaced by one LLVM 22 accepts (the same instruction).
+        Apply the family's kernel policy (x86: :mod:`tvm_ext.x86.int8_conv`; aarch64:
+        :mod:`tvm_ext.arm.int8_conv`). None (default): as the pipeline says (on for a
+        :class:`~tvm_ext.core.pipelines.Pipeline`, off for a list of passes, so that without a
+        pipeline the kernels are ``relay.build``'s).
     tuned : bool, optional
-        Use the int8 conv layouts and schedules tuned for this CPU and instruction set
-        (:mod:`tvm_ext.x86.tuning`): the user's records (``tvm-ext tune``; for an aarch64 target,
-        ``tvm-ext tune --rpc/--tracker`` on a board of that CPU) first, then shipped ones.
-        None (default): as ``kernels``. ``kernel_report`` marks the kernels they reached
-        (``Kernel.tuned``).
+        Apply the tuned records of the target's instruction-set class (user's first, then shipped).
+        None (default): as ``kernels``. ``kernel_report`` marks the kernels they reached.
     amx : bool
-        Opt-in, off by default: keep ``amx-tile`` and ``amx-int8`` on a target that has them
-        (Sapphire/Granite Rapids), so TVM's uint8 x int8 dense and batch_matmul compute on AMX
-        tiles where their shapes fit whole tiles, each kernel configuring its tiles in the thread
-        that runs it (:mod:`tvm_ext.x86.amx`: :func:`~tvm_ext.x86.amx.ConfigureTiles` as a TIR lower pass,
-        :func:`~tvm_ext.x86.amx.tile_schedules`). Convolutions stay on AVX-512 VNNI. Running the result
-        needs Linux's tile permission (:func:`tvm_ext.x86.amx.request_tile_state`): a build with
-        ``amx=True`` asks for it on an AMX host, as :func:`tvm_ext.tools.deploy.load_library` does.
-        Never run on an AMX CPU by this project's tests: checked by reading the generated code and
-        by running it with the tile instructions emulated.
+        x86 only, opt-in: keep ``amx-tile`` and ``amx-int8`` so int8 dense and batch_matmul compute
+        on AMX tiles (:mod:`tvm_ext.x86.amx`; docs/x86-kernels.md).
 
     Returns
     -------
@@ -283,66 +332,18 @@ def build(
     ValueError
         Bad ``at``, or a module without ``main``.
     TypeError
-        A pass that is not a ``tvm.transform.Pass``.
+        A pass that is not a ``tvm.transform.Pass``, or an option the target's family does not take.
+    tvm_ext.errors.UnsupportedByTVM
+        A target or graph TVM 0.19 cannot build (the message says why).
     tvm_ext.core.build.PassFailed
         A user pass raised; the message names it.
     """
-    import tvm
-
-    from . import tvm_bugs
-    from ..arm import requantize as arm_requantize
-    from ..x86 import exact_int8
-    from ..x86.target import build_target
-
-    if at not in AT_CHOICES:
-        raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {AT_CHOICES}")
-    stages = _stage_passes(passes, at)
-    split = at == "before_fuse" or bool(stages["before_fuse"])
-    mod = copy_module(_as_module(mod))
-    if target is not None:
-        tvm_bugs.check_target(target)  # an unknown -mtriple segfaults LLVM's feature query
-    tgt = build_target(target, allow_vnni, allow_amx=amx)
-    if tgt.kind.name == "llvm" and tgt.host is None:
-        tgt = tvm.target.Target(tgt, host=tgt)
-    use_kernels, use_tuned = kernel_settings(passes, kernels, tuned)
-    if tgt.kind.name == "llvm" and exact_int8.packs_pairs(tgt) and _has_8bit_tensors(mod):
-        # exact int8 convs without VNNI: kernels whose vpmaddubsw pairs saturate go to int16 pairs,
-        # last before FuseOps (tvm_ext.x86.exact_int8)
-        stages["before_fuse"] = [*stages["before_fuse"], exact_int8.PairPackInt8Convs()]
-        split = True
-    kernels, schedules = kernel_contexts(tgt, mod, use_kernels, use_tuned)
-    from .pipelines import EXACT_REQUANTIZE, Pipeline
-
-    # a Pipeline fixes QNN requantize's lowering: its own settings, or TVM's integer one at every target
-    requantize = dict(getattr(passes, "requantize", ()) or ()) or (
-        dict(EXACT_REQUANTIZE) if isinstance(passes, Pipeline) else {})
-    if requantize:
-        from tvm.relay.qnn.op import requantize_config
-
-        mod = pin_requantize(mod, requantize)
-        rq = requantize_config(**requantize)
-    else:
-        rq = contextlib.nullcontext()
-    tiles = contextlib.nullcontext()
-    if amx and tgt.kind.name == "llvm":
-        from ..x86 import amx as amx_tiles
-
-        amx_tiles.prepare_process()  # the result runs in this process too: ask Linux for the tile state now
-        config, tiles = amx_tiles.lower_config(config), amx_tiles.tile_schedules()
-    # aarch64: qnn.requantize rounded once, as on every other CPU (tvm_ext.arm.requantize)
-    arm = arm_requantize.generic_q_multiply_shift() if _is_aarch64(tgt) else contextlib.nullcontext()
-    with kernels, schedules, rq, tiles, arm:
-        factory = _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor,
-                         runtime, mod_name)
-    hits = getattr(schedules, "hits", None)
-    if hits:
-        factory.kernel_report = factory.kernel_report.with_tuned(hits)
-    return factory
-
-
-def _is_aarch64(tgt) -> bool:
-    """True for an LLVM target that compiles for 64-bit ARM."""
-    return tgt.kind.name == "llvm" and str(tgt.attrs.get("mtriple", "")).startswith(("aarch64", "arm64"))
+    options = {**({} if allow_vnni is None else {"allow_vnni": allow_vnni}), **({"amx": True} if amx else {})}
+    prep = prepare(mod, target, passes, at, kernels=kernels, tuned=tuned, **options)
+    with prep.contexts():
+        factory = _build(prep.mod, prep.target, params, prep.stages, prep.split, opt_level, config, disabled_pass,
+                         instruments, executor, runtime, mod_name, prep.plan)
+    return prep.plan.finish(factory)
 
 
 def pin_requantize(mod, settings: Mapping):
@@ -376,42 +377,6 @@ def pin_requantize(mod, settings: Mapping):
     return tvm.IRModule(functions, type_definitions=mod.type_definitions, attrs=mod.attrs)  # the caller's stays
 
 
-def kernel_settings(passes=(), kernels: bool | None = None, tuned: bool | None = None) -> tuple[bool, bool]:
-    """``(kernels, tuned)`` for a build with ``passes``: see :func:`build`'s parameters of those names.
-
-    tvm-ext's x86 kernel policy and tuned records change layouts (and so kernels); they are for
-    graphs a tvm-ext pipeline made, and a build without one stays ``relay.build``'s.
-    """
-    from .pipelines import Pipeline
-
-    if kernels is None:
-        kernels = isinstance(passes, Pipeline)
-    if tuned is None:
-        tuned = kernels
-    return bool(kernels), bool(tuned)
-
-
-def kernel_contexts(tgt, mod, kernels: bool, tuned: bool) -> tuple:
-    """The (kernel policy, tuned records) context managers a build of ``mod`` at ``tgt`` enters.
-
-    For an LLVM target the first is always :func:`tvm_ext.x86.int8_conv.kernels`: with ``kernels``
-    False it only makes TVM's VNNI intrinsic buildable with LLVM 22 (TVM's layouts and schedules
-    stay); the second has ``hits`` when records were applied.
-    """
-    from ..arm import int8_conv as arm_int8
-    from ..x86 import tuning, int8_conv as x86_int8
-
-    if tgt.kind.name != "llvm":
-        return contextlib.nullcontext(), contextlib.nullcontext()
-    if _is_aarch64(tgt):
-        # aarch64: 8-bit operands for every int8 conv and dense (tvm_ext.arm.int8_conv); the records
-        # `tvm-ext tune --rpc` measured on a board of this CPU (tvm_ext.x86.tuning's aarch64 files)
-        policy = arm_int8.kernels(int8_graph=_has_8bit_tensors(mod)) if kernels else contextlib.nullcontext()
-        return policy, tuning.apply(tgt) if tuned else contextlib.nullcontext()
-    policy = x86_int8.kernels(schedule=kernels, int8_graph=kernels and _has_8bit_tensors(mod))
-    return policy, tuning.apply(tgt) if tuned else contextlib.nullcontext()
-
-
 def _has_8bit_tensors(mod) -> bool:
     """True when ``mod`` holds int8/uint8 tensors (an 8-bit graph: :func:`tvm_ext.x86.int8_conv.kernels`'s
     ``int8_graph``). A module that does not type-check says False here and fails later, in the build."""
@@ -427,17 +392,15 @@ def _has_8bit_tensors(mod) -> bool:
 
 
 def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, instruments, executor, runtime,
-           mod_name):
+           mod_name, plan):
     import tvm
     from tvm import relay
 
     from . import tvm_bugs
     from .report import KernelReport
-    from ..x86 import exact_int8
 
-    _compat.install_libinfo_cache()
     cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
-    cfg = {**cur_config, **(config or {})}
+    cfg = plan.configure({**cur_config, **(config or {})})
     disabled = list(dict.fromkeys([*cur_disabled, *disabled_pass]))
     instr = [*cur_instruments, *instruments]
 
@@ -471,12 +434,11 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     handed = mod
 
     def final_build(config, extra_disabled):
-        # x86 without VNNI: which int8 workloads keep the saturating vpmaddubsw (tvm_ext.x86.exact_int8)
-        with exact_int8.recording(), tvm.transform.PassContext(
+        with _compat.te_compiler_libinfo_cached(), tvm.transform.PassContext(
             opt_level=opt_level,
             config=config,
             disabled_pass=list(dict.fromkeys([*disabled, *prefix_names, *extra_disabled])),
-            instruments=[*instr, exact_int8.RecordWeights()],
+            instruments=[*instr, *plan.instruments],
         ):
             return relay.build(copy_module(mod), target=tgt, **build_kwargs)
 

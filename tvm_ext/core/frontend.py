@@ -15,8 +15,8 @@ wants for latency-oriented compilation.
 Loading errors are normalised so a CLI can print ``str(exc)``:
 ``FileNotFoundError`` for a missing path, ``ValueError("<path> is not an ONNX
 model: ...")`` for anything that does not parse as an ONNX ``ModelProto``.
-Importing this module installs the ``onnx.mapping`` shim (see
-:mod:`tvm_ext._compat`) that TVM 0.19 needs with recent onnx.
+:func:`from_onnx` runs TVM's importer with the ``onnx.mapping`` stand-in TVM 0.19 needs
+with recent onnx, removed again after (:func:`tvm_ext._compat.onnx_mapping`).
 """
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ from typing import Mapping, Optional, Sequence, Union
 import onnx
 
 from .. import _compat
-
-_compat.install_onnx_mapping_shim()
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +237,7 @@ def from_onnx(
         dtypes.update(dtype)
     logger.info("relay.frontend.from_onnx: inputs %s", {k: (shapes[k], dtypes[k]) for k in shapes})
     try:
-        with warnings.catch_warnings(record=True) as caught:  # onnx.checker complaints: logged, not printed
+        with _compat.onnx_mapping(), warnings.catch_warnings(record=True) as caught:  # checker complaints: logged
             warnings.simplefilter("always")
             mod, params = relay.frontend.from_onnx(
                 model, shape=shapes, dtype=dtypes, freeze_params=freeze_params

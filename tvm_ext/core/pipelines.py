@@ -25,7 +25,8 @@ import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-__all__ = ["Pipeline", "Step", "Stage", "Insertion", "int8", "int8_stages", "listing", "onnxruntime_numerics",
+__all__ = ["Pipeline", "Step", "Stage", "Insertion", "Chosen", "resolve", "FAMILIES", "int8", "int8_stages", "listing",
+           "onnxruntime_numerics",
            "INT8", "INT8_ONNXRUNTIME", "ONNXRUNTIME_INSERTIONS", "NUMERICS", "ORT_REQUANTIZE",
            "EXACT_REQUANTIZE"]
 
@@ -51,6 +52,9 @@ EXACT_REQUANTIZE = (("compute_dtype", "int64"),)
 #: Build stages of a :class:`Pipeline`, in the order :func:`tvm_ext.build` runs them.
 STAGE_KEYS = ("start", "before_fuse")
 
+#: Target families a :class:`Step` may be limited to (the back ends' ``family``, :mod:`tvm_ext.backend`).
+FAMILIES = ("x86", "aarch64", "gpu", "generic")
+
 
 @dataclass(frozen=True)
 class Pipeline(Mapping):
@@ -66,6 +70,26 @@ class Pipeline(Mapping):
     #: The :class:`Stage` tables the pipeline was built from (empty for a pipeline not built
     #: from tables).
     stages: tuple = ()
+    #: Turn the target family's kernel policy and tuned records on (``tvm_ext.build``'s ``kernels``).
+    kernels: bool = True
+    #: The family the steps were chosen for (:meth:`for_family`); empty: every step.
+    family: str = ""
+
+    def for_family(self, family: str) -> "Pipeline":
+        """The pipeline with only the steps that apply to ``family`` (:attr:`Step.families`): what
+        :func:`tvm_ext.build` runs at a target of that family. A pipeline not built from tables, or
+        whose steps all apply, is returned as it is."""
+        if family not in FAMILIES:
+            raise ValueError(f"pipelines: unknown family {family!r}; expected one of {FAMILIES}")
+        if not self.stages or self.family == family:
+            return self
+        kept = tuple(s.for_family(family) for s in self.stages)
+        if kept == self.stages:
+            return self
+        start, before_fuse = kept
+        return replace(self, start=_sequential(start.passes(), f"{self.name}.start"),
+                       before_fuse=_sequential(before_fuse.passes(), f"{self.name}.before_fuse"),
+                       stages=kept, family=family)
 
     def __getitem__(self, key):
         if key == "start":
@@ -97,6 +121,46 @@ def _sequential(passes, name):
     return seq
 
 
+@dataclass(frozen=True)
+class Chosen:
+    """What :func:`resolve` makes of ``tvm_ext.build``'s ``passes``: passes per stage, whether the
+    family's kernel policy applies, and the requantize settings."""
+
+    stages: dict
+    kernels: bool
+    requantize: tuple
+
+
+def resolve(passes, at: str, family: str) -> Chosen:
+    """``passes`` as :func:`tvm_ext.build` runs them at a target of ``family``.
+
+    A :class:`Pipeline` is narrowed to the family (:meth:`Pipeline.for_family`) and brings its
+    ``kernels`` and its ``requantize`` settings (none: :data:`EXACT_REQUANTIZE`). A mapping names its
+    stages; a pass or a sequence of passes runs at ``at``; None is no passes. Neither turns the kernel
+    policy on nor changes requantize.
+    """
+    if isinstance(passes, Pipeline):
+        chosen = passes.for_family(family)
+        return Chosen({k: list(chosen[k]) for k in STAGE_KEYS}, chosen.kernels,
+                      tuple(chosen.requantize) or EXACT_REQUANTIZE)
+    if passes is None:
+        passes = ()
+    if isinstance(passes, Mapping):
+        unknown = sorted(set(passes) - set(STAGE_KEYS))
+        if unknown:
+            raise ValueError(f"tvm_ext.build: unknown pass stage(s) {unknown}; expected keys from {STAGE_KEYS}")
+        return Chosen({k: _as_list(passes.get(k, ())) for k in STAGE_KEYS}, False, ())
+    if at not in STAGE_KEYS:
+        raise ValueError(f"tvm_ext.build: at={at!r}; expected one of {STAGE_KEYS}")
+    return Chosen({k: _as_list(passes) if k == at else [] for k in STAGE_KEYS}, False, ())
+
+
+def _as_list(passes) -> list:
+    import tvm
+
+    return [passes] if isinstance(passes, tvm.transform.Pass) else list(passes)
+
+
 # -- tables --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Step:
@@ -118,6 +182,8 @@ class Step:
         ``"first"`` / ``"last"``: the step must open / close its stage (checked by :class:`Stage`).
     args : tuple of (str, object)
         Keyword arguments the factory is called with.
+    families : tuple of str
+        The target families (:data:`FAMILIES`) the step runs at; empty: all of them.
     """
 
     name: str
@@ -127,6 +193,11 @@ class Step:
     before: tuple = ()
     place: str = ""
     args: tuple = ()
+    families: tuple = ()
+
+    def applies_to(self, family: str) -> bool:
+        """True when the step runs at targets of ``family``."""
+        return not self.families or family in self.families
 
     def __post_init__(self):
         for attr in ("name", "does", "why"):
@@ -140,6 +211,9 @@ class Step:
                 raise ValueError(f"pipelines.Step {self.name!r}: names itself in {attr}")
         if self.place not in ("", "first", "last"):
             raise ValueError(f"pipelines.Step {self.name!r}: place={self.place!r}; expected '', 'first' or 'last'")
+        if not isinstance(self.families, tuple) or not set(self.families) <= set(FAMILIES):
+            raise ValueError(f"pipelines.Step {self.name!r}: families must be a tuple of {FAMILIES}, "
+                             f"got {self.families!r}")
         if not isinstance(self.args, tuple) or not all(
                 isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str) for a in self.args):
             raise ValueError(f"pipelines.Step {self.name!r}: args must be (keyword, value) pairs, got {self.args!r}")
@@ -197,6 +271,14 @@ class Stage:
                     if (pos[other] < i) != (rel == "follow"):
                         raise ValueError(f"pipelines.Stage {self.key!r}: {s.name} must {rel} {other}, but stands "
                                          f"at {i + 1} and {other} at {pos[other] + 1}")
+
+    def for_family(self, family: str) -> "Stage":
+        """The stage with the steps that apply to ``family``; order constraints on a step left out
+        are dropped with it."""
+        steps = [s for s in self.steps if s.applies_to(family)]
+        names = {s.name for s in steps}
+        return replace(self, steps=tuple(replace(s, after=tuple(n for n in s.after if n in names),
+                                                 before=tuple(n for n in s.before if n in names)) for s in steps))
 
     def names(self) -> list:
         """The pass names, in order."""

@@ -62,6 +62,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..errors import UnsupportedByTVM
+
 __all__ = ["UnsupportedByTVM", "check_module", "check_target", "is_llvm_debug_info_error",
            "is_inline_function_copy_error", "is_integer_scale_fold_error", "PrefixWorkaround", "PREFIX_WORKAROUNDS",
            "prefix_workaround", "NO_TIR_CSE", "COPIES_INLINE_FUNCTIONS", "FOLDS_INTEGER_SCALES"]
@@ -70,8 +72,6 @@ __all__ = ["UnsupportedByTVM", "check_module", "check_target", "is_llvm_debug_in
 NO_TIR_CSE = "tir.disable_cse_tir"
 
 
-class UnsupportedByTVM(ValueError):
-    """The module hits a known TVM 0.19 bug for this target; the message says which and what to do."""
 
 
 def is_llvm_debug_info_error(err) -> bool:

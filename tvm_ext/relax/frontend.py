@@ -31,12 +31,14 @@ def from_onnx(model_or_path, shape=None):
     import tvm
     from tvm.relax.frontend.onnx import from_onnx as _from_onnx
 
+    from tvm_ext import _compat
     from tvm_ext.core.frontend import input_info, load_onnx
 
     model = load_onnx(model_or_path)
     info = input_info(model, shape)
     try:
-        return _from_onnx(model, shape_dict={k: list(s) for k, (s, _) in info.items()},
-                          dtype_dict={k: d for k, (_, d) in info.items()}, keep_params_in_input=False)
+        with _compat.onnx_mapping():
+            return _from_onnx(model, shape_dict={k: list(s) for k, (s, _) in info.items()},
+                              dtype_dict={k: d for k, (_, d) in info.items()}, keep_params_in_input=False)
     except (tvm.TVMError, KeyError, NotImplementedError, AttributeError) as err:
         raise ValueError(f"the Relax ONNX frontend cannot import this model: {str(err).splitlines()[-1]}") from err

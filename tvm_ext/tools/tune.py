@@ -31,9 +31,14 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..arm import tuning as arm_tuning
+from ..backend import select
 from ..x86 import tuning, int8_conv as x86_int8
 from ..core.build import build
 from ..x86.isa import isa_class, runs_on_host
+
+#: The int8 conv templates whose workloads are recorded (x86 and aarch64).
+_CONV_TASKS = tuning.CONV_TASKS + arm_tuning.CONV_TASKS
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +134,7 @@ def record_workloads(mod, params=None, target=None, passes=(), records=()) -> Wo
     class _Recorder(autotvm.task.DispatchContext):
         def _query_inside(self, target, workload):
             if workload:
-                if workload[0] in tuning.CONV_TASKS:
+                if workload[0] in _CONV_TASKS:
                     bucket = found.conv if len(workload[1][1]) == 5 else found.layout
                     if workload not in bucket:
                         bucket.append(workload)
@@ -205,7 +210,7 @@ def _dense_candidates(task, n: int = 16, seed: int = 0) -> list:
 
 
 def _describe(wl) -> str:
-    if wl[0] in tuning.CONV_TASKS:
+    if wl[0] in _CONV_TASKS:
         return f"conv data {list(wl[1][1])} {wl[1][2]} kernel {list(wl[2][1])} stride {list(wl[3])} pad {list(wl[4])}"
     return f"{wl[0]} data {list(wl[1][1])} weight {list(wl[2][1])}"
 
@@ -421,7 +426,7 @@ def write_records(lines, target, path=None) -> str:
     from ..x86.target import build_target
 
     tgt = build_target(target)
-    out = Path(path) if path else tuning.user_path(tgt)
+    out = Path(path) if path else select.for_target(tgt).records_path(tgt)
     out.parent.mkdir(parents=True, exist_ok=True)
     keep = {}
     if out.is_file():

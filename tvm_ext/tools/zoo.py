@@ -71,7 +71,6 @@ from typing import Any, Optional, Union
 import numpy as np
 import onnx
 
-from .. import _compat  # noqa: F401  (onnx.mapping shim, TOPHUB_LOCATION)
 from . import zoo_real
 from .._atomic import atomic_target, write_bytes_atomic
 from .zoo_models import INPUT_NAME, ZOO_VERSION, quantize_onnx, relay_resnet_int8, resnet50_onnx

@@ -18,7 +18,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .. import _compat  # noqa: F401  (onnx.mapping shim, TOPHUB_LOCATION)
 from .._atomic import atomic_target
 
 logger = logging.getLogger(__name__)

@@ -34,9 +34,6 @@ A leaf module (it imports only TVM): :mod:`tvm_ext.x86.target`, :mod:`tvm_ext.x8
   ``-mcpu=sapphirerapids`` as written, or ``tvm_ext.build(..., amx=True)``
   (:mod:`tvm_ext.x86.amx`). What :func:`tvm_ext.x86.target.safe_target` and
   :func:`tvm_ext.x86.target.build_target` return otherwise masks AMX, so it is ``avx512_vnni``.
-* :func:`target_class` is :func:`isa_class` on x86, and on aarch64 ``aarch64_neon``,
-  ``aarch64_dotprod`` or ``aarch64_i8mm``: the int8 instructions an ARM target's kernels use. The
-  tuning records, the benchmark's environment line and the passes' per-class tables key on it.
 """
 from __future__ import annotations
 
@@ -52,7 +49,6 @@ __all__ = [
     "missing_on_host",
     "runs_on_host",
     "isa_class",
-    "target_class",
 ]
 
 #: Most capable first.
@@ -145,18 +141,3 @@ def isa_class(target) -> str:
     if "avx2" in feats:
         return "avx2"
     return "sse"
-
-
-def _is_aarch64(target) -> bool:
-    return target.kind.name == "llvm" and str(target.attrs.get("mtriple", "")).startswith(("aarch64", "arm64"))
-
-
-def target_class(target) -> str:
-    """The int8 instruction class of ``target``: :func:`isa_class` on x86; on aarch64
-    ``aarch64_i8mm``, ``aarch64_dotprod`` or ``aarch64_neon`` (the int8 instructions its kernels use)."""
-    if not _is_aarch64(target):
-        return isa_class(target)
-    features = target.features
-    if bool(features.has_matmul_i8):
-        return "aarch64_i8mm"
-    return "aarch64_dotprod" if bool(features.has_dotprod) else "aarch64_neon"

@@ -33,11 +33,11 @@ import logging
 import os
 from typing import Union
 
-from .isa import llvm_features, missing_on_host, target_class
+from .isa import llvm_features, missing_on_host
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["host_target", "safe_target", "build_target", "describe_target", "VNNI_FEATURES", "AMX_FEATURES"]
+__all__ = ["host_target", "safe_target", "build_target", "VNNI_FEATURES", "AMX_FEATURES"]
 
 #: LLVM feature names whose TVM 0.19 tensor intrinsic crashes LLVM 22.
 VNNI_FEATURES = ("avx512vnni", "avxvnni")
@@ -181,21 +181,3 @@ def build_target(target: TargetLike | None = None, allow_vnni: bool | None = Non
         allow_vnni = False
     return (host_target(allow_vnni=allow_vnni, allow_amx=allow_amx) if target is None
             else safe_target(target, allow_vnni=allow_vnni, allow_amx=allow_amx))
-
-
-def describe_target(target) -> dict:
-    """A JSON-friendly description of a target: string, cpu, int8 instruction class (x86's
-    :func:`~tvm_ext.x86.isa.isa_class`, or ``aarch64_neon`` / ``aarch64_dotprod`` / ``aarch64_i8mm``:
-    :func:`tvm_ext.x86.isa.target_class`), vector features."""
-    import tvm
-
-    tgt = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
-    feats = llvm_features(tgt)
-    interesting = sorted(f for f in feats if f.startswith(("avx", "sse4", "fma", "neon", "sve")))
-    return {
-        "target": str(tgt),
-        "kind": tgt.kind.name,
-        "mcpu": str(tgt.attrs.get("mcpu", "")),
-        "isa": target_class(tgt),
-        "features": interesting,
-    }

@@ -46,7 +46,6 @@ import logging
 from dataclasses import replace
 from typing import Optional, Sequence
 
-from ... import _compat  # noqa: F401
 from ..build import copy_module
 from ._analysis import _REASON_DOC, _REASON_ORDER, REASONS, Boundary, Kernel, _Analysis, _fn_ops, _pattern_of, \
     _tensor_info
@@ -77,10 +76,9 @@ def _apply_remedy(ex, remedy) -> Optional["Explanation"]:
         from ..registry import create_pass
 
         counter = _OpCounter()
-        use_kernels, use_tuned = b.kernel_settings(ex._request.get("passes", ()), ex._request.get("kernels"),
-                                                   ex._request.get("tuned"))
-        kernels, schedules = b.kernel_contexts(tgt, pre, use_kernels, use_tuned)
-        with kernels, schedules:
+        prep = b.prepare(pre, tgt, ex._request.get("passes", ()), kernels=ex._request.get("kernels"),
+                         tuned=ex._request.get("tuned"))
+        with prep.contexts():
             counter._last = _OpCounter.counts(pre)
             mod = b._run_user_passes(copy_module(pre), [create_pass(remedy.pass_name)], tgt, opt_level, cfg,
                                      list(ex._request.get("disabled_pass", ())), [counter.make()])
@@ -263,22 +261,16 @@ def explain_prefused(mod, target=None, opt_level: int = 3, config: Optional[dict
 def _prefuse_module(mod, target, params, passes, at, opt_level, config, disabled_pass, instruments, allow_vnni,
                     kernels, tuned):
     """The module relay.build hands to FuseOps, built as tvm_ext.build builds it."""
-    import tvm
-
     from .. import build as b
-    from ...x86.target import build_target
 
-    stages = b._stage_passes(passes, at)
-    mod = b.copy_module(b._as_module(mod))
-    tgt = build_target(target, allow_vnni)
-    if tgt.kind.name == "llvm" and tgt.host is None:
-        tgt = tvm.target.Target(tgt, host=tgt)
-    kernels, schedules = b.kernel_contexts(tgt, mod, *b.kernel_settings(passes, kernels, tuned))
+    options = {} if allow_vnni is None else {"allow_vnni": allow_vnni}
+    prep = b.prepare(mod, target, passes, at, kernels=kernels, tuned=tuned, **options)
+    stages, mod, tgt = prep.stages, prep.mod, prep.target
     cur_config, cur_disabled, cur_instr = b._current_ctx_settings()
-    cfg = {**cur_config, **(config or {})}
+    cfg = prep.plan.configure({**cur_config, **(config or {})})
     disabled = list(dict.fromkeys([*cur_disabled, *disabled_pass]))
     instr = [*cur_instr, *instruments]
-    with kernels, schedules:
+    with prep.contexts():
         mod = b._bind_params(mod, params)
         if stages["start"]:
             mod = b._run_user_passes(mod, stages["start"], tgt, opt_level, cfg, disabled, instr)

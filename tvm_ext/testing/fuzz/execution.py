@@ -24,7 +24,6 @@ lowering), so the oracle runs the prefix once per graph.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import tempfile
@@ -130,23 +129,11 @@ def seeded_inputs(mod) -> list:
 
 
 def _build_contexts(tgt, mod):
-    """The contexts ``tvm_ext.build`` compiles a pipeline's graph in at ``tgt``: its kernel policy
-    and tuned records (x86: :func:`tvm_ext.x86.int8_conv.kernels` and the records; aarch64:
-    :func:`tvm_ext.core.build.kernel_contexts`, the aarch64 int8 policy) and on aarch64 the generic
-    ``q_multiply_shift`` lowering."""
-    from tvm_ext.arm import requantize as arm_requantize
-    from tvm_ext.core.build import _is_aarch64, kernel_contexts
-    from tvm_ext.x86 import int8_conv as x86_int8
-    from tvm_ext.x86 import tuning
+    """The contexts ``tvm_ext.build`` compiles a pipeline's graph in at ``tgt``: its back end's
+    (:func:`tvm_ext.core.build.prepare` with the kernel policy and tuned records on)."""
+    from tvm_ext.core.build import prepare
 
-    stack = contextlib.ExitStack()
-    if _is_aarch64(tgt):
-        for context in (*kernel_contexts(tgt, mod, True, True), arm_requantize.generic_q_multiply_shift()):
-            stack.enter_context(context)
-    else:
-        stack.enter_context(x86_int8.kernels())
-        stack.enter_context(tuning.apply(tgt))
-    return stack
+    return prepare(mod, tgt, kernels=True, tuned=True).contexts()
 
 
 def prefixed(mod, tgt):

@@ -1,0 +1,69 @@
+"""The aarch64 back end: what a build for a 64-bit ARM CPU adds to ``relay.build``.
+
+* contexts: requantize rounded once, as on every other CPU (:mod:`tvm_ext.arm.requantize`), always;
+  with ``kernels``, the int8 kernel policy (:mod:`tvm_ext.arm.int8_conv`: 8-bit operands for every
+  int8 conv and dense, ``sdot``/``smmla`` where the target has them); with ``tuned``, the records
+  ``tvm-ext tune --rpc`` measured on a board of the target's CPU (:mod:`tvm_ext.arm.tuning`).
+* passes, instruments: none.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from ..backend.interface import Backend, BuildPlan, BuildRequest, llvm_arch
+
+__all__ = ["AArch64"]
+
+
+class AArch64(Backend):
+    """64-bit ARM CPUs (``-mtriple=aarch64-...``): NEON, ``+dotprod``, ``+i8mm``."""
+
+    family = "aarch64"
+
+    def claims(self, target) -> bool:
+        return llvm_arch(target) in ("aarch64", "arm64", "aarch64_be")
+
+    def target(self, target, **options):
+        import tvm
+
+        from ..x86.target import safe_target  # resolves -mcpu=native; masks nothing on aarch64
+
+        if options:
+            raise TypeError(f"tvm_ext.build: {sorted(options)} are not options of the aarch64 back end")
+        if target is None:  # this host, an aarch64 machine
+            from tvm.target import codegen
+
+            target = f"llvm -mcpu={codegen.llvm_get_system_cpu()}"
+        tgt = safe_target(target)
+        return tgt if tgt.host is not None else tvm.target.Target(tgt, host=tgt)
+
+    def plan(self, request: BuildRequest) -> BuildPlan:
+        from . import int8_conv, requantize, tuning
+
+        records = tuning.apply(request.target) if request.tuned else contextlib.nullcontext()
+        contexts = [requantize.generic_q_multiply_shift(), records]
+        if request.kernels:
+            contexts.insert(0, int8_conv.kernels(int8_graph=request.eight_bit))
+        hits = lambda: getattr(records, "hits", None)  # noqa: E731
+        return BuildPlan(contexts=contexts, finish=lambda factory: _with_tuned(factory, hits()))
+
+    def isa_class(self, target) -> str:
+        from .isa import isa_class
+
+        return isa_class(target)
+
+    def records(self, target) -> list:
+        from .tuning import load_records
+
+        return load_records(target)
+
+    def records_path(self, target):
+        from .tuning import user_path
+
+        return user_path(target)
+
+
+def _with_tuned(factory, hits):
+    if hits:
+        factory.kernel_report = factory.kernel_report.with_tuned(hits)
+    return factory

@@ -1,0 +1,83 @@
+"""The x86 back end: what a build for an x86 CPU adds to ``relay.build``.
+
+* target: :func:`tvm_ext.x86.target.build_target` (the real CPU for ``-mcpu=native``, AVX-512 VNNI
+  kept, AMX masked unless ``amx=True``);
+* passes: ``PairPackInt8Convs`` last before FuseOps where the int8 dot product has no VNNI
+  (:mod:`tvm_ext.x86.exact_int8`), so every int8 conv is exact;
+* contexts: the int8 kernel policy (:func:`tvm_ext.x86.int8_conv.kernels`; with ``kernels`` off only
+  the VNNI intrinsic LLVM 22 accepts), the tuned records of the target's class
+  (:mod:`tvm_ext.x86.tuning`), the exactness record, and with ``amx`` the AMX tile schedules;
+* instruments: :class:`tvm_ext.x86.exact_int8.RecordWeights`; with ``amx`` the ``ConfigureTiles``
+  lowering pass.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from ..backend.interface import Backend, BuildPlan, BuildRequest, llvm_arch
+
+__all__ = ["X86"]
+
+_ARCHS = ("x86_64", "x86-64", "amd64", "i386", "i486", "i586", "i686")
+
+
+class X86(Backend):
+    """x86-64 CPUs, SSE to AVX-512 VNNI and AMX (:data:`tvm_ext.x86.isa.ISA_CLASSES`)."""
+
+    family = "x86"
+
+    def claims(self, target) -> bool:
+        return llvm_arch(target) in _ARCHS
+
+    def target(self, target, allow_vnni: bool | None = None, amx: bool = False, **options):
+        import tvm
+
+        from .target import build_target
+
+        if options:
+            raise TypeError(f"tvm_ext.build: {sorted(options)} are not options of the x86 back end "
+                            f"(it takes allow_vnni, amx)")
+        tgt = build_target(target, allow_vnni, allow_amx=amx)
+        return tgt if tgt.host is not None else tvm.target.Target(tgt, host=tgt)
+
+    def plan(self, request: BuildRequest) -> BuildPlan:
+        from . import exact_int8, int8_conv, tuning
+
+        tgt, amx = request.target, bool(request.options.get("amx"))
+        plan = BuildPlan()
+        if exact_int8.packs_pairs(tgt) and request.eight_bit:
+            plan.passes["before_fuse"] = [exact_int8.PairPackInt8Convs()]
+        plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
+                         exact_int8.recording()]
+        records = tuning.apply(tgt) if request.tuned else contextlib.nullcontext()
+        plan.contexts.append(records)
+        plan.instruments = [exact_int8.RecordWeights()]
+        if amx:
+            from . import amx as amx_tiles
+
+            amx_tiles.prepare_process()  # the result runs in this process too: ask Linux for the tile state now
+            plan.contexts.append(amx_tiles.tile_schedules())
+            plan.configure = amx_tiles.lower_config
+        plan.finish = lambda factory: _with_tuned(factory, getattr(records, "hits", None))
+        return plan
+
+    def isa_class(self, target) -> str:
+        from .isa import isa_class
+
+        return isa_class(target)
+
+    def records(self, target) -> list:
+        from .tuning import load_records
+
+        return load_records(target)
+
+    def records_path(self, target):
+        from .tuning import user_path
+
+        return user_path(target)
+
+
+def _with_tuned(factory, hits):
+    if hits:
+        factory.kernel_report = factory.kernel_report.with_tuned(hits)
+    return factory
