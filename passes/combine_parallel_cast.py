@@ -124,8 +124,11 @@ def _check_fused_group(producer, calls, users, body) -> Check:
 
 
 @dataclass(frozen=True)
-class Rule:
-    """One merge rule: ``key(call)`` groups candidate users of a value; ``check`` accepts a group."""
+class MergeRule:
+    """One merge rule: ``key(call)`` groups candidate users of a value; ``check`` accepts a group.
+
+    Not a local rewrite (``tvm_ext._rules.Rule``): its left side is a set of sibling calls of one
+    value, which a dataflow pattern, rooted at one call, cannot state."""
 
     name: str
     key: Callable
@@ -134,8 +137,8 @@ class Rule:
 
 #: Ordered rule table (order is priority).
 RULES = (
-    Rule(f"{PASS_NAME}.cast", _cast_key, _check_cast_group),
-    Rule(f"{PASS_NAME}.fused_cast", _fused_cast_key, _check_fused_group),
+    MergeRule(f"{PASS_NAME}.cast", _cast_key, _check_cast_group),
+    MergeRule(f"{PASS_NAME}.fused_cast", _fused_cast_key, _check_fused_group),
 )
 
 
