@@ -50,7 +50,7 @@ from typing import Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ArmEnv", "ArmEnvMissing", "RPCServer", "find_env", "missing", "rpc_server", "default_dir",
+__all__ = ["ArmEnv", "ArmEnvMissing", "RPCServer", "find_env", "missing", "rpc_server", "board_server", "default_dir",
            "run_on_session", "load_on_session", "rpc_tracker", "CROSS_CXX", "TARGETS", "EMULATION_LABEL"]
 
 #: The cross compiler export_library links aarch64 libraries with.
@@ -258,21 +258,40 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None, start_t
                                port=port, port_end=port + 1, key=key, tracker=tracker_addr)
     cmd = [str(env.python), "-c", main]
     logger.info("starting aarch64 RPC server under qemu (cpu %s): %s:%d", cpu or "max", host, port)
+    with _serve(cmd, cpu, None, start_timeout, f"{host}:{port}") as (proc, log, _address):
+        yield RPCServer(host, port, proc, log)
+
+
+def _qemu_environ(cpu: Optional[str], env_vars: Optional[dict]) -> dict:
     environ = dict(os.environ)
     environ.pop("QEMU_CPU", None)
+    environ.update(env_vars or {})
     if cpu:
         environ["QEMU_CPU"] = cpu  # qemu-user reads it; the server's worker and sessions inherit it
+    return environ
+
+
+@contextlib.contextmanager
+def _serve(cmd: list, cpu: Optional[str], env_vars: Optional[dict], start_timeout: float,
+           address: Optional[str]) -> Iterator[tuple]:
+    """Start a server process, wait until it binds (``address``, or the first ``bind to HOST:PORT`` it
+    logs when None) and accepts connections; yield ``(proc, log, "HOST:PORT")``; kill its group on exit."""
+    import re
+
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env=environ,
+                            text=True, start_new_session=True, env=_qemu_environ(cpu, env_vars),
                             preexec_fn=_die_with_parent() if sys.platform == "linux" else None)
     log: list = []
+    bound: dict = {}
     listening = threading.Event()
 
     def _read():
         for line in proc.stdout:
             log.append(line.rstrip("\n"))
             logger.debug("rpc server: %s", log[-1])
-            if f"bind to {host}:{port}" in line:
+            found = re.search(r"bind to (\S+):(\d+)", line)
+            if found and (address is None or f"{found[1]}:{found[2]}" == address):
+                bound["address"] = f"{found[1]}:{found[2]}"
                 listening.set()
 
     reader = threading.Thread(target=_read, daemon=True)
@@ -285,17 +304,53 @@ def rpc_server(env: Optional[ArmEnv] = None, port: Optional[int] = None, start_t
                        else f"did not listen within {start_timeout:g} s")
                 tail = "\n".join(log[-20:])
                 raise RuntimeError(f"rpc_server: the aarch64 TVM RPC server {why}; its log:\n{tail}")
+        host, _, port = bound["address"].rpartition(":")
         # TVM logs "bind to" before listen(): wait until a connection is accepted
-        while not _accepts(host, port):
+        while not _accepts(host, int(port)):
             if proc.poll() is not None or time.monotonic() - t0 > start_timeout:
                 raise RuntimeError(f"rpc_server: the aarch64 TVM RPC server bound {host}:{port} but does not "
                                    f"accept connections; its log:\n" + "\n".join(log[-20:]))
             time.sleep(0.2)
-        logger.info("aarch64 RPC server listening on %s:%d after %.1f s", host, port, time.monotonic() - t0)
-        yield RPCServer(host, port, proc, log)
+        logger.info("aarch64 RPC server listening on %s:%s after %.1f s", host, port, time.monotonic() - t0)
+        yield proc, log, bound["address"]
     finally:
         _kill_group(proc)
         reader.join(5)
+
+
+# ``python -m tvm.exec.rpc_server ARGS`` as a board runs it, in the emulated Python: sys.executable names
+# the wrapper (the PopenWorker it starts must be exec'd through qemu) and SIGTERM ends the process group.
+_MODULE_MAIN = """\
+import os, runpy, signal, sys
+sys.executable = {python!r}
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+sys.argv = ["rpc_server", *{args!r}]
+runpy.run_module("tvm.exec.rpc_server", run_name="__main__", alter_sys=True)
+"""
+
+
+@contextlib.contextmanager
+def board_server(args, env_vars: Optional[dict] = None, cpu: Optional[str] = None, env: Optional[ArmEnv] = None,
+                 start_timeout: float = 300.0) -> Iterator[RPCServer]:
+    """``VARS python -m tvm.exec.rpc_server ARGS``, the command a board runs (docs/arm.md), in the
+    emulated Python: ``args`` are the server's own (``--host``, ``--port``, ``--tracker``, ``--key``),
+    ``env_vars`` the variables set on the command line (``TVM_NUM_THREADS``), ``cpu`` the CPU qemu
+    emulates (``QEMU_CPU``). Yields the server once it accepts connections at the address it bound.
+
+    Raises
+    ------
+    ArmEnvMissing
+        The set-up is incomplete.
+    RuntimeError
+        The server exited or did not listen within ``start_timeout`` (its log is in the message).
+    """
+    env = env or find_env(need_cxx=False)
+    cmd = [str(env.python), "-c", _MODULE_MAIN.format(python=str(env.python), args=[str(a) for a in args])]
+    logger.info("starting python -m tvm.exec.rpc_server %s under qemu (cpu %s)", " ".join(map(str, args)),
+                cpu or "max")
+    with _serve(cmd, cpu, env_vars, start_timeout, None) as (proc, log, address):
+        host, _, port = address.rpartition(":")
+        yield RPCServer("127.0.0.1" if host == "0.0.0.0" else host, int(port), proc, log)
 
 
 @contextlib.contextmanager
