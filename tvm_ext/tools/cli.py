@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cross-compiler", metavar="CXX",
                    help="link the .so with this compiler (e.g. aarch64-linux-gnu-g++; as tvmc)")
     p.add_argument("--cross-compiler-options", metavar="OPTIONS",
-                   help="options for --cross-compiler, one string (e.g. '--sysroot=/opt/board')")
+                   help="options for --cross-compiler, one string (write --cross-compiler-options='-O1 ...')")
     p.add_argument("--pipeline", choices=["int8", "none"], default="none", help="tvm-ext pipeline (default none)")
     p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes (run before FuseOps)")
     p.add_argument("--target", help="LLVM target (default: the host CPU); may be another CPU, then it cannot run here")
