@@ -9,6 +9,7 @@ docs/kernels-static.md).
     python benchmarks/kernel_mca.py --cpu znver5 --kernels   # ... and the per-kernel table
     python benchmarks/kernel_mca.py --model resnet50_int8_qdq [--small] --cpu neoverse-n1 --kernels
     python benchmarks/kernel_mca.py --cpus                   # the CPU models and their peaks
+    python benchmarks/kernel_mca.py --calibrate layers.json --cpu znver5 --peak-gmacs 545 --clock-ghz 4.35
 
 ``--model resnet50-convs`` (the default) builds each distinct conv of ResNet-50 after the stem alone
 (uint8 x int8, bias, requantize to uint8) and weights it by how often ResNet-50 has it; a zoo name
@@ -93,6 +94,101 @@ def cpus_table(names) -> list:
     return lines
 
 
+def _layers_vs_peers():
+    """benchmarks/layers_vs_peers.py as a module (its conv geometry and ONNX shape helpers)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("layers_vs_peers", Path(__file__).with_name("layers_vs_peers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def calibrate(raw: dict, cpu: str, peak_gmacs: float, clock_ghz: float) -> str:
+    """Markdown: per conv geometry, the static estimate next to the measured kernel time and OpenVINO's
+    node time, then the end-to-end split. ``raw``: a ``layers_vs_peers.py --out`` JSON of this host.
+
+    Static times, two ways: llvm-mca's cycles at ``clock_ghz`` (the model as is), and MACs / (llvm-mca's
+    share of peak x the measured peak ``peak_gmacs`` per core) (llvm-mca's share, the host's peak).
+    Both assume the threads split every kernel evenly.
+    """
+    import collections
+
+    import tvm_ext
+    from tvm_ext.core import pipelines
+    from tvm_ext.core.frontend import from_onnx, input_info
+    from tvm_ext.tools import mca
+
+    lvp = _layers_vs_peers()
+    path, threads, target = raw["model"], raw["threads"], raw["targets"]["tvm-ext"]
+    (name, (shape, _)), = input_info(path).items()
+    mod, params = from_onnx(path, shape={name: shape})
+    factory = tvm_ext.build(mod, target=target, params=params, passes=pipelines.int8())
+    an = mca.analyze_factory(factory, cpu)
+    rows = raw["tvm"]["tvm-ext"]
+    measured = collections.Counter()
+    geometry = {}
+    for r in rows:
+        measured[r["name"]] += r["ms"]
+        geometry.setdefault(r["name"], lvp._geometry_tvm(r) if "conv2d" in r["name"] else ("dense",))
+    ov = collections.Counter()
+    ov_count = collections.Counter()
+    for node, (g, _m) in lvp._ort_conv_shapes(path).items():
+        ov_count[g] += 1
+        if raw.get("openvino") and node in raw["openvino"]:
+            ov[g] += raw["openvino"][node]
+    per = collections.defaultdict(lambda: collections.Counter())
+    shares = collections.defaultdict(list)
+    for k in an.kernels:
+        g = geometry.get(k.name)
+        if g is None:
+            raise ValueError(f"kernel {k.name} of the analysed build is not in the timed build: the builds differ")
+        d = per[g]
+        d["n"] += k.launches
+        d["macs"] += k.launches * k.macs
+        d["measured"] += measured[k.name]
+        if k.mca:
+            d["mca_ms"] += k.cycles / (clock_ghz * 1e6) / threads
+            d["cal_ms"] += k.launches * k.macs / (k.share * peak_gmacs * 1e6) / threads
+            shares[g].append(k.share)
+        else:
+            d["unmodelled"] += 1
+    head = ["conv (out, kh, kw, oh, ow)", "n", "GMAC", "hot loop % peak (llvm-mca)", "static ms: llvm-mca cycles",
+            "static ms: share x measured peak", "tvm-ext measured ms", "measured / static", "OpenVINO ms",
+            "tvm-ext / OpenVINO"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    tot = collections.Counter()
+    for g, d in sorted(per.items(), key=lambda kv: -kv[1]["measured"]):
+        for key in ("macs", "measured", "mca_ms", "cal_ms"):
+            tot[key] += d[key]
+        tot["ov"] += ov.get(g, 0)
+        share = "/".join(_pct(x) for x in sorted(set(round(v, 2) for v in shares[g]))) or "no dot loop"
+        cal = f"{d['cal_ms']:.3f}" if not d["unmodelled"] else "-"
+        cells = [str(g), str(d["n"]), f"{d['macs'] / 1e9:.3f}", share, f"{d['mca_ms']:.3f}" if shares[g] else "-",
+                 cal, f"{d['measured']:.3f}", f"{d['measured'] / d['cal_ms']:.2f}" if d["cal_ms"] else "-",
+                 f"{ov[g]:.3f}" if ov.get(g) else "-", f"{d['measured'] / ov[g]:.2f}" if ov.get(g) else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("| " + " | ".join(["all conv and dense kernels", "", f"{tot['macs'] / 1e9:.3f}", _pct(an.share),
+                                     f"{tot['mca_ms']:.2f}", f"{tot['cal_ms']:.2f}", f"{tot['measured']:.2f}",
+                                     f"{tot['measured'] / tot['cal_ms']:.2f}", f"{tot['ov']:.2f}",
+                                     f"{tot['measured'] / tot['ov']:.2f}" if tot["ov"] else "-"]) + " |")
+    e2e = raw.get("tvm_end_to_end_ms", {}).get("tvm-ext")
+    mac_kernels = {k.name for k in an.kernels}
+    other = sum(r["ms"] for r in rows if r["name"] not in mac_kernels)
+    kernels_ms = sum(r["ms"] for r in rows)
+    split = [("hot loops (static: share x measured peak)", tot["cal_ms"]),
+             ("rest of the conv and dense kernels (measured - hot loops)", tot["measured"] - tot["cal_ms"]),
+             ("other kernels (measured)", other)]
+    if e2e:
+        split.append(("between kernels (end to end - sum of kernel times)", e2e - kernels_ms))
+    lines += ["", "| part of tvm-ext's end-to-end time | ms | share |", "|---|---|---|"]
+    whole = e2e or kernels_ms
+    for label, ms in split:
+        lines.append(f"| {label} | {ms:.2f} | {_pct(ms / whole)} |")
+    lines.append(f"| end to end ({'graph executor' if e2e else 'sum of kernel times'}) | {whole:.2f} | 100% |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     from tvm_ext.tools import mca
 
@@ -104,6 +200,13 @@ def main(argv=None):
     ap.add_argument("--kernels", action="store_true", help="also print the per-kernel table of each CPU model")
     ap.add_argument("--cpus", action="store_true", help="print the CPU models and their peaks, and stop")
     ap.add_argument("--json", default=None, help="write every analysis here as JSON")
+    ap.add_argument("--calibrate", default=None, metavar="LAYERS_JSON",
+                    help="a benchmarks/layers_vs_peers.py --out JSON of this host: print the static estimate per "
+                         "conv next to the measured and OpenVINO times, and the end-to-end split (one --cpu)")
+    ap.add_argument("--peak-gmacs", type=float, default=None,
+                    help="with --calibrate: the host's measured dot-product peak per core, GMAC/s "
+                         "(benchmarks/lab/int8_peak.py)")
+    ap.add_argument("--clock-ghz", type=float, default=None, help="with --calibrate: the host's core clock")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("kernel_mca").setLevel(logging.INFO)
@@ -112,6 +215,11 @@ def main(argv=None):
         mca.llvm_mca_path()
     except mca.McaError as err:
         sys.exit(f"kernel_mca: {err}")
+    if a.calibrate:
+        if len(cpus) != 1 or not a.peak_gmacs or not a.clock_ghz:
+            sys.exit("kernel_mca: --calibrate takes one --cpu, --peak-gmacs and --clock-ghz")
+        print(calibrate(json.loads(Path(a.calibrate).read_text()), cpus[0], a.peak_gmacs, a.clock_ghz))
+        return
     if a.cpus:
         print("\n".join(cpus_table(cpus)))
         return

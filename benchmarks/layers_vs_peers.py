@@ -24,6 +24,10 @@ reported, not fatal).
     python benchmarks/layers_vs_peers.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=x86-64-v3"]
                                          [--threads 2] [--repeat 7] [--ort-isa auto|host] [--peak GMACS]
                                          [--out layers.json]
+
+``--out`` also records each pipeline's end-to-end time (graph executor, the same libraries), which
+``benchmarks/kernel_mca.py --calibrate`` splits into hot loops, the rest of each conv, other kernels and
+the time between kernels.
 """
 import argparse
 import collections
@@ -106,6 +110,25 @@ def tvm_kernel_times(folder, pipelines_, repeat):
             k += 1
         out[p] = rows
     return out
+
+
+def tvm_end_to_end_times(folder, pipelines_, repeat):
+    """Median ms per whole run (graph executor, the same libraries; pipelines timed in alternation)."""
+    import numpy as np
+    import tvm
+    from tvm.contrib import graph_executor
+
+    mods = {}
+    for p in pipelines_:
+        m = graph_executor.create(Path(f"{folder}/{p}.json").read_text(),
+                                  tvm.runtime.load_module(f"{folder}/{p}.so"), tvm.cpu())
+        m.load_params(Path(f"{folder}/{p}.params").read_bytes())
+        mods[p] = m
+    samples = {p: [] for p in pipelines_}
+    for _ in range(repeat):
+        for p, m in mods.items():
+            samples[p].append(m.module.time_evaluator("run", tvm.cpu(), number=5, repeat=1)().mean * 1e3)
+    return {p: float(np.median(v)) for p, v in samples.items()}
 
 
 def ort_node_times(path, threads, runs=40):
@@ -376,6 +399,7 @@ def main(argv=None):
         if proc.exitcode != 0:
             sys.exit(f"layers_vs_peers: the {p} build failed (exit code {proc.exitcode})")
     rows = tvm_kernel_times(folder, ["stock", "tvm-ext"], a.repeat)
+    end_to_end = tvm_end_to_end_times(folder, ["stock", "tvm-ext"], a.repeat)
     from tvm_ext.tools.bench import ort_peer
 
     peer = ort_peer(target, a.ort_isa)
@@ -402,6 +426,7 @@ def main(argv=None):
     print(table(rows, peers, shapes, a.peak, a.threads))
     if a.out:
         Path(a.out).write_text(json.dumps({"model": path, "targets": targets, "threads": a.threads, "tvm": rows,
+                                           "tvm_end_to_end_ms": end_to_end,
                                            "ort": ort, "onnxruntime_isa": peer, "openvino": ov_times,
                                            "openvino_kernels": ov_kernels, "openvino_note": ov_note}, indent=1))
 

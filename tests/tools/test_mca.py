@@ -142,9 +142,10 @@ def test_unknown_cpu_model_names_the_known_ones():
 def test_peak_loop_text_is_twelve_independent_dots():
     body = _body(_peak.loop_text("sdot"))
     dots = [i for i in body if i.mnemonic == "sdot"]
-    assert len(dots) == _peak.COPIES == 12
-    assert len({i.operands.split(",")[0] for i in dots}) == 12  # one accumulator each
-    assert _asm.dot_macs(body)[1] == 12 * 16
+    assert len(dots) == _peak.COPIES * _peak.UNROLL and _peak.COPIES == 12
+    assert len({i.operands.split(",")[0] for i in dots}) == 12  # twelve accumulators
+    assert _asm.dot_macs(body)[1] == len(dots) * 16
+    assert body[-1].branch_target == ".Lpeak"
 
 
 @needs_mca
