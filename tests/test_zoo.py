@@ -12,7 +12,7 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.testing import environment, run_module
-from tvm_ext.tools import zoo, zoo_models
+from tvm_ext.tools import _zoo_cache, zoo, zoo_models
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -183,7 +183,7 @@ def test_relay_import_cached_by_model_bytes(cache, tmp_path, monkeypatch):
     model.graph.initializer[0].raw_data = bytes(len(model.graph.initializer[0].raw_data))
     other = tmp_path / first.onnx_path.name
     onnx.save(model, str(other))
-    zoo._import_onnx(other, cache)
+    _zoo_cache.import_onnx(other, cache)
     assert len(calls) == 1
 
 # ------------------------------------------------------- TVM vs ORT ----

@@ -60,7 +60,7 @@ def _load_model(name: str, small: bool):
     from tvm_ext.tools import zoo, zoo_real
 
     if zoo_real.is_real_model(name):
-        path = zoo._real_onnx_path(name, False, None)  # pylint: disable=protected-access
+        path = zoo.onnx_path(name)
     else:
         path = zoo.onnx_path(name, small)
     return onnx.load(str(path)), name

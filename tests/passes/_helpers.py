@@ -76,7 +76,7 @@ def real_model_vs_onnxruntime(tmp_path, name: str, pipeline: str = "int8", timeo
     from tvm_ext.tools import bench, zoo, zoo_real
 
     try:
-        path = zoo._real_onnx_path(name, False, None)  # pylint: disable=protected-access
+        path = zoo.onnx_path(name)
     except zoo_real.ModelUnavailable as err:
         pytest.skip(f"{name}: {err}")
     out = tmp_path / "tvm.npy"

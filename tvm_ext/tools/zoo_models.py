@@ -32,6 +32,18 @@ INPUT_NAME = "data"
 OUTPUT_NAME = "logits"
 
 
+def _onnxruntime():
+    """ONNX Runtime, which quantizes the zoo's int8 models; a clear error where it is not installed."""
+    try:
+        import onnxruntime
+    except ImportError:
+        from ..errors import UsageError
+
+        raise UsageError("the zoo's int8 models are quantized with ONNX Runtime, which is not installed: "
+                         "pip install 'tvm-ext[zoo]'") from None
+    return onnxruntime
+
+
 # --------------------------------------------------------------------------- #
 # numpy reference ops (used only to measure activation statistics)
 # --------------------------------------------------------------------------- #
