@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 export TOPHUB_LOCATION ?= NONE
 
-.PHONY: all venv lint test test-all bench bench-small fuzz arm-env clean
+.PHONY: all venv lint test test-all check-install bench bench-small fuzz arm-env clean
 
 all: test
 
@@ -30,6 +30,12 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup
+
+# A regular install, as PyPI users get it: the wheel and the sdist are built, checked for every package and
+# the tuned records, installed into a fresh venv (not editable) and run from outside the tree
+# (tests/packaging/check_install.py; about a minute with a warm zoo cache).
+check-install: $(STAMP)
+	$(PY) tests/packaging/check_install.py --python "$(PYTHON)"
 
 bench: $(STAMP)
 	$(PY) benchmarks/resnet50_int8.py
