@@ -91,14 +91,26 @@ _RESULT = "result.json"
 # --------------------------------------------------------------------------- #
 # a commit's code: package layout from pyproject.toml, and a finder for it
 # --------------------------------------------------------------------------- #
+def _setup_py_mapped(path: Path) -> dict:
+    """The ``MAPPED = {package: folder}`` literal of a ``setup.py`` (read, never run); {} without one."""
+    import ast
+
+    for node in ast.parse(path.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
+                                                                        and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "MAPPED" and node.value is not None:
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
 def package_dirs(root, package: str = PACKAGE) -> dict:
     """``{package name: folder}`` of ``package`` and its subpackages in the source tree ``root``.
 
     Only packages whose folder is not the one Python's own search would find under their parent
     need an entry, but every package the project declares is listed. Read from ``pyproject.toml``:
     ``[tool.setuptools] packages`` (a list, or ``{find = {where, include, exclude}}``) and
-    ``package-dir`` (``""`` is the root of all packages); without them, ``src/<package>`` or
-    ``<package>``.
+    ``package-dir`` (``""`` is the root of all packages), or the literal ``MAPPED = {name: folder}``
+    of a ``setup.py`` that discovers the rest; without them, ``src/<package>`` or ``<package>``.
 
     Raises
     ------
@@ -112,6 +124,8 @@ def package_dirs(root, package: str = PACKAGE) -> dict:
     if (root / "pyproject.toml").exists():
         cfg = tomllib.loads((root / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
     pkg_dir = {k: v for k, v in (cfg.get("package-dir") or {}).items()}
+    if not pkg_dir and (root / "setup.py").exists():
+        pkg_dir = _setup_py_mapped(root / "setup.py")
     base = root / pkg_dir.get("", "")
     declared = cfg.get("packages")
     names: list = []
@@ -128,6 +142,8 @@ def package_dirs(root, package: str = PACKAGE) -> dict:
                         fnmatch.fnmatch(name, p) for p in exclude):
                     names.append(name)
                     pkg_dir.setdefault(name, str(init.parent.relative_to(root)))
+    if not names:
+        names = [n for n in pkg_dir if n]
     mapping: dict = {}
     for name in sorted(n for n in names if n == package or n.startswith(package + ".")):
         parent, _, leaf = name.rpartition(".")
