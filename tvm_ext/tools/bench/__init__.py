@@ -104,7 +104,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     """
     import tvm
 
-    from ...x86 import exact_int8
+    from ...x86 import pair_pack
 
     ext_target = target if ext_target is None else ext_target
     progress.step(f"{key}: loading")
@@ -120,7 +120,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         pipes["tvm_same"] = ext_target
     if compare_untuned and tuned:
         pipes["tvm_ext_untuned"] = ext_target
-    if board is None and exact_int8.packs_pairs(tvm.target.Target(str(ext_target))):  # what exactness costs here
+    if board is None and pair_pack.packs_pairs(tvm.target.Target(str(ext_target))):  # what exactness costs here
         pipes["tvm_ext_saturating"] = ext_target
     pipes["exact"] = EXACT_TARGET
     jobs = [dict(key=key, small=small, model_path=model_path, target=str(t), pipeline=p, dir=str(vdir),
@@ -355,6 +355,36 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _command_line() -> str:
+    """The command that runs the benchmark, as typed (``tvm-ext bench ...``, ``python benchmarks/...``)."""
+    import shlex
+    import sys
+
+    prog = Path(sys.argv[0]).name if sys.argv else "python"
+    head = ["tvm-ext"] if prog == "tvm-ext" else ["python", sys.argv[0]] if sys.argv and sys.argv[0] else ["python"]
+    return shlex.join([*head, *sys.argv[1:]])
+
+
+def source_commit() -> Optional[str]:
+    """The git commit of the tvm-ext source that runs (``-dirty`` appended when tracked files differ
+    from it), or None for an installed package (no git checkout around it)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    if not (root / "pyproject.toml").is_file() or not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=30)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode or status.returncode:
+        return None
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
 def versions() -> dict:
     """Versions of Python, TVM, LLVM and the packages the benchmark's numbers depend on."""
     import importlib.metadata as md
@@ -443,8 +473,9 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
     keys = ["model"] if model else list(variants)
     progress = Progress(total=len(keys) * 4 + 1, stream=stream)
     env = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "tvm_threads": actual_threads,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": source_commit(),
+        "command": _command_line(), "cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads,
+        "tvm_threads": actual_threads,
         "tvm_thread_pool_spin_count": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"),
         "target": str(tgt), "target_info": describe_target(tgt), "ext_target": str(ext_tgt),
         "ext_target_info": describe_target(ext_tgt),

@@ -130,6 +130,8 @@ def render_markdown(results: dict) -> str:
         + f"; threads: {env['threads']} per engine"
         + (f" (TVM_THREAD_POOL_SPIN_COUNT={env['tvm_thread_pool_spin_count']})"
            if env.get("tvm_thread_pool_spin_count") else ""),
+        *([f"- commit: {env['commit'] or 'not a git checkout'}; command: `{env['command']}`"] if "commit" in env
+          else []),
         *_board_lines(env),
         f"- stock TVM target: `{env['target']}`",
         f"- tvm-ext target: `{env.get('ext_target', env['target'])}`"
