@@ -87,7 +87,7 @@ def test_hot_loop_is_the_innermost_loop_with_the_most_macs():
                                                          ".L__tvm_parallel_lambda.7"]
     hot = _asm.hot_loop("tvmgen_default_fused_nn_conv2d", funcs, kernels["tvmgen_default_fused_nn_conv2d"])
     # the outer loop has 5 dots but holds the inner one; the inner has more MACs than the ymm loop
-    assert hot.dots == {"vpdpbusd zmm": 2} and hot.macs == 128
+    assert hot.dots == {"vpdpbusd zmm": 2} and hot.macs == 128 and hot.accumulators == 2
     assert hot.body[0].startswith("vpdpbusd") and hot.body[-1].startswith("jne")
     assert _asm.hot_loop("tvmgen_default_fused_layout_transform", funcs,
                          kernels["tvmgen_default_fused_layout_transform"]) is None

@@ -64,7 +64,8 @@ class KernelEstimate:
     def to_dict(self) -> dict:
         d = {"name": self.name, "macs": self.macs, "launches": self.launches}
         if self.hot:
-            d.update(dots=self.hot.dots, macs_per_iteration=self.hot.macs, instructions=self.hot.instructions,
+            d.update(dots=self.hot.dots, accumulators=self.hot.accumulators,
+                     macs_per_iteration=self.hot.macs, instructions=self.hot.instructions,
                      cycles_per_iteration=self.mca.cycles_per_iteration, macs_per_cycle=self.macs_per_cycle,
                      share=self.share, bound=self.mca.bound, function=self.hot.function)
         return d

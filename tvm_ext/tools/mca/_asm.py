@@ -126,6 +126,7 @@ class HotLoop:
     body: tuple  # instruction texts, labels and directives removed
     dots: dict = field(default_factory=dict)  # "mnemonic width" -> count
     macs: int = 0  # multiply-accumulates per iteration
+    accumulators: int = 0  # distinct registers the dot instructions write
 
     @property
     def instructions(self) -> int:
@@ -238,4 +239,11 @@ def hot_loop(kernel: str, funcs: dict, names) -> HotLoop | None:
     if not inner:
         return None
     lp, body, count, macs = max(inner, key=lambda f: (f[3], -len(f[1])))
-    return HotLoop(kernel, lp.function, tuple(i.text for i in body), dict(count), macs)
+    acc = {_destination(i) for i in body if i.mnemonic in DOT_FORMS and DOT_FORMS[i.mnemonic](i.operands)}
+    return HotLoop(kernel, lp.function, tuple(i.text for i in body), dict(count), macs, len(acc))
+
+
+def _destination(ins: Instruction) -> str:
+    """The register an instruction writes: AT&T's last operand, AArch64's first (arrangement dropped)."""
+    ops = [o.strip() for o in ins.operands.split(",")]
+    return (ops[-1] if ins.mnemonic.startswith("vp") else ops[0].split(".")[0]) if ops else ""
