@@ -366,7 +366,8 @@ INT8 = (
                  "makes of a QDQ graph's convs (and the float producers are the convs it keeps in float). At "
                  "``start``: it matches QNN ops, and does at the producer what Legalize would otherwise do with "
                  "a pad.",
-             after=("QDQToInteger",)),
+             after=("QDQToInteger",),
+             families=("x86", "aarch64")),
     )),
     Stage("before_fuse", _BEFORE_FUSE_WHERE, (
         Step("RemoveStopFusion",
@@ -424,7 +425,8 @@ INT8 = (
                  "injective call). Its order against the pad folds does not matter: they rewrite the conv's input "
                  "(and add a border term right after the conv), this pass starts at the layout transform, "
                  "whatever feeds it.",
-             before=("NarrowKernelBoundaries",)),
+             before=("NarrowKernelBoundaries",),
+             families=("x86", "aarch64")),
         Step("FoldChannelRepadIntoConv",
              does="a conv reading channels sliced off and padded back (int8 legalization between a conv whose "
                   "output channels are no multiple of the channel block and the next conv, whose weights are zero "
@@ -461,8 +463,10 @@ INT8 = (
              why="after the passes that bring a widening chain to a pool's input: ``NarrowBeforeMaxPool``, "
                  "``WidenAfterMovement`` and ``WidenInEachReader``. Each pool group it makes is a ``Primitive`` "
                  "function; of the passes after it only the rounding pass of ``numerics=\"onnxruntime\"`` "
-                 "enters one (a transcendental op in the pool's elementwise consumers stays as it is).",
-             after=("NarrowBeforeMaxPool", "WidenAfterMovement", "WidenInEachReader")),
+                 "enters one (a transcendental op in the pool's elementwise consumers stays as it is). CPU "
+                 "targets: TVM's GPU pool schedule leaves such a group's kernel without thread bindings.",
+             after=("NarrowBeforeMaxPool", "WidenAfterMovement", "WidenInEachReader"),
+             families=("x86", "aarch64")),
         Step("TabulateEightBit",
              does="an elementwise float function of one 8-bit value (quantized sigmoid, SiLU, tanh, GELU) becomes "
                   "a table lookup computed by TVM at compile time (exact), fused where the chain was: one table "
@@ -475,7 +479,8 @@ INT8 = (
                   "8-bit input to the 8-bit quantize after it, so no float32 crosses there (exact; llvm targets).",
              why="last: it makes each group a ``Primitive`` function, and the passes before it do not look inside "
                  "one.",
-             place="last"),
+             place="last",
+             families=("x86", "aarch64")),
     )),
 )
 
