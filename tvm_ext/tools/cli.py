@@ -38,7 +38,7 @@ class _Deprecated(argparse.Action):
         namespace.deprecated = notes
 
 
-def _remote_options(p, what: str) -> None:
+def _remote_options(p, what: str, old_timeout: bool = True) -> None:
     """``--rpc``, ``--rpc-tracker``/``--rpc-key`` (tvmc's names; ``--tracker``/``--key`` too) and
     ``--rpc-timeout`` (``--timeout``, deprecated: tvmc's ``tune --timeout`` is a compile timeout)."""
     p.add_argument("--rpc", metavar="HOST[:PORT]",
@@ -51,8 +51,9 @@ def _remote_options(p, what: str) -> None:
                    help="with --rpc-tracker: the key the boards registered with (rpc_server --key)")
     p.add_argument("--rpc-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="wait this long for a server's answer or a free board (default 60)")
-    p.add_argument("--timeout", dest="rpc_timeout", type=float, action=_Deprecated, default=argparse.SUPPRESS,
-                   new="--rpc-timeout", why="tvmc's --timeout is a compile timeout", help=argparse.SUPPRESS)
+    if old_timeout:  # the name bench and tune had
+        p.add_argument("--timeout", dest="rpc_timeout", type=float, action=_Deprecated, default=argparse.SUPPRESS,
+                       new="--rpc-timeout", why="tvmc's --timeout is a compile timeout", help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=0.0, metavar="X",
                    help="with --compare-with: largest absolute difference accepted (default 0: equal)")
     _remote_options(p, "run (instead of here; a .tar is linked here when a cross compiler exists, else by the "
-                       "server)")
+                       "server)", old_timeout=False)
     p.set_defaults(func=cmd_run)
     return parser
 
