@@ -59,6 +59,18 @@ def test_the_rewrite_runs_only_after_the_check_accepts():
     assert not first_rewrite((rule,), relay.negative(_x()), LOG) and calls == []
 
 
+def test_a_check_may_hand_an_array_to_the_rewrite():
+    """Only a Reject, None or False rejects: a numpy array (whose truth value is ambiguous) is accepted."""
+    import numpy as np
+
+    rule = Rule("t.array", lambda: dfp.is_op("negative")(dfp.wildcard()), lambda call: np.zeros(3),
+                lambda call, found: relay.const(found))
+    found = first_rewrite((rule,), relay.negative(_x()), LOG)
+    assert found and found.new.data.numpy().shape == (3,)
+    none = Rule("t.none", lambda: dfp.is_op("negative")(dfp.wildcard()), lambda call: None, lambda call, _: call)
+    assert not first_rewrite((none,), relay.negative(_x()), LOG)
+
+
 def test_no_match_is_a_reject_with_the_reason():
     found = first_rewrite(RULES, relay.abs(_x()), LOG)
     assert not found and "no rule's pattern matches" in str(found)

@@ -3,8 +3,8 @@
 A rule is a frozen :class:`Rule`: ``pattern()`` builds its left side, a
 ``tvm.relay.dataflow_pattern`` rooted at the rewritten call (built on first use: importing a
 table builds none); ``check(call, *context)`` tests the side conditions the pattern language cannot
-say and returns what the rewrite needs (anything truthy) or a falsy
-:class:`~tvm_ext._reject.Reject` carrying the reason; ``rewrite(call, found, *context)`` builds the
+say and returns what the rewrite needs (anything but ``None`` or ``False``: an array too) or a
+falsy :class:`~tvm_ext._reject.Reject` carrying the reason; ``rewrite(call, found, *context)`` builds the
 right side from ``found``, the check's result. A table is an ordered tuple of rules (order is
 priority), each preceded by its equation as a comment (``# conv(pad(x, 0), w) -> conv(x, w)``).
 
@@ -120,7 +120,7 @@ def first_rewrite(rules, call, log: logging.Logger, *context):
         if not _built(rule).match(cuts[rule.depth]):
             continue
         found = rule.check(call, *context)
-        if not found:
+        if isinstance(found, Reject) or found is None or found is False:
             why = found if isinstance(found, Reject) else Reject(f"check returned {found!r}")
             log.debug("%s: not rewritten: %s", rule.name, why)
             continue

@@ -2,42 +2,23 @@
 
 Design note
 -----------
-*What is explained.* The module FuseOps sees: ``explain`` runs the same stages as
-:func:`tvm_ext.build` (bind params, relay.build's optimisation prefix, the user passes, under the
-same target, PassContext, x86 int8 kernels and tuned-schedule contexts), stopping right before
-FuseOps. Closures and control flow are explained as FuseOps handles them (see :func:`explain`).
+*What is explained*: the module FuseOps sees. ``explain`` runs the stages :func:`tvm_ext.build`
+runs (bind params, relay.build's prefix, the user passes, under the same target, PassContext and
+kernel contexts) and stops right before FuseOps. Each kernel carries the name the build gives it
+(TVM 0.19's naming replayed without compiling; ``compile=True`` checks it against a real build).
 
-*Kernel names.* Each kernel carries the name the build gives it (``tvmgen_default_fused_...``):
-TVM 0.19's naming (``te_compiler_cache.cc``, ``name_supply.cc``) replayed on the Primitive
-functions TVM's own FuseOps makes of the same module, without compiling; ``compile=True`` also
-builds with :func:`tvm_ext.build` and checks them against its ``KernelReport``.
+*How a reason is found*: :mod:`._fusion_sim` replays FuseOps with a decision log. FuseOps only
+fuses a node into its immediate post-dominator, so a boundary's reason is the rule that refused to
+fuse the producing group's root into it, with the node where the rule failed. Nothing is inferred
+from kernel names; the replay is checked against TVM's own FuseOps (``Explanation.verified``).
+Reasons (``REASONS``) and remedies (``REMEDIES``) are ordered data;
+:meth:`Explanation.check_remedies` applies each remedy and measures what it removed.
 
-*How a reason is found.* :mod:`._fusion_sim` replays FuseOps (TVM 0.19 ``fuse_ops.cc`` and
-``graph_partitioner.cc``) with a decision log: op patterns from ``TOpPattern``, edge patterns,
-the post-dominator tree, the three phases, ``CheckPath``, ``relay.FuseOps.max_depth``. A kernel
-boundary is a kernel's output read by another kernel; FuseOps only ever fuses a node into its
-immediate post-dominator, so the reason is the rule that refused to fuse the producing group's
-root into its post-dominator, with the node where the rule failed (the join, the anchor, the
-barrier). Nothing is inferred from kernel names. The replay is checked against TVM's real
-``FuseOps`` on the same module (``Explanation.verified``): same kernels, op for op.
-
-*Reason kinds* (``REASONS``, ordered data): two anchors meeting, an op after a reduction, an
-injective op after an anchor, an elementwise/injective prologue before an anchor, several
-readers whose post-dominator lies past a join, no post-dominator, ``annotation.stop_fusion``, a
-``Primitive``/``Composite`` function (pattern-table entry named), an opaque op, a dynamic
-shape, a tuple, ``max_depth``, fusion disabled. Ops that relay.build's prefix created
-(``layout_transform`` by AlterOpLayout, ``nn.pad`` by legalisation, ...) are attributed to the
-pass by counting ops after every pass (``Boundary.inserted_by``).
-
-*Remedies* (``REMEDIES``, ordered data): per boundary the first remedy whose predicate holds: a
-tvm-ext pass, a pattern-table change or a config. :meth:`Explanation.check_remedies` applies each
-one and explains again, measuring kernels and bytes saved and how many of the named boundaries
-remain; otherwise the numbers are structural estimates (the bytes of the boundaries named).
-
-*Layout.* This module runs the pipeline and holds the result (:func:`explain`, :class:`Explanation`).
-``_fusion_sim`` replays FuseOps; ``_analysis`` reads kernels, boundaries and reasons off the replay;
-``_naming`` names kernels as TVM does; ``_remedies`` is the remedy table; ``_instruments`` holds the
-pass instruments; ``_render`` and ``_html`` render text, Markdown and HTML.
+*Layout*: this module runs the pipeline and holds the result (:func:`explain`,
+:class:`Explanation`). ``_fusion_sim`` replays FuseOps; ``_analysis`` finds kernels, boundaries
+and their reasons, held in ``_result``'s records (``_ops`` reads ops and types); ``_naming`` names
+kernels as TVM does; ``_remedies`` is the remedy table; ``_instruments`` holds the pass
+instruments; ``_render`` and ``_html`` render text, Markdown and HTML. Design: docs/explain.md.
 """
 from __future__ import annotations
 
@@ -47,9 +28,11 @@ from dataclasses import replace
 from typing import Optional, Sequence
 
 from ..build import copy_module
-from ._analysis import _REASON_DOC, _REASON_ORDER, REASONS, Boundary, Kernel, _Analysis, _fn_ops, _pattern_of, \
-    _tensor_info
-from ._fusion_sim import K_INJECTIVE, MAX_FUSED_OPS, FusionGraph, node_label
+from ._analysis import _Analysis
+from ._ops import _fn_ops, _pattern_of, _tensor_info
+from ._result import _REASON_DOC, _REASON_ORDER, REASONS, Boundary, Kernel
+from ._fusion_nodes import node_label
+from ._fusion_sim import K_INJECTIVE, MAX_FUSED_OPS, FusionGraph
 from ._instruments import FuseOpsInput, _OpCounter
 from ._naming import _check_report_names, _name_kernels, _tvm_fused_functions, _tvm_kernel_names
 from ._remedies import _REMEDY_BY_NAME, REMEDIES, RemedyResult, _with_start_pass

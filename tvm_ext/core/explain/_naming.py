@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ._analysis import _fn_ops, _outputs
+from ._ops import _fn_ops, _outputs
 
 
 def _tvm_fused_functions(mod, tgt, opt_level, cfg) -> list:
@@ -17,7 +17,7 @@ def _tvm_fused_functions(mod, tgt, opt_level, cfg) -> list:
     import tvm
     from tvm import relay
 
-    from ._fusion_sim import is_primitive_function
+    from ._fusion_nodes import is_primitive_function
 
     with tgt, tvm.transform.PassContext(opt_level=opt_level, config=cfg):
         fused = relay.transform.FuseOps()(relay.transform.InferType()(mod))

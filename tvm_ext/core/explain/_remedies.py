@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-from ._analysis import Boundary
+from ._result import Boundary
 from ._fusion_sim import MAX_FUSED_OPS
 
 

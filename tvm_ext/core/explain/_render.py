@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ._analysis import _REASON_DOC, _REASON_ORDER
+from ._result import _REASON_DOC, _REASON_ORDER
 
 
 def _kb(n: int) -> str:
