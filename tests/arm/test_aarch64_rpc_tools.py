@@ -1,4 +1,4 @@
-"""bench --rpc, tune --rpc and tune --tracker against the emulated aarch64 server (qemu-user).
+"""bench --rpc, tune --rpc and tune --rpc-tracker against the emulated aarch64 server (qemu-user).
 
 The model is a tiny QOperator graph (two uint8 x int8 QLinearConv, 16 channels): an integer graph,
 so the numerics are checked against exact integer arithmetic (``relay.build`` at plain ``llvm`` on
@@ -53,7 +53,9 @@ def test_bench_over_rpc_is_exact_and_labelled_emulated(tiny, arm_server, tmp_pat
                  "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     env, (v,) = res["environment"], res["variants"]
+    feats = env["rpc"].pop("features")  # read from the server's CPU (qemu's max: every feature N1 uses)
     assert env["rpc"] == {"address": arm_server.address, "emulated": aarch64.EMULATION_LABEL}
+    assert {"asimd", "asimddp", "atomics", "asimdhp", "lrcpc"} <= set(feats)
     for name in ("tvm", "tvm_ext"):
         p = v["pipelines"][name]
         assert p["target"] == str(build_target(N1)) and p["report"]["num_kernels"] >= 2
@@ -116,8 +118,8 @@ def tracker_with_board():
 def test_tune_over_tracker(tiny, tracker_with_board, tmp_path, monkeypatch, capsys):
     path, _, _ = tiny
     monkeypatch.setenv("TVM_EXT_CACHE", str(tmp_path))
-    assert main(["tune", str(path), "--tracker", tracker_with_board, "--key", "qemu-aarch64", "--target", N1,
-                 "--trials", "1", "--budget", "5"]) == 0
+    assert main(["tune", str(path), "--rpc-tracker", tracker_with_board, "--rpc-key", "qemu-aarch64", "--target", N1,
+                 "--trials-per-conv", "1", "--budget", "5"]) == 0
     text = capsys.readouterr().out
     assert "timed on 1 board(s) with key 'qemu-aarch64'" in text and "the remote is emulated (qemu-user)" in text
     assert text.count("| conv | conv data [1, 4, 8, 8, 4] int8") == 2  # both convs measured
@@ -126,6 +128,6 @@ def test_tune_over_tracker(tiny, tracker_with_board, tmp_path, monkeypatch, caps
     for line in filter(None, records.read_text().splitlines()):
         inp, _ = autotvm.record.decode(line)
         assert str(inp.target) == str(build_target(N1)) and inp.task.name == tuning.TASK
-    assert main(["tune", str(path), "--tracker", tracker_with_board, "--key", "pi4", "--target", N1]) == 2
+    assert main(["tune", str(path), "--tracker", tracker_with_board, "--key", "pi4", "--target", N1]) == 2  # old names
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no board with key 'pi4' (keys: qemu-aarch64)" in err[0]
