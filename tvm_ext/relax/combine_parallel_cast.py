@@ -8,22 +8,13 @@ The rule and its reasons are the Relay pass's (:mod:`tvm_ext.passes.combine_para
     # needs: >= min_num_branches casts, narrowing (is_narrowing_cast), x produced by a fusable op
     # call, the casts are x's only users, x is not the function's result
 
-Why: Relax's ``FuseOps`` (like Relay's) fuses a value into its post-dominator; with two casts the
-producer's kernel writes the wide type, with one cast as its only user the cast fuses into the
-producer, which then writes the narrow type. Widening casts are left (each copy fuses into its
-consumer). The producer must be an op call whose kind lets ``FuseOps`` fuse an elementwise
-consumer: for a high-level op, the ``TOpPattern`` of its Relay namesake (``relax.nn.conv2d`` ->
-``nn.conv2d``; unknown: opaque, rejected); for an ``R.call_tir``, its PrimFunc's ``op_pattern``
-(``AnnotateTIROpPattern``). Not a parameter or a constant (the merged cast would be a kernel of its
-own).
-
-Relax specifics: the pass works on ``VarBinding``s of every Relax function (dataflow blocks or
-not); the merged casts' variables are remapped to the first cast's variable and their bindings
-dropped. Differences from the Relay pass, not implemented here: the downstream propagation of
-merges (use ``relax.transform.EliminateCommonSubexpr``) and the after-FuseOps rule for cast-only
-``Primitive`` functions. Dynamic shapes are fine (the rule reads dtypes only); non-tensor casts
-cannot occur (``R.astype`` takes a tensor). Merges are logged at INFO and rejections at DEBUG on
-``tvm_ext.relax.CombineParallelCast``; the caller's module is never modified.
+The producer's fusion kind is the ``TOpPattern`` of its Relay namesake for a high-level op, or its
+PrimFunc's ``op_pattern`` for an ``R.call_tir``. The pass works on the ``VarBinding``s of every
+Relax function; the merged casts' variables are remapped to the first cast's variable and their
+bindings dropped. Not implemented on Relax: the downstream propagation of merges and the
+after-FuseOps rule. Merges are logged at INFO and rejections at DEBUG on
+``tvm_ext.relax.CombineParallelCast``; the caller's module is never modified. Why, and the
+differences from the Relay pass: docs/relax.md, section "CombineParallelCast on Relax".
 """
 from __future__ import annotations
 
