@@ -441,7 +441,8 @@ INT8 = (
              why="after ``RemoveStopFusion``, which acts on every barrier and so would judge its cuts, and after "
                  "``EpilogueBeforeChannelSlice`` (above). At ``before_fuse``: it matches the forms QNN lowering "
                  "and SimplifyExpr leave (an integer ``clip`` to 8-bit bounds).",
-             after=("RemoveStopFusion",)),
+             after=("RemoveStopFusion",),
+             families=("x86", "aarch64")),
         Step("WidenAfterMovement",
              does="a dequantize chain in front of data movement (concatenate, split, reshape, transpose, layout "
                   "transforms, slices: a detector head's multi-scale concatenation) moves behind it, constants "
