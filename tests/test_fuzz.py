@@ -15,7 +15,7 @@ import tvm
 from tvm import relay
 
 from tvm_ext.testing import fuzz
-from tvm_ext.testing.fuzz import execution, oracle, runner
+from tvm_ext.testing.fuzz import compare, execution, runner
 
 SMOKE_N = 10  # a quarter of a minute of the CI on 2 cores; `make fuzz` runs the long campaigns
 SMOKE_SEED = 12
@@ -93,7 +93,7 @@ def test_dequantized_outputs_get_the_steps_integer_outputs_get():
     q = qnn.op.quantize(x, relay.const(0.05), relay.const(0, "int32"), out_dtype="uint8")
     deq = qnn.op.dequantize(q, relay.const(0.05), relay.const(128, "int32"))
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.Tuple([deq, x]))))
-    steps = oracle._output_steps(mod)
+    steps = compare._output_steps(mod)
     assert steps[0] == pytest.approx(0.05) and steps[1] is None
     ref = [[np.array([6.4, 0.0, 1.0, 2.0], "float32"), np.array([1.0], "float32")]]
     one = [[np.array([6.35, 0.0, 1.0, 2.0], "float32"), np.array([1.0], "float32")]]

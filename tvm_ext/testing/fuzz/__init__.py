@@ -26,8 +26,8 @@ from __future__ import annotations
 from .builder import GeneratorError, build_graph
 from .execution import NUM_INPUTS, compiled_only_reason
 from .grammar import VARIANTS, Spec, generate, graph_specs
-from .oracle import (FLOAT_ATOL, FLOAT_RTOL, PASSES, QDQ_STEPS, Failure, GraphResult, check_graph, check_spec,
-                     compare_outputs)
+from .compare import FLOAT_ATOL, FLOAT_RTOL, QDQ_STEPS, compare_outputs
+from .oracle import PASSES, Failure, GraphResult, check_graph, check_spec
 from .runner import (GRAPH_TIMEOUT, Summary, check_spec_isolated, load_failure, main, run, run_specs, shrink,
                      write_failure)
 

@@ -5,45 +5,32 @@ after relay.build's prefix, as ``tvm_ext.build`` hands it to passes), plus ``pip
 ``tvm_ext.build`` itself (:func:`check_graph`):
 
 * no exception, except a ``ValueError``/``TypeError`` naming the pass on a graph it must refuse;
-* the caller's module is unchanged (``astext`` before/after);
-* the output type-checks, every function is well formed, ``main`` has no free variables;
-* running the pass again changes nothing (every tvm-ext pass documents idempotence);
-* a graph with ``If``/``Let``/closures comes back unchanged;
-* if the pass changed a static graph: ``tvm_ext.build`` with the pass at that stage, run on
-  :data:`~.execution.NUM_INPUTS` seeded inputs, equals ``tvm_ext.build`` without passes
-  (:func:`compare_outputs`: integer outputs bit for bit, float outputs within
-  :data:`FLOAT_RTOL`/:data:`FLOAT_ATOL` of the output's magnitude, integer outputs of graphs that
-  compute in float within one step; ``QDQToInteger``, approximate by design, within
-  :data:`QDQ_STEPS`);
-* ``tvm_ext.build`` without passes computes an integer graph exactly: bit for bit what
-  ``relay.build`` for this host at plain ``llvm`` gives (no SIMD dot product, so exact integer
-  arithmetic), wherever the build under test ran. Stock ``relay.build`` at the target is compared
-  too and only counted. A graph that computes in float is compared with stock ``relay.build`` at
-  the target within the float tolerance (at aarch64 with one rounding per requantize, as
-  ``tvm_ext.build`` lowers it: stock TVM rounds twice there, docs/arm.md).
+* the caller's module is unchanged, the output type-checks and is well formed;
+* running the pass again changes nothing; a graph with ``If``/``Let``/closures comes back unchanged;
+* if the pass changed a static graph: ``tvm_ext.build`` with the pass equals ``tvm_ext.build``
+  without passes on seeded inputs (:mod:`.compare`: integers bit for bit, floats within a
+  tolerance, ``QDQToInteger`` within :data:`QDQ_STEPS`);
+* ``tvm_ext.build`` without passes computes an integer graph exactly (bit for bit what
+  ``relay.build`` at plain ``llvm`` gives); a float graph is compared with stock ``relay.build``.
 
 Builds for a target whose code cannot run (here or on an RPC server: :mod:`.execution`) are
-compiled only: structure, idempotence and build errors are still checked, outputs are not.
+compiled only: structure, idempotence and build errors are still checked, outputs are not. The
+full contract: docs/fuzzing.md, the "Oracle" item.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 
-from .builder import GeneratorError, build_graph, last_line, short_error
 from . import execution
+from .builder import GeneratorError, build_graph, short_error
+from .compare import QDQ_STEPS, _is_float_graph, _output_steps, _same, _well_formed, compare_outputs
 from .execution import EXACT_TARGET, build_prefixed, executor, prefixed, seeded_inputs, targets
 from .grammar import Spec
 
-__all__ = ["PASSES", "Failure", "GraphResult", "check_graph", "check_spec", "compare_outputs"]
+__all__ = ["PASSES", "Failure", "GraphResult", "check_graph", "check_spec"]
 
-#: Float outputs: |a - b| <= FLOAT_ATOL * max(1, max|ref|) + FLOAT_RTOL * |ref|.
-FLOAT_RTOL = 1e-4
-FLOAT_ATOL = 1e-4
-#: QDQToInteger (approximate by design): integer outputs within this many steps.
-QDQ_STEPS = 2
 #: ``tvm_ext.build`` vs plain ``relay.build`` is compared on one graph in this many (spec seed).
 BUILD_CHECK_EVERY = 8
 
@@ -129,104 +116,6 @@ class GraphResult:
     skips: list = field(default_factory=list)  # reasons
     seconds: float = 0.0
     stock_inexact: bool = False  # stock relay.build at the target differs from exact integer arithmetic
-
-
-def _is_float_graph(mod) -> bool:
-    from tvm import relay
-
-    found = []
-
-    def visit(node):
-        if isinstance(node, (relay.Call, relay.Var, relay.Constant)):
-            ty = node.checked_type
-            if isinstance(ty, relay.TensorType) and str(ty.dtype).startswith("float"):
-                found.append(True)
-
-    relay.analysis.post_order_visit(mod["main"], visit)
-    return bool(found)
-
-
-def _output_steps(mod) -> list:
-    """Per graph output (tuples flattened as the graph executor returns them): the quantization step
-    of a float output that is a ``qnn.dequantize`` with a constant scalar scale, else None.
-
-    A dequantized output holds 8-bit levels: one level of difference (which the oracle allows
-    ``QDQToInteger`` for integer outputs) shows there as one step of the scale.
-    """
-    from tvm import relay
-
-    from tvm_ext.passes._util import constant_scalar, op_name
-
-    def leaves(expr):
-        if isinstance(expr, relay.Tuple):
-            return [leaf for f in expr.fields for leaf in leaves(f)]
-        return [expr]
-
-    steps = []
-    for out in leaves(mod["main"].body):
-        dequantized = isinstance(out, relay.Call) and op_name(out) == "qnn.dequantize"
-        scale = constant_scalar(out.args[1]) if dequantized else None
-        steps.append(abs(float(scale)) if scale is not None else None)
-    return steps
-
-
-def _well_formed(mod) -> str | None:
-    """None, or what is wrong with ``mod`` (type errors, malformed functions, free vars)."""
-    import tvm
-    from tvm import relay
-
-    try:
-        typed = relay.transform.InferType()(mod)
-    except tvm.TVMError as err:
-        return f"does not type-check: {last_line(err)}"
-    for gv in typed.get_global_vars():
-        func = typed[gv]
-        if isinstance(func, relay.Function):
-            if not relay.analysis.well_formed(func):
-                return f"{gv.name_hint} is not well formed"
-            if gv.name_hint == "main" and relay.analysis.free_vars(func):
-                return "free variables in main"
-    return None
-
-
-def _same(a, b) -> bool:
-    import tvm
-
-    return tvm.ir.structural_equal(a["main"], b["main"], map_free_vars=True)
-
-
-def compare_outputs(ref, got, float_graph: bool, int_steps: int = 0, output_steps=None) -> str | None:
-    """None when ``got`` matches ``ref`` under the oracle's tolerance, else what differs.
-
-    ``output_steps`` (:func:`_output_steps`): for a dequantized float output, ``int_steps`` levels
-    of its scale are allowed as well.
-    """
-    for n, (ra, ga) in enumerate(zip(ref, got)):
-        if len(ra) != len(ga):
-            return f"input {n}: {len(ra)} outputs vs {len(ga)}"
-        steps = output_steps if output_steps is not None and len(output_steps) == len(ra) else [None] * len(ra)
-        for i, (r, g) in enumerate(zip(ra, ga)):
-            if r.dtype != g.dtype or r.shape != g.shape:
-                return f"input {n} output {i}: {r.dtype}{r.shape} vs {g.dtype}{g.shape}"
-            if np.issubdtype(r.dtype, np.integer) or r.dtype == bool:
-                allowed = max(int_steps, 1 if float_graph else 0)
-                diff = np.abs(r.astype(np.int64) - g.astype(np.int64))
-                if diff.max(initial=0) > allowed:
-                    return (f"input {n} output {i} ({r.dtype}): {int((diff > allowed).sum())} of {r.size} elements "
-                            f"differ by more than {allowed} (max {int(diff.max())})")
-            else:
-                finite = np.isfinite(r) & np.isfinite(g)
-                if not np.array_equal(np.isfinite(r), np.isfinite(g)) or not np.array_equal(r[~finite], g[~finite]):
-                    if not np.array_equal(np.isnan(r), np.isnan(g)):
-                        return f"input {n} output {i}: non-finite values differ"
-                scale = max(1.0, float(np.abs(r[finite]).max(initial=0)))
-                err = np.abs(r[finite] - g[finite])
-                tol = FLOAT_ATOL * scale + FLOAT_RTOL * np.abs(r[finite])
-                if int_steps and steps[i] is not None:  # a dequantized output: int_steps levels
-                    tol = tol + int_steps * steps[i] * (1 + FLOAT_RTOL)
-                if (err > tol).any():
-                    return f"input {n} output {i} (float): max abs diff {float(err.max()):.3g} (scale {scale:.3g})"
-    return None
 
 
 def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_check: bool = True,
