@@ -5,27 +5,20 @@ Design note
 Contract every pass built on this module keeps:
 
 * **Typed input or a clear error.** :func:`require_typed` raises :class:`UntypedModuleError`
-  (a ``ValueError`` naming the pass) when the function was not type-inferred; passes never guess
-  types.
+  (a ``ValueError`` naming the pass) when the function was not type-inferred.
 * **Skip what the rewrite cannot reason about.** :func:`unsupported_construct` returns a falsy
-  :class:`Reject` for functions containing ``If``, ``Let``, ``Match``, references or nested
-  non-primitive functions (closures); the pass then returns the function unchanged and logs the
-  reason. ``Primitive`` functions (FuseOps output) are leaves: walks never enter them.
+  :class:`Reject` for functions containing ``If``, ``Let``, ``Match``, references or closures;
+  the pass returns the function unchanged and logs why. ``Primitive`` functions are leaves.
 * **Never mutate, rebuild.** :func:`rebuild` makes a new expression from a substitution map,
-  iteratively (no Python recursion limit on deep graphs), sharing every node it does not need to
-  change. The pass infrastructure re-runs ``InferType`` on a function pass's output.
-* **Every rejection says why.** Checks return ``True`` or a :class:`Reject` (falsy, with a
-  reason); drivers log the reason under the pass's logger ``tvm_ext.passes.<PassName>``.
+  iteratively, sharing every node it does not need to change.
+* **Every rejection says why**, logged under ``tvm_ext.passes.<PassName>``.
 * **One sweep, one frame.** :func:`substitute` gives a pass's ``collect(nodes, users, body)`` the
-  function's dataflow nodes and their users and rebuilds from the ``{node: replacement}`` map it
-  returns; :func:`substitution_pass` makes a pass of one sweep. Passes whose rewrites enable
-  others sweep with :func:`fixed_point`: bounded, and at the bound an error (or a warning, where
-  the pass asks for one) naming the pass.
+  dataflow nodes and their users and rebuilds from the ``{node: replacement}`` map it returns;
+  :func:`fixed_point` sweeps until nothing changes, bounded, naming the pass at the bound.
 
 Shared machinery lives in underscore modules, never in a pass's module: this one, ``_chains``
-(elementwise chains and their 8-bit points), ``_intervals`` (value ranges), and the leaves
-``tvm_ext._op_pattern`` (TOpPattern values), ``tvm_ext._reject`` (:class:`Reject`, also the
-pattern tables') and ``tvm_ext._attrs`` (:func:`int_list`, also the core's).
+(elementwise chains), ``_intervals`` (value ranges), and the leaves ``tvm_ext._rules`` (the rule
+shape and its driver), ``tvm_ext._op_pattern``, ``tvm_ext._reject`` and ``tvm_ext._attrs``.
 """
 from __future__ import annotations
 
