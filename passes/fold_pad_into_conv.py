@@ -18,7 +18,7 @@ from __future__ import annotations
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
-from tvm_ext._rules import Rule, first_rewrite
+from tvm_ext._rules import Rule, first_rewrite, root_ops
 from ._registry import register_pass
 
 from . import _layout
@@ -44,8 +44,6 @@ _SPATIAL = ("H", "W")
 MAX_FOLDS = 16
 #: Levels of calls a rule's pattern spans (conv -> pad -> x).
 _DEPTH = 2
-#: The convolutions the rules are rooted at.
-_ROOT_OPS = ("nn.conv2d", "nn.contrib_conv2d_NCHWc", "nn.contrib_depthwise_conv2d_NCHWc", "qnn.conv2d")
 
 
 def spatial_axes(layout: str):
@@ -214,7 +212,7 @@ def _fold_all(conv):
 def _collect(nodes, users, body):
     """{conv: conv with its pads folded} for every call of a rule's root op that folds."""
     subst: dict = {}
-    for conv in op_calls(nodes, _ROOT_OPS):
+    for conv in op_calls(nodes, frozenset().union(*map(root_ops, RULES))):
         new = _fold_all(conv)
         if new is not conv:
             subst[conv] = new
