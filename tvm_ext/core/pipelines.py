@@ -440,7 +440,9 @@ INT8 = (
                   "chain fuses into the consumer.",
              why="after ``RemoveStopFusion``, which acts on every barrier and so would judge its cuts, and after "
                  "``EpilogueBeforeChannelSlice`` (above). At ``before_fuse``: it matches the forms QNN lowering "
-                 "and SimplifyExpr leave (an integer ``clip`` to 8-bit bounds).",
+                 "and SimplifyExpr leave (an integer ``clip`` to 8-bit bounds). CPU targets: at GPU targets the "
+                 "widening chain it hands a join does not fuse into the conv reading it and runs as a kernel of "
+                 "its own.",
              after=("RemoveStopFusion",),
              families=("x86", "aarch64")),
         Step("WidenAfterMovement",
