@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 export TOPHUB_LOCATION ?= NONE
 
-.PHONY: all venv lint test test-all check-install bench bench-small fuzz arm-env clean
+.PHONY: all venv lint test test-all check-install bench bench-small fuzz arm-env gpu-env clean
 
 all: test
 
@@ -61,6 +61,12 @@ fuzz: $(STAMP)
 ARM_DIR ?= .arm
 arm-env:
 	PIP="$(PYTHON) -m pip" bash tests/arm/arm-env.sh $(ARM_DIR)
+
+# An OpenCL device for tests/gpu: PoCL and the ICD loader (Debian, needs root) and TVM's OpenCL runtime compiled
+# from the wheel's own sources into $(GPU_DIR)/libtvm_opencl_runtime.so (about a minute); docs/gpu.md.
+GPU_DIR ?= .gpu
+gpu-env: $(STAMP)
+	bash tests/gpu/gpu-env.sh $(PY) $(GPU_DIR)
 
 clean:
 	rm -rf $(VENV) bench-results .pytest_cache
