@@ -3,7 +3,8 @@
 # and TVM's OpenCL runtime compiled from the wheel's own sources into a plugin next to the wheel's
 # libtvm.so (the wheel's runtime has no OpenCL device). Usage: tests/gpu/gpu-env.sh [PYTHON] [DIR]
 #   1. apt-get install pocl-opencl-icd ocl-icd-opencl-dev (root; skipped when present)
-#   2. DIR/include/tvm/support/span.h, the one header the wheel lacks (header-only, from TVM's v0.19.0 tag)
+#   2. DIR/include/tvm/support/span.h, the one header the wheel lacks (header-only): from $TVM_SOURCE_DIR
+#      (a TVM source tree) if set, else fetched from TVM's v0.19.0 tag on GitHub
 #   3. DIR/libtvm_opencl_runtime.so: tvm/src/runtime/opencl/{opencl_device_api,opencl_module,texture_pool}.cc
 #      with the wheel's headers, linked against its libtvm.so and libOpenCL (about a minute on 2 cores)
 #   4. a check: tvm_ext.gpu.opencl.load_runtime() finds the device
@@ -42,11 +43,13 @@ mkdir -p "$DIR/include/tvm/support" "$DIR/pocl-cache"
 DIR=$(cd "$DIR" && pwd)
 if [ -f "$TVM/include/tvm/support/span.h" ]; then
   :
+elif [ ! -s "$DIR/include/tvm/support/span.h" ] && [ -f "${TVM_SOURCE_DIR:-/nonexistent}/include/tvm/support/span.h" ]; then
+  cp "$TVM_SOURCE_DIR/include/tvm/support/span.h" "$DIR/include/tvm/support/span.h"
 elif [ ! -s "$DIR/include/tvm/support/span.h" ]; then
   say "fetching tvm/support/span.h (apache/tvm v0.19.0; the wheel lacks it)"
   curl -fsSL -o "$DIR/include/tvm/support/span.h.part" \
       https://raw.githubusercontent.com/apache/tvm/v0.19.0/include/tvm/support/span.h \
-    || die "could not fetch tvm/support/span.h; put include/tvm/support/span.h of TVM v0.19.0 in $DIR/include/tvm/support/"
+    || die "could not fetch tvm/support/span.h from GitHub; set TVM_SOURCE_DIR to a TVM v0.19.0 source tree, or put its include/tvm/support/span.h in $DIR/include/tvm/support/"
   mv "$DIR/include/tvm/support/span.h.part" "$DIR/include/tvm/support/span.h"
 fi
 SRC="$TVM/src/runtime/opencl"
