@@ -51,7 +51,7 @@ def _remote_options(p, what: str, old_timeout: bool = True) -> None:
                    help="with --rpc-tracker: the key the boards registered with (rpc_server --key)")
     p.add_argument("--rpc-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="wait this long for a server's answer or a free board (default 60)")
-    if old_timeout:  # the name bench and tune had
+    if old_timeout:  # bench and tune: the deprecated name
         p.add_argument("--timeout", dest="rpc_timeout", type=float, action=_Deprecated, default=argparse.SUPPRESS,
                        new="--rpc-timeout", why="tvmc's --timeout is a compile timeout", help=argparse.SUPPRESS)
 
