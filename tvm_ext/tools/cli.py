@@ -42,11 +42,11 @@ def _remote_options(p, what: str, old_timeout: bool = True) -> None:
     """``--rpc``, ``--rpc-tracker``/``--rpc-key`` (tvmc's names; ``--tracker``/``--key`` too) and
     ``--rpc-timeout`` (``--timeout``, deprecated: tvmc's ``tune --timeout`` is a compile timeout)."""
     p.add_argument("--rpc", metavar="HOST[:PORT]",
-                   help=f"{what} on this TVM RPC server (python -m tvm.exec.rpc_server on a board; port 9090 by "
+                   help=f"the TVM RPC server to {what} on (python -m tvm.exec.rpc_server on a board; port 9090 by "
                         "default)")
     p.add_argument("--rpc-tracker", "--tracker", dest="rpc_tracker", metavar="HOST[:PORT]",
-                   help=f"{what} on a board a TVM RPC tracker (python -m tvm.exec.rpc_tracker) hands out for "
-                        "--rpc-key (port 9090 by default)")
+                   help=f"a TVM RPC tracker (python -m tvm.exec.rpc_tracker; port 9090 by default): {what} on a "
+                        "board it hands out for --rpc-key")
     p.add_argument("--rpc-key", "--key", dest="rpc_key", metavar="KEY",
                    help="with --rpc-tracker: the key the boards registered with (rpc_server --key)")
     p.add_argument("--rpc-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="TVM target (default: the host CPU, VNNI masked); with --rpc, the board's "
                                     "(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
     _remote_options(p, "run and time stock TVM and tvm-ext (cross-compiled here; the exact reference runs here, "
-                       "ONNX Runtime and OpenVINO are not run; a server that says it is emulated is labelled so)")
+                       "ONNX Runtime and OpenVINO do not run; a server that says it is emulated is labelled so)")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per engine (default 30)")
     p.add_argument("--threads", type=int, default=2, help="threads for TVM, ONNX Runtime and OpenVINO (default 2)")
     p.add_argument("--out", default="bench-results", help="output folder (default ./bench-results)")
@@ -154,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="x86 target that runs on this CPU (default: the host CPU); with --rpc or "
                                     "--rpc-tracker, the boards' target (e.g. 'llvm -mtriple=aarch64-linux-gnu "
                                     "-mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
-    _remote_options(p, "time candidates (compiled and cross-linked here; with a tracker, on every free board of the "
-                       "key at once)")
+    _remote_options(p, "time the candidates (compiled and cross-linked here; with a tracker, every free board of "
+                       "the key at once)")
     p.add_argument("--trials-per-conv", type=int, metavar="N",
                    help="with --rpc/--rpc-tracker: at most N candidates per convolution besides TVM's rule "
                         "(default all)")
@@ -230,13 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--outputs", "--output", dest="output", metavar="OUT.npz",
                    help="save the outputs (output_0, output_1, ...)")
     p.add_argument("--repeat", type=int, default=0, metavar="N", help="time N more runs and print the median")
-    p.add_argument("--compare-with", metavar="REF.npz",
-                   help="compare the outputs with these (output_0, ... as --outputs writes them, e.g. from a run of a "
-                        "host build); prints the differences, exit code 1 when they exceed --atol")
+    p.add_argument("--compare-with", metavar="REF.npz|MODEL.onnx",
+                   help="compare the outputs with a reference: a .npz as --outputs writes it (e.g. from a run of a "
+                        "host build), or an ONNX model, run here by ONNX Runtime on the same inputs; prints the "
+                        "differences, exit code 1 when they exceed --atol")
     p.add_argument("--atol", type=float, default=0.0, metavar="X",
                    help="with --compare-with: largest absolute difference accepted (default 0: equal)")
-    _remote_options(p, "run (instead of here; a .tar is linked here when a cross compiler exists, else by the "
-                       "server)", old_timeout=False)
+    _remote_options(p, "run the library (a .tar is linked here when a cross compiler exists, else by the server)",
+                    old_timeout=False)
     p.set_defaults(func=cmd_run)
     return parser
 
