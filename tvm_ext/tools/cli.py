@@ -110,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run the int8 ResNet-50 benchmark",
                        description="Kernels, bytes between kernels, latency and numerics (against exact integer "
                                    "arithmetic) of int8 ResNet-50 under stock TVM, TVM + tvm-ext, ONNX Runtime and "
-                                   "OpenVINO; with --rpc, of stock TVM and tvm-ext on a remote board.")
+                                   "OpenVINO; with --rpc or --rpc-tracker, of stock TVM and tvm-ext on a remote board "
+                                   "(cross-compiled here; the exact reference runs here; ONNX Runtime and OpenVINO do "
+                                   "not run; a server that says it is emulated is labelled so).")
     p.add_argument("--variants", help="comma-separated: qoperator,qdq,relay (default all), or zoo model names such "
                                       "as yolov8n_int8_qdq,ppocr_cls_v2_int8_qoperator")
     p.add_argument("--zoo", choices=["resnet", "real", "real-all"],
@@ -120,8 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="benchmark this ONNX model instead of the zoo")
     p.add_argument("--target", help="TVM target (default: the host CPU, VNNI masked); with --rpc, the board's "
                                     "(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
-    _remote_options(p, "run and time stock TVM and tvm-ext (cross-compiled here; the exact reference runs here, "
-                       "ONNX Runtime and OpenVINO do not run; a server that says it is emulated is labelled so)")
+    _remote_options(p, "run and time stock TVM and tvm-ext")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per engine (default 30)")
     p.add_argument("--threads", type=int, default=2, help="threads for TVM, ONNX Runtime and OpenVINO (default 2)")
     p.add_argument("--out", default="bench-results", help="output folder (default ./bench-results)")
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "layers, that tvm_ext.build compiles for a model on this CPU; write AutoTVM "
                                    "records to $TVM_EXT_CACHE/tuned/ (applied by tvm_ext.build automatically). With "
                                    "--rpc or --rpc-tracker, the int8 conv schedules for a board's --target "
-                                   "(aarch64): candidates built here, timed on the board(s).")
+                                   "(aarch64): candidates built here, timed on the board(s); with a tracker, on every "
+                                   "free board of the key at once.")
     p.add_argument("model", nargs="?", help="path to an .onnx file")
     p.add_argument("--zoo", action="store_true", help="tune the benchmark's three int8 ResNet-50 models")
     p.add_argument("--small", action="store_true", help="with --zoo: the small variants (smoke run)")
@@ -154,8 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="x86 target that runs on this CPU (default: the host CPU); with --rpc or "
                                     "--rpc-tracker, the boards' target (e.g. 'llvm -mtriple=aarch64-linux-gnu "
                                     "-mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
-    _remote_options(p, "time the candidates (compiled and cross-linked here; with a tracker, every free board of "
-                       "the key at once)")
+    _remote_options(p, "time the candidates")
     p.add_argument("--trials-per-conv", type=int, metavar="N",
                    help="with --rpc/--rpc-tracker: at most N candidates per convolution besides TVM's rule "
                         "(default all)")
@@ -220,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a library written by `tvm-ext compile`",
                        description="Load a library with plain TVM (load_module + graph_executor), feed .npy inputs, "
                                    "print the outputs. Refuses libraries compiled for CPU features this host lacks; "
-                                   "with --rpc, runs them on a remote TVM RPC server (e.g. an ARM board).")
+                                   "with --rpc or --rpc-tracker, runs them on a remote TVM RPC server (e.g. an ARM "
+                                   "board; a .tar is linked here when a cross compiler exists, else by the server), "
+                                   "after checking that its CPU has every feature the library uses.")
     p.add_argument("library", help="the .tar or .so (its <library>.json must be next to it)")
     p.add_argument("-i", "--inputs", metavar="FILE.npz",
                    help="the inputs, one array per input name (numpy.savez; as tvmc)")
@@ -236,8 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "differences, exit code 1 when they exceed --atol")
     p.add_argument("--atol", type=float, default=0.0, metavar="X",
                    help="with --compare-with: largest absolute difference accepted (default 0: equal)")
-    _remote_options(p, "run the library (a .tar is linked here when a cross compiler exists, else by the server)",
-                    old_timeout=False)
+    _remote_options(p, "run the library", old_timeout=False)
     p.set_defaults(func=cmd_run)
     return parser
 
