@@ -11,7 +11,7 @@ from tvm.contrib import graph_executor
 
 import tvm_ext
 from tvm_ext.core import pipelines
-from tvm_ext.x86 import exact_int8
+from tvm_ext.x86 import exact_dot, exact_record, pair_pack
 from tvm_ext.x86 import int8_conv as x86_int8
 from tvm_ext.x86.isa import runs_on_host
 
@@ -95,27 +95,27 @@ def _target_param(name):
 ])
 def test_pairs_fit_int16_at_the_limit(pair, fits):
     w = np.array([[*pair, 0, 0], [0, 0, 0, 0]], "int8")
-    assert exact_int8.pairs_fit_int16(w) is fits
-    assert exact_int8.pairs_fit_int16(w[:, [2, 3, 0, 1]]) is fits, "both pairs of the group are checked"
+    assert exact_dot.pairs_fit_int16(w) is fits
+    assert exact_dot.pairs_fit_int16(w[:, [2, 3, 0, 1]]) is fits, "both pairs of the group are checked"
 
 
 def test_pairs_are_adjacent_bytes_only():
     """Bytes (0, 1) and (2, 3) are pairs: one large weight in each fits (255 * 127 per pair), two
     in one pair do not."""
-    assert exact_int8.pairs_fit_int16(np.array([[127, 0, 127, 0]], "int8"))
-    assert exact_int8.pairs_fit_int16(np.array([[0, 127, 127, 0]], "int8"))
-    assert not exact_int8.pairs_fit_int16(np.array([[127, 127, 0, 0]], "int8"))
+    assert exact_dot.pairs_fit_int16(np.array([[127, 0, 127, 0]], "int8"))
+    assert exact_dot.pairs_fit_int16(np.array([[0, 127, 127, 0]], "int8"))
+    assert not exact_dot.pairs_fit_int16(np.array([[127, 127, 0, 0]], "int8"))
 
 
 def test_pairs_fit_int16_rejects_what_it_cannot_check():
     with pytest.raises(TypeError, match="int8"):
-        exact_int8.pairs_fit_int16(np.zeros((4, 4), "int16"))
+        exact_dot.pairs_fit_int16(np.zeros((4, 4), "int16"))
     with pytest.raises(ValueError, match="whole pairs"):
-        exact_int8.pairs_fit_int16(np.zeros((4, 3), "int8"))
+        exact_dot.pairs_fit_int16(np.zeros((4, 3), "int8"))
 
 
 def test_the_limit_is_the_int16_bound():
-    assert 255 * exact_int8.PAIR_LIMIT <= 32767 < 255 * (exact_int8.PAIR_LIMIT + 1)
+    assert 255 * exact_dot.PAIR_LIMIT <= 32767 < 255 * (exact_dot.PAIR_LIMIT + 1)
 
 
 # --- executed: exact against numpy ----------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_worst_case_pairs_are_exact(target):
 @pytest.mark.parametrize("target", [_target_param("avx2")])
 def test_stock_saturates_where_tvm_ext_is_exact(target):
     """The test data above is data that saturates: stock TVM, and tvm-ext forced into TVM's form
-    (:func:`exact_int8.saturating`), miss the integer result on it."""
+    (:func:`exact_record.saturating`), miss the integer result on it."""
     if not runs_on_host(target):
         pytest.skip(f"host lacks instructions of '{target}'")
     w = _full_range((32, 32, 3, 3))
@@ -162,7 +162,7 @@ def test_stock_saturates_where_tvm_ext_is_exact(target):
     mod, want = _conv(w), _conv_exact(x, w)
     with tvm.transform.PassContext(opt_level=3):
         stock = _run(relay.build(mod, target=target), x=x)
-    with exact_int8.saturating():
+    with exact_record.saturating():
         forced = tvm_ext.build(mod, target=target)
     assert _forms(forced) == {"saturating"}
     assert (stock != want).sum() > want.size // 2
@@ -337,33 +337,33 @@ def _nchwc_conv(weight_oihw, ic_bn=8, oc_bn=8, data_dtype="uint8", groups=1):
 
     before = tvm.IRModule.from_expr(relay.Function([x], conv(w7, f"OIHW{ic_bn // 4}i{oc_bn}o4i")))
     expected = tvm.IRModule.from_expr(relay.Function(
-        [x], conv(exact_int8.pair_kernel(w7), f"OIHW{ic_bn // 2}i{oc_bn}o2i")))
+        [x], conv(exact_dot.pair_kernel(w7), f"OIHW{ic_bn // 2}i{oc_bn}o2i")))
     return before, expected
 
 
 def test_pair_kernel_keeps_every_weight():
     w = np.arange(2 * 3 * 2 * 8 * 4).reshape(2, 3, 1, 1, 2, 8, 4)
-    p = exact_int8.pair_kernel(w)
+    p = exact_dot.pair_kernel(w)
     assert p.shape == (2, 3, 1, 1, 4, 8, 2)
     for f in range(2):
         for j in range(4):
             np.testing.assert_array_equal(p[..., 2 * f + j // 2, :, j % 2], w[..., f, :, j])
     with pytest.raises(ValueError, match="ic/4"):
-        exact_int8.pair_kernel(np.zeros((2, 2, 1, 1, 2, 8, 2), "int8"))
+        exact_dot.pair_kernel(np.zeros((2, 2, 1, 1, 2, 8, 2), "int8"))
 
 
 def test_pair_pack_structure():
     r"""conv(x: u8, w: i8[2, 2, 3, 3, 2, 8, 4]) -> conv(x, pair_kernel(w): i8[2, 2, 3, 3, 4, 8, 2])"""
     before, expected = _nchwc_conv(_full_range((16, 16, 3, 3)))
-    got = exact_int8.PairPackInt8Convs()(before)
+    got = pair_pack.PairPackInt8Convs()(before)
     tvm.ir.assert_structural_equal(got, relay.transform.InferType()(expected), map_free_vars=True)
 
 
 def test_pair_pack_is_idempotent_and_pure():
     before, _ = _nchwc_conv(_full_range((16, 16, 3, 3)))
     text = before.astext()
-    once = exact_int8.PairPackInt8Convs()(before)
-    tvm.ir.assert_structural_equal(exact_int8.PairPackInt8Convs()(once), once)
+    once = pair_pack.PairPackInt8Convs()(before)
+    tvm.ir.assert_structural_equal(pair_pack.PairPackInt8Convs()(once), once)
     assert before.astext() == text, "the caller's module is not mutated"
 
 
@@ -374,8 +374,8 @@ def test_pair_pack_leaves_what_it_must_not_pack(case, caplog):
     rng = np.random.default_rng(3)
     w = rng.integers(-64, 65, (16, 16, 3, 3)).astype("int8") if case == "fits" else _full_range((16, 16, 3, 3))
     before, _ = _nchwc_conv(w, data_dtype="int8" if case == "int8 data" else "uint8")
-    with caplog.at_level(logging.DEBUG, logger="tvm_ext.x86.exact_int8"):
-        got = exact_int8.PairPackInt8Convs()(before)
+    with caplog.at_level(logging.DEBUG, logger="tvm_ext.x86.pair_pack"):
+        got = pair_pack.PairPackInt8Convs()(before)
     tvm.ir.assert_structural_equal(got, relay.transform.InferType()(before))
     assert {"fits": "fits int16", "int8 data": "not uint8 x int8"}[case] in caplog.text
 
@@ -384,7 +384,7 @@ def test_pair_pack_types_an_untyped_module_first():
     before, expected = _nchwc_conv(_full_range((16, 16, 3, 3)))
     untyped = tvm.IRModule.from_expr(before["main"])  # from_expr does not infer types
     text = untyped.astext()
-    got = exact_int8.PairPackInt8Convs()(untyped)
+    got = pair_pack.PairPackInt8Convs()(untyped)
     tvm.ir.assert_structural_equal(got, relay.transform.InferType()(expected), map_free_vars=True)
     assert untyped.astext() == text
 
@@ -405,7 +405,7 @@ def test_pair_pack_rewrites_convs_under_if_and_let(wrap):
         body = relay.Let(v, f.body, relay.add(v, v))
         return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(list(f.params), body)))
 
-    got = exact_int8.PairPackInt8Convs()(wrapped(before))
+    got = pair_pack.PairPackInt8Convs()(wrapped(before))
     tvm.ir.assert_structural_equal(got, wrapped(expected), map_free_vars=True)
 
 
@@ -426,9 +426,9 @@ def test_pair_packed_conv_is_exact(target):
 
 
 def test_pairs_only_for_instruction_sets_that_saturate():
-    assert exact_int8.packs_pairs(tvm.target.Target(TARGETS["avx2"]))
-    assert exact_int8.packs_pairs(tvm.target.Target(TARGETS["avx512"]))
-    assert not exact_int8.packs_pairs(tvm.target.Target("llvm -mcpu=znver4"))
-    assert not exact_int8.packs_pairs(tvm.target.Target("llvm -mtriple=aarch64-linux-gnu"))
-    with exact_int8.saturating():
-        assert not exact_int8.packs_pairs(tvm.target.Target(TARGETS["avx2"]))
+    assert pair_pack.packs_pairs(tvm.target.Target(TARGETS["avx2"]))
+    assert pair_pack.packs_pairs(tvm.target.Target(TARGETS["avx512"]))
+    assert not pair_pack.packs_pairs(tvm.target.Target("llvm -mcpu=znver4"))
+    assert not pair_pack.packs_pairs(tvm.target.Target("llvm -mtriple=aarch64-linux-gnu"))
+    with exact_record.saturating():
+        assert not pair_pack.packs_pairs(tvm.target.Target(TARGETS["avx2"]))

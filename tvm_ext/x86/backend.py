@@ -3,11 +3,11 @@
 * target: :func:`tvm_ext.x86.target.build_target` (the real CPU for ``-mcpu=native``, AVX-512 VNNI
   kept, AMX masked unless ``amx=True``);
 * passes: ``PairPackInt8Convs`` last before FuseOps where the int8 dot product has no VNNI
-  (:mod:`tvm_ext.x86.exact_int8`), so every int8 conv is exact;
+  (:mod:`tvm_ext.x86.pair_pack`), so every int8 conv is exact;
 * contexts: the int8 kernel policy (:func:`tvm_ext.x86.int8_conv.kernels`; with ``kernels`` off only
   the VNNI intrinsic LLVM 22 accepts), the tuned records of the target's class
   (:mod:`tvm_ext.x86.tuning`), the exactness record, and with ``amx`` the AMX tile schedules;
-* instruments: :class:`tvm_ext.x86.exact_int8.RecordWeights`; with ``amx`` the ``ConfigureTiles``
+* instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`; with ``amx`` the ``ConfigureTiles``
   lowering pass.
 """
 from __future__ import annotations
@@ -41,17 +41,17 @@ class X86(Backend):
         return tgt if tgt.host is not None else tvm.target.Target(tgt, host=tgt)
 
     def plan(self, request: BuildRequest) -> BuildPlan:
-        from . import exact_int8, int8_conv, tuning
+        from . import exact_record, int8_conv, pair_pack, tuning
 
         tgt, amx = request.target, bool(request.options.get("amx"))
         plan = BuildPlan()
-        if exact_int8.packs_pairs(tgt) and request.eight_bit:
-            plan.passes["before_fuse"] = [exact_int8.PairPackInt8Convs()]
+        if pair_pack.packs_pairs(tgt) and request.eight_bit:
+            plan.passes["before_fuse"] = [pair_pack.PairPackInt8Convs()]
         plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
-                         exact_int8.recording()]
+                         exact_record.recording()]
         records = tuning.apply(tgt) if request.tuned else contextlib.nullcontext()
         plan.contexts.append(records)
-        plan.instruments = [exact_int8.RecordWeights()]
+        plan.instruments = [exact_record.RecordWeights()]
         if amx:
             from . import amx as amx_tiles
 

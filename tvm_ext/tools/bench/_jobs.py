@@ -98,7 +98,7 @@ def _build_job(job: dict) -> dict:
     from tvm import relay
 
     from ...core import pipelines, tvm_bugs
-    from ...x86 import exact_int8, int8_conv as x86_int8
+    from ...x86 import exact_record, int8_conv as x86_int8
     from ...core.build import build, copy_module
     from ...core.report import KernelReport
 
@@ -144,7 +144,7 @@ def _build_job(job: dict) -> dict:
         pipe = pipelines.int8(numerics=job.get("numerics", "tvm"))  # "onnxruntime": benchmarks/lab/real_matrix.py
         own_kernels = {"kernels": False, "tuned": False} if exact_graph else {"tuned": job.get("tuned", True)}
         # "tvm_ext_saturating": TVM's saturating vpmaddubsw kept everywhere, to show what exactness costs
-        form = exact_int8.saturating() if job["pipeline"] == "tvm_ext_saturating" else contextlib.nullcontext()
+        form = exact_record.saturating() if job["pipeline"] == "tvm_ext_saturating" else contextlib.nullcontext()
         with form:
             fac = build(v["mod"], target=target, params=v["params"], passes=pipe, instruments=[fuse_input.make()],
                         **own_kernels)
