@@ -77,7 +77,7 @@ _AVG_POOLS = ("nn.global_avg_pool2d", "nn.avg_pool2d")
 
 #: Multiply-accumulates from which a padded int8 conv pays for its slice kernel (:func:`_padded_int8_conv`).
 PADDED_INT8_MIN_MACS = 1 << 24
-#: The same per int8 instruction class (:func:`tvm_ext.backend.select.isa_class` of the current target)
+#: The same per int8 instruction class (:func:`tvm_ext.families.isa_class` of the current target)
 #: where it differs: every conv converts where the padding costs no kernel. AVX2 and AVX-512 VNNI take
 #: 8-channel int8 blocks (no padding); aarch64 pads to 8 channels, and ``FoldChannelRepadIntoConv`` lets
 #: the next conv read the padded channels, so no slice/re-pad kernel stays between them (docs/arm.md).
@@ -100,7 +100,7 @@ def _target_class() -> str | None:
     tgt = tvm.target.Target.current(allow_none=True)
     if tgt is None:
         return None
-    from tvm_ext.backend.select import isa_class
+    from tvm_ext.families import isa_class
 
     return isa_class(tgt)
 

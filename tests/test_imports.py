@@ -19,9 +19,9 @@ LAYERS = (
     ("tvm_ext", "tvm_ext.core"),
     ("tvm_ext.passes",),
     ("tvm_ext.patterns",),
-    ("tvm_ext.backend.select",),
+    ("tvm_ext.families",),
     ("tvm_ext.x86", "tvm_ext.arm", "tvm_ext.gpu"),
-    ("tvm_ext.backend", "tvm_ext.backend.interface", "tvm_ext._records"),
+    ("tvm_ext.backend", "tvm_ext.backend", "tvm_ext._records"),
     ("tvm_ext.errors", "tvm_ext.ops", "tvm_ext._op_pattern", "tvm_ext._reject", "tvm_ext._attrs", "tvm_ext._compat",
      "tvm_ext._atomic", "tvm_ext._files", "tvm_ext._patch", "tvm_ext._rules"),
 )

@@ -18,7 +18,7 @@ from tvm_ext.tools.cli import main
 from tvm_ext.tools.deploy import DeployError
 from tvm_ext.tools.tune import write_records
 from tvm_ext.tools.tune_remote import Boards, _layout_candidates
-from tvm_ext.backend.select import isa_class
+from tvm_ext.families import isa_class
 from tvm_ext.arm import tuning as arm_tuning
 from tvm_ext.x86 import tuning
 from tvm_ext.x86.target import build_target

@@ -6,7 +6,7 @@ import pytest
 import tvm
 
 from tvm_ext.x86.isa import llvm_features as _llvm_features
-from tvm_ext.backend.select import describe_target
+from tvm_ext.families import describe_target
 from tvm_ext.x86.target import VNNI_FEATURES, host_target, safe_target
 
 

@@ -6,8 +6,9 @@ applied while tvm-ext builds or imports a model and undone after (:mod:`tvm_ext.
 
 Layout, top first: :mod:`tvm_ext.tools` and :mod:`tvm_ext.testing`; :mod:`tvm_ext.relax`;
 :mod:`tvm_ext.core` (build, pipelines, report, explain, registry, frontend); :mod:`tvm_ext.passes`
-and :mod:`tvm_ext.patterns`; :mod:`tvm_ext.backend` (one back end per target family:
-:mod:`tvm_ext.x86`, :mod:`tvm_ext.arm`, :mod:`tvm_ext.gpu`); leaf modules. Each module has one
+and :mod:`tvm_ext.patterns`; :mod:`tvm_ext.families` (the table of target families); one back end
+per family (:mod:`tvm_ext.x86`, :mod:`tvm_ext.arm`, :mod:`tvm_ext.gpu`); leaf modules, among them
+:mod:`tvm_ext.backend` (the interface every family implements). Each module has one
 import path, the one of its file (``tvm_ext.tools.zoo``, ``tvm_ext.x86.int8_conv``, ...).
 """
 import importlib
@@ -15,12 +16,12 @@ import importlib
 from .core.build import build, copy_module
 from .core.explain import explain
 from .core.report import KernelReport
-from .backend.select import build_target
+from .families import build_target
 from .x86.target import host_target, safe_target
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("core", "backend", "x86", "arm", "gpu", "tools", "passes", "patterns", "relax", "testing")
+_SUBPACKAGES = ("core", "x86", "arm", "gpu", "tools", "passes", "patterns", "relax", "testing")
 
 
 def __getattr__(name):

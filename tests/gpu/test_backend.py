@@ -13,7 +13,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.backend import select
+from tvm_ext import families as select
 from tvm_ext.core import pipelines
 from tvm_ext.errors import UnsupportedByTVM
 from tvm_ext.gpu.backend import GPU, unsupported

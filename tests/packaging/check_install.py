@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         for label, pkg in (("wheel", wheel), ("sdist", wheel2)):
             if label == "sdist":
                 _run([py, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", pkg])
-            where = _run([py, "-c", "import tvm_ext, tvm_ext.tools.cli, tvm_ext.backend.select; "
+            where = _run([py, "-c", "import tvm_ext, tvm_ext.tools.cli, tvm_ext.families; "
                                     "print(tvm_ext.__file__)"], cwd=outside, env=env).strip()
             if not where.startswith(str(venv)):
                 raise SystemExit(f"check-install: import tvm_ext loaded {where}, not the installed {label}")

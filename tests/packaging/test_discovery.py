@@ -20,7 +20,7 @@ def _setup_module():
 def test_setup_discovers_every_package_of_the_tree():
     found = set(_setup_module().discover())
     assert found == source_packages()
-    assert {"tvm_ext.core.explain", "tvm_ext.tools.bench", "tvm_ext.testing.fuzz", "tvm_ext.backend",
+    assert {"tvm_ext.core.explain", "tvm_ext.tools.bench", "tvm_ext.testing.fuzz", "tvm_ext.gpu",
             "tvm_ext.passes", "tvm_ext.patterns"} <= found
 
 

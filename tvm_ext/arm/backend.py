@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..backend.interface import Backend, BuildPlan, BuildRequest, llvm_arch
+from ..backend import Backend, BuildPlan, BuildRequest, llvm_arch
 
 __all__ = ["AArch64"]
 
@@ -22,20 +22,6 @@ class AArch64(Backend):
 
     def claims(self, target) -> bool:
         return llvm_arch(target) in ("aarch64", "arm64", "aarch64_be")
-
-    def target(self, target, **options):
-        import tvm
-
-        from ..x86.target import safe_target  # resolves -mcpu=native; masks nothing on aarch64
-
-        if options:
-            raise TypeError(f"tvm_ext.build: {sorted(options)} are not options of the aarch64 back end")
-        if target is None:  # this host, an aarch64 machine
-            from tvm.target import codegen
-
-            target = f"llvm -mcpu={codegen.llvm_get_system_cpu()}"
-        tgt = safe_target(target)
-        return tgt if tgt.host is not None else tvm.target.Target(tgt, host=tgt)
 
     def plan(self, request: BuildRequest) -> BuildPlan:
         from . import int8_conv, requantize, tuning

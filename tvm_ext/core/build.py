@@ -187,16 +187,16 @@ class Prepared:
     mod : tvm.IRModule
         A copy of the user's module.
     target : tvm.target.Target
-        The resolved target (the back end's :meth:`~tvm_ext.backend.interface.Backend.target`).
-    backend : tvm_ext.backend.interface.Backend
+        The resolved target (the back end's :meth:`~tvm_ext.backend.Backend.target`).
+    backend : tvm_ext.backend.Backend
         The target's family.
     stages : dict
         Stage -> passes: the pipeline's for the family, then the back end's.
     split : bool
         Run relay.build's prefix here (``before_fuse`` passes exist or ``at="before_fuse"``).
-    request : tvm_ext.backend.interface.BuildRequest
+    request : tvm_ext.backend.BuildRequest
         What the back end was asked (target, kernel policy and tuned records on or off, ...).
-    plan : tvm_ext.backend.interface.BuildPlan
+    plan : tvm_ext.backend.BuildPlan
         The back end's contexts, instruments, configuration and finishing step.
     requantize : dict
         ``relay.qnn.op.requantize_config`` settings (empty: TVM's defaults).
@@ -227,8 +227,8 @@ def prepare(mod, target=None, passes=(), at: str = "before_fuse", *, kernels: bo
             tuned: bool | None = None, **options) -> Prepared:
     """Resolve a build of ``mod``: the target's back end and target, the pipeline for its family,
     and the back end's plan (see :func:`build` for the arguments; ``options`` are the family's)."""
-    from ..backend import select
-    from ..backend.interface import BuildRequest
+    from .. import families
+    from ..backend import BuildRequest
     from . import tvm_bugs
     from .pipelines import resolve
 
@@ -237,7 +237,7 @@ def prepare(mod, target=None, passes=(), at: str = "before_fuse", *, kernels: bo
     mod = copy_module(_as_module(mod))
     if target is not None:
         tvm_bugs.check_target(target)  # an unknown -mtriple segfaults LLVM's feature query
-    backend = select.for_target(target)
+    backend = families.for_target(target)
     tgt = backend.target(target, **options)
     chosen = resolve(passes, at, backend.family)
     stages = {stage: _check_passes(chosen.stages.get(stage, ())) for stage in AT_CHOICES}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from ..backend.interface import Backend, BuildPlan, BuildRequest
+from ..backend import Backend, BuildPlan, BuildRequest
 from ..errors import UnsupportedByTVM
 
 logger = logging.getLogger(__name__)

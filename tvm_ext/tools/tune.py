@@ -32,7 +32,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..arm import tuning as arm_tuning
-from ..backend import select
+from .. import families
 from ..x86 import tuning, int8_conv as x86_int8
 from ..core.build import build
 from ..x86.isa import isa_class, runs_on_host
@@ -426,7 +426,7 @@ def write_records(lines, target, path=None) -> str:
     from ..x86.target import build_target
 
     tgt = build_target(target)
-    out = Path(path) if path else select.for_target(tgt).records_path(tgt)
+    out = Path(path) if path else families.for_target(tgt).records_path(tgt)
     out.parent.mkdir(parents=True, exist_ok=True)
     keep = {}
     if out.is_file():

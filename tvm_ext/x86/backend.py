@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..backend.interface import Backend, BuildPlan, BuildRequest, llvm_arch
+from ..backend import Backend, BuildPlan, BuildRequest, llvm_arch
 
 __all__ = ["X86"]
 

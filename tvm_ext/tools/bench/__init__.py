@@ -446,7 +446,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
 
     if numerics not in pipelines.NUMERICS:
         raise ValueError(f"numerics must be one of {sorted(pipelines.NUMERICS)}, not {numerics!r}")
-    from ...backend.select import describe_target
+    from ...families import describe_target
     from ...x86.target import build_target, host_target, safe_target
 
     from .. import _remote

@@ -1,15 +1,15 @@
 """Which back end a target belongs to: the ordered table of families.
 
 :data:`FAMILIES` is data: the first back end that claims a target builds it, and a target no family
-claims gets :class:`~tvm_ext.backend.interface.Backend`'s defaults (``relay.build`` unchanged). A new
-family is a package with a ``backend.py`` and one row here.
+claims gets :class:`~tvm_ext.backend.Backend`'s defaults (``relay.build`` unchanged). A new
+family is a package with a ``backend.py`` and one row here (docs/backends.md).
 """
 from __future__ import annotations
 
-from ..arm.backend import AArch64
-from ..gpu.backend import GPU
-from ..x86.backend import X86
-from .interface import Backend
+from .arm.backend import AArch64
+from .gpu.backend import GPU
+from .x86.backend import X86
+from .backend import Backend
 
 __all__ = ["FAMILIES", "for_target", "family", "isa_class", "build_target", "as_target", "describe_target"]
 
@@ -60,7 +60,7 @@ def build_target(target=None, **options):
 def describe_target(target) -> dict:
     """A JSON-friendly description of a target: string, kind, cpu, family, int8 instruction-set class
     (:func:`isa_class`) and vector features."""
-    from ..x86.isa import llvm_features
+    from .x86.isa import llvm_features
 
     tgt = as_target(target)
     feats = llvm_features(tgt)

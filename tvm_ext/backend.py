@@ -1,10 +1,11 @@
-"""The interface every target family implements, and the records a build exchanges with it.
+"""The back-end interface every target family implements, and the records a build exchanges with it.
 
 A build (:func:`tvm_ext.build`) resolves the user's target with :meth:`Backend.target`, then asks
 :meth:`Backend.plan` once for a :class:`BuildPlan`: the passes the family adds to each stage, the
 context managers that patch TOPI strategies and schedules while the build runs, the instruments and
 PassContext settings of ``relay.build``, and a last step on the built factory. The defaults here are
-the empty answers: a family overrides only what it changes. Nothing here imports a family.
+the empty answers: a family overrides only what it changes. Nothing here imports a family;
+:mod:`tvm_ext.families` is the table that picks one, and docs/backends.md says how to add one.
 """
 from __future__ import annotations
 
@@ -113,14 +114,21 @@ class Backend:
         return False
 
     def target(self, target, **options):
-        """The target a build compiles for, with its host; raises
-        :class:`tvm_ext.errors.UnsupportedByTVM` for one this TVM cannot build without crashing,
+        """The target a build compiles for, with its host (None: this host's CPU); ``-mcpu=native``
+        becomes the host CPU's name (TVM 0.19 with LLVM 22 would build for a generic CPU). Raises
+        :class:`tvm_ext.errors.UnsupportedByTVM` for a target this TVM cannot build without crashing,
         ``TypeError`` for an option the family does not know."""
         import tvm
+        from tvm.target import codegen
 
         if options:
             raise TypeError(f"tvm_ext.build: {sorted(options)} are not options of the {self.family} back end")
+        if target is None:
+            target = f"llvm -mcpu={codegen.llvm_get_system_cpu()}"
         tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+        if tgt.kind.name == "llvm" and str(tgt.attrs.get("mcpu", "")) == "native":
+            text = str(tgt).replace("-mcpu=native", f"-mcpu={codegen.llvm_get_system_cpu()}")
+            tgt = tvm.target.Target(text, host=tgt.host)
         if tgt.host is None and tgt.kind.name == "llvm":
             tgt = tvm.target.Target(tgt, host=tgt)
         return tgt
