@@ -10,7 +10,7 @@ import tvm
 
 from tvm_ext.tools import bench
 from tvm_ext.tools.bench import _jobs, _measure, _render
-from tvm_ext.x86 import exact_int8
+from tvm_ext.x86 import pair_pack
 from tvm_ext.x86 import int8_policy
 from tvm_ext.x86.target import host_target
 from tvm_ext.tools.cli import main
@@ -100,7 +100,7 @@ def test_variant_contents(small_run):
     if HOST_VNNI:  # stock at tvm-ext's target: compared, not a reference
         expected.add("tvm_ext/tvm_same")
         assert "error" not in v["pipelines"]["tvm_same"]
-    if exact_int8.packs_pairs(tvm.target.Target(results["environment"]["ext_target"])):
+    if pair_pack.packs_pairs(tvm.target.Target(results["environment"]["ext_target"])):
         expected.add("tvm_ext/tvm_ext_saturating")  # what exactness costs, where vpmaddubsw saturates
         assert "error" not in v["pipelines"]["tvm_ext_saturating"]
     assert set(v["ratios"]) == expected
