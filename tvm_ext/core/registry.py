@@ -8,10 +8,10 @@ registered before a name is looked up; a user's pass registers with the same dec
 """
 from __future__ import annotations
 
-from .. import passes as _builtin  # noqa: F401  (every built-in pass module registers itself)
+from ..passes import __all__ as BUILTIN  # importing the package registers every built-in pass
 from ..passes._registry import PassSpec, UnknownPassError, register_pass, registered
 
-__all__ = ["PassSpec", "register_pass", "list_passes", "get_pass", "create_pass", "UnknownPassError"]
+__all__ = ["PassSpec", "register_pass", "list_passes", "get_pass", "create_pass", "UnknownPassError", "BUILTIN"]
 
 
 def list_passes() -> list[PassSpec]:
