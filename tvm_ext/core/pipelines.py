@@ -567,14 +567,17 @@ def _wrap(text: str, first: str, rest: str) -> list:
 def _rst_step(number: str, step: Step, note: str = "") -> list:
     """A numbered reST list item: ``Name``: what it does. *Order:* why it stands there."""
     sub = " " * (len(number) + 1)
-    return _wrap(f"{number} ``{step.label}``{note}: {step.does}", "", sub) + _wrap(f"*Order:* {step.why}", sub, sub)
+    where = f" (only at {', '.join(step.families)} targets)" if step.families else ""
+    return (_wrap(f"{number} ``{step.label}``{note}{where}: {step.does}", "", sub)
+            + _wrap(f"*Order:* {step.why}", sub, sub))
 
 
 def _text_step(number: str, step: Step) -> list:
     """The same as plain text for the CLI (no reST quotes)."""
     sub = "      "
     plain = lambda t: t.replace("``", "")  # noqa: E731
-    return ([f"{number} {step.label}"] + _wrap(f"does:  {plain(step.does)}", sub, sub + "       ")
+    where = f"   [only at {', '.join(step.families)} targets]" if step.families else ""
+    return ([f"{number} {step.label}{where}"] + _wrap(f"does:  {plain(step.does)}", sub, sub + "       ")
             + _wrap(f"order: {plain(step.why)}", sub, sub + "       "))
 
 
