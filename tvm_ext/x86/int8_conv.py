@@ -1,174 +1,24 @@
 """Fast int8 convolutions on x86 with TVM 0.19 and LLVM 22: VNNI that builds, and runs fast.
 
-Design note
------------
 :func:`kernels` replaces TVM 0.19 x86 TOPI functions (schedules, fallback configs, a
 legalization, a tensor intrinsic) while it is entered and restores TVM's own when the outermost
 entry exits, so a plain ``relay.build`` in the same process keeps TVM's behaviour.
 :func:`tvm_ext.build` enters it for every LLVM target: with a tvm-ext pipeline (or
-``kernels=True``) as ``kernels(schedule=True)``, and every change below applies; without one as
+``kernels=True``) as ``kernels(schedule=True)``, and every change applies; without one as
 ``kernels(schedule=False)``, and only ``exact_without_vnni`` and ``vnni_operand_types`` do
 (otherwise the kernels are ``relay.build``'s). Each change is decided per instruction-set class
-(:func:`tvm_ext.x86.isa.isa_class` of the target being compiled, read at schedule time, so one process
-can build for several classes) from measurements on that class; :mod:`tvm_ext.x86.int8_policy` holds
-those choices as tables, with their evidence (:func:`~tvm_ext.x86.int8_policy.policy`; conv schedules from
-``benchmarks/lab/int8_conv_schedules.py``).
-The measurements in full: ``docs/x86-kernels.md``. "AVX2 code" below was measured as
-``-mcpu=znver3`` code on Zen 4, "AVX-512 VNNI" as ``-mcpu=znver4`` on Zen 4.
+(:func:`tvm_ext.x86.isa.isa_class` of the target being compiled, read at schedule time) from the
+tables of :mod:`tvm_ext.x86.int8_policy`.
 
 Apart from ``exact_without_vnni``, which makes results exact where TVM's saturate, no change
-alters results: integer accumulation is exact in every schedule and the epilogue's
-arithmetic is the same per element; the block and pool changes only re-block tensors, inline
-elementwise stages or reorder a pool's loops; the transposed conv sums the same non-zero products
-in the same order. Tests check bit-equality against TVM's own schedule with the same dot product,
-and exactness against numpy.
-
-The changes, each with where it applies, its rule and its measured reason (the schedules named,
-:func:`dot_u8s8_vnni`, :func:`tile_width`, :func:`tile_shape`, the ``_schedule_*`` and pool functions,
-are in :mod:`tvm_ext.x86.int8_schedules`; the layouts and fallback configs are here):
-
-``exact_without_vnni`` -- AVX2, AVX-512 and SSE, also with ``schedule=False``
-    (:mod:`tvm_ext.x86.exact_int8`). ``vpmaddubsw`` saturates its int16 pair sums; a conv whose
-    weight pairs can saturate is packed in int16 pairs (one ``vpmaddwd``), anything else that can
-    saturate splits each data byte::
-
-        # conv(x, w[..., 4]) -> conv(x, pairs(w)[..., 2])  with vpmaddwd(zext(x pair), sext(w pair))
-        # vpmaddubsw(a, w) -> vpmaddubsw(a & 0x7f, w) and vpmaddubsw(a & 0x80, w), each through vpmaddwd
-
-    Reason: stock TVM misses exact arithmetic on full-range weights (50,159 of 50,176 outputs of
-    a 64->64 3x3 conv at x86-64-v3).
-
-``vnni_operand_types`` -- AVX-512 VNNI with LLVM >= 22 (:func:`needs_operand_fix`), also with
-    ``schedule=False``. TVM's ``dot_16x1x16_uint8_int8_int32_cascadelake`` calls
-    ``llvm.x86.avx512.vpdpbusd.512`` with three ``<16 x i32>`` operands; LLVM 22 takes the byte
-    operands as ``<64 x i8>`` (llvm-project #155194). :func:`dot_u8s8_vnni` replaces it (LLVM <= 21
-    keeps TVM's)::
-
-        # vpdpbusd(acc, a: i32x16, b: i32x16) -> vpdpbusd(acc, reinterpret<i8x64>(a), reinterpret<i8x64>(b))
-
-    Reason: TVM's call aborts the whole process ("Calling a function with a bad signature!").
-
-``epilogue_per_row`` -- 3x3/7x7 int8 convs on AVX-512 VNNI and AVX-512
-    (:attr:`KernelPolicy.per_row`). TVM's ``schedule_conv_NCHWc_cpu_common_int8`` runs with
-    ``inline_fused=True``: with a fused epilogue (bias, requantize) the conv is computed per output
-    pixel inside the epilogue loop, so one accumulator carries the whole (kh, kw, ic) reduction and
-    VNNI's 4-5-cycle ``vpdpbusd`` is on that chain. Here ``inline_fused=False`` (TVM's 1x1 form)::
-
-        # for p in row: out[p] = epilogue(conv(p))  ->  acc[0:reg_n] = conv(row); out[row] = epilogue(acc)
-
-    Measured: 0.19-0.49x TVM's time per ResNet-50 3x3/7x7 conv on AVX-512 VNNI and 0.82-0.99x on
-    AVX-512 without VNNI, but 0.86-1.65x as AVX2 code, which therefore takes
-    ``per_tile_accumulators``.
-
-``per_tile_accumulators`` -- 3x3/7x7 int8 convs on AVX2, 1x1 int8 convs on AVX2, AVX-512 and
-    AVX-512 VNNI (:attr:`KernelPolicy.tile_accumulators`: 12 ymm, 28 zmm). A row of TVM's
-    ``tile_ow`` (28 pixels x 2 ymm) spills AVX2's 16 registers, TVM's per-pixel form reloads the
-    kernel vectors for every pixel, and TVM's 1x1 form accumulates whole rows into a buffer, copies
-    it and runs the epilogue over the copy. Here the conv is computed per tile of output pixels
-    whose accumulators fit the registers, the epilogue per tile (:func:`tile_width`,
-    :func:`_schedule_int8_per_tile`; 1x1: :func:`tile_shape`, :func:`_schedule_1x1_int8_per_tile`)::
-
-        # tile pixels * (oc_bn / lanes) <= accumulators; each kernel vector loaded once per tile
-
-    Measured: 0.86-1.02x TVM's time per ResNet-50 3x3/7x7 conv as AVX2 code (0.94-0.96x summed),
-    and ResNet-50's 1x1 convs 2-9 % faster as AVX2 code and 4-15 % on AVX-512 VNNI.
-
-``tile_oc_chunks`` -- 1x1 int8 convs on AVX-512 VNNI (:attr:`KernelPolicy.tile_oc_chunks`: up to 4).
-    A 1x1 tile also spans several output-channel chunks, their kernel vectors held through each
-    reduction step, so each data word loaded serves several ``vpdpbusd`` (oneDNN's brgemm tile is 4
-    vectors x 6 pixels); :func:`.int8_schedules.tile_chunks_shape` takes the chunk count whose tile
-    loads the fewest values per product::
-
-        # C * tile pixels * (oc_bn / lanes) + (C - 1) * (oc_bn / lanes) <= accumulators
-
-    Measured (Intel Cascade Lake class, QDQ ResNet-50, 2 threads): its 1x1 convs 0.72-0.89x the time
-    of one chunk per tile, 0.91x end to end.
-
-``fallback_register_tile`` -- untuned float convs and untuned depthwise convs (8-bit and float) on
-    AVX2 (:data:`.int8_policy.FALLBACK_TILE_ACCUMULATORS`; tuned configs are not touched). TVM's fallback takes
-    ``tile_ow`` = the largest divisor of the output width up to 31 (float 1x1: ``tile_oh x tile_ow``
-    under 32 pixels), one vector register per pixel and channel block: that fits AVX-512's 32 zmm
-    and spills AVX2's 16 ymm. Here the tile is cut (:func:`_float_conv_register_tile`,
-    :func:`_depthwise_register_tile`)::
-
-        # tile_ow = tile_width(out_w, registers per pixel, tile_ow, 12)
-
-    Measured: 0.53-0.72x TVM's time on five ResNet-like float convs and 0.64-0.81x on 8-bit and
-    float depthwise convs, as AVX2 code.
-
-``depthwise_int8_block`` -- untuned 8-bit depthwise convs, every x86 class. AlterOpLayout blocks
-    int8 convs by :data:`INT8_CONV_BLOCK` channels (TVM asks its int8 template with
-    ``int32_lanes=16`` on every x86 CPU) but an int8 depthwise conv by the SIMD width of 32-bit
-    lanes (``depthwise_conv2d._fallback_schedule``: 8 on AVX2, 4 on SSE), so on AVX2 every
-    depthwise conv sits between two ``layout_transform`` kernels (:func:`_depthwise_int8_block`)::
-
-        # tile_ic = tile_oc = 16 if 16 | C, else int8_block(C) where it fits one vector register, else TVM's
-
-    Measured: PP-OCRv4 det QDQ as AVX2 code has 107 kernels instead of 135, of which 30 are lone
-    re-blockings.
-
-``int8_graph_float_conv_blocks`` -- untuned float convs, every x86 class, only with
-    ``int8_graph=True`` (:func:`tvm_ext.build` sets it for modules with int8/uint8 tensors). The
-    float convs an int8 pipeline keeps (SE blocks, channel counts x86's int8 path would pad) read
-    tensors int8 convs wrote blocked by :func:`int8_block`, but TVM blocks a float conv's input
-    channels by the largest divisor up to its output block (384 -> 360 channels: ``NCHW12c`` on
-    AVX-512, ``NCHW8c`` on AVX2), a re-blocking kernel in between (:func:`_float_conv_int8_blocks`)::
-
-        # tile_ic = int8_block(C_in); tile_oc = int8_block(C_out) where it fits one vector register
-        #                                       or the conv has one output pixel
-
-    Measured: PP-OCRv4 det QDQ 135 -> 98 kernels and 22.39 -> 20.96 ms as AVX2 code, 102 -> 94
-    kernels on AVX-512 VNNI (with ``depthwise_int8_block``); the register-width condition because
-    an output block of 12 on AVX2's 8 lanes made those convs 9-13x slower.
-
-``narrow_channel_blocks`` -- AVX2 and AVX-512 VNNI (:attr:`KernelPolicy.channel_blocks`,
-    :attr:`KernelPolicy.int8_out_blocks`). TVM's int8 rule blocks 24 or 360 channels by 12, wider
-    than AVX2's 8 lanes, and x86's conv2d legalization pads an int8 conv's output channels to a
-    multiple of 16 and slices them back (a ``layout_transform + strided_slice`` kernel). Here 8
-    comes before 12 on every side (:func:`int8_block`), and an int8 conv whose output channels 8
-    divides and 16 does not takes output block 8 (:func:`_int8_legalize_out_block`,
-    :func:`_int8_conv_blocks`; :func:`_int8_conv_compute` gives the fallback config ``tile_oc``
-    first, since TVM's AutoTVM space admits only multiples of 16)::
-
-        # block(C) = first of (16, 8, 12, 4) dividing C;  out_block(C) = 8 where 8 | C and 16 does not
-
-    On AVX-512 VNNI such a conv tensorizes with the 8-lane ymm ``vpdpbusd`` (AVX-512 VL;
-    :func:`dot_u8s8_vnni` with ``lanes=8``, :func:`_dot_for_block`), which computes an 8-channel
-    block exactly as the 16-lane form computes 16; AVX-512 without VNNI and SSE keep TVM's blocks.
-    Measured: PP-OCRv4 det QDQ's three 96 -> 24 int8 convs 17-18 % faster as AVX2 code, and PP-OCR
-    cls QDQ 0.66 -> 0.55 ms on AVX-512 VNNI with no float32 tensor left between its convs.
-
-``pool_prologue_inline`` -- pools, every x86 class. ``FuseWideningIntoPool`` puts the widening of
-    an 8-bit value (``cast -> subtract -> multiply -> floor -> cast``) in the pool's kernel; TVM's
-    x86 pool schedules (``topi/x86/pooling.py``) inline only a pool's injective consumers, so each
-    producer stage stays a serial, unvectorized loop nest with its own buffer (stock TVM never fuses
-    producers into a pool) (:func:`_inline_pool_producers`)::
-
-        # s = schedule_pool(outs); s[p].compute_inline() for every injective producer p of the pool,
-        #   except a float product the pool's sum reads: inlined, LLVM would contract the multiply
-        #   and the add into one fused multiply-add (one rounding where TVM's schedule rounds twice)
-
-    Measured: PP-OCR cls's SE pools (1x20x2x96x10 uint8 -> int32) 500 -> 65 us per pool on Zen 4.
-
-``global_pool_channel_vector`` -- global/adaptive pools over ``NCHW[x]c``, every x86 class. TVM's
-    ``schedule_adaptive_pool`` leaves the channel block outside the window reduction: per channel a
-    scalar sum strided by the block (:func:`_vectorize_pool_channel_block`, blocks up to
-    ``_MAX_POOL_VECTOR``)::
-
-        # for c in block: for w in window: s[c] += v[w, c]  ->  for w in window: s[0:block] += v[w, 0:block]
-
-    Measured: PP-OCRv4 det's SE pool (1x6x80x80x16) 0.294 -> 0.045 ms on AVX-512 VNNI and
-    0.296 -> 0.047 ms as AVX2 code.
-
-``conv_transpose_without_zeros`` -- transposed convs whose stride equals their kernel, without
-    padding, every x86 class (:mod:`tvm_ext.x86.conv_transpose`). TVM's x86 compute dilates the
-    input with zeros and runs a dense conv over it; here each output pixel reads its one input
-    pixel, per output row::
-
-        # out[n, co, y, x] = sum_ci data[n, ci, y // kh, x // kw] * w[ci, co, y % kh, x % kw]
-
-    Measured: PP-OCRv4 det's two DB-head layers 6.8 -> 0.45 and 1.2 -> 0.17 ms on AVX-512 VNNI,
-    8.0 -> 0.58 and 3.5 -> 0.26 ms as AVX2 code.
+alters results. The changes: ``exact_without_vnni`` (:mod:`tvm_ext.x86.exact_int8`),
+``vnni_operand_types``, ``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``,
+``fallback_register_tile``, ``depthwise_int8_block``, ``int8_graph_float_conv_blocks``,
+``narrow_channel_blocks``, ``pool_prologue_inline``, ``global_pool_channel_vector`` and
+``conv_transpose_without_zeros`` (:mod:`tvm_ext.x86.conv_transpose`). The schedules are in
+:mod:`tvm_ext.x86.int8_schedules`; the layouts, fallback configs and :func:`kernels` are here.
+Each change's rule, where it applies and its measured reason: docs/x86-kernels.md ("Each change's
+rule, code and measured reason").
 """
 from __future__ import annotations
 
@@ -527,7 +377,7 @@ _PATCH = Patch(_install, _uninstall)
 
 @contextlib.contextmanager
 def kernels(schedule=True, int8_graph=False):
-    """Enter to build x86 int8 kernels with the changes of this module's design note.
+    """Enter to build x86 int8 kernels with the changes the module note names.
 
     Parameters
     ----------

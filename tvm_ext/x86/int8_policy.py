@@ -3,7 +3,7 @@ and register budgets :mod:`tvm_ext.x86.int8_conv` applies, each with the measure
 
 The tables are keyed by :func:`tvm_ext.x86.isa.isa_class`; a class without an entry keeps TVM's
 choice. :func:`policy` reads them for one target. The changes they drive, and their measurements
-in full, are in :mod:`tvm_ext.x86.int8_conv`'s design note and ``docs/x86-kernels.md``.
+in full, are in docs/x86-kernels.md.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ schedules with their producers inlined and channel blocks vectorized.
 Which one a conv takes is decided per instruction-set class at schedule time
 (:func:`tvm_ext.x86.int8_policy.policy` of the target being compiled); the names of the changes
 (``epilogue_per_row``, ``per_tile_accumulators``, ``vnni_operand_types``, ``pool_prologue_inline``,
-``global_pool_channel_vector``) and their measurements are in :mod:`tvm_ext.x86.int8_conv`'s design note.
+``global_pool_channel_vector``) and their measurements are in docs/x86-kernels.md.
 """
 from __future__ import annotations
 
