@@ -1,74 +1,19 @@
 """tvm-ext's int8 kernel policy for aarch64: every int8 conv and dense multiplies 8-bit operands.
 
-Design note
------------
-TVM 0.19's ``arm_cpu`` rules leave three kinds of int8 layer off the 8-bit path (docs/arm.md):
+TVM 0.19's ``arm_cpu`` rules leave several kinds of int8 layer off the 8-bit path (docs/arm.md).
+The policy, rule by rule with its equation and reason in docs/arm-kernels.md:
 
-* **No dot product (NEON only, Cortex-A72).** QNN legalization
-  (``python/tvm/relay/qnn/op/legalizations.py``) widens NCHW convs (depthwise ones too) and every
-  dense to int16 and subtracts the zero points first, so an int16 tensor crosses into each conv. TVM's NCHWc int8
-  kernel runs on NEON too (``smull`` + ``saddlp``: int8 x int8 products in int16, pairs summed in
-  int32, exact), so the policy legalizes as with a dot product::
+* without a dot product (NEON only), int8 convs and denses are legalized with int8 operands, as
+  with one (TVM's NCHWc int8 kernel runs on NEON too: ``smull`` + ``saddlp``, exact);
+* the NCHWc int8 kernel is offered below 64 input channels, and up to 4 input channels are
+  padded to 4, not 8;
+* a float first layer on an image's channels, in an 8-bit graph, takes TVM's x86 float conv (NCHWc);
+* at +i8mm, 8-bit convs whose channels are multiples of 8 take :mod:`tvm_ext.arm.mmla_conv`'s
+  ``smmla`` kernel, and the convs that keep the dot product take one channel block (NCHW8c);
+* 8-bit denses take :mod:`tvm_ext.arm.int8_dense`'s kernels at +dotprod and +i8mm;
+* an 8-bit depthwise conv after an NCHWkc producer becomes ``contrib_depthwise_conv2d_nchwc``.
 
-      # qnn.conv2d(u8 x, s8 w, zp)  ->  qnn.conv2d(cast(x - 128, int8), w, zp - 128)   (as at +dotprod)
-
-* **Fewer than 64 input channels.** The int8 conv strategy requires 64 (``conv2d_strategy_arm_cpu``);
-  below, the conv takes the NCHW spatial pack, so a ``layout_transform`` kernel and an explicit pad
-  kernel sit between it and its NCHWc neighbours (ResNet's stem, small models). The policy offers
-  the NCHWc int8 kernel for any int8 x int8 conv whose input channels are a multiple of 8 or are 4
-  (the channel padding below makes them so), at the same priority as TVM's own.
-
-* **Input channels padded to 8.** TVM's conv2d legalization pads an int8 conv's input channels to a
-  multiple of 8 (``conv2d_alter_int8_common(..., 8, 8)``). The NCHWc dot-product kernel takes blocks
-  of 8 channels, or all of them below 8, and one block of 4 (four int8 lanes per int32) is enough.
-  ResNet's stem (3 channels) then writes 8 x 230 x 230 bytes where 4 x 230 x 230 do (0.21 MB of a
-  ResNet-50's 11.5 MB crossing). The policy pads up to 4 input channels to 4 (NCHW convs, groups 1)
-  and keeps TVM's multiples of 8 otherwise::
-
-      # conv2d(x[C], w[O, C]), C <= 4 -> conv2d(pad(x)[4], pad(w)[8 ceil(O/8), 4])   (zeros: exact)
-
-* **A float first layer** (relay.quantize keeps it, ``skip_conv_layers``) on an image's channels
-  (up to 4), in a graph with 8-bit tensors, takes the NCHW spatial pack, so a ``layout_transform``
-  kernel sits between its pool and the first int8 NCHWc conv. The policy gives it TVM's x86 float
-  conv, which TVM's arm_cpu layout rules turn into NCHWc (``conv2d_NCHWc.x86``), at the int8
-  kernel's priority. In a float network, or deeper (a detector's float head), TVM's rule stays.
-
-* **The 8-bit matrix multiply (+i8mm, Neoverse V1/V2) is unused.** TVM 0.19 uses ``smmla`` only in
-  its NHWC GEMM schedule, so NCHWc int8 convs get ``sdot`` at +i8mm. The policy gives 8-bit convs
-  whose input and output channels are multiples of 8 tvm-ext's NCHW8c ``smmla``/``ummla``/``usmmla``
-  kernel (:mod:`tvm_ext.arm.mmla_conv`: 32 multiply-adds per instruction where ``sdot`` does 16),
-  above TVM's priorities, and lays them out for it (``NCHW8c`` data, ``OIHW8o8i`` weights)::
-
-      # conv2d(x[C], w[O, C]) at +i8mm, C % 8 == O % 8 == 0  ->  contrib_conv2d_nchwc(x', w', "NCHW8c", "OIHW8o8i")
-
-* **One channel block per chain of convs at +i8mm.** The convs that keep the dot product there (the stem;
-  a squeeze-excite's 1x1 convs on a pooled one-pixel row) would take TVM's NCHW4c, and each change
-  between 4 and 8 would be a ``layout_transform`` kernel (and a squeeze-excite slice/re-pad kernel
-  that FoldChannelRepadIntoConv cannot fold across blocks). Such a conv (int8 dot product, or float)
-  writes NCHW8c when its output channels are a multiple of 8, and reads NCHW8c when its input
-  channels are and its producer wrote NCHW8c, across a pool or the channel slice of a padded conv
-  (``OIHW<C/4>i<k>o4i`` int8 weights; TVM's NCHWc int8 compute takes any input block that is a
-  multiple of 4). Up to 4 input channels sliced from a padded conv's output are padded to 8, not 4,
-  so that the conv can read that output's NCHW8c block::
-
-      # conv_NCHWc(x in NCHW8c, w[O, C]) at +i8mm, no mmla, C % 8 == 0  ->  conv_NCHWc(x, w in OIHW2i8o4i, "NCHW8c")
-
-* **Int8 dense layers get TVM's x86 ``dense_pack``,** widening multiplies (``smull``/``smlal``) at
-  every class. The policy gives 8-bit denses :mod:`tvm_ext.arm.int8_dense`'s kernels: the matrix
-  multiply at +i8mm for two or more data rows, the dot product at +dotprod (and for one row at
-  +i8mm, where half of every matrix product would be padding). Without a dot product TVM's stays.
-
-* **Depthwise int8 convs keep TVM's NCHW schedule** while the convs around them are NCHWc, so each
-  sits between two ``layout_transform`` kernels (MobileNet blocks; a squeeze-excite pool reads its NCHW
-  output). The policy's layout rule makes an NCHW 8-bit depthwise conv (channel multiplier 1, channels
-  a multiple of 4) whose data comes from an NCHWkc producer ``contrib_depthwise_conv2d_nchwc`` with the
-  producer's block k; TVM's arm_cpu strategy builds it with its x86 depthwise compute (int32 sums of
-  int8 products: exact). After an NCHW producer (a float conv) it stays NCHW, as TVM has it. At NEON
-  only it is legalized with int8 operands like the other convs::
-
-      # conv2d(x in NCHWkc, w[C, 1], groups=C)  ->  contrib_depthwise_conv2d_nchwc(x, w in OIHW1iko)
-
-* Everything else stays TVM's: NHWC, float convs with 64 or more input channels, float depthwise convs.
+Everything else stays TVM's: NHWC, float convs with 64 or more input channels, float depthwise convs.
 
 :func:`kernels` installs the seven registrations for as long as it is entered and puts TVM's back
 on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).

@@ -1,29 +1,19 @@
 """Int8 dense kernels for aarch64's 8-bit dot product (+dotprod) and matrix multiply (+i8mm).
 
-Design note
------------
 TVM 0.19 gives an int8 ``nn.dense`` on aarch64 its x86 ``dense_pack`` schedule, which LLVM turns
 into widening multiplies (``smull``/``smlal``): exact, but 8 multiply-adds per instruction where
 ``sdot`` does 16 and ``smmla`` 32. Both kernels here read the weights as they are (``[N, K]``,
 row-major), so nothing is repacked at build time or at run time.
 
-**Dot product** (``sdot``/``udot``; ``usdot`` for uint8 x int8 at +i8mm). One instruction takes 16
-bytes of a data row and 16 of a weight row and leaves four partial sums, one per group of 4::
+**Dot product** (``sdot``/``udot``; ``usdot`` for uint8 x int8 at +i8mm): 16 bytes of a data row
+and 16 of a weight row per instruction, four partial sums summed at the end; a data row is loaded
+once for ``T`` weight rows. K must be a multiple of 16.
 
-    # P[m, n, l] = sum_{b, j} X[m, 16b + 4l + j] * W[n, 16b + 4l + j]       (l, j < 4; exact int32)
-    # out[m, n]  = P[m, n, 0] + P[m, n, 1] + P[m, n, 2] + P[m, n, 3]
+**Matrix multiply** (``smmla``/``ummla``/``usmmla``, +i8mm) for two or more rows of data: a 2 x 8
+block of data rows times a 2 x 8 block of weight rows, 32 multiply-adds. An odd row count reads a
+zero row of padding; a single row takes the dot product. K must be a multiple of 8 and N even.
 
-so a data row is loaded once for ``T`` weight rows (``T`` accumulators, ``T + 1`` loads per ``T``
-instructions). K must be a multiple of 16.
-
-**Matrix multiply** (``smmla``/``ummla``/``usmmla``, +i8mm) for two or more rows of data: a 2 x 8 block
-of data rows times a 2 x 8 block of weight rows, 32 multiply-adds::
-
-    # C2[m2, n2, p, q] = sum_{b, k} X[2 m2 + p, 8b + k] * W[2 n2 + q, 8b + k]; out[m, n] = C2[m//2, n//2, m%2, n%2]
-
-An odd row count reads a zero row of padding. With one data row half of each product would be
-padding, so a single row takes the dot product, which does the same useful work per instruction.
-K must be a multiple of 8 and N even.
+The kernels' equations: docs/arm-kernels.md.
 """
 from __future__ import annotations
 

@@ -1,31 +1,20 @@
 """An int8 NCHWc convolution for aarch64's 8-bit matrix multiply (``smmla``/``ummla``/``usmmla``, +i8mm).
 
-Design note
------------
 One ``smmla`` multiplies a 2 x 8 int8 matrix by the transpose of another 2 x 8 and adds the 2 x 2
 int32 result to an accumulator register: 32 multiply-adds, where ``sdot`` does 16. TVM 0.19 uses it
 only in its NHWC GEMM schedule; the NCHWc convolutions that tvm-ext's int8 networks use get ``sdot``.
 
 Here the two rows of A are two neighbouring output pixels and the two rows of B two output
-channels, each over 8 input channels::
+channels, each over 8 input channels, with data in NCHW8c and weights in ``OIHW8o8i``::
 
     # C2[n, o, y, x2, c2, p, q] = sum_{i, ky, kx, k} X[n, i, y*sh + ky*dh, (2*x2 + p)*sw + kx*dw, k]
     #                                             * W[o, i, ky, kx, 2*c2 + q, k]             (exact int32)
     # out[n, o, y, x, c] = C2[n, o, y, x // 2, c // 2, x % 2, c % 2]
 
-with data in NCHW8c (8 input channels contiguous: two neighbouring pixels' rows of A are one
-16-byte load) and weights in ``OIHW8o8i`` (two output channels' rows of B are one 16-byte load). An odd output
-width computes one extra pixel column from zero padding and drops it. Strided convolutions first
-gather the columns they read (``X_s[n, i, y, kx, x, k] = X[n, i, y, x*sw + kx*dw, k]``), so that
-the two pixels of A stay 8 bytes apart.
-
-The register tile is ``R`` pixel pairs by the 4 channel pairs of a block of 8:
-``4R`` accumulators, ``R`` loads of A and 4 of B per 8 input channels (R = 4: 16 + 8 of 32 vector
-registers, 0.5 loads per ``smmla``). The accumulators stay in registers across the whole reduction,
-and the requantize epilogue is computed from them in the same kernel.
-
-Operand types follow the instruction: int8 x int8 ``smmla``, uint8 x uint8 ``ummla``, uint8 data with
-int8 weights ``usmmla``.
+The register tile is ``R`` pixel pairs by the 4 channel pairs of a block of 8, its accumulators
+kept across the whole reduction and the requantize epilogue computed from them in the same kernel.
+Operand types follow the instruction: int8 x int8 ``smmla``, uint8 x uint8 ``ummla``, uint8 data
+with int8 weights ``usmmla``. Odd widths, strides and the register budget: docs/arm-kernels.md.
 """
 from __future__ import annotations
 
