@@ -1,7 +1,5 @@
 """Graphs TVM 0.19 mis-handles, detected up front so the user gets a clear error instead.
 
-Design note
------------
 Each entry is a TVM bug that a differentially fuzzed graph (``tvm_ext.testing.fuzz``) or a real
 model triggers. For those tvm-ext cannot route around without changing TVM itself,
 :func:`check_module` looks for the triggering construct in a typed module for a given target
@@ -9,50 +7,12 @@ and raises :class:`UnsupportedByTVM` (a ``ValueError``) naming the op, the shape
 at fault and a workaround. It is called by :func:`tvm_ext.build` before relay.build's prefix
 (after the ``start`` passes). The others :func:`tvm_ext.build` recognises by their error and
 builds again without the pass at fault (:func:`is_llvm_debug_info_error`,
-:func:`is_inline_function_copy_error`).
+:func:`is_inline_function_copy_error`, :func:`is_integer_scale_fold_error`).
 
-Known bugs::
-
-    # llvm -mtriple=<arch LLVM has no back end for>   -> segfault (exit 139) while building
-    # llvm -mcpu=<name LLVM does not know>             -> LLVM warns, TVM builds for a generic CPU
-    # a target kind whose codegen is not in this TVM   -> InternalError deep in relay.build
-
-    # LLVM 22 verifier: "location of #dbg_declare must be a pointer or int"   -> build fails
-    #   TVM 0.19's CodeGenLLVM::AddDebugInformation declares debug info for every let variable;
-    #   a vector-typed one (e.g. <11 x i32> cse_var_1, made by TIR's CommonSubexprElimTIR in an
-    #   AVX-512 schedule) is rejected by LLVM 22's module verifier. Triggered by PP-OCR mobile v2
-    #   cls (QOperator) on znver4, stock relay.build included. tvm_ext.build detects the error
-    #   (is_llvm_debug_info_error) and builds again with tir.disable_cse_tir=True, which builds it.
-
-    # int8 x int8 nn.dense, units % 16 != 0, x86 target with AVX-512BW (or AMX-INT8)
-    #   topi/x86/dense_alter_op.py::int8_int8_legalize pads the weight to a multiple of 16 rows
-    #   but re-creates the dense with the old ``units`` attribute: the type checker rejects it
-    #   ("Tensor[(16, K), int8] does not match Tensor[(N, K), int8]") deep inside relay.build.
-    #   qnn.dense is not affected: qnn.Legalize (relay/qnn/op/legalizations.py,
-    #   helper_change_dtypes_to_uint8_int8) first shifts its int8 data to uint8 on every x86 CPU
-    #   with SSE4.2, so the nn.dense it becomes is uint8 x int8 (checked: units 8 and 100, K 2 to
-    #   66, batch 1 and 3 build and are exact), so it is not refused: ONNX Runtime's S8S8 models
-    #   are made of it.
-
-    # an inline function (e.g. a Primitive=1 group a ``start`` pass made) whose result has several
-    # readers, one of which SimplifyExpr rewrites   -> "variable p0 is bound more than once"
-    #   simplify_expr.cc's rewrites (SimplifyAdd: add(x, x) -> multiply(x, 2), ...) return
-    #   InferType(new call): type inference rebuilds the sub-expression, the function included, with
-    #   the same parameter Vars, while the other readers keep the original: two functions bind p0,
-    #   and the pattern rewriter's own well-formedness check fails inside relay.build's prefix
-    #   (fuzz seed 2211 with FuseWideningIntoPool at ``start`` reproduces it). tvm_ext.build
-    #   detects the error (is_inline_function_copy_error) and runs the prefix again without
-    #   SimplifyExpr (an optimization only; a logged warning).
-
-    # conv2d with an 8-bit weight, its int32 result multiplied by an int32 constant per channel
-    #   -> DiagnosticError "data types int8 and int32 do not match in BroadcastRel" in the prefix
-    #   FoldScaleAxis (fold_scale_axis.cc) folds the per-channel multiply into the conv weight as
-    #   multiply(weight, scale) without checking dtypes: an int8 weight times an int32 scale does not
-    #   type-check (and an 8-bit product could not hold it). Grouped and depthwise convs on every x86
-    #   target; plain relay.build fails the same way (fuzz seed 2783 with a depthwise qnn.conv2d). The
-    #   error names no op (the diagnostic is printed, not raised), so tvm_ext.build recognises it by its
-    #   kind and the module (is_integer_scale_fold_error) and runs the prefix again without
-    #   FoldScaleAxis (an optimization only; a logged warning).
+Known bugs, each with its trigger, the TVM source at fault and what tvm-ext does: docs/tvm-bugs.md
+(targets LLVM cannot build for; LLVM 22's verifier and vector ``let`` debug info; int8 x int8
+``nn.dense`` whose units are not a multiple of 16 at AVX-512BW; an inline function SimplifyExpr
+copies; FoldScaleAxis folding an int32 scale into an 8-bit weight).
 
 Each workaround by retry is a row of :data:`PREFIX_WORKAROUNDS` (what TVM does wrong, the prefix passes
 turned off, how the error is recognised), applied at most once per build.
@@ -86,7 +46,7 @@ COPIES_INLINE_FUNCTIONS = ("SimplifyExpr",)
 
 def is_inline_function_copy_error(err, mod) -> bool:
     """True when ``err`` is relay's well-formedness check failing (a Var bound twice), for a module
-    ``mod`` that holds inline functions (what SimplifyExpr's rewrites copy; see the design note)."""
+    ``mod`` that holds inline functions (what SimplifyExpr's rewrites copy; docs/tvm-bugs.md)."""
     from tvm import relay
 
     msg = str(err)  # the Var is named in TVM's log; the error holds the check and the marked IR
@@ -120,7 +80,7 @@ _INTEGER = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uin
 def is_integer_scale_fold_error(err, mod) -> bool:
     """True when ``err`` is a type-check failure (``DiagnosticError``) and ``mod`` holds what TVM 0.19's
     FoldScaleAxis folds into an ill-typed ``multiply(weight, scale)``: a conv2d (``nn`` or ``qnn``) with
-    an 8-bit weight and a ``multiply`` by an integer constant of rank >= 1 (see the design note)."""
+    an 8-bit weight and a ``multiply`` by an integer constant of rank >= 1 (docs/tvm-bugs.md)."""
     import tvm
     from tvm import relay
 
