@@ -255,7 +255,10 @@ def main(argv=None):
         summary = ["| CPU model | peak form | peak MACs / cycle | kernels | whole-model estimate | GMAC without "
                    "a dot loop |", "|---|---|---|---|---|---|"]
         for c in cpus:
+            t = time.perf_counter()
             an = mca.analyze(m.mod, m.params, cpu=c)
+            logger.info("%s: %d conv and dense kernels, whole model %s, in %.0f s", c, len(an.kernels),
+                        _pct(an.share), time.perf_counter() - t)
             out[c] = an.to_dict()
             left = sum(k.macs * k.launches for k in an.unmodelled) / 1e9
             summary.append(f"| {c} | {an.peak.form} | {an.peak.macs_per_cycle:.1f} | {len(an.kernels)} | "
