@@ -1,47 +1,25 @@
 """AMX int8 tiles: the process's tile state, and kernels that configure their own tiles.
 
-Design note
------------
 A leaf module (it imports only :mod:`tvm_ext.x86.isa`, lazily, and TVM). Nothing asks Linux for the
 tile state on import: :func:`tvm_ext.build` with ``amx=True`` does (:func:`prepare_process`), and
 :func:`tvm_ext.tools.deploy.load_library` when it loads a library.
 
 TVM 0.19 schedules ``uint8 x int8 -> int32`` dense and batch_matmul on AMX tiles when the target
-has ``amx-int8`` (``topi/x86/dense.py``: ``dense_amx_int8_schedule``; intrinsics
-``dot_32x128x32_u8s8s32_sapphirerapids`` and ``acc_32x32_int32_sapphirerapids``). Two things the
-tile instructions need are left to a runtime this TVM wheel does not have (``runtime.amx_init``,
-built only with ``USE_AMX``):
+has ``amx-int8``, and leaves two things the tile instructions need to a runtime this TVM wheel
+does not have:
 
-* **the tile state**: Linux gives a process the 8 KiB of tile registers only after it asks,
-  ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``; without that the first tile
-  instruction dies with SIGILL. :func:`request_tile_state` asks once per process (the permission
-  is the process's, for all its threads).
-* **the tile configuration**: ``ldtilecfg`` with a 64-byte palette-1 configuration, in every
-  thread that runs tile code; TVM's kernels emit none. :func:`ConfigureTiles` is a TIR pass that
-  puts one in each kernel: the configuration of exactly the tiles the kernel uses (TVM's
-  intrinsics use tiles of :data:`TILE_ROWS` rows x :data:`TILE_COLSB` bytes: an A tile of 16
-  rows x 64 uint8, a B tile of 16 rows x 16 columns x 4 int8, a C tile of 16 x 16 int32), loaded
-  in each iteration of the parallel loop that holds the tile code (so in the thread that runs it),
-  before the loop nest of the tiles, and released (``tilerelease``) after it::
+* **the tile state**: :func:`request_tile_state` asks Linux once per process
+  (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``); without it the first tile
+  instruction dies with SIGILL.
+* **the tile configuration**: :func:`ConfigureTiles`, a TIR pass, loads the configuration of
+  exactly the tiles a kernel uses (``ldtilecfg``) in each iteration of the parallel loop that
+  holds the tile code, and releases it (``tilerelease``) after it.
 
-      # for t in parallel: alloc; tiles  ->  for t in parallel: alloc; ldtilecfg(cfg); tiles; tilerelease()
-
-  Tile code outside any parallel loop is configured the same way in the function body (the
-  calling thread).
-
-TVM's AMX schedule tensorizes 32x32 output blocks over 128-deep slices and fails to build
-(``Tensorize failed``) for any other shape; :func:`tile_schedules` keeps it for dense and
-batch_matmul whose M and N are multiples of 32 and K of 128, and gives the others TVM's AVX-512
-VNNI schedule. Convolutions stay on AVX-512 VNNI (``isa_class`` ``"amx"`` takes the
-``avx512_vnni`` conv policy): there is no AMX conv schedule here.
-
-All of it is off by default: every target masks AMX (:data:`tvm_ext.x86.target.AMX_FEATURES`) unless
-``tvm_ext.build(..., amx=True)`` keeps ``amx-tile`` and ``amx-int8``. The tile code has never run
-on an AMX CPU here. It is checked by reading the generated code (on every LLVM path an
-``ldtilecfg`` before the tile instructions and a ``tilerelease`` after them) and by running the
-kernels with each tile instruction replaced by a scalar emulation of it (``tests/test_amx.py``):
-bit-exact with the VNNI build. That covers the configuration, its placement and TVM's tile
-addressing, not the real instructions' encoding or Linux's tile state.
+:func:`tile_schedules` keeps TVM's AMX schedule for dense and batch_matmul whose M and N are
+multiples of 32 and K of 128 (other shapes fail with ``Tensorize failed``) and gives the others
+TVM's AVX-512 VNNI schedule. Convolutions stay on AVX-512 VNNI. All of it is off by default
+(:data:`tvm_ext.x86.target.AMX_FEATURES`) unless ``tvm_ext.build(..., amx=True)``. What it builds
+and how it is checked without an AMX CPU: docs/x86-kernels.md ("AMX int8 tiles").
 """
 from __future__ import annotations
 

@@ -1,41 +1,22 @@
 """Transposed convolutions whose stride equals their kernel, computed without the zeros.
 
-Design note
------------
-TVM 0.19's x86 ``conv2d_transpose_nchw`` (``topi/x86/conv2d_transpose.py``) dilates its input with
-``stride - 1`` zeros between pixels, pads it, flips the kernel and runs a dense ``conv2d_nchw``
-over the result: for a ``k x k`` kernel with stride ``k`` (the 2x2 / stride-2 upsampling
-ConvTranspose of segmentation and text-detection heads, PP-OCRv4 det's DB head) ``k*k - 1`` of
-every ``k*k`` multiply-accumulates read an inserted zero, and the schedule cannot vectorize the
-int16 arithmetic QNN lowering gives it. With TVM's schedule those two kernels take a third of
-PP-OCRv4 det QDQ's kernel time on Zen 4 (2.26 + 1.20 of 10.6 ms, debug executor).
-
-With stride ``(kh, kw)`` equal to the kernel, no padding and no output padding, every output
-pixel reads exactly one input pixel::
+TVM 0.19's x86 ``conv2d_transpose_nchw`` dilates its input with ``stride - 1`` zeros between
+pixels and runs a dense conv over the result: for a ``k x k`` kernel with stride ``k`` (the
+upsampling heads of segmentation and text detection) ``k*k - 1`` of every ``k*k``
+multiply-accumulates read a zero. With stride ``(kh, kw)`` equal to the kernel, no padding and no
+output padding, every output pixel reads exactly one input pixel::
 
     # out[n, co, y, x] = sum_ci data[n, ci, y // kh, x // kw] * w[ci, co, y % kh, x % kw]
 
-(``w`` in conv2d_transpose's ``IOHW`` layout). :func:`conv2d_transpose_nchw` computes that
-directly and :func:`schedule_conv2d_transpose_nchw` schedules it per output row: rows in
-parallel, the ``kw`` output phases outside, 16 input columns per vector, the ``ci`` reduction
-inside; an elementwise epilogue (requantize) is computed per row right after it. Elementwise /
-injective stages computing the conv's *data* inside the same kernel (a dequantize, BatchNorm +
-ReLU, a layout_transform: what :mod:`~tvm_ext.passes.dequantize_in_conv_transpose` groups with the
-conv) are computed once per output row into a row buffer (the input row ``y // kh``, all input
-channels; the output channels then loop inside the row), so the kernel reads the 8-bit tensor.
-Inlining them instead would compute them per read, once per output channel and phase: PP-OCRv4
-det QOperator's head measured 1.1 ms slower end to end that way. FuseOps itself never puts producers in a conv's kernel:
-then the data is a placeholder and nothing changes.
-Other transposed convolutions (overlapping windows, padding) keep TVM's compute and schedule.
+:func:`conv2d_transpose_nchw` computes that directly and :func:`schedule_conv2d_transpose_nchw`
+schedules it per output row, computing the stages that produce the conv's data once per row into a
+row buffer. Other transposed convolutions (overlapping windows, padding) keep TVM's compute and
+schedule. The products, their types and their order are TVM's non-zero terms: integer results are
+identical, float ones hold the same terms in the same order.
 
-Results: the products and their types are TVM's (``data * w`` cast to ``out_dtype``), summed over
-``ci`` in ascending order, as TVM's conv sums the only non-zero terms; integer results are
-identical (integer addition is exact), float ones hold the same terms in the same order (the
-zero terms TVM adds do not change a float sum). Tests compare both schedules bit for bit.
-
-:func:`tvm_ext.x86.int8_conv.kernels` installs both functions while it is entered (``schedule=True``),
-as it installs its other x86 kernel changes; this one is named ``conv_transpose_without_zeros``
-there (every x86 class).
+:func:`tvm_ext.x86.int8_conv.kernels` installs both functions while it is entered (``schedule=True``);
+the change is named ``conv_transpose_without_zeros`` there. The schedule in full and its
+measurements: docs/x86-kernels.md ("Transposed convs whose stride equals their kernel").
 """
 from __future__ import annotations
 

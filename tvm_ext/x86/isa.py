@@ -1,39 +1,19 @@
 """Instruction sets: what a target compiles for, and what this host can execute.
 
-Design note
------------
 A leaf module (it imports only TVM): :mod:`tvm_ext.x86.target`, :mod:`tvm_ext.x86.int8_conv`,
 :mod:`tvm_ext.x86.tuning`, the benchmark and the tests ask it, and it asks nobody in tvm-ext.
 
 * :func:`llvm_features` is what LLVM enables for a target (``-mcpu`` plus ``-mattr``).
 * :func:`host_features` is what *this* CPU has, read by LLVM's ``getHostCPUFeatures`` (CPUID and
-  XGETBV), not derived from the CPU's name: a hypervisor may hide AVX-512 from a Zen 4 guest
-  whose ``getHostCPUName`` still says ``znver4``.
+  XGETBV), not derived from the CPU's name (a hypervisor may hide AVX-512 from a Zen 4 guest).
 * :func:`missing_on_host` lists the *code-generation* features a target enables that the host
-  lacks (vector ISAs, FMA, BMI, ...; system instructions such as ``pku`` that compiled kernels
-  never use are ignored). Code built for a target with missing features must not run here: it
-  dies with SIGILL and takes the whole process with it.
-* :func:`isa_class` names the x86 int8 instruction-set class a target compiles to. TVM 0.19's
-  int8 intrinsics decide by these features, and so do tvm-ext's kernel choices
-  (:func:`tvm_ext.x86.int8_policy.policy`):
+  lacks. Code built for a target with missing features must not run here: it dies with SIGILL
+  and takes the whole process with it.
+* :func:`isa_class` names the x86 int8 instruction-set class a target compiles to (``amx``,
+  ``avx512_vnni``, ``avx512``, ``avx2``, ``sse``, ``other``). TVM 0.19's int8 intrinsics decide by
+  these features, and so do tvm-ext's kernel choices (:func:`tvm_ext.x86.int8_policy.policy`).
 
-  ===============  =====================================  =================================
-  class            features                               int8 dot product
-  ===============  =====================================  =================================
-  ``amx``          ``avx512_vnni`` + amx-tile + amx-int8  ``tdpbusd`` tiles (dense,
-                                                          batch_matmul); convs as
-                                                          ``avx512_vnni``
-  ``avx512_vnni``  avx512f + avx512bw + avx512vnni        ``vpdpbusd`` zmm
-  ``avx512``       avx512f + avx512bw                     ``vpmaddubsw`` + ``vpmaddwd`` zmm
-  ``avx2``         avx2 (AVX-VNNI masked, see target)     ``vpmaddubsw`` + ``vpmaddwd`` ymm
-  ``sse``          ssse3 / sse4.2                         ``pmaddubsw`` + ``pmaddwd`` xmm
-  ``other``        not x86, or no LLVM target             --
-  ===============  =====================================  =================================
-
-  A target reaches ``amx`` only when it keeps the AMX features: a CPU name such as
-  ``-mcpu=sapphirerapids`` as written, or ``tvm_ext.build(..., amx=True)``
-  (:mod:`tvm_ext.x86.amx`). What :func:`tvm_ext.x86.target.safe_target` and
-  :func:`tvm_ext.x86.target.build_target` return otherwise masks AMX, so it is ``avx512_vnni``.
+The classes' features and int8 dot products: docs/x86-kernels.md ("CPU classes and what each gets").
 """
 from __future__ import annotations
 
