@@ -1,7 +1,5 @@
 """Relay ops defined by tvm-ext (registered from Python, once per process).
 
-Design note
------------
 ``tvm_ext.table_lookup(data, table)``: ``table[data]`` (``table[data + 128]`` for int8 data),
 elementwise in ``data``: a Python type relation (result: ``data``'s shape, ``table``'s dtype), TOpPattern
 ``kElemWise`` (FuseOps fuses it into a producer's epilogue like any elementwise op), a ``te.compute``

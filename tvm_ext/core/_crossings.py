@@ -1,37 +1,21 @@
 """Why a float or wide-integer tensor crosses a kernel boundary (used by :mod:`tvm_ext.core.report`).
 
-Design note
------------
 Two local facts per kernel, read from the fused Relay ``Primitive`` function the build lowered
 (``function_metadata[...].relay_primfuncs``), then joined along the graph executor's edges:
 
-* **What an output holds** (walking back from the output): ``"q8"`` when the float value is an
-  affine image of 8-bit integers: a ``cast`` to float of an integer chain that starts at an
-  8-bit value (a lowered ``qnn.dequantize``), or ``clip(round(.))`` with at most 256 levels (a
-  fake-quantized QDQ value); ``"float"`` when real float compute produced it (a conv, a sigmoid,
-  an add of two tensors, a dequantize of int32 accumulators: crossing as int32 would save
-  nothing); ``"param:i"`` when the output only moves input ``i`` (layout_transform, reshape,
-  ...) -- the graph then looks at that input's producer.
-* **What a reader does with an input** (walking forward): float inputs are ``"quantize"``d
-  (reach ``round``/``floor`` or a cast to an integer through data movement and affine ops with
-  constants; max-pooling and ReLU keep a quantized value on its grid), or used by ``"float"``
-  compute; integer inputs are narrowed to 8 bits (``"narrow"``: a requantize, also one computed
-  in float arithmetic: cast to float, scale, round, cast back), turned into float for float use
-  (``"dequantize"``), or used by integer compute (``"int"``); ``"out:k"`` when they only move to
-  the kernel's output ``k`` (the graph then follows that output's readers).
+* **What an output holds** (walking back from the output): ``"q8"`` (8-bit levels in float),
+  ``"float"`` (real float compute) or ``"param:i"`` (it only moves input ``i``; the graph then
+  looks at that input's producer).
+* **What a reader does with an input** (walking forward): float inputs are ``"quantize"``d or used
+  by ``"float"`` compute; integer inputs are narrowed to 8 bits (``"narrow"``), turned into float
+  (``"dequantize"``) or used by integer compute (``"int"``); ``"out:k"`` when they only move to the
+  kernel's output ``k`` (the graph then follows that output's readers).
 
 Only ops listed below are looked through; anything else counts as compute, so an unknown op
 makes a crossing "float compute" (on purpose) rather than "avoidable": the report never claims
 waste it cannot show. Operands are constant when they are Relay constants or graph parameters.
-
-Tuples: a kernel may read a tuple (FuseOps passes a ``split``'s or a ``concatenate``'s tuple to the
-kernel that takes its fields: the graph node's inputs are the fields, flattened) and may write one
-(a kernel ending in ``split``: one graph output per field). A tuple-typed parameter's field ``j``
-is used where ``TupleGetItem(param, j)`` is, or where the whole tuple goes (a ``concatenate`` moves
-it); ``split`` and ``concatenate`` move data, so an output of a ``split`` holds what its input
-holds, and a ``concatenate`` holds ``q8`` when every part does (``float`` otherwise: the parts may
-sit on different grids, e.g. dequantized with different scales; what matters is that each part
-is 8 bits).
+Each fact in full, and how tuples (``split``, ``concatenate``) are followed: docs/reports.md
+("How a crossing's reason is computed").
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Host targets that TVM 0.19 + LLVM 22 can build without aborting the process.
 
-Design note
------------
-Two traps of this stack are handled here, once:
+Three traps of this stack are handled here, once:
 
 * ``-mcpu=native`` is not understood by TVM 0.19 with LLVM 22: TVM logs an error and silently
   falls back to ``-mcpu=generic`` (plain x86-64, 26-86x slower than ONNX Runtime on int8 models).
@@ -13,13 +11,11 @@ Two traps of this stack are handled here, once:
   function with a bad signature!") while generating int8 convolutions. :func:`safe_target` masks
   the VNNI features (``-mattr=-avx512vnni,-avxvnni``) and logs why. AVX-512 stays enabled, so the
   int8 kernels still use 512-bit vectors.
-* On CPUs with AMX (Sapphire Rapids and later Xeons), TVM 0.19 schedules uint8 x int8 ``dense``
-  and ``batch_matmul`` on AMX tiles (``topi/x86/dense.py``) but emits no ``ldtilecfg``, and nothing
-  asks Linux for the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``): such code dies with SIGILL.
-  Every target that passes through here has the AMX features masked (:data:`AMX_FEATURES`), for
-  plain ``relay.build`` and ``tvm_ext.build`` alike; AVX-512 VNNI still computes those ops.
-  ``allow_amx=True`` (what ``tvm_ext.build(..., amx=True)`` passes) keeps ``amx-tile`` and
-  ``amx-int8``: :mod:`tvm_ext.x86.amx` then configures the tiles inside each kernel.
+* On CPUs with AMX, TVM 0.19 schedules uint8 x int8 ``dense`` and ``batch_matmul`` on AMX tiles
+  but emits no ``ldtilecfg`` and asks Linux for no tile state: such code dies with SIGILL. Every
+  target that passes through here masks AMX (:data:`AMX_FEATURES`; AVX-512 VNNI computes those ops)
+  unless ``allow_amx=True`` (``tvm_ext.build(..., amx=True)``: :mod:`tvm_ext.x86.amx` configures the
+  tiles; docs/x86-kernels.md, "AMX int8 tiles").
 
 :func:`safe_target` is what a *plain* ``relay.build`` needs (the benchmark's "stock" column).
 :func:`tvm_ext.build` compiles inside :func:`tvm_ext.x86.int8_conv.kernels`, whose VNNI intrinsic
