@@ -3,8 +3,9 @@
 # and TVM's OpenCL runtime compiled from the wheel's own sources into a plugin next to the wheel's
 # libtvm.so (the wheel's runtime has no OpenCL device). Usage: tests/gpu/gpu-env.sh [PYTHON] [DIR]
 #   1. apt-get install pocl-opencl-icd ocl-icd-opencl-dev (root; skipped when present)
-#   2. DIR/include/tvm/support/span.h, the one header the wheel lacks (header-only): from $TVM_SOURCE_DIR
-#      (a TVM source tree) if set, else fetched from TVM's v0.19.0 tag on GitHub
+#   2. DIR/include/tvm/support/span.h, the one header the wheel's headers include but it lacks: the wheel's
+#      tvm/runtime/metadata.h only constructs a Span<const int64_t, int64_t> from a pointer range, so a
+#      pointer-range class written here serves (no network)
 #   3. DIR/libtvm_opencl_runtime.so: tvm/src/runtime/opencl/{opencl_device_api,opencl_module,texture_pool}.cc
 #      with the wheel's headers, linked against its libtvm.so and libOpenCL (about a minute on 2 cores)
 #   4. a check: tvm_ext.gpu.opencl.load_runtime() finds the device
@@ -41,16 +42,33 @@ CXX=${CXX:-g++}
 command -v "$CXX" >/dev/null || die "$CXX not found (apt-get install g++)"
 mkdir -p "$DIR/include/tvm/support" "$DIR/pocl-cache"
 DIR=$(cd "$DIR" && pwd)
-if [ -f "$TVM/include/tvm/support/span.h" ]; then
-  :
-elif [ ! -s "$DIR/include/tvm/support/span.h" ] && [ -f "${TVM_SOURCE_DIR:-/nonexistent}/include/tvm/support/span.h" ]; then
-  cp "$TVM_SOURCE_DIR/include/tvm/support/span.h" "$DIR/include/tvm/support/span.h"
-elif [ ! -s "$DIR/include/tvm/support/span.h" ]; then
-  say "fetching tvm/support/span.h (apache/tvm v0.19.0; the wheel lacks it)"
-  curl -fsSL -o "$DIR/include/tvm/support/span.h.part" \
-      https://raw.githubusercontent.com/apache/tvm/v0.19.0/include/tvm/support/span.h \
-    || die "could not fetch tvm/support/span.h from GitHub; set TVM_SOURCE_DIR to a TVM v0.19.0 source tree, or put its include/tvm/support/span.h in $DIR/include/tvm/support/"
-  mv "$DIR/include/tvm/support/span.h.part" "$DIR/include/tvm/support/span.h"
+if [ ! -f "$TVM/include/tvm/support/span.h" ]; then
+  cat > "$DIR/include/tvm/support/span.h" <<'HEADER'
+/* A pointer range, for compiling TVM 0.19's OpenCL runtime against the headers of its Python wheel:
+ * tvm/runtime/metadata.h includes <tvm/support/span.h>, which the wheel does not ship, and only builds
+ * Span<const int64_t, int64_t>(begin, end). Written by tests/gpu/gpu-env.sh. */
+#ifndef TVM_SUPPORT_SPAN_H_
+#define TVM_SUPPORT_SPAN_H_
+#include <cstddef>
+namespace tvm {
+namespace support {
+template <typename T, typename W>
+class Span {
+ public:
+  Span(T* begin, T* end) : begin_(begin), end_(end) {}
+  T* begin() const { return begin_; }
+  T* end() const { return end_; }
+  size_t size() const { return static_cast<size_t>(end_ - begin_); }
+  W operator[](size_t i) const { return static_cast<W>(begin_[i]); }
+
+ private:
+  T* begin_;
+  T* end_;
+};
+}  // namespace support
+}  // namespace tvm
+#endif  // TVM_SUPPORT_SPAN_H_
+HEADER
 fi
 SRC="$TVM/src/runtime/opencl"
 FILES=("$SRC/opencl_device_api.cc" "$SRC/opencl_module.cc" "$SRC/texture_pool.cc")
