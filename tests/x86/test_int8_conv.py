@@ -1,4 +1,4 @@
-"""tvm_ext.x86.int8_conv: each named kernel change (see the module's design note) against TVM's own.
+"""tvm_ext.x86.int8_conv: each named kernel change (docs/x86-kernels.md) against TVM's own.
 
 VNNI builds run in a child process: if ``vnni_operand_types`` did not apply, LLVM would abort the
 test session.
@@ -15,13 +15,12 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.x86 import int8_conv as x86_int8
-from tvm_ext.x86 import int8_policy, int8_schedules
-from tvm_ext.x86.isa import llvm_features as _llvm_features
+from tvm_ext.x86 import int8_policy
 from tvm_ext.x86.isa import runs_on_host
-from tvm_ext.x86.target import build_target, host_target
+from tvm_ext.x86.target import host_target
 
-HOST_VNNI = int8_policy.vnni_ready(host_target(allow_vnni=True))
-needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="host CPU has no AVX-512 VNNI")
+from ._int8_cases import (NON_VNNI_TARGETS, _conv_depthwise_conv, _kernel_names,
+                          _layout_kernels, _narrow_blocks_graph, _requantize, _run, _runnable, needs_vnni)
 
 
 def test_kernels_restores_tvm_functions_even_on_error():
@@ -54,78 +53,12 @@ def test_kernels_restores_tvm_functions_even_on_error():
     assert not x86_int8.active()
 
 
-def test_vnni_operand_types_only_where_llvm_needs_them():
-    from tvm.target import codegen
-
-    assert int8_policy.needs_operand_fix() == (codegen.llvm_version_major() >= 22)
-
-
-def test_build_target_policy():
-    masked = "llvm -mcpu=x86-64-v4"
-    assert "avx512vnni" not in _llvm_features(build_target(masked)), "an explicit mask is kept"
-    assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", allow_vnni=False))
-    assert "avx512vnni" in _llvm_features(build_target("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni")), "auto keeps VNNI"
-    assert "avx512vnni" not in _llvm_features(build_target("llvm -mcpu=x86-64-v3")), "no VNNI to keep"
-    assert build_target("cuda").kind.name == "cuda"
-
-
-def _conv_epilogue(k, channels=64, size=14, seed=0, epilogue=True):
-    """uint8 x int8 conv with a requantize-like float epilogue; weights span the full int8 range."""
-    rng = np.random.default_rng(seed)
-    x = relay.var("x", shape=(1, channels, size, size), dtype="uint8")
-    w = relay.const(rng.integers(-128, 128, (channels, channels, k, k)).astype("int8"))
-    y = relay.nn.conv2d(x, w, padding=k // 2, channels=channels, kernel_size=k, out_dtype="int32")
-    if not epilogue:
-        return tvm.IRModule.from_expr(relay.Function([x], y))
-    y = relay.add(y, relay.const(rng.integers(-1000, 1000, (channels, 1, 1)).astype("int32")))
-    y = relay.cast(y, "float32") * relay.const((rng.random((channels, 1, 1)) * 1e-3).astype("float32"))
-    y = relay.cast(relay.clip(relay.cast(relay.floor(y + relay.const(0.5)), "int32"), 0, 255), "uint8")
-    return tvm.IRModule.from_expr(relay.Function([x], y))
-
-
-def _run(lib, x):
-    from tvm.contrib import graph_executor
-
-    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    m.set_input("x", x)
-    m.run()
-    return m.get_output(0).numpy()
-
-
-#: One target per int8 instruction-set class without VNNI (executed only where the host can).
-NON_VNNI_TARGETS = {
-    "avx2": "llvm -mcpu=x86-64-v3",
-    "avx512": "llvm -mcpu=x86-64-v4",
-}
-
-
-def _runnable(target):
-    return pytest.param(target, marks=pytest.mark.skipif(
-        not runs_on_host(target), reason=f"host lacks instructions of '{target}'"))
-
-
-@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
-@pytest.mark.parametrize("k", [3, 1])
-def test_policy_conv_schedules_are_bit_identical_without_vnni(k, target):
-    """The policy's int8 conv schedules without VNNI (AVX2: ``per_tile_accumulators``; AVX-512:
-    ``epilogue_per_row`` for 3x3, per tile for 1x1): same bits as TVM's own schedule with the same
-    dot product (``kernels(schedule=False)``: TVM's schedules, the exact dot of
-    :mod:`tvm_ext.x86.exact_int8`)."""
-    mod = _conv_epilogue(k)
-    x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
-    outs = {}
-    for schedule in (False, True):
-        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
-            outs[schedule] = _run(relay.build(mod, target=target), x)
-    assert np.array_equal(outs[False], outs[True])
-
-
 _CHILD = r"""
 import sys, numpy as np, tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 sys.path.insert(0, sys.argv[1])
-from test_x86_int8 import _conv_epilogue, _run
+from x86._int8_cases import _conv_epilogue, _run
 from tvm_ext.x86 import int8_conv as x86_int8
 import tvm_ext
 mod = _conv_epilogue(int(sys.argv[2]))
@@ -151,7 +84,7 @@ def test_vnni_builds_and_is_exact(k, tmp_path):
     import os
 
     out = tmp_path / "outs.npz"
-    r = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(__file__), str(k), str(out)],
+    r = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(os.path.dirname(__file__)), str(k), str(out)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
     outs = np.load(out)
@@ -173,160 +106,6 @@ def test_masked_path_saturates_in_stock_tvm_and_is_exact_in_tvm_ext():
         got = _run(relay.build(mod, target=masked), xs)
     assert (got < exact).all(), "vpmaddubsw: 255*127*2 = 64770 saturates to 32767 per pair"
     assert (_run(tvm_ext.build(mod, target=masked), xs) == exact).all()
-
-
-@pytest.mark.parametrize("target,expected", [("llvm -mcpu=x86-64-v3", "per_tile"),
-                                             ("llvm -mcpu=x86-64-v4", "per_row"),
-                                             ("llvm -mcpu=core2", "tvm")])
-def test_conv_schedule_follows_the_isa_policy(target, expected):
-    """Compiled only: kernels() changes the 3x3 conv's code exactly where policy() says per-row
-    (AVX-512) or per-tile (AVX2), and keeps TVM's where it says so (SSE)."""
-    mod = _conv_epilogue(3)
-
-    def asm(**kw):
-        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
-            return relay.build(mod, target=target).get_lib().get_source("asm")
-
-    chosen = int8_policy.policy(tvm.target.Target(target)).conv_schedule
-    assert chosen == expected
-    assert (asm(schedule=True) != asm(schedule=False)) == (chosen != "tvm")
-
-
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4",
-                                    "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", "llvm -mcpu=core2"])
-def test_1x1_conv_schedule_follows_the_isa_policy(target):
-    """Compiled only: 1x1 int8 convs are computed per register tile on AVX2 and AVX-512
-    (``per_tile_accumulators``).
-    30 pixels wide: TVM's fallback takes a whole row (30 accumulators on AVX-512, 60 on AVX2),
-    more than either budget, so the tile differs from TVM's row block on both."""
-    mod = _conv_epilogue(1, size=30)
-
-    def asm(**kw):
-        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
-            return relay.build(mod, target=target).get_lib().get_source("asm")
-
-    chosen = int8_policy.policy(tvm.target.Target(target)).conv1x1_schedule
-    assert chosen == ("tvm" if "core2" in target else "per_tile")
-    # on a VNNI target schedule=False still swaps in the LLVM 22 intrinsic: compare the 1x1 per-tile
-    # form with TVM's 1x1 form under the same intrinsic
-    with x86_int8.kernels(schedule="per_row"), tvm.transform.PassContext(opt_level=3):
-        tvm_form = relay.build(mod, target=target).get_lib().get_source("asm")  # per_row: TVM's 1x1 form
-    assert (asm(schedule=True) != tvm_form) == (chosen == "per_tile")
-
-
-@pytest.mark.parametrize("shape,groups,wanted,expected", [
-    ((56, 56), 2, (1, 4), (1, 4)),    # a tuned tile that fits is kept
-    ((56, 56), 2, (2, 56), (2, 2)),   # 224 accumulators: both rows kept, 2 pixels each (3 does not divide 56)
-    ((28, 28), 2, (1, 28), (1, 4)),   # TVM's fallback (< 32 pixels): 4 pixels of one row
-    ((7, 7), 1, (7, 7), (7, 1)),      # AVX-512 block: as many of the rows as fit, one pixel each
-    ((14, 14), 1, (1, 14), (1, 14)),  # AVX-512: 14 accumulators fit 28
-])
-def test_1x1_tile_shape_fits_the_registers(shape, groups, wanted, expected):
-    budget = 12 if groups == 2 else 28
-    got = int8_schedules.tile_shape(shape[0], shape[1], groups, wanted, accumulators=budget)
-    assert got == expected
-    assert got[0] * got[1] * groups <= budget
-
-
-@pytest.mark.parametrize("shape,oc_chunks,groups,wanted,max_chunks,expected", [
-    ((56, 56), 16, 1, (1, 28), 1, (1, 1, 28)),  # one chunk: tile_shape's tile
-    ((56, 56), 16, 1, (1, 28), 4, (4, 1, 4)),   # 4 vectors x 4 pixels: 8 loads for 16 products
-    ((14, 14), 16, 1, (1, 14), 4, (2, 1, 7)),   # 4 chunks fit 2 pixels (0.75 loads per product); 2 fit 7 (0.64)
-    ((7, 7), 16, 1, (7, 1), 4, (2, 7, 1)),      # 7 rows x 4 chunks do not fit 28 - 3; 7 x 2 do
-    ((56, 56), 6, 1, (1, 28), 4, (3, 1, 8)),    # 4 does not divide 6 output-channel chunks: 3 does
-    ((56, 56), 7, 1, (1, 28), 4, (1, 1, 28)),   # 7 chunks: no divisor up to 4 but 1
-    ((28, 28), 16, 2, (1, 28), 4, (1, 1, 4)),   # AVX2 (2 registers per 16 channels, 12): 2 chunks tie, 1 kept
-])
-def test_1x1_tile_chunks_shape_loads_least_per_product(shape, oc_chunks, groups, wanted, max_chunks, expected):
-    budget = 12 if groups == 2 else 28
-    got = int8_schedules.tile_chunks_shape(shape[0], shape[1], oc_chunks, groups, wanted, max_chunks, budget)
-    assert got == expected
-    chunks, rows, cols = got
-    assert oc_chunks % chunks == 0
-    assert chunks * groups * rows * cols + (chunks - 1) * groups <= budget, "accumulators and kernel vectors fit"
-
-
-@pytest.mark.parametrize("width,groups,wanted,expected", [
-    (14, 2, 14, 2),   # TVM's fallback takes the whole row: 28 accumulators, AVX2 has 16 registers
-    (56, 2, 28, 4),
-    (7, 2, 7, 7),     # 7 is prime: the whole row, 14 accumulators (one pixel would be TVM's form)
-    (13, 2, 13, 1),   # 13 is prime and 26 accumulators do not fit: one pixel per tile
-    (112, 2, 7, 4),   # a tuned 7 that does not fit: the largest divisor that does
-    (28, 2, 2, 2),    # a tuned width that fits is kept
-    (14, 1, 14, 7),   # output block 8 on AVX2: one register per pixel
-    (5, 2, 0, 5),     # no wish: the largest fitting divisor
-])
-def test_tile_width_fits_the_registers(width, groups, wanted, expected):
-    assert int8_schedules.tile_width(width, groups, wanted, accumulators=12) == expected
-
-
-#: (k, channels, size, stride, epilogue, input channels): the per-tile schedule's cases
-_TILE_CASES = [
-    (3, 64, 14, 1, True, None),    # tile of 2 pixels
-    (3, 64, 13, 1, True, None),    # prime width: tiles of one pixel
-    (3, 32, 28, 2, True, None),    # stride 2
-    (3, 64, 14, 1, False, None),   # no epilogue: int32 out, the conv is the kernel's last stage
-    (7, 16, 30, 2, True, 4),       # ResNet's stem: 4 input channels, 7x7, stride 2
-    (1, 64, 14, 1, True, 32),      # 1x1 (the 1x1 per-tile form)
-    (1, 32, 28, 2, True, 64),      # 1x1, stride 2 (ResNet's downsample)
-    (1, 64, 13, 1, False, 32),     # 1x1, prime width, no epilogue
-]
-
-
-@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
-@pytest.mark.parametrize("case", _TILE_CASES, ids=["3x3", "prime-width", "stride2", "no-epilogue", "stem",
-                                                    "1x1", "1x1-stride2", "1x1-prime-no-epilogue"])
-def test_per_tile_schedule_is_bit_identical(case, target):
-    """``per_tile_accumulators`` (forced on every class here; the policy takes it on AVX2 and for
-    1x1 convs on AVX-512): same bits as TVM's schedule."""
-    k, channels, size, stride, epilogue, cin = case
-    cin = cin or channels
-    rng = np.random.default_rng(3)
-    x = relay.var("x", shape=(1, cin, size, size), dtype="uint8")
-    w = relay.const(rng.integers(-128, 128, (channels, cin, k, k)).astype("int8"))
-    y = relay.nn.conv2d(x, w, strides=stride, padding=k // 2, channels=channels, kernel_size=k, out_dtype="int32")
-    if epilogue:
-        y = _requantize(relay.add(y, relay.const(rng.integers(-900, 900, (channels, 1, 1)).astype("int32"))),
-                        channels, rng)
-    mod = tvm.IRModule.from_expr(relay.Function([x], y))
-    xs = rng.integers(0, 256, (1, cin, size, size)).astype("uint8")
-    outs = {}
-    for schedule in (False, "per_tile"):
-        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
-            outs[schedule] = _run(relay.build(mod, target=target), xs)
-    assert np.array_equal(outs[False], outs["per_tile"])
-
-
-def _requantize(y, channels, rng):
-    y = relay.cast(y, "float32") * relay.const((rng.random((channels, 1, 1)) * 1e-3).astype("float32"))
-    return relay.cast(relay.clip(relay.cast(relay.floor(y + relay.const(0.5)), "int32"), 0, 255), "uint8")
-
-
-def _conv_depthwise_conv(channels=32, size=14, dtype="uint8", seed=0):
-    """1x1 conv -> 3x3 depthwise conv -> 1x1 conv on 8-bit data (a mobile net's block), or float."""
-    rng = np.random.default_rng(seed)
-    x = relay.var("x", shape=(1, channels, size, size), dtype=dtype)
-    wdtype, acc = ("int8", "int32") if dtype == "uint8" else ("float32", "float32")
-
-    def weight(shape):
-        return relay.const(rng.integers(-128, 128, shape).astype(wdtype))
-
-    def settle(y):
-        return _requantize(y, channels, rng) if dtype == "uint8" else relay.nn.relu(y)
-
-    y = settle(relay.nn.conv2d(x, weight((channels, channels, 1, 1)), channels=channels, kernel_size=1,
-                               out_dtype=acc))
-    y = settle(relay.nn.conv2d(y, weight((channels, 1, 3, 3)), channels=channels, kernel_size=3, padding=1,
-                               groups=channels, out_dtype=acc))
-    y = relay.nn.conv2d(y, weight((channels, channels, 1, 1)), channels=channels, kernel_size=1, out_dtype=acc)
-    return tvm.IRModule.from_expr(relay.Function([x], y))
-
-
-def _kernel_names(factory):
-    import json
-
-    nodes = json.loads(factory.get_graph_json())["nodes"]
-    return [n["attrs"]["func_name"] for n in nodes if n["op"] == "tvm_op"]
 
 
 @pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni",
@@ -447,39 +226,6 @@ def test_int8_block():
         assert [x86_int8.int8_block(c, target) for c in (48, 24, 12)] == [16, 12, 12], target
 
 
-def _narrow_blocks_graph(seed=0, size=8):
-    """The 24-channel tensors of PP-OCRv4 det's neck, in 8 bits: an int8 conv 32 -> 24 (3x3; x86
-    pads its output channels to 32), a float SE block (global pool, one-pixel 24 -> 8 -> 24 convs,
-    sigmoid gate), an int8 conv reading the gated 24 channels, a float conv 32 -> 24 and an int8
-    conv reading its 24 channels."""
-    rng = np.random.default_rng(seed)
-    x = relay.var("x", shape=(1, 32, size, size), dtype="uint8")
-
-    def conv(y, cin, cout, dtype, k=1):
-        w = rng.integers(-128, 128, (cout, cin, k, k)).astype(dtype)
-        if dtype == "float32":
-            w = w * np.float32(1e-2)
-        return relay.nn.conv2d(y, relay.const(w), channels=cout, kernel_size=k, padding=k // 2,
-                               out_dtype="int32" if dtype == "int8" else "float32")
-
-    def dequantize(y):
-        return relay.cast(y, "float32") * relay.const(np.float32(0.05))
-
-    def quantize(y):
-        return relay.cast(relay.clip(relay.round(y), 0, 255), "uint8")
-
-    a = dequantize(_requantize(conv(x, 32, 24, "int8", k=3), 24, rng))
-    gate = relay.nn.relu(conv(relay.nn.global_avg_pool2d(a), 24, 8, "float32"))
-    gate = relay.sigmoid(conv(gate, 8, 24, "float32"))
-    b = _requantize(conv(quantize(a * gate * relay.const(np.float32(20.0))), 24, 32, "int8"), 32, rng)
-    c = quantize(conv(dequantize(b), 32, 24, "float32"))
-    return tvm.IRModule.from_expr(relay.Function([x], conv(c, 24, 32, "int8")))
-
-
-def _layout_kernels(names):
-    return [n for n in names if "layout_transform" in n or "strided_slice" in n]
-
-
 @pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni",
                                     "llvm -mcpu=x86-64-v4"])
 def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
@@ -527,101 +273,6 @@ def test_build_blocks_float_convs_by_int8_rule_only_in_8bit_graphs():
     a, b = relay.var("a", shape=(1, 4), dtype="uint8"), relay.var("b", shape=(1, 3), dtype="uint8")
     ill_typed = tvm.IRModule.from_expr(relay.Function([a, b], a + b))
     assert not _has_8bit_tensors(ill_typed)  # says False; the build itself reports the type error
-
-
-# -- global_pool_channel_vector: global pools vectorized over their channel block ----------------
-def _blocked_global_pool(shape, dtype="uint8", out_dtype="float32"):
-    """SE-style global pool over an NCHW[x]c tensor: cast -> multiply -> global_avg_pool2d."""
-    x = relay.var("x", shape=shape, dtype=dtype)
-    v = relay.multiply(relay.cast(x, "float32"), relay.const(0.0173, "float32"))
-    y = relay.nn.global_avg_pool2d(v, layout=f"NCHW{shape[-1]}c")
-    return tvm.IRModule.from_expr(relay.Function([x], relay.cast(relay.round(y), out_dtype)))
-
-
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"])
-def test_global_pool_is_vectorized_over_its_channel_block(target):
-    """Compile-only: the pool's kernel adds a vector of 16 channels per window position with
-    ``global_pool_channel_vector`` and none with TVM's schedule (strided scalar sums)."""
-    mod = _blocked_global_pool((1, 6, 20, 20, 16))
-
-    def source(schedule):
-        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
-            lib = relay.build(mod, target=target)
-        return lib.get_lib().get_source("ll")
-
-    import re
-
-    vector_adds = lambda ll: re.findall(r"fadd (?:fast )?<16 x float>", ll)  # noqa: E731
-    scalar_adds = lambda ll: re.findall(r"fadd (?:fast )?float ", ll)  # noqa: E731
-    ours, tvms = source(True), source(False)
-    assert vector_adds(ours) and not scalar_adds(ours)
-    assert scalar_adds(tvms) and not vector_adds(tvms)
-
-
-@pytest.mark.parametrize("shape", [(1, 6, 20, 20, 16), (1, 3, 10, 10, 8), (1, 128, 7, 7, 16), (1, 2, 5, 5, 4)])
-def test_global_pool_vectorized_is_bit_identical(shape):
-    """Host target: the same bits as TVM's pool schedule (each channel sums the same positions in
-    the same order)."""
-    mod = _blocked_global_pool(shape, out_dtype="int32")
-    x = np.random.default_rng(3).integers(0, 256, shape).astype("uint8")
-    outs = []
-    for schedule in (False, True):
-        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
-            outs.append(_run(relay.build(mod, target=host_target()), x))
-    np.testing.assert_array_equal(outs[1], outs[0])
-    # and the float pool itself, before rounding
-    x2 = relay.var("x", shape=shape, dtype="uint8")
-    fmod = tvm.IRModule.from_expr(relay.Function([x2], relay.nn.global_avg_pool2d(
-        relay.multiply(relay.cast(x2, "float32"), relay.const(0.0173, "float32")), layout=f"NCHW{shape[-1]}c")))
-    fouts = []
-    for schedule in (False, True):
-        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
-            fouts.append(_run(relay.build(fmod, target=host_target()), x))
-    assert fouts[1].tobytes() == fouts[0].tobytes()
-
-
-def _pool_group(shape=(1, 16, 7, 7, 16)):
-    """x -> f(x), f = fn(p: u8) {cast(round(global_avg_pool2d(cast(p, f32) * s) / t))} Primitive=1: the
-    pool group FuseWideningIntoPool makes of a quantized model's global average pool."""
-    x = relay.var("x", shape=shape, dtype="uint8")
-    p = relay.var("p0", shape=shape, dtype="uint8")
-    v = relay.multiply(relay.cast(p, "float32"), relay.const(np.float32(0.0204243)))
-    y = relay.divide(relay.nn.global_avg_pool2d(v, layout=f"NCHW{shape[-1]}c"), relay.const(np.float32(0.00408715)))
-    body = relay.cast(relay.clip(relay.round(y), 0.0, 255.0), "uint8")
-    fn = relay.Function([p], body).with_attr("Primitive", tvm.tir.IntImm("int32", 1))
-    return tvm.IRModule.from_expr(relay.Function([x], relay.Call(fn, [x])))
-
-
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"])
-def test_pool_keeps_a_summed_float_product_in_its_own_stage(target):
-    """pool_prologue_inline inlines a pool's producers except a float product the pool's sum reads:
-    inlined, LLVM fuses the multiply into the sum's add (vfmadd, one rounding where TVM's schedule
-    rounds the product first), which made int8 ResNet-50 QOperator differ from stock TVM by one
-    output step on rare inputs. Compile-only: no fused multiply-add in the pool kernel, as with
-    TVM's schedule; the pool still adds vectors of its channel block."""
-    import re
-
-    def asm(schedule):
-        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
-            return relay.build(_pool_group(), target=target).get_lib().get_source("asm")
-
-    ours, tvms = asm(True), asm(False)
-    assert not re.findall(r"vfn?madd\w*ps", tvms)
-    assert not re.findall(r"vfn?madd\w*ps", ours)
-    assert re.findall(r"vaddps\s+%[yz]mm", ours)
-
-
-def test_pool_group_bit_identical_to_tvms_schedule():
-    """Host target: the pool group built with tvm-ext's pool schedules gives TVM's bits."""
-    mod = _pool_group()
-    rng = np.random.default_rng(7)
-    xs = [rng.integers(0, 256, (1, 16, 7, 7, 16)).astype("uint8") for _ in range(20)]
-    outs = []
-    for schedule in (False, True):
-        with x86_int8.kernels(schedule=schedule), tvm.transform.PassContext(opt_level=3):
-            lib = relay.build(mod, target=host_target())
-        outs.append(np.stack([_run(lib, x) for x in xs]))
-    np.testing.assert_array_equal(outs[1], outs[0])
 
 
 def _float_conv(k, cin, cout, size, stride, seed=0):
@@ -771,7 +422,7 @@ _CHILD_NARROW = r"""
 import sys, numpy as np, tvm
 from tvm import relay
 sys.path.insert(0, sys.argv[1])
-from test_x86_int8 import _int8_conv_24, _run
+from x86.test_int8_conv import _int8_conv_24, _run
 from tvm_ext.x86 import int8_conv as x86_int8
 outs = {}
 x = np.random.default_rng(4).integers(0, 256, (1, 32, 10, 10)).astype("uint8")
@@ -792,100 +443,10 @@ def test_vnni_8_channel_blocks_are_bit_identical(tmp_path):
     import os
 
     out = tmp_path / "outs.npz"
-    r = subprocess.run([sys.executable, "-c", _CHILD_NARROW, os.path.dirname(__file__), str(out)],
+    r = subprocess.run([sys.executable, "-c", _CHILD_NARROW, os.path.dirname(os.path.dirname(__file__)), str(out)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
     outs = np.load(out)
     for k in (3, 1):
         assert np.array_equal(outs[f"policy{k}"], outs[f"stock{k}"]), k
         assert np.array_equal(outs[f"forced{k}"], outs[f"stock{k}"]), k
-
-
-_VNNI_TARGET = "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"
-
-
-def _conv1x1(cin=64, cout=256, size=28, epilogue=True, seed=5):
-    """A uint8 x int8 1x1 conv (int32 out, or requantized to uint8) and its int8 weights."""
-    rng = np.random.default_rng(seed)
-    x = relay.var("x", shape=(1, cin, size, size), dtype="uint8")
-    w = rng.integers(-128, 128, (cout, cin, 1, 1)).astype("int8")
-    y = relay.nn.conv2d(x, relay.const(w), channels=cout, kernel_size=1, out_dtype="int32")
-    if epilogue:
-        y = _requantize(y, cout, rng)
-    return tvm.IRModule.from_expr(relay.Function([x], y)), w
-
-
-def _build_chunks(mod, chunks, target=_VNNI_TARGET):
-    """``mod`` built with the policy's kernels, ``tile_oc_chunks`` set to ``chunks`` on AVX-512 VNNI."""
-    saved = dict(int8_policy._TILE_OC_CHUNKS)
-    int8_policy._TILE_OC_CHUNKS["avx512_vnni"] = chunks
-    try:
-        with x86_int8.kernels(), tvm.transform.PassContext(opt_level=3):
-            return relay.build(mod, target=target)
-    finally:
-        int8_policy._TILE_OC_CHUNKS.clear()
-        int8_policy._TILE_OC_CHUNKS.update(saved)
-
-
-def _loads_per_vpdpbusd(asm: str) -> float:
-    """Vector loads and broadcasts from memory (as separate instructions or as vpdpbusd's memory
-    operand) per vpdpbusd in ``asm``."""
-    import re
-
-    dots = len(re.findall(r"\bvpdpbusd\b", asm))
-    moves = "vpbroadcastd|vmovdqu64|vmovdqu32|vmovdqa64|vmovdqa32|vmovups|vmovaps"
-    loads = len(re.findall(rf"\b(?:{moves})\s+-?\w*\(", asm))
-    loads += len(re.findall(r"\bvpdpbusd\s+-?\w*\(", asm))
-    return loads / dots
-
-
-def test_1x1_tile_of_several_channel_chunks_loads_less_per_product():
-    """``tile_oc_chunks`` compiled only at an AVX-512 VNNI target: with up to 4 output-channel
-    chunks per tile, the 1x1 conv's kernel loads about half a vector per vpdpbusd (4 kernel vectors
-    and 4 data words per 16 products), where one chunk per tile loads about one (28 pixels, 1 vector)."""
-    mod, _ = _conv1x1()
-    one = _loads_per_vpdpbusd(_build_chunks(mod, 1).get_lib().get_source("asm"))
-    four = _loads_per_vpdpbusd(_build_chunks(mod, 4).get_lib().get_source("asm"))
-    assert one > 0.9, one
-    assert four < 0.65, four
-
-
-#: (output, in channels, out channels, width): ResNet's 4 x 4-pixel and 7-row tiles, and 96 channels
-#: (6 chunks: 4 does not divide them) at a prime width, int32 out and requantized
-_CHUNK_CASES = (("int32", 64, 256, 28), ("int32", 256, 512, 7), ("int32", 64, 96, 13), ("uint8", 64, 96, 13))
-
-_CHILD_CHUNKS = r"""
-import sys, numpy as np
-sys.path.insert(0, sys.argv[1])
-from test_x86_int8 import _CHUNK_CASES, _build_chunks, _conv1x1, _run
-outs = {}
-for name, cin, cout, size in _CHUNK_CASES:
-    mod, w = _conv1x1(cin, cout, size, epilogue=name == "uint8")
-    x = np.random.default_rng(size).integers(0, 256, (1, cin, size, size)).astype("uint8")
-    for chunks in (1, 2, 4):
-        outs[f"{name}-{cin}-{cout}-{size}-{chunks}"] = _run(_build_chunks(mod, chunks), x)
-    if name == "int32":  # exact integer arithmetic, independent of TVM
-        ref = np.einsum("oc,chw->ohw", w[:, :, 0, 0].astype(np.int64), x[0].astype(np.int64))[None]
-        outs[f"exact-{cin}-{cout}-{size}"] = ref
-np.savez(sys.argv[2], **outs)
-print("OK")
-"""
-
-
-@needs_vnni
-def test_1x1_tile_of_several_channel_chunks_is_exact(tmp_path):
-    """``tile_oc_chunks`` executed (host with AVX-512 VNNI, child process): 1x1 convs with 1, 2 and 4
-    output-channel chunks per tile (:data:`_CHUNK_CASES`), full-range weights: int32 outputs equal
-    numpy's integer products; requantized outputs are the same bits for every chunk count."""
-    import os
-
-    out = tmp_path / "outs.npz"
-    r = subprocess.run([sys.executable, "-c", _CHILD_CHUNKS, os.path.dirname(__file__), str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
-    outs = np.load(out)
-    for name, cin, cout, size in _CHUNK_CASES:
-        for chunks in (1, 2, 4):
-            got = outs[f"{name}-{cin}-{cout}-{size}-{chunks}"]
-            want = outs[f"exact-{cin}-{cout}-{size}"] if name == "int32" else outs[f"{name}-{cin}-{cout}-{size}-1"]
-            assert np.array_equal(got, want), (name, cin, cout, size, chunks)

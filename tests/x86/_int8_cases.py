@@ -1,0 +1,114 @@
+"""Builders and runners shared by the tests of tvm_ext.x86's int8 kernels (int8_conv, int8_policy,
+int8_schedules) and of its tuned records."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+from tvm_ext.x86 import int8_policy
+from tvm_ext.x86.isa import runs_on_host
+from tvm_ext.x86.target import host_target
+
+HOST_VNNI = int8_policy.vnni_ready(host_target(allow_vnni=True))
+needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="host CPU has no AVX-512 VNNI")
+
+
+def _conv_epilogue(k, channels=64, size=14, seed=0, epilogue=True):
+    """uint8 x int8 conv with a requantize-like float epilogue; weights span the full int8 range."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, channels, size, size), dtype="uint8")
+    w = relay.const(rng.integers(-128, 128, (channels, channels, k, k)).astype("int8"))
+    y = relay.nn.conv2d(x, w, padding=k // 2, channels=channels, kernel_size=k, out_dtype="int32")
+    if not epilogue:
+        return tvm.IRModule.from_expr(relay.Function([x], y))
+    y = relay.add(y, relay.const(rng.integers(-1000, 1000, (channels, 1, 1)).astype("int32")))
+    y = relay.cast(y, "float32") * relay.const((rng.random((channels, 1, 1)) * 1e-3).astype("float32"))
+    y = relay.cast(relay.clip(relay.cast(relay.floor(y + relay.const(0.5)), "int32"), 0, 255), "uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _run(lib, x):
+    from tvm.contrib import graph_executor
+
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    m.set_input("x", x)
+    m.run()
+    return m.get_output(0).numpy()
+
+
+#: One target per int8 instruction-set class without VNNI (executed only where the host can).
+NON_VNNI_TARGETS = {
+    "avx2": "llvm -mcpu=x86-64-v3",
+    "avx512": "llvm -mcpu=x86-64-v4",
+}
+
+
+def _runnable(target):
+    return pytest.param(target, marks=pytest.mark.skipif(
+        not runs_on_host(target), reason=f"host lacks instructions of '{target}'"))
+
+
+def _requantize(y, channels, rng):
+    y = relay.cast(y, "float32") * relay.const((rng.random((channels, 1, 1)) * 1e-3).astype("float32"))
+    return relay.cast(relay.clip(relay.cast(relay.floor(y + relay.const(0.5)), "int32"), 0, 255), "uint8")
+
+
+def _conv_depthwise_conv(channels=32, size=14, dtype="uint8", seed=0):
+    """1x1 conv -> 3x3 depthwise conv -> 1x1 conv on 8-bit data (a mobile net's block), or float."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, channels, size, size), dtype=dtype)
+    wdtype, acc = ("int8", "int32") if dtype == "uint8" else ("float32", "float32")
+
+    def weight(shape):
+        return relay.const(rng.integers(-128, 128, shape).astype(wdtype))
+
+    def settle(y):
+        return _requantize(y, channels, rng) if dtype == "uint8" else relay.nn.relu(y)
+
+    y = settle(relay.nn.conv2d(x, weight((channels, channels, 1, 1)), channels=channels, kernel_size=1,
+                               out_dtype=acc))
+    y = settle(relay.nn.conv2d(y, weight((channels, 1, 3, 3)), channels=channels, kernel_size=3, padding=1,
+                               groups=channels, out_dtype=acc))
+    y = relay.nn.conv2d(y, weight((channels, channels, 1, 1)), channels=channels, kernel_size=1, out_dtype=acc)
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def _kernel_names(factory):
+    import json
+
+    nodes = json.loads(factory.get_graph_json())["nodes"]
+    return [n["attrs"]["func_name"] for n in nodes if n["op"] == "tvm_op"]
+
+
+def _narrow_blocks_graph(seed=0, size=8):
+    """The 24-channel tensors of PP-OCRv4 det's neck, in 8 bits: an int8 conv 32 -> 24 (3x3; x86
+    pads its output channels to 32), a float SE block (global pool, one-pixel 24 -> 8 -> 24 convs,
+    sigmoid gate), an int8 conv reading the gated 24 channels, a float conv 32 -> 24 and an int8
+    conv reading its 24 channels."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, 32, size, size), dtype="uint8")
+
+    def conv(y, cin, cout, dtype, k=1):
+        w = rng.integers(-128, 128, (cout, cin, k, k)).astype(dtype)
+        if dtype == "float32":
+            w = w * np.float32(1e-2)
+        return relay.nn.conv2d(y, relay.const(w), channels=cout, kernel_size=k, padding=k // 2,
+                               out_dtype="int32" if dtype == "int8" else "float32")
+
+    def dequantize(y):
+        return relay.cast(y, "float32") * relay.const(np.float32(0.05))
+
+    def quantize(y):
+        return relay.cast(relay.clip(relay.round(y), 0, 255), "uint8")
+
+    a = dequantize(_requantize(conv(x, 32, 24, "int8", k=3), 24, rng))
+    gate = relay.nn.relu(conv(relay.nn.global_avg_pool2d(a), 24, 8, "float32"))
+    gate = relay.sigmoid(conv(gate, 8, 24, "float32"))
+    b = _requantize(conv(quantize(a * gate * relay.const(np.float32(20.0))), 24, 32, "int8"), 32, rng)
+    c = quantize(conv(dequantize(b), 32, 24, "float32"))
+    return tvm.IRModule.from_expr(relay.Function([x], conv(c, 24, 32, "int8")))
+
+
+def _layout_kernels(names):
+    return [n for n in names if "layout_transform" in n or "strided_slice" in n]
