@@ -23,7 +23,7 @@ reported, not fatal).
 
     python benchmarks/layers_vs_peers.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=x86-64-v3"]
                                          [--threads 2] [--repeat 7] [--ort-isa auto|host] [--peak GMACS]
-                                         [--out layers.json]
+                                         [--out layers.json] [--stat median|min]
 
 ``--out`` also records each pipeline's end-to-end time (graph executor, the same libraries), which
 ``benchmarks/kernel_mca.py --calibrate`` splits into hot loops, the rest of each conv, other kernels and
@@ -69,7 +69,7 @@ def _build(args):
     Path(f"{out}/{pipeline}.params").write_bytes(relay.save_param_dict(fac.get_params()))
 
 
-def tvm_kernel_times(folder, pipelines_, repeat):
+def tvm_kernel_times(folder, pipelines_, repeat, stat=None):
     """Median ms per kernel (debug executor; pipelines timed in alternation), with shapes."""
     import numpy as np
     import tvm
@@ -98,7 +98,7 @@ def tvm_kernel_times(folder, pipelines_, repeat):
             samples[p].append(np.array(m.run_individual(number=3, repeat=1))[:, 0])
     out = {}
     for p, (_m, g) in mods.items():
-        t = np.median(np.stack(samples[p]), axis=0) * 1e3
+        t = (stat or np.median)(np.stack(samples[p]), axis=0) * 1e3
         full = len(t) == len(g["nodes"])
         shapes, rows, k = g["attrs"]["shape"][1], [], 0
         for i, nd in enumerate(g["nodes"]):
@@ -166,7 +166,7 @@ def ort_node_times_in(package_dir, path, threads):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def openvino_node_times(path, threads, conv_names, runs=40):
+def openvino_node_times(path, threads, conv_names, runs=40, stat=None):
     """``({ONNX conv node: median ms}, {ONNX conv node: OpenVINO kernel}, None)`` from OpenVINO's
     performance counters (first 5 runs dropped), or ``(None, None, reason)`` where OpenVINO does not
     run the model: not installed, ONNX Runtime contrib ops (``tvm-ext bench`` does not trust their
@@ -220,7 +220,7 @@ def openvino_node_times(path, threads, conv_names, runs=40):
         for e in req.get_profiling_info():
             if e.node_name in owner:
                 per[owner[e.node_name]].append(e.real_time.total_seconds() * 1e3)
-    return {n: float(np.median(v)) for n, v in per.items()}, kernel, None
+    return {n: float((stat or np.median)(v)) for n, v in per.items()}, kernel, None
 
 
 def _onnx_name(ort_name: str) -> str:
@@ -357,6 +357,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=7, help="debug-executor rounds per pipeline")
     ap.add_argument("--out", default=None, help="also write the raw times as JSON here")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="TVM kernel, end-to-end and OpenVINO node times: the median of the rounds, or the "
+                         "fastest (the least disturbed on a machine others are using)")
     ap.add_argument("--table-from", default=None, help="print the table of an earlier --out JSON (no builds)")
     from tvm_ext.tools.ort_isa import ORT_ISA_CHOICES
 
@@ -399,9 +402,11 @@ def main(argv=None):
         proc.join()
         if proc.exitcode != 0:
             sys.exit(f"layers_vs_peers: the {p} build failed (exit code {proc.exitcode})")
-    rows = tvm_kernel_times(folder, ["stock", "tvm-ext"], a.repeat)
-    end_to_end = tvm_end_to_end_times(folder, ["stock", "tvm-ext"], a.repeat)
     import numpy as np
+
+    stat = np.min if a.stat == "min" else None
+    rows = tvm_kernel_times(folder, ["stock", "tvm-ext"], a.repeat, stat)
+    end_to_end = tvm_end_to_end_times(folder, ["stock", "tvm-ext"], a.repeat, stat)
 
     end_to_end_min = tvm_end_to_end_times(folder, ["stock", "tvm-ext"], a.repeat, np.min)
     from tvm_ext.tools.bench import ort_peer
@@ -411,7 +416,7 @@ def main(argv=None):
     ort = ort_node_times_in(peer["package"], path, a.threads) if peer["package"] else ort_node_times(path, a.threads)
     shapes = _ort_conv_shapes(path)
     logger.info("OpenVINO node timing")
-    ov_times, ov_kernels, ov_note = openvino_node_times(path, a.threads, set(shapes))
+    ov_times, ov_kernels, ov_note = openvino_node_times(path, a.threads, set(shapes), stat=stat)
     import tvm
 
     feats = host_features()
@@ -424,13 +429,15 @@ def main(argv=None):
         ov_said = f"OpenVINO runs the host's ISA ({host_isa}; kernels: {kinds})"
     peak = f"; peak {a.peak:g} GMAC/s per core x {a.threads}" if a.peak else ""
     isas = "; ".join(f"{p} `{t}` (ISA {isa_class(tvm.target.Target(t))})" for p, t in targets.items())
+    stat_said = "medians" if a.stat == "median" else "fastest"
     print(f"model: {Path(path).name}; {isas}; "
-          f"ONNX Runtime runs {ort_isa}; {ov_said}; {a.threads} threads; medians of {a.repeat} rounds{peak}\n")
+          f"ONNX Runtime runs {ort_isa}; {ov_said}; {a.threads} threads; {stat_said} of {a.repeat} rounds{peak}\n")
     peers = {"ORT": ort, **({"OpenVINO": ov_times} if ov_times else {})}
     print(table(rows, peers, shapes, a.peak, a.threads))
     if a.out:
         Path(a.out).write_text(json.dumps({"model": path, "targets": targets, "threads": a.threads, "tvm": rows,
                                            "tvm_end_to_end_ms": end_to_end, "tvm_end_to_end_min_ms": end_to_end_min,
+                                           "stat": a.stat,
                                            "ort": ort, "onnxruntime_isa": peer, "openvino": ov_times,
                                            "openvino_kernels": ov_kernels, "openvino_note": ov_note}, indent=1))
 
