@@ -182,8 +182,6 @@ def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
     which AutoTVM's int8 conv space (multiples of 16) cannot hold: tuning logs that it keeps TVM's
     rule for that workload and goes on, rather than raising."""
     import logging
-    import sys
-    from pathlib import Path
 
     import tvm
 
@@ -193,8 +191,7 @@ def test_tune_skips_a_workload_autotvm_cannot_describe(caplog):
     target = tvm.target.Target("llvm -mcpu=x86-64-v3")
     if not runs_on_host(target):
         pytest.skip("host lacks AVX2")
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_x86_int8 import _narrow_blocks_graph
+    from ._int8_cases import _narrow_blocks_graph
 
     with caplog.at_level(logging.WARNING, logger="tvm_ext.tools.tune"):
         result = tune_model(_narrow_blocks_graph(), target=target, budget_s=120, layouts=False, number=1, repeat=1)
