@@ -104,7 +104,7 @@ import tvm_ext
 from tvm_ext.x86 import int8_policy
 x = relay.var("x", shape=(1, 64, 14, 14), dtype="uint8")
 # weights in [-64, 64]: no vpmaddubsw pair can saturate, so the saturating dot product stays (full-range
-# weights take the exact int16 pairs without VNNI: tests/test_exact_int8.py)
+# weights take the exact int16 pairs without VNNI: tests/x86/test_exact_int8.py)
 w = relay.const(np.random.default_rng(0).integers(-64, 65, (64, 64, 3, 3)).astype("int8"))
 y = relay.nn.conv2d(x, w, padding=1, channels=64, kernel_size=3, out_dtype="int32")
 y = relay.cast(relay.clip(relay.right_shift(y, relay.const(8)), 0, 255), "uint8")
