@@ -1,36 +1,20 @@
 """Run aarch64 TVM libraries on an x86-64 host: TVM's RPC server under qemu-user.
 
-Design note
------------
-``make arm-env`` (``tests/arm/arm-env.sh``) leaves, in ``.arm/`` of the repository (or
-``$TVM_EXT_ARM_DIR``): an aarch64 Python 3.11 sysroot with TVM 0.19's aarch64 wheel, and
-``bin/python3.11``, a shell wrapper that runs that Python under ``qemu-aarch64 -L <sysroot>`` with
-``TVM_USE_RUNTIME_LIB=1`` (the wheel's ``libtvm_runtime.so``; its ``libtvm.so`` needs libLLVM). The
-host needs ``qemu-aarch64`` and, to link libraries, ``aarch64-linux-gnu-g++``.
+``make arm-env`` (``tests/arm/arm-env.sh``) leaves in ``.arm/`` (or ``$TVM_EXT_ARM_DIR``) an aarch64
+Python 3.11 sysroot with TVM 0.19's aarch64 wheel and ``bin/python3.11``, a wrapper that runs it
+under ``qemu-aarch64`` with ``TVM_USE_RUNTIME_LIB=1``. :func:`find_env` finds that set-up or raises
+:class:`ArmEnvMissing` naming what is missing (:func:`missing`: the same as a string, for
+``pytest.skip``).
 
-:func:`find_env` finds that set-up or raises :class:`ArmEnvMissing` naming what is missing;
-:func:`missing` gives the same reason as a string (for ``pytest.skip``). :func:`rpc_server` starts
-``python -m tvm.exec.rpc_server`` through the wrapper, bound to 127.0.0.1 on a free port, waits
-until it listens and kills its whole process group on exit, whatever happened. The server's
-``PopenWorker`` child is started from ``sys.executable``; with no binfmt_misc on the host, exec of
-an aarch64 binary fails, so the server runs with ``sys.executable`` set to the wrapper. Each RPC
-session is a ``fork`` of that child (no exec), so a session costs no interpreter start: the
-server's start does (two aarch64 Pythons importing TVM: 30 to 60 s under emulation here).
-
-TVM's server serves one session at a time; a second client waits in the listen queue.
-:func:`rpc_server` can register the server with a TVM tracker under a key (:func:`rpc_tracker`
-starts one on this host); it then serves the clients the tracker sends. The server registers
-``tvm_ext.tools._remote.EMULATION_FUNC`` in its sessions, so that a client (``tvm-ext bench --rpc``)
-can label what it measured as emulated.
-
-The server also ends when the thread that started it exits (``PR_SET_PDEATHSIG``), so a test
-process killed from outside leaves no emulated server behind.
-
-``rpc_server(cpu=...)`` picks the CPU qemu emulates (``QEMU_CPU``; default ``max``, with every
-feature qemu implements): a ``cortex-a72`` server lacks dotprod, as a Raspberry Pi 4 does.
+:func:`rpc_server` starts ``python -m tvm.exec.rpc_server`` through the wrapper on 127.0.0.1 and a
+free port (optionally registered with a tracker under a key, :func:`rpc_tracker`; ``cpu=`` picks the
+CPU qemu emulates, e.g. ``cortex-a72`` without dotprod), waits until it listens, and kills its
+process group on exit or when the thread that started it exits. Its sessions register
+``tvm_ext.tools._remote.EMULATION_FUNC`` so that clients label what they measured as emulated.
+docs/arm.md (where it says how the server runs under qemu-user) has the details.
 
 ``python -m tvm_ext.testing.aarch64 [--port N] [--cpu CPU] [--tracker HOST:PORT --key KEY]`` serves
-until interrupted, for ``tvm-ext run/bench/tune --rpc`` (or ``--rpc-tracker``) by hand (docs/arm.md).
+until interrupted, for ``tvm-ext run/bench/tune --rpc`` by hand.
 """
 from __future__ import annotations
 

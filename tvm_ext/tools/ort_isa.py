@@ -1,34 +1,18 @@
 """ONNX Runtime restricted to AVX2 on an AVX-512 host: the benchmark's peer at the target's ISA.
 
-Why
----
-tvm-ext compares TVM code built for an AVX2 CPU (``-mcpu=x86-64-v3``) with ONNX Runtime. MLAS, ONNX
-Runtime's CPU kernel library, picks its kernels from the *host's* CPUID and XCR0 and has no
-switch to restrict them: on an AVX-512 VNNI host it runs ``vpdpbusd`` zmm kernels whatever TVM's
-target is, so "tvm-ext on AVX2 versus ONNX Runtime on AVX2" could not be measured there.
+MLAS picks its kernels from the host's CPUID and XCR0 and has no switch to restrict them, so on an
+AVX-512 VNNI host it runs ``vpdpbusd`` zmm kernels whatever TVM's target is. Every AVX-512 check of
+MLAS and ONNX Runtime reads XCR0 with ``xgetbv``: :func:`masked_package` makes a copy of the
+installed ``onnxruntime`` whose ``xgetbv`` instructions are replaced by ``push 7; pop rax`` (same
+length: XCR0 = x87 | SSE | AVX), which dispatches as on an AVX2-only CPU. The copy is made once per
+onnxruntime version (``$TVM_EXT_CACHE/ort-avx2/``), never touches the installed package, and is
+only imported in a child process (:class:`ChildSession`).
 
-How
----
-Every AVX-512 check in MLAS (``MlasPlatform``) and in ONNX Runtime's ``CPUIDInfo`` requires the OS
-to save the AVX-512 register state, which they read with ``xgetbv`` (XCR0 bits 5-7). A copy of
-the installed ``onnxruntime`` package whose ``xgetbv`` instructions are replaced by ``push 7; pop
-rax`` (3 bytes for 3 bytes: XCR0 = x87 | SSE | AVX) therefore dispatches exactly as on an AVX2-only
-CPU with the same CPUID otherwise.
-
-What it cannot hide: AVX-VNNI (the VEX ``vpdpbusd`` of Alder Lake, Sapphire Rapids and later Intel
-CPUs, and of Zen 5) needs no state beyond AVX's, so MLAS enables its int32 int8 kernels from CPUID
-leaf 7 alone. On such a host :func:`mask_unavailable_reason` says so and :func:`masked_package`
-raises :class:`OrtIsaError` before copying anything; the benchmark then times the installed ORT
-and records the reason, and the tests skip with it. The copy is made once per onnxruntime version in the cache
-(``$TVM_EXT_CACHE/ort-avx2/``), never touches the installed package, and is only ever imported in
-a child process (:class:`ChildSession`), so the test and benchmark processes keep the real ORT.
-
-:func:`probe` checks which int8 kernel family a given ORT runs, by numerics rather than by trust:
-``MatMulInteger`` of 255 (uint8) by 127 (int8) over 64 terms is exact with VNNI (``vpdpbusd``
-accumulates in int32) and saturates with AVX2/AVX-512BW (``vpmaddubsw`` adds byte pairs into
-int16: 2 * 255 * 127 = 64770 > 32767). :func:`masked_package` refuses a copy whose probe is
-still exact. The same saturation makes ONNX Runtime's U8S8 outputs on AVX2 differ from its
-outputs on VNNI (the reason ORT documents ``reduce_range`` for AVX2).
+AVX-VNNI (Alder Lake, Sapphire Rapids, Zen 5) needs no state beyond AVX's, so it cannot be hidden
+this way: :func:`mask_unavailable_reason` says so and :func:`masked_package` raises
+:class:`OrtIsaError` before copying. :func:`probe` checks which int8 kernel family an ORT runs by
+numerics (``MatMulInteger`` of 255 by 127 over 64 terms is exact with VNNI and saturates with
+``vpmaddubsw``). docs/benchmarks.md ("ONNX Runtime on AVX2 from an AVX-512 host") has the details.
 """
 from __future__ import annotations
 

@@ -1,33 +1,20 @@
 """``tvm-ext tune --rpc`` / ``--rpc-tracker``: tune a model's int8 convolutions on remote boards.
 
-Design note
------------
 The candidates are built here and timed there. The workloads are what :func:`tvm_ext.build`
 compiles for the board's target (:func:`tvm_ext.tools.tune.record_workloads`: the NCHWc int8 convs
-of TVM's ``conv2d_NCHWc_int8.arm_cpu`` template under tvm-ext's aarch64 kernel policy). For each
-workload, TVM's rule (the fallback configuration) and every point of the template's space with the
-layout's channel blocks (``tile_ow`` x ``unroll_kw``, or ``tile_ow`` x ``tile_oh`` for 1x1; at most
-``trials``) are:
-
-1. compiled here (``tvm.build`` of the template at the target) and linked with the cross compiler
-   (:func:`tvm_ext.tools.deploy.cross_cxx`), or written as a ``.tar`` the board links;
-2. uploaded to a board, loaded and timed there by the remote's ``time_evaluator``.
+of TVM's ``conv2d_NCHWc_int8.arm_cpu`` template under tvm-ext's aarch64 kernel policy). For each,
+TVM's rule and the template's points with the layout's channel blocks (at most ``trials``) are
+compiled and linked here (:func:`tvm_ext.tools.deploy.cross_cxx`), uploaded to a board and timed
+there by the remote's ``time_evaluator``.
 
 Boards: one server (``--rpc HOST[:PORT]``), or every board a TVM tracker knows under a key
-(``--rpc-tracker HOST[:PORT] --rpc-key KEY``): a thread per board takes the next candidate from a shared
-queue, so a farm of N boards measures N candidates at once (TVM's own
-``autotvm.measure.RPCRunner`` works the same way: one tracker request per parallel measurement).
-
-A workload gets a record when its best candidate beats TVM's rule by ``min_gain`` (2 %): the records
-are keyed as :mod:`tvm_ext.x86.tuning` keys them for aarch64 (``aarch64_int8_<mcpu>_<class>.log``,
-the full target string in each record), so a later ``tvm_ext.build`` for the same target applies
-them. The channel-blocking stage of local tuning (full-model builds timed end to end) is not run
-over RPC: layouts stay TVM's rule. Kernels without AutoTVM knobs (tvm-ext's ``smmla`` conv at
-``+i8mm``, its int8 dense kernels) query no workload and are not tuned.
-
-Failures are one line (:class:`tvm_ext.tools.deploy.DeployError`): see :mod:`tvm_ext.tools._remote`;
-a candidate that fails on the board is skipped and logged, a board that stops answering ends its
-thread and the others go on; when none is left the run stops with the error.
+(``--rpc-tracker HOST[:PORT] --rpc-key KEY``): a thread per board takes the next candidate from a
+shared queue, as TVM's ``RPCRunner`` does. A workload gets a record when its best candidate beats
+TVM's rule by ``min_gain`` (2 %), keyed as :mod:`tvm_ext.arm.tuning` keys aarch64 records, so a later
+``tvm_ext.build`` for the same target applies them. Layouts stay TVM's rule; kernels without AutoTVM
+knobs (the ``smmla`` conv, the int8 denses) are not tuned. Failures are one line
+(:class:`tvm_ext.tools.deploy.DeployError`); a candidate that fails on a board is skipped and logged,
+and the run stops with the error when no board is left.
 """
 from __future__ import annotations
 
