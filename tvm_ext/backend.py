@@ -74,6 +74,21 @@ class BuildPlan:
     configure: Callable = field(default=lambda config: config)
     finish: Callable = field(default=lambda factory: factory)
 
+    def add_records(self, records) -> None:
+        """Apply the tuned-records context ``records`` during the build (a context with ``hits``, the
+        workloads it answered), and mark those kernels tuned in the kernel report."""
+        self.contexts.append(records)
+        previous = self.finish
+
+        def finish(factory):
+            factory = previous(factory)
+            hits = getattr(records, "hits", None)
+            if hits:
+                factory.kernel_report = factory.kernel_report.with_tuned(hits)
+            return factory
+
+        self.finish = finish
+
     def entered(self) -> contextlib.ExitStack:
         """An exit stack with every context of :attr:`contexts` entered, in order."""
         stack = contextlib.ExitStack()
@@ -141,13 +156,19 @@ class Backend:
         """The int8 instruction-set class of ``target`` (records and per-class tables key on it)."""
         return "other"
 
-    def records(self, target) -> list:  # noqa: ARG002
-        """The tuned records that apply to ``target`` (user's first, then shipped)."""
-        return []
-
-    def records_path(self, target):  # noqa: ARG002
-        """Where ``tvm-ext tune`` writes the user's records for ``target`` (None: the family has none)."""
+    def tuning(self):
+        """The family's tuning module (``load_records``, ``user_path``, ``apply``), or None."""
         return None
+
+    def records(self, target) -> list:
+        """The tuned records that apply to ``target`` (user's first, then shipped)."""
+        tuning = self.tuning()
+        return tuning.load_records(target) if tuning else []
+
+    def records_path(self, target):
+        """Where ``tvm-ext tune`` writes the user's records for ``target`` (None: the family has none)."""
+        tuning = self.tuning()
+        return tuning.user_path(target) if tuning else None
 
     def __repr__(self) -> str:
         return f"<tvm-ext back end {self.family}>"

@@ -8,8 +8,6 @@
 """
 from __future__ import annotations
 
-import contextlib
-
 from ..backend import Backend, BuildPlan, BuildRequest, llvm_arch
 
 __all__ = ["AArch64"]
@@ -26,30 +24,19 @@ class AArch64(Backend):
     def plan(self, request: BuildRequest) -> BuildPlan:
         from . import int8_conv, requantize, tuning
 
-        records = tuning.apply(request.target) if request.tuned else contextlib.nullcontext()
-        contexts = [requantize.generic_q_multiply_shift(), records]
+        plan = BuildPlan(contexts=[requantize.generic_q_multiply_shift()])
         if request.kernels:
-            contexts.insert(0, int8_conv.kernels(int8_graph=request.eight_bit))
-        hits = lambda: getattr(records, "hits", None)  # noqa: E731
-        return BuildPlan(contexts=contexts, finish=lambda factory: _with_tuned(factory, hits()))
+            plan.contexts.insert(0, int8_conv.kernels(int8_graph=request.eight_bit))
+        if request.tuned:
+            plan.add_records(tuning.apply(request.target))
+        return plan
 
     def isa_class(self, target) -> str:
         from .isa import isa_class
 
         return isa_class(target)
 
-    def records(self, target) -> list:
-        from .tuning import load_records
+    def tuning(self):
+        from . import tuning
 
-        return load_records(target)
-
-    def records_path(self, target):
-        from .tuning import user_path
-
-        return user_path(target)
-
-
-def _with_tuned(factory, hits):
-    if hits:
-        factory.kernel_report = factory.kernel_report.with_tuned(hits)
-    return factory
+        return tuning

@@ -12,8 +12,6 @@
 """
 from __future__ import annotations
 
-import contextlib
-
 from ..backend import Backend, BuildPlan, BuildRequest, llvm_arch
 
 __all__ = ["X86"]
@@ -49,8 +47,8 @@ class X86(Backend):
             plan.passes["before_fuse"] = [pair_pack.PairPackInt8Convs()]
         plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
                          exact_record.recording()]
-        records = tuning.apply(tgt) if request.tuned else contextlib.nullcontext()
-        plan.contexts.append(records)
+        if request.tuned:
+            plan.add_records(tuning.apply(tgt))
         plan.instruments = [exact_record.RecordWeights()]
         if amx:
             from . import amx as amx_tiles
@@ -58,7 +56,6 @@ class X86(Backend):
             amx_tiles.prepare_process()  # the result runs in this process too: ask Linux for the tile state now
             plan.contexts.append(amx_tiles.tile_schedules())
             plan.configure = amx_tiles.lower_config
-        plan.finish = lambda factory: _with_tuned(factory, getattr(records, "hits", None))
         return plan
 
     def isa_class(self, target) -> str:
@@ -66,18 +63,7 @@ class X86(Backend):
 
         return isa_class(target)
 
-    def records(self, target) -> list:
-        from .tuning import load_records
+    def tuning(self):
+        from . import tuning
 
-        return load_records(target)
-
-    def records_path(self, target):
-        from .tuning import user_path
-
-        return user_path(target)
-
-
-def _with_tuned(factory, hits):
-    if hits:
-        factory.kernel_report = factory.kernel_report.with_tuned(hits)
-    return factory
+        return tuning
