@@ -407,7 +407,7 @@ def cmd_explain(args) -> int:
 
 
 def _compile_target(text: str | None):
-    """``--target`` for compile: any valid LLVM target (also one this host cannot run)."""
+    """``--target`` for compile: any valid LLVM target (also one this host cannot run), or ``opencl``."""
     if not text:
         return None
     from ..core.tvm_bugs import UnsupportedByTVM, check_target
@@ -583,6 +583,8 @@ def cmd_run(args) -> int:
     except DeployError as err:
         raise UsageError(str(err)) from None
     where = (f", on the RPC server {res.meta['rpc']}" if args.rpc else f", on {res.meta['rpc']}") if remote else ""
+    if not remote and res.meta.get("device", "the CPU") != "the CPU":
+        where = f", on {res.meta['device']}"
     print(f"library: {args.library} (target {res.meta['target']}, {res.meta.get('num_kernels', '?')} kernels{where})")
     for i, out in enumerate(res.outputs):
         flat = out.reshape(-1)

@@ -121,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "real-all: every quantization setting of them")
     p.add_argument("--model", help="benchmark this ONNX model instead of the zoo")
     p.add_argument("--target", help="TVM target (default: the host CPU, VNNI masked); with --rpc, the board's "
-                                    "(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod')")
+                                    "(e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1 -mattr=+neon,+dotprod'); "
+                                    "'opencl': run on OpenCL device 0 (`make gpu-env`: PoCL, a correctness run, not "
+                                    "GPU speed)")
     _remote_options(p, "run and time stock TVM and tvm-ext")
     p.add_argument("--repeat", type=int, default=30, help="timed runs per engine (default 30)")
     p.add_argument("--threads", type=int, default=2, help="threads for TVM, ONNX Runtime and OpenVINO (default 2)")
@@ -208,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="options for --cross-compiler, one string (write --cross-compiler-options='-O1 ...')")
     p.add_argument("--pipeline", choices=["int8", "none"], default="none", help="tvm-ext pipeline (default none)")
     p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes (run before FuseOps)")
-    p.add_argument("--target", help="LLVM target (default: the host CPU); may be another CPU, then it cannot run here")
+    p.add_argument("--target", help="LLVM target (default: the host CPU); may be another CPU, then it cannot run "
+                                    "here; or 'opencl' (run needs an OpenCL device: `make gpu-env`)")
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
                    help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N",

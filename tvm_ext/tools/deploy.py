@@ -23,8 +23,14 @@ loading. The sidecar is written after the library, atomically.
 Refusals (``DeployError``, a ``ValueError``; the CLI prints one line, exit 2) happen *before*
 anything is loaded: missing library or sidecar, a sidecar that does not describe this file
 (sha256), a library compiled for CPU features this host lacks (loading could work, executing
-would die with SIGILL, taking the process with it), inputs whose names, shapes or dtypes do not
-match. A file that TVM cannot load is refused after the attempt ("not a TVM library").
+would die with SIGILL, taking the process with it), an ``opencl`` library where no OpenCL device
+can run it, inputs whose names, shapes or dtypes do not match. A file that TVM cannot load is
+refused after the attempt ("not a TVM library").
+
+An ``opencl`` library (``target`` kind ``opencl`` in the sidecar; host code for ``target_host``)
+runs on ``tvm.opencl(0)``: :func:`run_library` loads TVM's OpenCL runtime plugin
+(:func:`tvm_ext.gpu.opencl.load_runtime`) before ``load_module``, so the runtime's loader builds
+the library's OpenCL module.
 
 Nothing here prints; the CLI (:mod:`tvm_ext.tools.cli`) does.
 """
@@ -127,8 +133,9 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
         (``-mtriple=aarch64-linux-gnu``) is linked with its cross compiler (:func:`cross_cxx`); a
         ``.tar`` holds object files, which the machine that loads it links.
     target : str or tvm.target.Target, optional
-        Any LLVM target, also one this host cannot run (``Compiled.missing_on_host`` says so).
-        Default: the host CPU (:func:`tvm_ext.x86.target.build_target`).
+        Any LLVM target, also one this host cannot run (``Compiled.missing_on_host`` says so), or
+        ``opencl`` (its host code for the host CPU's generic ``llvm``; the library runs where TVM's
+        OpenCL runtime finds a device). Default: the host CPU (:func:`tvm_ext.x86.target.build_target`).
     passes, at, opt_level
         Forwarded to :func:`tvm_ext.build` (a pipeline such as :func:`tvm_ext.core.pipelines.int8`
         is a valid ``passes``).
@@ -190,12 +197,14 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     inputs, outputs = _io_from_graph(factory.get_graph_json(), factory.get_params())
     report = factory.kernel_report
     host = tvm.target.Target(str(tgt))
+    code_host = _code_host(tgt)
     meta = {
         "format": SIDECAR_FORMAT,
         "library": out.name,
         "sha256": sha256_file(out),
         "source": source,
         "target": str(host),
+        **({"target_host": code_host} if code_host else {}),
         "features": sorted(isa.llvm_features(host)),
         "isa_class": isa.isa_class(host),
         "pipeline": pipeline,
@@ -211,7 +220,7 @@ def compile_library(mod, params, out, *, target=None, passes=(), at: str = "befo
     tmp = side.with_name(side.name + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, side)
-    why, missing = _cannot_run(host)
+    why, missing = _cannot_run(host, code_host)
     if why:
         logger.info("%s cannot run on this host: %s", out, why)
     return Compiled(out, side, str(host), report.num_kernels, out.stat().st_size, missing, why, report, meta)
@@ -281,16 +290,41 @@ def cross_cxx(target) -> Optional[str]:
     return None
 
 
-def _cannot_run(target) -> tuple[Optional[str], tuple]:
-    """``(why, missing features)``: why code for ``target`` cannot run on this host, or ``(None, ())``."""
+def _code_host(target) -> Optional[str]:
+    """The CPU target of the host code of a build for a device target (``opencl``), else None."""
+    import tvm
+
+    from .. import families
+
+    tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(str(target))
+    if tgt.kind.name == "llvm":
+        return None
+    host = families.build_target(tgt).host
+    return str(host) if host is not None else None
+
+
+def _cannot_run(target, host: Optional[str] = None) -> tuple[Optional[str], tuple]:
+    """``(why, missing features)``: why code for ``target`` (its host code for ``host``, a device
+    target's) cannot run on this host, or ``(None, ())``. For ``opencl`` this loads TVM's OpenCL
+    runtime plugin (:func:`tvm_ext.gpu.opencl.missing`)."""
     import tvm
     from tvm.target import codegen
 
     from ..x86 import isa
 
     tgt = tvm.target.Target(str(target))
+    if tgt.kind.name == "opencl":
+        from ..gpu import opencl
+
+        if host:
+            why, missing = _cannot_run(host)
+            if why:
+                return f"its host code: {why}", missing
+        why = opencl.missing()
+        return (f"its kernels run on an OpenCL device, and {why}" if why else None), ()
     if tgt.kind.name != "llvm":
-        return f"target kind {tgt.kind.name!r}: tvm-ext run runs LLVM CPU libraries only", ()
+        return (f"target kind {tgt.kind.name!r}: tvm-ext run runs LLVM CPU libraries only, and opencl ones on an "
+                "OpenCL device"), ()
     arch = foreign_arch(tgt)
     if arch:
         host = str(codegen.llvm_get_system_triple()).split("-")[0]
@@ -303,13 +337,34 @@ def _cannot_run(target) -> tuple[Optional[str], tuple]:
 
 
 def check_runs_here(meta: dict) -> None:
-    """Raise :class:`DeployError` when the library's target needs CPU features this host lacks."""
+    """Raise :class:`DeployError` when the library's target needs CPU features this host lacks, or
+    OpenCL kernels no OpenCL device here runs."""
     try:
-        why, _missing = _cannot_run(meta["target"])
+        why, _missing = _cannot_run(meta["target"], meta.get("target_host"))
     except Exception as err:  # a sidecar target TVM cannot parse
         raise DeployError(f"sidecar target {meta.get('target')!r} is not a valid TVM target ({err})") from None
     if why:
-        raise DeployError(f"compiled for {meta['target']}: {why}. Compile for this host (omit --target)")
+        remedy = ("Run `make gpu-env`, or compile for this CPU (omit --target)" if _kind(meta) == "opencl"
+                  else "Compile for this host (omit --target)")
+        raise DeployError(f"compiled for {meta['target']}: {why}. {remedy}")
+
+
+def _kind(meta: dict) -> str:
+    return str(meta.get("target", "")).split()[0] if meta.get("target") else ""
+
+
+def _device(meta: dict, lib):
+    """``(device, words)``: where the library's kernels run (``tvm.opencl(0)`` for an ``opencl`` library)."""
+    import tvm
+
+    if _kind(meta) != "opencl":
+        return tvm.cpu(0), "the CPU"
+    from ..gpu import opencl
+
+    if any(m.type_key == "opencl" and not m.is_runnable for m in opencl._walk(lib)):
+        raise DeployError("the library's OpenCL module was loaded as source only (TVM's OpenCL runtime was not "
+                          "loaded first)")
+    return tvm.opencl(0), opencl.describe()
 
 
 def match_inputs(meta: dict, arrays: Mapping[str, np.ndarray] | None = None,
@@ -369,7 +424,8 @@ def load_library(lib_path):
 
 def run_library(lib_path, inputs: Mapping[str, np.ndarray] | None = None, positional: Sequence[np.ndarray] = (),
                 repeat: int = 0) -> RunResult:
-    """Load a library written by :func:`compile_library` with plain TVM and run it once.
+    """Load a library written by :func:`compile_library` with plain TVM and run it once (an ``opencl``
+    library on ``tvm.opencl(0)``; ``RunResult.meta["device"]`` says where).
 
     Parameters
     ----------
@@ -385,9 +441,8 @@ def run_library(lib_path, inputs: Mapping[str, np.ndarray] | None = None, positi
     ------
     DeployError
         See :func:`read_sidecar`, :func:`check_runs_here`, :func:`match_inputs`; or TVM cannot
-        load the file.
+        load the file (an ``opencl`` library: or its OpenCL module cannot run).
     """
-    import tvm
     from tvm.contrib import graph_executor
 
     if repeat < 0:
@@ -401,7 +456,8 @@ def run_library(lib_path, inputs: Mapping[str, np.ndarray] | None = None, positi
     except Exception as err:  # TVMError, tar/linker errors
         last = [ln for ln in str(err).splitlines() if ln.strip()]
         raise DeployError(f"{lib_path}: not a TVM library ({last[-1] if last else type(err).__name__})") from None
-    dev = tvm.cpu(0)
+    dev, where = _device(meta, lib)
+    meta = {**meta, "device": where}
     gm = graph_executor.GraphModule(factory(dev))
     for name, arr in feed.items():
         gm.set_input(name, arr)

@@ -344,6 +344,29 @@ def _output_step(onnx_path) -> dict:
 
 
 # --- environment ---------------------------------------------------------------------------
+def opencl_device_text() -> str:
+    """Where an ``opencl`` build runs, for the results: OpenCL device 0 and, for PoCL (OpenCL on the
+    host CPU, ``make gpu-env``), that its timings check correctness, not GPU speed.
+
+    Raises
+    ------
+    ValueError
+        No OpenCL device here (the reason from :func:`tvm_ext.gpu.opencl.missing`).
+    """
+    from ...gpu import opencl
+
+    why = opencl.missing()
+    if why:
+        raise ValueError(f"--target opencl runs the builds on an OpenCL device: {why}")
+    import tvm
+
+    text = opencl.describe()
+    # PoCL names its CPU devices after the driver and the CPU: "pthread-<cpu>", "cpu-<cpu>", "basic-<cpu>"
+    if str(tvm.opencl(0).device_name).split("-")[0] in ("pthread", "cpu", "basic", "cpu_minimal"):
+        text += "; PoCL, OpenCL on this CPU: a correctness run, not GPU speed"
+    return text
+
+
 def cpu_name() -> str:
     """The host CPU's model name (``/proc/cpuinfo``, else ``platform.processor()``)."""
     try:
@@ -459,6 +482,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
     tgt = safe_target(target) if target else host_target()
     ext_tgt = build_target(target)
     actual_threads = _set_tvm_threads(threads)
+    device = opencl_device_text() if ext_tgt.kind.name == "opencl" else None
     board, emulated, where, features = None, None, None, None
     if remote:
         sess, where = _remote.open_session(rpc, tracker, key, timeout=timeout)
@@ -486,6 +510,7 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
         "versions": versions(), "repeat": repeat, "numerics": numerics, "onnxruntime_isa": peer,
         "openvino_isa": ov_peer,
         "small": small, "platform": platform.platform(),
+        **({"device": device} if device else {}),
     }
     if remote:  # the engines run on the board: its CPU and threads are its own
         env.update(cpu=f"remote board at {where}" + (f", emulated by {emulated}" if emulated else ""), cores=None,

@@ -162,7 +162,7 @@ def _build_job(job: dict) -> dict:
     return {"build_s": build_s, "report": report, "passes": passes, "explain": explained, "lib": str(lib_path),
             "exact_graph": exact_graph, "float_anchors": float_anchors,
             "graph": str(out / f"{job['pipeline']}.json"), "params": str(out / f"{job['pipeline']}.params"),
-            "workaround": workaround}
+            "workaround": workaround, "target_kind": target.kind.name}
 
 
 def _explain_summary(fuse_input, target):
@@ -179,12 +179,22 @@ def _explain_summary(fuse_input, target):
 
 
 class LoadedBuild:
-    """A module exported by :func:`_build_job`, loaded back for the graph executor."""
+    """A module exported by :func:`_build_job`, loaded back for the graph executor: on the CPU, or
+    for an ``opencl`` build on ``tvm.opencl(0)`` (TVM's OpenCL runtime plugin is loaded first, so its
+    loader builds the OpenCL module; the build's child process never needs it)."""
 
     def __init__(self, built: dict):
         import tvm
         from tvm import relay
 
+        self.device = tvm.cpu()
+        if built.get("target_kind") == "opencl":
+            from ...gpu import opencl
+
+            why = opencl.missing()
+            if why:
+                raise RuntimeError(f"an opencl build runs on an OpenCL device: {why}")
+            self.device = tvm.opencl(0)
         self.lib = tvm.runtime.load_module(built["lib"])
         self.graph = Path(built["graph"]).read_text()
         self.params = relay.load_param_dict(Path(built["params"]).read_bytes())
@@ -193,7 +203,7 @@ class LoadedBuild:
         import tvm
         from tvm.contrib import graph_executor
 
-        gm = graph_executor.create(self.graph, self.lib, tvm.cpu())
+        gm = graph_executor.create(self.graph, self.lib, self.device)
         gm.load_params(tvm.runtime.save_param_dict(self.params))
 
         def call(x):

@@ -133,6 +133,7 @@ def render_markdown(results: dict) -> str:
         *([f"- commit: {env['commit'] or 'not a git checkout'}; command: `{env['command']}`"] if "commit" in env
           else []),
         *_board_lines(env),
+        *([f"- device (stock TVM and tvm-ext): {env['device']}"] if env.get("device") else []),
         f"- stock TVM target: `{env['target']}`",
         f"- tvm-ext target: `{env.get('ext_target', env['target'])}`"
         + (" (stock TVM at this target, with only the VNNI operand types fixed, is compared: "
@@ -388,7 +389,8 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
             ax.legend(fontsize=7)
     env = results["environment"]
     what = "int8 real models" if real else "int8 ResNet-50"
-    fig.suptitle(f"{what} on {env['cpu']}, {env['threads']} threads, target {env['target']}", fontsize=9)
+    pocl = " (OpenCL on PoCL: a correctness run, not GPU speed)" if "PoCL" in env.get("device", "") else ""
+    fig.suptitle(f"{what} on {env['cpu']}, {env['threads']} threads, target {env['target']}{pocl}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
