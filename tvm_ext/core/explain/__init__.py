@@ -364,7 +364,8 @@ def _explain_prefused(pre, tgt, cfg, opt_level, created, settings, request) -> "
     pre = tvm.relay.transform.InferType()(pre)
     max_depth = int(cfg.get("relay.FuseOps.max_depth", MAX_FUSED_OPS))
     logger.info("explain: replaying FuseOps")
-    fg = FusionGraph(pre["main"], opt_level=opt_level, max_depth=max_depth)
+    fg = FusionGraph(pre["main"], opt_level=opt_level, max_depth=max_depth,
+                     max_function_args=int(tgt.attrs.get("max_function_args", 0)) if tgt is not None else 0)
     an = _Analysis(fg, created)
     kernels = an.kernel_list()
 

@@ -218,6 +218,12 @@ class _Analysis:
                                                 f"{d.count} ops > relay.FuseOps.max_depth={fg.max_depth}",
                        rule=f"{phase}: CountFusedNodesWithNewChild > max_fuse_depth")
             return out
+        if d.code == "max_function_args":
+            out.update(kind="max_function_args", detail=f"fusing {what} into {self.describe(dom)} would give the "
+                                                        f"kernel more than the target's max_function_args="
+                                                        f"{fg.max_function_args} arguments",
+                       rule=f"{phase}: CountFusedArgs > CountArgsLimit_")
+            return out
         if d.code == "dom_tuple" and len(readers) > 1:
             blocker = self.max_edge(r, dom)
             out.update(kind="multiple_readers", blocker=self.describe(blocker),

@@ -7,7 +7,9 @@ This module re-implements, step for step, what TVM 0.19's ``FuseOps`` decides
 ``src/relay/analysis/graph_partitioner.cc``: ``DominatorTree::PostDom``,
 ``GraphPartitioner::RunFuse``), on the same post-DFS order, with the same op patterns, edge
 patterns, post-dominator tree, three phases, ``CheckPath`` conditions,
-``relay.FuseOps.max_depth`` and union-find merging. Each refusal is recorded per node and phase,
+``relay.FuseOps.max_depth``, the target's ``max_function_args`` (GPU targets: a fusion whose kernel
+would take too many arguments is refused or postponed until its readers are grouped) and union-find
+merging. Each refusal is recorded per node and phase,
 with the node where ``CheckPath`` failed, so the explainer can say *which rule* kept a value out
 of its reader's kernel. It never decides anything by kernel name.
 
@@ -33,10 +35,11 @@ MAX_FUSED_OPS = 256  # kMaxFusedOps, the default of relay.FuseOps.max_depth
 class FusionGraph:
     """FuseOps' graph of one Relay function, its post-dominator tree and the fusion outcome."""
 
-    def __init__(self, func, opt_level: int = 3, max_depth: int = MAX_FUSED_OPS):
+    def __init__(self, func, opt_level: int = 3, max_depth: int = MAX_FUSED_OPS, max_function_args: int = 0):
         self.func = func
         self.opt_level = int(opt_level)
         self.max_depth = int(max_depth)
+        self.max_function_args = int(max_function_args)  # the target's attribute; 0: no limit (CPU targets)
         self.nodes: list[Node] = []
         self.index_of: dict = {}
         self.decisions: dict[int, list[Decision]] = {}
@@ -213,6 +216,7 @@ class FusionGraph:
         if child == parent:
             return
         self.g_num[parent] += self.g_num[child]
+        self.g_args[parent] += self.g_args[child]
         self.g_parent[child] = parent
         if self.g_anchor[child] is not None:
             self.g_anchor[parent] = self.g_anchor[child]
@@ -234,7 +238,90 @@ class FusionGraph:
             stack.extend(o for o, _ in self.nodes[i].outputs)
         return True, None
 
+    # -- GraphPartitioner's argument counts (max_function_args) ----------------------------------
+    @staticmethod
+    def _extra_args(ty, with_strides: bool = True) -> int:
+        """CountAdditionalArgs_: a dynamic dimension is passed as an argument (and then the strides)."""
+        from tvm import relay, tir
+
+        if not isinstance(ty, relay.TensorType):
+            return 0
+        anys = sum(1 for d in ty.shape if isinstance(d, tir.Any))
+        return anys + (len(ty.shape) if with_strides and anys else 0)
+
+    def _init_args(self, e) -> int:
+        """InitGroups' args_counter: the vars and tuple items a node reads (a var: itself)."""
+        from tvm import relay
+
+        def one(x):
+            return 1 + self._extra_args(x.checked_type) if isinstance(x, (relay.Var, relay.TupleGetItem)) else 0
+
+        if isinstance(e, relay.Call):
+            return sum(one(a) for a in e.args)
+        if isinstance(e, relay.Tuple):
+            return sum(one(f) for f in e.fields)
+        if isinstance(e, relay.Var):
+            return 1 + self._extra_args(e.checked_type)
+        return 0
+
+    def _count_args(self, src: int, update_postpone: bool = True) -> int:
+        """CountArgs_: the arguments of ``src``'s group and of the groups it reads, once each; a read
+        group not counted yet marks ``src`` for postponed fusing (``update_postpone``)."""
+        from tvm import relay
+
+        total = self.g_args[src]
+        seen = {self.find_root(src)}
+        e = self.nodes[src].expr
+        operands = e.args if isinstance(e, relay.Call) else e.fields if isinstance(e, relay.Tuple) else ()
+        for a in operands:
+            if isinstance(a, relay.Var) or a not in self.index_of:
+                continue
+            node = self.index_of[a]
+            prev = self.find_root(node)
+            if prev in seen:
+                continue
+            seen.add(prev)
+            if self.g_args[prev] > 0:
+                total += self.g_args[prev]
+            elif update_postpone:
+                self.postpone_node = src
+            else:
+                total += self._count_args(node, update_postpone)
+        return total
+
+    def _args_limit(self, child: int) -> int:
+        """CountArgsLimit_: max_function_args less one argument per output of ``child``."""
+        from tvm import relay
+
+        outs = 0
+        for o, _ in self.nodes[child].outputs:
+            outs += 1
+            e = self.nodes[o].expr
+            if isinstance(e, relay.Call):
+                outs += self._extra_args(e.checked_type, False)
+        return self.max_function_args - outs if self.max_function_args > outs else 0
+
+    def _too_many_args(self, nid: int) -> bool:
+        if self.max_function_args <= 0:
+            return False
+        limit = self._args_limit(nid)
+        if limit <= 0:
+            return False
+        return max((self._count_args(o) for o, _ in self.nodes[nid].outputs), default=0) > limit
+
+    def _run_postponed(self, nid: int):
+        """RunFuse's start of a node: the fusions postponed until ``nid`` was reached."""
+        for src in self.postponed.pop(nid, []):
+            if self._count_args(nid, False) <= self._args_limit(nid):
+                snode = self.dom[src].parent
+                if self.g_anchor[snode] is not None:
+                    continue
+                self._commit(src, snode)
+
     def _commit(self, src: int, sink: int):
+        if self.postpone_node is not None:  # CommitFuse_: the argument count needs readers not grouped yet
+            self.postponed.setdefault(self.postpone_node, []).append(src)
+            return
         target = sink
         visited = set()
         stack = [src]
@@ -268,6 +355,9 @@ class FusionGraph:
         self.g_pattern = [nd.pattern for nd in self.nodes]
         self.g_anchor = [i if nd.pattern == K_OUT_EWISE_FUSABLE else None for i, nd in enumerate(self.nodes)]
         self.g_num = [1] * n
+        self.g_args = [self._init_args(nd.expr) for nd in self.nodes]
+        self.postponed: dict[int, list] = {}
+        self.postpone_node = None
         if self.opt_level == 0:
             for i in range(n):
                 self._log(i, 0, "opt_level_0")
@@ -277,6 +367,9 @@ class FusionGraph:
 
     def _run_fuse(self, phase: int):
         for nid in range(len(self.nodes)):
+            self.postpone_node = None
+            if nid in self.postponed:
+                self._run_postponed(nid)
             dom = self.dom[nid]
             gpat = self.g_pattern[nid]
             if gpat == K_OPAQUE:
@@ -297,6 +390,9 @@ class FusionGraph:
                 else:
                     code, kw = would
                     self._log(nid, phase, code, **kw, count=cnt)
+                continue
+            if self._too_many_args(nid):
+                self._log(nid, phase, "max_function_args", dom=dp, dom_pattern=dom.pattern)
                 continue
             res = self._step(nid, phase, commit=True)
             if res is not None:

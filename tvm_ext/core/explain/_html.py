@@ -29,6 +29,7 @@ COLOURS = {
     "dynamic_shape": "#2ca02c",
     "tuple": "#393b79",
     "max_depth": "#000000",
+    "max_function_args": "#637939",
     "fusion_disabled": "#c49c94",
     "other": "#c7c7c7",
 }

@@ -31,6 +31,7 @@ REASONS = (
     ("dynamic_shape", "a data-dependent op with a dynamic shape is kOpaque"),
     ("tuple", "the value goes into a tuple; FuseOps fuses only injective producers into tuples (phase 2)"),
     ("max_depth", "relay.FuseOps.max_depth reached"),
+    ("max_function_args", "the fused kernel would take more arguments than the target's max_function_args"),
     ("fusion_disabled", "FuseOps ran at opt_level 0"),
     ("other", "not classified (see detail)"),
 )
