@@ -49,6 +49,11 @@ def targets(target=None):
     from tvm_ext.x86.target import build_target, host_target, safe_target
 
     tgt = build_target(target, None)
+    if tgt.kind.name != "llvm":  # a device target (opencl): its back end gives it the host CPU's host code
+        from tvm_ext import families
+
+        tgt = families.build_target(tgt)
+        return tgt, tgt
     return tvm.target.Target(tgt, host=tgt), host_target() if target is None else safe_target(target)
 
 
@@ -69,6 +74,11 @@ def compiled_only_reason(target, rpc: str | None = None) -> str | None:
     arch = foreign_arch(tgt)
     if arch:
         return None if rpc else f"outputs not compared, compiled only ({arch} code, and no RPC server to run it on)"
+    if tgt.kind.name == "opencl":  # runs on OpenCL device 0 (make gpu-env: PoCL) in each worker
+        from tvm_ext.gpu import opencl
+
+        why = opencl.missing()
+        return f"outputs not compared, compiled only (no OpenCL device: {why})" if why else None
     if runs_on_host(tgt):
         return None
     missing = missing_on_host(tgt) if tgt.kind.name == "llvm" else [tgt.kind.name]
@@ -87,11 +97,24 @@ def executor(target, rpc: str | None = None):
 
 
 def run_factory(factory, inputs_list) -> list:
-    """Outputs of a built module run here, per input dict (the graph executor's outputs in order)."""
+    """Outputs of a built module run here, per input dict (the graph executor's outputs in order).
+    A build with OpenCL kernels runs on ``tvm.opencl(0)``: TVM's OpenCL runtime is loaded in this
+    process, and a source-only OpenCL module (plain ``relay.build``, or a build made before the
+    runtime was loaded) is handed to it first (:func:`tvm_ext.gpu.opencl.runnable`)."""
     import tvm
     from tvm.contrib import graph_executor
 
-    return _run_all(graph_executor.GraphModule(factory["default"](tvm.cpu())), inputs_list)
+    from tvm_ext.gpu import opencl
+
+    lib = factory.get_lib()
+    if not any(m.type_key == "opencl" for m in opencl._walk(lib)):
+        return _run_all(graph_executor.GraphModule(factory["default"](tvm.cpu())), inputs_list)
+    why = opencl.missing()
+    if why:
+        raise RuntimeError(f"an opencl build runs on an OpenCL device: {why}")
+    gm = graph_executor.create(factory.get_graph_json(), opencl.runnable(lib), tvm.opencl(0))
+    gm.load_params(tvm.runtime.save_param_dict(factory.get_params()))
+    return _run_all(gm, inputs_list)
 
 
 def run_remote(address: str, factory, inputs_list) -> list:

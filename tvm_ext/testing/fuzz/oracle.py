@@ -307,10 +307,27 @@ class _Oracle:
         elif "before_fuse" in stages:
             self.res.skips.append(f"before_fuse stage not tried ({self.variant})")
 
+    def family_steps_left_out(self) -> dict:
+        """Pass name -> families, at a GPU target, for the steps of ``pipelines.int8()`` that do not
+        run there (CPU int8 kernel steps, :meth:`Pipeline.for_family`; their kernels have no GPU
+        schedule). Empty at CPU targets: every pass is tried there."""
+        from tvm_ext import families
+        from tvm_ext.core.pipelines import int8
+
+        family = families.family(self.tgt)
+        if family != "gpu":
+            return {}
+        return {st.name: st.families for stage in int8().stages for st in stage.steps if not st.applies_to(family)}
+
     def check_passes(self, passes, stages):
-        """Every pass at every stage it is tried at: structure, then outputs when it rewrote."""
+        """Every pass at every stage it is tried at: structure, then outputs when it rewrote. A pass
+        that ``pipelines.int8()`` runs only at other target families is not tried (a skip)."""
+        left_out = self.family_steps_left_out()
         for label in passes:
             make, where = self.factories[label]
+            if label in left_out:
+                self.res.skips.append(f"{label}: a step of {'/'.join(left_out[label])} targets only, not tried here")
+                continue
             for stage in stages:
                 base = self.mod if stage == "start" else self.pre
                 if stage not in where or base is None:
@@ -327,9 +344,10 @@ class _Oracle:
 
     def check_pipeline(self):
         """``pipelines.int8()``: both stages' structure, and the build through ``tvm_ext.build``."""
+        from tvm_ext import families
         from tvm_ext.core.pipelines import int8
 
-        pl = int8()
+        pl = int8().for_family(families.family(self.tgt))  # the steps tvm_ext.build runs at the target
         out = self.structural("int8()", "start", lambda: pl.start, self.mod)
         changed = out is not None
         qdq = out is not None and any(k.startswith("QDQToInteger") for k in self.res.rewrites)

@@ -316,9 +316,16 @@ def _bad_target(target: str) -> str | None:
         tvm_bugs.check_target(target)
     except Exception as err:  # noqa: BLE001  (TVMError, ValueError of tvm_bugs)
         return short_error(err)
-    if tgt.kind.name != "llvm":
-        return f"a {tgt.kind.name} target (the oracle builds in its own process: CPU (llvm) targets only)"
+    if tgt.kind.name not in ("llvm", "opencl"):
+        return f"a {tgt.kind.name} target (the oracle runs CPU (llvm) and opencl targets only)"
     return None
+
+
+def _target_kind(target) -> str:
+    """The kind of ``target`` (``llvm`` for None, the host CPU)."""
+    import tvm
+
+    return "llvm" if target is None else tvm.target.Target(str(target)).kind.name
 
 
 def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures", max_steps: int = 6,
@@ -357,6 +364,10 @@ def where_builds_run(kw=None):
         yield kw, f"compiled only: {why}"
     elif rpc:
         yield kw, f"on the TVM RPC server at {rpc}"
+    elif not triple and _target_kind(target) == "opencl":
+        from tvm_ext.gpu import opencl
+
+        yield kw, f"on {opencl.describe()} (PoCL: correctness, not GPU speed), in each worker"
     elif not triple:
         yield kw, "on this host"
     elif not triple.startswith(("aarch64", "arm64")):
@@ -420,8 +431,8 @@ def main(argv=None) -> int:
                          "relay.build (float graphs)")
     ap.add_argument("--target", default=None,
                     help='TVM target the passes, prefix and builds are for (default: the host CPU), e.g. '
-                         '"llvm -mcpu=x86-64-v3"; code this host cannot execute is compiled, not run, unless '
-                         'an RPC server runs it')
+                         '"llvm -mcpu=x86-64-v3", or "opencl" (run on OpenCL device 0, `make gpu-env`); code this '
+                         'host cannot execute is compiled, not run, unless an RPC server runs it')
     ap.add_argument("--rpc", default=None, metavar="HOST:PORT",
                     help="TVM RPC server that runs the builds for a --target of another architecture (a board); "
                          "default for aarch64: a server under qemu-user when `make arm-env` has set it up, "
