@@ -98,7 +98,8 @@ def test_passes_lists_registered():
 @pytest.mark.parametrize("numerics", [None, "tvm", "onnxruntime"])
 def test_passes_pipeline_lists_every_pass_in_order_with_its_reason(capsys, numerics):
     """`tvm-ext passes --pipeline int8 [--numerics N]` prints the pipeline's table: per stage, every
-    pass in order (numbered), what it does and why it stands there."""
+    pass in order (numbered), the target families it is limited to, what it does and why it stands
+    there."""
     from tvm_ext.core import pipelines
 
     assert main(["passes", "--pipeline", "int8", *(["--numerics", numerics] if numerics else [])]) == 0
@@ -109,10 +110,12 @@ def test_passes_pipeline_lists_every_pass_in_order_with_its_reason(capsys, numer
     for stage in stages:
         at = flat.index(f"{stage.key} (Sequential")
         for i, step in enumerate(stage.steps, 1):
-            at = flat.index(f"{i}. {step.label} does:", at)
+            where = f" [only at {', '.join(step.families)} targets]" if step.families else ""
+            at = flat.index(f"{i}. {step.label}{where} does:", at)
             why = " ".join(step.why.replace("``", "").split())
             assert flat.index(why, at) == flat.index("order: ", at) + len("order: "), step.name
     assert ("RoundHalfToEven" in out) == (numerics == "onnxruntime")
+    assert "FuseWideningIntoPool   [only at x86, aarch64 targets]" in out  # a CPU-kernel step is marked
 
 
 def test_passes_numerics_needs_a_pipeline():
