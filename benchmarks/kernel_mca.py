@@ -253,17 +253,17 @@ def main(argv=None):
         m = zoo.load(a.model, small=a.small)
         print(f"{a.model}{' (small)' if a.small else ''}: conv and dense kernels, % of each CPU model's int8 "
               "dot-product peak (llvm-mca)\n")
-        summary = ["| CPU model | peak form | peak MACs / cycle | kernels | whole-model estimate | GMAC without "
-                   "a dot loop |", "|---|---|---|---|---|---|"]
+        summary = ["| CPU model | peak form | peak MACs / cycle | kernels | whole-model estimate | kernels without "
+                   "a dot loop (MMAC) |", "|---|---|---|---|---|---|"]
         for c in cpus:
             t = time.perf_counter()
             an = mca.analyze(m.mod, m.params, cpu=c)
             logger.info("%s: %d conv and dense kernels, whole model %s, in %.0f s", c, len(an.kernels),
                         _pct(an.share), time.perf_counter() - t)
             out[c] = an.to_dict()
-            left = sum(k.macs * k.launches for k in an.unmodelled) / 1e9
+            left = sum(k.macs * k.launches for k in an.unmodelled) / 1e6
             summary.append(f"| {c} | {an.peak.form} | {an.peak.macs_per_cycle:.1f} | {len(an.kernels)} | "
-                           f"**{_pct(an.share)}** | {left:.3f} |")
+                           f"**{_pct(an.share)}** | {len(an.unmodelled)} ({left:.1f}) |")
             if a.kernels:
                 print(f"{c} (peak: {an.peak.form}, {an.peak.macs_per_cycle:.1f} MACs / cycle; whole model "
                       f"{_pct(an.share)}):\n")
