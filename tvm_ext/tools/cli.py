@@ -6,7 +6,7 @@ ResNet-50 benchmark), ``tune`` (tune a model's int8 kernels on this CPU), ``expl
 boundary exists), ``compile`` / ``run`` (deploy a model as a library plain TVM loads; logic in
 :mod:`tvm_ext.tools.deploy`). User errors (missing file, non-ONNX file, unknown pass, bad option) print
 one line on stderr and exit with code 2. Printing happens here and in the commands
-(:mod:`tvm_ext.tools._cli_commands`) only; the library logs.
+(:mod:`tvm_ext.tools._cli_commands`, :mod:`tvm_ext.tools._cli_deploy`) only; the library logs.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import logging
 import sys
 
 from ..errors import UsageError
-from ._cli_commands import cmd_bench, cmd_compile, cmd_explain, cmd_passes, cmd_patterns, cmd_report, cmd_run, \
-    cmd_tune, cmd_zoo
+from ._cli_commands import cmd_bench, cmd_explain, cmd_passes, cmd_patterns, cmd_report, cmd_tune, cmd_zoo
+from ._cli_deploy import cmd_compile, cmd_run
 
 __all__ = ["main"]
 

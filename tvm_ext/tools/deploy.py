@@ -1,37 +1,18 @@
 """Deployment: compile a Relay/ONNX model into a library plain TVM loads, and run such a library.
 
-Design note
------------
 :func:`compile_library` builds with :func:`tvm_ext.build` (optionally a pipeline or passes) and
-writes ``GraphExecutorFactoryModule.export_library`` output: ``.tar`` (object files, linked with
-the system C compiler when the file is loaded) or ``.so``. What the library is, is plain TVM:
-``tvm.runtime.load_module(path)`` then ``graph_executor.GraphModule(lib["default"](dev))`` runs it
-without tvm-ext.
+writes ``export_library`` output, ``.tar`` or ``.so``: plain TVM loads and runs it without tvm-ext.
+Next to it goes a **sidecar** ``<lib>.json`` (inputs, outputs, the target and the host's, the LLVM
+features it enables, the library's sha256; written after the library, atomically): it cannot go
+inside the ``.tar``, whose every member TVM hands to the linker.
 
-Loading a ``.tar``, plain TVM writes beside it: it untars into a directory named after the file
-(``model.tar`` -> ``model/``, failing if that exists) and links ``model.tar.so`` there, so it fails
-in a read-only directory and two processes loading one file race. :func:`run_library` does the
-same link in a private temporary directory instead (:func:`load_library`) and writes nothing next
-to the library.
-
-What :func:`run_library` needs besides the library goes into a **sidecar** ``<lib>.json``
-(``model.tar`` -> ``model.tar.json``): the inputs (name, shape, dtype), the outputs, the target,
-the LLVM features it enables and the library's sha256. It cannot go inside the ``.tar``: TVM's
-``load_module`` hands *every* member of the tar to the linker, so an extra JSON member breaks
-loading. The sidecar is written after the library, atomically.
-
-Refusals (``DeployError``, a ``ValueError``; the CLI prints one line, exit 2) happen *before*
-anything is loaded: missing library or sidecar, a sidecar that does not describe this file
-(sha256), a library compiled for CPU features this host lacks (loading could work, executing
-would die with SIGILL, taking the process with it), an ``opencl`` library where no OpenCL device
-can run it, inputs whose names, shapes or dtypes do not match. A file that TVM cannot load is
-refused after the attempt ("not a TVM library").
-
-An ``opencl`` library (``target`` kind ``opencl`` in the sidecar; host code for ``target_host``)
-runs on ``tvm.opencl(0)``: :func:`run_library` loads TVM's OpenCL runtime plugin
-(:func:`tvm_ext.gpu.opencl.load_runtime`) before ``load_module``, so the runtime's loader builds
-the library's OpenCL module.
-
+:func:`run_library` links a ``.tar`` in a private temporary directory (:func:`load_library`), where
+plain TVM would untar and link beside the file (failing in a read-only folder, racing with another
+process). It refuses *before* loading (``DeployError``, a ``ValueError``; the CLI prints one line):
+a missing library or sidecar, a sidecar of another file, CPU features this host lacks (executing
+would die with SIGILL), an ``opencl`` library where no OpenCL device can run it, inputs of other
+names, shapes or dtypes. An ``opencl`` library runs on ``tvm.opencl(0)`` once TVM's OpenCL runtime
+plugin is loaded (:func:`tvm_ext.gpu.opencl.load_runtime`). docs/deploy.md has the details.
 Nothing here prints; the CLI (:mod:`tvm_ext.tools.cli`) does.
 """
 from __future__ import annotations

@@ -1,35 +1,21 @@
 """The int8 ResNet-50 benchmark: kernels, bytes between kernels, latency and numerics.
 
-Design note
------------
-For each variant (zoo ``qoperator``, ``qdq``, ``relay``, or any ONNX file given with ``--model``)
-the model is built twice for the same target at opt_level 3: *stock* (plain ``relay.build``, on a
-copy of the module, since relay.build mutates its input) and *tvm-ext*
-(:func:`tvm_ext.build` with :func:`tvm_ext.core.pipelines.int8`), and once more at plain ``llvm``
-as the *exact* reference (below). ONNX models also run in ONNX Runtime (``ORT_ENABLE_ALL``) and in
-OpenVINO (:mod:`tvm_ext.tools.openvino_peer`; capped at tvm-ext's instruction set in a child
-process too when the host's is above it; a model OpenVINO cannot run gets the reason).
+Each variant (zoo ``qoperator``, ``qdq``, ``relay``, or an ONNX file given with ``--model``) is built
+for the same target at opt_level 3 as *stock* (plain ``relay.build`` on a copy), as *tvm-ext*
+(:func:`tvm_ext.build` with :func:`tvm_ext.core.pipelines.int8`) and at plain ``llvm`` as the
+*exact* reference (no int8 SIMD: exact integer arithmetic). ONNX models also run in ONNX Runtime
+and OpenVINO (:mod:`tvm_ext.tools.openvino_peer`, capped at tvm-ext's instruction set too).
 
-Measurement rules (each one changes the numbers on a shared 2-core machine):
+Every engine gets the same thread count; engines are timed interleaved in blocks after warm-up,
+each block after the benchmark's processes are idle (TVM's workers spin about half a second after a
+run), in a rotating order; latency is the median with the inter-quartile range. Numerics on 8 seeded
+inputs: every build against the exact reference, each engine against ORT. Nothing is typed in:
+every number in ``results.json``, ``results.md`` and ``chart.png`` comes from the run, with
+versions, target, CPU, threads, commit and date. docs/benchmarks.md has the rules' reasons.
 
-* the same thread count for every engine: ``TVM_NUM_THREADS`` / TVM's thread pool, ORT's
-  ``intra_op_num_threads`` (inter-op 1), OpenVINO's ``INFERENCE_NUM_THREADS`` (one stream);
-* engines are timed *interleaved*, in blocks, after warm-up. Before every block the benchmark
-  waits until its processes are idle (:func:`._measure._wait_quiet`: TVM's worker threads keep spinning
-  about half a second after a run and slow ONNX Runtime down 3x when it is timed right after TVM),
-  then makes two untimed calls; the engine order rotates every round;
-* latency is reported as the median with the inter-quartile range over all timed calls.
-
-Numerics, on 8 seeded inputs: every build against the exact reference, ``relay.build`` at plain
-``llvm`` (no int8 SIMD, so exact integer arithmetic) of the integer graph (as imported, or for
-QDQ after tvm-ext's pipeline): how many outputs differ and by how much. Stock TVM is compared,
-not a reference; each engine also against ORT (max |diff|, top-1 agreement). Nothing here is typed
-in: every number in ``results.json``, ``results.md`` and ``chart.png`` comes from this run, with
-versions, target, CPU, threads and date recorded.
-
-This package prints (it is the ``tvm-ext bench`` command); the progress bar goes to stderr. This module
-is its public API and runs the benchmark; ``_jobs`` loads variants and builds them in child processes,
-``_measure`` times engines and compares their outputs, ``_render`` writes ``results.md`` and the chart.
+This package prints (it is ``tvm-ext bench``); the progress bar goes to stderr. ``_jobs`` loads and
+builds variants in child processes, ``_measure`` times engines and compares their outputs,
+``_render`` writes ``results.md`` and the chart.
 """
 from __future__ import annotations
 
