@@ -118,3 +118,16 @@ def qlinearconv_onnx(path, rng, channels=16, size=8):
                               [numpy_helper.from_array(v, k) for k, v in consts.items()])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
     return path
+
+
+def plain_llvm_output(mod, params, x, input_name="x"):
+    """The model's first output on ``x`` from a plain ``llvm`` build run here: no -mcpu, so no int8
+    SIMD, exact integer arithmetic (the oracle of the remote runs)."""
+    from tvm.contrib import graph_executor
+
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target="llvm", params=params)
+    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    gm.set_input(input_name, x)
+    gm.run()
+    return gm.get_output(0).numpy()

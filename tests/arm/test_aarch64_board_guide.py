@@ -22,16 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tvm
-from tvm import relay, rpc
-from tvm.contrib import graph_executor
+from tvm import rpc
 
 from tvm_ext.core.frontend import from_onnx
 from tvm_ext.testing import aarch64
 from tvm_ext.tools import _remote, _remote_cpu
 from tvm_ext.tools.cli import main
 
-from _cases import qlinearconv_onnx
+from _cases import plain_llvm_output, qlinearconv_onnx
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "arm.md").read_text()
@@ -162,13 +160,7 @@ def test_pick_the_target_from_cpuinfo(tmp_path):
 
 
 def _exact(model_path, x):
-    mod, params = from_onnx(str(model_path))
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm", params=params)  # no -mcpu: no int8 SIMD, exact integers
-    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    gm.set_input("x", x)
-    gm.run()
-    return gm.get_output(0).numpy()
+    return plain_llvm_output(*from_onnx(str(model_path)), x)
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,7 @@ import time
 
 import numpy as np
 import pytest
-import tvm
-from tvm import autotvm, relay, rpc
-from tvm.contrib import graph_executor
+from tvm import autotvm, rpc
 
 import tvm_ext
 from tvm_ext.core import pipelines
@@ -25,7 +23,7 @@ from tvm_ext.tools.tune_remote import Boards, tune_model_remote
 from tvm_ext.arm import tuning
 from tvm_ext.x86.target import build_target
 
-from _cases import qlinearconv_onnx
+from _cases import plain_llvm_output, qlinearconv_onnx
 
 N1 = aarch64.TARGETS["neoverse-n1"]
 
@@ -35,15 +33,6 @@ def tiny(tmp_path_factory):
     path = qlinearconv_onnx(tmp_path_factory.mktemp("rpc_tools") / "tiny_qlinearconv.onnx", np.random.default_rng(0))
     mod, params = from_onnx(str(path), shape={"x": [1, 16, 8, 8]})
     return path, mod, params
-
-
-def _exact(mod, params, x):
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm", params=params)  # no -mcpu: no int8 SIMD, exact integers
-    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    gm.set_input("x", x)
-    gm.run()
-    return gm.get_output(0).numpy()
 
 
 def test_bench_over_rpc_is_exact_and_labelled_emulated(tiny, arm_server, tmp_path, capsys):
@@ -94,7 +83,7 @@ def test_tune_over_rpc_writes_records_a_later_build_applies(tiny, arm_server, tm
     assert len(tuned) == 2 and all("conv2d_NCHWc" in name for name in tuned), fac.kernel_report.kernels
     x = np.random.default_rng(3).integers(0, 256, (1, 16, 8, 8)).astype(np.uint8)
     (out,) = aarch64.run_on_session(arm_server.connect(session_timeout=300), fac, {"x": x}, tmp_path, "tuned")
-    np.testing.assert_array_equal(out, _exact(mod, params, x))
+    np.testing.assert_array_equal(out, plain_llvm_output(mod, params, x))
 
 
 @pytest.fixture(scope="module")
