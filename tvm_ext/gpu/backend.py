@@ -3,7 +3,8 @@
 
 The host code of a GPU build is compiled for the host CPU (``host=``; default the host's ``llvm``).
 No CPU kernel policy applies: the int8 pipeline keeps only the steps whose ``families`` include
-``gpu`` (:meth:`tvm_ext.core.pipelines.Pipeline.for_family`).
+``gpu`` (:meth:`tvm_ext.core.pipelines.Pipeline.for_family`). TVM's GPU pool and softmax schedules
+inline the stages a pass fused in front of the pool (:mod:`tvm_ext.gpu.schedules`).
 
 What this TVM can build is checked before anything is compiled (:func:`unsupported`), so a target
 whose code generator is missing, whose module cannot be created, or which aborts LLVM is refused with
@@ -95,9 +96,12 @@ class GPU(Backend):
         return tgt
 
     def plan(self, request: BuildRequest) -> BuildPlan:
+        from .schedules import producers_inlined
+
+        contexts = [producers_inlined()]  # pool / softmax kernels with stages fused in front (schedules.py)
         if request.target.kind.name != "opencl":
-            return BuildPlan()
-        return BuildPlan(finish=_runnable_opencl)
+            return BuildPlan(contexts=contexts)
+        return BuildPlan(contexts=contexts, finish=_runnable_opencl)
 
     def isa_class(self, target) -> str:
         return target.kind.name

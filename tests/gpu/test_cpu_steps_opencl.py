@@ -1,0 +1,209 @@
+"""The int8 pipeline's CPU-kernel steps applied by hand (``passes=[...]``) at ``opencl``: each builds,
+and runs on PoCL with the outputs of a plain ``llvm`` build of the graph without the pass (integer
+graphs: bit for bit).
+
+``FuseWideningIntoPool`` puts a widening chain in front of a pool or softmax in one kernel; TVM's GPU
+schedules of those ops leave such a stage unscheduled, and the GPU back end's schedules inline it
+(:mod:`tvm_ext.gpu.schedules`). ``PadChannelsAtProducer`` and ``DequantizeInConvTranspose`` skip GPU
+targets (logged); ``EpilogueBeforeChannelSlice`` and ``NarrowKernelBoundaries`` build as they are.
+Compiling needs no device; running skips with the reason when the OpenCL set-up is missing."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+
+import tvm_ext
+from tvm_ext.gpu import opencl
+from tvm_ext.passes import (DequantizeInConvTranspose, EpilogueBeforeChannelSlice, FuseWideningIntoPool,
+                            NarrowKernelBoundaries, PadChannelsAtProducer)
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _opencl_runtime():
+    """Loaded before the builds when present, so that they hand back runnable modules (compile-only without)."""
+    opencl.load_runtime()
+
+
+def _device_or_skip():
+    why = opencl.missing()
+    if why:
+        pytest.skip(f"no OpenCL device: {why}")
+    return tvm.opencl(0)
+
+
+def _run(factory, dev, inputs):
+    gm = graph_executor.GraphModule(factory["default"](dev))
+    for name, value in inputs.items():
+        gm.set_input(name, value)
+    gm.run()
+    return [gm.get_output(i).numpy() for i in range(gm.get_num_outputs())]
+
+
+def _check_against_llvm(mod, built, inputs, exact=True):
+    """``built`` (an opencl build) runs on PoCL with the outputs of a plain ``llvm`` build of ``mod``."""
+    dev = _device_or_skip()
+    ref = _run(tvm_ext.build(mod, target="llvm"), tvm.cpu(), inputs)
+    got = _run(built, dev, inputs)
+    for r, g in zip(ref, got):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        if exact:
+            np.testing.assert_array_equal(g, r)
+        else:
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def _pool_group(kind):
+    """int32 x -> clip to [0, 255] -> cast u8 (the 8-bit point) -> cast i32 -> subtract zp -> multiply
+    -> pool or softmax -> add: ``FuseWideningIntoPool`` takes everything after the 8-bit point."""
+    shape = (8, 36) if kind.endswith("_2d") else (1, 8, 6, 6)
+    x = relay.var("x", shape=shape, dtype="int32")
+    n = relay.cast(relay.clip(relay.add(x, relay.const(3)), 0, 255), "uint8")
+    w = relay.multiply(relay.subtract(relay.cast(n, "int32"), relay.const(7)), relay.const(3))
+    pools = {
+        "global_avg_pool2d": lambda v: relay.nn.global_avg_pool2d(v),
+        "avg_pool2d": lambda v: relay.nn.avg_pool2d(v, (3, 3), padding=(1, 1)),
+        "adaptive_avg_pool2d": lambda v: relay.nn.adaptive_avg_pool2d(v, (2, 2)),
+        "global_max_pool2d": lambda v: relay.nn.global_max_pool2d(v),
+        "softmax": lambda v: relay.nn.softmax(relay.cast(v, "float32"), axis=1),
+        "softmax_2d": lambda v: relay.nn.softmax(relay.cast(v, "float32"), axis=1),
+        "log_softmax_2d": lambda v: relay.nn.log_softmax(relay.cast(v, "float32"), axis=1),
+    }
+    y = pools[kind](w)
+    one = relay.const(1, "float32" if "softmax" in kind else "int32")
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.add(y, one)))
+    return mod, {"x": RNG.integers(-50, 300, shape).astype("int32")}
+
+
+POOL_KINDS = ["global_avg_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "global_max_pool2d", "softmax",
+              "softmax_2d", "log_softmax_2d"]
+
+
+@pytest.mark.parametrize("kind", POOL_KINDS)
+def test_fuse_widening_into_pool_by_hand_builds_and_runs_at_opencl(kind):
+    mod, inputs = _pool_group(kind)
+    built = tvm_ext.build(mod, target="opencl", passes=[FuseWideningIntoPool()])
+    kernels = built.kernel_report.kernels
+    assert len(kernels) == 2
+    op = kind.removesuffix("_2d") if kind.endswith("softmax_2d") else kind
+    pool_kernel = next(k for k in kernels if f"nn.{op}" in k.ops)
+    assert pool_kernel.inputs[0][1] == "uint8", "the pool's kernel reads the 8-bit value"
+    _check_against_llvm(mod, built, inputs, exact="softmax" not in kind)
+
+
+def test_gpu_schedules_leave_stock_kernels_alone():
+    """Kernels FuseOps makes by itself (no stage in front of the pool or softmax) get TVM's schedules:
+    tvm_ext.build's OpenCL source equals relay.build's, and TVM's schedules are back afterwards."""
+    import tvm.topi.cuda as cuda
+
+    before = (cuda.schedule_pool, cuda.schedule_adaptive_pool)
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="float32")
+    y = relay.nn.relu(relay.add(x, relay.const(1.0)))
+    out = relay.Tuple([relay.nn.global_avg_pool2d(y), relay.nn.avg_pool2d(y, (3, 3), padding=(1, 1)),
+                       relay.nn.softmax(relay.reshape(y, (8, 36)))])
+    mod = tvm.IRModule.from_expr(relay.Function([x], out))
+
+    def source(lib):
+        """{kernel name: its definition} (TVM writes the functions and their declarations in any order)."""
+        text = next(m.get_source() for m in opencl._walk(lib.lib) if m.type_key == "opencl")
+        blocks = (b.split("\n", 1) for b in text.split("// Function: ")[1:])
+        declaration = lambda ln: ln.startswith("__kernel") and ln.endswith(");")  # noqa: E731
+        return {name: [ln for ln in body.splitlines() if not declaration(ln)] for name, body in blocks}
+
+    ours = tvm_ext.build(mod, target="opencl")
+    with tvm.transform.PassContext(opt_level=3):
+        stock = relay.build(mod, target=tvm.target.Target("opencl", host="llvm"))
+    assert source(ours) == source(stock)
+    assert (cuda.schedule_pool, cuda.schedule_adaptive_pool) == before
+
+
+def _int8_conv(x, cin, cout, seed):
+    rng = np.random.default_rng(seed)
+    w = relay.const(rng.integers(-3, 4, (cout, cin, 3, 3)).astype("int8"))
+    c = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.1),
+                            relay.const(rng.uniform(0.01, 0.05, cout).astype("float32")), kernel_size=(3, 3),
+                            channels=cout, padding=(1, 1), out_dtype="int32")
+    return relay.qnn.op.requantize(c, relay.const(0.002), relay.const(0), relay.const(0.1), relay.const(3), axis=1,
+                                   out_dtype="uint8")
+
+
+def _qnn_chain():
+    """uint8 x -> qconv (12 output channels, which x86 would pad to 16 and slice) -> requantize -> qconv."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    mod = tvm.IRModule.from_expr(relay.Function([x], _int8_conv(_int8_conv(x, 16, 12, 1), 12, 12, 2)))
+    return mod, {"x": RNG.integers(0, 256, (1, 16, 8, 8)).astype("uint8")}
+
+
+def _residual():
+    """uint8 x -> two 1x1 convs, each requantized to an 8-bit point, meeting at an add (a residual join)."""
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+
+    def branch(seed, scale):
+        w = relay.const(np.random.default_rng(seed).integers(-3, 4, (8, 8, 1, 1)).astype("int8"))
+        c = relay.nn.conv2d(x, w, kernel_size=(1, 1), channels=8, out_dtype="int32")
+        v = relay.cast(relay.floor(relay.multiply(relay.cast(c, "float32"), relay.const(scale))), "int32")
+        return relay.clip(v, 0.0, 255.0)
+
+    lhs = relay.cast(relay.floor(relay.multiply(relay.cast(branch(1, 0.01), "float32"), relay.const(1.5))), "int32")
+    out = relay.cast(relay.clip(relay.add(lhs, branch(2, 0.02)), 0.0, 255.0), "uint8")
+    mod = tvm.IRModule.from_expr(relay.Function([x], out))
+    return mod, {"x": RNG.integers(0, 256, (1, 8, 6, 6)).astype("uint8")}
+
+
+def _float_producer_int8_conv():
+    """float conv -> relu -> quantize (6 channels, which x86 pads to 8) -> int8 conv: PadChannelsAtProducer's
+    match on x86."""
+    rng = np.random.default_rng(3)
+    x = relay.var("x", shape=(1, 16, 7, 7), dtype="float32")
+    y = relay.nn.relu(relay.nn.conv2d(x, relay.const(rng.standard_normal((6, 16, 1, 1)).astype("float32")),
+                                      channels=6, kernel_size=(1, 1)))
+    q = relay.qnn.op.quantize(y, relay.const(np.float32(0.05)), relay.const(3), out_dtype="uint8")
+    v = relay.const(rng.integers(-127, 128, (8, 6, 3, 3)).astype("int8"))
+    out = relay.qnn.op.conv2d(q, v, relay.const(3), relay.const(0), relay.const(np.float32(0.05)),
+                              relay.const(np.float32(0.01)), kernel_size=(3, 3), channels=8, padding=(1, 1),
+                              out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([x], out))
+
+
+def _conv_transpose_head():
+    """uint8 x -> dequantize -> conv2d_transpose (stride = kernel) -> quantize -> cast u8."""
+    rng = np.random.default_rng(11)
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+    d = relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(128)), "float32"),
+                       relay.const(0.05))
+    t = relay.nn.conv2d_transpose(d, relay.const(rng.standard_normal((8, 8, 2, 2)).astype("float32")), channels=8,
+                                  kernel_size=(2, 2), strides=(2, 2))
+    q = relay.clip(relay.add(relay.round(relay.divide(t, relay.const(0.1))), relay.const(120.0)), 0.0, 255.0)
+    return tvm.IRModule.from_expr(relay.Function([x], relay.cast(q, "uint8")))
+
+
+def test_epilogue_before_channel_slice_by_hand_builds_and_runs_at_opencl():
+    mod, inputs = _qnn_chain()
+    built = tvm_ext.build(mod, target="opencl", passes=[EpilogueBeforeChannelSlice()])
+    _check_against_llvm(mod, built, inputs)
+
+
+def test_narrow_kernel_boundaries_by_hand_builds_and_runs_at_opencl():
+    mod, inputs = _residual()
+    built = tvm_ext.build(mod, target="opencl", passes=[NarrowKernelBoundaries()])
+    _check_against_llvm(mod, built, inputs)
+
+
+@pytest.mark.parametrize("step, make, stage, reason", [
+    (PadChannelsAtProducer, _float_producer_int8_conv, "start", "is not x86"),
+    (DequantizeInConvTranspose, _conv_transpose_head, "before_fuse", "is not llvm"),
+])
+def test_cpu_kernel_steps_skip_opencl_and_build_as_stock(step, make, stage, reason, caplog):
+    mod = make()
+    name = step().info.name
+    with caplog.at_level(logging.DEBUG, logger=f"tvm_ext.passes.{name}"):
+        built = tvm_ext.build(mod, target="opencl", passes={stage: [step()]})
+    assert reason in caplog.text, f"{name} did not say why it skipped opencl"
+    stock = tvm_ext.build(mod, target="opencl")
+    assert [k.ops for k in built.kernel_report.kernels] == [k.ops for k in stock.kernel_report.kernels]
