@@ -174,6 +174,8 @@ def cmd_run(args) -> int:
     except DeployError as err:
         raise UsageError(str(err)) from None
     where = (f", on the RPC server {res.meta['rpc']}" if args.rpc else f", on {res.meta['rpc']}") if remote else ""
+    if remote and res.meta.get("device", "the CPU") != "the CPU":
+        where += f" ({res.meta['device']})"
     if not remote and res.meta.get("device", "the CPU") != "the CPU":
         where = f", on {res.meta['device']}"
     print(f"library: {args.library} (target {res.meta['target']}, {res.meta.get('num_kernels', '?')} kernels{where})")

@@ -37,8 +37,8 @@ from .deploy import DeployError, cross_cxx, foreign_arch
 logger = logging.getLogger(__name__)
 
 __all__ = ["parse_address", "last_line", "connect", "request", "open_session", "tracker_keys", "emulation",
-           "upload_and_load", "shared_object", "check_remote_target", "check_remote_options", "EMULATION_FUNC",
-           "DEFAULT_TIMEOUT", "DEFAULT_PORT"]
+           "upload_and_load", "shared_object", "check_remote_target", "remote_device", "check_remote_options",
+           "EMULATION_FUNC", "DEFAULT_TIMEOUT", "DEFAULT_PORT"]
 
 #: The global function an emulated RPC server registers in its sessions; it returns what emulates it.
 EMULATION_FUNC = "tvm_ext.testing.emulation"
@@ -268,6 +268,38 @@ def upload_and_load(sess, path: Path, target: str, where: str):
     except tvm.TVMError as err:
         raise DeployError(f"the server at {where} could not load {path.name} built for {target} "
                           f"({last_line(err)})") from None
+
+
+def remote_device(sess, meta: dict, where: str) -> tuple:
+    """``(device, words)``: the remote device a library's kernels run on, checked before anything is
+    uploaded. A CPU library runs on ``sess.cpu(0)``; an ``opencl`` one (its ``target``) on
+    ``sess.cl(0)``, which needs TVM's OpenCL runtime in the server's process: a TVM built with
+    OpenCL, or the wheel's runtime plugin loaded by the server
+    (``python -m tvm.exec.rpc_server --load-library .../libtvm_opencl_runtime.so``, docs/gpu.md).
+
+    Raises
+    ------
+    DeployError
+        An ``opencl`` library and a server without the OpenCL runtime, or whose runtime finds no device.
+    """
+    import tvm
+
+    if tvm.target.Target(str(meta["target"])).kind.name != "opencl":
+        return sess.cpu(0), "the CPU"
+    try:
+        sess.get_function("device_api.opencl")
+        present = bool(sess.cl(0).exist)
+    except (tvm.TVMError, AttributeError, RuntimeError) as err:
+        if "device_api.opencl" not in str(err):
+            raise DeployError(f"the server at {where} cannot tell whether it has an OpenCL device "
+                              f"({last_line(err)})") from None
+        raise DeployError(f"the server at {where} has no OpenCL runtime, which this opencl library needs: start it "
+                          f"with `python -m tvm.exec.rpc_server --load-library <.gpu>/libtvm_opencl_runtime.so` "
+                          f"(make gpu-env builds the plugin; docs/gpu.md)") from None
+    if not present:
+        raise DeployError(f"the server at {where} has TVM's OpenCL runtime but no OpenCL device (is an OpenCL "
+                          f"driver such as pocl-opencl-icd installed there?)")
+    return sess.cl(0), "OpenCL device 0 of the server"
 
 
 def check_remote_target(target, remote: bool, command: Optional[str] = None) -> None:

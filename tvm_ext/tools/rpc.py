@@ -9,7 +9,8 @@ emulation of :mod:`tvm_ext.testing.aarch64`), reached directly or through a TVM 
 there), then checks the remote CPU instead: it has every feature the library's target uses
 (:func:`tvm_ext.tools._remote_cpu.check_remote_cpu`; a missing one would be SIGILL there). Then it
 uploads a shared object, loads it with ``graph_executor`` through the session, runs it and fetches
-the outputs. Timings (``repeat``) come from the remote's ``time_evaluator``.
+the outputs. Timings (``repeat``) come from the remote's ``time_evaluator``. An ``opencl`` library
+runs on the server's OpenCL device 0 (:func:`tvm_ext.tools._remote.remote_device`, checked first).
 
 What is uploaded: a ``.so`` as it is. A ``.tar`` is linked here when a compiler for its
 architecture is on PATH (the cross compiler, :func:`tvm_ext.tools.deploy.cross_cxx`, or the
@@ -29,7 +30,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from ._remote import DEFAULT_TIMEOUT, open_session, parse_address, shared_object, upload_and_load
+from ._remote import DEFAULT_TIMEOUT, open_session, parse_address, remote_device, shared_object, upload_and_load
 from ._remote_cpu import check_remote_cpu
 from .deploy import DeployError, RunResult, match_inputs, read_sidecar
 
@@ -89,8 +90,8 @@ def run_remote(lib_path, address: Optional[str] = None, inputs: Mapping[str, np.
         upload = shared_object(lib, meta["target"], Path(tmp))
         sess, where = open_session(address, tracker, key, session_timeout=session_timeout, timeout=timeout)
         features = check_remote_cpu(sess, meta["target"], where, needed=meta.get("features"))
+        dev, device = remote_device(sess, meta, where)
         factory = upload_and_load(sess, upload, meta["target"], where)["default"]
-    dev = sess.cpu(0)
     gm = graph_executor.GraphModule(factory(dev))
     for key, arr in feed.items():
         gm.set_input(key, arr)
@@ -100,5 +101,5 @@ def run_remote(lib_path, address: Optional[str] = None, inputs: Mapping[str, np.
     if repeat:
         timer = gm.module.time_evaluator("run", dev, number=1, repeat=repeat)
         latency = statistics.median(timer().results) * 1e3
-    return RunResult(outputs, latency, repeat, {**meta, "rpc": where,
+    return RunResult(outputs, latency, repeat, {**meta, "rpc": where, "device": device,
                                                 "remote_features": sorted(features) if features is not None else None})
