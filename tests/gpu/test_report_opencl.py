@@ -51,3 +51,24 @@ def test_explain_at_opencl_agrees_with_the_built_module(passes):
     assert len(ex.kernels) == ex.kernel_report.num_kernels
     # the graph executor's names: the built function, or "__nop" for a reshape-only kernel it does not launch
     assert sorted(k.func_name for k in ex.kernels) == sorted(k.func_name for k in ex.kernel_report.kernels)
+
+
+def test_reshape_only_kernel_is_counted_as_not_launched():
+    """pool -> reshape -> dense at opencl: the reshape is a kernel of its own, which the graph executor
+    aliases (``__nop``); report and explain count it and say it is not launched."""
+    import numpy as np
+    import tvm
+    from tvm import relay
+
+    x = relay.var("x", shape=(1, 8, 4, 4))
+    flat = relay.reshape(relay.nn.global_avg_pool2d(relay.nn.relu(x)), (1, 8))
+    out = relay.nn.dense(flat, relay.const(np.ones((4, 8), "float32")))
+    mod = tvm.IRModule.from_expr(relay.Function([x], out))
+    report = tvm_ext.build(mod, target="opencl").kernel_report
+    nops = [k for k in report.kernels if k.func_name == "__nop"]
+    assert len(nops) == 1 and report.num_launched_kernels == report.num_kernels - 1
+    assert f"{report.num_launched_kernels} launched, 1 reshape-only __nop" in report.summary()
+    assert report.to_dict()["num_launched_kernels"] == report.num_launched_kernels
+    ex = tvm_ext.explain(mod, "opencl", compile=True)
+    assert ex.verified, ex.verify_note
+    assert f"{report.num_launched_kernels} launched, 1 reshape-only __nop" in ex.summary()

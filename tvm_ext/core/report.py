@@ -198,6 +198,12 @@ class KernelReport:
         return len(self.kernels)
 
     @property
+    def num_launched_kernels(self) -> int:
+        """Kernels the graph executor launches: all but the reshape-only ``__nop`` nodes, whose output
+        aliases their input (``GraphExecutorCodegen``)."""
+        return sum(1 for k in self.kernels if k.func_name != "__nop")
+
+    @property
     def num_anchor_kernels(self) -> int:
         return sum(1 for k in self.kernels if k.anchor is not None)
 
@@ -216,6 +222,7 @@ class KernelReport:
         """JSON-serialisable form."""
         return {
             "num_kernels": self.num_kernels,
+            "num_launched_kernels": self.num_launched_kernels,
             "num_anchor_kernels": self.num_anchor_kernels,
             "num_non_anchor_kernels": self.num_non_anchor_kernels,
             "num_tuned_kernels": self.num_tuned_kernels,
@@ -231,8 +238,10 @@ class KernelReport:
     def summary(self) -> str:
         """One line: kernels, anchors and crossing bytes by dtype."""
         by = ", ".join(f"{d} {b / 1e6:.2f}" for d, b in sorted(self.crossing.nbytes.items()))
+        nop = self.num_kernels - self.num_launched_kernels
         return (
-            f"{self.num_kernels} kernels ({self.num_anchor_kernels} with an anchor), "
+            f"{self.num_kernels} kernels ({self.num_anchor_kernels} with an anchor"
+            f"{f'; {self.num_launched_kernels} launched, {nop} reshape-only __nop' if nop else ''}), "
             f"{self.crossing.total_count} tensors / {self.crossing.total_bytes / 1e6:.2f} MB "
             f"crossing kernels ({by or 'none'})"
         )

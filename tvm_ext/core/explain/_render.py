@@ -20,6 +20,7 @@ def summary_dict(ex) -> dict:
     reason, boundaries and bytes by reason."""
     return {
         "num_kernels": ex.num_kernels,
+        "num_launched_kernels": sum(1 for k in ex.kernels if k.func_name != "__nop"),
         "verified": ex.verified,
         "non_anchor_by_reason": ex.non_anchor_kernels_by_reason(),
         "by_reason": {k: {"boundaries": n, "bytes": nb} for k, (n, nb) in ex.by_reason().items()},
@@ -50,8 +51,10 @@ def summary_markdown(explanations: dict) -> str:
 def summary_text(ex) -> str:
     """The summary table: reason -> boundaries, MB; then remedies."""
     nk, na = ex.num_kernels, sum(1 for k in ex.kernels if k.anchor)
+    nop = sum(1 for k in ex.kernels if k.func_name == "__nop")  # reshape only: aliased, not launched
     check = {True: "yes", False: "NO (" + ex.verify_note + ")", None: "not checked"}[ex.verified]
-    lines = [f"{nk} kernels ({na} with an anchor), {len(ex.boundaries)} tensors / "
+    lines = [f"{nk} kernels ({na} with an anchor{f'; {nk - nop} launched, {nop} reshape-only __nop' if nop else ''}), "
+             f"{len(ex.boundaries)} tensors / "
              f"{ex.crossing_bytes / 1e6:.2f} MB crossing kernels; FuseOps replay matches TVM's FuseOps: {check}",
              ""]
     rows = [("reason", "boundaries", "MB", "meaning")]
