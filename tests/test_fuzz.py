@@ -157,16 +157,21 @@ def test_host_runnable_target_is_compared():
 def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
     seen = {}
 
-    def fake_run(n, seed, workers, out, max_steps, shrink_failures, kw):
-        seen.update(kw)
+    def fake_run(n, seed, workers, out, max_steps, shrink_failures, kw, with_step=None):
+        seen.update(kw, with_step=with_step)
         return fuzz.Summary(target=kw["target"])
 
     monkeypatch.setattr(runner, "run", fake_run)
     assert fuzz.main(["-n", "1", "--target", "llvm -mcpu=x86-64-v3"]) == 0
     assert seen["target"] == "llvm -mcpu=x86-64-v3"
     assert "target: llvm -mcpu=x86-64-v3" in capsys.readouterr().out
-    assert fuzz.main(["-n", "1"]) == 0 and seen["target"] is None
+    assert fuzz.main(["-n", "1"]) == 0 and seen["target"] is None and seen["with_step"] is None
     assert "target: host CPU" in capsys.readouterr().out
+    assert fuzz.main(["-n", "1", "--with-step", "sliced_conv"]) == 0 and seen["with_step"] == "sliced_conv"
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        fuzz.main(["-n", "1", "--with-step", "no_such_step"])
+    assert "--with-step" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         fuzz.main(["-n", "1", "--target", "llvm -mcpu=no-such-cpu"])
     assert "--target" in capsys.readouterr().err
@@ -178,6 +183,16 @@ def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
         with pytest.raises(SystemExit):
             fuzz.main(["-n", "1", *bad])
         assert "--rpc" in capsys.readouterr().err
+
+
+def test_graphs_with_a_step_kind_are_the_seed_streams_first_with_one(monkeypatch):
+    specs = runner.specs_with_step(3, 0, 6, "sliced_conv")
+    assert len(specs) == 3 and all(any(st[0] == "sliced_conv" for st in s.steps) for s in specs)
+    stream = [s for s in fuzz.generate(300, 0) if any(st[0] == "sliced_conv" for st in s.steps)]
+    assert specs == stream[:3]
+    monkeypatch.setattr(runner, "_DRAWS_PER_GRAPH", 1)
+    with pytest.raises(ValueError, match="have a 'sliced_conv' step; ask for fewer"):
+        runner.specs_with_step(40, 0, 6, "sliced_conv")
 
 
 def test_make_fuzz_passes_the_target():

@@ -116,7 +116,9 @@ INT8 = (
                   "on those channels) reads the tensor below the slice: the slice/pad kernel goes (exact).",
              why="after ``EpilogueBeforeChannelSlice``, which moves the first conv's requantize in front of the "
                  "slice, so only data movement stands between the two convs. At ``before_fuse``: Legalize writes "
-                 "the slice and the pad, AlterOpLayout the layout transforms around them.",
+                 "the slice and the pad, AlterOpLayout the layout transforms around them. The two run again "
+                 "together until neither changes the module: removing the re-pad's read of a sliced value can "
+                 "leave an epilogue as that slice's only reader, which ``EpilogueBeforeChannelSlice`` then moves.",
              after=("EpilogueBeforeChannelSlice",)),
         Step("NarrowKernelBoundaries",
              does="at residual joins, the 8-bit value crosses the kernel boundary and the widening (dequantize) "
@@ -167,7 +169,7 @@ INT8 = (
                  "one.",
              place="last",
              families=("x86", "aarch64")),
-    )),
+    ), fixed_points=(("EpilogueBeforeChannelSlice", "FoldChannelRepadIntoConv"),)),
 )
 
 #: What ``numerics="onnxruntime"`` adds to :data:`INT8`: each pass placed next to a named neighbour.

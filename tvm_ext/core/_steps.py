@@ -97,14 +97,19 @@ class Stage:
     """The ordered table of one build stage: its steps run in this order.
 
     Building one checks it: names are unique, every ``after`` / ``before`` of a step names a
-    pass of the stage standing on that side of it, and a ``place="first"`` / ``"last"`` step opens /
-    closes the stage; anything else raises ``ValueError``.
+    pass of the stage standing on that side of it, a ``place="first"`` / ``"last"`` step opens /
+    closes the stage, and each group of :attr:`fixed_points` is two or more consecutive steps;
+    anything else raises ``ValueError``.
     """
 
     key: str
     #: when the stage runs, in words
     where: str
     steps: tuple = ()
+    #: Groups of consecutive steps (tuples of their names) that run again together until a round
+    #: changes nothing (:func:`tvm_ext.core._fixed_point.fixed_point`): passes that open matches
+    #: for each other, so that the stage stays idempotent as a whole. The later step's ``why`` says why.
+    fixed_points: tuple = ()
 
     def __post_init__(self):
         if self.key not in STAGE_KEYS:
@@ -128,14 +133,23 @@ class Stage:
                     if (pos[other] < i) != (rel == "follow"):
                         raise ValueError(f"pipelines.Stage {self.key!r}: {s.name} must {rel} {other}, but stands "
                                          f"at {i + 1} and {other} at {pos[other] + 1}")
+        for group in self.fixed_points:
+            if not isinstance(group, tuple) or len(group) < 2 or any(n not in pos for n in group):
+                raise ValueError(f"pipelines.Stage {self.key!r}: fixed-point group {group!r} must name two or more "
+                                 f"passes of the stage ({', '.join(names)})")
+            if [pos[n] for n in group] != list(range(pos[group[0]], pos[group[0]] + len(group))):
+                raise ValueError(f"pipelines.Stage {self.key!r}: fixed-point group {group!r} must be consecutive "
+                                 f"steps in stage order")
 
     def for_family(self, family: str) -> "Stage":
         """The stage with the steps that apply to ``family``; order constraints on a step left out
         are dropped with it."""
         steps = [s for s in self.steps if s.applies_to(family)]
         names = {s.name for s in steps}
+        groups = tuple(kept for g in self.fixed_points if len(kept := tuple(n for n in g if n in names)) > 1)
         return replace(self, steps=tuple(replace(s, after=tuple(n for n in s.after if n in names),
-                                                 before=tuple(n for n in s.before if n in names)) for s in steps))
+                                                 before=tuple(n for n in s.before if n in names)) for s in steps),
+                       fixed_points=groups)
 
     def names(self) -> list:
         """The pass names, in order."""
@@ -162,8 +176,18 @@ class Stage:
         return replace(self, steps=tuple(new if s is old else s for s in self.steps))
 
     def passes(self) -> list:
-        """The ``tvm.transform.Pass`` of every step, in order."""
-        return [s.make() for s in self.steps]
+        """The ``tvm.transform.Pass`` of every step, in order; the steps of a :attr:`fixed_points`
+        group as one pass that repeats them."""
+        from ._fixed_point import fixed_point
+
+        out, i = [], 0
+        starts = {g[0]: g for g in self.fixed_points}
+        while i < len(self.steps):
+            group = starts.get(self.steps[i].name, (self.steps[i].name,))
+            made = [s.make() for s in self.steps[i:i + len(group)]]
+            out.append(made[0] if len(group) == 1 else fixed_point(made, group))
+            i += len(group)
+        return out
 
 
 @dataclass(frozen=True)

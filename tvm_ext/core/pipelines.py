@@ -76,8 +76,8 @@ class Pipeline(Mapping):
         if kept == self.stages:
             return self
         start, before_fuse = kept
-        return replace(self, start=_sequential(start.passes(), f"{self.name}.start"),
-                       before_fuse=_sequential(before_fuse.passes(), f"{self.name}.before_fuse"),
+        return replace(self, start=_sequential(start, f"{self.name}.start"),
+                       before_fuse=_sequential(before_fuse, f"{self.name}.before_fuse"),
                        stages=kept, family=family)
 
     def __getitem__(self, key):
@@ -103,10 +103,15 @@ def _names(seq) -> list:
 
 
 def _sequential(passes, name):
+    """A ``Sequential`` of a :class:`Stage`'s passes (or of a list of passes) that remembers their names."""
     import tvm
 
-    seq = tvm.transform.Sequential(list(passes), opt_level=0, name=name)
-    seq._tvm_ext_names = [p.info.name for p in passes]  # Sequential does not expose its passes
+    if isinstance(passes, Stage):
+        made, names = passes.passes(), passes.names()
+    else:
+        made, names = list(passes), [p.info.name for p in passes]
+    seq = tvm.transform.Sequential(made, opt_level=0, name=name)
+    seq._tvm_ext_names = names  # Sequential does not expose its passes
     return seq
 
 
@@ -207,6 +212,8 @@ def listing(numerics: str = "tvm") -> str:
         lines += [""] + _wrap(f"{s.key} (Sequential {name}.{s.key}): {s.where}", "", "  ") + [""]
         for i, step in enumerate(s.steps, 1):
             lines += _text_step(f"{i:2d}.", step)
+        for group in s.fixed_points:
+            lines += [""] + _wrap(f"{', '.join(group)}: run again together until they change nothing.", "", "  ")
     return "\n".join(lines)
 
 
@@ -270,8 +277,8 @@ def int8(numerics: str = "tvm") -> Pipeline:  # the docstring is generated from 
     start, before_fuse = stages
     return Pipeline(
         name=name,
-        start=_sequential(start.passes(), f"{name}.start"),
-        before_fuse=_sequential(before_fuse.passes(), f"{name}.before_fuse"),
+        start=_sequential(start, f"{name}.start"),
+        before_fuse=_sequential(before_fuse, f"{name}.before_fuse"),
         doc=int8.__doc__ or "",
         requantize=ORT_REQUANTIZE if numerics == "onnxruntime" else (),
         stages=stages,

@@ -22,12 +22,13 @@ from pathlib import Path
 
 from .builder import build_graph, short_error
 from .execution import NUM_INPUTS, compiled_only_reason, foreign_arch
-from .grammar import Spec, generate
+from .grammar import STEP_KINDS, Spec, generate
 from .oracle import PASSES, Failure, GraphResult, check_spec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run", "run_specs", "check_spec_isolated", "shrink", "write_failure", "load_failure", "Summary", "main"]
+__all__ = ["run", "specs_with_step", "run_specs", "check_spec_isolated", "shrink", "write_failure", "load_failure",
+           "Summary", "main"]
 
 #: Seconds a worker may spend on one graph before it is killed and reported as a hang.
 GRAPH_TIMEOUT = 300
@@ -328,15 +329,30 @@ def _target_kind(target) -> str:
     return "llvm" if target is None else tvm.target.Target(str(target)).kind.name
 
 
+#: Graphs drawn per graph asked for when only graphs with a given step kind are wanted.
+_DRAWS_PER_GRAPH = 100
+
+
+def specs_with_step(n: int, seed: int, max_steps: int, kind: str) -> list:
+    """The first ``n`` graphs of seed ``seed``'s stream that have a step of ``kind`` (a motif rare in the
+    stream, e.g. ``sliced_conv``), drawn from ``_DRAWS_PER_GRAPH * n`` graphs; ValueError when fewer have one."""
+    specs = [s for s in generate(_DRAWS_PER_GRAPH * n, seed, max_steps) if any(st[0] == kind for st in s.steps)]
+    if len(specs) < n:
+        raise ValueError(f"fuzz: only {len(specs)} of {_DRAWS_PER_GRAPH * n} graphs of seed {seed} have a "
+                         f"{kind!r} step; ask for fewer")
+    return specs[:n]
+
+
 def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures", max_steps: int = 6,
-        shrink_failures: bool = True, kw=None, progress: bool = True) -> Summary:
-    """Generate ``n`` graphs, check them in child processes, shrink and write the failures.
+        shrink_failures: bool = True, kw=None, progress: bool = True, with_step: str | None = None) -> Summary:
+    """Generate ``n`` graphs (only graphs with a step of kind ``with_step`` when given), check them in
+    child processes, shrink and write the failures.
 
     ``kw`` goes to :func:`check_graph` (``target``: what every graph is compiled for; ``rpc``: the
     TVM RPC server that runs the builds for a target of another architecture, default the qemu-user
     server of :func:`where_builds_run`)."""
     t0 = time.time()
-    specs = generate(n, seed, max_steps)
+    specs = specs_with_step(n, seed, max_steps, with_step) if with_step else generate(n, seed, max_steps)
     with where_builds_run(kw) as (kw, where):
         summary = Summary(target=str(kw.get("target") or ""), execution=where)
         _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, t0)
@@ -426,6 +442,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="fuzz-failures", help="folder for shrunk failing graphs")
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--with-step", default=None, choices=STEP_KINDS, metavar="KIND",
+                    help="only graphs that have a step of this kind, e.g. sliced_conv (the first N of the seed's "
+                         f"stream); kinds: {', '.join(STEP_KINDS)}")
     ap.add_argument("--no-build-check", action="store_true",
                     help="skip checking tvm_ext.build against exact integer arithmetic (integer graphs) or "
                          "relay.build (float graphs)")
@@ -454,6 +473,7 @@ def main(argv=None) -> int:
         if not (args.target and foreign_arch(args.target)):
             ap.error("--rpc runs the builds for a --target of another architecture (e.g. aarch64)")
     kw = {"build_check": not args.no_build_check, "target": args.target, "rpc": args.rpc}
-    summary = run(args.n, args.seed, args.workers, args.out, args.max_steps, not args.no_shrink, kw)
+    summary = run(args.n, args.seed, args.workers, args.out, args.max_steps, not args.no_shrink, kw,
+                  with_step=args.with_step)
     print(summary.table())
     return 1 if summary.failures else 0
