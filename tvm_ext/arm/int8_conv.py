@@ -1,19 +1,19 @@
 """tvm-ext's int8 kernel policy for aarch64: every int8 conv and dense multiplies 8-bit operands.
 
-TVM 0.19's ``arm_cpu`` rules leave several kinds of int8 layer off the 8-bit path (docs/arm.md).
-The policy, rule by rule with its equation and reason in docs/arm-kernels.md:
+TVM 0.19's ``arm_cpu`` rules leave several kinds of int8 layer off the 8-bit path (docs/arm.md). Which
+kernel each kind takes at a target is data, :mod:`tvm_ext.arm.int8_policy` (one record per
+instruction-set class); this module applies it through TVM's registrations:
 
-* without a dot product (NEON only), int8 convs and denses are legalized with int8 operands, as
-  with one (TVM's NCHWc int8 kernel runs on NEON too: ``smull`` + ``saddlp``, exact);
-* the NCHWc int8 kernel is offered below 64 input channels, and up to 4 input channels are
-  padded to 4, not 8;
-* a float first layer on an image's channels, in an 8-bit graph, takes TVM's x86 float conv (NCHWc);
-* at +i8mm, 8-bit convs whose channels are multiples of 8 take :mod:`tvm_ext.arm.mmla_conv`'s
-  ``smmla`` kernel, and the convs that keep the dot product take one channel block (NCHW8c);
-* 8-bit denses take :mod:`tvm_ext.arm.int8_dense`'s kernels at +dotprod and +i8mm;
-* an 8-bit depthwise conv after an NCHWkc producer becomes ``contrib_depthwise_conv2d_nchwc``.
+* QNN legalization: int8 operands without a dot product (``int8_operands``);
+* conv2d legalization: up to ``few_channel_pad`` input channels padded to it, not to 8;
+* the conv strategy: the NCHWc int8 kernel below 64 channels (``few_channel_nchwc``), a float first
+  layer as NCHWc (``float_stem_nchwc``), :mod:`tvm_ext.arm.mmla_conv` (``mmla_conv``);
+* the layout rule: the ``smmla`` layouts, one channel block among them (``mmla_block``), NCHWc
+  depthwise convs after an NCHWkc producer (``depthwise_nchwc``);
+* the dense strategy: :mod:`tvm_ext.arm.int8_dense`'s kernels (``dense_kernels``).
 
 Everything else stays TVM's: NHWC, float convs with 64 or more input channels, float depthwise convs.
+The rules, with their equations and reasons: docs/arm-kernels.md.
 
 :func:`kernels` installs the seven registrations for as long as it is entered and puts TVM's back
 on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).
@@ -38,6 +38,7 @@ from .._op_pattern import K_BROADCAST, call_pattern
 from .._patch import Patch
 from . import int8_dense, mmla_conv
 from ._mmla import MMLA_INSTRUCTION
+from .int8_policy import CHANNEL_MULTIPLE, INT8_LANES, MIN_INT8_CHANNELS, policy
 
 logger = logging.getLogger(__name__)
 
@@ -70,25 +71,26 @@ _KEEP_LAYOUT = ("nn.pad", "strided_slice", "annotation.stop_fusion")
 _POOLS = ("nn.global_avg_pool2d", "nn.global_max_pool2d", "nn.avg_pool2d", "nn.max_pool2d",
           "nn.adaptive_avg_pool2d", "nn.adaptive_max_pool2d")
 
-#: TVM 0.19's lower bound on input channels for :data:`NCHWC_INT8`, which the policy lifts.
-MIN_INT8_CHANNELS = 64
+
+def _policy():
+    """The policy record of the target being built (:func:`tvm_ext.arm.int8_policy.policy`)."""
+    return policy(Target.current(allow_none=False))
 
 
-def _asimd_without_dotprod() -> bool:
-    features = Target.current(allow_none=False).features
-    return bool(features.has_asimd) and not bool(features.has_dotprod)
+def _int8_operands() -> bool:
+    return _policy().int8_operands and bool(Target.current(allow_none=False).features.has_asimd)
 
 
 def _qnn_conv2d_legalize(attrs, inputs, types):
-    # NEON only: int8 x int8 operands (as at +dotprod) instead of int16 ones, for NCHW convs (depthwise too)
-    if _asimd_without_dotprod() and attrs["data_layout"] == "NCHW":
+    # int8_operands (NEON only): int8 x int8 operands (as at +dotprod) instead of int16 ones, NCHW convs
+    if _int8_operands() and attrs["data_layout"] == "NCHW":
         return _qnn_legalize.helper_change_dtypes_to_be_same(attrs, inputs, types, relay.qnn.op.conv2d)
     return _qnn_legalize._qnn_conv2d_legalize_arm_cpu(attrs, inputs, types)
 
 
 def _qnn_dense_legalize(attrs, inputs, types):
-    # NEON only: an int8 x int8 dense (its cast to int32 happens inside the kernel) instead of int16 operands
-    if _asimd_without_dotprod():
+    # int8_operands (NEON only): an int8 x int8 dense (cast to int32 inside the kernel), not int16 operands
+    if _int8_operands():
         return _qnn_legalize.helper_change_dtypes_to_be_same(attrs, inputs, types, relay.qnn.op.dense)
     return _qnn_legalize._qnn_dense_legalize_arm_cpu(attrs, inputs, types)
 
@@ -108,7 +110,8 @@ def _takes_nchwc_int8(attrs, data, kernel) -> bool:
     """An int8 x int8 conv with few input channels: 4, or a multiple of 8 (the kernel's channel blocks:
     multiples of 8, or all of the channels below 8; 4 is one int32 lane)."""
     c = _few_channels(attrs, kernel)
-    return (c is not None and topi.arm_cpu.conv2d_int8.is_int8_hw_support(data.dtype, kernel.dtype)
+    return (_policy().few_channel_nchwc and c is not None
+            and topi.arm_cpu.conv2d_int8.is_int8_hw_support(data.dtype, kernel.dtype)
             and (c % CHANNEL_MULTIPLE == 0 or c == INT8_LANES))
 
 
@@ -116,6 +119,8 @@ def _takes_depthwise_int8(attrs, data, kernel) -> bool:
     """An NCHW 8-bit depthwise conv (channel multiplier 1, static shapes) whose channels fill the NCHWc
     blocks of its int8 neighbours (a multiple of :data:`INT8_LANES`)."""
     if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or not _static(data.shape, kernel.shape):
+        return False
+    if not _policy().depthwise_nchwc:
         return False
     channels, multiplier = int(data.shape[1]), int(kernel.shape[1])
     return (multiplier == 1 and int(attrs.groups) == channels == int(kernel.shape[0]) > 1
@@ -162,7 +167,7 @@ def _float_stem(attrs, data, kernel) -> bool:
     relay.quantize keeps (``skip_conv_layers``), in front of int8 NCHWc convs. In a float network, or
     deeper (a detector's float head), TVM's NCHW rule stays: NCHWc there would only add layout changes."""
     channels = _few_channels(attrs, kernel)
-    return (_FLOAT_STEM.get() and channels is not None and channels <= INT8_LANES
+    return (_policy().float_stem_nchwc and _FLOAT_STEM.get() and channels is not None and channels <= INT8_LANES
             and data.dtype == kernel.dtype == "float32")
 
 
@@ -173,7 +178,7 @@ def _takes_mmla(attrs, data, kernel) -> bool:
     One instruction computes two neighbouring pixels of a row: for a one-pixel row (a squeeze-excite
     conv after a global pool) half of every product would be padding, so the conv keeps the dot
     product, as a one-row dense does."""
-    if not bool(Target.current(allow_none=False).features.has_matmul_i8):
+    if not _policy().mmla_conv:
         return False
     if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return False
@@ -253,13 +258,13 @@ def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
                          kernel_layout=f"OIHW1i{block}o", out_layout=f"NCHW{block}c")
         return relay.nn.contrib_depthwise_conv2d_nchwc(*inputs, **new_attrs)
     altered = topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout(attrs, inputs, tinfos, out_type)
-    if (bool(target.features.has_matmul_i8) and isinstance(altered, relay.Call)
+    if (policy(target).mmla_block and isinstance(altered, relay.Call)
             and altered.op.name == "nn.contrib_conv2d_NCHWc"):
-        return _among_mmla(altered, inputs, tinfos)
+        return _among_mmla(altered, inputs, tinfos, policy(target).mmla_block)
     return altered
 
 
-def _among_mmla(altered, inputs, tinfos):
+def _among_mmla(altered, inputs, tinfos, block):
     """A dot-product (or float) NCHWc conv at +i8mm, re-blocked to the matrix-multiply convs' NCHW8c: it
     writes NCHW8c when its output channels are a multiple of 8, and reads NCHW8c when its input channels
     are and its producer wrote NCHW8c (:func:`_producer_block` across a pool or a channel slice).
@@ -272,11 +277,11 @@ def _among_mmla(altered, inputs, tinfos):
     lanes = INT8_LANES if m.group(3) else 1
     in_block, out_block = int(m.group(1)) * lanes, int(m.group(2))
     in_channels, out_channels = int(tinfos[1].shape[1]), int(tinfos[1].shape[0])
-    if out_block == INT8_LANES and out_channels % mmla_conv.BLOCK == 0:
-        out_block = mmla_conv.BLOCK
-    if (in_block != mmla_conv.BLOCK and in_channels % mmla_conv.BLOCK == 0 and int(altered.attrs.groups) == 1
-            and _producer_block(inputs[0], across=True) == mmla_conv.BLOCK):
-        in_block = mmla_conv.BLOCK
+    if out_block == INT8_LANES and out_channels % block == 0:
+        out_block = block
+    if (in_block != block and in_channels % block == 0 and int(altered.attrs.groups) == 1
+            and _producer_block(inputs[0], across=True) == block):
+        in_block = block
     new_attrs = {k: altered.attrs[k] for k in altered.attrs.keys()}
     new_attrs.update(data_layout=f"NCHW{in_block}c", out_layout=f"NCHW{out_block}c",
                      kernel_layout=f"OIHW{in_block // lanes}i{out_block}o" + ("4i" if lanes > 1 else ""))
@@ -287,17 +292,17 @@ def _among_mmla(altered, inputs, tinfos):
 
 def _dense_kernel(attrs, data, weight):
     """The :mod:`tvm_ext.arm.int8_dense` kernel for a static 8-bit dense at this target, or None."""
-    features = Target.current(allow_none=False).features
+    pol = _policy()
     if len(data.shape) != 2 or not _static(data.shape, weight.shape) or attrs.out_dtype not in ("int32", ""):
         return None
     (m, k), n = (int(d) for d in data.shape), int(weight.shape[0])
     dtypes = (data.dtype, weight.dtype)
-    if bool(features.has_matmul_i8) and dtypes in MMLA_INSTRUCTION and m >= 2 and k % 8 == 0 \
-            and n % 2 == 0:
-        return int8_dense.dense_mmla, DENSE_MMLA
-    usdot_ok = dtypes != ("uint8", "int8") or bool(features.has_matmul_i8)
-    if bool(features.has_dotprod) and dtypes in int8_dense.DOT_INSTRUCTION and usdot_ok and k % 16 == 0:
-        return int8_dense.dense_dot, DENSE_DOT
+    for kind in pol.dense_kernels:  # in the policy's order: the first whose shape rule holds
+        if kind == "mmla" and dtypes in MMLA_INSTRUCTION and m >= 2 and k % 8 == 0 and n % 2 == 0:
+            return int8_dense.dense_mmla, DENSE_MMLA
+        usdot_ok = dtypes != ("uint8", "int8") or pol.mixed_sign_dot
+        if kind == "dot" and dtypes in int8_dense.DOT_INSTRUCTION and usdot_ok and k % 16 == 0:
+            return int8_dense.dense_dot, DENSE_DOT
     return None
 
 
@@ -311,14 +316,6 @@ def _dense_strategy(attrs, inputs, out_type, target):
                                     _strategy.wrap_topi_schedule(int8_dense.schedule_dense_int8),
                                     name=name, plevel=25)
     return strategy
-
-
-#: Int8 lanes per int32 lane of the NCHWc dot-product kernel: its input channels are a multiple of this.
-INT8_LANES = 4
-
-#: TVM's channel multiple for aarch64 int8 convs, kept above 4 input channels and for output channels: the
-#: NCHWc kernel's channel blocks must be multiples of 8 (or the whole count below 8).
-CHANNEL_MULTIPLE = 8
 
 
 def _padded_conv_output(expr, max_nodes: int = 512) -> bool:
@@ -351,12 +348,11 @@ def _conv2d_legalize(attrs, inputs, arg_types):
     data_type, kernel_type = arg_types[0], arg_types[1]
     if (attrs["data_layout"] == "NCHW" and attrs["kernel_layout"] == "OIHW" and attrs["groups"] == 1
             and topi.arm_cpu.conv2d_int8.is_int8_hw_support(kernel_type.dtype, kernel_type.dtype)):
-        # up to 4 input channels: padded to 4 (TVM: 8); more, or a padded conv's channels at +i8mm: to a
-        # multiple of 8, as TVM does
-        channels = int(data_type.shape[1])
-        few = channels <= INT8_LANES and not (bool(Target.current(allow_none=False).features.has_matmul_i8)
-                                              and _padded_conv_output(inputs[0]))
-        multiple = INT8_LANES if few else CHANNEL_MULTIPLE
+        # up to few_channel_pad input channels: padded to it (TVM: 8); more, or a padded conv's channels
+        # with mmla_block: to a multiple of 8, as TVM does
+        pol, channels = _policy(), int(data_type.shape[1])
+        few = channels <= pol.few_channel_pad and not (pol.mmla_block and _padded_conv_output(inputs[0]))
+        multiple = pol.few_channel_pad if few else CHANNEL_MULTIPLE
         return topi.generic.conv2d.conv2d_alter_int8_common(
             inputs[0], data_type, inputs[1], kernel_type, arg_types[2], attrs, kernel_type.dtype,
             multiple, CHANNEL_MULTIPLE)

@@ -8,7 +8,7 @@ class               target features          int8 dot product
 ``aarch64_neon``    neither                  ``smull`` / ``smlal`` (int16)
 ==================  =======================  ==================================
 
-The tuned records (:mod:`tvm_ext.arm.tuning`), the kernel policy (:mod:`tvm_ext.arm.int8_conv`) and
+The tuned records (:mod:`tvm_ext.arm.tuning`), the kernel policy (:mod:`tvm_ext.arm.int8_policy`) and
 the per-class tables of the passes key on it.
 """
 from __future__ import annotations
