@@ -188,7 +188,7 @@ def test_numerics_option_reaches_the_tvm_ext_builds(monkeypatch, tmp_path, capsy
         seen.extend(jobs)
         return {j["pipeline"]: {"error": "not built (test)"} for j in jobs}
 
-    monkeypatch.setattr(bench, "run_builds", fake_builds)
+    monkeypatch.setattr(_jobs, "run_builds", fake_builds)
     monkeypatch.setattr(_render, "_chart", lambda results, path: None)
     assert main(["bench", "--variants", "qdq", "--small", "--numerics", "onnxruntime", "--repeat", "1",
                  "--out", str(tmp_path)]) == 0
