@@ -3,23 +3,13 @@
 for the same layer, and each engine's fraction of the instruction set's multiply-accumulate peak.
 
 Where tvm-ext does not reach a peer on a CPU class, this is the per-kernel profile that says which
-convolutions, and how far each is from the peer's time for the same layer. This script builds an int8
-ONNX model with plain ``relay.build`` and with ``tvm_ext.build(..., passes=pipelines.int8())`` for a
-target, times every kernel with TVM's debug executor, every ONNX Runtime node with its profiler and
-every OpenVINO node with its performance counters (``PERF_COUNT``; its runtime model names the ONNX
-nodes each of its kernels computes), matches convolutions by geometry (out channels, kernel,
-output size; layers of equal geometry are summed) and prints a markdown table. Each row also
-gives the layers' multiply-accumulates; with ``--peak`` (GMAC/s per core, what
-``benchmarks/lab/int8_peak.py`` measures) it gives each engine's rate as a fraction of that peak
-times the threads.
-
-ONNX Runtime picks its kernels from the *host's* CPUID (MLAS has no switch to restrict them). For an
-AVX2 target on an AVX-512 host, ``--ort-isa auto`` (the default) times a copy of ONNX Runtime whose
-AVX-512 dispatch is masked (:mod:`tvm_ext.tools.ort_isa`, in a child process), so both sides run AVX2
-code; ``--ort-isa host`` times the installed one. OpenVINO runs at the host's instruction set, and
-not at all on a model with ONNX Runtime contrib ops (a QOperator model; the table says why), as in
-``tvm-ext bench``. The table says which ISA each side ran. Builds run in child processes (a crash is
-reported, not fatal).
+convolutions, and how far each is from the peer's time for the same layer. It builds an int8 ONNX
+model with plain ``relay.build`` and with ``tvm_ext.build(..., passes=pipelines.int8())``, times every
+kernel with TVM's debug executor, every ONNX Runtime node with its profiler and every OpenVINO node
+with its performance counters, matches convolutions by geometry and prints a markdown table with
+each row's multiply-accumulates; with ``--peak`` (GMAC/s per core, from ``benchmarks/lab/int8_peak.py``)
+each engine's rate as a fraction of that peak times the threads. How layers are matched and which
+instruction set each engine runs: docs/benchmarks.md, "How layers_vs_peers.py works".
 
     python benchmarks/layers_vs_peers.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=x86-64-v3"]
                                          [--threads 2] [--repeat 7] [--ort-isa auto|host] [--peak GMACS]

@@ -20,6 +20,8 @@ SCRIPT = REPO / "benchmarks/compare_commits.py"
 
 
 def _script_module():
+    if str(SCRIPT.parent) not in sys.path:  # its parts (benchmarks/_commits), as when it runs as a script
+        sys.path.append(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("compare_commits", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("compare_commits", mod)  # dataclasses resolve annotations through sys.modules
@@ -208,6 +210,7 @@ def test_use_tree_imports_only_from_the_tree(tmp_path):
         """, {"tvm_ext/__init__.py": "", "passes/__init__.py": "", "passes/rule.py": "RULE = 'tree'\n"})
     code = textwrap.dedent(f"""\
         import importlib.util, json, sys
+        sys.path.append({str(SCRIPT.parent)!r})
         spec = importlib.util.spec_from_file_location("compare_commits", {str(SCRIPT)!r})
         cc = importlib.util.module_from_spec(spec); sys.modules["compare_commits"] = cc; spec.loader.exec_module(cc)
         cc.use_tree({str(tree)!r})

@@ -2,31 +2,14 @@
 """The machine's ceiling for x86 int8 convolutions: multiply-accumulates per second per core.
 
 An int8 convolution multiplies uint8 activations by int8 weights with one of two instruction
-sequences, each with a fixed peak per core and clock:
-
-* ``avx2``: three instructions per 32 products (every AVX2 and AVX-512 kernel without VNNI: stock
-  TVM's, tvm-ext's, ONNX Runtime's MLAS)::
-
-      vpmaddubsw  (u8 x s8 pairs -> saturated int16)
-      vpmaddwd    (int16 pairs x 1 -> int32)
-      vpaddd      (accumulate)
-
-  two of them on the multiply pipes;
-* ``avx512_vnni``: one ``vpdpbusd`` per 64 products (16 int32 lanes, each the sum of four u8 x s8
-  products added to the accumulator), on one or two 512-bit pipes depending on the CPU.
-
-This script compiles a micro-kernel for the chosen sequence with ``gcc -O2`` and runs it on each core
-alone and on all cores at once (``taskset``), in two forms, and prints GMAC/s:
-
-* *registers only*: 12 independent accumulators, every operand in a register;
-* *with loads*: what a convolution's register tile does. AVX2: 3 weight vectors loaded and 4
-  activation words broadcast per 12 products (a GEMM micro-kernel). AVX-512 VNNI: 4 weight vectors
-  (64 output channels) loaded and 6 activation words broadcast from memory, 24 accumulators
-  (oneDNN's brgemm tile), about 0.42 loads per ``vpdpbusd``.
-
-Given a model's multiply-accumulates (``--gmac``; int8 ResNet-50 at 224x224: 4.089) it prints the
-lowest latency any kernel using that sequence can reach: the model's MACs at the best rate measured
-(either form), with nothing else taking time.
+sequences, each with a fixed peak per core and clock: ``avx2`` (``vpmaddubsw`` + ``vpmaddwd`` +
+``vpaddd`` per 32 products: every kernel without VNNI) or ``avx512_vnni`` (one ``vpdpbusd`` per 64
+products). This script compiles a micro-kernel for the chosen sequence with ``gcc -O2`` and runs it
+on each core alone and on all cores at once (``taskset``), *registers only* and *with loads* (a
+convolution's register tile), and prints GMAC/s. Given a model's multiply-accumulates (``--gmac``;
+int8 ResNet-50 at 224x224: 4.089) it prints the lowest latency any kernel using that sequence can
+reach. The two sequences and the two forms in detail: docs/benchmarks.md, "How lab/int8_peak.py
+works".
 
     python benchmarks/lab/int8_peak.py [--isa avx2|avx512_vnni] [--gmac 4.089] [--iters 100000000] [--rounds 3]
 

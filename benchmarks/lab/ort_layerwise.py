@@ -12,28 +12,10 @@ libtvm.so does not take the tool down)::
         [--inputs 8] [--small] [--ort-exact] [--config relay.qnn.requantize_rounding=TONEAREST] [--out DIR]
 
 MODEL is a zoo name (``resnet50_int8_qoperator`` with ``--small``, ``ppocr_cls_v2_int8_qdq``, ...)
-or an ONNX file. Engines:
-
-- ``ort``: ONNX Runtime, CPU, ORT_ENABLE_ALL (as the benchmark runs it), on the exposed model;
-  with ``--ort-exact`` on its exact int8 path (``session.x64quantprecision``): without VNNI its
-  default uint8 x int8 kernels saturate int16 pair sums (PP-OCR cls: 21 levels at the first conv,
-  29 output steps), so on such CPUs the numerics of ``numerics="onnxruntime"`` are compared with it.
-  Exposing a QDQ model's tensors as graph outputs changes ORT's fusions (the run prints whether
-  the final output changed): then use ``--ort-reference optimized``, which runs ORT's *own*
-  optimized graph of the plain model (``optimized_model_filepath``) with its tensors of the same
-  names exposed and ``ORT_DISABLE_ALL`` (nothing is re-fused); tensors ORT's optimizer renamed or
-  removed (S8-to-U8 conversions, fused Q/DQ pairs) are then missing from the table (``-``);
-- ``stock-llvm``: plain ``relay.build`` for target ``llvm`` (generic x86-64: no int8 tensor
-  instructions, exact int32 accumulation);
-- ``stock-host``: plain ``relay.build`` for :func:`tvm_ext.x86.target.safe_target` of the host (the
-  benchmark's stock column; VNNI masked, ``vpmaddubsw`` int16 pair sums can saturate);
-- ``tvm-ext``: :func:`tvm_ext.build` without passes (VNNI where the host has it);
-- ``tvm-ext-int8``: :func:`tvm_ext.build` with ``pipelines.int8()``;
-- ``stock-llvm-rhe`` / ``tvm-ext-rhe``: as ``stock-llvm`` / ``tvm-ext``, with the pass
-  ``RoundHalfToEven`` at ``before_fuse``;
-- ``tvm-ext-ortnum``: :func:`tvm_ext.build` with ``pipelines.onnxruntime_numerics()`` (stock
-  graph, ONNX Runtime's rounding);
-- ``tvm-ext-int8-ort``: :func:`tvm_ext.build` with ``pipelines.int8(numerics="onnxruntime")``.
+or an ONNX file. Engines: ``ort`` (ONNX Runtime; ``--ort-exact``, ``--ort-reference optimized``),
+``stock-llvm``, ``stock-host``, ``tvm-ext``, ``tvm-ext-int8``, ``stock-llvm-rhe``, ``tvm-ext-rhe``,
+``tvm-ext-ortnum``, ``tvm-ext-int8-ort``: what each one builds is in docs/numerics.md,
+"ort_layerwise.py's engines".
 """
 from __future__ import annotations
 

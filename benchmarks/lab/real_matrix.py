@@ -1,49 +1,24 @@
 """The real models' target matrix: kernels, bytes crossing kernels, crashes, numerics, per variant.
 
-Design note
------------
-For each real zoo variant (``<model>_int8_<qoperator|qdq>[_s8s8][_perchannel]``) this builds
-*stock* (plain ``relay.build`` at the VNNI-masked host target, the benchmark's stock column) and
-*tvm-ext* (``tvm_ext.build(..., passes=pipelines.int8())`` at its own target), each in its own
-child process, with the benchmark's own build job (:func:`tvm_ext.tools.bench.run_builds`), so a
-segfault or an LLVM assertion is a table cell, not the end of the run. When stock ``relay.build``
-fails (LLVM 22's verifier on some Zen 4 builds), stock is also built as ``tvm_ext.build`` without
-passes at the same masked target (the same kernels as ``relay.build``, built again with TIR CSE off:
-``docs/real-models.md``, "Running them", and the TVM bugs table of ``docs/fuzzing.md``), and the
-table says so.
-
-Then, in another child process, both builds and ONNX Runtime run on the benchmark's inputs
-(``tvm_ext.tools.zoo_real.images(name, n, seed=1000)``) and the benchmark's numerics are computed
-(:func:`tvm_ext.tools.bench.compare_outputs`, output step from :func:`tvm_ext.tools.bench.real_variant`).
-
-**No latency**: this measures structure and numerics only (the machine is shared). Per variant it
-checks these targets: tvm-ext kernels <= stock, no crash, no int32 (or wider) tensor crossing
-kernels, float32 crossing only on purpose (every float crossing's reason in the kernel report is
-one of the on-purpose ones, ``tvm_ext.core.report.CROSSING_REASONS``), bytes crossing <= 0.5x stock,
-max difference to ONNX Runtime <= 2 output steps, and (the classifier) top-1 equal to ONNX Runtime;
-and it lists the kernel-list difference (ops of the kernels tvm-ext has and stock has not, and the
-reverse), which names the pass responsible.
+For each real zoo variant (``<model>_int8_<qoperator|qdq>[_s8s8][_perchannel]``) this builds *stock*
+(plain ``relay.build`` at the VNNI-masked host target) and *tvm-ext* (``pipelines.int8()`` at its own
+target), each in its own child process with the benchmark's build job
+(:func:`tvm_ext.tools.bench.run_builds`): a segfault is a table cell. Then both builds and ONNX
+Runtime run on the benchmark's inputs and the benchmark's numerics are computed
+(:func:`tvm_ext.tools.bench.compare_outputs`). **No latency**: structure and numerics only, checked
+against per-variant targets (tvm-ext kernels <= stock, no crash, no int32 crossing, float crossing
+only on purpose, bytes <= 0.5x stock, <= 2 output steps from ONNX Runtime, classifier top-1 equal).
+The targets, the stock fallback and the options: docs/real-models.md, "How real_matrix.py works".
 
 Usage::
 
     nice -n 10 .venv/bin/python benchmarks/lab/real_matrix.py [--variants a,b,...] [--out DIR] [--resume]
     .venv/bin/python benchmarks/lab/real_matrix.py --variants a,b --stock-from DIR/matrix.json --out DIR2
-
-(``--stock-from``: keep an earlier run's stock builds and numerics, build only tvm-ext: stock TVM
-does not change with tvm-ext's passes.)
-
-``--numerics onnxruntime`` builds tvm-ext with ``pipelines.int8(numerics="onnxruntime")`` instead of
-``pipelines.int8()``. With ``--stock-from``, the earlier run's tvm-ext build (the default pipeline)
-is kept as the ``int8()`` reference: its kernels and numerics are shown next to the option's, and the
-target ``kernels_le_int8`` checks that the option adds no kernel::
-
     nice -n 10 .venv/bin/python benchmarks/lab/real_matrix.py --numerics onnxruntime \
         --stock-from DIR0/matrix.json --out DIR
+    .venv/bin/python benchmarks/lab/real_matrix.py --merge A/matrix.json,B/matrix.json --out DIR
 
 Writes ``DIR/matrix.json`` (after every variant) and ``DIR/matrix.md``; progress through logging.
-``--merge A/matrix.json,B/matrix.json,... --out DIR`` joins earlier runs (targets re-checked) into
-one table, in the zoo's variant order; each run's environment is kept in the merged file, so the
-runs' own JSON need not be kept beside it.
 """
 from __future__ import annotations
 
