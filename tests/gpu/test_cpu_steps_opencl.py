@@ -1,11 +1,12 @@
-"""The int8 pipeline's CPU-kernel steps applied by hand (``passes=[...]``) at ``opencl``: each builds,
+"""The int8 pipeline's steps for CPU kernels, applied by hand (``passes=[...]``) at ``opencl``: each builds,
 and runs on PoCL with the outputs of a plain ``llvm`` build of the graph without the pass (integer
 graphs: bit for bit).
 
 ``FuseWideningIntoPool`` puts a widening chain in front of a pool or softmax in one kernel; TVM's GPU
 schedules of those ops leave such a stage unscheduled, and the GPU back end's schedules inline it
-(:mod:`tvm_ext.gpu.schedules`). ``PadChannelsAtProducer`` and ``DequantizeInConvTranspose`` skip GPU
-targets (logged); ``EpilogueBeforeChannelSlice`` and ``NarrowKernelBoundaries`` build as they are.
+(:mod:`tvm_ext.gpu.schedules`). ``NarrowKernelBoundaries`` cuts the join's later argument there.
+``PadChannelsAtProducer`` and ``DequantizeInConvTranspose`` skip GPU targets (logged);
+``EpilogueBeforeChannelSlice`` finds nothing to move (no channel slice at GPU targets) and builds.
 Compiling needs no device; running skips with the reason when the OpenCL set-up is missing."""
 from __future__ import annotations
 
@@ -190,8 +191,14 @@ def test_epilogue_before_channel_slice_by_hand_builds_and_runs_at_opencl():
 
 
 def test_narrow_kernel_boundaries_by_hand_builds_and_runs_at_opencl():
+    """At opencl FuseOps fuses the widening chain into the join only from the join's later argument:
+    the pass cuts that one, so the build keeps stock's kernels and only uint8 crosses."""
     mod, inputs = _residual()
     built = tvm_ext.build(mod, target="opencl", passes=[NarrowKernelBoundaries()])
+    stock = tvm_ext.build(mod, target="opencl").kernel_report
+    report = built.kernel_report
+    assert report.num_launched_kernels == stock.num_launched_kernels == 2
+    assert set(stock.crossing.nbytes) == {"int32"} and set(report.crossing.nbytes) == {"uint8"}
     _check_against_llvm(mod, built, inputs)
 
 
@@ -207,3 +214,38 @@ def test_cpu_kernel_steps_skip_opencl_and_build_as_stock(step, make, stage, reas
     assert reason in caplog.text, f"{name} did not say why it skipped opencl"
     stock = tvm_ext.build(mod, target="opencl")
     assert [k.ops for k in built.kernel_report.kernels] == [k.ops for k in stock.kernel_report.kernels]
+
+
+def _shortcut_join():
+    """A residual join as QDQ graphs make it: n = conv1's 8-bit output, read by conv2 and by the
+    join's earlier argument, a widening chain; the later argument is conv2's chain."""
+    x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+
+    def conv(v, seed):
+        w = relay.const(np.random.default_rng(seed).integers(-3, 4, (8, 8, 1, 1)).astype("int8"))
+        c = relay.nn.conv2d(v, w, kernel_size=(1, 1), channels=8, out_dtype="int32")
+        return relay.cast(relay.floor(relay.multiply(relay.cast(c, "float32"), relay.const(0.01))), "int32")
+
+    n = relay.cast(relay.clip(conv(x, 1), 0.0, 255.0), "uint8")
+    widened = relay.multiply(relay.subtract(relay.cast(n, "int32"), relay.const(5)), relay.const(2))
+    out = relay.cast(relay.clip(relay.add(widened, relay.clip(conv(n, 2), 0.0, 255.0)), 0.0, 255.0), "uint8")
+    mod = tvm.IRModule.from_expr(relay.Function([x], out))
+    return mod, {"x": RNG.integers(0, 256, (1, 8, 6, 6)).astype("uint8")}
+
+
+def test_narrow_kernel_boundaries_puts_the_widening_chain_last_at_opencl(caplog):
+    """Stock FuseOps at opencl leaves the earlier argument's widening chain as a kernel of its own;
+    with the join's arguments swapped it fuses into conv2's kernel, and only uint8 crosses."""
+    mod, inputs = _shortcut_join()
+    stock = tvm_ext.build(mod, target="opencl").kernel_report
+    with caplog.at_level(logging.INFO, logger="tvm_ext.passes.NarrowKernelBoundaries"):
+        built = tvm_ext.build(mod, target="opencl", passes=[NarrowKernelBoundaries()])
+    assert "arguments swapped" in caplog.text
+    report = built.kernel_report
+    assert stock.num_launched_kernels == 3 and report.num_launched_kernels == 2
+    assert set(report.crossing.nbytes) == {"uint8"}
+    _check_against_llvm(mod, built, inputs)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tvm_ext.passes.NarrowKernelBoundaries"):
+        tvm_ext.build(mod, target="llvm", passes=[NarrowKernelBoundaries()])
+    assert "arguments swapped" not in caplog.text  # CPU targets: FuseOps fuses either argument's chain

@@ -125,11 +125,10 @@ INT8 = (
                   "chain fuses into the consumer.",
              why="after ``RemoveStopFusion``, which acts on every barrier and so would judge its cuts, and after "
                  "``EpilogueBeforeChannelSlice`` (above). At ``before_fuse``: it matches the forms QNN lowering "
-                 "and SimplifyExpr leave (an integer ``clip`` to 8-bit bounds). CPU targets: at GPU targets the "
-                 "widening chain it hands a join does not fuse into the conv reading it and runs as a kernel of "
-                 "its own.",
-             after=("RemoveStopFusion",),
-             families=("x86", "aarch64")),
+                 "and SimplifyExpr leave (an integer ``clip`` to 8-bit bounds). At GPU targets it cuts the join's "
+                 "later argument only: there FuseOps fuses a widening chain into a join holding an anchor "
+                 "only from that side.",
+             after=("RemoveStopFusion",)),
         Step("WidenAfterMovement",
              does="a dequantize chain in front of data movement (concatenate, split, reshape, transpose, layout "
                   "transforms, slices: a detector head's multi-scale concatenation) moves behind it, constants "
@@ -151,10 +150,10 @@ INT8 = (
              why="after the passes that bring a widening chain to a pool's input: ``NarrowBeforeMaxPool``, "
                  "``WidenAfterMovement`` and ``WidenInEachReader``. Each pool group it makes is a ``Primitive`` "
                  "function; of the passes after it only the rounding pass of ``numerics=\"onnxruntime\"`` "
-                 "enters one (a transcendental op in the pool's elementwise consumers stays as it is). CPU "
-                 "targets: TVM's GPU pool schedule leaves such a group's kernel without thread bindings.",
-             after=("NarrowBeforeMaxPool", "WidenAfterMovement", "WidenInEachReader"),
-             families=("x86", "aarch64")),
+                 "enters one (a transcendental op in the pool's elementwise consumers stays as it is). At GPU "
+                 "targets the GPU back end's pool and softmax schedules inline the chain (TVM's would leave "
+                 "it unscheduled).",
+             after=("NarrowBeforeMaxPool", "WidenAfterMovement", "WidenInEachReader")),
         Step("TabulateEightBit",
              does="an elementwise float function of one 8-bit value (quantized sigmoid, SiLU, tanh, GELU) becomes "
                   "a table lookup computed by TVM at compile time (exact), fused where the chain was: one table "
