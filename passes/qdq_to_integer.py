@@ -80,9 +80,10 @@ PADDED_INT8_MIN_MACS = 1 << 24
 #: The same per int8 instruction class (:func:`tvm_ext.families.isa_class` of the current target)
 #: where it differs: every conv converts where the padding costs no kernel. AVX2 and AVX-512 VNNI take
 #: 8-channel int8 blocks (no padding); aarch64 pads to 8 channels, and ``FoldChannelRepadIntoConv`` lets
-#: the next conv read the padded channels, so no slice/re-pad kernel stays between them (docs/arm.md).
+#: the next conv read the padded channels, so no slice/re-pad kernel stays between them (docs/arm.md);
+#: ``opencl`` legalizes no int8 conv (TVM pads channels at cuda, vulkan and rocm only; docs/gpu.md).
 PADDED_INT8_MIN_MACS_BY_ISA = {"avx2": 0, "avx512_vnni": 0, "aarch64_neon": 0, "aarch64_dotprod": 0,
-                               "aarch64_i8mm": 0}
+                               "aarch64_i8mm": 0, "opencl": 0}
 #: The output-channel multiple x86's int8 legalization pads a conv to (``conv2d_alter_int8_common``).
 PADDED_INT8_CHANNELS = 16
 #: A padded conv also converts when each output sums at least this many products and the conv

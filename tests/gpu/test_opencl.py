@@ -97,3 +97,26 @@ def test_small_zoo_int8_resnet_with_int8_pipeline_matches_llvm(device, name):
 def test_small_zoo_float_resnet_within_tolerance(device):
     ref, got = _zoo_pair("resnet50_fp32", ())
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-3, atol=1e-3)
+
+
+def test_qdq_to_integer_converts_every_conv_at_opencl(device):
+    """opencl legalizes no int8 conv (no channel padding), so QDQToInteger converts a 6-channel conv
+    there (at plain llvm it stays float: x86 would pad it to 16); the build equals a plain llvm build
+    of TVM's own FakeQuantizationToInteger of the graph, bit for bit."""
+    from tvm_ext.passes import QDQToInteger
+
+    rng = np.random.default_rng(6)
+    a = relay.var("a", shape=(1, 16, 4, 4), dtype="uint8")
+    scale, zp = relay.const(0.05), relay.const(3, "int32")
+    w = relay.qnn.op.dequantize(relay.const(rng.integers(-20, 20, (6, 16, 1, 1)).astype("int8")), relay.const(0.02),
+                                relay.const(0, "int32"))
+    conv = relay.nn.conv2d(relay.qnn.op.dequantize(a, scale, zp), w, channels=6, kernel_size=1)
+    mod = tvm.IRModule.from_expr(relay.Function([a], relay.qnn.op.quantize(conv, scale, zp, out_dtype="uint8")))
+    mod = relay.transform.InferType()(mod)
+    built = tvm_ext.build(mod, target="opencl", passes={"start": [QDQToInteger()]})
+    assert any("nn.conv2d" in k.ops and k.inputs[0][1] == "uint8" for k in built.kernel_report.kernels)
+    integer = relay.transform.FakeQuantizationToInteger()(mod)
+    inputs = {"a": rng.integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
+    ref = _run(tvm_ext.build(integer, target="llvm"), tvm.cpu(), inputs)[0]
+    got = _run(built, device, inputs)[0]
+    assert got.dtype == np.uint8 and np.array_equal(got, ref)
