@@ -73,9 +73,9 @@ def test_tune_over_rpc_writes_records_a_later_build_applies(tiny, arm_server, tm
     recs = tuning.load_records(build_target(N1))
     assert len(recs) == 2
     for inp, result in recs:
-        assert str(inp.target) == str(build_target(N1)) and inp.task.name == tuning.TASK
+        assert str(inp.target) == str(build_target(N1)) and inp.task.name == tuning.DOT_TASK  # tvm_ext.arm.dot_conv
         assert inp.task.workload in [r[5] for r in res.rows] and result.error_no == 0 and result.costs[0] > 0
-        assert inp.config["tile_ow"] is not None and inp.config["tile_ic"].size[-1] == inp.task.workload[1][1][4]
+        assert inp.config["tile_quads"] is not None and inp.config["tile_ic"].size[-1] == inp.task.workload[1][1][4]
     assert all(tuning.load_records(build_target(aarch64.TARGETS[c])) == [] for c in ("cortex-a72", "neoverse-v1"))
 
     fac = tvm_ext.build(mod, target=N1, params=params, passes=pipelines.int8())
@@ -116,7 +116,7 @@ def test_tune_over_tracker(tiny, tracker_with_board, tmp_path, monkeypatch, caps
     assert records.is_file() and f"records to {records}" in text
     for line in filter(None, records.read_text().splitlines()):
         inp, _ = autotvm.record.decode(line)
-        assert str(inp.target) == str(build_target(N1)) and inp.task.name == tuning.TASK
+        assert str(inp.target) == str(build_target(N1)) and inp.task.name == tuning.DOT_TASK  # tvm_ext.arm.dot_conv
     assert main(["tune", str(path), "--tracker", tracker_with_board, "--key", "pi4", "--target", N1]) == 2  # old names
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no board with key 'pi4' (keys: qemu-aarch64)" in err[0]

@@ -23,14 +23,15 @@ def test_table_lists_every_class_in_order():
     assert tuple(p.isa for p in int8_policy.POLICIES) == ISA_CLASSES
 
 
-@pytest.mark.parametrize("cls, dot, mmla, dense, int8_operands", [
-    ("aarch64_i8mm", "smmla", True, ("mmla", "dot"), False),
-    ("aarch64_dotprod", "sdot", False, ("dot",), False),
-    ("aarch64_neon", "smull", False, (), True),
+@pytest.mark.parametrize("cls, dot, mmla, dense, int8_operands, conv_tile", [
+    ("aarch64_i8mm", "smmla", True, ("mmla", "dot"), False, ""),
+    ("aarch64_dotprod", "sdot", False, ("dot",), False, "sdot"),
+    ("aarch64_neon", "smull", False, (), True, "smull"),
 ])
-def test_table_contents_per_class(cls, dot, mmla, dense, int8_operands):
+def test_table_contents_per_class(cls, dot, mmla, dense, int8_operands, conv_tile):
     p = int8_policy.policy_for(cls)
     assert (p.dot, p.mmla_conv, p.dense_kernels, p.int8_operands) == (dot, mmla, dense, int8_operands)
+    assert p.conv_tile == conv_tile
     assert p.mixed_sign_dot == (cls == "aarch64_i8mm")
     assert p.mmla_block == (8 if mmla else 0)
     assert p.few_channel_nchwc and p.float_stem_nchwc and p.depthwise_nchwc
@@ -49,6 +50,8 @@ def test_malformed_records_and_unknown_classes_are_refused():
         int8_policy.KernelPolicy("avx2", "sdot", False, False, (), False, "-")
     with pytest.raises(ValueError, match="unknown dense kernels"):
         int8_policy.KernelPolicy("aarch64_dotprod", "sdot", False, False, ("gemm",), False, "-")
+    with pytest.raises(ValueError, match="unknown conv tile form"):
+        int8_policy.KernelPolicy("aarch64_neon", "smull", True, False, (), False, "-", conv_tile="smlal")
     with pytest.raises(ValueError, match="needs an mmla_block"):
         int8_policy.KernelPolicy("aarch64_i8mm", "smmla", False, True, (), True, "-")
     with pytest.raises(ValueError, match="no aarch64 int8 policy"):
@@ -96,22 +99,28 @@ def _with_record(monkeypatch, cls, **changes):
 
 
 @needs_aarch64
-@pytest.mark.parametrize("cpu, expected", [("neoverse-v1", int8_conv.NCHWC_MMLA), ("neoverse-n1", None)])
+@pytest.mark.parametrize("cpu, expected", [("neoverse-v1", int8_conv.NCHWC_MMLA),
+                                           ("neoverse-n1", int8_conv.NCHWC_TILES + ".sdot"),
+                                           ("cortex-a72", int8_conv.NCHWC_TILES + ".smull")])
 def test_conv_takes_the_tables_kernel_per_class(cpu, expected):
-    """A 16-channel int8 conv: the smmla kernel at the class whose record has ``mmla_conv``, not at +dotprod."""
+    """A 16-channel int8 conv: the smmla kernel at the class whose record has ``mmla_conv``, the register
+    tile of the class's ``conv_tile`` form at the others."""
     names = _implementations(_conv(), cpu)
-    if expected:
-        assert expected in names, names
-    else:
-        assert int8_conv.NCHWC_MMLA not in names and any("int8" in n for n in names), names
+    assert expected in names, names
+    assert len({int8_conv.NCHWC_MMLA, int8_conv.NCHWC_TILES + ".sdot", int8_conv.NCHWC_TILES + ".smull"}
+               & names) == 1, names
 
 
 @needs_aarch64
 def test_conv_follows_a_changed_record(monkeypatch):
-    """Without ``mmla_conv`` in the +i8mm record, the same conv at Neoverse-V1 keeps the dot product."""
+    """Without ``mmla_conv`` in the +i8mm record, the same conv at Neoverse-V1 keeps the dot product; with
+    the +dotprod record's ``conv_tile`` cleared, Neoverse-N1's conv is TVM's NCHWc int8 kernel again."""
     _with_record(monkeypatch, "aarch64_i8mm", mmla_conv=False)
     names = _implementations(_conv(), "neoverse-v1")
     assert int8_conv.NCHWC_MMLA not in names, names
+    _with_record(monkeypatch, "aarch64_dotprod", conv_tile="")
+    names = _implementations(_conv(), "neoverse-n1")
+    assert not any(n.startswith(int8_conv.NCHWC_TILES) for n in names) and "conv2d_NCHWc_int8.arm_cpu" in names, names
 
 
 @needs_aarch64

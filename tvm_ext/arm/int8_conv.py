@@ -7,7 +7,8 @@ instruction-set class); this module applies it through TVM's registrations:
 * QNN legalization: int8 operands without a dot product (``int8_operands``);
 * conv2d legalization: up to ``few_channel_pad`` input channels padded to it, not to 8;
 * the conv strategy: the NCHWc int8 kernel below 64 channels (``few_channel_nchwc``), a float first
-  layer as NCHWc (``float_stem_nchwc``), :mod:`tvm_ext.arm.mmla_conv` (``mmla_conv``);
+  layer as NCHWc (``float_stem_nchwc``), :mod:`tvm_ext.arm.mmla_conv` (``mmla_conv``), NCHW4c
+  convs in :mod:`tvm_ext.arm.dot_conv`'s register tiles (``conv_tile``);
 * the layout rule: the ``smmla`` layouts, one channel block among them (``mmla_block``), NCHWc
   depthwise convs after an NCHWkc producer (``depthwise_nchwc``);
 * the dense strategy: :mod:`tvm_ext.arm.int8_dense`'s kernels (``dense_kernels``).
@@ -36,16 +37,20 @@ from tvm.target import Target
 
 from .._op_pattern import K_BROADCAST, call_pattern
 from .._patch import Patch
-from . import int8_dense, mmla_conv
+from . import dot_conv, int8_dense, mmla_conv
 from ._mmla import MMLA_INSTRUCTION
 from .int8_policy import CHANNEL_MULTIPLE, INT8_LANES, MIN_INT8_CHANNELS, policy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernels", "NCHWC_INT8", "NCHWC_MMLA", "MIN_INT8_CHANNELS"]
+__all__ = ["kernels", "NCHWC_INT8", "NCHWC_MMLA", "NCHWC_TILES", "MIN_INT8_CHANNELS"]
 
 #: The implementation name of TVM's NCHWc int8 conv on aarch64 (``sdot``/``udot``, or ``smull``).
 NCHWC_INT8 = "conv2d_nchw_int8.arm_cpu"
+
+#: The implementation names of tvm-ext's NCHW4c int8 convs in register tiles (``conv_tile``): this, a dot
+#: and the form (``conv2d_nchwc_tiles.tvm_ext.sdot``, ``....smull``).
+NCHWC_TILES = "conv2d_nchwc_tiles.tvm_ext"
 
 #: The implementation name of tvm-ext's NCHW8c matrix-multiply int8 conv (+i8mm).
 NCHWC_MMLA = "conv2d_nchwc_mmla.tvm_ext"
@@ -237,7 +242,35 @@ def _conv2d_nchwc_strategy(attrs, inputs, out_type, target):
                                     _strategy.wrap_topi_schedule(mmla_conv.schedule_conv2d_mmla),
                                     name=NCHWC_MMLA, plevel=25)
         return strategy
+    form = _tile_form(attrs, *inputs, out_type, target)
+    if form:
+        compute, schedule = _TILE_FORMS[form]
+        strategy = relay.op.OpStrategy()
+        strategy.add_implementation(_mmla_compute(compute), _strategy.wrap_topi_schedule(schedule),
+                                    name=f"{NCHWC_TILES}.{form}", plevel=25)
+        return strategy
     return _arm_strategy.conv2d_NCHWc_strategy_arm_cpu(attrs, inputs, out_type, target)
+
+
+#: :mod:`tvm_ext.arm.dot_conv`'s compute and schedule per ``conv_tile`` form.
+_TILE_FORMS = {"sdot": (dot_conv.conv2d_nchwc_dot, dot_conv.schedule_conv2d_dot),
+               "smull": (dot_conv.conv2d_nchwc_widening, dot_conv.schedule_conv2d_widening)}
+
+
+def _tile_form(attrs, data, kernel, out_type, target) -> str:
+    """The record's ``conv_tile`` form for an NCHW4c int8 conv (``OIHW1i4o4i`` weights, groups 1, static
+    shapes, output rows of 4 pixels or more): :mod:`tvm_ext.arm.dot_conv`'s register tile instead of
+    TVM's one accumulator; else ``""`` (TVM's schedule)."""
+    form = policy(target).conv_tile
+    if not form or int(attrs.groups) != 1 or not _static(data.shape, kernel.shape):
+        return ""
+    if str(attrs.out_layout or attrs.data_layout) != f"NCHW{dot_conv.LANES}c":
+        return ""
+    data_shape, kernel_shape = tuple(int(d) for d in data.shape), tuple(int(d) for d in kernel.shape)
+    out_width = dot_conv.output_width(data_shape[3], kernel_shape[3], int(attrs.strides[1]),
+                                      attrs.get_int_tuple("padding"), int(attrs.dilation[1]))
+    why = dot_conv.check_operands(data_shape, kernel_shape, data.dtype, kernel.dtype, out_type.dtype, out_width)
+    return "" if why else form
 
 
 def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):

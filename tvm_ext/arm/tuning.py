@@ -1,6 +1,6 @@
 """aarch64 tuned int8 conv schedules: the records ``tvm-ext tune --rpc`` measured on a board.
 
-Records of TVM's ``conv2d_NCHWc_int8.arm_cpu`` template, in
+Records of TVM's ``conv2d_NCHWc_int8.arm_cpu`` template and of :mod:`tvm_ext.arm.dot_conv`'s, in
 ``$TVM_EXT_CACHE/tuned/aarch64_int8_<mcpu>_<class>.log`` with the class ``neon``, ``dotprod`` or
 ``i8mm`` (:func:`tvm_ext.arm.isa.isa_class`), written by ``tvm-ext tune --rpc`` or ``--rpc-tracker``
 (:mod:`tvm_ext.tools.tune_remote`) and applied by the aarch64 back end for that ``-mcpu`` and class.
@@ -13,12 +13,15 @@ from pathlib import Path
 from .. import _records
 from .isa import isa_class
 
-__all__ = ["TASK", "CONV_TASKS", "DENSE_TASKS", "TASKS", "records_name", "user_path", "load_records", "apply",
-           "target_key"]
+__all__ = ["TASK", "DOT_TASK", "WIDENING_TASK", "CONV_TASKS", "DENSE_TASKS", "TASKS", "records_name", "user_path",
+           "load_records", "apply", "target_key"]
 
 #: TVM's int8 conv template on aarch64 (``sdot``/``udot``, ``smull`` with NEON only).
 TASK = "conv2d_NCHWc_int8.arm_cpu"
-CONV_TASKS = (TASK,)
+#: tvm-ext's NCHW4c convs in register tiles (:mod:`tvm_ext.arm.dot_conv`): ``sdot`` and ``smull`` + ``sadalp``.
+DOT_TASK = "conv2d_NCHWc_dot.tvm_ext"
+WIDENING_TASK = "conv2d_NCHWc_smull.tvm_ext"
+CONV_TASKS = (TASK, DOT_TASK, WIDENING_TASK)
 DENSE_TASKS: tuple = ()
 TASKS = CONV_TASKS
 

@@ -2,7 +2,7 @@
 
 The candidates are built here and timed there. The workloads are what :func:`tvm_ext.build`
 compiles for the board's target (:func:`tvm_ext.tools.tune.record_workloads`: the NCHWc int8 convs
-of TVM's ``conv2d_NCHWc_int8.arm_cpu`` template under tvm-ext's aarch64 kernel policy). For each,
+of :data:`tvm_ext.arm.tuning.CONV_TASKS` under tvm-ext's aarch64 kernel policy). For each,
 TVM's rule and the template's points with the layout's channel blocks (at most ``trials``) are
 compiled and linked here (:func:`tvm_ext.tools.deploy.cross_cxx`), uploaded to a board and timed
 there by the remote's ``time_evaluator``.

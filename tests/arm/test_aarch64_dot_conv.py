@@ -1,0 +1,80 @@
+"""tvm-ext's NCHW4c convs in register tiles (tvm_ext.arm.dot_conv), run under qemu: exact integers, at
++dotprod (``sdot``) and NEON only (``smull`` + ``sadalp``).
+
+Each shape exercises a part of the kernel: rows padded to whole tiles (widths 4, 5, 9, 14), strided
+columns gathered (stride 2, 1x1 and 3x3), output channels that no tile of 4 blocks divides (20 -> 24
+after legalization: 6 blocks), input channels padded (3 -> 4, 12 -> 16), batch 1. The oracle is numpy
+int64 arithmetic, inputs over the full 8-bit range, weights over [-127, 127]; the conv with a
+requantize epilogue is checked against a plain ``llvm`` build (no int8 SIMD) run on this host.
+"""
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.testing.aarch64 import TARGETS, run_on_session
+
+from _cases import X_ZP, conv_nchw_exact, plain_llvm_output
+
+#: What the tiled kernel's loop has at each class: lane-indexed sdot/udot, or smull/umull with sadalp/uadalp.
+_TILED = {"neoverse-n1": re.compile(r"^\s+[su]dot\s+v\d+\.4s, v\d+\.16b, v\d+\.4b\[[0-3]\]", re.M),
+          "cortex-a72": re.compile(r"^\s+[su]adalp\s+v\d+\.4s, v\d+\.8h", re.M)}
+
+#: (input channels, output channels, size, kernel, stride, padding)
+SHAPES = [(16, 16, 9, 3, 1, 1), (64, 32, 8, 1, 2, 0), (32, 64, 7, 3, 2, 1), (12, 20, 6, 3, 1, 0),
+          (24, 16, 14, 1, 1, 0), (3, 16, 10, 3, 2, 1), pytest.param((64, 64, 14, 3, 1, 1), marks=pytest.mark.slow)]
+
+
+def _qnn(rng, ci, co, size, k, stride, pad, requantize=False):
+    x = rng.integers(0, 256, (1, ci, size, size)).astype("uint8")
+    w = rng.integers(-127, 128, (co, ci, k, k)).astype("int8")
+    w[0, 0, 0, 0], w[1, 0, 0, 0] = 127, -127
+    var = relay.var("x", shape=x.shape, dtype="uint8")
+    y = relay.qnn.op.conv2d(var, relay.const(w), relay.const(X_ZP), relay.const(0), relay.const(0.02),
+                            relay.const(0.01), kernel_size=(k, k), channels=co, strides=(stride, stride),
+                            padding=(pad, pad), out_dtype="int32")
+    if requantize:
+        y = relay.nn.bias_add(y, relay.const(rng.integers(-3000, 3000, co).astype("int32")))
+        y = relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(9),
+                                    out_dtype="uint8")
+    ref = conv_nchw_exact(x, w, X_ZP, (stride, stride), (pad, pad))
+    return tvm.IRModule.from_expr(relay.Function([var], y)), x, ref
+
+
+def _build(mod, cpu):
+    factory = tvm_ext.build(mod, target=TARGETS[cpu], kernels=True)
+    assert _TILED[cpu].search(factory.get_lib().get_source("asm")), f"not the tiled kernel at {cpu}"
+    return factory
+
+
+@pytest.mark.parametrize("cpu", list(_TILED))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else None)
+def test_qnn_conv2d_exact_under_qemu(shape, cpu, arm_session, tmp_path):
+    mod, x, ref = _qnn(np.random.default_rng(sum(shape)), *shape)
+    name = f"tiles_{cpu}_" + "x".join(map(str, shape))
+    (out,) = run_on_session(arm_session, _build(mod, cpu), {"x": x}, tmp_path, name)
+    np.testing.assert_array_equal(out, ref, err_msg=f"qnn.conv2d {shape} at {TARGETS[cpu]}")
+
+
+@pytest.mark.parametrize("cpu, instruction", [("neoverse-n1", "udot"), ("cortex-a72", "uadalp")])
+def test_uint8_operands_are_exact_under_qemu(cpu, instruction, arm_session, tmp_path):
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 256, (1, 16, 6, 6)).astype("uint8")
+    w = rng.integers(0, 256, (24, 16, 3, 3)).astype("uint8")
+    var = relay.var("x", shape=x.shape, dtype="uint8")
+    y = relay.nn.conv2d(var, relay.const(w), kernel_size=(3, 3), channels=24, padding=(1, 1), out_dtype="int32")
+    factory = _build(tvm.IRModule.from_expr(relay.Function([var], y)), cpu)
+    assert instruction in factory.get_lib().get_source("asm")
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, f"uint8_{cpu}")
+    np.testing.assert_array_equal(out, conv_nchw_exact(x, w, 0, (1, 1), (1, 1)))
+
+
+@pytest.mark.parametrize("cpu", list(_TILED))
+def test_requantize_epilogue_matches_plain_llvm_under_qemu(cpu, arm_session, tmp_path):
+    """bias and requantize to uint8 fused into the tiled kernel: the plain llvm build's bytes."""
+    mod, x, _ = _qnn(np.random.default_rng(5), 32, 32, 11, 3, 1, 1, requantize=True)
+    (out,) = run_on_session(arm_session, _build(mod, cpu), {"x": x}, tmp_path, f"requantize_{cpu}")
+    np.testing.assert_array_equal(out, plain_llvm_output(mod, {}, x))
