@@ -310,8 +310,9 @@ class FusionGraph:
         return max((self._count_args(o) for o, _ in self.nodes[nid].outputs), default=0) > limit
 
     def _run_postponed(self, nid: int):
-        """RunFuse's start of a node: the fusions postponed until ``nid`` was reached."""
-        for src in self.postponed.pop(nid, []):
+        """RunFuse's start of a node: the fusions postponed until ``nid`` was reached, latest first (TVM keeps
+        them in a ``std::unordered_multimap``, whose ``equal_range`` gives equal keys newest first)."""
+        for src in reversed(self.postponed.pop(nid, [])):
             if self._count_args(nid, False) <= self._args_limit(nid):
                 snode = self.dom[src].parent
                 if self.g_anchor[snode] is not None:
