@@ -115,7 +115,7 @@ def test_passes_pipeline_lists_every_pass_in_order_with_its_reason(capsys, numer
             why = " ".join(step.why.replace("``", "").split())
             assert flat.index(why, at) == flat.index("order: ", at) + len("order: "), step.name
     assert ("RoundHalfToEven" in out) == (numerics == "onnxruntime")
-    assert "FuseWideningIntoPool   [only at x86, aarch64 targets]" in out  # a CPU-kernel step is marked
+    assert "PadChannelsAtProducer   [only at x86, aarch64 targets]" in out  # a CPU-kernel step is marked
 
 
 def test_passes_numerics_needs_a_pipeline():
