@@ -123,7 +123,11 @@ def _runnable_opencl(factory):
     args = []
     for name, value in factory.params.items():
         args += [name, tvm.nd.array(value)]
+    exportable = factory.module
     factory.module = create(factory.graph_json, lib, factory.libmod_name, *args)
     factory.lib = lib
+    # the runnable module is loaded from a shared library, which TVM cannot save again: exports
+    # write the module as built (the same kernels, serialised as the runtime's loader reads them)
+    factory.export_library = exportable.export_library
     logger.debug("opencl build: kernels handed to the loaded OpenCL runtime")
     return factory
