@@ -9,7 +9,9 @@
       # a*w0 + b*w1 = (a & 127)*w0 + (b & 127)*w1  +  (a & 128)*w0 + (b & 128)*w1
 
 * :func:`dot_u8s8_int16_pairs`: a kernel packed in pairs of input channels (:func:`pair_kernel`)
-  multiplied as int16 with one ``vpmaddwd``: exact, as many multiplies as the saturating form.
+  multiplied as int16 with one ``vpmaddwd``: exact, as many multiplies as the saturating form;
+* :func:`dot_int16_pairs`: the same product with both operands already int16 in memory (the kernel
+  widened at compile time, the data by the conv before its loops): the loop only loads them.
 
 docs/x86-kernels.md ("Exact int8 dot products without VNNI") has the measurements.
 """
@@ -20,7 +22,7 @@ import tvm
 from tvm import te
 
 __all__ = ["PAIR_LIMIT", "pairs_fit_int16", "pair_kernel", "dot_u8s8_exact", "dot_u8s8_int16_pairs",
-           "dot_u8s8_saturating"]
+           "dot_int16_pairs", "dot_u8s8_saturating"]
 
 #: The largest sum of same-sign weights a ``vpmaddubsw`` pair may have so that 255 times it fits
 #: int16: 255 * 128 = 32640 <= 32767 and -255 * 128 >= -32768.
@@ -66,20 +68,20 @@ def pair_kernel(weight) -> np.ndarray:
 
 
 
-def _declare(lanes: int, group: int, body):
-    """The tensor intrinsic ``int32[lanes] += sum_k uint8[group] * int8[lanes][group]`` (TVM's
+def _declare(lanes: int, group: int, body, data_t: str = "uint8", kernel_t: str = "int8"):
+    """The tensor intrinsic ``int32[lanes] += sum_k data_t[group] * kernel_t[lanes][group]`` (TVM's
     buffers and body/reset/update protocol, so TVM's int8 schedules tensorize with it unchanged);
-    ``body(data, kernel)`` returns the int32 vector of one dot product from the ``uint8 x group``
-    data vector and the kernel's ``int8 x (group * lanes)`` bytes."""
+    ``body(data, kernel)`` returns the int32 vector of one dot product from the ``data_t x group``
+    data vector and the kernel's ``kernel_t x (group * lanes)`` values."""
     if lanes not in _INSTRUCTIONS:
         raise ValueError(f"exact_dot: int32 lanes must be one of {sorted(_INSTRUCTIONS)}, got {lanes}")
-    data = te.placeholder((group,), dtype="uint8", name="data")
-    kernel = te.placeholder((lanes, group), dtype="int8", name="kernel")
+    data = te.placeholder((group,), dtype=data_t, name="data")
+    kernel = te.placeholder((lanes, group), dtype=kernel_t, name="kernel")
     k = te.reduce_axis((0, group), name="k")
     out = te.compute((lanes,), lambda i: te.sum(data[k].astype("int32") * kernel[i, k].astype("int32"), axis=k),
                      name="C")
-    a_buf = tvm.tir.decl_buffer(data.shape, dtype="uint8", name="a_buffer", offset_factor=1, strides=[1])
-    b_buf = tvm.tir.decl_buffer(kernel.shape, dtype="int8", name="b_buffer", offset_factor=1,
+    a_buf = tvm.tir.decl_buffer(data.shape, dtype=data_t, name="a_buffer", offset_factor=1, strides=[1])
+    b_buf = tvm.tir.decl_buffer(kernel.shape, dtype=kernel_t, name="b_buffer", offset_factor=1,
                                 strides=[te.var("ldw"), 1])
     acc_t = _INSTRUCTIONS[lanes][2]
 
@@ -89,7 +91,7 @@ def _declare(lanes: int, group: int, body):
             if kind == "reset":
                 ib.emit(outs[0].vstore(0, tvm.tir.const(0, acc_t)))
                 return ib.get()
-            dot = body(ins[0].vload([0], f"uint8x{group}"), ins[1].vload([0, 0], f"int8x{group * lanes}"))
+            dot = body(ins[0].vload([0], f"{data_t}x{group}"), ins[1].vload([0, 0], f"{kernel_t}x{group * lanes}"))
             if kind == "update":
                 dot = dot + outs[0].vload([0], acc_t)
             ib.emit(outs[0].vstore(0, dot))
@@ -142,6 +144,24 @@ def dot_u8s8_int16_pairs(lanes: int):
         return tvm.tir.call_llvm_pure_intrin(acc_t, maddwd, tvm.tir.const(2, "uint32"), a, b.astype(pairs_t))
 
     return _declare(lanes, 2, body)
+
+
+def dot_int16_pairs(lanes: int):
+    """The exact ``int32[lanes] += sum_k int16[2] * int16[lanes][2]`` as one ``vpmaddwd``: the data
+    pair loaded as one int32 and broadcast, the kernel's ``lanes x 2`` values loaded as they are.
+    For convs whose kernel is packed in int16 pairs (``PairPackInt8Convs``) and whose data the conv
+    widens to int16 before its loops: the loop widens nothing (``vpbroadcastd`` from memory and
+    ``vpmaddwd`` with a memory operand are loads, not shuffles). Exact for int16 values whose pair
+    products sum within int32 (int8 weights and uint8 data: at most 2 * 255 * 128). ``lanes``: 4
+    (SSE), 8 (AVX2), 16 (AVX-512)."""
+
+    def body(data, b):
+        pairs_t, _, acc_t, _, maddwd = _INSTRUCTIONS[lanes]
+        word = tvm.tir.call_intrin("int32", "tir.reinterpret", data)
+        a = tvm.tir.call_intrin(pairs_t, "tir.reinterpret", word.astype(acc_t))
+        return tvm.tir.call_llvm_pure_intrin(acc_t, maddwd, tvm.tir.const(2, "uint32"), a, b)
+
+    return _declare(lanes, 2, body, data_t="int16", kernel_t="int16")
 
 
 def dot_u8s8_saturating(lanes: int):

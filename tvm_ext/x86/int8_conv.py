@@ -13,7 +13,7 @@ tables of :mod:`tvm_ext.x86.int8_policy`.
 Apart from ``exact_without_vnni``, which makes results exact where TVM's saturate, no change
 alters results. The changes: ``exact_without_vnni`` (:mod:`tvm_ext.x86.exact_int8`),
 ``vnni_operand_types``, ``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``,
-``fallback_register_tile``, ``depthwise_int8_block``, ``int8_graph_float_conv_blocks``,
+``tile_chains``, ``fallback_register_tile``, ``depthwise_int8_block``, ``int8_graph_float_conv_blocks``,
 ``narrow_channel_blocks``, ``pool_prologue_inline``, ``global_pool_channel_vector`` and
 ``conv_transpose_without_zeros`` (:mod:`tvm_ext.x86.conv_transpose`). The schedules are in
 :mod:`tvm_ext.x86.int8_schedules`; the layouts, fallback configs and :func:`kernels` are here.

@@ -56,7 +56,13 @@ class KernelPolicy:
         Output-channel blocks per register tile of the per-tile 1x1 int8 conv
         (``per_tile_accumulators``): a tile of R pixels x C blocks loads C kernel vectors and R data
         words for R x C dot products, where one block loads 1 and R for R (oneDNN's brgemm tile
-        is 4 vectors x 6 pixels). 1 keeps one block per tile.
+        is 4 vectors x 6 pixels). 1 keeps one block per tile. On classes with ``dot_chains`` it is
+        also the most output-channel blocks a 3x3/7x7 tile may take.
+    dot_chains : int
+        Independent accumulators a 3x3/7x7 int8 conv's tile needs to keep the dot instruction
+        busy: its latency times how many issue per cycle (``vpdpbusd``: 5 cycles x 2 per cycle on
+        Cascade Lake and Ice Lake). A row tile with fewer takes up to ``tile_oc_chunks`` output-channel
+        blocks (``tile_chains``, computed per tile rather than per row). 0: no such minimum.
     """
 
     isa: str
@@ -68,6 +74,7 @@ class KernelPolicy:
     int8_out_blocks: tuple = (16,)
     tile_accumulators: int = 0
     tile_oc_chunks: int = 1
+    dot_chains: int = 0
 
     @property
     def conv_schedule(self) -> str:
@@ -119,6 +126,14 @@ _TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
 _TILE_OC_CHUNKS: dict = {"avx512_vnni": 4}
 
 
+#: Independent accumulators a 3x3/7x7 tile needs per class where the dot instruction carries the
+#: accumulator's dependency chain (``tile_chains``; ``vpdpbusd`` adds into its destination: latency 5,
+#: two per cycle in llvm-mca's Cascade Lake and Ice Lake models, so 10 chains; a 7-pixel row tile of
+#: one block has 7 and runs at 70% of that peak there). The vpmaddwd classes add with ``vpaddd``
+#: (latency 1) and need none.
+_DOT_CHAINS: dict = {"avx512_vnni": 10}
+
+
 #: The same for the tiles of TVM's *fallback* (untuned) configs of float convs and of depthwise
 #: convs, 8-bit and float (``fallback_register_tile``). TVM's fallback takes up to 31 pixels of one
 #: register each, which fits AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry
@@ -138,7 +153,7 @@ def policy(target) -> KernelPolicy:
     bits, dot, per_row, evidence = _POLICY[key]
     return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
                         _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
-                        _TILE_ACCUMULATORS.get(key, 0), _TILE_OC_CHUNKS.get(key, 1))
+                        _TILE_ACCUMULATORS.get(key, 0), _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0))
 
 
 def needs_operand_fix() -> bool:

@@ -4,14 +4,15 @@ schedules with their producers inlined and channel blocks vectorized.
 
 Which one a conv takes is decided per instruction-set class at schedule time
 (:func:`tvm_ext.x86.int8_policy.policy` of the target being compiled); the names of the changes
-(``epilogue_per_row``, ``per_tile_accumulators``, ``vnni_operand_types``, ``pool_prologue_inline``,
-``global_pool_channel_vector``) and their measurements are in docs/x86-kernels.md.
+(``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``, ``tile_chains``,
+``vnni_operand_types``, ``pool_prologue_inline``, ``global_pool_channel_vector``) and their
+measurements are in docs/x86-kernels.md.
 """
 from __future__ import annotations
 
 from .int8_policy import needs_operand_fix, policy, vnni_ready
 
-__all__ = ["dot_u8s8_vnni", "tile_width", "tile_shape", "tile_chunks_shape"]
+__all__ = ["dot_u8s8_vnni", "tile_width", "tile_shape", "tile_chunks_shape", "tile_chains"]
 
 
 #: Widest channel block ``global_pool_channel_vector`` vectorizes a global pool over (TVM's own limit
@@ -94,11 +95,12 @@ def _dot_for_block(oc_bn: int) -> tuple:
 
 
 def _chosen_schedule(kind: str) -> tuple:
-    """``(schedule, accumulators, chunks)`` for the target being compiled: ``kind`` ``"3x3"`` (also 7x7)
-    takes :attr:`KernelPolicy.conv_schedule`, ``"1x1"`` :attr:`KernelPolicy.conv1x1_schedule`;
+    """``(schedule, accumulators, chunks, chains)`` for the target being compiled: ``kind`` ``"3x3"``
+    (also 7x7) takes :attr:`KernelPolicy.conv_schedule`, ``"1x1"`` :attr:`KernelPolicy.conv1x1_schedule`;
     ``kernels(schedule="per_row" | "per_tile")`` forces one (per-row has no 1x1 form: TVM's).
     ``accumulators`` is the class's tile budget, 12 where it has none (a forced per-tile);
-    ``chunks`` its :attr:`KernelPolicy.tile_oc_chunks` (1 without a target)."""
+    ``chunks`` its :attr:`KernelPolicy.tile_oc_chunks` (1 without a target), ``chains`` its
+    :attr:`KernelPolicy.dot_chains` (0 without a target)."""
     import tvm
 
     target = tvm.target.Target.current(allow_none=True)
@@ -108,19 +110,27 @@ def _chosen_schedule(kind: str) -> tuple:
     if mode in ("per_row", "per_tile"):  # forced, for measurements
         chosen = mode if kind == "3x3" or mode == "per_tile" else "tvm"
     accumulators = pol.tile_accumulators if pol is not None and pol.tile_accumulators else 12
-    return chosen, accumulators, (pol.tile_oc_chunks if pol is not None else 1)
+    return (chosen, accumulators, (pol.tile_oc_chunks if pol is not None else 1),
+            (pol.dot_chains if pol is not None else 0))
 
 
 def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     """TVM's x86 NCHWc int8 conv schedule, with the conv computed per output row
     (``epilogue_per_row``) or per register tile (``per_tile_accumulators``) where :func:`policy`
-    says so for the target being compiled."""
+    says so for the target being compiled; a row tile with fewer accumulators than the class's
+    ``dot_chains`` is computed per tile of several output-channel blocks (``tile_chains``)."""
     from tvm.target.x86 import get_simd_32bit_lanes
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.utils import get_const_tuple
 
-    chosen, accumulators, _ = _chosen_schedule("3x3")
+    chosen, accumulators, max_chunks, chains = _chosen_schedule("3x3")
     lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
+    if chosen == "per_row" and chains and _tileable(kernel_vec, conv_out, last):
+        _, oc_chunks, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
+        pixels = tile_width(out_width, oc_bn // lanes, _wanted_width(cfg), accumulators)
+        chunks = tile_chains(pixels, oc_bn // lanes, oc_chunks, chains, max_chunks, accumulators)
+        if chunks > 1:
+            return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, chunks)
     if chosen == "per_row":
         return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
             s, cfg, data_vec, kernel_vec, conv_out, last, int32_lanes=lanes, intrin=intrin, inline_fused=False)
@@ -139,6 +149,33 @@ def _tileable(kernel_vec, conv_out, last) -> bool:
 
     packed_here = isinstance(kernel_vec.op, te.tensor.ComputeOp) and kernel_vec.name == "kernel_vec"
     return not packed_here and len(conv_out.shape) == 5 and len(last.shape) == 5
+
+
+def _wanted_width(cfg) -> int:
+    """The config's ``tile_ow`` (tuned or TVM's fallback)."""
+    return cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
+
+
+def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunks: int, accumulators: int) -> int:
+    """Output-channel blocks per 3x3/7x7 tile of ``pixels`` x ``groups`` accumulators (``tile_chains``):
+    1 when the tile already has ``chains`` independent accumulators, else the fewest blocks (dividing
+    ``oc_chunks``, up to ``max_chunks``) that give it that many and still fit ``accumulators`` (each
+    block beyond the first holds its kernel vectors: ``groups`` registers), else the most that fit::
+
+        # pixels * groups * C >= chains  and  pixels * groups * C + (C - 1) * groups <= accumulators
+    """
+    if pixels * groups >= chains:
+        return 1
+    best = 1
+    for c in range(2, max(1, max_chunks) + 1):
+        if oc_chunks % c:
+            continue
+        if pixels * groups * c + (c - 1) * groups > accumulators:
+            break
+        best = c
+        if pixels * groups * c >= chains:
+            break
+    return best
 
 
 def _largest_divisor(n: int, at_most: int) -> int:
@@ -174,8 +211,10 @@ def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1):
     from tvm import autotvm, te
 
     if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
-        batch, ic_chunk, ih, _, _ = s[data_vec].op.axis
+        batch, ic_chunk, ih, _, ic_block = s[data_vec].op.axis
         s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
+        if data_vec.dtype == "int16":  # data widened for a kernel packed in int16 pairs
+            s[data_vec].vectorize(ic_block)
         data_vec = data_vec.op.input_tensors[0]
     if autotvm.GLOBAL_SCOPE.in_tuning and isinstance(data_vec.op, te.tensor.ComputeOp):
         s[data_vec].pragma(s[data_vec].op.axis[0], "debug_skip_region")  # a layout transform when tuning
@@ -208,9 +247,11 @@ def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1):
     return acc
 
 
-def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators):
+def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, chunks=1):
     """``per_tile_accumulators``: the int8 NCHWc conv computed per tile of ``reg_n`` output pixels of one row, every
-    pixel's accumulators in registers (:func:`tile_width`), the epilogue applied per tile.
+    pixel's accumulators in registers (:func:`tile_width`), the epilogue applied per tile. ``chunks`` > 1
+    (``tile_chains``): the tile also spans that many output-channel blocks, each reduction step updating
+    all of them (more independent accumulators for the same data words).
 
     TVM's form (``inline_fused=True``) computes one pixel at a time: the kernel vectors are loaded
     again for every pixel and only ``oc_bn / lanes`` accumulators are live. Per row
@@ -221,20 +262,25 @@ def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, acc
     from tvm.topi.utils import get_const_tuple
 
     _, _, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
-    wanted = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
-    reg_n = tile_width(out_width, oc_bn // lanes, wanted, accumulators)
+    reg_n = tile_width(out_width, oc_bn // lanes, _wanted_width(cfg), accumulators)
     unroll_kw = cfg["unroll_kw"] if isinstance(cfg["unroll_kw"], (int, bool)) else cfg["unroll_kw"].val
+    # several blocks per tile at stride 1: kw unrolled, so neighbouring kw positions share their data
+    # words (at stride 2 the unrolled tile spills)
+    kernel_w, padded_w = int(conv_out.op.input_tensors[1].shape[3]), int(conv_out.op.input_tensors[0].shape[3])
+    unroll_kw = unroll_kw or (chunks > 1 and padded_w == out_width + kernel_w - 1)
 
-    acc = _tile_stages(s, data_vec, conv_out, last, 1, reg_n)
-    # the tile's reduction: every (kh, kw, input block) step updates all reg_n x groups accumulators
-    _, _, oh, ow, oc_block = s[acc].op.axis
+    acc = _tile_stages(s, data_vec, conv_out, last, 1, reg_n, chunks)
+    # the tile's reduction: every (kh, kw, input block) step updates all chunks x reg_n x groups accumulators
+    _, oc_chunk, oh, ow, oc_block = s[acc].op.axis
     kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
     oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
     if unroll_kw:
-        s[acc].reorder(ic_outer, kh, ic_f_inner, kw, oh, ow, oc_group, oc_lane, ic_s_inner)
+        s[acc].reorder(ic_outer, kh, ic_f_inner, kw, oc_chunk, oh, ow, oc_group, oc_lane, ic_s_inner)
         s[acc].unroll(kw)
     else:
-        s[acc].reorder(ic_outer, kh, kw, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)
+        s[acc].reorder(ic_outer, kh, kw, ic_f_inner, oc_chunk, oh, ow, oc_group, oc_lane, ic_s_inner)
+    if chunks > 1:
+        s[acc].unroll(oc_chunk)
     s[acc].tensorize(oc_lane, intrin)
     s[acc].unroll(ow)
     s[acc].unroll(oc_group)
@@ -248,7 +294,7 @@ def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     from tvm.topi.generic import conv2d as conv2d_generic
     from tvm.topi.utils import get_const_tuple
 
-    chosen, accumulators, chunks = _chosen_schedule("1x1")
+    chosen, accumulators, chunks, _ = _chosen_schedule("1x1")
     lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
     if chosen == "per_tile" and _tileable(kernel_vec, conv_out, last):
         return _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, chunks)
@@ -286,7 +332,7 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     _, oc_chunks, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
     groups = oc_bn // lanes
     wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
-    wanted_cols = cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
+    wanted_cols = _wanted_width(cfg)
     chunks, rows, cols = tile_chunks_shape(out_height, out_width, oc_chunks, groups, (wanted_rows, wanted_cols),
                                            max_chunks, accumulators)
 

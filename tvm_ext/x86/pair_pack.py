@@ -1,5 +1,7 @@
 """``PairPackInt8Convs``: int8 convs whose ``vpmaddubsw`` pairs can saturate get their kernel packed
-in pairs of input channels, for the exact int16 kernel (:func:`tvm_ext.x86.exact_dot.dot_u8s8_int16_pairs`).
+in pairs of input channels and widened to int16 once, at compile time, for the exact int16 kernel
+(:func:`tvm_ext.x86.exact_dot.dot_int16_pairs`; the conv widens its data to int16 before its loops,
+:mod:`tvm_ext.x86.exact_int8`).
 
 The x86 back end runs it last before ``FuseOps`` where the int8 dot product has no VNNI
 (:func:`packs_pairs`). One rule, in the shape of :mod:`tvm_ext._rules`.
@@ -66,7 +68,7 @@ def _packed(call, found):
     attrs = call.attrs
     ic_quads, oc_bn = (int(v) for v in _KERNEL_LAYOUT.match(str(attrs.kernel_layout)).groups())
     return relay.nn.contrib_conv2d_nchwc(
-        call.args[0], relay.const(pair_kernel(weight)), strides=attrs.strides, padding=attrs.padding,
+        call.args[0], relay.const(pair_kernel(weight).astype(np.int16)), strides=attrs.strides, padding=attrs.padding,
         dilation=attrs.dilation, groups=attrs.groups, channels=attrs.channels, kernel_size=attrs.kernel_size,
         data_layout=attrs.data_layout, kernel_layout=f"OIHW{2 * ic_quads}i{oc_bn}o2i", out_layout=attrs.out_layout,
         out_dtype=attrs.out_dtype)
@@ -74,7 +76,7 @@ def _packed(call, found):
 
 #: The pass's rule table.
 RULES = (
-    # conv(x: u8, w: const i8[..., ic/4, oc, 4]) -> conv(x, pair_kernel(w): i8[..., ic/2, oc, 2])
+    # conv(x: u8, w: const i8[..., ic/4, oc, 4]) -> conv(x, int16(pair_kernel(w)): i16[..., ic/2, oc, 2])
     #   where some pair of w can saturate vpmaddubsw's int16 (not pairs_fit_int16(w))
     Rule(f"{PASS_NAME}.conv2d_NCHWc", lambda: dfp.is_op("nn.contrib_conv2d_NCHWc")(dfp.wildcard(), dfp.is_constant()),
          _constant_kernel, _packed),
@@ -100,7 +102,7 @@ class _Driver(dfp.DFPatternCallback):
 
 def PairPackInt8Convs():  # noqa: N802  (a pass factory, named as the pass)
     """Pack the kernels of int8 NCHWc convs whose ``vpmaddubsw`` pairs can saturate in pairs of input
-    channels, for the exact int16 ``vpmaddwd`` kernel.
+    channels, widened to int16 (the same values), for the exact int16 ``vpmaddwd`` kernel.
 
     Runs on the module after relay.build's prefix (AlterOpLayout's ``nn.contrib_conv2d_NCHWc`` with
     constant kernels ``OIHW{i}i{o}o4i``). Convs whose pairs fit int16, that are not uint8 x int8,
