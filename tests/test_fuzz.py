@@ -73,6 +73,24 @@ def test_oracle_catches_a_wrong_rewrite(monkeypatch):
     assert [(f.subject, f.kind) for f in res.failures] == [("FoldPadIntoConv", "mismatch")]
 
 
+def test_qnn_graph_with_float_scales_is_an_integer_graph():
+    x = relay.var("x", shape=(1, 2, 2, 2), dtype="int8")
+    w = relay.const(np.ones((4, 2, 1, 1), "int8"))
+    acc = relay.qnn.op.conv2d(x, w, relay.const(0), relay.const(0), relay.const(0.05), relay.const(0.1),
+                              kernel_size=(1, 1), channels=4, out_dtype="int32")
+    out = relay.qnn.op.requantize(acc, relay.const(0.005), relay.const(0), relay.const(0.5), relay.const(0),
+                                  out_dtype="uint8")
+
+    def typed(body, *params):
+        return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(list(params), body)))
+
+    assert not compare._is_float_graph(typed(out, x))  # float scales only: compared bit for bit
+    deq = relay.qnn.op.dequantize(out, relay.const(0.5), relay.const(0))
+    assert compare._is_float_graph(typed(deq, x))  # a float result
+    f = relay.var("f", shape=(2,), dtype="float32")
+    assert compare._is_float_graph(typed(relay.cast(f, "int8"), f))  # a float input
+
+
 def test_compare_outputs_tolerances():
     a = [[np.array([1, 2, 3], "int8"), np.array([1.0, 2.0], "float32")]]
     assert fuzz.compare_outputs(a, a, float_graph=False) is None
