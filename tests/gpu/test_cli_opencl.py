@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tvm_ext.gpu import opencl
+from _opencl_cases import numpy_tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_cli import tiny_onnx  # noqa: E402  (conv 3x3, all-ones weights, pad 1, relu)
@@ -23,13 +24,6 @@ def _cli(*args, env=None):
 
     return subprocess.run([sys.executable, "-m", "tvm_ext.tools.cli", *args], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "TOPHUB_LOCATION": "NONE", **(env or {})})
-
-
-def _numpy_tiny(x):
-    """tiny_onnx's model in numpy: each output channel is the 3x3 box sum over all input channels, relu."""
-    p = np.pad(x[0].sum(axis=0), 1)
-    box = sum(p[i:i + 8, j:j + 8] for i in range(3) for j in range(3))
-    return np.maximum(np.broadcast_to(box, (1, 4, 8, 8)), 0)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +57,7 @@ def test_run_executes_the_opencl_library_on_the_opencl_device(compiled):
     assert "on OpenCL device 0" in r.stdout
     with np.load(out) as z:
         got = z["output_0"]
-    np.testing.assert_allclose(got, _numpy_tiny(x), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got, numpy_tiny(x), rtol=1e-5, atol=1e-4)
 
 
 def test_run_without_the_opencl_runtime_is_a_one_line_error(compiled, tmp_path):

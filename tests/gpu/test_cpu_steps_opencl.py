@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relay
-from tvm.contrib import graph_executor
 
 import tvm_ext
 from tvm_ext.gpu import opencl
+from _opencl_cases import device_or_skip, run_graph
 from tvm_ext.passes import (DequantizeInConvTranspose, EpilogueBeforeChannelSlice, FuseWideningIntoPool,
                             NarrowKernelBoundaries, PadChannelsAtProducer)
 
@@ -32,26 +32,11 @@ def _opencl_runtime():
     opencl.load_runtime()
 
 
-def _device_or_skip():
-    why = opencl.missing()
-    if why:
-        pytest.skip(f"no OpenCL device: {why}")
-    return tvm.opencl(0)
-
-
-def _run(factory, dev, inputs):
-    gm = graph_executor.GraphModule(factory["default"](dev))
-    for name, value in inputs.items():
-        gm.set_input(name, value)
-    gm.run()
-    return [gm.get_output(i).numpy() for i in range(gm.get_num_outputs())]
-
-
 def _check_against_llvm(mod, built, inputs, exact=True):
     """``built`` (an opencl build) runs on PoCL with the outputs of a plain ``llvm`` build of ``mod``."""
-    dev = _device_or_skip()
-    ref = _run(tvm_ext.build(mod, target="llvm"), tvm.cpu(), inputs)
-    got = _run(built, dev, inputs)
+    dev = device_or_skip()
+    ref = run_graph(tvm_ext.build(mod, target="llvm"), tvm.cpu(), inputs)
+    got = run_graph(built, dev, inputs)
     for r, g in zip(ref, got):
         assert g.dtype == r.dtype and g.shape == r.shape
         if exact:

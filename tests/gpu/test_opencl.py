@@ -7,27 +7,16 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relay
-from tvm.contrib import graph_executor
 
 import tvm_ext
 from tvm_ext.core import pipelines
 from tvm_ext.gpu import opencl
+from _opencl_cases import device_or_skip, run_graph
 
 
 @pytest.fixture(scope="module")
 def device():
-    why = opencl.missing()
-    if why:
-        pytest.skip(f"no OpenCL device: {why}")
-    return tvm.opencl(0)
-
-
-def _run(factory, dev, inputs):
-    gm = graph_executor.GraphModule(factory["default"](dev))
-    for name, value in inputs.items():
-        gm.set_input(name, value)
-    gm.run()
-    return [gm.get_output(i).numpy() for i in range(gm.get_num_outputs())]
+    return device_or_skip()
 
 
 def _int8_conv_requantize():
@@ -54,8 +43,8 @@ def test_opencl_build_hands_back_a_runnable_module(device):
 def test_int8_conv_requantize_bit_exact_against_llvm(device, passes):
     mod, inputs = _int8_conv_requantize()
     chosen = pipelines.int8() if passes == "int8" else ()
-    ref = _run(tvm_ext.build(mod, target="llvm", passes=chosen), tvm.cpu(), inputs)[0]
-    got = _run(tvm_ext.build(mod, target="opencl", passes=chosen), device, inputs)[0]
+    ref = run_graph(tvm_ext.build(mod, target="llvm", passes=chosen), tvm.cpu(), inputs)[0]
+    got = run_graph(tvm_ext.build(mod, target="opencl", passes=chosen), device, inputs)[0]
     assert got.dtype == np.uint8 and 0 < len(np.unique(ref)) and np.array_equal(got, ref)
 
 
@@ -66,8 +55,8 @@ def test_float_graph_within_tolerance(device):
     y = relay.nn.relu(relay.nn.conv2d(x, w, padding=(1, 1), channels=16, kernel_size=(3, 3)))
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.global_avg_pool2d(y)))
     inputs = {"x": rng.randn(1, 8, 16, 16).astype("float32")}
-    ref = _run(tvm_ext.build(mod, target="llvm"), tvm.cpu(), inputs)[0]
-    got = _run(tvm_ext.build(mod, target="opencl"), device, inputs)[0]
+    ref = run_graph(tvm_ext.build(mod, target="llvm"), tvm.cpu(), inputs)[0]
+    got = run_graph(tvm_ext.build(mod, target="opencl"), device, inputs)[0]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -76,8 +65,8 @@ def _zoo_pair(name, passes):
 
     m = zoo.load(name, small=True)
     inputs = {m.input_name: zoo.sample_input(m, seed=0)}
-    ref = _run(tvm_ext.build(m.mod, target="llvm", params=m.params, passes=passes), tvm.cpu(), inputs)
-    got = _run(tvm_ext.build(m.mod, target="opencl", params=m.params, passes=passes), tvm.opencl(0), inputs)
+    ref = run_graph(tvm_ext.build(m.mod, target="llvm", params=m.params, passes=passes), tvm.cpu(), inputs)
+    got = run_graph(tvm_ext.build(m.mod, target="opencl", params=m.params, passes=passes), tvm.opencl(0), inputs)
     return ref, got
 
 
@@ -117,6 +106,6 @@ def test_qdq_to_integer_converts_every_conv_at_opencl(device):
     assert any("nn.conv2d" in k.ops and k.inputs[0][1] == "uint8" for k in built.kernel_report.kernels)
     integer = relay.transform.FakeQuantizationToInteger()(mod)
     inputs = {"a": rng.integers(0, 256, (1, 16, 4, 4)).astype("uint8")}
-    ref = _run(tvm_ext.build(integer, target="llvm"), tvm.cpu(), inputs)[0]
-    got = _run(built, device, inputs)[0]
+    ref = run_graph(tvm_ext.build(integer, target="llvm"), tvm.cpu(), inputs)[0]
+    got = run_graph(built, device, inputs)[0]
     assert got.dtype == np.uint8 and np.array_equal(got, ref)

@@ -13,6 +13,7 @@ import pytest
 from tvm import rpc
 
 from tvm_ext.gpu import opencl
+from _opencl_cases import numpy_tiny
 from tvm_ext.tools.cli import main
 from tvm_ext.tools.deploy import DeployError, compile_library
 from tvm_ext.tools.rpc import run_remote
@@ -25,13 +26,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _numpy_tiny(x):
-    """tiny_onnx's model in numpy: each output channel is the 3x3 box sum over all input channels, relu."""
-    p = np.pad(x[0].sum(axis=0), 1)
-    box = sum(p[i:i + 8, j:j + 8] for i in range(3) for j in range(3))
-    return np.maximum(np.broadcast_to(box, (1, 4, 8, 8)), 0)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +60,7 @@ def test_run_rpc_opencl_library_on_the_servers_opencl_device(compiled, capsys):
     try:
         res = run_remote(lib, address, {"x": x}, repeat=1)
         assert res.meta["device"] == "OpenCL device 0 of the server"
-        np.testing.assert_allclose(res.outputs[0], _numpy_tiny(x), rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(res.outputs[0], numpy_tiny(x), rtol=1e-5, atol=1e-4)
         assert main(["run", str(lib), "--rpc", address, "--input", f"x={lib.parent / 'x.npy'}"]) == 0
     finally:
         server.terminate()
