@@ -412,6 +412,19 @@ def test_capped_openvino_gets_its_own_row_and_column():
     assert ratios["tvm_ext/openvino_isa"] == pytest.approx(1.5) and ratios["openvino_isa/openvino"] == 0.8
 
 
+def test_onnxruntime_on_its_exact_path_gets_its_own_row_and_column():
+    results = _results()
+    qdq = results["variants"][1]["pipelines"]
+    qdq["onnxruntime_exact"] = {"latency": {"median_ms": 24.0, "p25_ms": 24.0, "p75_ms": 24.0, "min_ms": 24.0, "n": 5}}
+    results["variants"][1]["ratios"] = bench._ratios(qdq)
+    md, head = _markdown_and_head(results)
+    assert head.endswith("| vs stock | vs ORT | vs ORT exact | vs OpenVINO |")
+    assert "| (b) | TVM + tvm-ext | | | | | | | 12.00 (12.00–12.00) | 0.30× | 0.80× | 0.50× | 1.20× |" in md
+    assert "| (b) | ONNX Runtime, exact int8 path (`session.x64quantprecision`) | " in md
+    assert results["variants"][1]["ratios"]["tvm_ext/onnxruntime_exact"] == pytest.approx(0.5)
+    assert "ONNX Runtime, exact path" in _render._chart_ratios(results)
+
+
 def test_chart_ratios_and_chart_file(tmp_path):
     results = _results(openvino_isa="AVX512_CORE_VNNI")
     ratios = _render._chart_ratios(results)

@@ -163,6 +163,43 @@ def test_bench_peer_choice(monkeypatch):
         assert "no way" in got["note"], "the reason masking failed is recorded"
 
 
+def _qlinear_matmul_saturating_and_exact(path):
+    """The saturating model, an input whose pair sums saturate int16, and the exact output."""
+    x = np.full([4, 64], 255, np.uint8)
+    exact = np.clip(np.round(255 * 0.5 * 0.01 * 64 * np.array([127, -128] + [127] * 6) / 2000.0) + 128, 0, 255)
+    return _qlinear_matmul_model(path), x, exact.astype(np.uint8)
+
+
+def test_exact_session_options_ask_for_onnxruntimes_exact_int8_path():
+    import onnxruntime as ort
+
+    assert ort_isa.session_options(ort, 1, exact=True).get_session_config_entry("session.x64quantprecision") == "1"
+    with pytest.raises(RuntimeError, match="x64quantprecision"):  # not set: ONNX Runtime's default path
+        ort_isa.session_options(ort, 1).get_session_config_entry("session.x64quantprecision")
+
+
+def test_exact_child_session_computes_exact_pair_sums(tmp_path):
+    """On its exact path ONNX Runtime's int8 output is exact arithmetic whatever the host's int8 dot."""
+    path, x, exact = _qlinear_matmul_saturating_and_exact(tmp_path / "m.onnx")
+    with ort_isa.ChildSession(path, "x", 1, exact=True) as s:
+        np.testing.assert_array_equal(s.run(x)[0], exact)
+
+
+@needs_mask
+def test_masked_exact_child_session_is_exact_where_the_default_saturates(masked, tmp_path):
+    path, x, exact = _qlinear_matmul_saturating_and_exact(tmp_path / "m.onnx")
+    with ort_isa.ChildSession(path, "x", 1, masked, exact=True) as s:
+        np.testing.assert_array_equal(s.run(x)[0], exact)
+    with ort_isa.ChildSession(path, "x", 1, masked) as s:
+        assert not np.array_equal(s.run(x)[0], exact), "without the option the AVX2 kernels saturate"
+
+
+def test_bench_times_onnxruntimes_exact_path_where_tvm_exts_convs_are_exact_without_vnni():
+    assert bench.ort_peer("llvm -mcpu=x86-64-v3", "host")["exact"], "AVX2: tvm-ext's exact pair path"
+    assert "session.x64quantprecision" in bench.ort_peer("llvm -mcpu=x86-64-v3", "host")["note"]
+    assert not bench.ort_peer("llvm -mcpu=znver4", "host")["exact"], "VNNI's int8 dot is exact: no second ORT"
+
+
 @needs_mask
 def test_bench_at_an_avx2_target_times_the_masked_onnxruntime(masked, monkeypatch, tmp_path):
     import io

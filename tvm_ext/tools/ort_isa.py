@@ -69,12 +69,16 @@ def child_env(package_dir: Optional[Path]) -> dict:
     return env
 
 
-def session_options(ort, threads: int):
-    """The benchmark's ONNX Runtime session options (``ort`` is the imported onnxruntime module).
+def session_options(ort, threads: int, exact: bool = False):
+    """The benchmark's ONNX Runtime session options (``ort`` is the imported onnxruntime module);
+    ``exact``: ONNX Runtime's exact int8 path (``session.x64quantprecision``: no int16-saturating
+    ``vpmaddubsw`` pair sums on CPUs without VNNI).
 
     Self-contained: its source also runs in :class:`ChildSession`'s child process.
     """
     so = ort.SessionOptions()
+    if exact:
+        so.add_session_config_entry("session.x64quantprecision", "1")
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -266,7 +270,7 @@ def masked_package(cache: Optional[Path] = None) -> Path:
 _SETUP = r"""
 def setup(cfg):
     import onnxruntime as ort
-    sess = ort.InferenceSession(cfg["path"], session_options(ort, cfg["threads"]),
+    sess = ort.InferenceSession(cfg["path"], session_options(ort, cfg["threads"], cfg["exact"]),
                                 providers=["CPUExecutionProvider"])
     feed_name = cfg["input"]
     return {"file": ort.__file__}, lambda x: sess.run(None, {feed_name: x})[0]
@@ -280,9 +284,11 @@ class ChildSession(PipeChild):
     cost is not in the numbers); ``pid`` is the child's. Close it, or use it as a context manager.
     """
 
-    def __init__(self, model_path, input_name: str, threads: int, package_dir: Optional[Path] = None):
+    def __init__(self, model_path, input_name: str, threads: int, package_dir: Optional[Path] = None,
+                 exact: bool = False):
         super().__init__(inspect.getsource(session_options) + _SETUP,
-                         {"path": str(model_path), "input": input_name, "threads": int(threads)},
+                         {"path": str(model_path), "input": input_name, "threads": int(threads),
+                          "exact": bool(exact)},
                          env=child_env(package_dir), error=OrtIsaError, what="ort_isa: ONNX Runtime")
         self.file = self.info["file"]
 

@@ -76,25 +76,27 @@ class Engine:
     pid: Optional[int] = None
 
 
-def ort_engine(path, input_name, threads, package_dir=None):
+def ort_engine(path, input_name, threads, package_dir=None, exact: bool = False):
     """ONNX Runtime in this process, or, with ``package_dir`` (:func:`tvm_ext.tools.ort_isa.masked_package`),
-    in a child process importing onnxruntime from there."""
+    in a child process importing onnxruntime from there; ``exact``: on its exact int8 path
+    (engine ``onnxruntime_exact``, :func:`tvm_ext.tools.ort_isa.session_options`)."""
+    name = "onnxruntime_exact" if exact else "onnxruntime"
     if package_dir is not None:
         from ..ort_isa import ChildSession
 
-        child = ChildSession(path, input_name, threads, package_dir)
-        return Engine("onnxruntime", child.run, timer=child.time, close=child.close, pid=child.pid)
+        child = ChildSession(path, input_name, threads, package_dir, exact=exact)
+        return Engine(name, child.run, timer=child.time, close=child.close, pid=child.pid)
     import onnxruntime as ort
 
     from ..ort_isa import session_options
 
-    so = session_options(ort, threads)
+    so = session_options(ort, threads, exact)
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
     def call(x):
         return sess.run(None, {input_name: x})[0]
 
-    return Engine("onnxruntime", call)
+    return Engine(name, call)
 
 
 #: TVM worker threads spin this long before sleeping between kernels (ONNX Runtime's intra-op
@@ -264,7 +266,7 @@ def compare_outputs(outputs: dict, integer_graph: bool) -> dict:
     ref = outputs.get("exact")
     if ref:  # against exact integer arithmetic: how many outputs differ, and by how much
         res["exact_outputs"] = int(sum(np.size(b) for b in ref))
-        for name in ("tvm", "tvm_same", "tvm_ext", "tvm_ext_untuned", "tvm_ext_saturating"):
+        for name in ("tvm", "tvm_same", "tvm_ext", "tvm_ext_untuned", "tvm_ext_saturating", "onnxruntime_exact"):
             if outputs.get(name):
                 pairs = list(zip(outputs[name], ref))
                 res[f"{name}_vs_exact_differ"] = int(sum(np.count_nonzero(np.asarray(a) != np.asarray(b))

@@ -67,15 +67,23 @@ def ort_peer(ext_target, ort_isa: str = "auto") -> dict:
     ``"host"``: the installed one, whose kernels follow the host's CPUID. ``"auto"``: the same,
     except when the target is AVX2 class and the host has AVX-512: then a copy whose AVX-512
     dispatch is masked (:func:`tvm_ext.tools.ort_isa.masked_package`), run in a child process, so that
-    both sides run AVX2 code. Returns ``{"isa", "package", "note"}`` for the results' environment;
-    when masking is impossible here, the installed ORT with the reason in ``note``.
+    both sides run AVX2 code. Returns ``{"isa", "package", "exact", "note"}`` for the results'
+    environment; when masking is impossible here, the installed ORT with the reason in ``note``.
+    ``exact`` is true where tvm-ext's int8 convs take the exact path of an ISA without VNNI
+    (:data:`tvm_ext.x86.pair_pack.SATURATING_CLASSES`): ONNX Runtime is then also timed on its own exact
+    int8 path (``session.x64quantprecision``), the peer that computes what tvm-ext computes.
     """
     from ...x86 import isa
+    from ...x86.pair_pack import SATURATING_CLASSES
     from ..ort_isa import ORT_ISA_CHOICES, OrtIsaError, masked_package
 
     if ort_isa not in ORT_ISA_CHOICES:
         raise ValueError(f"ort_isa must be one of {ORT_ISA_CHOICES}, not {ort_isa!r}")
-    host = {"isa": "host", "package": None, "note": "ONNX Runtime's kernels follow the host's CPUID"}
+    exact = isa.isa_class(ext_target) in SATURATING_CLASSES
+    also = ("; also timed on its exact int8 path (session.x64quantprecision), as tvm-ext's convs are exact "
+            "without VNNI" if exact else "")
+    host = {"isa": "host", "package": None, "exact": exact,
+            "note": "ONNX Runtime's kernels follow the host's CPUID" + also}
     if ort_isa == "host" or isa.isa_class(ext_target) != "avx2" or "avx512f" not in isa.host_features():
         return host
     try:
@@ -83,6 +91,6 @@ def ort_peer(ext_target, ort_isa: str = "auto") -> dict:
     except OrtIsaError as err:
         logger.warning("ONNX Runtime will run its AVX-512 kernels against AVX2 TVM code: %s", err)
         return {**host, "note": f"{host['note']}; AVX-512 could not be masked: {err}"}
-    return {"isa": "avx2", "package": str(pkg),
+    return {"isa": "avx2", "package": str(pkg), "exact": exact,
             "note": "AVX-512 dispatch masked (xgetbv reports no AVX-512 state; probe: int16-saturating "
-                    "vpmaddubsw kernels), run in a child process: tvm_ext.tools.ort_isa"}
+                    "vpmaddubsw kernels), run in a child process: tvm_ext.tools.ort_isa" + also}

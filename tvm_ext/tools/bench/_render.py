@@ -52,7 +52,8 @@ ENGINE_LABELS = (
     ("tvm", "TVM stock"), ("tvm_same", "TVM stock @ tvm-ext target"), ("tvm_ext_untuned", "TVM + tvm-ext, untuned"),
     ("tvm_ext", "TVM + tvm-ext"),
     ("tvm_ext_saturating", "TVM + tvm-ext with TVM's saturating `vpmaddubsw` (inexact: what exactness costs)"),
-    ("onnxruntime", "ONNX Runtime"), ("openvino", "OpenVINO"),
+    ("onnxruntime", "ONNX Runtime"),
+    ("onnxruntime_exact", "ONNX Runtime, exact int8 path (`session.x64quantprecision`)"), ("openvino", "OpenVINO"),
     ("openvino_isa", "OpenVINO @ tvm-ext's ISA"), ("exact", "exact reference (plain `llvm`)"),
 )
 
@@ -154,6 +155,8 @@ def render_markdown(results: dict) -> str:
     caps = sorted({p["onednn_max_cpu_isa"] for v in results["variants"] for k, p in v["pipelines"].items()
                    if k == "openvino_isa" and p.get("onednn_max_cpu_isa")})
     peers = [("tvm", "vs stock"), ("onnxruntime", "vs ORT"), ("openvino", "vs OpenVINO")]
+    if any("onnxruntime_exact" in v["pipelines"] for v in results["variants"]):
+        peers.insert(2, ("onnxruntime_exact", "vs ORT exact"))
     if caps:
         peers.append(("openvino_isa", f"vs OpenVINO @ {'/'.join(caps)}"))
     head = ["variant", "pipeline", "kernels", "anchors", "non-anchor", "tensors crossing", "MB crossing (by dtype)",
@@ -333,7 +336,8 @@ def _top1_text(n: dict, name: str, k: int) -> str:
 
 
 #: The chart's third panel: tvm-ext's median latency over each peer's (lower is better).
-CHART_RATIOS = (("tvm", "stock"), ("onnxruntime", "ONNX Runtime"), ("openvino", "OpenVINO"),
+CHART_RATIOS = (("tvm", "stock"), ("onnxruntime", "ONNX Runtime"), ("onnxruntime_exact", "ONNX Runtime, exact path"),
+                ("openvino", "OpenVINO"),
                 ("openvino_isa", "OpenVINO @ tvm-ext's ISA"))
 
 
@@ -359,7 +363,8 @@ def _chart(results: dict, path: Path) -> Optional[Path]:
         return None
     labels = [v["label"] for v in results["variants"]]
     keys = [("tvm", "TVM stock"), ("tvm_ext", "TVM + tvm-ext"), ("onnxruntime", "ONNX Runtime"),
-            ("openvino", "OpenVINO"), ("openvino_isa", "OpenVINO @ tvm-ext's ISA")]
+            ("onnxruntime_exact", "ONNX Runtime, exact path"), ("openvino", "OpenVINO"),
+            ("openvino_isa", "OpenVINO @ tvm-ext's ISA")]
     keys = [(k, n) for k, n in keys if any((v["pipelines"].get(k) or {}).get("latency") or
                                            (v["pipelines"].get(k) or {}).get("report") for v in results["variants"])]
     real = any("real" in v for v in results["variants"])

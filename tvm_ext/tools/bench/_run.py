@@ -120,7 +120,8 @@ def run(variants=("qoperator", "qdq", "relay"), *, model: Optional[str] = None, 
                     bench_variant(key, target=tgt, small=small, model_path=model, repeat=repeat, threads=threads,
                                   progress=progress, workdir=workdir, parallel=parallel, ext_target=ext_tgt,
                                   tuned=tuned, compare_untuned=compare_untuned, numerics=numerics,
-                                  ort_package=peer["package"], openvino_isa=ov_peer["cap"], board=board))
+                                  ort_package=peer["package"], ort_exact=bool(peer.get("exact")),
+                                  openvino_isa=ov_peer["cap"], board=board))
             except zoo_real.ModelUnavailable as err:  # pip cannot reach the registry: say so, go on
                 logger.error("%s: %s", key, err)
                 results["variants"].append({"variant": key, "label": key, "unavailable": str(err), "pipelines": {},

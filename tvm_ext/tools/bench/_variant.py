@@ -15,8 +15,8 @@ from ._real import _output_step, real_variant
 
 def bench_variant(key, *, target, small, model_path, repeat, threads, progress, workdir, parallel=True,
                   ext_target=None, tuned: bool = True, compare_untuned: bool = False,
-                  numerics: str = "tvm", ort_package=None, openvino_isa: Optional[str] = None,
-                  board=None) -> dict:
+                  numerics: str = "tvm", ort_package=None, ort_exact: bool = False,
+                  openvino_isa: Optional[str] = None, board=None) -> dict:
     """Build, check and time one variant; returns its results dict (errors recorded, not raised).
 
     ``target`` is stock TVM's target (what plain relay.build survives); ``ext_target`` is
@@ -27,7 +27,8 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
     ``compare_untuned`` adds tvm-ext without tuning records (``tvm_ext_untuned``) to the same run.
     ``numerics`` is :func:`tvm_ext.core.pipelines.int8`'s (``"onnxruntime"``: round as ONNX Runtime does).
     ``ort_package``: run ONNX Runtime from this package directory in a child process (see
-    :func:`ort_peer`); None: the installed one, in this process. ONNX models also run in OpenVINO
+    :func:`ort_peer`); None: the installed one, in this process; ``ort_exact``: also time it on its
+    exact int8 path (``onnxruntime_exact``). ONNX models also run in OpenVINO
     (:mod:`tvm_ext.tools.openvino_peer`) at the host's ISA, and with ``openvino_isa`` (an
     ``ONEDNN_MAX_CPU_ISA`` value, :func:`openvino_peer`) also capped there, in a child process.
     ``board``: ``(session, address)`` of a TVM RPC server: stock TVM and tvm-ext run and are timed there
@@ -84,10 +85,11 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         for peer in ("onnxruntime", "openvino"):
             res["pipelines"][peer] = {"skipped": "not run: it would run on this host, not on the board"}
     elif v["onnx_path"] is not None:
-        try:
-            engines.append(ort_engine(v["onnx_path"], v["input_name"], threads, ort_package))
-        except Exception as err:
-            res["pipelines"]["onnxruntime"] = {"error": f"{type(err).__name__}: {err}"}
+        for name, exact in (("onnxruntime", False), ("onnxruntime_exact", True))[:1 + bool(ort_exact)]:
+            try:
+                engines.append(ort_engine(v["onnx_path"], v["input_name"], threads, ort_package, exact=exact))
+            except Exception as err:
+                res["pipelines"][name] = {"error": f"{type(err).__name__}: {err}"}
         engines += _openvino_engines(v["onnx_path"], v["input_name"], threads, openvino_isa, res["pipelines"])
     else:
         res["pipelines"]["openvino"] = {"skipped": "not run: no ONNX model (the graph is made in Relay)"}
@@ -140,6 +142,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
 RATIO_PAIRS = (
     ("tvm_ext", "tvm"), ("tvm_ext", "tvm_same"), ("tvm_ext_untuned", "tvm"),
     ("tvm", "onnxruntime"), ("tvm_ext", "onnxruntime"), ("tvm_ext_untuned", "onnxruntime"),
+    ("tvm_ext", "onnxruntime_exact"),
     ("openvino", "onnxruntime"),
     ("tvm_ext", "openvino"), ("tvm_ext", "openvino_isa"), ("openvino_isa", "openvino"),
     ("tvm_ext", "tvm_ext_saturating"),
