@@ -6,7 +6,8 @@
   (:mod:`tvm_ext.x86.pair_pack`), so every int8 conv is exact;
 * contexts: the int8 kernel policy (:func:`tvm_ext.x86.int8_conv.kernels`; with ``kernels`` off only
   the VNNI intrinsic LLVM 22 accepts), the tuned records of the target's class
-  (:mod:`tvm_ext.x86.tuning`), the exactness record, and with ``amx`` the AMX tile schedules;
+  (:mod:`tvm_ext.x86.tuning`), the exactness record, requantization in even/odd int32 lanes
+  (:mod:`tvm_ext.x86.requantize`), and with ``amx`` the AMX tile schedules;
 * instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`; with ``amx`` the ``ConfigureTiles``
   lowering pass.
 """
@@ -39,14 +40,14 @@ class X86(Backend):
         return tgt if tgt.host is not None else tvm.target.Target(tgt, host=tgt)
 
     def plan(self, request: BuildRequest) -> BuildPlan:
-        from . import exact_record, int8_conv, pair_pack, tuning
+        from . import exact_record, int8_conv, pair_pack, requantize, tuning
 
         tgt, amx = request.target, bool(request.options.get("amx"))
         plan = BuildPlan()
         if pair_pack.packs_pairs(tgt) and request.eight_bit:
             plan.passes["before_fuse"] = [pair_pack.PairPackInt8Convs()]
         plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
-                         exact_record.recording()]
+                         exact_record.recording(), requantize.even_odd_q_multiply_shift(tgt)]
         if request.tuned:
             plan.add_records(tuning.apply(tgt))
         plan.instruments = [exact_record.RecordWeights()]

@@ -1,0 +1,175 @@
+"""``tvm_ext.x86.requantize``: ``q_multiply_shift`` in even/odd int32 lanes.
+
+Vectorised ``q_multiply_shift`` and ``q_multiply_shift_per_axis`` built with the lowering for AVX2
+(odd lanes by shuffle), AVX-512 and AVX-512 VNNI (odd lanes by shift), executed where the host has the
+instructions, against numpy's int64 arithmetic: worst-case multipliers and shifts, int32 extremes,
+negative values, rounding ties. Requantized convs (per tensor and per channel, to uint8 and int8)
+against a plain ``llvm`` build. The lowering's code read back: no int64 widening or narrowing.
+"""
+import numpy as np
+import pytest
+import tvm
+from tvm import relay, te, tir
+
+from tvm_ext.x86 import requantize
+from tvm_ext.x86.isa import runs_on_host
+
+TARGETS = {  # the odd lanes by shuffle (AVX2), by shift (AVX-512, AVX-512 VNNI)
+    "avx2": "llvm -mcpu=x86-64-v3",
+    "avx512": "llvm -mcpu=x86-64-v4",
+    "avx512_vnni": "llvm -mcpu=cascadelake",
+}
+N, C = 2048, 16  # elements, channels (per-axis parameters repeat every C elements)
+
+
+def _runnable(name):
+    target = TARGETS[name]
+    return pytest.param(target, id=name, marks=pytest.mark.skipif(
+        not runs_on_host(target), reason=f"host lacks instructions of '{target}'"))
+
+
+RUNNABLE = [_runnable(n) for n in TARGETS]
+
+
+def _oracle(x, m, ls, rs, q=31):
+    """round(x * 2^ls * m / 2^(q + rs)), half up, in numpy int64 (TVM's generic lowering)."""
+    p = (x.astype(np.int64) << np.asarray(ls, np.int64)) * np.asarray(m, np.int64)
+    n = q + np.asarray(rs, np.int64)
+    return ((p + (np.int64(1) << (n - 1))) >> n).astype(np.int32)
+
+
+def _data(rng, ls=0):
+    """int32 extremes, small values on both sides of 0 (rounding ties), then random values."""
+    x = rng.integers(-2**31, 2**31, N, dtype=np.int64)
+    x[:1024] = np.arange(-512, 512)
+    x[1024:1032] = [-2**31, 2**31 - 1, -2**31 + 1, 2**31 - 2, 0, -1, 1, 65536]
+    return (x >> ls).astype(np.int32)  # a left shift must keep x * 2^ls in int32, as in TVM's domain
+
+
+def _build(compute, args, target, lanes, lowered=True):
+    s = te.create_schedule(compute.op)
+    _, inner = s[compute].split(compute.op.axis[0], lanes)
+    s[compute].vectorize(inner)
+    if not lowered:
+        return tvm.build(s, args, target)
+    with requantize.even_odd_q_multiply_shift(target):
+        return tvm.build(s, args, target)
+
+
+def _lanes(target):
+    return 8 if "v3" in target else 16
+
+
+def _per_tensor(m, s, target, lowered=True):
+    a = te.placeholder((N,), "int32", name="a")
+    b = te.compute((N,), lambda i: tir.q_multiply_shift(a[i], tir.const(m, "int32"), tir.const(31, "int32"),
+                                                         tir.const(s, "int32")))
+    return _build(b, [a, b], target, _lanes(target), lowered)
+
+
+def _per_axis(target, need_ls, lowered=True):
+    a = te.placeholder((N,), "int32", name="a")
+    m, ls, rs = (te.placeholder((C,), "int32", name=n) for n in ("m", "ls", "rs"))
+    b = te.compute((N,), lambda i: tir.q_multiply_shift_per_axis(
+        a[i], m[i % C], ls[i % C], rs[i % C], tir.const(31, "int32"), tir.const(need_ls, "bool"),
+        tir.const(True, "bool")))
+    return _build(b, [a, m, ls, rs, b], target, _lanes(target), lowered)
+
+
+def _call(f, *arrays):
+    out = tvm.nd.empty((N,), "int32")
+    f(*[tvm.nd.array(a) for a in arrays], out)
+    return out.numpy()
+
+
+# (multiplier, shift): shift < 0 is a right shift by -shift (n = 31 - shift), > 0 a left shift
+PER_TENSOR = [
+    (2**31 - 1, 0), (2**31 - 1, -1), (2**31 - 1, -32), (2**30 + 1, -31), (1518500250, -7),
+    (3 << 28, -1), (3 << 28, -4), (1, 0), (-(2**31), -3), (-1518500250, -9), (2**31 - 1, 1), (1518500250, 5),
+]
+
+
+@pytest.mark.parametrize("target", RUNNABLE)
+@pytest.mark.parametrize("m,s", PER_TENSOR)
+def test_per_tensor_matches_int64(target, m, s):
+    ls, rs = max(s, 0), max(-s, 0)
+    x = _data(np.random.default_rng(abs(s)), ls)
+    expected = _oracle(x, m, ls, rs)
+    np.testing.assert_array_equal(_call(_per_tensor(m, s, target), x), expected)
+
+
+def test_rounding_ties_are_in_the_data():
+    x = _data(np.random.default_rng(0))
+    p = x[:1024].astype(np.int64) * (3 << 28)  # n = 32: x * 3 / 16, ties at x * 3 = 8 (mod 16)
+    ties = (p % 2**32) == 2**31
+    assert ties.sum() > 50 and (ties & (x[:1024] < 0)).sum() > 25  # negative ties round up (towards 0)
+
+
+@pytest.mark.parametrize("target", RUNNABLE)
+@pytest.mark.parametrize("need_ls", [False, True])
+def test_per_axis_matches_int64(target, need_ls):
+    rng = np.random.default_rng(1)
+    m = np.array([2**31 - 1, 2**30, 2**30 + 1, 1518500250, 3 << 28, 1, 2**31 - 2, 1234567891] * 2, np.int32)
+    rs = np.array([0, 1, 7, 31, 32, 4, 12, 0, 3, 2, 30, 9, 16, 24, 5, 6], np.int32)
+    ls = np.zeros(C, np.int32)
+    if need_ls:
+        ls[[0, 7, 9]] = [1, 3, 2]
+        rs[[0, 7, 9]] = 0
+    x = _data(rng, 3 if need_ls else 0)
+    expected = _oracle(x, np.tile(m, N // C), np.tile(ls if need_ls else 0 * ls, N // C), np.tile(rs, N // C))
+    np.testing.assert_array_equal(_call(_per_axis(target, need_ls), x, m, ls, rs), expected)
+
+
+@pytest.mark.parametrize("target", list(TARGETS.values()))
+@pytest.mark.parametrize("form", ["per_tensor", "per_axis"])
+def test_no_int64_widening(target, form):
+    """Compiled only: TVM's lowering widens and narrows (vpmov[sz]xdq, vpmovqd); the even/odd one does not."""
+    def asm(lowered):
+        f = _per_tensor(1518500250, -7, target, lowered) if form == "per_tensor" else _per_axis(target, False, lowered)
+        return f.get_source("asm")
+
+    widening = ("vpmovsxdq", "vpmovzxdq", "vpmovqd", "vinserti64x4", "vinserti128")
+    assert any(w in asm(False) for w in widening)
+    lowered = asm(True)
+    assert "vpmuldq" in lowered and not any(w in lowered for w in widening)
+
+
+def _conv_requantize(per_channel, out_dtype, seed=0):
+    """uint8 x int8 1x1 conv, bias, qnn.requantize (per tensor or per output channel) to ``out_dtype``."""
+    rng = np.random.default_rng(seed)
+    ci, co, hw = 64, 64, 8
+    x = relay.var("x", shape=(1, ci, hw, hw), dtype="uint8")
+    w = relay.const(rng.integers(-128, 128, (co, ci, 1, 1)).astype("int8"))
+    w_scale = (rng.random(co) * 0.02 + 1e-3).astype("float32") if per_channel else 0.01
+    y = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.02), relay.const(w_scale),
+                            kernel_size=(1, 1), channels=co, out_dtype="int32")
+    y = relay.nn.bias_add(y, relay.const(rng.integers(-20000, 20000, co).astype("int32")))
+    in_scale = relay.const((0.02 * w_scale).astype("float32") if per_channel else 0.0002)
+    zero_point = relay.const(5 if out_dtype == "uint8" else -3)
+    y = relay.qnn.op.requantize(y, in_scale, relay.const(0), relay.const(0.05), zero_point, axis=1, out_dtype=out_dtype)
+    return tvm.IRModule.from_expr(relay.Function([x], y)), rng.integers(0, 256, (1, ci, hw, hw)).astype("uint8")
+
+
+def _run(lib, x):
+    from tvm.contrib import graph_executor
+
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    m.set_input("x", x)
+    m.run()
+    return m.get_output(0).numpy()
+
+
+@pytest.mark.parametrize("target", RUNNABLE)
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("out_dtype", ["uint8", "int8"])
+def test_requantized_conv_matches_plain_llvm(target, per_channel, out_dtype):
+    import tvm_ext
+    from tvm_ext.core import pipelines
+
+    mod, x = _conv_requantize(per_channel, out_dtype)
+    with tvm.transform.PassContext(opt_level=3):
+        ref = _run(relay.build(mod, target="llvm"), x)
+    got = _run(tvm_ext.build(mod, target=target, passes=pipelines.int8()), x)
+    assert got.dtype == np.dtype(out_dtype) and np.unique(ref).size > 50  # saturated and unsaturated outputs
+    assert (ref == np.iinfo(out_dtype).min).any() and (ref == np.iinfo(out_dtype).max).any()
+    np.testing.assert_array_equal(got, ref)

@@ -1,0 +1,161 @@
+"""Exact fixed-point requantization on x86 in even/odd int32 lanes (``vpmuldq``), while tvm-ext builds.
+
+Design note
+-----------
+``qnn.requantize`` lowers to ``tir.q_multiply_shift(x, m, 31, s)`` (per tensor) or
+``tir.q_multiply_shift_per_axis(x, m, ls, rs, 31, ...)`` (per channel): ``round(x * 2^ls * m / 2^n)``
+with ``n = 31 + rs``, rounded half up, in int64. TVM's generic lowering casts each int32 lane to int64,
+which LLVM's x86 back end turns into zero extensions, 256-bit extracts/inserts and ``vpmovqd``
+narrowings around each ``vpmuldq``: about 14 µops per 16 outputs on the ports the int8 dot products
+need. :func:`even_odd_q_multiply_shift` lowers the vectorised call on whole vectors instead::
+
+    # X = int32x2L -> int64xL, the even lanes in the low halves, the odd ones in the high halves
+    # pe = vpmuldq(X, M); po = vpmuldq(X >> 32, M >> 32)                     (exact 32x32->64)
+    # e = ((pe << ls) + 2^(n-1)) >> n;  o = ((po << ls) + 2^(n-1)) >> (n-32)   (constant n < 32: << (32-n);
+    #                                                                         shifts per lane: (... >> n) << 32)
+    # q_multiply_shift(x, m, 31, s) = int32x2L(low halves of e | high halves of o)
+
+The same int64 arithmetic, so the result is bit for bit TVM's (tests/x86/test_requantize.py checks it
+against numpy). Scalar calls and TVM's power-of-two form (``m == 2^30``) keep TVM's lowering. The
+rule is registered for the ``llvm`` target while it is entered (a :class:`tvm_ext._patch.Patch`; the x86
+back end enters it for every build). docs/x86-kernels.md has the llvm-mca figures.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+
+from .._patch import Patch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["even_odd_q_multiply_shift", "lower_even_odd"]
+
+_OPS = ("tir.q_multiply_shift", "tir.q_multiply_shift_per_axis")
+#: Priority levels above TVM's registrations; one more for every registration (TVM keeps the highest).
+_LEVELS = itertools.count(300)
+
+
+def _const(e):
+    """The integer value of ``e`` (an IntImm or a Broadcast of one), else None."""
+    import tvm
+
+    if isinstance(e, int):
+        return e
+    if isinstance(e, tvm.tir.Broadcast):
+        e = e.value
+    return int(e.value) if isinstance(e, tvm.tir.IntImm) else None
+
+
+def lower_even_odd(x, m, ls, rs, q, odd_by_shuffle: bool = False):
+    """``round(x * 2^ls * m / 2^(q + rs))`` per int32 lane of ``x`` (an even number of lanes), in int64.
+
+    ``m``, ``ls``, ``rs``: int32 scalars or vectors like ``x``; ``q``: a constant. The odd lanes move
+    down by a 64-bit shift, or with ``odd_by_shuffle`` by a dword shuffle (``vpshufd``: port 5 instead
+    of port 0 on AVX2, where ``vpmuldq`` and the int8 products take port 0). Returns the int32 vector
+    expression, or None where this form does not apply (odd lane count, constant shifts out of range).
+    """
+    import tvm
+    from tvm import tir
+
+    n32 = tvm.DataType(x.dtype).lanes
+    if n32 < 2 or n32 % 2 or tvm.DataType(x.dtype).bits != 32 or _const(q) is None:
+        return None
+    i32, i64 = f"int32x{n32}", f"int64x{n32 // 2}"
+
+    def wide(e):  # int32 x 2L -> int64 x L, bit for bit (a scalar: the same value in every lane)
+        return tir.reinterpret(i64, e if e.dtype == i32 else tir.Broadcast(e, n32))
+
+    def c64(v):
+        return tir.Broadcast(tir.const(v, "int64"), n32 // 2)
+
+    X, q = wide(x), _const(q)
+    mc = _const(m)
+    if mc is not None:  # a constant multiplier: the same in even and odd lanes
+        me = mo = c64(mc)
+    else:
+        M = wide(m)
+        me, mo = (M << c64(32)) >> c64(32), M >> c64(32)
+    pe = ((X << c64(32)) >> c64(32)) * me  # even lanes, sign-extended: vpmuldq
+    if odd_by_shuffle:
+        odd = tir.reinterpret(i64, tir.Shuffle([x], [tir.const(i | 1, "int32") for i in range(n32)]))
+        po = ((odd << c64(32)) >> c64(32)) * mo  # odd lanes copied down: vpshufd, vpmuldq
+    else:
+        po = (X >> c64(32)) * mo  # odd lanes moved down: vpsrlq, vpmuldq
+
+    lsc, rsc = _const(ls), _const(rs)
+    if lsc is not None and rsc is not None:  # constant shifts: immediate forms
+        n = q + rsc
+        if not (1 <= n <= 63 and 0 <= lsc <= 62):
+            return None
+        if lsc:
+            pe, po = pe << c64(lsc), po << c64(lsc)
+        r = c64(1 << (n - 1))
+        e = (pe + r) >> c64(n)
+        o = (po + r) >> c64(n - 32) if n >= 32 else (po + r) << c64(32 - n)
+    else:  # shifts per lane (per channel): the odd result computed low, then moved up
+        LS = c64(0) if lsc == 0 else wide(ls) & c64(0xFFFFFFFF)
+        N = c64(q) + (wide(rs) & c64(0xFFFFFFFF) if rsc is None else c64(rsc))
+        LSo = c64(0) if lsc == 0 else wide(ls) >> c64(32)
+        No = c64(q) + (wide(rs) >> c64(32) if rsc is None else c64(rsc))
+        pe, po = pe << LS, po << LSo
+        e = (pe + (c64(1) << (N - c64(1)))) >> N
+        o = ((po + (c64(1) << (No - c64(1)))) >> No) << c64(32)
+    low = c64(0xFFFFFFFF)
+    return tir.reinterpret(i32, (e & low) | (o & ~low))
+
+
+def _lower(op, odd_by_shuffle: bool = False):
+    """The lowering rule: ``op`` rewritten, or ``op`` itself (TVM's generic rule applies next)."""
+    try:
+        name = op.op.name
+        if name == "tir.q_multiply_shift":
+            x, m, q, s = op.args
+            mc, sc = _const(m), _const(s)
+            if mc is None or mc == 1 << 30 or sc is None:  # TVM's own forms (power of two; it needs constants)
+                return op
+            out = lower_even_odd(x, m, max(sc, 0), max(-sc, 0), q, odd_by_shuffle)
+        else:
+            x, m, ls, rs, q, need_ls = op.args[:6]
+            out = lower_even_odd(x, m, ls if _const(need_ls) != 0 else 0, rs, q, odd_by_shuffle)
+    except Exception:  # never fail a build over a faster form: TVM's rule is exact
+        logger.exception("x86 requantize: %s left to TVM's lowering", op)
+        return op
+    return op if out is None else out
+
+
+def _register(rule) -> None:
+    from tvm.ir import register_intrin_lowering
+
+    level = next(_LEVELS)
+    for op in _OPS:
+        register_intrin_lowering(op, target="llvm", f=rule, level=level)
+
+
+def _install(target=None):
+    from .isa import llvm_features
+
+    shuffle = target is not None and "avx512f" not in llvm_features(target)
+    logger.debug("x86: q_multiply_shift in even/odd int32 lanes (odd lanes by %s)", "shuffle" if shuffle else "shift")
+    _register(lambda op: _lower(op, shuffle))
+
+
+def _uninstall():
+    _register(lambda op: op)  # unchanged: LowerIntrin goes on to TVM's generic rule
+
+
+_PATCH = Patch(_install, _uninstall)
+
+
+@contextlib.contextmanager
+def even_odd_q_multiply_shift(target=None):
+    """Enter to lower vectorised ``q_multiply_shift`` calls in even/odd int32 lanes (``vpmuldq``, no
+    int64 widening), with TVM's exact int64 result.
+
+    ``target`` (the build's x86 target) picks how the odd lanes move (:func:`lower_even_odd`); nested
+    entries keep the outermost entry's choice. The rule applies to every ``llvm`` build while entered,
+    and its result is exact on any CPU.
+    """
+    with _PATCH.entered(target):
+        yield
