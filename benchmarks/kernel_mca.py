@@ -45,13 +45,14 @@ def kernel_rows(analysis, labels=None) -> list:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in analysis.kernels:
         name = (labels or {}).get(k.name, k.name.replace("tvmgen_default_fused_", ""))
+        name += f" ({k.kind})" if getattr(k, "kind", "") else ""
         if k.mca:
             cells = [name, str(k.launches), f"{k.macs / 1e6:.1f}", _dots(k), str(k.hot.accumulators), str(k.hot.macs),
                      str(k.hot.instructions),
                      f"{k.mca.cycles_per_iteration:.1f}", f"{k.macs_per_cycle:.1f}", _pct(k.share),
                      k.mca.bound or "-"]
         else:
-            cells = [name, str(k.launches), f"{k.macs / 1e6:.1f}", "no int8 dot loop"] + ["-"] * 7
+            cells = [name, str(k.launches), f"{k.macs / 1e6:.1f}", "no dot loop"] + ["-"] * 7
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -174,3 +174,90 @@ def test_single_conv_hot_loop(cpu, pattern, per_instruction):
     assert re.match(r"(j\w+|b\.\w+|cbn?z|tbn?z)\s", k.hot.body[-1]), "a loop ends with its backward branch"
     assert 0 < k.share <= 1.02
     assert a.share == pytest.approx(k.share)
+
+
+@pytest.mark.parametrize("line, kind, macs", [
+    ("vpdpwssd %ymm1, %ymm2, %ymm3", "", 16),           # int16 pairs: two products per 32-bit lane
+    ("vpdpwssd %ymm1, %ymm2, %ymm3", "depthwise", 8),   # one widened tap per lane, a zero partner
+    ("vpmaddwd (%rdi), %zmm2, %zmm3", "depthwise", 16),
+    ("vpdpbusd %zmm1, %zmm2, %zmm3", "depthwise", 64),  # bytes stay bytes
+    ("vfmadd231ps %zmm1, %zmm2, %zmm3", "", 0),          # float work counts only in a float conv
+    ("vfmadd231ps %zmm1, %zmm2, %zmm3", "float", 16),
+    ("vfmadd213ps (%rax){1to8}, %ymm2, %ymm3", "float", 8),
+    ("fmla v0.4s, v1.4s, v2.s[1]", "float", 4),
+])
+def test_dot_macs_by_kind(line, kind, macs):
+    assert _asm.dot_macs(_body(line), kind)[1] == macs
+
+
+def test_unknown_kind_is_an_error():
+    with pytest.raises(ValueError, match="kind"):
+        _asm.dot_macs(_body("vpdpbusd %zmm1, %zmm2, %zmm3"), "grouped")
+
+
+def _conv(dtype, channels, groups):
+    from tvm import relay
+
+    data = relay.var("x", shape=(1, channels, 8, 8), dtype=dtype)
+    wdtype = "int8" if dtype == "uint8" else dtype
+    weight = relay.var("w", shape=(channels, channels // groups, 3, 3), dtype=wdtype)
+    out = relay.nn.conv2d(data, weight, padding=(1, 1), groups=groups, kernel_size=(3, 3),
+                          out_dtype="int32" if dtype == "uint8" else dtype)
+    return relay.transform.InferType()(__import__("tvm").IRModule.from_expr(out))["main"]
+
+
+@pytest.mark.parametrize("dtype, groups, kind, macs", [
+    ("uint8", 1, "", 16 * 64 * 16 * 9),
+    ("uint8", 16, "depthwise", 16 * 64 * 9),
+    ("uint8", 4, "", 16 * 64 * 4 * 9),            # grouped, 4 channels per group: not depthwise
+    ("float32", 1, "float", 16 * 64 * 16 * 9),
+])
+def test_conv_kind_and_macs(dtype, groups, kind, macs):
+    from tvm_ext.tools.mca import _macs
+
+    func = _conv(dtype, 16, groups)
+    assert _macs.kind(func) == kind
+    assert _macs.macs(func) == macs
+
+
+@needs_mca
+@pytest.mark.parametrize("cpu", ["znver5", "cascadelake", "x86-64-v3"])
+def test_peak_is_the_best_of_register_and_memory_forms(cpu):
+    forms = mca.cpu_model(cpu).peak_forms
+    assert any(f.endswith(" mem") for f in forms)
+    best = mca.peak(cpu)
+    assert all(best.macs_per_cycle >= _peak.form_peak(cpu, f).macs_per_cycle for f in forms)
+
+
+@needs_mca
+def test_memory_form_loop_within_the_znver5_peak():
+    # LLVM 22's Zen 4 model rates vpdpbusd's memory form twice its register form: a loop of memory-form
+    # dots must not score above the peak
+    m = mca.cpu_model("znver5")
+    text = ".Lx:\n" + "\n".join(f"vpdpbusd {8 * i}(%rsi){{1to16}}, %zmm31, %zmm{i}" for i in range(12))
+    text += "\naddq $1, %rax\ncmpq %rdx, %rax\njne .Lx\n"
+    res = _llvm_mca.run(text, m.triple, m.mcpu, m.mattr)
+    assert 12 * 64 / res.cycles_per_iteration <= 1.02 * mca.peak("znver5").macs_per_cycle
+
+
+_EPILOGUE_NESTED = """\
+\t.type\ttvmgen_default_fused_nn_conv2d_hardswish_compute_,@function
+tvmgen_default_fused_nn_conv2d_hardswish_compute_:
+.LBB2_1:                                # tile loop: the conv's reduction unrolled
+\tvpdpbusd\t(%rsi), %ymm0, %ymm1
+\tvpdpbusd\t32(%rsi), %ymm0, %ymm2
+\tvpdpbusd\t64(%rsi), %ymm0, %ymm3
+.LBB2_2:                                # epilogue loop: hard-swish's int16 multiply
+\tvpmaddwd\t%ymm7, %ymm8, %ymm7
+\tvpdpwssd\t%ymm7, %ymm8, %ymm9
+\tjne\t.LBB2_2
+\tjne\t.LBB2_1
+\tretq
+"""
+
+
+def test_pair_multiplies_of_a_vnni_kernel_are_epilogue():
+    funcs = _asm.parse(_EPILOGUE_NESTED)
+    name = "tvmgen_default_fused_nn_conv2d_hardswish"
+    hot = _asm.hot_loop(name, funcs, _asm.kernels(funcs)[name])
+    assert hot.dots == {"vpdpbusd ymm": 3} and hot.macs == 96 and hot.accumulators == 3

@@ -46,6 +46,7 @@ class KernelEstimate:
     hot: Optional[_asm.HotLoop]
     mca: Optional[McaResult]
     peak: Peak
+    kind: str = ""  # "depthwise", "float" or "" (tvm_ext.tools.mca._macs.kind)
 
     @property
     def macs_per_cycle(self) -> float:
@@ -62,7 +63,7 @@ class KernelEstimate:
         return self.launches * self.macs / self.macs_per_cycle if self.mca else float("inf")
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "macs": self.macs, "launches": self.launches}
+        d = {"name": self.name, "macs": self.macs, "launches": self.launches, "kind": self.kind}
         if self.hot:
             d.update(dots=self.hot.dots, accumulators=self.hot.accumulators,
                      macs_per_iteration=self.hot.macs, instructions=self.hot.instructions,
@@ -152,11 +153,12 @@ def analyze_factory(factory, cpu: str) -> Analysis:
         macs = _macs.macs(relay_funcs[name]) if name in relay_funcs else 0
         if not macs:
             continue
-        hot = _asm.hot_loop(name, funcs, by_kernel.get(name, []))
+        kind = _macs.kind(relay_funcs[name])
+        hot = _asm.hot_loop(name, funcs, by_kernel.get(name, []), kind)
         res = _llvm_mca.run(hot.text, model.triple, model.mcpu, model.mattr) if hot else None
         if hot is None:
             logger.info("%s: no int8 dot-product loop in %s", cpu, name)
-        out.kernels.append(KernelEstimate(name, macs, n, hot, res, top))
+        out.kernels.append(KernelEstimate(name, macs, n, hot, res, top, kind))
     return out
 
 

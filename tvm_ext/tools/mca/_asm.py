@@ -16,8 +16,16 @@ multiply-accumulates (MACs) one instruction does at its register width or vector
 ``vpmaddwd`` counts only in a loop without ``vpmaddubsw``: next to ``vpmaddubsw`` it sums the int16
 pair products with ones (no new products).
 
+Two kinds of conv change the count (:func:`dot_macs`' ``kind``): in a *depthwise* kernel ``vpmaddwd``
+and ``vpdpwssd`` count one product per 32-bit lane (TVM's depthwise compute multiplies one widened
+tap per lane; LLVM forms the int16-pair multiply with a zero partner); in a *float* conv kernel the
+fused multiply-adds of :data:`FLOAT_FORMS` count, one per lane.
+
 The *hot loop* of a kernel: among its loops that hold dot instructions and contain no smaller loop that
-holds any, the one with the most MACs per iteration; on a tie, the one with fewer instructions.
+holds any, the one with the most MACs per iteration; on a tie, the one with fewer instructions. In a
+kernel whose code holds ``vpdpbusd`` the int16-pair forms (``vpmaddwd``, ``vpdpwssd``) are not dot
+work: there they are epilogue multiplies (a hard-swish's ``x * relu6(x + 3)`` in int16), which would
+otherwise make the epilogue loop nested in the conv's tile loop look like the innermost dot loop.
 """
 from __future__ import annotations
 
@@ -25,7 +33,8 @@ import collections
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["DOT_FORMS", "Instruction", "Loop", "HotLoop", "parse", "kernels", "loops", "hot_loop", "dot_macs"]
+__all__ = ["DOT_FORMS", "FLOAT_FORMS", "Instruction", "Loop", "HotLoop", "parse", "kernels", "loops", "hot_loop",
+           "dot_macs"]
 
 _LABEL = re.compile(r"^([.\w$]+):")
 _TYPE = re.compile(r"^\s*\.type\s+([.\w$]+),\s*@function")
@@ -82,6 +91,22 @@ DOT_FORMS = {
     "smull": _arm_widening, "smull2": _arm_widening, "umull": _arm_widening, "umull2": _arm_widening,
     "smlal": _arm_widening, "smlal2": _arm_widening, "umlal": _arm_widening, "umlal2": _arm_widening,
 }
+
+
+def _lanes_x86(ops):  # one float32 product per 32-bit lane (vfmadd*ps)
+    return _x86_bits(ops) // 32
+
+
+def _arm_fmla(ops):  # fmla v.4s: one product per 32-bit lane
+    lanes, elem = _arm_dest(ops)
+    return lanes if elem == "s" else 0
+
+
+#: Float32 multiply-adds, counted only in float conv kernels (``kind="float"``).
+FLOAT_FORMS = {f"vfmadd{order}ps": _lanes_x86 for order in ("132", "213", "231")}
+FLOAT_FORMS.update({"fmla": _arm_fmla})
+#: int16-pair multiplies that a depthwise kernel fills with one product per 32-bit lane.
+_PAIR_FORMS = ("vpmaddwd", "vpdpwssd", "vpdpwssds")
 
 
 @dataclass(frozen=True)
@@ -203,15 +228,28 @@ def loops(name: str, instrs: list) -> list:
     return out
 
 
-def dot_macs(instrs) -> tuple:
-    """``(Counter of "mnemonic width", MACs)`` of the dot instructions in ``instrs``."""
+def _forms(kind: str) -> dict:
+    if kind not in ("", "depthwise", "float", "vnni"):
+        raise ValueError(f"kind must be '', 'depthwise', 'float' or 'vnni', got {kind!r}")
+    if kind == "vnni":
+        return {m: f for m, f in DOT_FORMS.items() if m not in _PAIR_FORMS}
+    return {**DOT_FORMS, **FLOAT_FORMS} if kind == "float" else DOT_FORMS
+
+
+def dot_macs(instrs, kind: str = "") -> tuple:
+    """``(Counter of "mnemonic width", MACs)`` of the dot instructions in ``instrs`` of a kernel whose
+    conv is of ``kind`` (module note): "", "depthwise", "float" or "vnni" (a kernel with ``vpdpbusd``,
+    whose int16-pair forms do not count)."""
     mnemonics = {i.mnemonic for i in instrs}
+    forms = _forms(kind)
     count, macs = collections.Counter(), 0
     for ins in instrs:
-        form = DOT_FORMS.get(ins.mnemonic)
+        form = forms.get(ins.mnemonic)
         if form is None or (ins.mnemonic == "vpmaddwd" and "vpmaddubsw" in mnemonics):
             continue
         n = form(ins.operands)
+        if kind == "depthwise" and ins.mnemonic in _PAIR_FORMS:
+            n //= 2
         if n:
             count[f"{ins.mnemonic} {_width(ins)}"] += 1
             macs += n
@@ -225,21 +263,26 @@ def _width(ins: Instruction) -> str:
     return f".{lanes}{elem}"
 
 
-def hot_loop(kernel: str, funcs: dict, names) -> HotLoop | None:
-    """The hot loop of ``kernel`` (module note), or None when none of its loops holds a dot instruction."""
+def hot_loop(kernel: str, funcs: dict, names, kind: str = "") -> HotLoop | None:
+    """The hot loop of ``kernel`` (module note; ``kind`` as :func:`dot_macs`), or None when none of its
+    loops holds a dot instruction."""
     found = []
+    forms = _forms(kind)
+    if kind == "" and any(i.mnemonic in ("vpdpbusd", "vpdpbusds") for n in names for i in funcs[n]):
+        kind = "vnni"  # the int16-pair forms of a VNNI kernel are epilogue multiplies
+        forms = _forms(kind)
     for name in names:
         instrs = funcs[name]
         for lp in loops(name, instrs):
             body = [i for i in instrs[lp.start: lp.end + 1] if i.mnemonic]
-            count, macs = dot_macs(body)
+            count, macs = dot_macs(body, kind)
             if macs:
                 found.append((lp, body, count, macs))
     inner = [f for f in found if not any(f[0].contains(g[0]) for g in found)]
     if not inner:
         return None
     lp, body, count, macs = max(inner, key=lambda f: (f[3], -len(f[1])))
-    acc = {_destination(i) for i in body if i.mnemonic in DOT_FORMS and DOT_FORMS[i.mnemonic](i.operands)}
+    acc = {_destination(i) for i in body if i.mnemonic in forms and forms[i.mnemonic](i.operands)}
     return HotLoop(kernel, lp.function, tuple(i.text for i in body), dict(count), macs, len(acc))
 
 

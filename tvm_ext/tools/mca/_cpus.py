@@ -26,7 +26,8 @@ class CpuModel:
 
 
 def _x86(name, note=""):
-    return CpuModel(name, f"llvm -mcpu={name}", "x86_64-unknown-linux-gnu", name, "", ("vpdpbusd zmm",), note)
+    return CpuModel(name, f"llvm -mcpu={name}", "x86_64-unknown-linux-gnu", name, "",
+                    ("vpdpbusd zmm", "vpdpbusd zmm mem"), note)
 
 
 def _arm(name, attr, forms, note=""):
@@ -41,7 +42,8 @@ CPU_MODELS = {m.name: m for m in (
     _x86("cascadelake"),
     _x86("icelake-server"),
     _x86("sapphirerapids", "AMX masked (tvm_ext.build's default)"),
-    CpuModel("x86-64-v3", "llvm -mcpu=x86-64-v3", "x86_64-unknown-linux-gnu", "haswell", "", ("vpmaddwd ymm",),
+    CpuModel("x86-64-v3", "llvm -mcpu=x86-64-v3", "x86_64-unknown-linux-gnu", "haswell", "",
+             ("vpmaddwd ymm", "vpmaddwd ymm mem"),
              "AVX2, tvm-ext's exact int16-pair path; llvm-mca's Haswell model"),
     _arm("neoverse-n1", "+neon,+dotprod", ("sdot",)),
     _arm("neoverse-v1", "+neon,+dotprod,+i8mm", ("smmla", "sdot")),

@@ -2,14 +2,15 @@
 
 A conv's MACs = output elements x (input channels / groups) x kernel height x kernel width, the
 channels read off the data layout (``C`` times ``c`` for blocked layouts such as ``NCHW16c``); a dense
-or batch matmul's = output elements x the reduced dimension (the data's last axis).
+or batch matmul's = output elements x the reduced dimension (the data's last axis). :func:`kind` says
+whether a function's conv is depthwise or float, which changes how its loops' instructions count.
 """
 from __future__ import annotations
 
 import math
 import re
 
-__all__ = ["macs"]
+__all__ = ["macs", "kind"]
 
 
 def _shape(expr) -> list:
@@ -56,3 +57,31 @@ def macs(func) -> int:
 
     relay.analysis.post_order_visit(func, visit)
     return total
+
+
+def kind(func) -> str:
+    """``"float"`` when a conv or dense of ``func`` reads float data, ``"depthwise"`` when a conv has one
+    input channel per group (groups > 1), else ``""``."""
+    import tvm
+    from tvm import relay
+
+    kinds = set()
+
+    def visit(node):
+        if not (isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op)):
+            return
+        name = node.op.name
+        if not (("conv2d" in name and "transpose" not in name) or "dense" in name or "matmul" in name):
+            return
+        try:
+            if str(node.args[0].checked_type.dtype).startswith("float"):
+                kinds.add("float")
+            elif "conv2d" in name and int(node.attrs.groups) > 1:
+                layout = re.sub(r"\d", "", str(node.attrs.data_layout) or "NCHW")
+                if _channels(_shape(node.args[0]), layout) == int(node.attrs.groups):
+                    kinds.add("depthwise")
+        except (AttributeError, ValueError, TypeError):  # an untyped call
+            pass
+
+    relay.analysis.post_order_visit(func, visit)
+    return "float" if "float" in kinds else ("depthwise" if "depthwise" in kinds else "")

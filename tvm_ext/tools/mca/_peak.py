@@ -5,7 +5,10 @@ own accumulator, all reading the same two source registers, so neither loads nor
 limit it), written :data:`UNROLL` times so that the loop's counter and branch cost under 0.3%;
 MACs per cycle = copies x unroll x MACs per instruction / the
 predicted cycles per iteration. A CPU model's peak is the best of its ``peak_forms``
-(:mod:`tvm_ext.tools.mca._cpus`).
+(:mod:`tvm_ext.tools.mca._cpus`). x86 forms come with a memory source too (``... mem``: the kernels'
+dots read the kernel vector or the broadcast data word from memory), because a scheduling model may
+rate the two differently: LLVM 22's Zen 4 model gives the register form of ``vpdpbusd`` two cycles
+and the memory form one, so a peak of the register form alone would put kernels above 100%.
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ _ARM_LOOP = "\n".join(["{body}", "add x0, x0, #1", "cmp x0, x1", "b.ne .Lpeak"])
 #: form -> (instruction template with {i} the accumulator, loop template)
 FORMS = {
     "vpdpbusd zmm": ("vpdpbusd %zmm30, %zmm31, %zmm{i}", _X86_LOOP),
+    "vpdpbusd zmm mem": ("vpdpbusd (%rsi){{1to16}}, %zmm31, %zmm{i}", _X86_LOOP),
     "vpdpbusd ymm": ("vpdpbusd %ymm14, %ymm15, %ymm{i}", _X86_LOOP),
     "vpmaddwd ymm": ("vpmaddwd %ymm14, %ymm15, %ymm{i}", _X86_LOOP),
+    "vpmaddwd ymm mem": ("vpmaddwd (%rsi), %ymm15, %ymm{i}", _X86_LOOP),
     "vpmaddubsw ymm": ("vpmaddubsw %ymm14, %ymm15, %ymm{i}", _X86_LOOP),
     "sdot": ("sdot v{i}.4s, v30.16b, v31.16b", _ARM_LOOP),
     "smmla": ("smmla v{i}.4s, v30.16b, v31.16b", _ARM_LOOP),
