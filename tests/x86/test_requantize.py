@@ -146,7 +146,8 @@ def _conv_requantize(per_channel, out_dtype, seed=0):
     y = relay.nn.bias_add(y, relay.const(rng.integers(-20000, 20000, co).astype("int32")))
     in_scale = relay.const((0.02 * w_scale).astype("float32") if per_channel else 0.0002)
     zero_point = relay.const(5 if out_dtype == "uint8" else -3)
-    y = relay.qnn.op.requantize(y, in_scale, relay.const(0), relay.const(0.05), zero_point, axis=1, out_dtype=out_dtype)
+    y = relay.qnn.op.requantize(y, in_scale, relay.const(0), relay.const(0.05), zero_point, axis=1,
+                                compute_dtype="int64", out_dtype=out_dtype)  # the fixed-point form in both builds
     return tvm.IRModule.from_expr(relay.Function([x], y)), rng.integers(0, 256, (1, ci, hw, hw)).astype("uint8")
 
 
