@@ -174,3 +174,15 @@ def test_requantized_conv_matches_plain_llvm(target, per_channel, out_dtype):
     assert got.dtype == np.dtype(out_dtype) and np.unique(ref).size > 50  # saturated and unsaturated outputs
     assert (ref == np.iinfo(out_dtype).min).any() and (ref == np.iinfo(out_dtype).max).any()
     np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_entered_with_tvm_ext_kernels_only(kernels):
+    """Without tvm-ext's kernels an x86 build lowers as relay.build does; with them, in even/odd lanes."""
+    from tvm_ext.backend import BuildRequest
+    from tvm_ext.x86.backend import X86
+
+    target = tvm.target.Target("llvm -mcpu=x86-64-v3")
+    plan = X86().plan(BuildRequest(target=target, mod=None, kernels=kernels, eight_bit=True))
+    names = [getattr(c, "gen", c).__qualname__ for c in plan.contexts if hasattr(c, "gen")]
+    assert ("even_odd_q_multiply_shift" in names) == kernels

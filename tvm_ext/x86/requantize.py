@@ -18,7 +18,7 @@ need. :func:`even_odd_q_multiply_shift` lowers the vectorised call on whole vect
 The same int64 arithmetic, so the result is bit for bit TVM's (tests/x86/test_requantize.py checks it
 against numpy). Scalar calls and TVM's power-of-two form (``m == 2^30``) keep TVM's lowering. The
 rule is registered for the ``llvm`` target while it is entered (a :class:`tvm_ext._patch.Patch`; the x86
-back end enters it for every build). docs/x86-kernels.md has the llvm-mca figures.
+back end enters it for builds with tvm-ext's kernels). docs/x86-kernels.md has the llvm-mca figures.
 """
 from __future__ import annotations
 
