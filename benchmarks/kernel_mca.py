@@ -45,7 +45,7 @@ def kernel_rows(analysis, labels=None) -> list:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in analysis.kernels:
         name = (labels or {}).get(k.name, k.name.replace("tvmgen_default_fused_", ""))
-        name += f" ({k.kind})" if getattr(k, "kind", "") else ""
+        name += f" ({k.conv}{', float' if k.kind == 'float' else ''})" if getattr(k, "conv", "") else ""
         if k.mca:
             cells = [name, str(k.launches), f"{k.macs / 1e6:.1f}", _dots(k), str(k.hot.accumulators), str(k.hot.macs),
                      str(k.hot.instructions),

@@ -261,3 +261,11 @@ def test_pair_multiplies_of_a_vnni_kernel_are_epilogue():
     name = "tvmgen_default_fused_nn_conv2d_hardswish"
     hot = _asm.hot_loop(name, funcs, _asm.kernels(funcs)[name])
     assert hot.dots == {"vpdpbusd ymm": 3} and hot.macs == 96 and hot.accumulators == 3
+
+
+def test_conv_described_in_words():
+    from tvm_ext.tools.mca import _macs
+
+    assert _macs.describe(_conv("uint8", 16, 16)) == "3x3 dw 16 8x8"
+    assert _macs.describe(_conv("uint8", 16, 1)) == "3x3 16->16 8x8"
+    assert _macs.describe(_conv("uint8", 16, 4)) == "3x3 16->16 g4 8x8"

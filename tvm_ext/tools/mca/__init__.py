@@ -47,6 +47,7 @@ class KernelEstimate:
     mca: Optional[McaResult]
     peak: Peak
     kind: str = ""  # "depthwise", "float" or "" (tvm_ext.tools.mca._macs.kind)
+    conv: str = ""  # the kernel's conv or dense in words (tvm_ext.tools.mca._macs.describe)
 
     @property
     def macs_per_cycle(self) -> float:
@@ -63,7 +64,7 @@ class KernelEstimate:
         return self.launches * self.macs / self.macs_per_cycle if self.mca else float("inf")
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "macs": self.macs, "launches": self.launches, "kind": self.kind}
+        d = {"name": self.name, "macs": self.macs, "launches": self.launches, "kind": self.kind, "conv": self.conv}
         if self.hot:
             d.update(dots=self.hot.dots, accumulators=self.hot.accumulators,
                      macs_per_iteration=self.hot.macs, instructions=self.hot.instructions,
@@ -158,7 +159,7 @@ def analyze_factory(factory, cpu: str) -> Analysis:
         res = _llvm_mca.run(hot.text, model.triple, model.mcpu, model.mattr) if hot else None
         if hot is None:
             logger.info("%s: no int8 dot-product loop in %s", cpu, name)
-        out.kernels.append(KernelEstimate(name, macs, n, hot, res, top, kind))
+        out.kernels.append(KernelEstimate(name, macs, n, hot, res, top, kind, _macs.describe(relay_funcs[name])))
     return out
 
 

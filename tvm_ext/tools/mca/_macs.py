@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["macs", "kind"]
+__all__ = ["macs", "kind", "describe"]
 
 
 def _shape(expr) -> list:
@@ -85,3 +85,41 @@ def kind(func) -> str:
 
     relay.analysis.post_order_visit(func, visit)
     return "float" if "float" in kinds else ("depthwise" if "depthwise" in kinds else "")
+
+
+def describe(func) -> str:
+    """The first conv or dense of ``func`` in words: ``"5x5/2x1 dw 104 6x96"`` (kernel, strides when not
+    1, ``dw`` for depthwise, input -> output channels or the depthwise channels, output height x width),
+    ``"dense 1x200->2"``; ``""`` when it has none."""
+    import tvm
+    from tvm import relay
+
+    found = []
+
+    def visit(node):
+        if found or not (isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op)):
+            return
+        name = node.op.name
+        try:
+            if "conv2d" in name and "transpose" not in name:
+                layout = re.sub(r"\d", "", str(node.attrs.data_layout) or "NCHW")
+                out_layout = re.sub(r"\d", "", str(node.attrs.out_layout or node.attrs.data_layout) or "NCHW")
+                ci = _channels(_shape(node.args[0]), layout)
+                out = _shape(node)
+                co = _channels(out, out_layout)
+                oh, ow = out[out_layout.index("H")], out[out_layout.index("W")]
+                kh, kw = (int(k) for k in node.attrs.kernel_size)
+                sh, sw = (int(v) for v in node.attrs.strides)
+                stride = "" if (sh, sw) == (1, 1) else (f"/{sh}" if sh == sw else f"/{sh}x{sw}")
+                groups = int(node.attrs.groups)
+                chans = f"{ci}->{co}" + (f" g{groups}" if groups > 1 else "")
+                chans = f"dw {co}" if groups > 1 and groups == ci else chans
+                found.append(f"{kh}x{kw}{stride} {chans} {oh}x{ow}")
+            elif "dense" in name or "matmul" in name:
+                data, out = _shape(node.args[0]), _shape(node)
+                found.append(f"dense {'x'.join(map(str, data))}->{out[-1]}")
+        except (AttributeError, ValueError, TypeError):  # an untyped call
+            pass
+
+    relay.analysis.post_order_visit(func, visit)
+    return found[0] if found else ""
