@@ -18,9 +18,10 @@ from _cases import X_ZP, conv_nchw_exact
 V1 = TARGETS["neoverse-v1"]
 
 #: (input channels, output channels, size, kernel, stride, padding): stride 1 and 2, 1x1 and 3x3,
-#: widths that are odd and that leave a partial register tile, more than one channel block.
+#: widths that are odd and that leave a partial register tile, more than one channel block, a 1x1
+#: reduction stepping by 4 input blocks (128 channels) on a row of 5-pair tiles (28 wide: 14 pairs, 15 computed).
 SHAPES = [pytest.param((16, 16, 9, 3, 1, 1), marks=pytest.mark.slow), (64, 32, 8, 1, 2, 0), (32, 64, 7, 3, 2, 1),
-          pytest.param((8, 8, 5, 3, 1, 0), marks=pytest.mark.slow), (24, 16, 14, 1, 1, 0)]
+          pytest.param((8, 8, 5, 3, 1, 0), marks=pytest.mark.slow), (24, 16, 14, 1, 1, 0), (128, 16, 28, 1, 1, 0)]
 
 
 def _qnn(rng, ci, co, size, k, stride, pad):

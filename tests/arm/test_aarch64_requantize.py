@@ -96,3 +96,45 @@ def test_tvm_ext_build_requantizes_exactly_at_dotprod(cpu, case, arm_session, tm
     (out,) = run_on_session(arm_session, lib, {"x": x}, tmp_path, f"rq_ext_{cpu}")
     d, counts = _differences(out, ref)
     assert not d.any(), f"{np.count_nonzero(d)} of {d.size} outputs differ from exact: {counts}"
+
+
+#: Right shifts (``relay.fixed_point_multiply``'s negative shifts) and q31 multipliers at the edges of
+#: ``sqdmulh`` + ``srshr``: a shift of 1 and of 31, the smallest and largest multipliers, negative ones,
+#: and -2^31 (``sqdmulh`` saturates on -2^31 x -2^31).
+SHIFTS = [-1, -6, -17, -31]
+MULTIPLIERS = [1 << 30, (1 << 31) - 1, 1, 1234567891, -987654321, -(1 << 31)]
+
+
+def _fixed_point_inputs():
+    rng = np.random.default_rng(5)
+    edges = [-(1 << 31), (1 << 31) - 1, 0, 1, -1, 1 << 30, -(1 << 30), 12345, -12345]
+    halves = [(1 << k) + d for k in range(1, 31) for d in (-1, 0, 1)]  # values around rounding halves
+    x = np.concatenate([edges, halves, [-h for h in halves], rng.integers(-(1 << 31), 1 << 31, 1024 - 9 - 180)])
+    return x.astype("int64").astype("int32").reshape(1, -1)
+
+
+def _fixed_point_exact(x, multiplier, shift):
+    """round(x * m / 2^(31 - shift)), rounding half up, in Python integers; cast to int32 as TVM does."""
+    total = 31 - shift
+    out = [((int(v) * multiplier + (1 << (total - 1))) >> total) for v in x.ravel()]
+    return np.array(out, dtype=np.int64).astype(np.int32).reshape(x.shape)
+
+
+@pytest.mark.parametrize("multiplier", MULTIPLIERS)
+def test_exact_q_multiply_shift_under_qemu(multiplier, arm_session, tmp_path):
+    """tvm_ext's aarch64 lowering (``sqdmulh`` then ``srshr``) against Python integers, every shift of
+    SHIFTS on 1024 int32 values (edges, both sides of every rounding half, random)."""
+    import tvm_ext
+
+    x = _fixed_point_inputs()
+    var = relay.var("x", shape=x.shape, dtype="int32")
+    outs = [relay.fixed_point_multiply(var, multiplier, s) for s in SHIFTS]
+    lib = tvm_ext.build(tvm.IRModule.from_expr(relay.Function([var], relay.Tuple(outs))), target=TARGETS["neoverse-n1"])
+    asm = lib.get_lib().get_source("asm")
+    assert "sqdmulh" in asm and "srshr" in asm, "the vectorised lowering was not taken"
+    got = run_on_session(arm_session, lib, {"x": x}, tmp_path, f"fpm_{multiplier & 0xffffffff:x}")
+    for shift, out in zip(SHIFTS, got):
+        ref = _fixed_point_exact(x, multiplier, shift)
+        bad = np.flatnonzero(out != ref)
+        assert not bad.size, (f"shift {shift}: {bad.size} of {x.size} differ, e.g. x={x.ravel()[bad[:3]]} "
+                              f"-> {out.ravel()[bad[:3]]}, exact {ref.ravel()[bad[:3]]}")

@@ -200,10 +200,28 @@ def test_i8mm_one_pixel_rows_keep_the_dot_product(size, instructions):
     assert instructions & set(ops) and not ((DOT | MATRIX) - instructions) & set(ops), dict(ops)
 
 
-@pytest.mark.parametrize("pairs, tile", [(28, 4), (4, 4), (7, 4), (1, 1), (2, 2), (3, 3), (9, 3)])
+@pytest.mark.parametrize("pairs, tile", [(28, 4), (14, 5), (4, 4), (7, 4), (1, 1), (2, 2), (3, 3), (9, 3),
+                                         (12, 6)])
 def test_register_tile_per_row(pairs, tile):
-    """The largest tile that fits the registers, unless a smaller one pads the row less."""
+    """The cheapest tile per dispatch slot that fits the registers; on a near tie, the least padding."""
     assert mmla_conv.pixel_pairs(pairs) == tile
+
+
+@pytest.mark.parametrize("chunks, kernel, unroll", [(16, 1, 4), (256, 1, 4), (8, 1, 1), (12, 1, 1), (32, 3, 1)])
+def test_reduction_unroll(chunks, kernel, unroll):
+    """1x1 convs with 16 or more input blocks (a multiple of 4) step by 4 blocks per loop iteration."""
+    assert mmla_conv.reduction_unroll(chunks, kernel, kernel) == unroll
+
+
+def test_wide_reduction_steps_by_four_blocks():
+    """A 1x1 conv of 128 input channels at +i8mm, rows 28 wide (14 pixel pairs: 5-pair tiles): the
+    hot loop holds 4 input blocks of 20 ``smmla``, where one block per iteration would leave 20."""
+    from tvm_ext.tools.mca import ConvShape, _asm, single_conv
+
+    factory = _policy(single_conv(ConvShape(128, 32, 28, 1)), TARGETS["neoverse-v1"])
+    funcs = _asm.parse(factory.get_lib().get_source("asm"))
+    hot = [_asm.hot_loop(k, funcs, names) for k, names in _asm.kernels(funcs).items() if "conv2d" in k]
+    assert [h.dots for h in hot if h] == [{"smmla .4s": 80}], hot
 
 
 @pytest.mark.parametrize("cpu, rows, instruction", [("cortex-a72", 2, "smull"), ("neoverse-n1", 2, "sdot"),

@@ -25,7 +25,7 @@ from tvm.topi.utils import get_const_tuple, traverse_inline
 from ._mmla import MMLA_INSTRUCTION, mmla_intrin
 
 __all__ = ["BLOCK", "conv2d_nchwc_mmla", "conv2d_nchw_mmla", "schedule_conv2d_mmla",
-           "pixel_pairs"]
+           "pixel_pairs", "reduction_unroll"]
 
 #: Channels per NCHWc block of data and weights (8 int8 per row of a 2 x 8 operand).
 BLOCK = 8
@@ -33,27 +33,47 @@ BLOCK = 8
 #: The tag of the convolution stage, which the schedule looks for.
 TAG = "conv2d_nchwc_mmla"
 
-#: Vector registers the tile may hold: accumulators plus one load per A row pair and B channel pair.
-_REGISTERS = 28
+#: Vector registers the tile may hold: its accumulators, the 4 channel pairs of B and two rows of A
+#: (one multiplied, the next loading); LLVM streams A through the tile.
+_REGISTERS = 30
 _PAIRS_PER_BLOCK = BLOCK // 2
+#: Dispatch slots of one 16-byte operand load, counted in ``smmla`` (one slot): LLVM pairs the tile's
+#: loads into ``ldp q``, 3 micro-ops per two registers in the Neoverse-V2 model (6 dispatched per cycle).
+_LOAD_COST = 1.5
+#: Tiles whose cost is within this share of the cheapest count as ties, won by the fewest padding columns.
+_TIE = 0.02
+#: Input-channel blocks a 1x1 conv's reduction steps by per loop iteration, when it has this many times
+#: as many blocks (fewer: LLVM unrolls the whole reduction itself, or the loop would be too short).
+_UNROLL, _UNROLL_MIN_TRIPS = 4, 4
+
+
+def _tile_cost(pairs: int, r: int) -> float:
+    """Dispatch slots for a row of ``pairs`` pixel pairs in tiles of ``r``: padded pairs x (``smmla`` +
+    loads) per ``smmla``."""
+    padded = -(-pairs // r) * r
+    mmla = _PAIRS_PER_BLOCK * r
+    return padded * (mmla + _LOAD_COST * (r + _PAIRS_PER_BLOCK)) / mmla
 
 
 def pixel_pairs(pairs: int) -> int:
     """The register tile's pixel pairs ``R`` for a row of ``pairs`` output pixel pairs.
 
-    The largest tile that fits :data:`_REGISTERS`, unless a smaller one computes fewer padding
-    columns: the row is rounded up to a multiple of ``R`` and the tile's cost is its padded share
-    of the row times (accumulator updates + loads) per ``smmla``.
+    Among tiles that fit :data:`_REGISTERS` (``4R`` accumulators, 4 B and 2 A registers), the least
+    :func:`_tile_cost`; within :data:`_TIE` of it, the fewest padding columns, then the larger tile.
     """
-    best, best_cost = 1, None
-    for r in range(1, pairs + 1):
-        if _PAIRS_PER_BLOCK * r + r + _PAIRS_PER_BLOCK > _REGISTERS:
-            break
-        padded = -(-pairs // r) * r
-        cost = padded * (_PAIRS_PER_BLOCK * r + r + _PAIRS_PER_BLOCK) / (_PAIRS_PER_BLOCK * r)
-        if best_cost is None or cost < best_cost - 1e-9:
-            best, best_cost = r, cost
-    return best
+    fits = [r for r in range(1, pairs + 1) if _PAIRS_PER_BLOCK * r + _PAIRS_PER_BLOCK + 2 <= _REGISTERS]
+    best = min(_tile_cost(pairs, r) for r in fits)
+    ties = [r for r in fits if _tile_cost(pairs, r) <= best * (1 + _TIE)]
+    return min(ties, key=lambda r: (-(-pairs // r) * r, -r))
+
+
+def reduction_unroll(ic_chunks: int, kh: int, kw: int) -> int:
+    """Input-channel blocks per iteration of the reduction loop: :data:`_UNROLL` for a 1x1 conv with at
+    least :data:`_UNROLL_MIN_TRIPS` times as many blocks, else 1 (one block: 4R ``smmla``, whose loads
+    and loop counter would take a third of the dispatch slots on Neoverse-V2)."""
+    if kh * kw == 1 and ic_chunks % _UNROLL == 0 and ic_chunks >= _UNROLL * _UNROLL_MIN_TRIPS:
+        return _UNROLL
+    return 1
 
 
 def conv2d_nchwc_mmla(data, kernel, strides, padding, dilation, out_dtype="int32"):
@@ -145,6 +165,10 @@ def _schedule_tiles(s, c2, tile, data_dtype, kernel_dtype, acc_scope):
     ic, ry, rx, rk = s[c2].op.reduce_axis
     x2o, x2i = s[c2].split(x2, factor=tile)
     s[c2].reorder(b, o, y, x2o, ic, ry, rx, x2i, c2_, p, q, rk)
+    unroll = reduction_unroll(*(int(ax.dom.extent) for ax in (ic, ry, rx)))
+    if unroll > 1:
+        _, ici = s[c2].split(ic, factor=unroll)
+        s[c2].unroll(ici)
     s[c2].unroll(x2i)
     s[c2].unroll(c2_)
     s[c2].tensorize(p, mmla_intrin(data_dtype, kernel_dtype, acc_scope, rows_apart=False))  # rows 8 bytes apart
@@ -185,6 +209,7 @@ def schedule_conv2d_mmla(outs):
             s[last].reorder(b, o, y, xo, xi, c)
             s[last].parallel(s[last].fuse(b, o, y))
             s[last].vectorize(c)
+            s[last].unroll(xi)  # constant indices: the tile stays in registers, its 2 x 2 blocks unpacked by shuffles
             s[c2].compute_at(s[last], xo)
             scope = "local"
         else:  # NCHW: whole tensors, the unpacked output with its epilogue in parallel rows

@@ -1,21 +1,22 @@
-"""Exact fixed-point requantization on aarch64: TVM's generic ``q_multiply_shift`` while tvm-ext builds.
+"""Exact fixed-point requantization on aarch64: ``q_multiply_shift`` rounded once while tvm-ext builds.
 
 Design note
 -----------
 ``qnn.requantize`` lowers to ``tir.q_multiply_shift(x, m, 31, s)``: ``round(x * m / 2^(31 + s))``,
-rounded once (TVM's generic lowering, in int64). TVM 0.19 registers an aarch64 lowering
-(``tvm.topi.arm_cpu.tensor_intrin._q_multiply_shift_arm``, NEON ``sqrdmulh`` then ``srshl``) that
-rounds twice, ``round(round(x * m / 2^31) / 2^s)``; its own docstring says so. That is one output
-step off on some values, and through a network it adds up: a QDQ ResNet-50 built by stock TVM for
-``neoverse-n1 +dotprod`` differs from the exact build in 773 of 1000 logits, by up to 6 steps, run
-under qemu (``docs/arm.md``).
+rounded once (TVM's generic lowering, in int64). TVM 0.19's ``llvm.aarch64`` lowering
+(``tvm.topi.arm_cpu.tensor_intrin._q_multiply_shift_arm``, ``sqrdmulh`` then ``srshl``) rounds twice,
+``round(round(x * m / 2^31) / 2^s)``: one output step off on some values, 773 of 1000 logits of a
+QDQ ResNet-50 at ``neoverse-n1 +dotprod`` under qemu (``docs/arm.md``).
 
 :func:`generic_q_multiply_shift` registers, for as long as it is entered, a lowering for
-``llvm.aarch64`` that leaves the call alone, so TVM's generic lowering applies::
+``llvm.aarch64`` that is exact: vectors of int32 (4k lanes) shifted right by a constant ``s`` of 1 to 31
+take ``sqdmulh`` (``floor(x * m / 2^31)``, no rounding) and a rounding shift ``srshr #s``; the floor
+composes with the rounding, so the result is rounded once (docs/arm-kernels.md has the proof)::
 
-    # q_multiply_shift(x, m, 31, s) on aarch64: sqrdmulh + srshl  ->  round(x * m / 2^(31 + s)) in int64
+    # q_multiply_shift(x, m, 31, -s), 1 <= s <= 31  ->  srshr(sqdmulh(x, m), s)
+    # otherwise                                     ->  round(x * m / 2^(31 + s)) in int64 (TVM's generic rule)
 
-and registers TVM's again on the outermost exit. Lowering rules are process-wide: the replacement
+TVM's own is registered again on the outermost exit. Lowering rules are process-wide: the replacement
 is re-entrant and shared by threads (:class:`tvm_ext._patch.Patch`); each registration takes a
 higher priority level than the last, since TVM keeps the highest.
 """
@@ -25,13 +26,14 @@ import contextlib
 import itertools
 import logging
 
+import tvm
 from tvm.ir import register_intrin_lowering
 
 from .._patch import Patch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["generic_q_multiply_shift", "AARCH64_LOWERING"]
+__all__ = ["generic_q_multiply_shift", "exact_q_multiply_shift", "AARCH64_LOWERING"]
 
 #: The target key TVM's aarch64 lowering of ``q_multiply_shift`` is registered under.
 AARCH64_LOWERING = "llvm.aarch64"
@@ -43,9 +45,51 @@ def _register(lowering) -> None:
     register_intrin_lowering("tir.q_multiply_shift", target=AARCH64_LOWERING, f=lowering, level=next(_LEVELS))
 
 
+#: Lanes of one NEON int32 vector.
+_LANES = 4
+
+
+def _const(e):
+    """The integer value of ``e`` (an IntImm, or a Broadcast of one), else None."""
+    if isinstance(e, tvm.tir.Broadcast):
+        e = e.value
+    return int(e.value) if isinstance(e, tvm.tir.IntImm) else None
+
+
+def _quarter(e, start: int):
+    """Lanes ``start .. start + 3`` of the int32 vector ``e`` (a broadcast stays a broadcast)."""
+    lanes = tvm.DataType(e.dtype).lanes
+    if isinstance(e, tvm.tir.Broadcast) or lanes == 1:
+        return tvm.tir.Broadcast(e.value if isinstance(e, tvm.tir.Broadcast) else e, _LANES)
+    if lanes == _LANES:
+        return e
+    return tvm.tir.Shuffle([e], [tvm.tir.const(start + i, "int32") for i in range(_LANES)])
+
+
+def exact_q_multiply_shift(op):
+    """Lower ``q_multiply_shift(x, m, 31, -s)`` on int32 vectors of 4k lanes with a constant right shift
+    ``s`` in 1..31 to ``srshr(sqdmulh(x, m), s)`` per 4 lanes (exact: module note); ``op`` unchanged
+    otherwise, so that TVM's generic rule lowers it."""
+    x, m, q, s = op.args
+    shift, dtype = _const(s), tvm.DataType(x.dtype)
+    if (op.dtype != x.dtype or dtype.lanes % _LANES or (dtype.type_code, dtype.bits) != (tvm.DataTypeCode.INT, 32)
+            or _const(q) != 31 or shift is None or not -31 <= shift <= -1):
+        return op
+    rounding = tvm.tir.Broadcast(tvm.tir.const(shift, "int32"), _LANES)  # srshl by -s: srshr #s
+    parts = []
+    for start in range(0, dtype.lanes, _LANES):
+        high = tvm.tir.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.sqdmulh", tvm.tir.const(2, "uint32"),
+                                             _quarter(x, start), _quarter(m, start))
+        parts.append(tvm.tir.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.srshl",
+                                                   tvm.tir.const(2, "uint32"), high, rounding))
+    if len(parts) == 1:
+        return parts[0]
+    return tvm.tir.Shuffle(parts, [tvm.tir.const(i, "int32") for i in range(dtype.lanes)])
+
+
 def _install():
-    logger.debug("aarch64: TVM's generic q_multiply_shift lowering (one rounding)")
-    _register(lambda op: op)  # unchanged here: LowerIntrin goes on to TVM's generic rule
+    logger.debug("aarch64: exact q_multiply_shift lowering (sqdmulh + srshr, else TVM's generic rule)")
+    _register(exact_q_multiply_shift)
 
 
 def _uninstall():
