@@ -269,3 +269,16 @@ def test_conv_described_in_words():
     assert _macs.describe(_conv("uint8", 16, 16)) == "3x3 dw 16 8x8"
     assert _macs.describe(_conv("uint8", 16, 1)) == "3x3 16->16 8x8"
     assert _macs.describe(_conv("uint8", 16, 4)) == "3x3 16->16 g4 8x8"
+
+
+def test_tile_loop_over_a_nested_epilogue_loop():
+    # x86-64-v3: the conv's vpmaddwd (reduction unrolled) in the tile loop, a hard-swish's vpmaddwd in the
+    # epilogue loop nested in it
+    text = (".type tvmgen_default_fused_nn_conv2d_hs_compute_,@function\ntvmgen_default_fused_nn_conv2d_hs_compute_:\n"
+            ".LBB3_1:\n" + "".join(f"vpmaddwd {32 * i}(%rsi), %ymm14, %ymm13\nvpaddd %ymm13, %ymm{i}, %ymm{i}\n"
+                                   for i in range(12))
+            + ".LBB3_2:\nvpmaddwd %ymm7, %ymm8, %ymm7\njne .LBB3_2\njne .LBB3_1\nretq\n")
+    funcs = _asm.parse(text)
+    name = "tvmgen_default_fused_nn_conv2d_hs"
+    hot = _asm.hot_loop(name, funcs, _asm.kernels(funcs)[name])
+    assert hot.dots == {"vpmaddwd ymm": 12} and hot.macs == 12 * 16

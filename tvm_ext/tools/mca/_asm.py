@@ -22,7 +22,8 @@ tap per lane; LLVM forms the int16-pair multiply with a zero partner); in a *flo
 fused multiply-adds of :data:`FLOAT_FORMS` count, one per lane.
 
 The *hot loop* of a kernel: among its loops that hold dot instructions and contain no smaller loop that
-holds any, the one with the most MACs per iteration; on a tie, the one with fewer instructions. In a
+holds any (or whose own dots outweigh those nested loops' :data:`OUTER_OVER_NESTED` times), the one
+with the most MACs per iteration; on a tie, the one with fewer instructions. In a
 kernel whose code holds ``vpdpbusd`` the int16-pair forms (``vpmaddwd``, ``vpdpwssd``) are not dot
 work: there they are epilogue multiplies (a hard-swish's ``x * relu6(x + 3)`` in int16), which would
 otherwise make the epilogue loop nested in the conv's tile loop look like the innermost dot loop.
@@ -263,6 +264,13 @@ def _width(ins: Instruction) -> str:
     return f".{lanes}{elem}"
 
 
+#: A loop holding dot loops is the hot loop's candidate too when its own dots (outside them) do at least
+#: this many times their MACs per iteration: a tile loop whose conv reduction is unrolled, with an
+#: epilogue loop nested in it (a hard-swish's int16 multiply at x86-64-v3, where ``vpmaddwd`` is also
+#: the dot). A reduction loop nested in a tile loop with a few peeled dots stays the hot one.
+OUTER_OVER_NESTED = 8
+
+
 def hot_loop(kernel: str, funcs: dict, names, kind: str = "") -> HotLoop | None:
     """The hot loop of ``kernel`` (module note; ``kind`` as :func:`dot_macs`), or None when none of its
     loops holds a dot instruction."""
@@ -273,16 +281,23 @@ def hot_loop(kernel: str, funcs: dict, names, kind: str = "") -> HotLoop | None:
         forms = _forms(kind)
     for name in names:
         instrs = funcs[name]
+        with_dots = []
         for lp in loops(name, instrs):
             body = [i for i in instrs[lp.start: lp.end + 1] if i.mnemonic]
-            count, macs = dot_macs(body, kind)
-            if macs:
-                found.append((lp, body, count, macs))
-    inner = [f for f in found if not any(f[0].contains(g[0]) for g in found)]
-    if not inner:
+            if dot_macs(body, kind)[1]:
+                with_dots.append((lp, body))
+        for lp, body in with_dots:
+            nested = [g for g, _ in with_dots if lp.contains(g)]
+            own = [i for k, i in enumerate(instrs[lp.start: lp.end + 1], lp.start)
+                   if i.mnemonic and not any(g.start <= k <= g.end for g in nested)]
+            count, macs = dot_macs(own, kind)
+            nested_macs = sum(dot_macs(b, kind)[1] for g, b in with_dots if g in nested)
+            if macs and (not nested or macs >= OUTER_OVER_NESTED * nested_macs):
+                found.append((lp, body, own, count, macs))
+    if not found:
         return None
-    lp, body, count, macs = max(inner, key=lambda f: (f[3], -len(f[1])))
-    acc = {_destination(i) for i in body if i.mnemonic in forms and forms[i.mnemonic](i.operands)}
+    lp, body, own, count, macs = max(found, key=lambda f: (f[4], -len(f[1])))
+    acc = {_destination(i) for i in own if i.mnemonic in forms and forms[i.mnemonic](i.operands)}
     return HotLoop(kernel, lp.function, tuple(i.text for i in body), dict(count), macs, len(acc))
 
 
