@@ -1,5 +1,6 @@
 """tvm-ext's NCHW4c convs in register tiles (tvm_ext.arm.dot_conv), run under qemu: exact integers, at
-+dotprod (``sdot``) and NEON only (``smull`` + ``sadalp``).
++dotprod (``sdot``) and NEON only (``smull`` + ``sadalp``), and at +i8mm for the convs that keep the dot
+product there (4 input channels), which write the NCHW8c blocks of the matrix-multiply convs.
 
 Each shape exercises a part of the kernel: rows padded to whole tiles (widths 4, 5, 9, 14), strided
 columns gathered (stride 2, 1x1 and 3x3), output channels that no tile of 4 blocks divides (20 -> 24
@@ -77,4 +78,26 @@ def test_requantize_epilogue_matches_plain_llvm_under_qemu(cpu, arm_session, tmp
     """bias and requantize to uint8 fused into the tiled kernel: the plain llvm build's bytes."""
     mod, x, _ = _qnn(np.random.default_rng(5), 32, 32, 11, 3, 1, 1, requantize=True)
     (out,) = run_on_session(arm_session, _build(mod, cpu), {"x": x}, tmp_path, f"requantize_{cpu}")
+    np.testing.assert_array_equal(out, plain_llvm_output(mod, {}, x))
+
+
+#: Convs of 4 input channels (3 padded to 4) at +i8mm: NCHW4c data, NCHW8c output (one tile block of 8
+#: channels is two of 4), a ResNet-like stem (7x7, stride 2) and output channels of 1 and 3 blocks.
+V1_SHAPES = [(3, 16, 10, 3, 2, 1), (3, 24, 23, 7, 2, 3), (4, 8, 9, 3, 1, 1)]
+
+
+@pytest.mark.parametrize("shape", V1_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_i8mm_few_channel_conv_exact_under_qemu(shape, arm_session, tmp_path):
+    mod, x, ref = _qnn(np.random.default_rng(sum(shape)), *shape)
+    factory = tvm_ext.build(mod, target=TARGETS["neoverse-v1"], kernels=True)
+    assert _TILED["neoverse-n1"].search(factory.get_lib().get_source("asm")), "not the tiled kernel at +i8mm"
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, "tiles_v1_" + "x".join(map(str, shape)))
+    np.testing.assert_array_equal(out, ref, err_msg=f"qnn.conv2d {shape} at {TARGETS['neoverse-v1']}")
+
+
+def test_i8mm_stem_requantize_matches_plain_llvm_under_qemu(arm_session, tmp_path):
+    """A stem-like conv (3 channels, 7x7, stride 2) with bias and requantize to uint8 at +i8mm."""
+    mod, x, _ = _qnn(np.random.default_rng(6), 3, 16, 20, 7, 2, 3, requantize=True)
+    factory = tvm_ext.build(mod, target=TARGETS["neoverse-v1"], kernels=True)
+    (out,) = run_on_session(arm_session, factory, {"x": x}, tmp_path, "requantize_v1_stem")
     np.testing.assert_array_equal(out, plain_llvm_output(mod, {}, x))

@@ -34,7 +34,7 @@ def test_register_tile(form, oc_chunks, quads, tile):
 
 @pytest.mark.parametrize("data, kernel, dtypes, why", [
     ((1, 4, 8, 8, 8), (4, 4, 3, 3, 2, 4, 4), ("int8", "int8"), "not NCHW4c"),
-    ((1, 4, 8, 8, 4), (4, 4, 3, 3, 1, 8, 4), ("int8", "int8"), "not OIHW1i4o4i"),
+    ((1, 4, 8, 8, 4), (4, 4, 3, 3, 1, 2, 4), ("int8", "int8"), "not OIHW1i4o4i"),
     ((1, 4, 8, 8, 4), (4, 4, 3, 3, 1, 4, 4), ("uint8", "int8"), "no instruction takes"),
     ((1, 4, 3, 3, 4), (4, 4, 3, 3, 1, 4, 4), ("int8", "int8"), "narrower than a group of 4"),
 ])
@@ -125,9 +125,23 @@ def test_the_policy_record_switches_the_kernel(monkeypatch):
     assert not any(".4b[" in x for x in dots), body
 
 
+@pytest.mark.parametrize("oc_chunks, quads, tile", [(16, 28, (2, 2)), (2, 3, (2, 1)), (6, 5, (2, 2))])
+def test_register_tile_in_whole_nchw8c_blocks(oc_chunks, quads, tile):
+    """NCHW8c output (+i8mm): the tile takes whole blocks of 8 channels, two of 4 each."""
+    assert dot_conv.register_tile(oc_chunks, quads, "sdot", halves=2) == tile
+
+
+@needs_aarch64
+def test_i8mm_four_channel_conv_takes_the_tile_in_nchw8c():
+    """A conv of 3 input channels (padded to 4) at +i8mm writes NCHW8c for the smmla convs after it, from
+    the register tile's lane-indexed sdot (TVM's NCHWc schedule: one accumulator)."""
+    asm = tvm_ext.build(_conv(3, 32, 16, 7), target=TARGETS["neoverse-v1"], kernels=True).get_lib().get_source("asm")
+    assert len(_INDEXED_DOT.findall(asm)) >= 16, "not the register tile"
+
+
 @needs_aarch64
 def test_i8mm_keeps_the_matrix_kernel():
-    """The +i8mm record has no conv tile: its 8-channel convs take smmla, as before."""
+    """The +i8mm record's conv tile takes only convs that keep the dot product: 8-channel convs take smmla."""
     asm = tvm_ext.build(_conv(), target=TARGETS["neoverse-v1"], kernels=True).get_lib().get_source("asm")
     assert re.search(r"^\s+smmla\s", asm, re.M) and not _INDEXED_DOT.search(asm)
 

@@ -4,6 +4,9 @@
   with ``kernels``, the int8 kernel policy (:mod:`tvm_ext.arm.int8_conv`: 8-bit operands for every
   int8 conv and dense, ``sdot``/``smmla`` where the target has them); with ``tuned``, the records
   ``tvm-ext tune --rpc`` measured on a board of the target's CPU (:mod:`tvm_ext.arm.tuning`).
+* configure: with ``kernels`` at a class with the ``smmla`` conv, TIR CSE off unless the user set it
+  (the conv's epilogue, unrolled over its register tile, gives TIR CSE vector let variables whose
+  debug info LLVM 22 rejects: :data:`tvm_ext.core.tvm_bugs.NO_TIR_CSE`), so the build runs once.
 * passes, instruments: none.
 """
 from __future__ import annotations
@@ -22,11 +25,15 @@ class AArch64(Backend):
         return llvm_arch(target) in ("aarch64", "arm64", "aarch64_be")
 
     def plan(self, request: BuildRequest) -> BuildPlan:
+        from ..core.tvm_bugs import NO_TIR_CSE
         from . import int8_conv, requantize, tuning
+        from .int8_policy import policy
 
         plan = BuildPlan(contexts=[requantize.generic_q_multiply_shift()])
         if request.kernels:
             plan.contexts.insert(0, int8_conv.kernels(int8_graph=request.eight_bit))
+            if policy(request.target).mmla_conv:
+                plan.configure = lambda config: {NO_TIR_CSE: True, **(config or {})}
         if request.tuned:
             plan.add_records(tuning.apply(request.target))
         return plan

@@ -28,11 +28,15 @@ from tvm.topi.utils import get_const_tuple, traverse_inline
 
 from .tuning import DOT_TASK, WIDENING_TASK
 
-__all__ = ["FORMS", "LANES", "check_operands", "output_width", "conv2d_nchwc_dot", "conv2d_nchwc_widening",
-           "schedule_conv2d_dot", "schedule_conv2d_widening", "schedule_conv2d_tiles", "register_tile"]
+__all__ = ["FORMS", "LANES", "OUT_BLOCKS", "check_operands", "output_width", "conv2d_nchwc_dot",
+           "conv2d_nchwc_widening", "schedule_conv2d_dot", "schedule_conv2d_widening", "schedule_conv2d_tiles",
+           "register_tile"]
 
 #: Channels per NCHWc block of data and output, int8 lanes per dot product, pixels per data load.
 LANES = 4
+#: Output blocks the kernels write: NCHW4c, or NCHW8c (two 4-channel halves per block) where the
+#: 8-bit matrix-multiply convs around it read and write NCHW8c (+i8mm).
+OUT_BLOCKS = (LANES, 2 * LANES)
 
 #: The instructions of each form per operand dtype (data and weights alike).
 FORMS = {
@@ -70,20 +74,21 @@ def _cycles(form: str, b: int, q: int) -> float:
     return max(vector / 2, (vector + others) / 3, ideal) / ideal
 
 
-def _tiles(form: str, oc_chunks: int, quads: int):
-    for b in range(1, oc_chunks + 1):
+def _tiles(form: str, oc_chunks: int, quads: int, halves: int = 1):
+    for b in range(halves, oc_chunks + 1, halves):  # whole output blocks of 4 x halves channels
         if oc_chunks % b == 0:
             yield from ((b, q) for q in range(1, quads + 1) if _registers(form, b, q) <= _REGISTERS)
 
 
-def register_tile(oc_chunks: int, quads: int, form: str = "sdot") -> tuple:
-    """``(B, Q)``: the tile of ``B`` output blocks (dividing ``oc_chunks``) by ``Q`` four-pixel groups for
-    a row of ``quads`` groups that costs least: predicted cycles per step over the multiplies' own,
-    times the share of the row that is padding. Ties go to more output blocks."""
+def register_tile(oc_chunks: int, quads: int, form: str = "sdot", halves: int = 1) -> tuple:
+    """``(B, Q)``: the tile of ``B`` blocks of 4 output channels (dividing ``oc_chunks``, a multiple of
+    ``halves``: whole NCHW8c blocks when 2) by ``Q`` four-pixel groups for a row of ``quads`` groups that
+    costs least: predicted cycles per step over the multiplies' own, times the share of the row that
+    is padding. Ties go to more output blocks."""
     def cost(t):
         padded = -(-quads // t[1]) * t[1]
         return round(padded / quads * _cycles(form, *t), 9), -t[0]
-    return min(_tiles(form, oc_chunks, quads), key=cost)
+    return min(_tiles(form, oc_chunks, quads, halves), key=cost)
 
 
 def _intrin(form: str, dtype: str):
@@ -156,8 +161,10 @@ def check_operands(data_shape, kernel_shape, data_dtype, kernel_dtype, out_dtype
         return f"output rows of {out_width} pixels are narrower than a group of {LANES}"
     if len(data_shape) != 5 or data_shape[4] != LANES:
         return f"data {tuple(data_shape)} is not NCHW4c"
-    if len(kernel_shape) != 7 or tuple(kernel_shape[4:]) != (1, LANES, LANES) or kernel_shape[1] != data_shape[1]:
-        return f"weights {tuple(kernel_shape)} are not OIHW1i4o4i for {data_shape[1] * LANES} input channels"
+    if (len(kernel_shape) != 7 or kernel_shape[4] != 1 or kernel_shape[5] not in OUT_BLOCKS
+            or kernel_shape[6] != LANES or kernel_shape[1] != data_shape[1]):
+        return (f"weights {tuple(kernel_shape)} are not OIHW1i4o4i or OIHW1i8o4i for {data_shape[1] * LANES} "
+                "input channels")
     if data_dtype != kernel_dtype or data_dtype not in FORMS["sdot"] or out_dtype not in ("int32", ""):
         return f"no instruction takes {data_dtype} x {kernel_dtype} -> {out_dtype}"
     return ""
@@ -165,7 +172,7 @@ def check_operands(data_shape, kernel_shape, data_dtype, kernel_dtype, out_dtype
 
 def _conv(form, cfg, data, kernel, strides, padding, dilation, out_dtype):
     n, ic_chunks, height, width, _ = get_const_tuple(data.shape)
-    oc_chunks, _, kh, kw, _, _, _ = get_const_tuple(kernel.shape)
+    oc_chunks, _, kh, kw, _, out_block, _ = get_const_tuple(kernel.shape)
     sh, sw = strides if isinstance(strides, (tuple, list)) else (strides, strides)
     dh, dw = dilation if isinstance(dilation, (tuple, list)) else (dilation, dilation)
     pt, pl, pb, pr = get_pad_tuple(padding, ((kh - 1) * dh + 1, (kw - 1) * dw + 1))
@@ -175,11 +182,11 @@ def _conv(form, cfg, data, kernel, strides, padding, dilation, out_dtype):
                          out_dtype, out_w)
     if why:
         raise ValueError(f"conv2d_nchwc_{form}: {why}")
-    quads = -(-out_w // LANES)
-    cfg.define_knob("tile_blocks", sorted({b for b, _ in _tiles(form, oc_chunks, quads)}))
-    cfg.define_knob("tile_quads", sorted({q for _, q in _tiles(form, oc_chunks, quads)}))
+    quads, halves = -(-out_w // LANES), out_block // LANES  # B counts blocks of 4 output channels
+    cfg.define_knob("tile_blocks", sorted({b for b, _ in _tiles(form, oc_chunks * halves, quads, halves)}))
+    cfg.define_knob("tile_quads", sorted({q for _, q in _tiles(form, oc_chunks * halves, quads, halves)}))
     if cfg.is_fallback:
-        blocks, groups = register_tile(oc_chunks, quads, form)
+        blocks, groups = register_tile(oc_chunks * halves, quads, form, halves)
         cfg["tile_blocks"] = autotvm.task.space.OtherOptionEntity(blocks)
         cfg["tile_quads"] = autotvm.task.space.OtherOptionEntity(groups)
     blocks, groups = cfg["tile_blocks"].val, cfg["tile_quads"].val
@@ -200,25 +207,27 @@ def _conv(form, cfg, data, kernel, strides, padding, dilation, out_dtype):
             return gathered[b, i, y, kx, x, k]
     ic, ry, rx = (te.reduce_axis((0, e), name=nm) for e, nm in ((ic_chunks, "ic"), (kh, "ry"), (kw, "rx")))
 
-    def _mul(b, o, y, q, p, c, k):
+    def _mul(b, o, y, q, p, c, k):  # o: a block of 4 output channels (half o % halves of block o // halves)
         return (_a(b, ic, y * sh + ry * dh, LANES * q + p, rx, k).astype("int32")
-                * kernel[o, ic, ry, rx, 0, c, k].astype("int32"))
+                * kernel[o // halves, ic, ry, rx, 0, LANES * (o % halves) + c, k].astype("int32"))
 
     attrs = {"tile_blocks": blocks, "tile_quads": groups, "form": form}
+    shape = (n, oc_chunks, out_h, out_w, out_block)
     if form == "sdot":
         rk = te.reduce_axis((0, LANES), name="rk")
-        tiles = te.compute((n, oc_chunks, out_h, quads, LANES, LANES), lambda b, o, y, q, p, c: te.sum(
+        tiles = te.compute((n, oc_chunks * halves, out_h, quads, LANES, LANES), lambda b, o, y, q, p, c: te.sum(
             _mul(b, o, y, q, p, c, rk), axis=[ic, ry, rx, rk]), name="conv_tiles")
-        return te.compute((n, oc_chunks, out_h, out_w, LANES),
-                          lambda b, o, y, x, c: tiles[b, o, y, x // LANES, x % LANES, c],
+        return te.compute(shape, lambda b, o, y, x, c: tiles[b, o * halves + c // LANES, y, x // LANES, x % LANES,
+                                                               c % LANES],
                           name="conv_nchwc", tag=_TAG, attrs=attrs)
     rr = te.reduce_axis((0, 2), name="rr")
-    tiles = te.compute((n, oc_chunks, out_h, quads, LANES, 2 * LANES), lambda b, o, y, q, c, j: te.sum(
+    tiles = te.compute((n, oc_chunks * halves, out_h, quads, LANES, 2 * LANES), lambda b, o, y, q, c, j: te.sum(
         _mul(b, o, y, q, j // 2, c, 2 * (j % 2) + rr), axis=[ic, ry, rx, rr]), name="conv_tiles")
-    return te.compute((n, oc_chunks, out_h, out_w, LANES),
-                      lambda b, o, y, x, c: tiles[b, o, y, x // LANES, c, 2 * (x % LANES)]
-                      + tiles[b, o, y, x // LANES, c, 2 * (x % LANES) + 1],
-                      name="conv_nchwc", tag=_TAG, attrs=attrs)
+
+    def _out(b, o, y, x, c):
+        t = (b, o * halves + c // LANES, y, x // LANES, c % LANES)
+        return tiles[t + (2 * (x % LANES),)] + tiles[t + (2 * (x % LANES) + 1,)]
+    return te.compute(shape, _out, name="conv_nchwc", tag=_TAG, attrs=attrs)
 
 
 @autotvm.register_topi_compute(DOT_TASK)
@@ -288,7 +297,7 @@ def schedule_conv2d_tiles(outs):
             s[conv].compute_inline()
         s[tiles].set_scope("local")
         b, o, y, x, c = s[last].op.axis
-        oo, oi = s[last].split(o, factor=blocks)
+        oo, oi = s[last].split(o, factor=blocks * LANES // int(last.shape[4]))
         xo, xi = s[last].split(x, factor=LANES * groups)
         s[last].reorder(b, oo, y, xo, oi, xi, c)
         s[last].parallel(s[last].fuse(b, oo, y))

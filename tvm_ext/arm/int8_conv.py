@@ -264,7 +264,7 @@ def _tile_form(attrs, data, kernel, out_type, target) -> str:
     form = policy(target).conv_tile
     if not form or int(attrs.groups) != 1 or not _static(data.shape, kernel.shape):
         return ""
-    if str(attrs.out_layout or attrs.data_layout) != f"NCHW{dot_conv.LANES}c":
+    if str(attrs.out_layout or attrs.data_layout) not in {f"NCHW{b}c" for b in dot_conv.OUT_BLOCKS}:
         return ""
     data_shape, kernel_shape = tuple(int(d) for d in data.shape), tuple(int(d) for d in kernel.shape)
     out_width = dot_conv.output_width(data_shape[3], kernel_shape[3], int(attrs.strides[1]),

@@ -101,10 +101,11 @@ class KernelPolicy:
 
 #: The policy per class, most capable first (the order of :data:`tvm_ext.arm.isa.ISA_CLASSES`).
 POLICIES: tuple = (
-    KernelPolicy("aarch64_i8mm", "smmla", int8_operands=False, mmla_conv=True, mmla_block=8,
+    KernelPolicy("aarch64_i8mm", "smmla", int8_operands=False, mmla_conv=True, mmla_block=8, conv_tile="sdot",
                  dense_kernels=("mmla", "dot"), mixed_sign_dot=True,
                  evidence="smmla: 32 multiply-adds per instruction where sdot does 16; NCHW8c between the "
-                          "dot-product and matrix convs: no layout_transform kernel (Neoverse-V1, llvm-mca)"),
+                          "dot-product and matrix convs: no layout_transform kernel; conv_tile: the convs that keep "
+                          "sdot (ResNet's stem, 4 input channels) in register tiles (Neoverse-V1/V2, llvm-mca)"),
     KernelPolicy("aarch64_dotprod", "sdot", int8_operands=False, mmla_conv=False, conv_tile="sdot",
                  dense_kernels=("dot",), mixed_sign_dot=False,
                  evidence="sdot: 16 multiply-adds per instruction; TVM's dense_pack widens to int16; conv_tile: "
