@@ -98,10 +98,11 @@ def test_tvm_ext_build_requantizes_exactly_at_dotprod(cpu, case, arm_session, tm
     assert not d.any(), f"{np.count_nonzero(d)} of {d.size} outputs differ from exact: {counts}"
 
 
-#: Right shifts (``relay.fixed_point_multiply``'s negative shifts) and q31 multipliers at the edges of
-#: ``sqdmulh`` + ``srshr``: a shift of 1 and of 31, the smallest and largest multipliers, negative ones,
-#: and -2^31 (``sqdmulh`` saturates on -2^31 x -2^31).
-SHIFTS = [-1, -6, -17, -31]
+#: Right shifts (``relay.fixed_point_multiply``'s negative shifts: ``sqdmulh`` + ``srshr``), none and left
+#: shifts (the rounded 64-bit product), and q31 multipliers at the edges: the smallest and largest,
+#: negative ones, and -2^31 (``sqdmulh`` saturates on -2^31 x -2^31). Left-shifted results beyond int32
+#: wrap, in TVM's generic rule as in exact arithmetic taken modulo 2^32.
+SHIFTS = [-1, -6, -17, -31, 0, 1, 2, 7, 30]
 MULTIPLIERS = [1 << 30, (1 << 31) - 1, 1, 1234567891, -987654321, -(1 << 31)]
 
 
@@ -114,7 +115,7 @@ def _fixed_point_inputs():
 
 
 def _fixed_point_exact(x, multiplier, shift):
-    """round(x * m / 2^(31 - shift)), rounding half up, in Python integers; cast to int32 as TVM does."""
+    """round(x * m / 2^(31 - shift)), rounding half up, in Python integers; cast to int32 (modulo 2^32)."""
     total = 31 - shift
     out = [((int(v) * multiplier + (1 << (total - 1))) >> total) for v in x.ravel()]
     return np.array(out, dtype=np.int64).astype(np.int32).reshape(x.shape)
@@ -122,8 +123,9 @@ def _fixed_point_exact(x, multiplier, shift):
 
 @pytest.mark.parametrize("multiplier", MULTIPLIERS)
 def test_exact_q_multiply_shift_under_qemu(multiplier, arm_session, tmp_path):
-    """tvm_ext's aarch64 lowering (``sqdmulh`` then ``srshr``) against Python integers, every shift of
-    SHIFTS on 1024 int32 values (edges, both sides of every rounding half, random)."""
+    """tvm_ext's aarch64 lowering (``sqdmulh`` then ``srshr``; the 64-bit product for left shifts) against
+    Python integers, every shift of SHIFTS on 1024 int32 values (edges, both sides of every rounding half,
+    random)."""
     import tvm_ext
 
     x = _fixed_point_inputs()

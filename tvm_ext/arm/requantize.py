@@ -9,12 +9,13 @@ rounded once (TVM's generic lowering, in int64). TVM 0.19's ``llvm.aarch64`` low
 QDQ ResNet-50 at ``neoverse-n1 +dotprod`` under qemu (``docs/arm.md``).
 
 :func:`generic_q_multiply_shift` registers, for as long as it is entered, a lowering for
-``llvm.aarch64`` that is exact: vectors of int32 (4k lanes) shifted right by a constant ``s`` of 1 to 31
-take ``sqdmulh`` (``floor(x * m / 2^31)``, no rounding) and a rounding shift ``srshr #s``; the floor
-composes with the rounding, so the result is rounded once (docs/arm-kernels.md has the proof)::
+``llvm.aarch64`` that is exact (docs/arm-kernels.md has the proofs): int32 vectors shifted right by a
+constant ``s`` take ``sqdmulh`` (``floor(x * m / 2^31)``) and a rounding shift ``srshr #s``; a left
+shift or none rounds the 64-bit product, where TVM's rule multiplies the 65-bit ``x * 2^s``::
 
-    # q_multiply_shift(x, m, 31, -s), 1 <= s <= 31  ->  srshr(sqdmulh(x, m), s)
-    # otherwise                                     ->  round(x * m / 2^(31 + s)) in int64 (TVM's generic rule)
+    # q_multiply_shift(x, m, 31, -s), 1 <= s <= 31  ->  srshr(sqdmulh(x, m), s)       (4k lanes)
+    # q_multiply_shift(x, m, 31, s), 0 <= s <= 30   ->  (x * m + 2^(30 - s)) >> (31 - s)  (int64 product)
+    # otherwise                                     ->  TVM's generic rule
 
 TVM's own is registered again on the outermost exit. Lowering rules are process-wide: the replacement
 is re-entrant and shared by threads (:class:`tvm_ext._patch.Patch`); each registration takes a
@@ -72,8 +73,17 @@ def exact_q_multiply_shift(op):
     otherwise, so that TVM's generic rule lowers it."""
     x, m, q, s = op.args
     shift, dtype = _const(s), tvm.DataType(x.dtype)
-    if (op.dtype != x.dtype or dtype.lanes % _LANES or (dtype.type_code, dtype.bits) != (tvm.DataTypeCode.INT, 32)
-            or _const(q) != 31 or shift is None or not -31 <= shift <= -1):
+    if (op.dtype != x.dtype or (dtype.type_code, dtype.bits) != (tvm.DataTypeCode.INT, 32) or _const(q) != 31
+            or shift is None or not -31 <= shift <= 30):
+        return op
+    if shift >= 0:  # left: round(x * m / 2^(31 - s)) from the 64-bit product (smull), no 65-bit x * 2^s
+        wide = f"int64x{dtype.lanes}" if dtype.lanes > 1 else "int64"
+        total = 31 - shift
+        if dtype.lanes > 1 and tvm.DataType(m.dtype).lanes == 1:
+            m = tvm.tir.Broadcast(m, dtype.lanes)
+        product = x.astype(wide) * m.astype(wide) + tvm.tir.const(1 << (total - 1), "int64")
+        return (product >> tvm.tir.const(total, "int64")).astype(x.dtype)
+    if dtype.lanes % _LANES:
         return op
     rounding = tvm.tir.Broadcast(tvm.tir.const(shift, "int32"), _LANES)  # srshl by -s: srshr #s
     parts = []
