@@ -5,6 +5,8 @@ Rewrites::
     # P(w_k(...w_1(n)...)) -> post   (post: P's private elementwise consumers, as FuseOps fuses them)
     #   -> f(c),  f = fn(p: u8) {post(P(w_k(...w_1(cast(p, i32))...)))} Primitive=1,  c = cast(n, u8)
     # (typed n: c = n and no cast inside)
+    # G(...) -> post -> M -> q, G a global pool, M unary data movement, q elementwise ending in 8 bits
+    #   -> the group ends at q: f = fn(p: u8) {q(M(post(G(...))))}, its kernel writes 8 bits
 
 Walked by hand: the pool's input chain and its consumers have any length, one reader per link.
 
@@ -18,31 +20,56 @@ from tvm import relay
 from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from ._registry import register_pass
 
-from ._chains import POOLS, walk_chain
+from ._chains import NARROW, POOLS, walk_chain
 from ._doc import factory_sections
 from ._util import (Reject, is_unlowered_qnn, lift_constants, op_calls, op_name, pass_logger, post_order, rebuild,
                     static_tensor_type, substitution_pass)
 
-__all__ = ["FuseWideningIntoPool", "POOLS"]
+__all__ = ["FuseWideningIntoPool", "POOLS", "MOVEMENT"]
 
 PASS_NAME = "FuseWideningIntoPool"
 _log = pass_logger(PASS_NAME)
 
 
+#: Unary data movement a global pool's group takes when an elementwise chain after it reaches an
+#: 8-bit point (a flatten between the pool and the quantize in front of a dense).
+MOVEMENT = ("reshape", "squeeze", "expand_dims", "nn.batch_flatten", "layout_transform", "transpose")
+
+#: Pools whose output holds one value per channel (what a classifier flattens and quantizes).
+_GLOBAL_POOLS = ("nn.global_avg_pool2d", "nn.global_max_pool2d")
+
+
+def _is_global(pool) -> bool:
+    if op_name(pool) in _GLOBAL_POOLS:
+        return True
+    size = getattr(pool.attrs, "output_size", None) if op_name(pool) == "nn.adaptive_avg_pool2d" else None
+    return size is not None and all(int(v) == 1 for v in size)
+
+
 def _post_chain(pool, users, body):
-    """The last of ``pool``'s private elementwise/broadcast consumers (FuseOps' group end)."""
-    end = pool
+    """The end of ``pool``'s group: its last private elementwise/broadcast consumer (FuseOps' group
+    end); for a global pool whose group would end on a value wider than 8 bits, the last 8-bit
+    tensor of a chain of such consumers and unary data movement after it, if there is one (the
+    group's kernel then writes 8 bits, not the wide pooled values)."""
+    end, group_end, moved = pool, pool, False
     while not end.same_as(body):
         us = users.get(end, ())
         if len(us) != 1:
             break
         user = us[0][0]
-        if not isinstance(user, relay.Call) or call_pattern(user) > K_BROADCAST or is_unlowered_qnn(user):
+        if not isinstance(user, relay.Call) or is_unlowered_qnn(user):
             break
         if any(not isinstance(a, relay.Constant) for a in user.args if not a.same_as(end)):
             break
+        if call_pattern(user) > K_BROADCAST:
+            if not (_is_global(pool) and op_name(user) in MOVEMENT and len(user.args) == 1
+                    and (moved or group_end.checked_type.dtype not in NARROW)):
+                break
+            moved = True
         end = user
-    return end
+        if not moved or end.checked_type.dtype in NARROW:
+            group_end = end  # FuseOps' group end, or an 8-bit tensor behind the movement
+    return group_end
 
 
 def _primitive(params, body):

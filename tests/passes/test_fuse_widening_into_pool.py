@@ -7,6 +7,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
+from tvm_ext.passes._util import post_order
 from tvm_ext.passes.fuse_widening_into_pool import FuseWideningIntoPool
 from tvm_ext.testing import assert_same_outputs, assert_unchanged, check, infer
 
@@ -110,6 +111,98 @@ def test_softmax_reads_the_8bit_logits(op):
     data = {"x": np.random.default_rng(6).integers(0, 256, (1, 16)).astype("uint8")}
     out_b, _ = assert_same_outputs(fb, fa, data, rtol=1e-6, atol=1e-7)
     assert out_b[0].std() > 0
+
+
+# -- a global pool's group takes unary data movement up to an 8-bit tensor behind it ------------------------
+DENSE_W = np.random.default_rng(4).integers(-5, 6, (3, 8)).astype("int8")
+MOVES = {"reshape": lambda v: relay.reshape(v, (1, 8)), "batch_flatten": relay.nn.batch_flatten,
+         "squeeze": lambda v: relay.squeeze(v, axis=[2, 3])}
+
+
+def _widen(v):
+    # cast i32 -> subtract zp -> cast f32 -> multiply by a power of two (sums exact in any order)
+    return relay.multiply(relay.cast(relay.subtract(relay.cast(v, "int32"), relay.const(21)), "float32"),
+                          relay.const(0.125))
+
+
+def _quantize(v):
+    # divide -> round -> add zp -> clip -> cast u8 (a QuantizeLinear in front of a QGemm)
+    return relay.cast(relay.clip(relay.add(relay.round(relay.divide(v, relay.const(0.25))), relay.const(74.0)),
+                                 0.0, 255.0), "uint8")
+
+
+def _head(v):
+    return relay.nn.dense(v, relay.const(DENSE_W), out_dtype="int32")
+
+
+def flatten_before(move):
+    """u8 x -> widen -> global_avg_pool2d -> move -> quantize -> dense (a classifier's head)
+
+    ::
+
+        stock: widen | pool | move .. quantize (reads the pool's float32) | dense
+    """
+    x = relay.var("x", shape=(1, 8, 5, 7), dtype="uint8")
+    return infer(_head(_quantize(MOVES[move](relay.nn.global_avg_pool2d(_widen(x))))))
+
+
+def flatten_expected(move):
+    """The group runs from the pool's 8-bit input to the quantize behind the movement: its kernel writes u8."""
+    x = relay.var("x", shape=(1, 8, 5, 7), dtype="uint8")
+    p0 = relay.var("p0", shape=(1, 8, 5, 7), dtype="uint8")
+    body = _quantize(MOVES[move](relay.nn.global_avg_pool2d(_widen(p0))))
+    fn = relay.Function([p0], body).with_attr("Primitive", tvm.tir.IntImm("int32", 1))
+    return infer(_head(relay.Call(fn, [x])))
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_global_pool_group_takes_movement_to_8bit(move):
+    after = check(FuseWideningIntoPool(), flatten_before(move), flatten_expected(move))
+    assert_unchanged(FuseWideningIntoPool(), after)
+
+
+def test_global_pool_movement_kernels_crossing_and_outputs():
+    mod = flatten_before("reshape")
+    fb, fa = tvm_ext.build(mod, target="llvm"), tvm_ext.build(mod, target="llvm", passes=[FuseWideningIntoPool()])
+    rb, ra = fb.kernel_report, fa.kernel_report
+    assert [c.reason for c in rb.float_crossings()] == ["dequantize_early", "quantize_late"]
+    assert (rb.num_kernels, ra.num_kernels) == (4, 2)  # the widening's and the quantize's kernels go
+    assert ra.float_crossings() == [] and ra.crossing.nbytes == {"uint8": 8}
+    x = np.random.default_rng(8).integers(0, 256, (1, 8, 5, 7)).astype("uint8")
+    out_b, _ = assert_same_outputs(fb, fa, {"x": x})  # int32: bit for bit
+    assert len(np.unique(out_b[0])) == 3
+
+
+def test_movement_without_8bit_tensor_behind_stays_outside():
+    """pool -> reshape -> float dense: no 8-bit tensor behind the reshape, so the group ends at the
+    pool (FuseOps' end) and the reshape stays outside."""
+    x = relay.var("x", shape=(1, 8, 5, 7), dtype="uint8")
+    flat = relay.reshape(relay.nn.global_avg_pool2d(_widen(x)), (1, 8))
+    mod = infer(relay.nn.dense(flat, relay.const(DENSE_W.astype("float32"))))
+    after = FuseWideningIntoPool()(mod)
+    reshape = after["main"].body.args[0]
+    assert reshape.op.name == "reshape" and isinstance(reshape.args[0].op, relay.Function)
+    assert reshape.args[0].op.body.op.name == "nn.global_avg_pool2d"
+
+
+@pytest.mark.parametrize("case", ["windowed_pool", "8bit_already"])
+def test_group_end_not_moved(case):
+    """A windowed pool takes no movement; nor does a group that already ends on an 8-bit tensor (FuseOps'
+    end: the pool's own requantize), whatever 8-bit tensor follows the movement."""
+    x = relay.var("x", shape=(1, 8, 5, 7), dtype="uint8")
+    if case == "windowed_pool":
+        pooled = relay.nn.avg_pool2d(_widen(x), (5, 7))
+        q = _quantize(relay.reshape(pooled, (1, 8)))
+    else:
+        pooled = _quantize(relay.nn.global_avg_pool2d(_widen(x)))
+        q = _quantize(relay.cast(relay.reshape(pooled, (1, 8)), "float32"))
+    after = FuseWideningIntoPool()(infer(_head(q)))
+    chain = after["main"].body.args[0]
+    while not isinstance(chain.op, relay.Function):
+        assert chain.op.name != "nn.global_avg_pool2d" and chain.op.name != "nn.avg_pool2d"
+        chain = chain.args[0]
+    names = [n.op.name for n in post_order(chain.op.body) if isinstance(n, relay.Call)]
+    assert "reshape" not in names and names[-1] == ("nn.avg_pool2d" if case == "windowed_pool" else "cast")
 
 
 # -- QNN ops not lowered yet (stage start): their scales must stay constants -------------------------------
