@@ -234,11 +234,11 @@ def _one(func):
 
 def _run(func):
     tgt = tvm.target.Target.current(allow_none=True)
-    if tgt is not None and tgt.kind.name != "llvm":
-        # only tvm_ext.x86.conv_transpose's schedule inlines the grouped chain in front of the conv
-        # (TVM's traverse_inline stops at the conv); a GPU schedule would leave it unscheduled
-        _log.info("skipped: target %s is not llvm (the grouped kernel needs tvm-ext's CPU schedule)",
-                  tgt.kind.name)
+    if tgt is not None and tgt.kind.name != "llvm" and "gpu" not in tgt.keys:
+        # the grouped chain in front of the conv needs a schedule that inlines it (TVM's traverse_inline
+        # stops at the conv): tvm_ext.x86.conv_transpose's at llvm, tvm_ext.gpu.schedules' at GPU targets
+        _log.info("skipped: target %s is neither llvm nor a GPU (the grouped kernel needs tvm-ext's "
+                  "schedules)", tgt.kind.name)
         return func
     return fixed_point(func, _one, PASS_NAME, _MAX_GROUPS)
 

@@ -18,7 +18,7 @@ from tvm_ext.core import pipelines
 from tvm_ext.errors import UnsupportedByTVM
 from tvm_ext.gpu.backend import GPU, unsupported
 
-CPU_ONLY_STEPS = {"PadChannelsAtProducer", "EpilogueBeforeChannelSlice", "DequantizeInConvTranspose"}
+CPU_ONLY_STEPS = {"PadChannelsAtProducer", "EpilogueBeforeChannelSlice"}
 
 
 def _small_float():

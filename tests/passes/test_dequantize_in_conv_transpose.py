@@ -243,10 +243,15 @@ def test_ppocr_det_qoperator_head_bit_exact_no_float_crossing(numerics):
     assert res["bytes"][0] < res["bytes"][1] - 2_000_000, res
 
 
-def test_non_llvm_target_unchanged(caplog):
-    """Only tvm-ext's CPU schedule inlines the grouped chain: under another target the pass skips."""
+def test_target_without_inlining_schedule_unchanged(caplog):
+    """tvm-ext's llvm and GPU schedules inline the grouped chain: under another target (C source) the
+    pass skips; under a GPU target it rewrites as under llvm."""
     mod = head()
     with caplog.at_level(logging.INFO, logger="tvm_ext.passes.DequantizeInConvTranspose"):
-        with tvm.target.Target("cuda"):
+        with tvm.target.Target("c"):
             assert_unchanged(DequantizeInConvTranspose(), mod)
-    assert "not llvm" in caplog.text
+    assert "neither llvm nor a GPU" in caplog.text
+    with tvm.target.Target("opencl"):
+        at_gpu = DequantizeInConvTranspose()(mod)
+    tvm.ir.assert_structural_equal(at_gpu, DequantizeInConvTranspose()(mod))
+    assert not tvm.ir.structural_equal(at_gpu, mod)

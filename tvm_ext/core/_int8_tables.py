@@ -163,11 +163,11 @@ INT8 = (
                  "tabulates the chains as they leave them."),
         Step("DequantizeInConvTranspose",
              does="a transposed conv with stride = kernel (a DB head's upsampling) becomes one kernel from its "
-                  "8-bit input to the 8-bit quantize after it, so no float32 crosses there (exact; llvm targets).",
+                  "8-bit input to the 8-bit quantize after it, so no float32 crosses there (exact).",
              why="last: it makes each group a ``Primitive`` function, and the passes before it do not look inside "
-                 "one.",
-             place="last",
-             families=("x86", "aarch64")),
+                 "one. At GPU targets the GPU back end's transposed-conv schedule inlines the dequantize in front "
+                 "of the conv (TVM's would leave it unscheduled).",
+             place="last"),
     ), fixed_points=(("EpilogueBeforeChannelSlice", "FoldChannelRepadIntoConv"),)),
 )
 

@@ -1,11 +1,13 @@
-"""TVM's GPU schedules of pools and softmax, with the stages fused in front of them inlined.
+"""TVM's GPU schedules of pools, softmax and transposed convs, with the stages fused in front of them inlined.
 
 FuseOps never puts a producer into the kernel of a pool (``kOutEWiseFusable``) or of a softmax, so
 TVM's GPU schedules for them (``topi/cuda/pooling.py``, ``topi/cuda/softmax.py``, taken by every
 target with the ``gpu`` key) schedule the anchor and the elementwise ops after it, and leave a stage
 in front of the anchor at the root of the kernel with no thread binding: lowering then fails with
 "Memory verification failed". ``FuseWideningIntoPool`` makes such kernels on purpose (the widening
-chain of an 8-bit value, then the pool or softmax reading it, one ``Primitive`` function).
+chain of an 8-bit value, then the pool or softmax reading it, one ``Primitive`` function), and so does
+``DequantizeInConvTranspose`` (the dequantize in front of a transposed conv, whose GPU schedule,
+``topi/cuda/conv2d_transpose.py``, stages its dilated input in shared memory and inlines what follows).
 
 :func:`producers_inlined` wraps those schedules, while it is entered, so that every injective stage
 in front of the anchor is inlined into it (``compute_inline``): the same expression per element,
@@ -47,8 +49,9 @@ def inline_producers(s, outs) -> int:
     return count
 
 
-def _pool_schedule(schedule_fn):
-    """``schedule_fn`` (TVM's GPU pool schedule), then the stages in front of the pool inlined."""
+def _inlining_producers(schedule_fn):
+    """``schedule_fn`` (TVM's GPU pool or transposed-conv schedule), then the stages in front of the
+    anchor inlined."""
 
     @functools.wraps(schedule_fn)
     def wrapped(outs, *args, **kwargs):
@@ -77,9 +80,12 @@ def _install():
     import tvm.topi.cuda.softmax as softmax
 
     _SAVED["pools"] = (cuda.schedule_pool, cuda.schedule_adaptive_pool)
+    _SAVED["conv_transpose"] = cuda.schedule_conv2d_transpose_nchw
     _SAVED["softmax"] = softmax._schedule_softmax  # pylint: disable=protected-access
-    cuda.schedule_pool = _pool_schedule(cuda.schedule_pool)
-    cuda.schedule_adaptive_pool = _pool_schedule(cuda.schedule_adaptive_pool)
+    cuda.schedule_pool = _inlining_producers(cuda.schedule_pool)
+    cuda.schedule_adaptive_pool = _inlining_producers(cuda.schedule_adaptive_pool)
+    # the dequantize is inlined into the dilated, padded input, which the schedule loads into shared memory
+    cuda.schedule_conv2d_transpose_nchw = _inlining_producers(cuda.schedule_conv2d_transpose_nchw)
     # the softmax strategies hold topi.cuda.schedule_softmax itself; it calls this module global
     softmax._schedule_softmax = _softmax_schedule(softmax._schedule_softmax)  # pylint: disable=protected-access
 
@@ -89,6 +95,7 @@ def _uninstall():
     import tvm.topi.cuda.softmax as softmax
 
     cuda.schedule_pool, cuda.schedule_adaptive_pool = _SAVED.pop("pools")
+    cuda.schedule_conv2d_transpose_nchw = _SAVED.pop("conv_transpose")
     softmax._schedule_softmax = _SAVED.pop("softmax")  # pylint: disable=protected-access
 
 
