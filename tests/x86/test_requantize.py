@@ -1,10 +1,11 @@
 """``tvm_ext.x86.requantize``: ``q_multiply_shift`` in even/odd int32 lanes.
 
-Vectorised ``q_multiply_shift`` and ``q_multiply_shift_per_axis`` built with the lowering for AVX2
-(odd lanes by shuffle), AVX-512 and AVX-512 VNNI (odd lanes by shift), executed where the host has the
-instructions, against numpy's int64 arithmetic: worst-case multipliers and shifts, int32 extremes,
-negative values, rounding ties. Requantized convs (per tensor and per channel, to uint8 and int8)
-against a plain ``llvm`` build. The lowering's code read back: no int64 widening or narrowing.
+Vectorised ``q_multiply_shift`` and ``q_multiply_shift_per_axis`` built with the lowering for AVX2,
+AVX-512 and AVX-512 VNNI, executed where the host has the instructions, against numpy's int64
+arithmetic: worst-case multipliers and shifts, int32 extremes, negative values, rounding ties.
+Requantized convs built by ``tvm_ext.build`` (the lowering at the AVX-512 targets; per tensor and per
+channel, to uint8 and int8) against a plain ``llvm`` build. The lowering's code read back: no int64
+widening or narrowing. Where the x86 back end enters it.
 """
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from tvm import relay, te, tir
 from tvm_ext.x86 import requantize
 from tvm_ext.x86.isa import runs_on_host
 
-TARGETS = {  # the odd lanes by shuffle (AVX2), by shift (AVX-512, AVX-512 VNNI)
+TARGETS = {
     "avx2": "llvm -mcpu=x86-64-v3",
     "avx512": "llvm -mcpu=x86-64-v4",
     "avx512_vnni": "llvm -mcpu=cascadelake",
@@ -52,7 +53,7 @@ def _build(compute, args, target, lanes, lowered=True):
     s[compute].vectorize(inner)
     if not lowered:
         return tvm.build(s, args, target)
-    with requantize.even_odd_q_multiply_shift(target):
+    with requantize.even_odd_q_multiply_shift():
         return tvm.build(s, args, target)
 
 
@@ -176,13 +177,15 @@ def test_requantized_conv_matches_plain_llvm(target, per_channel, out_dtype):
     np.testing.assert_array_equal(got, ref)
 
 
-@pytest.mark.parametrize("kernels", [False, True])
-def test_entered_with_tvm_ext_kernels_only(kernels):
-    """Without tvm-ext's kernels an x86 build lowers as relay.build does; with them, in even/odd lanes."""
+@pytest.mark.parametrize("target,kernels,entered", [
+    ("llvm -mcpu=cascadelake", True, True), ("llvm -mcpu=x86-64-v4", True, True),
+    ("llvm -mcpu=cascadelake", False, False), ("llvm -mcpu=x86-64-v3", True, False),
+])
+def test_entered_at_avx512_with_tvm_ext_kernels(target, kernels, entered):
+    """Without tvm-ext's kernels an x86 build lowers as relay.build does; AVX2 builds keep TVM's lowering."""
     from tvm_ext.backend import BuildRequest
     from tvm_ext.x86.backend import X86
 
-    target = tvm.target.Target("llvm -mcpu=x86-64-v3")
-    plan = X86().plan(BuildRequest(target=target, mod=None, kernels=kernels, eight_bit=True))
-    names = [getattr(c, "gen", c).__qualname__ for c in plan.contexts if hasattr(c, "gen")]
-    assert ("even_odd_q_multiply_shift" in names) == kernels
+    plan = X86().plan(BuildRequest(target=tvm.target.Target(target), mod=None, kernels=kernels, eight_bit=True))
+    names = [c.gen.__qualname__ for c in plan.contexts if hasattr(c, "gen")]
+    assert ("even_odd_q_multiply_shift" in names) == entered

@@ -6,8 +6,8 @@
   (:mod:`tvm_ext.x86.pair_pack`), so every int8 conv is exact;
 * contexts: the int8 kernel policy (:func:`tvm_ext.x86.int8_conv.kernels`; with ``kernels`` off only
   the VNNI intrinsic LLVM 22 accepts), the tuned records of the target's class
-  (:mod:`tvm_ext.x86.tuning`), the exactness record, with ``kernels`` requantization in even/odd
-  int32 lanes (:mod:`tvm_ext.x86.requantize`), and with ``amx`` the AMX tile schedules;
+  (:mod:`tvm_ext.x86.tuning`), the exactness record, with ``kernels`` at AVX-512 requantization in
+  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`), and with ``amx`` the AMX tile schedules;
 * instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`; with ``amx`` the ``ConfigureTiles``
   lowering pass.
 """
@@ -48,8 +48,8 @@ class X86(Backend):
             plan.passes["before_fuse"] = [pair_pack.PairPackInt8Convs()]
         plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
                          exact_record.recording()]
-        if request.kernels:
-            plan.contexts.append(requantize.even_odd_q_multiply_shift(tgt))
+        if request.kernels and requantize.applies(tgt):
+            plan.contexts.append(requantize.even_odd_q_multiply_shift())
         if request.tuned:
             plan.add_records(tuning.apply(tgt))
         plan.instruments = [exact_record.RecordWeights()]

@@ -17,8 +17,9 @@ need. :func:`even_odd_q_multiply_shift` lowers the vectorised call on whole vect
 
 The same int64 arithmetic, so the result is bit for bit TVM's (tests/x86/test_requantize.py checks it
 against numpy). Scalar calls and TVM's power-of-two form (``m == 2^30``) keep TVM's lowering. The
-rule is registered for the ``llvm`` target while it is entered (a :class:`tvm_ext._patch.Patch`; the x86
-back end enters it for builds with tvm-ext's kernels). docs/x86-kernels.md has the llvm-mca figures.
+rule is registered for the ``llvm`` target while it is entered (a :class:`tvm_ext._patch.Patch`). The x86
+back end enters it for AVX-512 targets with tvm-ext's kernels; at AVX2 (no ``vpsraq``) it is exact but
+no faster (docs/x86-kernels.md has the llvm-mca figures).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from .._patch import Patch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["even_odd_q_multiply_shift", "lower_even_odd"]
+__all__ = ["even_odd_q_multiply_shift", "lower_even_odd", "applies"]
 
 _OPS = ("tir.q_multiply_shift", "tir.q_multiply_shift_per_axis")
 #: Priority levels above TVM's registrations; one more for every registration (TVM keeps the highest).
@@ -48,13 +49,12 @@ def _const(e):
     return int(e.value) if isinstance(e, tvm.tir.IntImm) else None
 
 
-def lower_even_odd(x, m, ls, rs, q, odd_by_shuffle: bool = False):
+def lower_even_odd(x, m, ls, rs, q):
     """``round(x * 2^ls * m / 2^(q + rs))`` per int32 lane of ``x`` (an even number of lanes), in int64.
 
-    ``m``, ``ls``, ``rs``: int32 scalars or vectors like ``x``; ``q``: a constant. The odd lanes move
-    down by a 64-bit shift, or with ``odd_by_shuffle`` by a dword shuffle (``vpshufd``: port 5 instead
-    of port 0 on AVX2, where ``vpmuldq`` and the int8 products take port 0). Returns the int32 vector
-    expression, or None where this form does not apply (odd lane count, constant shifts out of range).
+    ``m``, ``ls``, ``rs``: int32 scalars or vectors like ``x``; ``q``: a constant. Returns the int32
+    vector expression, or None where this form does not apply (odd lane count, constant shifts out of
+    range).
     """
     import tvm
     from tvm import tir
@@ -78,11 +78,7 @@ def lower_even_odd(x, m, ls, rs, q, odd_by_shuffle: bool = False):
         M = wide(m)
         me, mo = (M << c64(32)) >> c64(32), M >> c64(32)
     pe = ((X << c64(32)) >> c64(32)) * me  # even lanes, sign-extended: vpmuldq
-    if odd_by_shuffle:
-        odd = tir.reinterpret(i64, tir.Shuffle([x], [tir.const(i | 1, "int32") for i in range(n32)]))
-        po = ((odd << c64(32)) >> c64(32)) * mo  # odd lanes copied down: vpshufd, vpmuldq
-    else:
-        po = (X >> c64(32)) * mo  # odd lanes moved down: vpsrlq, vpmuldq
+    po = (X >> c64(32)) * mo  # odd lanes moved down: vpsrlq, vpmuldq
 
     lsc, rsc = _const(ls), _const(rs)
     if lsc is not None and rsc is not None:  # constant shifts: immediate forms
@@ -106,7 +102,7 @@ def lower_even_odd(x, m, ls, rs, q, odd_by_shuffle: bool = False):
     return tir.reinterpret(i32, (e & low) | (o & ~low))
 
 
-def _lower(op, odd_by_shuffle: bool = False):
+def _lower(op):
     """The lowering rule: ``op`` rewritten, or ``op`` itself (TVM's generic rule applies next)."""
     try:
         name = op.op.name
@@ -115,10 +111,10 @@ def _lower(op, odd_by_shuffle: bool = False):
             mc, sc = _const(m), _const(s)
             if mc is None or mc == 1 << 30 or sc is None:  # TVM's own forms (power of two; it needs constants)
                 return op
-            out = lower_even_odd(x, m, max(sc, 0), max(-sc, 0), q, odd_by_shuffle)
+            out = lower_even_odd(x, m, max(sc, 0), max(-sc, 0), q)
         else:
             x, m, ls, rs, q, need_ls = op.args[:6]
-            out = lower_even_odd(x, m, ls if _const(need_ls) != 0 else 0, rs, q, odd_by_shuffle)
+            out = lower_even_odd(x, m, ls if _const(need_ls) != 0 else 0, rs, q)
     except Exception:  # never fail a build over a faster form: TVM's rule is exact
         logger.exception("x86 requantize: %s left to TVM's lowering", op)
         return op
@@ -133,12 +129,9 @@ def _register(rule) -> None:
         register_intrin_lowering(op, target="llvm", f=rule, level=level)
 
 
-def _install(target=None):
-    from .isa import llvm_features
-
-    shuffle = target is not None and "avx512f" not in llvm_features(target)
-    logger.debug("x86: q_multiply_shift in even/odd int32 lanes (odd lanes by %s)", "shuffle" if shuffle else "shift")
-    _register(lambda op: _lower(op, shuffle))
+def _install():
+    logger.debug("x86: q_multiply_shift in even/odd int32 lanes")
+    _register(_lower)
 
 
 def _uninstall():
@@ -149,13 +142,20 @@ _PATCH = Patch(_install, _uninstall)
 
 
 @contextlib.contextmanager
-def even_odd_q_multiply_shift(target=None):
+def even_odd_q_multiply_shift():
     """Enter to lower vectorised ``q_multiply_shift`` calls in even/odd int32 lanes (``vpmuldq``, no
     int64 widening), with TVM's exact int64 result.
 
-    ``target`` (the build's x86 target) picks how the odd lanes move (:func:`lower_even_odd`); nested
-    entries keep the outermost entry's choice. The rule applies to every ``llvm`` build while entered,
-    and its result is exact on any CPU.
+    The rule applies to every ``llvm`` build while entered, and its result is exact on any CPU.
     """
-    with _PATCH.entered(target):
+    with _PATCH.entered():
         yield
+
+
+def applies(target) -> bool:
+    """Whether the x86 back end lowers this way for ``target``: AVX-512 (``vpsraq``, 512-bit
+    ``vpmuldq``). At AVX2 the int8 conv loops keep the epilogue outside their hot loop, and the
+    lowering lengthens the 3x3 loops by a few register moves (llvm-mca, docs/x86-kernels.md)."""
+    from .isa import llvm_features
+
+    return "avx512f" in llvm_features(target)
