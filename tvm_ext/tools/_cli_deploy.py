@@ -34,7 +34,7 @@ def cmd_compile(args) -> int:
     options = shlex.split(args.cross_compiler_options or "")
     passes = _pipeline_or_passes(args)
     mod, params = _load_onnx_module(args.model, _parse_shapes(args.shape))
-    target = _compile_target(args.target)
+    target = _with_host(_compile_target(args.target), args.target_host)
     print(f"compiling {args.model} (pipeline {args.pipeline}"
           f"{', passes ' + ','.join(_pass_names(passes)) if args.pipeline == 'none' and args.passes else ''}) for "
           f"{target or 'this CPU'}: tvm_ext.build, then export_library", flush=True)
@@ -52,6 +52,21 @@ def cmd_compile(args) -> int:
         print(f"tvm-ext compile: warning: {res.target}: {res.cannot_run_here}; the library cannot run here",
               file=sys.stderr)
     return 0
+
+
+def _with_host(target, host):
+    """``--target`` with ``--target-host`` (a device target's host code, as tvmc's ``--target-host``)."""
+    if not host:
+        return target
+    import tvm
+
+    kind = tvm.target.Target(target).kind.name if target else "llvm"
+    if kind == "llvm":
+        raise UsageError(f"--target-host is for a device target (--target opencl); {target or 'this CPU'} is "
+                         "an llvm target, whose code is its own host code")
+    if _compile_target(host).split()[0] != "llvm":
+        raise UsageError(f"--target-host {host!r}: not an llvm target (the host code runs on a CPU)")
+    return tvm.target.Target(target, host=host)
 
 
 def _load_arrays(text: str, flag: str) -> tuple:

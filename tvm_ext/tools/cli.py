@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", help="with --pipeline none: comma-separated tvm-ext passes (run before FuseOps)")
     p.add_argument("--target", help="LLVM target (default: the host CPU); may be another CPU, then it cannot run "
                                     "here; or 'opencl' (run needs an OpenCL device: `make gpu-env`)")
+    p.add_argument("--target-host", metavar="LLVM_TARGET",
+                   help="with --target opencl: the CPU target of the host code (default: this CPU's generic llvm), "
+                        "e.g. 'llvm -mtriple=aarch64-linux-gnu' for an ARM board's Mali or Adreno")
     p.add_argument("--shape", action="append", metavar="NAME=D1,D2,..",
                    help="input shape for dynamic inputs (repeatable)")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 5), metavar="N",

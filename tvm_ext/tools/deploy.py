@@ -236,7 +236,8 @@ def read_sidecar(lib_path) -> dict:
 
 
 def foreign_arch(target) -> Optional[str]:
-    """The target's architecture when it is not this host's (``-mtriple``), else None.
+    """The target's architecture when it is not this host's (``-mtriple``; for a device target, its
+    host's), else None.
 
     :func:`tvm_ext.x86.isa.missing_on_host` compares x86 feature names only: an aarch64 target has
     none of them missing, so the architecture is checked first.
@@ -245,6 +246,8 @@ def foreign_arch(target) -> Optional[str]:
     from tvm.target import codegen
 
     tgt = target if isinstance(target, tvm.target.Target) else tvm.target.Target(str(target))
+    if tgt.kind.name != "llvm" and tgt.host is not None:
+        tgt = tgt.host  # a device target (opencl): its host code's architecture
     triple = tgt.attrs.get("mtriple") if tgt.kind.name == "llvm" else None
     if not triple:
         return None
