@@ -1,0 +1,76 @@
+"""Full-size zoo models built with ``pipelines.int8()`` at ``opencl`` and run on an OpenCL device
+(PoCL, set up by ``make gpu-env``), against a plain ``llvm`` build (generic x86-64, no int8 SIMD)
+of the same graph: the module the pipeline handed to ``relay.build`` at ``opencl``
+(``lib.tvm_ext_module``), built without passes. Same seeded input. Slow (each build takes minutes);
+skips with the reason when the set-up is missing. Measured differences: docs/gpu.md, "Measured"."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+import tvm_ext
+from tvm_ext.core import pipelines
+from _opencl_cases import device_or_skip, run_graph
+
+pytestmark = pytest.mark.slow
+
+#: Output quantization steps the logits of an int8 ResNet-50 may move by. Its ``int8()`` graph
+#: requantizes the 16 residual adds in float (the ONNX importer makes QLinearAdd, and the QDQ add,
+#: a dequantize, add and quantize: ``round((a * s1 + b * s2) / s3)``), and so does the input's
+#: quantize; the two compilers' float code (PoCL compiles for the host CPU, plain ``llvm`` for a
+#: generic x86-64) can round a value next to a half to the neighbouring 8-bit level.
+MAX_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def device():
+    return device_or_skip()
+
+
+def _both(name):
+    """(llvm outputs, opencl outputs) of the full-size zoo model ``name`` built with ``int8()`` at
+    ``opencl``. ``int8()`` at ``llvm`` makes another graph (the x86 family's ``QDQToInteger`` keeps
+    the convs that x86 would pad in float), so the reference builds the graph handed over at ``opencl``."""
+    from tvm_ext.tools import zoo
+
+    m = zoo.load(name)
+    inputs = {m.input_name: zoo.sample_input(m, seed=0)}
+    built = tvm_ext.build(m.mod, target="opencl", params=m.params, passes=pipelines.int8())
+    got = run_graph(built, tvm.opencl(0), inputs)
+    ref = run_graph(tvm_ext.build(built.tvm_ext_module, target="llvm"), tvm.cpu(), inputs)
+    assert len(got) == len(ref) and all(g.shape == r.shape and g.dtype == r.dtype for g, r in zip(got, ref))
+    return ref, got
+
+
+def _step(ref):
+    """The output's quantization step: the smallest gap between the dequantized logits' levels."""
+    levels = np.unique(ref)
+    assert len(levels) > 1, "the reference output is constant"
+    return float(np.diff(levels).min())
+
+
+@pytest.mark.parametrize("name", ["resnet50_int8_qdq", "resnet50_int8_qoperator"])
+def test_full_size_int8_resnet_logits_within_steps_of_llvm(device, name):
+    (ref,), (got,) = _both(name)
+    step = _step(ref)
+    steps = np.abs(got.astype("float64") - ref) / step
+    assert steps.max() <= MAX_STEPS + 1e-3, f"{int((steps > 0).sum())} of {steps.size} logits differ, " \
+                                             f"at most {steps.max():.2f} steps"
+
+
+def test_full_size_relay_quantized_resnet_within_tolerance(device):
+    """relay.quantize's ResNet-50 keeps float residual adds and ends in a float softmax."""
+    (ref,), (got,) = _both("resnet50_int8_relay")
+    assert len(np.unique(ref)) > 1
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_full_size_ppocr_classifier_same_direction(device):
+    """PP-OCR's text-direction classifier (QDQ): two probabilities, quantized to 8 bits. Its graph
+    also computes in float inside kernels (the residual adds, the hard-swish and squeeze-excite
+    chains), so level changes add up: the same direction, probabilities within 0.1."""
+    (ref,), (got,) = _both("ppocr_cls_v2_int8_qdq")
+    assert len(np.unique(ref)) > 1
+    assert np.argmax(got) == np.argmax(ref)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=0.1)
