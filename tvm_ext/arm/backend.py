@@ -6,7 +6,7 @@
   ``tvm-ext tune --rpc`` measured on a board of the target's CPU (:mod:`tvm_ext.arm.tuning`).
 * configure: with ``kernels`` at a class with the ``smmla`` conv, TIR CSE off unless the user set it
   (the conv's epilogue, unrolled over its register tile, gives TIR CSE vector let variables whose
-  debug info LLVM 22 rejects: :data:`tvm_ext.core.tvm_bugs.NO_TIR_CSE`), so the build runs once.
+  debug info LLVM 22 rejects: docs/tvm-bugs.md), so the build runs once.
 * passes, instruments: none.
 """
 from __future__ import annotations
@@ -14,6 +14,9 @@ from __future__ import annotations
 from ..backend import Backend, BuildPlan, BuildRequest, llvm_arch
 
 __all__ = ["AArch64"]
+
+#: TVM's PassContext option that turns TIR common-subexpression elimination off.
+_DISABLE_TIR_CSE = "tir.disable_cse_tir"
 
 
 class AArch64(Backend):
@@ -25,7 +28,6 @@ class AArch64(Backend):
         return llvm_arch(target) in ("aarch64", "arm64", "aarch64_be")
 
     def plan(self, request: BuildRequest) -> BuildPlan:
-        from ..core.tvm_bugs import NO_TIR_CSE
         from . import int8_conv, requantize, tuning
         from .int8_policy import policy
 
@@ -33,7 +35,7 @@ class AArch64(Backend):
         if request.kernels:
             plan.contexts.insert(0, int8_conv.kernels(int8_graph=request.eight_bit))
             if policy(request.target).mmla_conv:
-                plan.configure = lambda config: {NO_TIR_CSE: True, **(config or {})}
+                plan.configure = lambda config: {_DISABLE_TIR_CSE: True, **(config or {})}
         if request.tuned:
             plan.add_records(tuning.apply(request.target))
         return plan

@@ -16,17 +16,12 @@ multiply-accumulates (MACs) one instruction does at its register width or vector
 ``vpmaddwd`` counts only in a loop without ``vpmaddubsw``: next to ``vpmaddubsw`` it sums the int16
 pair products with ones (no new products).
 
-Two kinds of conv change the count (:func:`dot_macs`' ``kind``): in a *depthwise* kernel ``vpmaddwd``
-and ``vpdpwssd`` count one product per 32-bit lane (TVM's depthwise compute multiplies one widened
-tap per lane; LLVM forms the int16-pair multiply with a zero partner); in a *float* conv kernel the
-fused multiply-adds of :data:`FLOAT_FORMS` count, one per lane.
+Depthwise and float convs count differently (:func:`dot_macs`' ``kind``), and in a kernel with
+``vpdpbusd`` the int16-pair forms are epilogue, not dots: docs/kernels-static.md, "How it works".
 
 The *hot loop* of a kernel: among its loops that hold dot instructions and contain no smaller loop that
 holds any (or whose own dots outweigh those nested loops' :data:`OUTER_OVER_NESTED` times), the one
-with the most MACs per iteration; on a tie, the one with fewer instructions. In a
-kernel whose code holds ``vpdpbusd`` the int16-pair forms (``vpmaddwd``, ``vpdpwssd``) are not dot
-work: there they are epilogue multiplies (a hard-swish's ``x * relu6(x + 3)`` in int16), which would
-otherwise make the epilogue loop nested in the conv's tile loop look like the innermost dot loop.
+with the most MACs per iteration; on a tie, the one with fewer instructions.
 """
 from __future__ import annotations
 
