@@ -96,12 +96,14 @@ class GPU(Backend):
         return tgt
 
     def plan(self, request: BuildRequest) -> BuildPlan:
+        from . import narrow_int
         from .schedules import producers_inlined
 
         contexts = [producers_inlined()]  # pool / softmax kernels with stages fused in front (schedules.py)
-        if request.target.kind.name != "opencl":
-            return BuildPlan(contexts=contexts)
-        return BuildPlan(contexts=contexts, finish=_runnable_opencl)
+        plan = BuildPlan(contexts=contexts, configure=narrow_int.lower_config)  # C promotes char * char to int
+        if request.target.kind.name == "opencl":
+            plan.finish = _runnable_opencl
+        return plan
 
     def isa_class(self, target) -> str:
         return target.kind.name
