@@ -151,12 +151,18 @@ def seeded_inputs(mod) -> list:
     return [random_inputs(mod, seed=s) for s in range(NUM_INPUTS)]
 
 
-def _build_contexts(tgt, mod):
-    """The contexts ``tvm_ext.build`` compiles a pipeline's graph in at ``tgt``: its back end's
-    (:func:`tvm_ext.core.build.prepare` with the kernel policy and tuned records on)."""
+def _prepared(tgt, mod):
+    """``tvm_ext.build``'s resolution of a pipeline's build of ``mod`` at ``tgt``: its back end's
+    contexts and PassContext options (:func:`tvm_ext.core.build.prepare` with the kernel policy and
+    tuned records on)."""
     from tvm_ext.core.build import prepare
 
-    return prepare(mod, tgt, kernels=True, tuned=True).contexts()
+    return prepare(mod, tgt, kernels=True, tuned=True)
+
+
+def _build_contexts(tgt, mod):
+    """The contexts ``tvm_ext.build`` compiles a pipeline's graph in at ``tgt``."""
+    return _prepared(tgt, mod).contexts()
 
 
 def prefixed(mod, tgt):
@@ -178,5 +184,7 @@ def build_prefixed(pre, tgt, prefix_names):
 
     from tvm_ext.core.build import copy_module
 
-    with _build_contexts(tgt, pre), tvm.transform.PassContext(opt_level=3, disabled_pass=list(prefix_names)):
-        return relay.build(copy_module(pre), target=tgt)
+    prep = _prepared(tgt, pre)
+    with prep.contexts():  # the back end's PassContext options too (the GPU back end's lowering pass)
+        with tvm.transform.PassContext(opt_level=3, disabled_pass=list(prefix_names), config=prep.plan.configure({})):
+            return relay.build(copy_module(pre), target=tgt)
