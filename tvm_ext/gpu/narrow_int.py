@@ -69,18 +69,7 @@ def WrapNarrowIntegers():  # noqa: N802  (a TVM pass, named like TVM's)
 
 def lower_config(config: dict | None = None) -> dict:
     """``config`` (PassContext options) with :func:`WrapNarrowIntegers` added to
-    ``tir.add_lower_pass`` once, after the lower passes already there (in ``config``, else in the
-    PassContext the caller entered). ``config`` is not modified."""
-    import tvm
+    ``tir.add_lower_pass`` once, after the lower passes already there. ``config`` is not modified."""
+    from .._lower_pass import with_lower_pass
 
-    out = dict(config or {})
-    key = "tir.add_lower_pass"
-    passes = out.get(key)
-    if passes is None:
-        cur = tvm.transform.PassContext.current().config
-        passes = cur.get(key) if cur else None
-    passes = [tuple(p) for p in (passes or [])]
-    if not any(p[1].info.name == PASS_NAME for p in passes):
-        passes.append((LOWER_PHASE, WrapNarrowIntegers()))
-    out[key] = passes
-    return out
+    return with_lower_pass(config, LOWER_PHASE, PASS_NAME, WrapNarrowIntegers)

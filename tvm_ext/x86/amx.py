@@ -329,19 +329,9 @@ def lower_config(config: dict | None = None) -> dict:
     Lower passes already in ``config``, or else in the PassContext the caller entered, are kept
     before it; a ConfigureTiles already there is not added twice. ``config`` is not modified.
     """
-    import tvm
+    from .._lower_pass import with_lower_pass
 
-    out = dict(config or {})
-    key = "tir.add_lower_pass"
-    passes = out.get(key)
-    if passes is None:
-        cur = tvm.transform.PassContext.current().config
-        passes = cur.get(key) if cur else None
-    passes = [tuple(p) for p in (passes or [])]
-    if not any(p[1].info.name == _PASS_NAME for p in passes):
-        passes.append((LOWER_PHASE, ConfigureTiles()))
-    out[key] = passes
-    return out
+    return with_lower_pass(config, LOWER_PHASE, _PASS_NAME, ConfigureTiles)
 
 
 # --------------------------------------------------------------------------------------------
