@@ -48,14 +48,14 @@ def WrapNarrowIntegers():  # noqa: N802  (a TVM pass, named like TVM's)
     import tvm
     from tvm import tir
 
-    arith = {tir.Add: tir.Add, tir.Sub: tir.Sub, tir.Mul: tir.Mul}
+    arith = (tir.Add, tir.Sub, tir.Mul)
     shift_left = tvm.ir.Op.get("tir.shift_left")
 
     def rewrite(node):
         if str(node.dtype) not in _NARROW_BITS:
             return None
         if type(node) in arith:
-            return _wrapped(arith[type(node)], node.a, node.b)
+            return _wrapped(type(node), node.a, node.b)
         if isinstance(node, tir.Call) and node.op.same_as(shift_left):
             return _wrapped("shift_left", node.args[0], node.args[1])
         return None

@@ -85,7 +85,7 @@ def bench_variant(key, *, target, small, model_path, repeat, threads, progress, 
         for peer in ("onnxruntime", "openvino"):
             res["pipelines"][peer] = {"skipped": "not run: it would run on this host, not on the board"}
     elif v["onnx_path"] is not None:
-        for name, exact in (("onnxruntime", False), ("onnxruntime_exact", True))[:1 + bool(ort_exact)]:
+        for name, exact in [("onnxruntime", False)] + ([("onnxruntime_exact", True)] if ort_exact else []):
             try:
                 engines.append(ort_engine(v["onnx_path"], v["input_name"], threads, ort_package, exact=exact))
             except Exception as err:
