@@ -53,7 +53,7 @@ def _build(compute, args, target, lanes, lowered=True):
     s[compute].vectorize(inner)
     if not lowered:
         return tvm.build(s, args, target)
-    with requantize.even_odd_q_multiply_shift():
+    with tvm.transform.PassContext(config=requantize.lower_config()):
         return tvm.build(s, args, target)
 
 
@@ -177,15 +177,35 @@ def test_requantized_conv_matches_plain_llvm(target, per_channel, out_dtype):
     np.testing.assert_array_equal(got, ref)
 
 
-@pytest.mark.parametrize("target,kernels,entered", [
-    ("llvm -mcpu=cascadelake", True, True), ("llvm -mcpu=x86-64-v4", True, True),
-    ("llvm -mcpu=cascadelake", False, False), ("llvm -mcpu=x86-64-v3", True, False),
+def _lower_pass_names(config):
+    return [p[1].info.name for p in config.get("tir.add_lower_pass", [])]
+
+
+@pytest.mark.parametrize("target,kernels,amx,added", [
+    ("llvm -mcpu=cascadelake", True, False, True), ("llvm -mcpu=x86-64-v4", True, False, True),
+    ("llvm -mcpu=cascadelake", False, False, False), ("llvm -mcpu=x86-64-v3", True, False, False),
+    ("llvm -mcpu=sapphirerapids", True, True, True),
 ])
-def test_entered_at_avx512_with_tvm_ext_kernels(target, kernels, entered):
-    """Without tvm-ext's kernels an x86 build lowers as relay.build does; AVX2 builds keep TVM's lowering."""
+def test_added_at_avx512_with_tvm_ext_kernels(target, kernels, amx, added):
+    """Without tvm-ext's kernels an x86 build lowers as relay.build does; AVX2 builds keep TVM's lowering.
+    The pass is in the build's PassContext options, next to the user's lower passes and AMX's."""
     from tvm_ext.backend import BuildRequest
     from tvm_ext.x86.backend import X86
 
-    plan = X86().plan(BuildRequest(target=tvm.target.Target(target), mod=None, kernels=kernels, eight_bit=True))
-    names = [c.gen.__qualname__ for c in plan.contexts if hasattr(c, "gen")]
-    assert ("even_odd_q_multiply_shift" in names) == entered
+    plan = X86().plan(BuildRequest(target=tvm.target.Target(target), mod=None, kernels=kernels, eight_bit=True,
+                                   options={"amx": amx}))
+    user = (0, tvm.tir.transform.prim_func_pass(lambda f, m, c: f, opt_level=0, name="user_pass"))
+    names = _lower_pass_names(plan.configure({"tir.add_lower_pass": [user]}))
+    assert names[0] == "user_pass" and (requantize.PASS_NAME in names) == added
+    assert ("ConfigureTiles" in names) == amx
+
+
+def test_not_seen_by_other_builds():
+    """The lowering belongs to one build's PassContext: a plain build next to it keeps TVM's lowering."""
+    from tvm_ext.backend import BuildRequest
+    from tvm_ext.x86.backend import X86
+
+    X86().plan(BuildRequest(target=tvm.target.Target(TARGETS["avx512"]), mod=None, kernels=True, eight_bit=True))
+    widening = ("vpmovsxdq", "vpmovzxdq", "vpmovqd")
+    assert any(w in _per_tensor(1518500250, -7, TARGETS["avx512"], lowered=False).get_source("asm")
+               for w in widening)

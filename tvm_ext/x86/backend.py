@@ -6,10 +6,10 @@
   (:mod:`tvm_ext.x86.pair_pack`), so every int8 conv is exact;
 * contexts: the int8 kernel policy (:func:`tvm_ext.x86.int8_conv.kernels`; with ``kernels`` off only
   the VNNI intrinsic LLVM 22 accepts), the tuned records of the target's class
-  (:mod:`tvm_ext.x86.tuning`), the exactness record, with ``kernels`` at AVX-512 requantization in
-  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`), and with ``amx`` the AMX tile schedules;
-* instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`; with ``amx`` the ``ConfigureTiles``
-  lowering pass.
+  (:mod:`tvm_ext.x86.tuning`), the exactness record, and with ``amx`` the AMX tile schedules;
+* instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`;
+* configure (TIR lowering passes of this build only): with ``kernels`` at AVX-512 requantization in
+  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``amx`` the ``ConfigureTiles`` pass.
 """
 from __future__ import annotations
 
@@ -18,6 +18,15 @@ from ..backend import Backend, BuildPlan, BuildRequest, llvm_arch
 __all__ = ["X86"]
 
 _ARCHS = ("x86_64", "x86-64", "amd64", "i386", "i486", "i586", "i686")
+
+
+def _chained(steps):
+    """``config -> config``: each of ``steps`` (``config -> config``) applied in turn."""
+    def configure(config):
+        for step in steps:
+            config = step(config)
+        return config
+    return configure
 
 
 class X86(Backend):
@@ -48,8 +57,9 @@ class X86(Backend):
             plan.passes["before_fuse"] = [pair_pack.PairPackInt8Convs()]
         plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
                          exact_record.recording()]
+        lower = []  # PassContext options: TIR lowering passes, in order
         if request.kernels and requantize.applies(tgt):
-            plan.contexts.append(requantize.even_odd_q_multiply_shift())
+            lower.append(requantize.lower_config)
         if request.tuned:
             plan.add_records(tuning.apply(tgt))
         plan.instruments = [exact_record.RecordWeights()]
@@ -58,7 +68,9 @@ class X86(Backend):
 
             amx_tiles.prepare_process()  # the result runs in this process too: ask Linux for the tile state now
             plan.contexts.append(amx_tiles.tile_schedules())
-            plan.configure = amx_tiles.lower_config
+            lower.append(amx_tiles.lower_config)
+        if lower:
+            plan.configure = _chained(lower)
         return plan
 
     def isa_class(self, target) -> str:

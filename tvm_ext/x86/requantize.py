@@ -16,26 +16,26 @@ need. :func:`even_odd_q_multiply_shift` lowers the vectorised call on whole vect
     # q_multiply_shift(x, m, 31, s) = int32x2L(low halves of e | high halves of o)
 
 The same int64 arithmetic, so the result is bit for bit TVM's (tests/x86/test_requantize.py checks it
-against numpy). Scalar calls and TVM's power-of-two form (``m == 2^30``) keep TVM's lowering. The
-rule is registered for the ``llvm`` target while it is entered (a :class:`tvm_ext._patch.Patch`). The x86
-back end enters it for AVX-512 targets with tvm-ext's kernels; at AVX2 (no ``vpsraq``) it is exact but
-no faster (docs/x86-kernels.md has the llvm-mca figures).
+against numpy). Scalar calls and TVM's power-of-two form (``m == 2^30``) keep TVM's lowering.
+:func:`EvenOddQMultiplyShift` is a TIR pass that the x86 back end adds to its build's PassContext
+(``tir.add_lower_pass``, :func:`lower_config`) for AVX-512 targets with tvm-ext's kernels, after
+vectorisation and before TVM's own lowering of the intrinsic: other builds, in this thread or another,
+never see it. At AVX2 (no ``vpsraq``) it is exact but no faster (docs/x86-kernels.md has the llvm-mca figures).
 """
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
-
-from .._patch import Patch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["even_odd_q_multiply_shift", "lower_even_odd", "applies"]
+__all__ = ["EvenOddQMultiplyShift", "lower_config", "lower_even_odd", "applies", "PASS_NAME", "LOWER_PHASE"]
 
 _OPS = ("tir.q_multiply_shift", "tir.q_multiply_shift_per_axis")
-#: Priority levels above TVM's registrations; one more for every registration (TVM keeps the highest).
-_LEVELS = itertools.count(300)
+#: The pass's name in ``tir.add_lower_pass`` (one per PassContext).
+PASS_NAME = "tvm_ext.x86.EvenOddQMultiplyShift"
+#: ``tir.add_lower_pass`` phase: after ``VectorizeLoop`` (the calls have their vector types), before
+#: the host pass list's ``LowerIntrin`` (TVM's generic rule, which gets the calls left unchanged).
+LOWER_PHASE = 3
 
 
 def _const(e):
@@ -121,35 +121,33 @@ def _lower(op):
     return op if out is None else out
 
 
-def _register(rule) -> None:
-    from tvm.ir import register_intrin_lowering
+def EvenOddQMultiplyShift():  # noqa: N802  (a TVM pass, named like TVM's)
+    """A ``tir.PrimFunc`` pass: vectorised ``q_multiply_shift`` and ``q_multiply_shift_per_axis``
+    calls in even/odd int32 lanes (``vpmuldq``, no int64 widening), with TVM's exact int64 result on
+    any CPU; scalar calls and the forms :func:`lower_even_odd` does not take are left to TVM."""
+    import tvm
+    from tvm import tir
 
-    level = next(_LEVELS)
-    for op in _OPS:
-        register_intrin_lowering(op, target="llvm", f=rule, level=level)
+    ops = [tvm.ir.Op.get(name) for name in _OPS]
+
+    def rewrite(node):
+        if not any(node.op.same_as(op) for op in ops) or tvm.DataType(node.dtype).lanes < 2:
+            return None
+        out = _lower(node)
+        return None if out.same_as(node) else out
+
+    def transform(func, _mod, _ctx):
+        return func.with_body(tir.stmt_functor.ir_transform(func.body, None, rewrite, ["tir.Call"]))
+
+    return tvm.tir.transform.prim_func_pass(transform, opt_level=0, name=PASS_NAME)
 
 
-def _install():
-    logger.debug("x86: q_multiply_shift in even/odd int32 lanes")
-    _register(_lower)
+def lower_config(config: dict | None = None) -> dict:
+    """``config`` (PassContext options) with :func:`EvenOddQMultiplyShift` added to
+    ``tir.add_lower_pass`` once, after the lower passes already there. ``config`` is not modified."""
+    from .._lower_pass import with_lower_pass
 
-
-def _uninstall():
-    _register(lambda op: op)  # unchanged: LowerIntrin goes on to TVM's generic rule
-
-
-_PATCH = Patch(_install, _uninstall)
-
-
-@contextlib.contextmanager
-def even_odd_q_multiply_shift():
-    """Enter to lower vectorised ``q_multiply_shift`` calls in even/odd int32 lanes (``vpmuldq``, no
-    int64 widening), with TVM's exact int64 result.
-
-    The rule applies to every ``llvm`` build while entered, and its result is exact on any CPU.
-    """
-    with _PATCH.entered():
-        yield
+    return with_lower_pass(config, LOWER_PHASE, PASS_NAME, EvenOddQMultiplyShift)
 
 
 def applies(target) -> bool:
