@@ -96,12 +96,15 @@ class GPU(Backend):
         return tgt
 
     def plan(self, request: BuildRequest) -> BuildPlan:
-        from . import narrow_int
+        from . import exact_float, narrow_int
         from .schedules import producers_inlined
 
         contexts = [producers_inlined()]  # pool / softmax kernels with stages fused in front (schedules.py)
         plan = BuildPlan(contexts=contexts, configure=narrow_int.lower_config)  # C promotes char * char to int
         if request.target.kind.name == "opencl":
+            # float arithmetic as TIR states it: exact constants, no contraction (exact_float.py)
+            plan.contexts.append(exact_float.fp_contract_off())
+            plan.configure = lambda config: exact_float.lower_config(narrow_int.lower_config(config))
             plan.finish = _runnable_opencl
         return plan
 
