@@ -48,7 +48,7 @@ def printed_exactly(value: float, dtype: str) -> bool:
     if not np.isfinite(value):
         return True
     cast = np.float32 if dtype == "float32" else np.float64
-    return cast(float(f"{value:.6e}")) == cast(value)
+    return bool(cast(float(f"{value:.6e}")) == cast(value))
 
 
 def _exact(imm):
