@@ -359,11 +359,16 @@ def main(argv=None):
     ap.add_argument("--peak", type=float, default=None, metavar="GMACS",
                     help="the instruction set's multiply-accumulate peak per core, GMAC/s "
                          "(benchmarks/lab/int8_peak.py): adds each engine's fraction of peak x threads")
+    ap.add_argument("--pipelines", default="stock,tvm-ext",
+                    help="the TVM pipelines built and timed, comma-separated: stock, tvm-ext or both (default)")
     ap.add_argument("--ort-times-of", default=None, help=argparse.SUPPRESS)  # the child of ort_node_times_in
     a = ap.parse_args(argv)
     if a.ort_times_of:
         print(json.dumps(ort_node_times(a.ort_times_of, a.threads)))
         return
+    pipes = [p.strip() for p in a.pipelines.split(",") if p.strip()]
+    if not pipes or set(pipes) - {"stock", "tvm-ext"}:
+        ap.error(f"--pipelines takes stock, tvm-ext or both, got {a.pipelines!r}")
     if a.table_from:
         from tvm_ext.tools import zoo
 
@@ -383,10 +388,11 @@ def main(argv=None):
     targets = {"stock": str(safe_target(a.target) if a.target else host_target()),
                "tvm-ext": str(build_target(a.target))}
     target = targets["tvm-ext"]
+    targets = {p: t for p, t in targets.items() if p in pipes}
     folder = tempfile.mkdtemp(prefix="tvm_ext_layers_")
     ctx = mp.get_context("spawn")
-    for p in ("stock", "tvm-ext"):
-        logger.info("building %s for %s", p, targets[p])
+    for p in pipes:
+        logger.info("building %s for %s into %s", p, targets[p], folder)
         proc = ctx.Process(target=_build, args=((path, p, targets[p], folder),))
         proc.start()
         proc.join()
@@ -395,10 +401,9 @@ def main(argv=None):
     import numpy as np
 
     stat = np.min if a.stat == "min" else None
-    rows = tvm_kernel_times(folder, ["stock", "tvm-ext"], a.repeat, stat)
-    end_to_end = tvm_end_to_end_times(folder, ["stock", "tvm-ext"], a.repeat, stat)
-
-    end_to_end_min = tvm_end_to_end_times(folder, ["stock", "tvm-ext"], a.repeat, np.min)
+    rows = tvm_kernel_times(folder, pipes, a.repeat, stat)
+    end_to_end = tvm_end_to_end_times(folder, pipes, a.repeat, stat)
+    end_to_end_min = tvm_end_to_end_times(folder, pipes, a.repeat, np.min)
     from tvm_ext.tools.bench import ort_peer
 
     peer = ort_peer(target, a.ort_isa)
