@@ -6,7 +6,8 @@
   ``tvm-ext tune --rpc`` measured on a board of the target's CPU (:mod:`tvm_ext.arm.tuning`).
 * configure: with ``kernels`` at a class with the ``smmla`` conv, TIR CSE off unless the user set it
   (the conv's epilogue, unrolled over its register tile, gives TIR CSE vector let variables whose
-  debug info LLVM 22 rejects: docs/tvm-bugs.md), so the build runs once.
+  debug info LLVM 22 rejects: docs/tvm-bugs.md), so the build runs once; and the tile's regrouping
+  read as shuffles of whole vectors (:mod:`tvm_ext.arm.tile_shuffle`), so that it stays in registers.
 * passes, instruments: none.
 """
 from __future__ import annotations
@@ -28,14 +29,14 @@ class AArch64(Backend):
         return llvm_arch(target) in ("aarch64", "arm64", "aarch64_be")
 
     def plan(self, request: BuildRequest) -> BuildPlan:
-        from . import int8_conv, requantize, tuning
+        from . import int8_conv, requantize, tile_shuffle, tuning
         from .int8_policy import policy
 
         plan = BuildPlan(contexts=[requantize.generic_q_multiply_shift()])
         if request.kernels:
             plan.contexts.insert(0, int8_conv.kernels(int8_graph=request.eight_bit))
             if policy(request.target).mmla_conv:
-                plan.configure = lambda config: {_DISABLE_TIR_CSE: True, **(config or {})}
+                plan.configure = lambda config: tile_shuffle.lower_config({_DISABLE_TIR_CSE: True, **(config or {})})
         if request.tuned:
             plan.add_records(tuning.apply(request.target))
         return plan
