@@ -7,6 +7,7 @@ Rewrites::
     # (typed n: c = n and no cast inside)
     # G(...) -> post -> M -> q, G a global pool, M unary data movement, q elementwise ending in 8 bits
     #   -> the group ends at q: f = fn(p: u8) {q(M(post(G(...))))}, its kernel writes 8 bits
+    # G(...) -> post -> M, post ending in 8 bits -> f = fn(p: u8) {M(post(G(...)))}: no movement-only kernel
 
 Walked by hand: the pool's input chain and its consumers have any length, one reader per link.
 
@@ -31,8 +32,8 @@ PASS_NAME = "FuseWideningIntoPool"
 _log = pass_logger(PASS_NAME)
 
 
-#: Unary data movement a global pool's group takes when an elementwise chain after it reaches an
-#: 8-bit point (a flatten between the pool and the quantize in front of a dense).
+#: Unary data movement a global pool's group takes up to an 8-bit tensor behind it (a flatten between
+#: the pool and the quantize in front of a dense, or a flatten of the pool's own 8-bit output).
 MOVEMENT = ("reshape", "squeeze", "expand_dims", "nn.batch_flatten", "layout_transform", "transpose")
 
 #: Pools whose output holds one value per channel (what a classifier flattens and quantizes).
@@ -48,9 +49,9 @@ def _is_global(pool) -> bool:
 
 def _post_chain(pool, users, body):
     """The end of ``pool``'s group: its last private elementwise/broadcast consumer (FuseOps' group
-    end); for a global pool whose group would end on a value wider than 8 bits, the last 8-bit
-    tensor of a chain of such consumers and unary data movement after it, if there is one (the
-    group's kernel then writes 8 bits, not the wide pooled values)."""
+    end); for a global pool, the last 8-bit tensor of a chain of such consumers and unary data
+    movement after it, if there is one (the group's kernel then writes 8 bits, not the wide pooled
+    values, and no kernel is left that only moves the pool's 8-bit output)."""
     end, group_end, moved = pool, pool, False
     while not end.same_as(body):
         us = users.get(end, ())
@@ -62,8 +63,7 @@ def _post_chain(pool, users, body):
         if any(not isinstance(a, relay.Constant) for a in user.args if not a.same_as(end)):
             break
         if call_pattern(user) > K_BROADCAST:
-            if not (_is_global(pool) and op_name(user) in MOVEMENT and len(user.args) == 1
-                    and (moved or group_end.checked_type.dtype not in NARROW)):
+            if not (_is_global(pool) and op_name(user) in MOVEMENT and len(user.args) == 1):
                 break
             moved = True
         end = user

@@ -185,24 +185,75 @@ def test_movement_without_8bit_tensor_behind_stays_outside():
     assert reshape.args[0].op.body.op.name == "nn.global_avg_pool2d"
 
 
-@pytest.mark.parametrize("case", ["windowed_pool", "8bit_already"])
-def test_group_end_not_moved(case):
-    """A windowed pool takes no movement; nor does a group that already ends on an 8-bit tensor (FuseOps'
-    end: the pool's own requantize), whatever 8-bit tensor follows the movement."""
+def test_windowed_pool_takes_no_movement():
+    """A windowed pool's group ends where FuseOps ends it, whatever 8-bit tensor follows the movement."""
     x = relay.var("x", shape=(1, 8, 5, 7), dtype="uint8")
-    if case == "windowed_pool":
-        pooled = relay.nn.avg_pool2d(_widen(x), (5, 7))
-        q = _quantize(relay.reshape(pooled, (1, 8)))
-    else:
-        pooled = _quantize(relay.nn.global_avg_pool2d(_widen(x)))
-        q = _quantize(relay.cast(relay.reshape(pooled, (1, 8)), "float32"))
+    q = _quantize(relay.reshape(relay.nn.avg_pool2d(_widen(x), (5, 7)), (1, 8)))
     after = FuseWideningIntoPool()(infer(_head(q)))
     chain = after["main"].body.args[0]
     while not isinstance(chain.op, relay.Function):
-        assert chain.op.name != "nn.global_avg_pool2d" and chain.op.name != "nn.avg_pool2d"
+        assert chain.op.name != "nn.avg_pool2d"
         chain = chain.args[0]
     names = [n.op.name for n in post_order(chain.op.body) if isinstance(n, relay.Call)]
-    assert "reshape" not in names and names[-1] == ("nn.avg_pool2d" if case == "windowed_pool" else "cast")
+    assert "reshape" not in names and names[-1] == "nn.avg_pool2d"
+
+
+# -- a global pool's group that ends on 8 bits takes the movement behind it ------------------------------
+def pooled8_before(move):
+    """u8 x -> widen -> global_avg_pool2d -> quantize to u8 -> move -> dense (a QDQ classifier's head
+    once its requantizes are integer: the flatten moves the pool's 8-bit output)
+
+    ::
+
+        stock: widen | pool .. quantize | move (a kernel that only moves) | dense
+    """
+    x = relay.var("x", shape=(1, 8, 5, 7), dtype="uint8")
+    return infer(_head(MOVES[move](_quantize(relay.nn.global_avg_pool2d(_widen(x))))))
+
+
+def pooled8_expected(move):
+    """The group runs from the pool's 8-bit input through the movement: no movement-only kernel."""
+    x = relay.var("x", shape=(1, 8, 5, 7), dtype="uint8")
+    p0 = relay.var("p0", shape=(1, 8, 5, 7), dtype="uint8")
+    body = MOVES[move](_quantize(relay.nn.global_avg_pool2d(_widen(p0))))
+    fn = relay.Function([p0], body).with_attr("Primitive", tvm.tir.IntImm("int32", 1))
+    return infer(_head(relay.Call(fn, [x])))
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_global_pool_8bit_group_takes_movement(move):
+    after = check(FuseWideningIntoPool(), pooled8_before(move), pooled8_expected(move))
+    assert_unchanged(FuseWideningIntoPool(), after)
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=x86-64-v3"])
+def test_global_pool_8bit_movement_kernels_and_outputs(target):
+    """The movement-only kernel goes (at x86 a launched one: layout_transform and flatten); same bytes
+    of uint8 or fewer; the outputs (int32) bit for bit against the build without the pass."""
+    mod = pooled8_before("batch_flatten")
+    fb = tvm_ext.build(mod, target=target)
+    fa = tvm_ext.build(mod, target=target, passes=[FuseWideningIntoPool()])
+    rb, ra = fb.kernel_report, fa.kernel_report
+    assert ra.num_kernels == 2 and rb.num_kernels == 4  # widen | pool | flatten | dense -> pool group | dense
+    assert ra.crossing.nbytes == {"uint8": 8} and ra.float_crossings() == []
+    x = np.random.default_rng(9).integers(0, 256, (1, 8, 5, 7)).astype("uint8")
+    out_b, _ = assert_same_outputs(fb, fa, {"x": x})
+    assert len(np.unique(out_b[0])) == 3
+
+
+def test_global_pool_8bit_group_ends_at_the_last_8bit_tensor():
+    """pool -> quantize -> reshape -> dequantize -> float dense: the group takes the reshape (8-bit) and
+    ends there; the dequantize behind it stays outside (it would make the group write float32)."""
+    x = relay.var("x", shape=(1, 8, 5, 7), dtype="uint8")
+    flat = relay.reshape(_quantize(relay.nn.global_avg_pool2d(_widen(x))), (1, 8))
+    mod = infer(relay.nn.dense(_widen(flat), relay.const(DENSE_W.astype("float32"))))
+    after = FuseWideningIntoPool()(mod)
+    dq = after["main"].body.args[0]
+    while not isinstance(dq.op, relay.Function):
+        assert dq.op.name not in ("reshape", "nn.global_avg_pool2d")
+        dq = dq.args[0]
+    assert dq.op.body.op.name == "reshape" and dq.checked_type.dtype == "uint8"
+    assert_unchanged(FuseWideningIntoPool(), after)
 
 
 # -- QNN ops not lowered yet (stage start): their scales must stay constants -------------------------------
