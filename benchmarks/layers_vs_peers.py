@@ -379,6 +379,11 @@ def main(argv=None):
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ["TVM_NUM_THREADS"] = str(a.threads)
+    from tvm_ext.tools.bench._measure import SPIN_COUNT
+
+    # TVM's workers spin between kernels as in tvm-ext bench: a worker that went to sleep between two
+    # kernels would add its wake-up to the next kernel's time
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", SPIN_COUNT)
     from tvm_ext.tools import zoo
     from tvm_ext.x86.isa import isa_class, host_features
     from tvm_ext.x86.target import build_target, host_target, safe_target
@@ -407,6 +412,9 @@ def main(argv=None):
     from tvm_ext.tools.bench import ort_peer
 
     peer = ort_peer(target, a.ort_isa)
+    import time
+
+    time.sleep(1.0)  # TVM's workers stop spinning (about 0.55 s at SPIN_COUNT) before the peers are timed
     logger.info("ONNX Runtime node timing (%s)", peer["note"])
     ort = ort_node_times_in(peer["package"], path, a.threads) if peer["package"] else ort_node_times(path, a.threads)
     shapes = _ort_conv_shapes(path)
@@ -426,7 +434,9 @@ def main(argv=None):
     isas = "; ".join(f"{p} `{t}` (ISA {isa_class(tvm.target.Target(t))})" for p, t in targets.items())
     stat_said = "medians" if a.stat == "median" else "fastest"
     print(f"model: {Path(path).name}; {isas}; "
-          f"ONNX Runtime runs {ort_isa}; {ov_said}; {a.threads} threads; {stat_said} of {a.repeat} rounds{peak}\n")
+          f"ONNX Runtime runs {ort_isa}; {ov_said}; {a.threads} threads "
+          f"(TVM_THREAD_POOL_SPIN_COUNT={os.environ['TVM_THREAD_POOL_SPIN_COUNT']}); "
+          f"{stat_said} of {a.repeat} rounds{peak}\n")
     peers = {"ORT": ort, **({"OpenVINO": ov_times} if ov_times else {})}
     print(table(rows, peers, shapes, a.peak, a.threads))
     if a.out:
