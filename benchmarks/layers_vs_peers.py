@@ -361,6 +361,9 @@ def main(argv=None):
                          "(benchmarks/lab/int8_peak.py): adds each engine's fraction of peak x threads")
     ap.add_argument("--pipelines", default="stock,tvm-ext",
                     help="the TVM pipelines built and timed, comma-separated: stock, tvm-ext or both (default)")
+    ap.add_argument("--build-dir", default=None,
+                    help="time the libraries an earlier run built there (its log names the folder) instead of "
+                         "building them again")
     ap.add_argument("--ort-times-of", default=None, help=argparse.SUPPRESS)  # the child of ort_node_times_in
     a = ap.parse_args(argv)
     if a.ort_times_of:
@@ -394,15 +397,18 @@ def main(argv=None):
                "tvm-ext": str(build_target(a.target))}
     target = targets["tvm-ext"]
     targets = {p: t for p, t in targets.items() if p in pipes}
-    folder = tempfile.mkdtemp(prefix="tvm_ext_layers_")
+    folder = a.build_dir or tempfile.mkdtemp(prefix="tvm_ext_layers_")
     ctx = mp.get_context("spawn")
-    for p in pipes:
+    for p in pipes if not a.build_dir else ():
         logger.info("building %s for %s into %s", p, targets[p], folder)
         proc = ctx.Process(target=_build, args=((path, p, targets[p], folder),))
         proc.start()
         proc.join()
         if proc.exitcode != 0:
             sys.exit(f"layers_vs_peers: the {p} build failed (exit code {proc.exitcode})")
+    missing = [p for p in pipes if not Path(f"{folder}/{p}.so").exists()]
+    if missing:
+        sys.exit(f"layers_vs_peers: no {', '.join(missing)} library in {folder}")
     import numpy as np
 
     stat = np.min if a.stat == "min" else None

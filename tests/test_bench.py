@@ -358,6 +358,20 @@ def test_layers_vs_peers_table_sums_layers_and_divides_by_peak():
     assert "| everything else (TVM) |  |  | 0.00 | 0.50 |" in out
 
 
+def test_layers_vs_peers_rejects_an_unknown_pipeline(capsys):
+    """``--pipelines`` names stock and/or tvm-ext; anything else stops before any build."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "layers_vs_peers", Path(__file__).parents[1] / "benchmarks/layers_vs_peers.py")
+    lvp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lvp)
+    with pytest.raises(SystemExit):
+        lvp.main(["--pipelines", "tvm-ext,onnxruntime"])
+    assert "--pipelines takes stock, tvm-ext or both" in capsys.readouterr().err
+
+
 # --- OpenVINO columns, the exact reference, timing between engines (no builds, no timing) ---------------
 def _results(openvino_isa=None):
     """A two-variant results dict as bench.run writes it: (b) timed in every engine, (a) with
