@@ -78,3 +78,25 @@ def test_the_aarch64_back_end_adds_it_with_the_smmla_conv(cpu, mattr, added):
     plan = AArch64().plan(BuildRequest(target=target, mod=None, kernels=True, eight_bit=True))
     passes = (plan.configure({}) or {}).get("tir.add_lower_pass", [])
     assert any(p[1].info.name == tile_shuffle.PASS_NAME for p in passes) is added
+
+
+def _gather_func(size: int):
+    """A local buffer of ``size`` int32 read at lanes 0, 1, 4, 5."""
+    a = tir.decl_buffer((size,), "int32", name="A")
+    b = tir.decl_buffer((4,), "int32", name="B")
+    tile = tir.decl_buffer((size,), "int32", name="tile", scope="local")
+    i = tir.Var("i", "int32")
+    ramp = tir.Ramp(0, 1, 4)
+    two = tir.Broadcast(tir.const(2, "int32"), 4)
+    index = tir.FloorDiv(ramp, two) * tir.Broadcast(4, 4) + tir.FloorMod(ramp, two)
+    body = tir.SeqStmt([tir.For(i, 0, size, tir.ForKind.SERIAL, tir.BufferStore(tile, tir.BufferLoad(a, [i]), [i])),
+                        tir.BufferStore(b, tir.BufferLoad(tile, [index]), [tir.Ramp(0, 1, 4)])])
+    body = tir.Allocate(tile.data, "int32", [size], tir.const(True), tir.DeclBuffer(tile, body))
+    return tir.PrimFunc([a, b], body, buffer_map={}).with_attr("global_symbol", "main")
+
+
+@pytest.mark.parametrize("size, rewritten", [(8, True), (6, False)])
+def test_only_whole_vectors_inside_the_buffer_are_read(size, rewritten):
+    func = _gather_func(size)
+    mod = tile_shuffle.LocalGatherAsShuffle()(tvm.IRModule({"main": func}))
+    assert (_shuffles(mod) == 1) is rewritten

@@ -70,6 +70,9 @@ def _as_shuffle(load):
     if idx is None or width < 2 or any(v < 0 for v in idx):
         return None
     pieces = sorted({v // width for v in idx})
+    size = constant_lanes(buf.shape[0], 1) if len(buf.shape) == 1 else None
+    if size is None or (pieces[-1] + 1) * width > size[0]:  # whole vectors inside the buffer only
+        return None
     if len(pieces) * width > 4 * lanes:  # a sparse gather: more data moved than the lanes it keeps
         return None
     vectors = [tir.BufferLoad(buf, [tir.Ramp(tir.const(p * width, "int32"), tir.const(1, "int32"), width)])
