@@ -65,6 +65,8 @@ def _as_shuffle(load):
     lanes = dtype.lanes
     if lanes <= 1 or len(load.indices) != 1 or buf.scope() != "local" or isinstance(load.indices[0], tir.Ramp):
         return None
+    if tvm.DataType(buf.dtype).lanes != 1 or tvm.DataType(load.indices[0].dtype).lanes != lanes:
+        return None
     idx = constant_lanes(load.indices[0], lanes)
     width = _VECTOR_BYTES * 8 // dtype.bits
     if idx is None or width < 2 or any(v < 0 for v in idx):
