@@ -98,10 +98,11 @@ def test_tvm_ext_build_requantizes_exactly_at_dotprod(cpu, case, arm_session, tm
     assert not d.any(), f"{np.count_nonzero(d)} of {d.size} outputs differ from exact: {counts}"
 
 
-#: Right shifts (``relay.fixed_point_multiply``'s negative shifts: ``sqdmulh`` + ``srshr``), none and left
-#: shifts (the rounded 64-bit product), and q31 multipliers at the edges: the smallest and largest,
-#: negative ones, and -2^31 (``sqdmulh`` saturates on -2^31 x -2^31). Left-shifted results beyond int32
-#: wrap, in TVM's generic rule as in exact arithmetic taken modulo 2^32.
+#: Right shifts (``relay.fixed_point_multiply``'s negative shifts: ``sqdmulh`` + ``srshr``), none
+#: (``sqrdmulh``, or the 64-bit product for m = -2^31) and left shifts (the rounded 64-bit product),
+#: and q31 multipliers at the edges: the smallest and largest, negative ones, and -2^31 (``sqdmulh``
+#: saturates on -2^31 x -2^31). Left-shifted results beyond int32 wrap, in TVM's generic rule as in
+#: exact arithmetic taken modulo 2^32.
 SHIFTS = [-1, -6, -17, -31, 0, 1, 2, 7, 30]
 MULTIPLIERS = [1 << 30, (1 << 31) - 1, 1, 1234567891, -987654321, -(1 << 31)]
 
@@ -134,6 +135,7 @@ def test_exact_q_multiply_shift_under_qemu(multiplier, arm_session, tmp_path):
     lib = tvm_ext.build(tvm.IRModule.from_expr(relay.Function([var], relay.Tuple(outs))), target=TARGETS["neoverse-n1"])
     asm = lib.get_lib().get_source("asm")
     assert "sqdmulh" in asm and "srshr" in asm, "the vectorised lowering was not taken"
+    assert ("sqrdmulh" in asm) == (multiplier != -(1 << 31)), "no shift: sqrdmulh unless m is -2^31"
     got = run_on_session(arm_session, lib, {"x": x}, tmp_path, f"fpm_{multiplier & 0xffffffff:x}")
     for shift, out in zip(SHIFTS, got):
         ref = _fixed_point_exact(x, multiplier, shift)

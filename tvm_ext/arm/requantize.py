@@ -14,6 +14,7 @@ constant ``s`` take ``sqdmulh`` (``floor(x * m / 2^31)``) and a rounding shift `
 shift or none rounds the 64-bit product, where TVM's rule multiplies the 65-bit ``x * 2^s``::
 
     # q_multiply_shift(x, m, 31, -s), 1 <= s <= 31  ->  srshr(sqdmulh(x, m), s)       (4k lanes)
+    # q_multiply_shift(x, m, 31, 0), m != -2^31     ->  sqrdmulh(x, m)                  (4k lanes, m constant)
     # q_multiply_shift(x, m, 31, s), 0 <= s <= 30   ->  (x * m + 2^(30 - s)) >> (31 - s)  (int64 product)
     # otherwise                                     ->  TVM's generic rule
 
@@ -69,13 +70,16 @@ def _quarter(e, start: int):
 
 def exact_q_multiply_shift(op):
     """Lower ``q_multiply_shift(x, m, 31, -s)`` on int32 vectors of 4k lanes with a constant right shift
-    ``s`` in 1..31 to ``srshr(sqdmulh(x, m), s)`` per 4 lanes (exact: module note); ``op`` unchanged
-    otherwise, so that TVM's generic rule lowers it."""
+    ``s`` in 1..31 to ``srshr(sqdmulh(x, m), s)`` per 4 lanes, with no shift and a constant ``m`` other
+    than -2^31 to ``sqrdmulh(x, m)``, with a left shift to the rounded 64-bit product (exact: module
+    note); ``op`` unchanged otherwise, so that TVM's generic rule lowers it."""
     x, m, q, s = op.args
     shift, dtype = _const(s), tvm.DataType(x.dtype)
     if (op.dtype != x.dtype or (dtype.type_code, dtype.bits) != (tvm.DataTypeCode.INT, 32) or _const(q) != 31
             or shift is None or not -31 <= shift <= 30):
         return op
+    if shift == 0 and _const(m) not in (None, -(1 << 31)) and dtype.lanes % _LANES == 0:
+        return _per_quarter(x, m, dtype.lanes, lambda xs, ms: _neon("sqrdmulh", xs, ms))
     if shift >= 0:  # left: round(x * m / 2^(31 - s)) from the 64-bit product (smull), no 65-bit x * 2^s
         wide = f"int64x{dtype.lanes}" if dtype.lanes > 1 else "int64"
         total = 31 - shift
@@ -86,15 +90,20 @@ def exact_q_multiply_shift(op):
     if dtype.lanes % _LANES:
         return op
     rounding = tvm.tir.Broadcast(tvm.tir.const(shift, "int32"), _LANES)  # srshl by -s: srshr #s
-    parts = []
-    for start in range(0, dtype.lanes, _LANES):
-        high = tvm.tir.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.sqdmulh", tvm.tir.const(2, "uint32"),
-                                             _quarter(x, start), _quarter(m, start))
-        parts.append(tvm.tir.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.srshl",
-                                                   tvm.tir.const(2, "uint32"), high, rounding))
+    return _per_quarter(x, m, dtype.lanes, lambda xs, ms: _neon("srshl", _neon("sqdmulh", xs, ms), rounding))
+
+
+def _neon(name: str, a, b):
+    """``llvm.aarch64.neon.<name>`` on two int32x4 operands."""
+    return tvm.tir.call_llvm_pure_intrin("int32x4", f"llvm.aarch64.neon.{name}", tvm.tir.const(2, "uint32"), a, b)
+
+
+def _per_quarter(x, m, lanes: int, quarter):
+    """``quarter(x[i:i+4], m[i:i+4])`` for each 4 lanes, joined into ``lanes`` lanes."""
+    parts = [quarter(_quarter(x, start), _quarter(m, start)) for start in range(0, lanes, _LANES)]
     if len(parts) == 1:
         return parts[0]
-    return tvm.tir.Shuffle(parts, [tvm.tir.const(i, "int32") for i in range(dtype.lanes)])
+    return tvm.tir.Shuffle(parts, [tvm.tir.const(i, "int32") for i in range(lanes)])
 
 
 def _install():
