@@ -2,7 +2,7 @@
 
 An int8 graph keeps some float arithmetic inside its kernels (the input's quantize, QLinearAdd and
 the QDQ add: ``round((a * s1 + b * s2) * (1 / s3))``), and rounding then moves a value next to a half
-to the neighbouring 8-bit level. Two things made TVM's OpenCL C differ from its LLVM code there:
+to the neighbouring 8-bit level. Two things make TVM's OpenCL C round otherwise than its LLVM code:
 
 * TVM's C-like printers write a float constant with 7 significant digits (``std::scientific``), which
   names another float32 than the constant for most scales. :func:`ExactFloatConstants` (a TIR pass)
@@ -27,7 +27,8 @@ import contextlib
 import struct
 import threading
 
-__all__ = ["ExactFloatConstants", "fp_contract_off", "lower_config", "PASS_NAME", "LOWER_PHASE", "PRAGMA"]
+__all__ = ["ExactFloatConstants", "fp_contract_off", "lower_config", "printed_exactly", "with_pragma",
+           "PASS_NAME", "LOWER_PHASE", "PRAGMA"]
 
 #: The pass's name in ``tir.add_lower_pass`` (one per PassContext).
 PASS_NAME = "tvm_ext.gpu.ExactFloatConstants"
