@@ -38,3 +38,14 @@ def test_table_splits_each_kernel_by_its_samples():
     # 2 layers of 64x64x9x56x56 MACs; 3 ms; dot 2 x 0.75 + 1 x 0.5 = 2.0 ms, rest 1.0 ms
     assert cells[1:] == ["2", "0.231", "3.000", "77", "77%", "2.000", "1.000"], row
     assert "other kernels: 0.500 ms" in out
+
+
+def test_table_adds_each_kernel_in_sequence_from_its_share_of_the_samples():
+    kp = _module()
+    conv = {"out": [1, 4, 56, 56, 16], "ins": [[1, 4, 58, 58, 16], [4, 4, 3, 3, 4, 16, 4]]}
+    rows = [dict(conv, name="fused_conv2d_a", ms=2.0), {"name": "fused_add", "ms": 0.5, "out": [1], "ins": []}]
+    # the conv holds 6 of the library's 8 samples: 3/4 of a 4 ms run
+    out = kp.table(rows, {"fused_conv2d_a": [5.0, 1.0], "fused_add": [0.0, 2.0]}, run_ms=4.0)
+    row = next(line for line in out.splitlines() if line.startswith("| (64, 3, 3, 56, 56)"))
+    assert row.rstrip(" |").endswith("3.000"), row
+    assert "other kernels: 0.500 ms (1.000 in sequence)" in out
