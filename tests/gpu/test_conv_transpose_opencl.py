@@ -14,7 +14,7 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.core import pipelines
-from tvm_ext.gpu import opencl
+from tvm_ext.gpu import exact_float, opencl
 from tvm_ext.passes import DequantizeInConvTranspose
 from _opencl_cases import device_or_skip, run_graph
 
@@ -83,6 +83,7 @@ def test_gpu_schedule_leaves_stock_transposed_convs_alone():
         return next(m.get_source() for m in opencl._walk(lib.lib) if m.type_key == "opencl")
 
     ours = tvm_ext.build(mod, target="opencl")
-    with tvm.transform.PassContext(opt_level=3):
+    # stock with the back end's float exactness (exact constants, the pragma), which every kernel gets
+    with exact_float.fp_contract_off(), tvm.transform.PassContext(opt_level=3, config=exact_float.lower_config()):
         stock = relay.build(mod, target=tvm.target.Target("opencl", host="llvm"))
     assert source(ours) == source(stock)

@@ -19,7 +19,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.gpu import opencl
+from tvm_ext.gpu import exact_float, opencl
 from _opencl_cases import device_or_skip, run_graph
 from tvm_ext.passes import (EpilogueBeforeChannelSlice, FuseWideningIntoPool, NarrowKernelBoundaries,
                             PadChannelsAtProducer)
@@ -104,7 +104,8 @@ def test_gpu_schedules_leave_stock_kernels_alone():
         return {name: [ln for ln in body.splitlines() if not declaration(ln)] for name, body in blocks}
 
     ours = tvm_ext.build(mod, target="opencl")
-    with tvm.transform.PassContext(opt_level=3):
+    # stock with the back end's float exactness (exact constants, the pragma), which every kernel gets
+    with exact_float.fp_contract_off(), tvm.transform.PassContext(opt_level=3, config=exact_float.lower_config()):
         stock = relay.build(mod, target=tvm.target.Target("opencl", host="llvm"))
     assert source(ours) == source(stock)
     assert (cuda.schedule_pool, cuda.schedule_adaptive_pool) == before
