@@ -1,4 +1,4 @@
-"""Exact float32 division by a scale inside ``round``, as a product in double, while tvm-ext builds.
+"""Exact float32 division by a scale inside ``round``, as a product in double: a study, not installed.
 
 Design note
 -----------
@@ -15,10 +15,11 @@ mc * 2^e`` (24-bit integers) is never one and lies at least ``2^-49`` away relat
 double product's relative error is under ``2^-52`` (no double overflow or underflow: ``|1 / c| <=
 2^149``), so both round to the same float32. A subnormal quotient can differ, but ``round`` makes it
 ``±0`` either way, with the sign of ``x / c``. ``c = ±0``, ``±inf``, NaN and ``x = ±0``, ``±inf``, NaN
-give what ``x / c`` gives (tests/x86/test_reciprocal.py checks them against numpy). Any other division
+give what ``x / c`` gives (tests/test_lab_reciprocal_division.py checks them against numpy). Any other division
 is left alone. :func:`lower_config` adds the pass to a build's PassContext at phase 3, after
-vectorisation. The x86 back end does not add it: the conversions cost more than ``vdivps`` in the
-int8 conv epilogues (llvm-mca at Cascade Lake, timed on Zen 5; docs/x86-kernels.md).
+vectorisation (``tvm_ext.build(..., config=lower_config())``). The x86 back end does not add it:
+the conversions cost more than ``vdivps`` in the int8 conv epilogues (llvm-mca at Cascade Lake,
+timed on Zen 5; docs/x86-kernels.md).
 """
 from __future__ import annotations
 
@@ -114,6 +115,6 @@ def RoundReciprocal():  # noqa: N802  (a TVM pass, named like TVM's)
 def lower_config(config: dict | None = None) -> dict:
     """``config`` (PassContext options) with :func:`RoundReciprocal` added to ``tir.add_lower_pass``
     once, after the lower passes already there. ``config`` is not modified."""
-    from .._lower_pass import with_lower_pass
+    from tvm_ext._lower_pass import with_lower_pass
 
     return with_lower_pass(config, LOWER_PHASE, PASS_NAME, RoundReciprocal)
