@@ -305,3 +305,15 @@ def test_campaign_says_where_its_builds_run(monkeypatch):
         assert kw["rpc"] == "127.0.0.1:9" and where == "on the TVM RPC server at 127.0.0.1:9"
     with runner.where_builds_run({}) as (kw, where):
         assert where == "on this host"
+
+
+def test_summary_counts_the_graphs_given_the_stock_check():
+    """The 'stock differs from exact' count is read against how many graphs had stock compared."""
+    summary = fuzz.Summary()
+    spec = fuzz.generate(1, seed=0, max_steps=2)[0]
+    results = [fuzz.GraphResult(stock_checked=True, stock_inexact=True), fuzz.GraphResult(stock_checked=True),
+               fuzz.GraphResult()]
+    for res in results:
+        summary.add(spec, res)
+    assert (summary.stock_checked, summary.stock_inexact) == (2, 1)
+    assert "arithmetic: 1 of the 2 given the build check" in summary.table()

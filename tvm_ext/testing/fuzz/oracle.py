@@ -115,7 +115,8 @@ class GraphResult:
     failures: list = field(default_factory=list)
     skips: list = field(default_factory=list)  # reasons
     seconds: float = 0.0
-    stock_inexact: bool = False  # stock relay.build at the target differs from exact integer arithmetic
+    stock_checked: bool = False  # stock relay.build at the target was compared with exact integer arithmetic
+    stock_inexact: bool = False  # ... and differs from it
 
 
 def check_graph(mod, *, variant: str = "static", numeric: bool = True, build_check: bool = True,
@@ -393,6 +394,7 @@ class _Oracle:
             self.fail("build", "build", "inexact", f"tvm_ext.build vs exact integer arithmetic (generic llvm): {why}")
         stock = self.build_and_run(self.masked, "relay.build fails")
         if stock is not None:
+            self.res.stock_checked = True
             self.res.stock_inexact = compare_outputs(exact, stock, float_graph=False) is not None
 
     def build_and_run(self, target, fails, here=False, one_rounding=False):
