@@ -175,8 +175,9 @@ def test_host_runnable_target_is_compared():
 def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
     seen = {}
 
-    def fake_run(n, seed, workers, out, max_steps, shrink_failures, kw, with_step=None):
-        seen.update(kw, with_step=with_step)
+    def fake_run(n, seed, workers, out, max_steps, shrink_failures, kw, with_step=None,
+                 graph_timeout=runner.GRAPH_TIMEOUT):
+        seen.update(kw, with_step=with_step, graph_timeout=graph_timeout)
         return fuzz.Summary(target=kw["target"])
 
     monkeypatch.setattr(runner, "run", fake_run)
@@ -186,7 +187,12 @@ def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
     assert fuzz.main(["-n", "1"]) == 0 and seen["target"] is None and seen["with_step"] is None
     assert "target: host CPU" in capsys.readouterr().out
     assert fuzz.main(["-n", "1", "--with-step", "sliced_conv"]) == 0 and seen["with_step"] == "sliced_conv"
+    assert seen["graph_timeout"] == runner.GRAPH_TIMEOUT
+    assert fuzz.main(["-n", "1", "--graph-timeout", "1800"]) == 0 and seen["graph_timeout"] == 1800
     capsys.readouterr()
+    with pytest.raises(SystemExit):
+        fuzz.main(["-n", "1", "--graph-timeout", "0"])
+    assert "--graph-timeout" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         fuzz.main(["-n", "1", "--with-step", "no_such_step"])
     assert "--with-step" in capsys.readouterr().err

@@ -347,9 +347,11 @@ def specs_with_step(n: int, seed: int, max_steps: int, kind: str) -> list:
 
 
 def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures", max_steps: int = 6,
-        shrink_failures: bool = True, kw=None, progress: bool = True, with_step: str | None = None) -> Summary:
+        shrink_failures: bool = True, kw=None, progress: bool = True, with_step: str | None = None,
+        graph_timeout: float = GRAPH_TIMEOUT) -> Summary:
     """Generate ``n`` graphs (only graphs with a step of kind ``with_step`` when given), check them in
-    child processes, shrink and write the failures.
+    child processes, shrink and write the failures. A graph that takes longer than ``graph_timeout``
+    seconds fails as a hang.
 
     ``kw`` goes to :func:`check_graph` (``target``: what every graph is compiled for; ``rpc``: the
     TVM RPC server that runs the builds for a target of another architecture, default the qemu-user
@@ -358,7 +360,7 @@ def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures"
     specs = specs_with_step(n, seed, max_steps, with_step) if with_step else generate(n, seed, max_steps)
     with where_builds_run(kw) as (kw, where):
         summary = Summary(target=str(kw.get("target") or ""), execution=where)
-        _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, t0)
+        _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, t0, graph_timeout)
     summary.seconds = time.time() - t0
     return summary
 
@@ -399,7 +401,7 @@ def where_builds_run(kw=None):
             yield kw, f"on the aarch64 TVM RPC server under qemu-user at {server.address} (tvm_ext.testing.aarch64)"
 
 
-def _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, t0):
+def _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, t0, timeout=GRAPH_TIMEOUT):
     """Check ``specs`` in workers, add them to ``summary``, shrink and write the failures."""
     done = [0]
     last = [0.0]
@@ -415,7 +417,7 @@ def _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, 
             sys.stderr.write(f"\rfuzz [{bar:<30}] {done[0]}/{len(specs)} {el:.0f}s eta {eta:.0f}s failures {nfail} ")
             sys.stderr.flush()
 
-    for _, spec, res in run_specs(specs, workers=workers, kw=kw, progress=tick):
+    for _, spec, res in run_specs(specs, workers=workers, kw=kw, progress=tick, timeout=timeout):
         summary.add(spec, res)
         for f in res.failures:
             logger.warning("graph failed: %s %s %s: %s", f.subject, f.stage, f.kind, f.message)
@@ -425,7 +427,7 @@ def _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, 
         small = spec
         if shrink_failures:
             def still(cand, sig=sig):
-                r = check_spec_isolated(cand, kw)
+                r = check_spec_isolated(cand, kw, timeout)
                 return any(f.signature() == sig for f in r.failures)
             small = shrink(spec, still)
         name = "_".join(x.replace("(", "_").replace(")", "").replace(".", "_") for x in sig) + f"_{n_sig}"
@@ -445,6 +447,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="fuzz-failures", help="folder for shrunk failing graphs")
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--graph-timeout", type=float, default=GRAPH_TIMEOUT, metavar="SECONDS",
+                    help=f"a graph that takes longer fails as a hang (default {GRAPH_TIMEOUT}; raise it under "
+                         "qemu or on a loaded host)")
     ap.add_argument("--with-step", default=None, choices=STEP_KINDS, metavar="KIND",
                     help="only graphs that have a step of this kind, e.g. sliced_conv (the first N of the seed's "
                          f"stream); kinds: {', '.join(STEP_KINDS)}")
@@ -468,6 +473,8 @@ def main(argv=None) -> int:
         why = None if foreign_arch(args.target) else compiled_only_reason(args.target)
         if why:
             sys.stderr.write(f"--target {args.target}: {why}\n")
+    if args.graph_timeout <= 0:
+        ap.error("--graph-timeout: must be a positive number of seconds")
     if args.rpc:
         try:
             parse_address(args.rpc)
@@ -477,6 +484,6 @@ def main(argv=None) -> int:
             ap.error("--rpc runs the builds for a --target of another architecture (e.g. aarch64)")
     kw = {"build_check": not args.no_build_check, "target": args.target, "rpc": args.rpc}
     summary = run(args.n, args.seed, args.workers, args.out, args.max_steps, not args.no_shrink, kw,
-                  with_step=args.with_step)
+                  with_step=args.with_step, graph_timeout=args.graph_timeout)
     print(summary.table())
     return 1 if summary.failures else 0
