@@ -1,10 +1,11 @@
 """Re-entrant, thread-safe replacement of TVM functions for the duration of a ``with`` block.
 
 :func:`tvm_ext.x86.int8_conv.kernels`, :func:`tvm_ext.x86.amx.tile_schedules`,
-:func:`tvm_ext.arm.int8_conv.kernels` and :func:`tvm_ext.arm.requantize.generic_q_multiply_shift`
-replace TVM functions while a build runs. TOPI has no per-thread state, so the replacement is process-wide:
-the outermost entry installs it, nested entries (a build inside a build, two threads building at
-once) share it, and the outermost exit restores TVM's functions.
+:func:`tvm_ext.arm.int8_conv.kernels`, :func:`tvm_ext.arm.requantize.generic_q_multiply_shift` and
+:func:`tvm_ext.gpu.exact_float.fp_contract_off` replace TVM functions while a build runs. TOPI has
+no per-thread state, so the replacement is process-wide: the outermost entry installs it, nested
+entries (a build inside a build, two threads building at once) share it, and the outermost exit
+restores TVM's functions.
 """
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import struct
-import threading
+
+from .._patch import Patch
 
 __all__ = ["ExactFloatConstants", "fp_contract_off", "lower_config", "printed_exactly", "with_pragma",
            "PASS_NAME", "LOWER_PHASE", "PRAGMA"]
@@ -99,9 +100,35 @@ def with_pragma(code: str) -> str:
     return code if code.startswith(PRAGMA) else f"{PRAGMA}\n{code}"
 
 
-_LOCK = threading.RLock()
-_DEPTH = [0]
+#: The callback registered before the outermost entry (None: none), restored on its exit.
 _SAVED: list = []
+
+
+def _install():
+    import tvm
+
+    previous = tvm.get_global_func(_POSTPROC, allow_missing=True)
+    _SAVED[:] = [previous]
+
+    def postproc(code, target=None):
+        if previous is not None:
+            code = previous(code, target)
+        return with_pragma(str(code))
+
+    tvm.register_func(_POSTPROC, postproc, override=True)
+
+
+def _uninstall():
+    import tvm
+
+    previous = _SAVED.pop()
+    if previous is None:
+        tvm._ffi.registry.remove_global_func(_POSTPROC)
+    else:
+        tvm.register_func(_POSTPROC, previous, override=True)
+
+
+_PATCH = Patch(_install, _uninstall)
 
 
 @contextlib.contextmanager
@@ -109,29 +136,6 @@ def fp_contract_off():
     """Enter to build OpenCL programs that start with :data:`PRAGMA`. TVM looks the post-processing
     callback up by name, so it is process-wide while entered: the outermost entry registers it (after
     any callback already registered, which it calls first), the outermost exit restores what was there.
-    Re-entrant and thread-safe."""
-    import tvm
-
-    with _LOCK:
-        if _DEPTH[0] == 0:
-            previous = tvm.get_global_func(_POSTPROC, allow_missing=True)
-            _SAVED[:] = [previous]
-
-            def postproc(code, target=None):
-                if previous is not None:
-                    code = previous(code, target)
-                return with_pragma(str(code))
-
-            tvm.register_func(_POSTPROC, postproc, override=True)
-        _DEPTH[0] += 1
-    try:
+    Re-entrant and thread-safe (:class:`tvm_ext._patch.Patch`)."""
+    with _PATCH.entered():
         yield
-    finally:
-        with _LOCK:
-            _DEPTH[0] -= 1
-            if _DEPTH[0] == 0:
-                previous = _SAVED.pop()
-                if previous is None:
-                    tvm._ffi.registry.remove_global_func(_POSTPROC)
-                else:
-                    tvm.register_func(_POSTPROC, previous, override=True)
