@@ -31,17 +31,31 @@ def _opencl_runtime():
     opencl.load_runtime()
 
 
-def _classifier_head(move, pool):
+def _classifier_head(move, pool, quantize_first=False):
     """u8 x -> widen -> pool -> move -> quantize to u8 -> dense (QLinearGlobalAveragePool, Flatten,
-    QuantizeLinear, QGemm as TVM lowers them)."""
+    QuantizeLinear, QGemm as TVM lowers them); ``quantize_first``: the quantize before the move (a QDQ
+    classifier's head once its requantizes are integer)."""
     x = relay.var("x", shape=(1, 16, 5, 7), dtype="uint8")
     wide = relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(21)), "float32"),
                           relay.const(0.125))
-    flat = MOVES[move](pool(wide))
-    q = relay.cast(relay.clip(relay.add(relay.round(relay.divide(flat, relay.const(0.25))), relay.const(74.0)),
-                              0.0, 255.0), "uint8")
+
+    def quantize(v):
+        return relay.cast(relay.clip(relay.add(relay.round(relay.divide(v, relay.const(0.25))), relay.const(74.0)),
+                                     0.0, 255.0), "uint8")
+
+    q = MOVES[move](quantize(pool(wide))) if quantize_first else quantize(MOVES[move](pool(wide)))
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.dense(q, relay.const(W), out_dtype="int32")))
-    return mod, {"x": np.random.default_rng(12).integers(0, 256, (1, 16, 5, 7)).astype("uint8")}
+    seed = 14 if quantize_first else 12
+    return mod, {"x": np.random.default_rng(seed).integers(0, 256, (1, 16, 5, 7)).astype("uint8")}
+
+
+def _assert_equals_llvm(mod, built, inputs):
+    """``built`` run on the OpenCL device equals a plain ``llvm`` build of ``mod`` (without the pass)."""
+    dev = device_or_skip()
+    ref = run_graph(tvm_ext.build(mod, target="llvm"), tvm.cpu(), inputs)
+    got = run_graph(built, dev, inputs)
+    assert len(np.unique(ref[0])) == 3
+    np.testing.assert_array_equal(got[0], ref[0])
 
 
 @pytest.mark.parametrize("move", sorted(MOVES))
@@ -52,11 +66,7 @@ def test_global_pool_group_with_movement_runs_at_opencl(move, pool):
     report = built.kernel_report
     assert report.num_kernels == 2  # the pool's group (widening, pool, movement, quantize) and the dense
     assert report.crossing.nbytes == {"uint8": 16} and report.float_crossings() == []
-    dev = device_or_skip()
-    ref = run_graph(tvm_ext.build(mod, target="llvm"), tvm.cpu(), inputs)
-    got = run_graph(built, dev, inputs)
-    assert len(np.unique(ref[0])) == 3
-    np.testing.assert_array_equal(got[0], ref[0])
+    _assert_equals_llvm(mod, built, inputs)
 
 
 @pytest.mark.slow
@@ -75,34 +85,16 @@ def test_ppocr_cls_qoperator_only_uint8_crosses_at_opencl():
     assert report.num_launched_kernels <= 95
 
 
-def _quantized_head(move):
-    """u8 x -> widen -> global pool -> quantize to u8 -> move -> dense (a QDQ classifier's head once
-    its requantizes are integer)."""
-    x = relay.var("x", shape=(1, 16, 5, 7), dtype="uint8")
-    wide = relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(21)), "float32"),
-                          relay.const(0.125))
-    q = relay.cast(relay.clip(relay.add(relay.round(relay.divide(relay.nn.global_avg_pool2d(wide),
-                                                                 relay.const(0.25))), relay.const(74.0)),
-                              0.0, 255.0), "uint8")
-    out = relay.nn.dense(MOVES[move](q), relay.const(W), out_dtype="int32")
-    mod = tvm.IRModule.from_expr(relay.Function([x], out))
-    return mod, {"x": np.random.default_rng(14).integers(0, 256, (1, 16, 5, 7)).astype("uint8")}
-
-
 @pytest.mark.parametrize("move", sorted(MOVES))
 def test_8bit_global_pool_group_with_movement_runs_at_opencl(move):
-    mod, inputs = _quantized_head(move)
+    mod, inputs = _classifier_head(move, relay.nn.global_avg_pool2d, quantize_first=True)
     stock = tvm_ext.build(mod, target="opencl").kernel_report
     built = tvm_ext.build(mod, target="opencl", passes=[FuseWideningIntoPool()])
     report = built.kernel_report
     assert not [k for k in report.kernels if k.func_name == "__nop"]
     assert report.num_kernels == 2 < stock.num_kernels  # the pool's group (through the movement), the dense
     assert report.crossing.nbytes == {"uint8": 16}
-    dev = device_or_skip()
-    ref = run_graph(tvm_ext.build(mod, target="llvm"), tvm.cpu(), inputs)
-    got = run_graph(built, dev, inputs)
-    assert len(np.unique(ref[0])) == 3
-    np.testing.assert_array_equal(got[0], ref[0])
+    _assert_equals_llvm(mod, built, inputs)
 
 
 @pytest.mark.slow
