@@ -14,6 +14,7 @@ from tvm_ext.x86 import pair_pack
 from tvm_ext.x86 import int8_policy
 from tvm_ext.x86.target import host_target
 from tvm_ext.tools.cli import main
+from _scripts import load_script
 
 # the module's bench run (minutes of builds) is made once, on one worker
 pytestmark = pytest.mark.xdist_group("bench")
@@ -293,17 +294,12 @@ def test_layers_vs_peers_finds_the_convolutions_of_a_qdq_model(tmp_path):
     """benchmarks/layers_vs_peers.py maps ONNX Runtime's conv nodes to geometries; in a QDQ model the
     weight is a DequantizeLinear of the int8 initializer, whose shape gives the geometry; a float
     conv's weight is the initializer itself."""
-    import importlib.util
-    from pathlib import Path
 
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
 
-    spec = importlib.util.spec_from_file_location(
-        "layers_vs_peers", Path(__file__).parents[1] / "benchmarks/layers_vs_peers.py")
-    lvo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lvo)
+    lvo = load_script("benchmarks/layers_vs_peers.py")
     rng = np.random.default_rng(0)
     init = [helper.make_tensor("w", TensorProto.INT8, [6, 3, 3, 3], rng.integers(-50, 50, 162).tolist()),
             helper.make_tensor("wf", TensorProto.FLOAT, [5, 6, 1, 1], rng.normal(size=30).tolist()),
@@ -335,13 +331,8 @@ def test_layers_vs_peers_finds_the_convolutions_of_a_qdq_model(tmp_path):
 def test_layers_vs_peers_table_sums_layers_and_divides_by_peak():
     """One row per geometry: its layers' times summed per engine, tvm-ext over each peer, and each
     engine's rate as a fraction of peak x threads; the totals row sums the rows."""
-    import importlib.util
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "layers_vs_peers", Path(__file__).parents[1] / "benchmarks/layers_vs_peers.py")
-    lvp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lvp)
+    lvp = load_script("benchmarks/layers_vs_peers.py")
     g = (64, 3, 3, 56, 56)
     macs = 64 * 64 * 9 * 56 * 56  # 0.1156 GMAC per layer
     shapes = {"a": (g, macs), "b": (g, macs)}
@@ -360,13 +351,8 @@ def test_layers_vs_peers_table_sums_layers_and_divides_by_peak():
 
 def test_layers_vs_peers_rejects_an_unknown_pipeline(capsys):
     """``--pipelines`` names stock and/or tvm-ext; anything else stops before any build."""
-    import importlib.util
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "layers_vs_peers", Path(__file__).parents[1] / "benchmarks/layers_vs_peers.py")
-    lvp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lvp)
+    lvp = load_script("benchmarks/layers_vs_peers.py")
     with pytest.raises(SystemExit):
         lvp.main(["--pipelines", "tvm-ext,onnxruntime"])
     assert "--pipelines takes stock, tvm-ext or both" in capsys.readouterr().err

@@ -1,5 +1,4 @@
 """benchmarks/pass_times.py: every pass of one tvm_ext.build timed (smoke run on a tiny model)."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,15 +8,13 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from _scripts import load_script
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks/pass_times.py"
 
 
 def _script_module():
-    spec = importlib.util.spec_from_file_location("pass_times", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/pass_times.py")
 
 
 @pytest.fixture(scope="module")

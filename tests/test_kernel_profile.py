@@ -1,17 +1,11 @@
 """benchmarks/lab/kernel_profile.py: which sampled instructions count as dot-product work, and how a
 kernel's time is split and summed per conv geometry (no perf run)."""
-import importlib.util
-from pathlib import Path
-
 import pytest
+from _scripts import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "kernel_profile", Path(__file__).parents[1] / "benchmarks/lab/kernel_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/lab/kernel_profile.py")
 
 
 @pytest.mark.parametrize("text,previous,dot", [

@@ -12,22 +12,11 @@ import pytest
 import tvm
 from tvm import relay, te, tir
 
-import importlib.util
-from pathlib import Path
-
 import tvm_ext
 from tvm_ext.x86.isa import runs_on_host
+from _scripts import load_script
 
-
-def _lab_module():
-    spec = importlib.util.spec_from_file_location(
-        "reciprocal_division", Path(__file__).parents[1] / "benchmarks/lab/reciprocal_division.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-reciprocal = _lab_module()
+reciprocal = load_script("benchmarks/lab/reciprocal_division.py")
 
 TARGETS = {"avx2": "llvm -mcpu=x86-64-v3", "znver5": "llvm -mcpu=znver5"}
 TINY = np.float32(2.0 ** -126)  # smallest normal float32
