@@ -74,6 +74,12 @@ class BuildPlan:
     configure: Callable = field(default=lambda config: config)
     finish: Callable = field(default=lambda factory: factory)
 
+    def add_configure(self, step: Callable) -> None:
+        """Apply ``step`` (``config -> config``, e.g. a TIR lowering pass added) after :attr:`configure`'s
+        steps so far."""
+        previous = self.configure
+        self.configure = lambda config: step(previous(config))
+
     def add_records(self, records) -> None:
         """Apply the tuned-records context ``records`` during the build (a context with ``hits``, the
         workloads it answered), and mark those kernels tuned in the kernel report."""

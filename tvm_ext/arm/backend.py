@@ -36,7 +36,8 @@ class AArch64(Backend):
         if request.kernels:
             plan.contexts.insert(0, int8_conv.kernels(int8_graph=request.eight_bit))
             if policy(request.target).mmla_conv:
-                plan.configure = lambda config: tile_shuffle.lower_config({_DISABLE_TIR_CSE: True, **(config or {})})
+                plan.configure = lambda config: {_DISABLE_TIR_CSE: True, **(config or {})}
+                plan.add_configure(tile_shuffle.lower_config)
         if request.tuned:
             plan.add_records(tuning.apply(request.target))
         return plan

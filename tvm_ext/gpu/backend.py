@@ -104,7 +104,7 @@ class GPU(Backend):
         if request.target.kind.name == "opencl":
             # float arithmetic as TIR states it: exact constants, no contraction (exact_float.py)
             plan.contexts.append(exact_float.fp_contract_off())
-            plan.configure = lambda config: exact_float.lower_config(narrow_int.lower_config(config))
+            plan.add_configure(exact_float.lower_config)
             plan.finish = _runnable_opencl
         return plan
 

@@ -20,15 +20,6 @@ __all__ = ["X86"]
 _ARCHS = ("x86_64", "x86-64", "amd64", "i386", "i486", "i586", "i686")
 
 
-def _chained(steps):
-    """``config -> config``: each of ``steps`` (``config -> config``) applied in turn."""
-    def configure(config):
-        for step in steps:
-            config = step(config)
-        return config
-    return configure
-
-
 class X86(Backend):
     """x86-64 CPUs, SSE to AVX-512 VNNI and AMX (:data:`tvm_ext.x86.isa.ISA_CLASSES`)."""
 
@@ -57,9 +48,8 @@ class X86(Backend):
             plan.passes["before_fuse"] = [pair_pack.PairPackInt8Convs()]
         plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
                          exact_record.recording()]
-        lower = []  # PassContext options: TIR lowering passes, in order
         if request.kernels and requantize.applies(tgt):
-            lower.append(requantize.lower_config)
+            plan.add_configure(requantize.lower_config)
         if request.tuned:
             plan.add_records(tuning.apply(tgt))
         plan.instruments = [exact_record.RecordWeights()]
@@ -68,9 +58,7 @@ class X86(Backend):
 
             amx_tiles.prepare_process()  # the result runs in this process too: ask Linux for the tile state now
             plan.contexts.append(amx_tiles.tile_schedules())
-            lower.append(amx_tiles.lower_config)
-        if lower:
-            plan.configure = _chained(lower)
+            plan.add_configure(amx_tiles.lower_config)
         return plan
 
     def isa_class(self, target) -> str:
