@@ -23,7 +23,8 @@ LAYERS = (
     ("tvm_ext.x86", "tvm_ext.arm", "tvm_ext.gpu"),
     ("tvm_ext.backend", "tvm_ext.backend", "tvm_ext._records"),
     ("tvm_ext.errors", "tvm_ext.ops", "tvm_ext._op_pattern", "tvm_ext._reject", "tvm_ext._attrs", "tvm_ext._compat",
-     "tvm_ext._atomic", "tvm_ext._files", "tvm_ext._patch", "tvm_ext._rules", "tvm_ext._lower_pass"),
+     "tvm_ext._atomic", "tvm_ext._files", "tvm_ext._patch", "tvm_ext._rules", "tvm_ext._lower_pass",
+     "tvm_ext._round_reciprocal"),
 )
 
 

@@ -1,4 +1,5 @@
-"""benchmarks/lab/reciprocal_division.py: ``round(x / c)`` as a product in double, bit for bit.
+"""tvm_ext._round_reciprocal: ``round(x / c)`` as a product in double, bit for bit (x86 here; aarch64
+under qemu in tests/arm/test_aarch64_round_reciprocal.py).
 
 The claim checked in numpy over many random float32 pairs (normal or overflowing quotients agree; a
 subnormal one can differ); ``round(x / c)`` built with the pass at x86-64-v3 and znver5, executed where
@@ -13,10 +14,8 @@ import tvm
 from tvm import relay, te, tir
 
 import tvm_ext
+from tvm_ext import _round_reciprocal as reciprocal
 from tvm_ext.x86.isa import runs_on_host
-from _scripts import load_script
-
-reciprocal = load_script("benchmarks/lab/reciprocal_division.py")
 
 TARGETS = {"avx2": "llvm -mcpu=x86-64-v3", "znver5": "llvm -mcpu=znver5"}
 TINY = np.float32(2.0 ** -126)  # smallest normal float32
