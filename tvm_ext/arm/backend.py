@@ -38,6 +38,10 @@ class AArch64(Backend):
             if policy(request.target).mmla_conv:
                 plan.configure = lambda config: {_DISABLE_TIR_CSE: True, **(config or {})}
                 plan.add_configure(tile_shuffle.lower_config)
+        if request.kernels and request.eight_bit:  # float products rounded before their sums
+            from .. import _no_contract
+
+            plan.add_configure(_no_contract.lower_config)
         if request.tuned:
             plan.add_records(tuning.apply(request.target))
         return plan

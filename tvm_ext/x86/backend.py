@@ -9,7 +9,8 @@
   (:mod:`tvm_ext.x86.tuning`), the exactness record, and with ``amx`` the AMX tile schedules;
 * instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`;
 * configure (TIR lowering passes of this build only): with ``kernels`` at AVX-512 requantization in
-  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``amx`` the ``ConfigureTiles`` pass.
+  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``kernels`` on 8-bit graphs, float
+  products fenced from FMA contraction (:mod:`tvm_ext._no_contract`); with ``amx`` ``ConfigureTiles``.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class X86(Backend):
         return tgt if tgt.host is not None else tvm.target.Target(tgt, host=tgt)
 
     def plan(self, request: BuildRequest) -> BuildPlan:
+        from .. import _no_contract
         from . import exact_record, int8_conv, pair_pack, requantize, tuning
 
         tgt, amx = request.target, bool(request.options.get("amx"))
@@ -50,6 +52,8 @@ class X86(Backend):
                          exact_record.recording()]
         if request.kernels and requantize.applies(tgt):
             plan.add_configure(requantize.lower_config)
+        if request.kernels and request.eight_bit:  # float products rounded before their sums
+            plan.add_configure(_no_contract.lower_config)
         if request.tuned:
             plan.add_records(tuning.apply(tgt))
         plan.instruments = [exact_record.RecordWeights()]
