@@ -8,6 +8,10 @@
   (the conv's epilogue, unrolled over its register tile, gives TIR CSE vector let variables whose
   debug info LLVM 22 rejects: docs/tvm-bugs.md), so the build runs once; and the tile's regrouping
   read as shuffles of whole vectors (:mod:`tvm_ext.arm.tile_shuffle`), so that it stays in registers.
+* configure, for 8-bit graphs with ``kernels``: float products fenced before their sums
+  (:mod:`tvm_ext._no_contract`), and ``round(x / c)`` by a scale parameter as a product with its
+  reciprocal in double (:mod:`tvm_ext._round_reciprocal`, exact): the residual adds' float epilogue
+  keeps no ``fdiv`` (docs/arm-kernels.md).
 * passes, instruments: none.
 """
 from __future__ import annotations
@@ -39,9 +43,10 @@ class AArch64(Backend):
                 plan.configure = lambda config: {_DISABLE_TIR_CSE: True, **(config or {})}
                 plan.add_configure(tile_shuffle.lower_config)
         if request.kernels and request.eight_bit:  # float products rounded before their sums
-            from .. import _no_contract
+            from .. import _no_contract, _round_reciprocal
 
             plan.add_configure(_no_contract.lower_config)
+            plan.add_configure(_round_reciprocal.lower_config)  # round(x / scale) without fdiv, exact
         if request.tuned:
             plan.add_records(tuning.apply(request.target))
         return plan
