@@ -9,6 +9,7 @@ docs/kernels-static.md).
     python benchmarks/kernel_mca.py --cpu znver5 --kernels   # ... and the per-kernel table
     python benchmarks/kernel_mca.py --model resnet50_int8_qdq [--small] --cpu neoverse-n1 --kernels
     python benchmarks/kernel_mca.py --cpus                   # the CPU models and their peaks
+    python benchmarks/kernel_mca.py --model resnet50_int8_qdq --cpu neoverse-v2 --disabled-pass tvm_ext.RoundReciprocal
     python benchmarks/kernel_mca.py --calibrate layers.json --cpu znver5 --peak-gmacs 545 --clock-ghz 4.35
 
 ``--model resnet50-convs`` (the default) builds each distinct conv of ResNet-50 after the stem alone
@@ -196,6 +197,19 @@ def calibrate(raw: dict, cpu: str, peak_gmacs: float, clock_ghz: float) -> str:
     return "\n".join(lines)
 
 
+def _analyze(mod, params, cpu: str, disabled: list):
+    """``mca.analyze``, with the passes named in ``disabled`` left out of the build (``disabled_pass``)."""
+    import tvm_ext
+    from tvm_ext.core import pipelines
+    from tvm_ext.tools import mca
+
+    if not disabled:
+        return mca.analyze(mod, params, cpu=cpu)
+    factory = tvm_ext.build(mod, target=mca.cpu_model(cpu).target, params=params, passes=pipelines.int8(),
+                            disabled_pass=disabled)
+    return mca.analyze_factory(factory, cpu)
+
+
 def main(argv=None):
     from tvm_ext.tools import mca
 
@@ -207,6 +221,9 @@ def main(argv=None):
     ap.add_argument("--kernels", action="store_true", help="also print the per-kernel table of each CPU model")
     ap.add_argument("--cpus", action="store_true", help="print the CPU models and their peaks, and stop")
     ap.add_argument("--json", default=None, help="write every analysis here as JSON")
+    ap.add_argument("--disabled-pass", action="append", default=[], metavar="NAME",
+                    help="build without this pass (repeatable; e.g. tvm_ext.RoundReciprocal, a TIR lowering pass "
+                         "of the aarch64 back end), to see what it changes")
     ap.add_argument("--calibrate", default=None, metavar="LAYERS_JSON",
                     help="a benchmarks/layers_vs_peers.py --out JSON of this host: print the static estimate per "
                          "conv next to the measured and OpenVINO times, and the end-to-end split (one --cpu)")
@@ -236,7 +253,7 @@ def main(argv=None):
         results = {}
         for c in cpus:
             t = time.perf_counter()
-            results[c] = mca.analyze_convs(c, shapes)
+            results[c] = {s: _analyze(mca.single_conv(s), None, c, a.disabled_pass) for s in shapes}
             logger.info("%s: %d convs in %.0f s", c, len(shapes), time.perf_counter() - t)
         print(f"ResNet-50's {len(shapes)} distinct convs after the stem, each built alone (uint8 x int8, bias, "
               "requantize to uint8), % of each CPU model's int8 dot-product peak (llvm-mca):\n")
@@ -258,7 +275,7 @@ def main(argv=None):
                    "a dot loop (MMAC) |", "|---|---|---|---|---|---|"]
         for c in cpus:
             t = time.perf_counter()
-            an = mca.analyze(m.mod, m.params, cpu=c)
+            an = _analyze(m.mod, m.params, c, a.disabled_pass)
             logger.info("%s: %d conv and dense kernels, whole model %s, in %.0f s", c, len(an.kernels),
                         _pct(an.share), time.perf_counter() - t)
             out[c] = an.to_dict()
