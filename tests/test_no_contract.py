@@ -167,8 +167,9 @@ def test_fenced_products_are_not_contracted(target, lanes):
     assert not FMA_RE.search(_built(_elementwise(lanes=lanes), target).get_source("asm"))
 
 
-def test_elementwise_result_rounds_twice():
-    f = _built(_elementwise())
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_elementwise_result_rounds_twice(lanes):
+    f = _built(_elementwise(lanes=lanes))
     if not runs_on_host("llvm -mcpu=x86-64-v3"):
         pytest.skip("host lacks AVX2/FMA")
     rng = np.random.default_rng(0)
@@ -176,6 +177,12 @@ def test_elementwise_result_rounds_twice():
     c = tvm.nd.empty((256,), "float32")
     f(tvm.nd.array(a), tvm.nd.array(b), c)
     np.testing.assert_array_equal(c.numpy(), a * np.float32(0.05) + b * np.float32(0.031))
+
+
+def test_loops_left_scalar_are_still_vectorized_by_llvm():
+    """A loop TVM did not vectorise gets the bound, which LLVM's vectoriser widens (the fence it would not)."""
+    asm = _built(_elementwise(lanes=1)).get_source("asm")
+    assert re.search(r"vmulps\s.*ymm", asm) and re.search(r"vminps\s.*ymm", asm) and not FMA_RE.search(asm)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])

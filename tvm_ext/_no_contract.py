@@ -6,17 +6,18 @@ TVM creates every ``llvm`` TargetMachine with ``AllowFPOpFusion = Fast``, so whe
 multiply-add (x86 with FMA, aarch64) LLVM contracts ``a * s + c`` into one ``vfmadd`` / ``fmla``: one
 rounding where the graph, numpy and a plain ``llvm`` build round the product, then the sum. In an
 integer graph's float requantize, ``q(dq(a) + dq(b))``, that moves outputs by a level.
-:func:`FenceProducts` wraps each float product that is an operand of a float add or subtract in
-``llvm.arithmetic.fence`` (no instruction; LLVM does not contract across it)::
+:func:`FenceProducts` guards each float product that is an operand of a float add or subtract::
 
-    # x * s + y -> fence(x * s) + y        (x * s - y, y - x * s, broadcast(x * s) + y alike)
-    # acc[i] = acc[i] + x * w              unchanged: an accumulation (conv, dense, pool sums)
+    # x * s + y -> fence(x * s) + y       vector stores: llvm.arithmetic.fence, no instruction
+    # x * s + y -> min(x * s, MAX) + y    scalar stores: one minps / fminnm (LLVM still vectorises them)
+    # acc[i] = acc[i] + x * w             unchanged: an accumulation (conv, dense, pool sums)
 
-Accumulations keep their fused multiply-adds (the summation order of a float conv is its schedule's);
-integer arithmetic is not touched. The intrinsic is called with one signature argument (its operand):
-with none, TVM finds no declaration and its vectoriser drops the operand (docs/numerics.md). The x86
-and aarch64 back ends add the pass to their build's PassContext (``tir.add_lower_pass``,
-:func:`lower_config`) for 8-bit graphs built with their kernels; other builds never see it.
+(``x * s - y``, ``y - x * s`` and ``broadcast(x * s) + y`` alike.) LLVM's vectorisers do not widen the
+fence, so loops TVM left scalar get the bound, equal to the product unless it is +inf or NaN.
+Accumulations keep their fused multiply-adds; integer arithmetic is not touched. The fence takes one
+signature argument, its operand (docs/numerics.md). The x86 and aarch64 back ends add the pass to
+their build's PassContext (``tir.add_lower_pass``, :func:`lower_config`) for 8-bit graphs built with
+their kernels; other builds never see it.
 """
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def _reads(e, buffer) -> bool:
 
 def FenceProducts():  # noqa: N802  (a TVM pass, named like TVM's)
     """A ``tir.PrimFunc`` pass: every float product that a float add or subtract reads is wrapped in
-    ``llvm.arithmetic.fence``, except the product an accumulation (``acc[i] = acc[i] + x * w``) adds.
-    Idempotent; a function without such products is returned unchanged."""
+    ``llvm.arithmetic.fence`` (in vector stores) or bounded by the type's largest value (in scalar
+    stores), except the product an accumulation (``acc[i] = acc[i] + x * w``) adds. Idempotent; a
+    function without such products is returned unchanged."""
     import tvm
     from tvm import tir
 
@@ -65,12 +67,19 @@ def FenceProducts():  # noqa: N802  (a TVM pass, named like TVM's)
     def fence(e):
         return tir.call_llvm_pure_intrin(e.dtype, fence_id, tir.const(1, "uint32"), e)
 
+    def bound(e):  # min(x * s, MAX): minps / fminnm, which LLVM's loop and SLP vectorisers widen
+        lanes = tvm.DataType(e.dtype).lanes
+        top = tir.max_value(str(e.dtype).split("x")[0])
+        return tir.Min(e, top if lanes == 1 else tir.Broadcast(top, lanes))
+
     def rewrite_value(value, buffer):
+        guard = fence if tvm.DataType(value.dtype).lanes > 1 else bound
+
         def visit(node):
             if not _is_float(node.dtype):
                 return None
-            a = None if _reads(node.b, buffer) else _fenced(node.a, fence)
-            b = None if _reads(node.a, buffer) else _fenced(node.b, fence)
+            a = None if _reads(node.b, buffer) else _fenced(node.a, guard)
+            b = None if _reads(node.a, buffer) else _fenced(node.b, guard)
             if a is None and b is None:
                 return None
             return type(node)(node.a if a is None else a, node.b if b is None else b)
