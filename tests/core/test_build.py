@@ -7,7 +7,7 @@ import tvm
 from tvm import relay
 
 import tvm_ext
-from tvm_ext.x86 import isa
+from tvm_ext.x86 import exact_record, isa
 from tvm_ext.core import pipelines
 from tvm_ext.core.build import PassFailed, prefix_pass_names
 from tvm_ext.core.report import KernelReport
@@ -289,20 +289,49 @@ def test_no_passes_equals_relay_build_on_full_size_resnet50s(name, target):
     _assert_no_passes_is_relay_build(m, target, lambda seed: zoo.sample_input(m, seed=seed))
 
 
+# TARGET is the host with VNNI masked (host_target), so its int8 dot product is vpmaddubsw, which
+# saturates where a uint8 x int8 weight pair's sum leaves int16. There tvm_ext.build takes the exact
+# form (PairPackInt8Convs: README, "With no passes"; docs/x86-kernels.md), so its outputs are not
+# relay.build's on full-range weights. What is relay.build's: the kernels, and the outputs once the
+# exact form is off (exact_record.saturating). The exact outputs are checked against relay.build's
+# kernels computing exactly (inside kernels(schedule=False), every workload takes the byte split).
+def _assert_relay_build_but_exact(mod, params, inputs):
+    stock = _stock(mod, params)
+    ext = tvm_ext.build(mod, TARGET, params)
+    with exact_record.saturating():
+        saturating = tvm_ext.build(mod, TARGET, params)
+    want = KernelReport.from_factory(stock)
+    for fac in (ext, saturating):
+        assert fac.kernel_report.num_kernels == want.num_kernels
+        assert [k.ops for k in fac.kernel_report.kernels] == [k.ops for k in want.kernels]
+        assert [k.name for k in fac.kernel_report.kernels] == [k.name for k in want.kernels]
+    stock_out, ext_out = run_module(stock, inputs), run_module(ext, inputs)
+    for a, b in zip(stock_out, run_module(saturating, inputs)):
+        np.testing.assert_array_equal(a, b)  # nothing else in the no-pass build differs from relay.build
+    for a, b in zip(run_module(_relay_build_at(mod, params, TARGET), inputs), ext_out):
+        np.testing.assert_array_equal(a, b)
+    return stock_out, ext_out
+
+
+def test_no_passes_at_a_saturating_target_is_relay_build_but_exact():
+    """Three QOperator convs with full-range weights at TARGET (VNNI masked): relay.build's kernels;
+    relay.build's outputs with the exact form off, the exact ones (which differ here) with it on."""
+    from tvm_ext.testing import qoperator_net
+
+    m = qoperator_net()
+    x = {m.input_name: 3 * np.random.default_rng(0).standard_normal(m.input_shape).astype("float32")}
+    stock_out, ext_out = _assert_relay_build_but_exact(m.mod, {}, x)
+    assert not np.array_equal(stock_out[0], ext_out[0]), "the data must reach pairs that saturate"
+
+
 @pytest.mark.slow
 def test_no_passes_equals_relay_build_full_resnet50_int8():
-    """Full-size int8 ResNet-50 (QOperator, from the zoo): same kernels, bit-identical outputs."""
+    """Full-size int8 ResNet-50 (QOperator, from the zoo) at TARGET: relay.build's kernels, and its
+    outputs bit for bit but where vpmaddubsw saturates (53 convs packed in pairs, the stem's first)."""
     from tvm_ext.tools import zoo
 
     m = zoo.load("resnet50_int8_qoperator")
-    stock = _stock(m.mod, m.params)
-    ext = tvm_ext.build(m.mod, TARGET, m.params)
-    assert ext.kernel_report.num_kernels == sum(
-        1 for n in json.loads(stock.get_graph_json())["nodes"] if n["op"] == "tvm_op")
-    assert [k.ops for k in ext.kernel_report.kernels] == [k.ops for k in KernelReport.from_factory(stock).kernels]
-    x = {m.input_name: zoo.sample_input(m, seed=3)}
-    for a, b in zip(run_module(stock, x), run_module(ext, x)):
-        np.testing.assert_array_equal(a, b)
+    _assert_relay_build_but_exact(m.mod, m.params, {m.input_name: zoo.sample_input(m, seed=3)})
 
 
 # -- QNN lookup ops: their legalization runs a nested VM build inside the prefix ------------------
