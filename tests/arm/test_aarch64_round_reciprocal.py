@@ -9,7 +9,8 @@ and random divisors); a requantized residual add over all 65,536 input pairs wit
 QDQ ResNet-50's first residual add and with power-of-two scales whose sums fall on ties, against numpy
 in TVM's float order and a plain ``llvm`` build; an int8 1x1 conv (64 -> 256 channels: the ``smmla``
 tile whose epilogue holds the add) with the residual add fused into it, against a plain ``llvm`` build.
-Each build is read for its ``fdiv`` (one scalar reciprocal per call; the vector ones without the pass).
+Each build is read for its ``fdiv`` (one scalar reciprocal per call; the vector ones without the pass, and
+in a build without passes, compile only).
 """
 import re
 
@@ -152,3 +153,13 @@ def test_conv_residual_add_under_qemu(cpu, arm_server, tmp_path):
     want = _plain_llvm(mod, inputs)
     assert 0 < np.count_nonzero(want) < want.size and len(np.unique(want)) > 50
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("cpu", list(TARGETS))
+def test_back_end_adds_it_to_8bit_builds_with_kernels_only(cpu):
+    """Compile only: ``pipelines.int8()`` builds lose the vector ``fdiv``; a build without passes
+    (``relay.build`` exactly) and one that disables the pass by name keep it."""
+    mod = _add(MODEL)
+    assert _fdiv(_build(mod, cpu)) == (0, 1)
+    assert _fdiv(_build(mod, cpu, with_pass=False))[0] > 0
+    assert _fdiv(tvm_ext.build(mod, TARGETS[cpu]))[0] > 0
