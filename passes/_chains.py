@@ -164,3 +164,15 @@ def takes_widening(reader) -> bool:
         return False
     pat = call_pattern(reader)
     return pat <= K_BROADCAST or pat == K_COMM_REDUCE or name in POOLS
+
+
+def postpones_join_fusions() -> bool:
+    """True when the current target (``tvm.target.Target.current()``, the build's) has
+    ``max_function_args`` (GPU targets: 128 at ``opencl``). There TVM's FuseOps postpones a fusion
+    into a join until it reaches the join, retries the postponed ones latest first and drops one
+    whose join already holds an anchor (``graph_partitioner.cc``, ``RunFuse``): a chain fuses into a
+    join holding an anchor only from the join's later argument."""
+    import tvm
+
+    tgt = tvm.target.Target.current(allow_none=True)
+    return tgt is not None and int(tgt.attrs.get("max_function_args", 0) or 0) > 0

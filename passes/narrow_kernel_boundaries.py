@@ -12,9 +12,8 @@ Rewrites::
     # chain: anchor -> ... -> n -> w1 -> layout_transform -> ... -> join (broadcast edge)
     #   n                                -> (as above)   only n upstream of every injective call
 
-    # at a target with max_function_args (GPU), both chains anchored: the join's later argument is cut;
-    # join(w(n), a) -> join(a, w(n))     w: widening chain of an 8-bit n, a: an anchor's chain,
-    #                                    join commutative (FuseOps there fuses w from the later side only)
+    # at a target with max_function_args (GPU), both chains anchored: the join's later argument is cut
+    #   (FuseOps there fuses a chain into a join holding an anchor from the later side only)
 
 Walked by hand: chains of any length back from a join, one reader per link, sources compared.
 
@@ -27,7 +26,7 @@ from tvm import relay
 from tvm_ext._op_pattern import K_BROADCAST, K_OUT_EWISE_FUSABLE, call_pattern
 from ._registry import register_pass
 
-from ._chains import walk_chain
+from ._chains import postpones_join_fusions, walk_chain
 from ._doc import factory_sections
 from ._util import describe, op_name, pass_logger, static_tensor_type, substitution_pass
 
@@ -58,36 +57,6 @@ def _broadcast_edge(arg, join) -> bool:
     if not (static_tensor_type(arg) and static_tensor_type(join)):
         return False
     return [int(d) for d in arg.checked_type.shape] != [int(d) for d in join.checked_type.shape]
-
-
-def _postpones_join_fusions() -> bool:
-    """True at a target with ``max_function_args`` (GPU targets): there TVM's FuseOps postpones a
-    fusion into a join until it reaches the join, retries the postponed ones latest first, and drops
-    one whose join already holds an anchor (``graph_partitioner.cc``, ``RunFuse``). A widening chain
-    fuses into the join only when it is the join's later argument: its fusion is retried before the
-    other argument's anchor arrives."""
-    import tvm
-
-    tgt = tvm.target.Target.current(allow_none=True)
-    return tgt is not None and int(tgt.attrs.get("max_function_args", 0) or 0) > 0
-
-
-#: joins whose arguments may swap (commutative, bit for bit: IEEE addition and multiplication too)
-_COMMUTATIVE = ("add", "multiply", "maximum", "minimum")
-
-
-def _later_widening(join, live, sides):
-    """``join`` with its arguments swapped when its earlier argument is a widening chain from an 8-bit
-    value (no anchor) and its later one an anchor's chain, else None: at a target that postpones join
-    fusions (:func:`_postpones_join_fusions`) the widening chain then fuses into the anchor's kernel."""
-    if op_name(join) not in _COMMUTATIVE or len(join.args) != 2 or len(live) != 2:
-        return None
-    (first, first_nar), (second, _) = sides
-    anchored = [isinstance(src, relay.Call) and call_pattern(src) == K_OUT_EWISE_FUSABLE for src in (first, second)]
-    if anchored != [False, True] or first_nar is None:
-        return None
-    a, b = join.args
-    return relay.Call(join.op, [b, a], join.attrs, join.type_args, join.span)
 
 
 def _collect(nodes, users, body) -> dict:
@@ -121,12 +90,6 @@ def _collect(nodes, users, body) -> dict:
                 subst[node] = _cut(node, dtype, kind)
             continue
         if len(anchored) < 2:
-            swapped = _later_widening(join, live, sides) if _postpones_join_fusions() else None
-            if swapped is not None:
-                _log.info("%s join: arguments swapped, so the widening chain from %s is the later one and fuses "
-                          "into the kernel of %s", name, describe(sides[0][1][0]), describe(sides[1][0]))
-                subst[join] = swapped
-                continue
             others = ", ".join(describe(src) for src, _ in sides)
             _log.debug("%s join: chains start at %s: at most one anchor fuses into it, the other "
                        "input is a kernel boundary already", name, others)
@@ -138,7 +101,7 @@ def _collect(nodes, users, body) -> dict:
                        describe(anchored[0][0]))
             continue
         # the later argument only, where FuseOps fuses a chain into a join that way only (above)
-        for src, nar in (anchored[-1:] if _postpones_join_fusions() else anchored):
+        for src, nar in (anchored[-1:] if postpones_join_fusions() else anchored):
             if nar is None:
                 _log.debug("%s join: chain from %s has no 8-bit point", name, describe(src))
                 continue
@@ -174,8 +137,7 @@ def NarrowKernelBoundaries():  # pylint: disable=invalid-name
     (cuts at INFO).
 
     At a target with ``max_function_args`` (GPU targets), TVM's FuseOps fuses a chain into a join that
-    already holds an anchor only from the join's later argument: there the later chain is cut, and
-    a commutative join whose earlier argument widens an 8-bit value and whose later one is an
-    anchor's chain gets its arguments swapped (exact).
+    already holds an anchor only from the join's later argument: there the later chain is cut
+    (``AnchoredArgumentFirst`` swaps a join whose other chain has no anchor).
     """
     return substitution_pass(PASS_NAME, _collect)

@@ -4,7 +4,8 @@ graphs: bit for bit).
 
 ``FuseWideningIntoPool`` puts a widening chain in front of a pool or softmax in one kernel; TVM's GPU
 schedules of those ops leave such a stage unscheduled, and the GPU back end's schedules inline it
-(:mod:`tvm_ext.gpu.schedules`). ``NarrowKernelBoundaries`` cuts the join's later argument there.
+(:mod:`tvm_ext.gpu.schedules`). ``NarrowKernelBoundaries`` cuts the join's later argument there, and
+``AnchoredArgumentFirst`` makes a widening chain the later argument.
 ``DequantizeInConvTranspose`` groups a dequantize with the transposed conv reading it, which the GPU
 back end's transposed-conv schedule inlines. ``PadChannelsAtProducer`` skips GPU targets (logged);
 ``EpilogueBeforeChannelSlice`` finds nothing to move (no channel slice at GPU targets) and builds.
@@ -21,8 +22,8 @@ from tvm import relay
 import tvm_ext
 from tvm_ext.gpu import exact_float, opencl
 from _opencl_cases import device_or_skip, run_graph
-from tvm_ext.passes import (EpilogueBeforeChannelSlice, FuseWideningIntoPool, NarrowKernelBoundaries,
-                            PadChannelsAtProducer)
+from tvm_ext.passes import (AnchoredArgumentFirst, EpilogueBeforeChannelSlice, FuseWideningIntoPool,
+                            NarrowKernelBoundaries, PadChannelsAtProducer)
 
 RNG = np.random.default_rng(7)
 
@@ -207,19 +208,19 @@ def _shortcut_join():
     return mod, {"x": RNG.integers(0, 256, (1, 8, 6, 6)).astype("uint8")}
 
 
-def test_narrow_kernel_boundaries_puts_the_widening_chain_last_at_opencl(caplog):
+def test_anchored_argument_first_puts_the_widening_chain_last_at_opencl(caplog):
     """Stock FuseOps at opencl leaves the earlier argument's widening chain as a kernel of its own;
     with the join's arguments swapped it fuses into conv2's kernel, and only uint8 crosses."""
     mod, inputs = _shortcut_join()
     stock = tvm_ext.build(mod, target="opencl").kernel_report
-    with caplog.at_level(logging.INFO, logger="tvm_ext.passes.NarrowKernelBoundaries"):
-        built = tvm_ext.build(mod, target="opencl", passes=[NarrowKernelBoundaries()])
+    with caplog.at_level(logging.INFO, logger="tvm_ext.passes.AnchoredArgumentFirst"):
+        built = tvm_ext.build(mod, target="opencl", passes=[NarrowKernelBoundaries(), AnchoredArgumentFirst()])
     assert "arguments swapped" in caplog.text
     report = built.kernel_report
     assert stock.num_launched_kernels == 3 and report.num_launched_kernels == 2
     assert set(report.crossing.nbytes) == {"uint8"}
     _check_against_llvm(mod, built, inputs)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="tvm_ext.passes.NarrowKernelBoundaries"):
-        tvm_ext.build(mod, target="llvm", passes=[NarrowKernelBoundaries()])
+    with caplog.at_level(logging.INFO, logger="tvm_ext.passes.AnchoredArgumentFirst"):
+        tvm_ext.build(mod, target="llvm", passes=[AnchoredArgumentFirst()])
     assert "arguments swapped" not in caplog.text  # CPU targets: FuseOps fuses either argument's chain

@@ -161,6 +161,17 @@ INT8 = (
              why="at ``before_fuse``, after AlterOpLayout: its ``tvm_ext.table_lookup`` op has no layout rule. "
                  "Before ``DequantizeInConvTranspose`` (last, below). No rule ties it to the passes before it: it "
                  "tabulates the chains as they leave them."),
+        Step("AnchoredArgumentFirst",
+             does="at a commutative join (a residual ``add``) whose later argument is a chain of no anchor and whose "
+                  "earlier one an anchor's chain, the arguments swap (exact), so the chain fuses into the anchor's "
+                  "kernel (a shortcut's widening: no int32 crosses). GPU targets only.",
+             why="after ``TabulateEightBit``, which turns a SiLU's two readers of a conv's output into one table "
+                 "lookup and so makes that conv's chain private (before it, the join has no anchor's chain), and "
+                 "after ``NarrowKernelBoundaries``, whose cuts make chains of no anchor at joins of two anchors. At "
+                 "``before_fuse``: the joins are the ones QNN lowering writes. GPU targets only: there FuseOps "
+                 "(``max_function_args``) fuses a chain into a join holding an anchor from its later argument only.",
+             after=("TabulateEightBit", "NarrowKernelBoundaries"),
+             families=("gpu",)),
         Step("DequantizeInConvTranspose",
              does="a transposed conv with stride = kernel (a DB head's upsampling) becomes one kernel from its "
                   "8-bit input to the 8-bit quantize after it, so no float32 crosses there (exact).",

@@ -224,6 +224,16 @@ class _Analysis:
                                                         f"{fg.max_function_args} arguments",
                        rule=f"{phase}: CountFusedArgs > CountArgsLimit_")
             return out
+        if d.code == "postponed_dropped":
+            held = self.group_anchor(dom)
+            out.update(kind="postponed_dropped",
+                       detail=f"FuseOps postponed fusing {what} into {self.describe(dom)} (the target's "
+                              f"max_function_args={fg.max_function_args}: the join's other input was not grouped yet) "
+                              f"and dropped it at the join, whose kernel already held "
+                              f"{held or 'an anchor'}: postponed fusions are retried latest first, and this one "
+                              "comes from the join's earlier argument",
+                       rule=f"{phase}: postponed fusion dropped (anchor_ref of the post-dominator's group)")
+            return out
         if d.code == "dom_tuple" and len(readers) > 1:
             blocker = self.max_edge(r, dom)
             out.update(kind="multiple_readers", blocker=self.describe(blocker),

@@ -309,13 +309,15 @@ class FusionGraph:
             return False
         return max((self._count_args(o) for o, _ in self.nodes[nid].outputs), default=0) > limit
 
-    def _run_postponed(self, nid: int):
+    def _run_postponed(self, nid: int, phase: int):
         """RunFuse's start of a node: the fusions postponed until ``nid`` was reached, latest first (TVM keeps
-        them in a ``std::unordered_multimap``, whose ``equal_range`` gives equal keys newest first)."""
+        them in a ``std::unordered_multimap``, whose ``equal_range`` gives equal keys newest first). One whose
+        post-dominator's group holds an anchor by then is dropped (logged as ``postponed_dropped``)."""
         for src in reversed(self.postponed.pop(nid, [])):
             if self._count_args(nid, False) <= self._args_limit(nid):
                 snode = self.dom[src].parent
                 if self.g_anchor[snode] is not None:
+                    self._log(src, phase, "postponed_dropped", dom=snode)
                     continue
                 self._commit(src, snode)
 
@@ -370,7 +372,7 @@ class FusionGraph:
         for nid in range(len(self.nodes)):
             self.postpone_node = None
             if nid in self.postponed:
-                self._run_postponed(nid)
+                self._run_postponed(nid, phase)
             dom = self.dom[nid]
             gpat = self.g_pattern[nid]
             if gpat == K_OPAQUE:

@@ -30,6 +30,7 @@ COLOURS = {
     "tuple": "#393b79",
     "max_depth": "#000000",
     "max_function_args": "#637939",
+    "postponed_dropped": "#8c6d31",
     "fusion_disabled": "#c49c94",
     "other": "#c7c7c7",
 }

@@ -151,6 +151,9 @@ REMEDIES = (
            and b.join.startswith("add") and any(o in _QUANT_OPS for o in b.producer_ops),
            "tvm-ext pass NarrowKernelBoundaries: at the residual join, the 8-bit value crosses instead",
            pass_name="NarrowKernelBoundaries"),
+    Remedy("AnchoredArgumentFirst", "pass", lambda b: b.kind == "postponed_dropped",
+           "tvm-ext pass AnchoredArgumentFirst: the join's arguments swap, so this chain is the later one and its "
+           "postponed fusion is retried before the anchor's", pass_name="AnchoredArgumentFirst"),
     Remedy("NonNegativeConvInputToUint8", "pass",
            lambda b: b.kind == "prologue_into_anchor" and "nn.pad" in b.producer_ops
            and any(o == "nn.pad" and "Legalize" in ps for o, ps in b.inserted_by)

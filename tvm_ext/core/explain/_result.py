@@ -32,6 +32,8 @@ REASONS = (
     ("tuple", "the value goes into a tuple; FuseOps fuses only injective producers into tuples (phase 2)"),
     ("max_depth", "relay.FuseOps.max_depth reached"),
     ("max_function_args", "the fused kernel would take more arguments than the target's max_function_args"),
+    ("postponed_dropped", "at a target with max_function_args, FuseOps postponed the fusion into a join and "
+                          "dropped it because the join's kernel took an anchor first (the join's earlier argument)"),
     ("fusion_disabled", "FuseOps ran at opt_level 0"),
     ("other", "not classified (see detail)"),
 )

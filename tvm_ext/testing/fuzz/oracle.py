@@ -41,6 +41,7 @@ def _make_passes():
 
     both = ("start", "before_fuse")
     return {
+        "AnchoredArgumentFirst": (lambda: P.AnchoredArgumentFirst(), ("before_fuse",)),  # GPU targets only
         "CombineParallelCast": (lambda: P.CombineParallelCast(), both),
         "CombineParallelOpBatch(nn.dense)": (lambda: P.CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 2), both),
         "CombineParallelOpBatch(add)": (lambda: P.CombineParallelOpBatch("add", "add", 2), both),
@@ -67,6 +68,7 @@ def _make_passes():
 
 #: Labels of the passes the oracle runs (registry names, with arguments where a pass needs them).
 PASSES = (
+    "AnchoredArgumentFirst",
     "CombineParallelCast",
     "CombineParallelOpBatch(nn.dense)",
     "CombineParallelOpBatch(add)",
