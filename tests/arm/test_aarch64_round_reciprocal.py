@@ -163,3 +163,19 @@ def test_back_end_adds_it_to_8bit_builds_with_kernels_only(cpu):
     assert _fdiv(_build(mod, cpu)) == (0, 1)
     assert _fdiv(_build(mod, cpu, with_pass=False))[0] > 0
     assert _fdiv(tvm_ext.build(mod, TARGETS[cpu]))[0] > 0
+
+
+@pytest.mark.parametrize("cpu", list(TARGETS))
+def test_plan_adds_it_for_8bit_graphs_with_kernels(cpu):
+    from tvm_ext.arm.backend import AArch64
+    from tvm_ext.backend import BuildRequest
+
+    target = tvm.target.Target(TARGETS[cpu])
+
+    def names(**kw):
+        config = AArch64().plan(BuildRequest(target=target, mod=None, **kw)).configure({})
+        return [p.info.name for _, p in config.get("tir.add_lower_pass", [])]
+
+    assert names(kernels=True, eight_bit=True).count(_round_reciprocal.PASS_NAME) == 1
+    assert _round_reciprocal.PASS_NAME not in names(kernels=False, eight_bit=True)  # passes=(): relay.build's code
+    assert _round_reciprocal.PASS_NAME not in names(kernels=True, eight_bit=False)
