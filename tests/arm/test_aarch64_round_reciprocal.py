@@ -40,7 +40,7 @@ def _one(v):
     return relay.const(np.array([v], np.float32))
 
 
-def _add(p: qa.AddScales, conv_scale=None):
+def _add(p: qa.AddScales):
     """``clip(round(((a - za)·sa + (b - zb)·sb) / sc) + zc)`` in float, as the QDQ ResNet-50's fused kernels
     hold it: ``sb`` and ``sc`` one-element tensors, which reach the kernel as parameters."""
     a = relay.var("a", shape=qa.SHAPE, dtype="uint8")
