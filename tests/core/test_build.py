@@ -150,6 +150,9 @@ def test_opt_level_and_disabled_pass(cnn):
     assert "negative" not in _kernel_ops(off2)
     low = tvm_ext.build(mod, TARGET, params, opt_level=1)
     assert "layout_transform" not in _kernel_ops(low), "AlterOpLayout is an opt_level 3 pass"
+    # None means none, as relay.build takes it
+    none = tvm_ext.build(mod, TARGET, params, passes=[ToyNegateLayoutTransform()], disabled_pass=None, instruments=None)
+    assert "negative" in _kernel_ops(none)
 
 
 def test_instruments_see_user_pass(cnn):

@@ -401,8 +401,8 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
 
     cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
     cfg = plan.configure({**cur_config, **(config or {})})
-    disabled = list(dict.fromkeys([*cur_disabled, *disabled_pass]))
-    instr = [*cur_instruments, *instruments]
+    disabled = list(dict.fromkeys([*cur_disabled, *(disabled_pass or ())]))
+    instr = [*cur_instruments, *(instruments or ())]
 
     mod = _bind_params(mod, params)
     prefix_names: list[str] = []
