@@ -164,9 +164,10 @@ def test_inline_function_copy_error_needs_an_inline_function():
     assert not is_inline_function_copy_error(tvm.TVMError("something else"), mod)
 
 
-def conv_times_int_scale(groups=4, qnn=False):
+def conv_times_int_scale(groups=4, qnn=False, per_channel=True):
     """x:uint8[1, 4, 3, 3] -> conv2d(W:int8, groups) -> int32 -> multiply by an int32 constant per channel
-    (the shape of fuzz seed 2783: TVM 0.19's FoldScaleAxis folds the scale into the int8 weight)."""
+    (the shape of fuzz seed 2783: TVM 0.19's FoldScaleAxis folds the scale into the int8 weight), or by
+    a scalar int32 constant (``per_channel=False``: BackwardFoldScaleAxis folds it the same way)."""
     rng = np.random.default_rng(0)
     x = relay.var("x", shape=(1, 4, 3, 3), dtype="uint8")
     w = relay.const(rng.integers(-100, 100, (4, 4 // groups, 3, 3)).astype("int8"))
@@ -177,13 +178,16 @@ def conv_times_int_scale(groups=4, qnn=False):
     else:
         y = relay.nn.conv2d(x, w, padding=[1, 1, 1, 1], groups=groups, channels=4, kernel_size=[3, 3],
                             out_dtype="int32")
-    scale = relay.const(np.array([50, 100, 3, 7], "int32").reshape(4, 1, 1))
+    scale = relay.const(np.array([50, 100, 3, 7], "int32").reshape(4, 1, 1) if per_channel else np.int32(3))
     return infer(relay.nn.bias_add(relay.multiply(y, scale), relay.const(np.arange(4).astype("int32"))))
 
 
-@pytest.mark.parametrize("qnn", [False, True])
-@pytest.mark.parametrize("at", ["start", "before_fuse"])
-def test_integer_scale_folded_into_int8_weight_is_built_without_fold_scale_axis(qnn, at, caplog):
+@pytest.mark.parametrize("qnn, at, groups, per_channel, target", [
+    (False, "start", 4, True, "llvm -mcpu=x86-64-v3"), (False, "before_fuse", 4, True, "llvm -mcpu=x86-64-v3"),
+    (True, "start", 4, True, "llvm -mcpu=x86-64-v3"), (True, "before_fuse", 4, True, "llvm -mcpu=x86-64-v3"),
+    (False, "before_fuse", 1, False, "llvm")])
+def test_integer_scale_folded_into_int8_weight_is_built_without_fold_scale_axis(qnn, at, groups, per_channel,
+                                                                                 target, caplog):
     """relay.build fails type checking inside its prefix (FoldScaleAxis writes multiply(int8 weight,
     int32 scale)); tvm_ext.build warns and builds it without FoldScaleAxis, equal to relay.build with
     FoldScaleAxis disabled (integer graph: bit for bit)."""
@@ -191,14 +195,13 @@ def test_integer_scale_folded_into_int8_weight_is_built_without_fold_scale_axis(
 
     from tvm_ext.testing import run_module
 
-    mod = conv_times_int_scale(qnn=qnn)
-    target = "llvm -mcpu=x86-64-v3"
+    mod = conv_times_int_scale(groups=groups, qnn=qnn, per_channel=per_channel)
     with pytest.raises(tvm.TVMError, match="DiagnosticError"):
         with tvm.transform.PassContext(opt_level=3):
             relay.build(mod, target=target)
     with caplog.at_level(logging.WARNING, logger="tvm_ext.core.build"):
         fac = tvm_ext.build(mod, target, at=at)
-    assert "FoldScaleAxis folded an int32 per-channel scale" in caplog.text
+    assert "FoldScaleAxis folded an int32 scale" in caplog.text
     with tvm.transform.PassContext(opt_level=3, disabled_pass=["FoldScaleAxis"]):
         ref = relay.build(mod, target=target)
     x = np.random.default_rng(1).integers(0, 256, (1, 4, 3, 3)).astype("uint8")

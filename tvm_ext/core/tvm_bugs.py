@@ -71,7 +71,7 @@ def _visit_functions(mod, visit) -> None:
             relay.analysis.post_order_visit(func, visit)
 
 
-#: relay.build prefix passes that fold an int32 per-channel scale into an 8-bit conv weight
+#: relay.build prefix passes that fold an int32 scale into an 8-bit conv weight
 #: (:func:`is_integer_scale_fold_error`); optimizations, safe to disable.
 FOLDS_INTEGER_SCALES = ("FoldScaleAxis",)
 _INTEGER = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
@@ -80,7 +80,7 @@ _INTEGER = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uin
 def is_integer_scale_fold_error(err, mod) -> bool:
     """True when ``err`` is a type-check failure (``DiagnosticError``) and ``mod`` holds what TVM 0.19's
     FoldScaleAxis folds into an ill-typed ``multiply(weight, scale)``: a conv2d (``nn`` or ``qnn``) with
-    an 8-bit weight and a ``multiply`` by an integer constant of rank >= 1 (docs/tvm-bugs.md)."""
+    an 8-bit weight and a ``multiply`` by an integer constant, per channel or scalar (docs/tvm-bugs.md)."""
     import tvm
     from tvm import relay
 
@@ -95,8 +95,7 @@ def is_integer_scale_fold_error(err, mod) -> bool:
             weight = getattr(node.args[1], "checked_type", None) if len(node.args) > 1 else None
             seen["conv"] |= str(getattr(weight, "dtype", "")) in ("int8", "uint8")
         elif node.op.name == "multiply":
-            seen["scale"] |= any(isinstance(a, relay.Constant) and a.data.dtype in _INTEGER and len(a.data.shape) >= 1
-                                 for a in node.args)
+            seen["scale"] |= any(isinstance(a, relay.Constant) and a.data.dtype in _INTEGER for a in node.args)
 
     _visit_functions(mod, visit)
     return seen["conv"] and seen["scale"]
@@ -116,7 +115,7 @@ class PrefixWorkaround:
 PREFIX_WORKAROUNDS = (
     PrefixWorkaround("SimplifyExpr copied an inline function of this module with its parameters (ill-formed IR)",
                      COPIES_INLINE_FUNCTIONS, is_inline_function_copy_error),
-    PrefixWorkaround("FoldScaleAxis folded an int32 per-channel scale into an 8-bit conv weight (ill-typed)",
+    PrefixWorkaround("FoldScaleAxis folded an int32 scale into an 8-bit conv weight (ill-typed)",
                      FOLDS_INTEGER_SCALES, is_integer_scale_fold_error),
 )
 
