@@ -6,7 +6,8 @@
   (:mod:`tvm_ext.x86.pair_pack`), so every int8 conv is exact;
 * contexts: the int8 kernel policy (:func:`tvm_ext.x86.int8_conv.kernels`; with ``kernels`` off only
   the VNNI intrinsic LLVM 22 accepts), the tuned records of the target's class
-  (:mod:`tvm_ext.x86.tuning`), the exactness record, and with ``amx`` the AMX tile schedules;
+  (:mod:`tvm_ext.x86.tuning`), the exactness record, with ``kernels`` on 8-bit graphs 8-bit denses padded
+  to 16 outputs (:mod:`tvm_ext.x86.dense_padding`), and with ``amx`` the AMX tile schedules;
 * instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`;
 * configure (TIR lowering passes of this build only): with ``kernels`` at AVX-512 requantization in
   even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``kernels`` on 8-bit graphs, float
@@ -42,7 +43,7 @@ class X86(Backend):
 
     def plan(self, request: BuildRequest) -> BuildPlan:
         from .. import _no_contract
-        from . import exact_record, int8_conv, pair_pack, requantize, tuning
+        from . import dense_padding, exact_record, int8_conv, pair_pack, requantize, tuning
 
         tgt, amx = request.target, bool(request.options.get("amx"))
         plan = BuildPlan()
@@ -50,6 +51,8 @@ class X86(Backend):
             plan.passes["before_fuse"] = [pair_pack.PairPackInt8Convs()]
         plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
                          exact_record.recording()]
+        if request.kernels and request.eight_bit:
+            plan.contexts.append(dense_padding.padded_int8_denses())
         if request.kernels and requantize.applies(tgt):
             plan.add_configure(requantize.lower_config)
         if request.kernels and request.eight_bit:  # float products rounded before their sums
