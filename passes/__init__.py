@@ -5,6 +5,7 @@ factory's name, so ``PassContext(disabled_pass=[...])``, instruments, the CLI an
 all key on it. Each pass lives in its own module with a mirrored test module.
 """
 from .add_as_onnxruntime import AddAsOnnxRuntime
+from .affine_eight_bit_join import AffineEightBitJoin
 from .anchored_argument_first import AnchoredArgumentFirst
 from .combine_parallel_cast import CombineParallelCast
 from .combine_parallel_op_batch import CombineParallelOpBatch
@@ -31,6 +32,7 @@ from .widen_in_each_reader import WidenInEachReader
 
 __all__ = [
     "AddAsOnnxRuntime",
+    "AffineEightBitJoin",
     "AnchoredArgumentFirst",
     "CombineParallelCast",
     "CombineParallelOpBatch",

@@ -12,12 +12,15 @@ import tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 
-from tvm_ext._op_pattern import K_BROADCAST, call_pattern
 from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
-from tvm_ext.ops import TABLE_LOOKUP, register_ops, table_lookup
+from tvm_ext.ops import register_ops, table_lookup
 from ._registry import register_pass
 
 from ._doc import factory_sections
+from ._eight_bit import TRAPPING as _TRAPPING
+from ._eight_bit import domain as _domain
+from ._eight_bit import elementwise as _elementwise
+from ._eight_bit import small_constant as _small_constant
 from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,
                     static_tensor_type, with_body)
 
@@ -31,37 +34,6 @@ TRANSCENDENTAL = frozenset({
     "sqrt", "rsqrt", "power", "sin", "cos", "tan", "sinh", "cosh", "asin", "acos", "atan", "asinh",
     "acosh", "atanh",
 })
-
-
-def _domain(node, ranges):
-    """``(dtype, lo, n, narrow)``: the values a source takes, in table order; None if not a source.
-
-    8-bit tensors: their whole dtype (256 values). Wider integers: ``[lo, lo + n)`` when the
-    interval analysis proves at most 256 values (e.g. a requantize's ``clip`` before TVM's
-    simplifier dropped its narrowing cast). When that interval lies inside an 8-bit dtype,
-    ``narrow`` names it and the domain is that dtype's whole range: the lookup reads the source
-    cast to 8 bits (see :func:`_lookup`), else ``narrow`` is None.
-    """
-    if not static_tensor_type(node):
-        return None
-    dtype = str(node.checked_type.dtype)
-    if dtype in _EIGHT_BIT:
-        return (dtype, -_EIGHT_BIT[dtype], 256, None)
-    if not dtype.startswith(("int", "uint")) or node not in ranges:
-        return None
-    lo, hi = (int(v) for v in ranges[node])
-    for narrow, base in _EIGHT_BIT.items():  # uint8 first
-        if -base <= lo and hi <= 255 - base:
-            return (dtype, -base, 256, narrow)
-    return (dtype, lo, hi - lo + 1, None) if hi - lo + 1 <= 256 else None
-
-
-def _small_constant(node) -> bool:
-    return isinstance(node, relay.Constant) and int(np.prod(node.data.shape)) == 1
-
-
-def _elementwise(node) -> bool:
-    return op_name(node) not in (None, TABLE_LOOKUP) and call_pattern(node) <= K_BROADCAST
 
 
 _CONST = "const"
@@ -95,11 +67,6 @@ def _sources(nodes):
         else:
             src[node] = node if _domain(node, ranges) is not None else None
     return src, ranges
-
-
-#: Integer ops that trap (SIGFPE) on a zero divisor: evaluating them on *every* value could crash
-#: the compiler on a value the model never sees.
-_TRAPPING = frozenset({"divide", "floor_divide", "trunc_divide", "mod", "floor_mod", "trunc_mod"})
 
 
 def _chain_ops(root, source, through=None):

@@ -14,8 +14,8 @@ INT8_ORDER = {
     "before_fuse": ["RemoveStopFusion", "NarrowBeforeMaxPool", "CombineParallelCast", "HoistUint8Shift",
                     "FoldPadIntoConv", "FoldZeroPointPadIntoConv", "EpilogueBeforeChannelSlice",
                     "FoldChannelRepadIntoConv", "NarrowKernelBoundaries", "WidenAfterMovement",
-                    "WidenInEachReader", "FuseWideningIntoPool", "TabulateEightBit", "AnchoredArgumentFirst",
-                    "DequantizeInConvTranspose"],
+                    "WidenInEachReader", "FuseWideningIntoPool", "TabulateEightBit", "AffineEightBitJoin",
+                    "AnchoredArgumentFirst", "DequantizeInConvTranspose"],
 }
 INT8_ORT_ORDER = {
     "start": ["UniformZeroPointsToScalar", "QDQToInteger", "AddAsOnnxRuntime", "QuantizeWeightsAsOnnxRuntime",
@@ -24,7 +24,7 @@ INT8_ORT_ORDER = {
                     "FoldPadIntoConv", "FoldZeroPointPadIntoConv", "EpilogueBeforeChannelSlice",
                     "FoldChannelRepadIntoConv", "NarrowKernelBoundaries", "WidenAfterMovement",
                     "WidenInEachReader", "FuseWideningIntoPool", "RoundHalfToEven", "TabulateEightBit",
-                    "AnchoredArgumentFirst", "DequantizeInConvTranspose"],
+                    "AffineEightBitJoin", "AnchoredArgumentFirst", "DequantizeInConvTranspose"],
 }
 VARIANTS = [("tvm", INT8_ORDER, "tvm_ext.int8", ()),
             ("onnxruntime", INT8_ORT_ORDER, "tvm_ext.int8_ort", pipelines.ORT_REQUANTIZE)]

@@ -161,6 +161,16 @@ INT8 = (
              why="at ``before_fuse``, after AlterOpLayout: its ``tvm_ext.table_lookup`` op has no layout rule. "
                  "Before ``DequantizeInConvTranspose`` (last, below). No rule ties it to the passes before it: it "
                  "tabulates the chains as they leave them."),
+        Step("AffineEightBitJoin",
+             does="an elementwise float function of two 8-bit values (a QDQ residual add's requantize) becomes "
+                  "int32 arithmetic, ``clip((a * Ma + b * Mb + C) >> n)``, found at compile time so that it equals "
+                  "the float chain, as TVM computes it, on every pair of values (exact): no float conversions, "
+                  "products or division in the kernel's epilogue.",
+             why="at ``before_fuse``: the chain is the one QNN lowering and the layout passes leave, with its "
+                 "constants' final shapes (a one-element parameter divides, a scalar multiplies by its "
+                 "reciprocal). After ``TabulateEightBit``, whose lookups it reads as 8-bit sources, and before "
+                 "``AnchoredArgumentFirst``, which then sees the integer join.",
+             after=("TabulateEightBit",)),
         Step("AnchoredArgumentFirst",
              does="at a commutative join (a residual ``add``) whose later argument is a chain of no anchor and whose "
                   "earlier one an anchor's chain, the arguments swap (exact), so the chain fuses into the anchor's "

@@ -1,0 +1,56 @@
+"""What the passes that evaluate a function on every 8-bit value share: an 8-bit domain, a small
+constant, an elementwise op, and the integer ops that must never be evaluated on every value.
+
+A leaf: ``TabulateEightBit`` (one 8-bit source, a table) and ``AffineEightBitJoin`` (two 8-bit
+sources, an integer affine form) both read a node's domain here.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tvm import relay
+
+from tvm_ext._op_pattern import K_BROADCAST, call_pattern
+from tvm_ext.ops import EIGHT_BIT_OFFSET
+from tvm_ext.ops import TABLE_LOOKUP
+
+from ._util import op_name, static_tensor_type
+
+__all__ = ["domain", "small_constant", "elementwise", "TRAPPING"]
+
+#: Integer ops that trap (SIGFPE) on a zero divisor: evaluating them on *every* value could crash
+#: the compiler on a value the model never sees.
+TRAPPING = frozenset({"divide", "floor_divide", "trunc_divide", "mod", "floor_mod", "trunc_mod"})
+
+
+def domain(node, ranges):
+    """``(dtype, lo, n, narrow)``: the values a source takes, in table order; None if not a source.
+
+    8-bit tensors: their whole dtype (256 values). Wider integers: ``[lo, lo + n)`` when the
+    interval analysis (``ranges``, :func:`passes._intervals.value_ranges`) proves at most 256 values
+    (e.g. a requantize's ``clip`` before TVM's simplifier dropped its narrowing cast). When that
+    interval lies inside an 8-bit dtype, ``narrow`` names it and the domain is that dtype's whole
+    range, else ``narrow`` is None.
+    """
+    if not static_tensor_type(node):
+        return None
+    dtype = str(node.checked_type.dtype)
+    if dtype in EIGHT_BIT_OFFSET:
+        return (dtype, -EIGHT_BIT_OFFSET[dtype], 256, None)
+    if not dtype.startswith(("int", "uint")) or node not in ranges:
+        return None
+    lo, hi = (int(v) for v in ranges[node])
+    for narrow, base in EIGHT_BIT_OFFSET.items():  # uint8 first
+        if -base <= lo and hi <= 255 - base:
+            return (dtype, -base, 256, narrow)
+    return (dtype, lo, hi - lo + 1, None) if hi - lo + 1 <= 256 else None
+
+
+def small_constant(node) -> bool:
+    """A constant of one element (a scalar or a broadcast one-element tensor)."""
+    return isinstance(node, relay.Constant) and int(np.prod(node.data.shape)) == 1
+
+
+def elementwise(node) -> bool:
+    """An elementwise or broadcast op call (not a table lookup)."""
+    return op_name(node) not in (None, TABLE_LOOKUP) and call_pattern(node) <= K_BROADCAST

@@ -1,0 +1,268 @@
+"""AffineEightBitJoin: an elementwise float function of two 8-bit tensors becomes integer arithmetic.
+
+Rewrites, when the two agree on every pair of input values (checked exhaustively at compile time)::
+
+    # f(a: 8-bit, b: 8-bit) -> clip((int32(a) * Ma + int32(b) * Mb + C) >> n, lo, hi)
+
+Walked by hand: a chain is what a dataflow analysis finds to depend on two 8-bit values.
+
+Why, how the integers are found, what it rejects and where it runs: docs/passes.md, section "Design
+notes", ``AffineEightBitJoin``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+
+from ._registry import register_pass
+
+from ._doc import factory_sections
+from ._eight_bit import TRAPPING, domain, elementwise, small_constant
+from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,
+                    static_tensor_type, with_body)
+
+PASS_NAME = "AffineEightBitJoin"
+RULE = "f(a: 8-bit, b: 8-bit) -> clip((a * Ma + b * Mb + C) >> n, lo, hi)"
+_log = pass_logger(PASS_NAME)
+
+_EIGHT_BIT = ("uint8", "int8")
+_INT32 = (-(2 ** 31), 2 ** 31 - 1)
+#: A margin the linear program's own tolerance could make (no int32 form resolves one this small).
+_NO_MARGIN = 1e-9
+
+
+def _is_float(node) -> bool:
+    return str(node.checked_type.dtype).startswith(("float", "bfloat"))
+
+
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
+def _cast_in_range(node, ranges) -> bool:
+    """A float -> integer cast whose operand provably fits the integer type (else its value is undefined)."""
+    from ._intervals import full_range
+
+    if op_name(node) != "cast" or not _is_float(node.args[0]):
+        return True
+    lo, hi = ranges.get(node.args[0], (-np.inf, np.inf))
+    tlo, thi = full_range(str(node.checked_type.dtype))
+    return tlo <= lo and hi <= thi
+
+
+def _pair_sources(nodes, ranges):
+    """``(sources, floats)``: node -> the set of at most two 8-bit sources it is an elementwise function
+    of (empty for a small constant, None for neither), and the nodes whose chain computes in float.
+
+    A node inherits its arguments' sources when it is elementwise, has their shape and computes no
+    trapping integer division or undefined cast; otherwise it is a source itself when it has an 8-bit
+    domain. An 8-bit node of two sources is a chain's end: its readers see it as a source.
+    """
+    src: dict = {}
+    seen_by_readers: dict = {}
+    floats = set()
+    for node in nodes:
+        if isinstance(node, relay.Constant):
+            src[node] = seen_by_readers[node] = frozenset() if small_constant(node) else None
+            continue
+        inherited = None
+        if elementwise(node) and static_tensor_type(node) and _cast_in_range(node, ranges) and not (
+                op_name(node) in TRAPPING and _is_int(str(node.checked_type.dtype))):
+            union, ok = set(), True
+            for arg in node.args:
+                s = seen_by_readers.get(arg)
+                if s is None or (s and static_shape(arg) != static_shape(node)):
+                    ok = False
+                    break
+                union |= s
+            if ok and 1 <= len(union) <= 2:
+                inherited = frozenset(union)
+        if inherited is not None:
+            src[node] = inherited
+            if _is_float(node) or any(a in floats for a in node.args):
+                floats.add(node)
+        else:
+            src[node] = frozenset({node}) if domain(node, ranges) is not None else None
+        ends_chain = src[node] is not None and len(src[node]) == 2 and str(node.checked_type.dtype) in _EIGHT_BIT
+        own = domain(node, ranges) is not None
+        seen_by_readers[node] = frozenset({node}) if ends_chain and own else src[node]
+    return src, floats
+
+
+def _roots(nodes, body, src, floats):
+    """``[(root, (a, b))]`` of every maximal two-source chain that computes in float and ends in an integer."""
+    users = consumers(nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    found = []
+    for node in nodes:
+        s = src.get(node)
+        if s is None or len(s) != 2 or node not in floats:
+            continue
+        dtype = str(node.checked_type.dtype)
+        maximal = (dtype in _EIGHT_BIT or node.same_as(body)
+                   or any(src.get(u) != s for u, _ in users.get(node, [])))
+        if not maximal:
+            continue
+        if not _is_int(dtype) or tvm.DataType(dtype).bits > 32:
+            _log.debug("%s: not rewritten (%s): %s", RULE, Reject(f"the chain ends in {dtype}, not an integer of "
+                                                                  "at most 32 bits"), op_name(node))
+            continue
+        a, b = sorted(s, key=position.get)
+        found.append((node, (a, b)))
+    return found
+
+
+def _values(source, ranges):
+    dtype, lo, n, _ = domain(source, ranges)
+    return np.arange(lo, lo + n).astype(dtype)
+
+
+def _tables(chains, ranges) -> list:
+    """Each chain's value on every pair of its sources' values: one ``relay.build`` for plain ``llvm``
+    with products rounded before their sums (no fused multiply-add), as the oracle computes."""
+    from tvm_ext import _no_contract
+
+    params, outs, feeds, unique, index = [], [], {}, {}, []
+    for root, (a, b) in chains:
+        va, vb = _values(a, ranges), _values(b, ranges)
+        xa = relay.var(f"a{len(outs)}", shape=(va.size * vb.size,), dtype=str(va.dtype))
+        xb = relay.var(f"b{len(outs)}", shape=(va.size * vb.size,), dtype=str(vb.dtype))
+        expr = relay.reshape(rebuild(root, {a: xa, b: xb}), (va.size * vb.size,))
+        key = (tvm.ir.structural_hash(expr), va.tobytes(), vb.tobytes())
+        if key not in unique:  # the same chain with the same constants: one evaluation
+            unique[key] = len(outs)
+            outs.append(expr)
+            params += [xa, xb]
+            feeds[xa.name_hint] = np.repeat(va, vb.size)
+            feeds[xb.name_hint] = np.tile(vb, va.size)
+        index.append(unique[key])
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(params, relay.Tuple(outs))))
+    target = tvm.target.Target("llvm")
+    with tvm.transform.PassContext(opt_level=3, config=_no_contract.lower_config()), target:
+        lib = relay.build(mod, target=target)
+    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    for name, values in feeds.items():
+        gm.set_input(name, values)
+    gm.run()
+    values = [gm.get_output(i).numpy().astype(np.int64) for i in range(len(outs))]
+    return [values[i] for i in index]
+
+
+def affine_form(va, vb, table):
+    """``(Ma, Mb, C, n, lo, hi)`` with ``clip((a * Ma + b * Mb + C) >> n, lo, hi) == table`` for every pair
+    ``(a, b)`` of ``va x vb`` (``table`` in that order, ``a`` major), every partial sum inside int32; or a
+    :class:`Reject` saying why there is none.
+
+    A linear program finds the real ``(ma, mb, c)`` with the widest margin ``d`` to the rounding
+    boundaries of one output level (``table + d <= a*ma + b*mb + c <= table + 1 - d``); ``n`` is the
+    largest shift for which the scaled form fits int32; the integers are the rounded solution or a
+    neighbour, with ``C`` taken from the exact interval that every pair allows. The result is checked
+    on every pair.
+    """
+    try:
+        from scipy.optimize import linprog
+    except ImportError:  # scipy comes with TVM's wheel
+        return Reject("scipy is not installed (it solves for the integer form)")
+    a = np.repeat(np.asarray(va, np.int64), len(vb))
+    b = np.tile(np.asarray(vb, np.int64), len(va))
+    f = np.asarray(table, np.int64).ravel()
+    lo, hi = int(f.min()), int(f.max())
+    if lo == hi:
+        return Reject(f"the chain is constant ({lo})")
+    above, below = f > lo, f < hi  # levels above the lowest bound the form from below, and vice versa
+    ones = np.ones(len(f))
+    rows = np.concatenate([np.stack([-a, -b, -ones, ones], 1)[above], np.stack([a, b, ones, ones], 1)[below]])
+    bounds = np.concatenate([-f[above], f[below] + 1]).astype(np.float64)
+    lp = linprog([0, 0, 0, -1], A_ub=rows, b_ub=bounds, bounds=[(None, None)] * 3 + [(-1, 0.5)], method="highs")
+    if lp.status != 0 or lp.x[3] <= _NO_MARGIN:
+        return Reject("no affine function of the two inputs rounds to the chain's value on every pair "
+                      f"(widest margin {lp.x[3] if lp.status == 0 else 'none'})")
+    ma, mb, c, margin = lp.x
+    corners = [(x, y) for x in (a.min(), a.max()) for y in (b.min(), b.max())]
+    largest = max(max(abs(ma * x), abs(mb * y), abs(ma * x + mb * y), abs(ma * x + mb * y + c)) for x, y in corners)
+    n = min(30, int(np.floor(np.log2(_INT32[1] / (largest * 1.001 + 1)))))
+    if n < 1:
+        return Reject(f"the form needs values beyond int32 (largest partial sum {largest:.3g} levels)")
+    scale = 1 << n
+    near = sorted(((i, j) for i in range(-2, 3) for j in range(-2, 3)), key=lambda p: abs(p[0]) + abs(p[1]))
+    for i, j in near:
+        m_a, m_b = int(round(ma * scale)) + i, int(round(mb * scale)) + j
+        t = a * m_a + b * m_b
+        c_lo = int((f[above] * scale - t[above]).max())
+        c_hi = int(((f[below] + 1) * scale - 1 - t[below]).min())
+        if c_lo > c_hi:
+            continue
+        c_int = (c_lo + c_hi) // 2
+        partial = np.concatenate([a * m_a, b * m_b, t, t + c_int])
+        if partial.min() < _INT32[0] or partial.max() > _INT32[1]:
+            continue
+        if np.array_equal(np.clip((t + c_int) >> n, lo, hi), f):
+            return (m_a, m_b, c_int, n, lo, hi)
+    return Reject(f"no integer form within int32 at shift {n} (margin {margin:.2g} of a level)")
+
+
+def _as_int32(x):
+    return x if str(x.checked_type.dtype) == "int32" else relay.cast(x, "int32")
+
+
+def _integer(root, a, b, form):
+    m_a, m_b, c, n, lo, hi = form
+    i32 = "int32"
+    terms = [relay.multiply(_as_int32(x), relay.const(m, i32)) for x, m in ((a, m_a), (b, m_b)) if m != 0]
+    t = terms[0] if len(terms) == 1 else relay.add(terms[0], terms[1])
+    t = relay.right_shift(relay.add(t, relay.const(c, i32)), relay.const(n, i32))
+    out = relay.clip(t, lo, hi)
+    dtype = str(root.checked_type.dtype)
+    return out if dtype == i32 else relay.cast(out, dtype)
+
+
+def _rewrite(func):
+    from ._intervals import value_ranges
+
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    ranges = value_ranges(nodes)
+    src, floats = _pair_sources(nodes, ranges)
+    chains = _roots(nodes, func.body, src, floats)
+    if not chains:
+        return func
+    subst = {}
+    for (root, (a, b)), table in zip(chains, _tables(chains, ranges)):
+        form = affine_form(_values(a, ranges), _values(b, ranges), table)
+        if isinstance(form, Reject):
+            _log.debug("%s: not rewritten (%s): %s", RULE, form, op_name(root))
+            continue
+        subst[root] = _integer(root, a, b, form)
+    if not subst:
+        return func
+    _log.info("%s: %d of %d two-input chain(s) rewritten in integers", RULE, len(subst), len(chains))
+    return with_body(func, rebuild(func.body, subst))
+
+
+@register_pass(PASS_NAME)
+@factory_sections(PASS_NAME)
+def AffineEightBitJoin():  # pylint: disable=invalid-name
+    """Replace every elementwise float function of two 8-bit tensors that equals an integer affine form
+    on all of their value pairs by that form: ``clip((a * Ma + b * Mb + C) >> n, lo, hi)`` in int32.
+
+    A QDQ residual add, ``quantize(dequantize(a) + dequantize(b))``, computes in float32 (two
+    products, a sum, a division by the output scale, a rounding, a clip); the integer form is four
+    multiply-adds and a shift per element, and it fuses into the producer's kernel where the float
+    chain was. The function is computed by TVM on every pair of input values at compile time, as a
+    plain ``llvm`` build computes it, and the integers are found so that the form equals it on every
+    pair (exact by exhaustion). Part of :func:`tvm_ext.core.pipelines.int8`; run at ``before_fuse``.
+
+    Notes
+    -----
+    Skipped (left unchanged, reason logged at DEBUG on ``tvm_ext.passes.AffineEightBitJoin``): functions
+    no affine form rounds to (for instance a sum of two equally scaled inputs divided by twice their
+    scale, whose exact halves round away from zero on both signs), forms that need more than int32,
+    chains with a per-channel (more than one element) constant, with an integer division, with a float
+    cast to an integer of values outside it, ending in float, dynamic shapes, functions with
+    ``If``/``Let``/``Match``/references/closures.
+    """
+    return function_pass(PASS_NAME, _rewrite)

@@ -1,0 +1,175 @@
+"""Tests of tvm_ext.passes.affine_eight_bit_join (a float function of two 8-bit tensors as int32 arithmetic)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_ext
+from tvm_ext.core import pipelines
+from tvm_ext.passes import AffineEightBitJoin
+from tvm_ext.passes.affine_eight_bit_join import affine_form
+from tvm_ext.testing import assert_unchanged, check, infer, run_module
+from tvm_ext.testing import quantized_add as qa
+
+from _helpers import assert_if_and_let_skipped, assert_untyped_module_raises
+
+LOGGER = "tvm_ext.passes.AffineEightBitJoin"
+RESIDUAL = qa.AddScales(0.02, 128, 0.03, 120, 0.05, 125)
+#: Scales as a calibrated model has them (float32 values of no simple ratio).
+CALIBRATED = [qa.AddScales(0.053623054, 210, 0.09529405, 242, 0.13522607, 63),
+              qa.AddScales(0.0076181157, 209, 0.076583743, 84, 0.14865239, 115),
+              qa.AddScales(0.045216013, 79, 0.083631746, 164, 0.18122068, 140)]
+#: Equal input scales, the output's twice theirs: ``(a + b) / 2`` has exact halves, and TVM's ``round``
+#: takes them away from zero on both signs, which no floor of an affine form does.
+HALVES = qa.AddScales(0.05, 128, 0.05, 128, 0.1, 128)
+
+
+def _const(v, shape, dtype="float32"):
+    return relay.const(np.full(shape, v, dtype))
+
+
+def _dequantize(x, scale, zp, shape):
+    return relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(zp)), "float32"),
+                          _const(scale, shape))
+
+
+def requantized_add(p: qa.AddScales, scale_shape=(), a=None, b=None, end="uint8"):
+    """``q(dq(a) + dq(b))`` as QNN lowering leaves it at ``before_fuse``. ``scale_shape=()``: scalar
+    constants (TIR multiplies by the reciprocal of the output scale); ``(1, 1, 1, 1)``: one-element
+    parameters (the kernel divides)."""
+    a = relay.var("a", shape=qa.SHAPE, dtype="uint8") if a is None else a
+    b = relay.var("b", shape=qa.SHAPE, dtype="uint8") if b is None else b
+    s = relay.add(_dequantize(a, p.sa, p.za, scale_shape), _dequantize(b, p.sb, p.zb, scale_shape))
+    y = relay.add(relay.round(relay.divide(s, _const(p.sc, scale_shape))), _const(p.zc, scale_shape))
+    if end == "float32":
+        return y
+    return relay.cast(relay.clip(y, 0, 255), end)
+
+
+def _integer(a, b, form, dtype="uint8"):
+    m_a, m_b, c, n, lo, hi = form
+    t = relay.add(relay.multiply(relay.cast(a, "int32"), relay.const(m_a)),
+                  relay.multiply(relay.cast(b, "int32"), relay.const(m_b)))
+    return relay.cast(relay.clip(relay.right_shift(relay.add(t, relay.const(c)), relay.const(n)), lo, hi), dtype)
+
+
+def _values():
+    return np.arange(256, dtype="uint8")
+
+
+def test_residual_add_becomes_the_integer_form_of_its_values():
+    expected_table = qa.reference(*qa.pairs(), RESIDUAL).reshape(256, 256)
+    form = affine_form(_values(), _values(), expected_table)
+    assert not isinstance(form, str) and len(form) == 6, form
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    check(AffineEightBitJoin(), requantized_add(RESIDUAL, a=a, b=b), _integer(a, b, form))
+
+
+@pytest.mark.parametrize("scale_shape,divide", [((), False), ((1, 1, 1, 1), True)], ids=["scalar", "parameter"])
+@pytest.mark.parametrize("p", [RESIDUAL, *CALIBRATED], ids=lambda p: f"sc{p.sc:.4g}")
+def test_differential_bit_exact_on_every_pair(p, scale_shape, divide):
+    """The rewritten add equals numpy's float32 arithmetic and a plain ``llvm`` build of the float chain
+    on all 65,536 input pairs, with the output scale multiplied (scalar) or divided (parameter)."""
+    before = infer(requantized_add(p, scale_shape))
+    with tvm.transform.PassContext(opt_level=3):
+        after = AffineEightBitJoin()(before)
+    assert not any(str(t).startswith("float") for t in _call_dtypes(after)), "float arithmetic left"
+    a, b = qa.pairs()
+    inputs = {"a": a, "b": b}
+    got = run_module(after, inputs)[0]
+    np.testing.assert_array_equal(got, qa.reference(a, b, p, divide=divide))
+    np.testing.assert_array_equal(got, run_module(before, inputs)[0])
+
+
+def _call_dtypes(mod):
+    found = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.checked_type, relay.TensorType):
+            found.append(node.checked_type.dtype)
+
+    relay.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def test_affine_form_matches_every_pair_and_fits_int32():
+    rng = np.random.default_rng(0)
+    a, b = qa.pairs()
+    for _ in range(8):
+        s1, s2 = (float(np.float32(v)) for v in rng.uniform(0.005, 0.1, 2))
+        s3 = float(np.float32(rng.uniform(max(s1, s2), 2.5 * (s1 + s2))))
+        p = qa.AddScales(s1, int(rng.integers(0, 256)), s2, int(rng.integers(0, 256)), s3, int(rng.integers(0, 256)))
+        table = qa.reference(a, b, p).astype(np.int64).reshape(256, 256)
+        m_a, m_b, c, n, lo, hi = affine_form(_values(), _values(), table)
+        x, y = np.meshgrid(np.arange(256, dtype=np.int64), np.arange(256, dtype=np.int64), indexing="ij")
+        t = x * m_a + y * m_b
+        for part in (x * m_a, y * m_b, t, t + c):
+            assert part.min() >= -2 ** 31 and part.max() < 2 ** 31
+        np.testing.assert_array_equal(np.clip((t + c) >> n, lo, hi), table)
+
+
+def test_affine_form_rejects_what_no_affine_form_rounds_to():
+    table = qa.reference(*qa.pairs(), HALVES).reshape(256, 256)
+    assert "no affine function" in str(affine_form(_values(), _values(), table))
+    assert "constant" in str(affine_form(_values(), _values(), np.full((256, 256), 7)))
+
+
+def test_idempotent():
+    once = AffineEightBitJoin()(infer(requantized_add(RESIDUAL)))
+    assert_unchanged(AffineEightBitJoin(), once)
+
+
+def test_unchanged_on_no_match(caplog):
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    cases = {
+        "ties no affine form rounds to": (requantized_add(HALVES), "no affine function"),
+        "chain ending in float": (requantized_add(RESIDUAL, end="float32"), "ends in float32"),
+    }
+    for name, (body, reason) in cases.items():
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger=LOGGER):
+            assert_unchanged(AffineEightBitJoin(), infer(body))
+        assert reason in caplog.text, name
+    per_channel = relay.cast(relay.clip(relay.multiply(relay.add(
+        relay.cast(a, "float32"), relay.cast(b, "float32")), _const(0.5, (1, 16, 1, 1))), 0, 255), "uint8")
+    one_source = requantized_add(RESIDUAL, a=a, b=a)
+    integer_only = relay.cast(relay.clip(relay.add(relay.cast(a, "int32"), relay.cast(b, "int32")), 0, 255), "uint8")
+    for body in (per_channel, one_source, integer_only):
+        assert_unchanged(AffineEightBitJoin(), infer(body))
+
+
+def test_untyped_module_raises():
+    assert_untyped_module_raises(AffineEightBitJoin(), tvm.IRModule.from_expr(requantized_add(RESIDUAL)),
+                                 "AffineEightBitJoin")
+
+
+def test_if_and_let_skipped(caplog):
+    assert_if_and_let_skipped(AffineEightBitJoin(), requantized_add(RESIDUAL), LOGGER, caplog)
+
+
+@tvm.instrument.pass_instrument
+class _BeforeFuse:
+    """The module FuseOps receives."""
+
+    def __init__(self):
+        self.mod = None
+
+    def run_before_pass(self, mod, info):
+        if info.name == "FuseOps" and self.mod is None:
+            self.mod = mod
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=x86-64-v3"])
+def test_int8_pipeline_conv_residual_add_in_integers_bit_exact(target):
+    """``pipelines.int8()`` on a QDQ conv with a residual add: no float arithmetic reaches FuseOps, and
+    the output equals numpy's float32 arithmetic on every pair (the scales are scalars: multiplied)."""
+    p = CALIBRATED[0]
+    seen = _BeforeFuse()
+    lib = tvm_ext.build(qa.conv_residual_add(p), target, passes=pipelines.int8(), instruments=[seen])
+    assert not any(str(t).startswith("float") for t in _call_dtypes(seen.mod))
+    a, b = qa.pairs()
+    np.testing.assert_array_equal(run_module(lib, {"a": a, "b": b})[0], qa.reference(a, b, p))
