@@ -1,12 +1,13 @@
-"""``tvm_ext.x86.dense_padding``: 8-bit denses padded to 16 outputs take TVM's VNNI dense.
+"""``tvm_ext.x86.dense_padding``: 8-bit denses padded to 16 outputs take TVM's int8 dense.
 
 ``uint8 x int8 -> int32`` denses with 1000, 10, 17 and 1001 outputs, full-range inputs, built by
-``tvm_ext.build`` with tvm-ext's kernels at the host's AVX-512 VNNI target and executed only where the
-host has it, against numpy's int64 arithmetic; with a float epilogue against a plain ``llvm`` build.
-The structure, compiled for AVX-512 VNNI CPUs of both vendors and read back: the padded dense is
-``dense_int8.x86`` (``vpdpbusd``, ``NC16n4c`` weights, 16 x ceil(N / 16) outputs) and the slice starts the
-next kernel; a multiple of 16, AVX2 code, a reduction 4 does not divide and a plain ``relay.build`` are
-unchanged.
+``tvm_ext.build`` with tvm-ext's kernels at the host's AVX-512 VNNI target and at AVX-512 without VNNI
+(``x86-64-v4``: the exact form, and ``vpmaddubsw`` where the weights allow it), executed only where the
+host has the instructions, against numpy's int64 arithmetic; with a float epilogue against a plain
+``llvm`` build. The structure, compiled for AVX-512 VNNI CPUs of both vendors and read back: the padded
+dense is ``dense_int8.x86`` (``vpdpbusd``, ``NC16n4c`` weights, 16 x ceil(N / 16) outputs) and the slice
+starts the next kernel; a multiple of 16, AVX2 code, a reduction 4 does not divide and a plain
+``relay.build`` are unchanged.
 """
 import json
 
@@ -17,19 +18,23 @@ from tvm import relay
 
 from tvm_ext.core.build import build
 from tvm_ext.x86 import dense_padding
+from tvm_ext.x86.isa import runs_on_host
 from tvm_ext.x86.target import host_target
 
 from ._int8_cases import HOST_VNNI, needs_vnni
 
 VNNI_CPUS = ("llvm -mcpu=cascadelake", "llvm -mcpu=znver4")
+AVX512 = "llvm -mcpu=x86-64-v4"
+needs_avx512 = pytest.mark.skipif(not runs_on_host(AVX512), reason=f"host lacks instructions of '{AVX512}'")
 
 
-def _dense(units, reduced=256, batch=1, seed=0, epilogue=False, weight_var=False):
-    """``dense(x: u8[batch, reduced], w: i8[units, reduced])`` with full-range weights, optionally
-    with a bias and a float scale after it."""
+def _dense(units, reduced=256, batch=1, seed=0, epilogue=False, weight_var=False, weight_max=128):
+    """``dense(x: u8[batch, reduced], w: i8[units, reduced])`` with weights in
+    ``[-weight_max, weight_max)`` (full range by default), optionally with a bias and a float scale
+    after it."""
     rng = np.random.default_rng(seed)
     x = relay.var("x", shape=(batch, reduced), dtype="uint8")
-    w_np = rng.integers(-128, 128, (units, reduced)).astype("int8")
+    w_np = rng.integers(-weight_max, weight_max, (units, reduced)).astype("int8")
     w = relay.var("w", shape=(units, reduced), dtype="int8") if weight_var else relay.const(w_np)
     y = relay.nn.dense(x, w, units=units, out_dtype="int32")
     if epilogue:
@@ -82,7 +87,8 @@ def test_padded_outputs():
 @pytest.mark.parametrize("target, applies", [
     ("llvm -mcpu=cascadelake", True),
     ("llvm -mcpu=znver4", True),
-    ("llvm -mcpu=x86-64-v4", False),   # AVX-512 without VNNI: not measured
+    ("llvm -mcpu=x86-64-v4", True),    # AVX-512 without VNNI: the exact form
+    ("llvm -mcpu=sapphirerapids", False),  # AMX kept: TVM's AMX dense
     ("llvm -mcpu=x86-64-v3", False),   # AVX2: TVM's dense never takes dense_int8.x86
 ])
 def test_applies_per_class(target, applies):
@@ -100,6 +106,18 @@ def test_exact_against_numpy(units, batch, reduced):
     assert any("strided_slice" in name for name, _ in _kernels(factory)), "the dense was not padded"
     expected = x.astype(np.int64) @ w.astype(np.int64).T
     np.testing.assert_array_equal(_run(factory, x=x), expected)
+
+
+@needs_avx512
+@pytest.mark.parametrize("units", [1000, 10, 17, 1001])
+@pytest.mark.parametrize("weight_max", [128, 64])  # 64: every weight pair fits vpmaddubsw's int16 sums
+def test_avx512_without_vnni_exact_against_numpy(units, weight_max):
+    mod, w = _dense(units, 512, 2, weight_max=weight_max)
+    x = _inputs(2, 512)
+    factory = build(mod, target=AVX512, kernels=True)
+    assert any("strided_slice" in name for name, _ in _kernels(factory)), "the dense was not padded"
+    assert "vpmaddubsw" in factory.get_lib().get_source("asm")
+    np.testing.assert_array_equal(_run(factory, x=x), x.astype(np.int64) @ w.astype(np.int64).T)
 
 
 @needs_vnni

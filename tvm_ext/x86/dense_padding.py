@@ -1,10 +1,11 @@
-"""8-bit denses whose output count 16 does not divide, on TVM's VNNI dense (``int8_dense_padding``).
+"""8-bit denses whose output count 16 does not divide, on TVM's int8 dense (``int8_dense_padding``).
 
 Design note
 -----------
-TVM 0.19's x86 dense takes the VNNI kernel (``dense_int8.x86``, weights packed ``NC16n4c``) only for a
-``uint8 x int8 -> int32`` dense whose output count ``N`` is a multiple of 16 and whose reduction ``K``
-is a multiple of 4; any other ``N`` takes the generic ``dense_pack.x86`` (ResNet-50's 1000 classes).
+TVM 0.19's x86 dense takes its AVX-512 int8 kernel (``dense_int8.x86``, weights packed ``NC16n4c``,
+``vpdpbusd`` with VNNI) only for a ``uint8 x int8 -> int32`` dense whose output count ``N`` is a
+multiple of 16 and whose reduction ``K`` a multiple of 4; any other ``N`` takes the generic
+``dense_pack.x86`` (ResNet-50's 1000 classes).
 TVM's own legalization pads only ``int8 x int8`` denses. While :func:`padded_int8_denses` is entered,
 the x86 dense legalization also pads the constant weight of a ``uint8 x int8`` dense to the next
 multiple of 16 outputs (zero rows, folded at compile time) and slices the result back::
@@ -33,10 +34,10 @@ __all__ = ["padded_int8_denses", "padded_outputs", "applies", "CLASSES", "BLOCK"
 
 #: Output block of TVM's VNNI dense (``NC16n4c``: 16 outputs x 4 reduced elements per ``vpdpbusd``).
 BLOCK = 16
-#: Instruction-set classes whose padded dense is measured to win (docs/x86-kernels.md). The other
-#: classes' ``uint8 x int8`` dense keeps TVM's choice: AVX2 and SSE never take ``dense_int8.x86``
-#: (TVM asks for AVX-512), AVX-512 without VNNI is not measured.
-CLASSES = ("avx512_vnni",)
+#: Instruction-set classes whose padded dense is measured to win (docs/x86-kernels.md): ``vpdpbusd``
+#: with VNNI, the exact ``vpmaddubsw`` + ``vpmaddwd`` form of :mod:`tvm_ext.x86.exact_int8` without. AVX2
+#: and SSE never take ``dense_int8.x86`` (TVM asks for AVX-512); AMX targets keep TVM's choice.
+CLASSES = ("avx512_vnni", "avx512")
 
 
 def padded_outputs(units: int) -> int:
