@@ -34,6 +34,9 @@ MODEL = qa.AddScales(0.01479310356080532, 125, 0.03899744898080826, 135, 0.01913
 TIES = qa.AddScales(2.0 ** -7, 128, 2.0 ** -7, 3, 2.0 ** -6, 7)
 VECTOR_FDIV = re.compile(r"\bfdiv\s+v\d+\.(4s|2s)")
 NO_PASS = [_round_reciprocal.PASS_NAME]
+#: Keeps the residual add's float division up to the back end (``AffineEightBitJoin`` would make the add
+#: integer arithmetic, with no division left for the pass to rewrite).
+FLOAT_JOIN = ["AffineEightBitJoin"]
 
 
 def _one(v):
@@ -74,7 +77,8 @@ def _conv_residual(p: qa.AddScales, size=14):
 
 
 def _build(mod, cpu, with_pass=True):
-    return tvm_ext.build(mod, TARGETS[cpu], passes=pipelines.int8(), disabled_pass=() if with_pass else NO_PASS)
+    return tvm_ext.build(mod, TARGETS[cpu], passes=pipelines.int8(),
+                         disabled_pass=FLOAT_JOIN if with_pass else FLOAT_JOIN + NO_PASS)
 
 
 def _fdiv(lib):
