@@ -5,12 +5,10 @@
 (``x86-64-v4``: the exact form, and ``vpmaddubsw`` where the weights allow it), executed only where the
 host has the instructions, against numpy's int64 arithmetic; with a float epilogue against a plain
 ``llvm`` build. The structure, compiled for AVX-512 VNNI CPUs of both vendors and read back: the padded
-dense is ``dense_int8.x86`` (``vpdpbusd``, ``NC16n4c`` weights, 16 x ceil(N / 16) outputs) and the slice
-starts the next kernel; a multiple of 16, AVX2 code, a reduction 4 does not divide and a plain
-``relay.build`` are unchanged.
+dense is ``dense_int8.x86`` (``vpdpbusd``, ``NC16n4c`` weights of 16 x ceil(N / 16) outputs) and its slice
+and epilogue are in its kernel (``FuseSlicedInt8Dense``); a multiple of 16, AVX2 code, a reduction 4
+does not divide and a plain ``relay.build`` are unchanged.
 """
-import json
-
 import numpy as np
 import pytest
 import tvm
@@ -21,62 +19,12 @@ from tvm_ext.x86 import dense_padding
 from tvm_ext.x86.isa import runs_on_host
 from tvm_ext.x86.target import host_target
 
+from ._dense_cases import _dense, _dense_weight_shapes, _inputs, _kernels, _run
 from ._int8_cases import HOST_VNNI, needs_vnni
 
 VNNI_CPUS = ("llvm -mcpu=cascadelake", "llvm -mcpu=znver4")
 AVX512 = "llvm -mcpu=x86-64-v4"
 needs_avx512 = pytest.mark.skipif(not runs_on_host(AVX512), reason=f"host lacks instructions of '{AVX512}'")
-
-
-def _dense(units, reduced=256, batch=1, seed=0, epilogue=False, weight_var=False, weight_max=128):
-    """``dense(x: u8[batch, reduced], w: i8[units, reduced])`` with weights in
-    ``[-weight_max, weight_max)`` (full range by default), optionally with a bias and a float scale
-    after it."""
-    rng = np.random.default_rng(seed)
-    x = relay.var("x", shape=(batch, reduced), dtype="uint8")
-    w_np = rng.integers(-weight_max, weight_max, (units, reduced)).astype("int8")
-    w = relay.var("w", shape=(units, reduced), dtype="int8") if weight_var else relay.const(w_np)
-    y = relay.nn.dense(x, w, units=units, out_dtype="int32")
-    if epilogue:
-        y = relay.add(y, relay.const(rng.integers(-1000, 1000, (units,)).astype("int32")))
-        y = relay.cast(y, "float32") * relay.const((rng.random(units) * 1e-3).astype("float32"))
-    params = [x, w] if weight_var else [x]
-    return tvm.IRModule.from_expr(relay.Function(params, y)), w_np
-
-
-def _inputs(batch, reduced, seed=1):
-    """Full-range uint8 data with the extremes 0 and 255 in it."""
-    x = np.random.default_rng(seed).integers(0, 256, (batch, reduced)).astype("uint8")
-    x[0, :2] = (0, 255)
-    return x
-
-
-def _run(factory, **inputs):
-    from tvm.contrib import graph_executor
-
-    m = graph_executor.GraphModule(factory["default"](tvm.cpu()))
-    m.set_input(**inputs)
-    m.run()
-    return m.get_output(0).numpy()
-
-
-def _kernels(factory):
-    """``(func_name, output shape)`` of every kernel, in order."""
-    graph = json.loads(factory.get_graph_json())
-    shapes = graph["attrs"]["shape"][1]
-    return [(n["attrs"]["func_name"], tuple(shapes[i])) for i, n in enumerate(graph["nodes"]) if n["op"] == "tvm_op"]
-
-
-def _dense_weight_shapes(factory):
-    """Shapes of the constant weights the build's dense kernels read."""
-    params = factory.get_params()
-    graph = json.loads(factory.get_graph_json())
-    nodes = graph["nodes"]
-    out = []
-    for n in nodes:
-        if n["op"] == "tvm_op" and "dense" in n["attrs"]["func_name"]:
-            out += [params[nodes[s]["name"]].shape for s, *_ in n["inputs"] if nodes[s]["name"] in params]
-    return out
 
 
 def test_padded_outputs():
@@ -103,7 +51,7 @@ def test_exact_against_numpy(units, batch, reduced):
     mod, w = _dense(units, reduced, batch)
     x = _inputs(batch, reduced)
     factory = build(mod, target=host_target(allow_vnni=True), kernels=True)
-    assert any("strided_slice" in name for name, _ in _kernels(factory)), "the dense was not padded"
+    assert _dense_weight_shapes(factory) == [(-(-units // 16), reduced // 4, 16, 4)], "the dense was not padded"
     expected = x.astype(np.int64) @ w.astype(np.int64).T
     np.testing.assert_array_equal(_run(factory, x=x), expected)
 
@@ -115,7 +63,7 @@ def test_avx512_without_vnni_exact_against_numpy(units, weight_max):
     mod, w = _dense(units, 512, 2, weight_max=weight_max)
     x = _inputs(2, 512)
     factory = build(mod, target=AVX512, kernels=True)
-    assert any("strided_slice" in name for name, _ in _kernels(factory)), "the dense was not padded"
+    assert _dense_weight_shapes(factory) == [(-(-units // 16), 128, 16, 4)], "the dense was not padded"
     assert "vpmaddubsw" in factory.get_lib().get_source("asm")
     np.testing.assert_array_equal(_run(factory, x=x), x.astype(np.int64) @ w.astype(np.int64).T)
 
@@ -134,12 +82,12 @@ def test_epilogue_against_plain_llvm(units):
 @pytest.mark.parametrize("target", VNNI_CPUS)
 def test_padded_dense_is_the_vnni_dense(target):
     factory = build(_dense(1000, 2048, epilogue=True)[0], target=target, kernels=True)
-    kernels = _kernels(factory)
-    assert [shape for name, shape in kernels if "dense" in name] == [(1, 1008)]
-    assert [w for w in _dense_weight_shapes(factory)] == [(63, 512, 16, 4)]  # NC16n4c
-    # the slice starts the next kernel and takes the epilogue with it: two kernels in all
-    assert len(kernels) == 2 and "strided_slice_add" in kernels[1][0], kernels
+    assert _dense_weight_shapes(factory) == [(63, 512, 16, 4)]  # NC16n4c, 1008 outputs
+    # the slice and the epilogue in the dense's kernel: one kernel, no int32 tensor between kernels
+    (name, shape), = _kernels(factory)
+    assert "dense_pack_strided_slice_add_cast_multiply" in name and shape == (1, 1000), name
     assert "vpdpbusd" in factory.get_lib().get_source("asm")
+    assert factory.kernel_report.int_crossings() == []
 
 
 @pytest.mark.parametrize("target", VNNI_CPUS[:1])
@@ -195,3 +143,4 @@ def test_context_restores_tvms_legalization():
             assert dense_alter_op.int8_int8_legalize is not before
         assert dense_alter_op.int8_int8_legalize is not before
     assert dense_alter_op.int8_int8_legalize is before
+

@@ -3,7 +3,8 @@
 * target: :func:`tvm_ext.x86.target.build_target` (the real CPU for ``-mcpu=native``, AVX-512 VNNI
   kept, AMX masked unless ``amx=True``);
 * passes: ``PairPackInt8Convs`` last before FuseOps where the int8 dot product has no VNNI
-  (:mod:`tvm_ext.x86.pair_pack`), so every int8 conv is exact;
+  (:mod:`tvm_ext.x86.pair_pack`), so every int8 conv is exact; before it, where 8-bit denses are padded,
+  ``FuseSlicedInt8Dense`` (:mod:`tvm_ext.x86.fuse_sliced_dense`);
 * contexts: the int8 kernel policy (:func:`tvm_ext.x86.int8_conv.kernels`; with ``kernels`` off only
   the VNNI intrinsic LLVM 22 accepts), the tuned records of the target's class
   (:mod:`tvm_ext.x86.tuning`), the exactness record, with ``kernels`` on 8-bit graphs 8-bit denses padded
@@ -43,7 +44,7 @@ class X86(Backend):
 
     def plan(self, request: BuildRequest) -> BuildPlan:
         from .. import _no_contract
-        from . import dense_padding, exact_record, int8_conv, pair_pack, requantize, tuning
+        from . import dense_padding, exact_record, fuse_sliced_dense, int8_conv, pair_pack, requantize, tuning
 
         tgt, amx = request.target, bool(request.options.get("amx"))
         plan = BuildPlan()
@@ -53,6 +54,8 @@ class X86(Backend):
                          exact_record.recording()]
         if request.kernels and request.eight_bit:
             plan.contexts.append(dense_padding.padded_int8_denses())
+            if dense_padding.applies(tgt):
+                plan.passes.setdefault("before_fuse", []).insert(0, fuse_sliced_dense.FuseSlicedInt8Dense())
         if request.kernels and requantize.applies(tgt):
             plan.add_configure(requantize.lower_config)
         if request.kernels and request.eight_bit:  # float products rounded before their sums

@@ -13,12 +13,12 @@ multiple of 16 outputs (zero rows, folded at compile time) and slices the result
     # dense(x: u8[M, K], w: i8[N, K]) -> dense(x, pad(w, N' - N zero rows))[:, :N],  N' = 16 * ceil(N / 16)
 
 The zero rows add nothing to the ``N`` outputs kept, so the result is the same integers. The slice is
-injective and FuseOps does not fuse it into the dense: it starts the next kernel, which takes the
-dense's elementwise epilogue with it (one kernel more; its cost and the dense's gain are measured in
-docs/x86-kernels.md, "Denses padded to 16 outputs"). Only where the target's class is in
+injective, and FuseOps fuses none into a dense: :func:`tvm_ext.x86.fuse_sliced_dense.FuseSlicedInt8Dense`
+puts it and the dense's epilogue in the dense's kernel (measured in docs/x86-kernels.md, "8-bit denses
+padded to 16 outputs"). Only where the target's class is in
 :data:`CLASSES`, ``K`` is a multiple of 4 (else the data would need padding at run time) and the
 weight is a constant; anything else keeps TVM's legalization, and the reason is logged.
-:class:`tvm_ext.x86.backend.X86` enters the context for builds with tvm-ext's kernels.
+:class:`tvm_ext.x86.backend.X86` enters the context, and adds the pass, for builds with tvm-ext's kernels.
 """
 from __future__ import annotations
 
