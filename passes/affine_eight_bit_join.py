@@ -151,6 +151,31 @@ def _tables(chains, ranges) -> list:
     return [values[i] for i in index]
 
 
+def _widest_margin(rows, bounds, a, b, f, inner, batch: int = 2000, rounds: int = 20):
+    """``(ma, mb, c, d)`` maximizing ``d`` subject to ``rows @ (ma, mb, c, d) <= bounds``, or None.
+
+    By constraint generation: a linear program over the ``batch`` rows nearest to binding under the
+    least-squares fit of ``f + 1/2`` on the inner levels, then over those plus the most violated rows of
+    its solution, until the solution meets every row (then it is the optimum over all of them).
+    """
+    from scipy.optimize import linprog  # scipy comes with TVM's wheel
+
+    fit = np.linalg.lstsq(np.stack([a, b, np.ones(len(a))], 1)[inner], f[inner] + 0.5, rcond=None)[0] \
+        if inner.any() else np.zeros(3)
+    chosen = np.argsort(bounds - rows[:, :3] @ fit)[:batch]
+    for _ in range(rounds):
+        lp = linprog([0, 0, 0, -1], A_ub=rows[chosen], b_ub=bounds[chosen], bounds=[(None, None)] * 3 + [(-1, 0.5)],
+                     method="highs")
+        if lp.status != 0:
+            return None
+        slack = bounds - rows[:, :3] @ lp.x[:3]
+        if slack.min() >= lp.x[3] - 1e-7:  # within HiGHS's feasibility tolerance
+            return lp.x
+        violated = np.argsort(slack)[:batch]
+        chosen = np.union1d(chosen, violated)
+    return None
+
+
 def affine_form(va, vb, table):
     """``(Ma, Mb, C, n, lo, hi)`` with ``clip((a * Ma + b * Mb + C) >> n, lo, hi) == table`` for every pair
     ``(a, b)`` of ``va x vb`` (``table`` in that order, ``a`` major), every partial sum inside int32; or a
@@ -162,10 +187,6 @@ def affine_form(va, vb, table):
     neighbour, with ``C`` taken from the exact interval that every pair allows. The result is checked
     on every pair.
     """
-    try:
-        from scipy.optimize import linprog
-    except ImportError:  # scipy comes with TVM's wheel
-        return Reject("scipy is not installed (it solves for the integer form)")
     a = np.repeat(np.asarray(va, np.int64), len(vb))
     b = np.tile(np.asarray(vb, np.int64), len(va))
     f = np.asarray(table, np.int64).ravel()
@@ -176,13 +197,13 @@ def affine_form(va, vb, table):
     ones = np.ones(len(f))
     rows = np.concatenate([np.stack([-a, -b, -ones, ones], 1)[above], np.stack([a, b, ones, ones], 1)[below]])
     bounds = np.concatenate([-f[above], f[below] + 1]).astype(np.float64)
-    lp = linprog([0, 0, 0, -1], A_ub=rows, b_ub=bounds, bounds=[(None, None)] * 3 + [(-1, 0.5)], method="highs")
-    if lp.status != 0 or lp.x[3] <= _NO_MARGIN:
+    x = _widest_margin(rows, bounds, a, b, f, above & below)
+    if x is None or x[3] <= _NO_MARGIN:
         return Reject("no affine function of the two inputs rounds to the chain's value on every pair "
-                      f"(widest margin {lp.x[3] if lp.status == 0 else 'none'})")
-    ma, mb, c, margin = lp.x
-    corners = [(x, y) for x in (a.min(), a.max()) for y in (b.min(), b.max())]
-    largest = max(max(abs(ma * x), abs(mb * y), abs(ma * x + mb * y), abs(ma * x + mb * y + c)) for x, y in corners)
+                      f"(widest margin {'none' if x is None else x[3]})")
+    ma, mb, c, margin = x
+    corners = [(p, q) for p in (a.min(), a.max()) for q in (b.min(), b.max())]
+    largest = max(max(abs(ma * p), abs(mb * q), abs(ma * p + mb * q), abs(ma * p + mb * q + c)) for p, q in corners)
     n = min(30, int(np.floor(np.log2(_INT32[1] / (largest * 1.001 + 1)))))
     if n < 1:
         return Reject(f"the form needs values beyond int32 (largest partial sum {largest:.3g} levels)")
