@@ -41,6 +41,7 @@ def _make_passes():
 
     both = ("start", "before_fuse")
     return {
+        "AffineEightBitJoin": (lambda: P.AffineEightBitJoin(), ("before_fuse",)),
         "AnchoredArgumentFirst": (lambda: P.AnchoredArgumentFirst(), ("before_fuse",)),  # GPU targets only
         "CombineParallelCast": (lambda: P.CombineParallelCast(), both),
         "CombineParallelOpBatch(nn.dense)": (lambda: P.CombineParallelOpBatch("nn.dense", "nn.batch_matmul", 2), both),
@@ -68,6 +69,7 @@ def _make_passes():
 
 #: Labels of the passes the oracle runs (registry names, with arguments where a pass needs them).
 PASSES = (
+    "AffineEightBitJoin",
     "AnchoredArgumentFirst",
     "CombineParallelCast",
     "CombineParallelOpBatch(nn.dense)",

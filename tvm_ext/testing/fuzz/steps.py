@@ -218,18 +218,33 @@ def join(g, i, j, kind):
     g.push(op(a.expr, b.expr), a.dtype, a.shape)
 
 
-def qdq_add(g, i, j):
-    """quantize(dequantize(a) + dequantize(b)) in uint8."""
+def qdq_add(g, i, j, scales="halves"):
+    """quantize(dequantize(a) + dequantize(b)) in uint8. ``scales="halves"``: input scales 0.05 and 0.1,
+    output 0.1, zero points 128 (exact halves); ``"calibrated"``: scales and zero points drawn as a
+    calibration leaves them (no simple ratio)."""
+    import tvm
+
     relay = g.relay
     a = g.pick(i)
     b = g.pick(j)
     if b.shape != a.shape:
         b = a
+    if scales == "calibrated" and tvm.ir.structural_equal(b.expr, a.expr):  # two tensors where the graph has them
+        b = next((v for v in g.values if v.shape == a.shape and not tvm.ir.structural_equal(v.expr, a.expr)), a)
     a8, b8 = g.as_dtype(a, "uint8"), g.as_dtype(b, "uint8")
-    s, zp = relay.const(np.float32(0.05)), relay.const(128, "int32")
-    y = relay.add(relay.qnn.op.dequantize(a8.expr, s, zp), relay.qnn.op.dequantize(b8.expr, relay.const(
-        np.float32(0.1)), zp))
-    g.push(relay.qnn.op.quantize(y, relay.const(np.float32(0.1)), zp, out_dtype="uint8"), "uint8", a.shape)
+    if scales == "calibrated":
+        sa, sb = (float(v) for v in g.rng.uniform(0.005, 0.1, 2))
+        sc = float(g.rng.uniform(max(sa, sb), 2 * (sa + sb)))
+        za, zb, zc = (int(v) for v in g.rng.integers(0, 256, 3))
+    else:
+        sa, sb, sc, za, zb, zc = 0.05, 0.1, 0.1, 128, 128, 128
+
+    def dq(v, s, z):
+        return relay.qnn.op.dequantize(v.expr, relay.const(np.float32(s)), relay.const(z, "int32"))
+
+    y = relay.add(dq(a8, sa, za), dq(b8, sb, zb))
+    g.push(relay.qnn.op.quantize(y, relay.const(np.float32(sc)), relay.const(zc, "int32"), out_dtype="uint8"),
+           "uint8", a.shape)
 
 
 def pool(g, i, kind, k, stride, pad):
