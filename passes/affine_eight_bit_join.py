@@ -156,24 +156,28 @@ def _widest_margin(rows, bounds, a, b, f, inner, batch: int = 2000, rounds: int 
 
     By constraint generation: a linear program over the ``batch`` rows nearest to binding under the
     least-squares fit of ``f + 1/2`` on the inner levels, then over those plus the most violated rows of
-    its solution, until the solution meets every row (then it is the optimum over all of them).
+    its solution, until the solution meets every row (then it is the optimum over all of them); after
+    ``rounds`` without that, over every row.
     """
     from scipy.optimize import linprog  # scipy comes with TVM's wheel
 
     fit = np.linalg.lstsq(np.stack([a, b, np.ones(len(a))], 1)[inner], f[inner] + 0.5, rcond=None)[0] \
         if inner.any() else np.zeros(3)
-    chosen = np.argsort(bounds - rows[:, :3] @ fit)[:batch]
-    for _ in range(rounds):
+    def solve(chosen):
         lp = linprog([0, 0, 0, -1], A_ub=rows[chosen], b_ub=bounds[chosen], bounds=[(None, None)] * 3 + [(-1, 0.5)],
                      method="highs")
-        if lp.status != 0:
+        return lp.x if lp.status == 0 else None
+
+    chosen = np.argsort(bounds - rows[:, :3] @ fit)[:batch]
+    for _ in range(rounds):
+        x = solve(chosen)
+        if x is None:
             return None
-        slack = bounds - rows[:, :3] @ lp.x[:3]
-        if slack.min() >= lp.x[3] - 1e-7:  # within HiGHS's feasibility tolerance
-            return lp.x
-        violated = np.argsort(slack)[:batch]
-        chosen = np.union1d(chosen, violated)
-    return None
+        slack = bounds - rows[:, :3] @ x[:3]
+        if slack.min() >= x[3] - 1e-7:  # within HiGHS's feasibility tolerance
+            return x
+        chosen = np.union1d(chosen, np.argsort(slack)[:batch])
+    return solve(np.arange(len(rows)))  # not converged: every row at once
 
 
 def affine_form(va, vb, table):
