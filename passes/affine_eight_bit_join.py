@@ -59,7 +59,9 @@ def _pair_sources(nodes, ranges):
 
     A node inherits its arguments' sources when it is elementwise, has their shape and computes no
     trapping integer division or undefined cast; otherwise it is a source itself when it has an 8-bit
-    domain. An 8-bit node of two sources is a chain's end: its readers see it as a source.
+    domain. Readers see an 8-bit node as a source (an 8-bit node of two sources ends a chain): the
+    form reads the 8-bit tensor the float chain read, not the wider value it was narrowed from, so
+    what crosses kernels stays 8 bits.
     """
     src: dict = {}
     seen_by_readers: dict = {}
@@ -86,9 +88,8 @@ def _pair_sources(nodes, ranges):
                 floats.add(node)
         else:
             src[node] = frozenset({node}) if domain(node, ranges) is not None else None
-        ends_chain = src[node] is not None and len(src[node]) == 2 and str(node.checked_type.dtype) in _EIGHT_BIT
-        own = domain(node, ranges) is not None
-        seen_by_readers[node] = frozenset({node}) if ends_chain and own else src[node]
+        eight_bit = src[node] is not None and str(node.checked_type.dtype) in _EIGHT_BIT  # a source: a tensor
+        seen_by_readers[node] = frozenset({node}) if eight_bit else src[node]
     return src, floats
 
 

@@ -142,6 +142,20 @@ def test_unchanged_on_no_match(caplog):
         assert_unchanged(AffineEightBitJoin(), infer(body))
 
 
+def test_tuples_and_calls_of_functions_around_the_chain():
+    """A tuple output, a tuple read back, and a call of a ``Primitive`` function (a group an earlier pass
+    made, such as a pool's) next to the chain: the chain is rewritten, the rest is read around."""
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    x = relay.var("x", shape=qa.SHAPE, dtype="uint8")
+    double = relay.Function([x], relay.add(x, x)).with_attr("Primitive", tvm.tir.IntImm("int32", 1))
+    pair = relay.Tuple([relay.Call(double, [a]), b])
+    before = relay.Tuple([requantized_add(RESIDUAL, a=relay.TupleGetItem(pair, 0), b=relay.TupleGetItem(pair, 1)),
+                          relay.TupleGetItem(pair, 0)])
+    with tvm.transform.PassContext(opt_level=3):
+        after = AffineEightBitJoin()(infer(before))
+    assert not any(str(t).startswith("float") for t in _call_dtypes(after))
+
+
 def test_untyped_module_raises():
     assert_untyped_module_raises(AffineEightBitJoin(), tvm.IRModule.from_expr(requantized_add(RESIDUAL)),
                                  "AffineEightBitJoin")
