@@ -90,3 +90,30 @@ def test_region_is_one_primitive_function():
 def test_pass_without_padded_dense_returns_the_module():
     mod = relay.transform.InferType()(_dense(1024, 64, epilogue=True)[0])
     assert FuseSlicedInt8Dense()(mod).same_as(mod)
+
+
+@needs_vnni
+def test_epilogue_branches_that_join_are_in_the_kernel():
+    """``y = slice(dense)``, ``z = y - c``, ``y + z``: y has two readers, both in the epilogue."""
+    mod, w = _dense(1000, 256)
+    y = mod["main"].body
+    c = relay.const(np.arange(1000, dtype="int32"))
+    mod = tvm.IRModule.from_expr(relay.Function(mod["main"].params, y + (y - c)))
+    x = _inputs(1, 256)
+    factory = build(mod, target=host_target(allow_vnni=True), kernels=True)
+    assert len(_kernels(factory)) == 1, _kernels(factory)
+    expected = x.astype(np.int64) @ w.astype(np.int64).T
+    np.testing.assert_array_equal(_run(factory, x=x), 2 * expected - np.arange(1000))
+
+
+def test_constant_producers_are_computed_in_the_kernel():
+    """``slice + zeros()``: the ``zeros`` call (no tensor input) goes into the kernel, as FuseOps would
+    put it, instead of a kernel of its own."""
+    mod = _padded_module()
+    body = relay.add(mod["main"].body, relay.zeros((1, 1000), "int32"))
+    out = FuseSlicedInt8Dense()(relay.transform.InferType()(tvm.IRModule.from_expr(
+        relay.Function(mod["main"].params, body))))
+    call = out["main"].body
+    ops = []
+    relay.analysis.post_order_visit(call.op.body, lambda e: isinstance(e, relay.Call) and ops.append(e.op.name))
+    assert ops == ["nn.contrib_dense_pack", "strided_slice", "add", "multiply", "zeros", "add"]

@@ -3,13 +3,13 @@
 :mod:`tvm_ext.x86.dense_padding` pads a ``uint8 x int8`` dense to a multiple of 16 outputs and slices
 the result back. The slice is injective, and FuseOps fuses only elementwise and broadcast consumers
 into a dense, so the slice would start a kernel of its own, reading the dense's int32 result. This pass
-makes the dense, the slice and the chain of elementwise/broadcast calls after it (what FuseOps would
-have fused into the dense without the slice) one ``Primitive`` function, which FuseOps leaves as it
+makes the dense, the slice and the elementwise/broadcast calls after it (what FuseOps would have
+fused into the dense without the slice) one ``Primitive`` function, which FuseOps leaves as it
 is. TVM's int8 dense schedule computes the dense per 16 outputs of the kernel's output::
 
     # E(strided_slice(dense_pack(x, w: NC16n4c), :N))  ->  fn(x, w, ...) {E(strided_slice(dense_pack(x, w), :N))}
-    #   where the dense drops fewer than 16 outputs and keeps at least 16, and each value up to E's end
-    #   has one reader (E: elementwise/broadcast calls, at most _EPILOGUE_MAX)
+    #   where the dense drops fewer than 16 outputs and keeps at least 16; E: elementwise/broadcast
+    #   calls (at most _EPILOGUE_MAX), every value in the region but E's last read only inside it
 
 The epilogue is a region of any length, found by counting each value's readers, which the dataflow
 pattern language cannot express, so the pass walks it by hand. Below 16 kept outputs, TVM's bounds
@@ -106,21 +106,30 @@ def _sliced_dense(call, readers):
     return True
 
 
-def _epilogue(slice_call, readers) -> list:
-    """The calls after ``slice_call`` that FuseOps would put in the dense's kernel without the slice:
-    a chain of elementwise/broadcast calls, each the one reader of the value before it."""
-    chain, cur = [], slice_call
-    while len(chain) < _EPILOGUE_MAX:
-        users = readers.get(cur, [])
-        if len(users) != 1:
-            break
-        nxt = users[0]
-        if not (isinstance(nxt, relay.Call) and call_pattern(nxt) <= K_BROADCAST
-                and isinstance(nxt.checked_type, relay.TensorType) and _static(nxt.checked_type.shape)):
-            break
-        chain.append(nxt)
-        cur = nxt
-    return chain
+def _epilogue(slice_call, readers, order) -> list:
+    """The calls after ``slice_call`` that FuseOps would put in the dense's kernel without the slice,
+    in topological order: elementwise/broadcast calls reached from the slice, ending in one call that
+    every other call of the region only feeds (branches that join again are in), as large as found."""
+    reached, queue = [], [slice_call]
+    while queue and len(reached) < _EPILOGUE_MAX:
+        for user in readers.get(queue.pop(0), []):
+            if (user not in reached and isinstance(user, relay.Call) and call_pattern(user) <= K_BROADCAST
+                    and isinstance(user.checked_type, relay.TensorType) and _static(user.checked_type.shape)):
+                reached.append(user)
+                queue.append(user)
+    best: list = []
+    for end in reached:
+        region, stack = {end}, [end]
+        while stack:  # the reached calls (and the slice) that feed ``end``
+            for arg in stack.pop().args:
+                if arg not in region and (arg in reached or arg.same_as(slice_call)):
+                    region.add(arg)
+                    stack.append(arg)
+        inner = [e for e in region if not e.same_as(end)]
+        if slice_call in region and all(r in region for e in inner for r in readers.get(e, [])) \
+                and len(region) - 1 > len(best):
+            best = sorted((e for e in region if not e.same_as(slice_call)), key=order.__getitem__)
+    return best
 
 
 def _note_weight(dense):
@@ -130,6 +139,13 @@ def _note_weight(dense):
     if record is not None and isinstance(weight, relay.Constant) and weight.data.dtype == "int8":
         record.note(dense_key(shape_of(dense.args[0].checked_type), weight.data.shape),
                     pairs_fit_int16(weight.data.numpy()))
+
+
+def _of_constants(expr) -> bool:
+    """An elementwise/broadcast call whose arguments are constants (``zeros`` has none): FuseOps would
+    compute it in the kernel that reads it."""
+    return (isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and call_pattern(expr) <= K_BROADCAST
+            and all(isinstance(a, relay.Constant) for a in expr.args))
 
 
 class _Fuse(relay.ExprMutator):
@@ -151,6 +167,8 @@ class _Fuse(relay.ExprMutator):
         def outside(expr):  # a value computed outside the region: a parameter (scalar constants inline)
             if isinstance(expr, relay.Constant) and not expr.data.shape:
                 return expr
+            if _of_constants(expr):  # zeros(), or an elementwise call of constants: computed here too
+                return relay.Call(expr.op, [outside(a) for a in expr.args], expr.attrs)
             if expr not in memo:
                 memo[expr] = relay.var(f"p{len(params)}", type_annotation=expr.checked_type)
                 params.append(memo[expr])
@@ -159,16 +177,23 @@ class _Fuse(relay.ExprMutator):
 
         dense = slice_call.args[0]
         _note_weight(dense)
-        prev, new = dense, relay.Call(dense.op, [outside(a) for a in dense.args], dense.attrs)
+        new_of = {dense: relay.Call(dense.op, [outside(a) for a in dense.args], dense.attrs)}
         for call in (slice_call, *chain):
-            new_args = [new if a.same_as(prev) else outside(a) for a in call.args]
-            prev, new = call, relay.Call(call.op, new_args, call.attrs)
+            new_of[call] = relay.Call(call.op, [new_of[a] if a in new_of else outside(a) for a in call.args],
+                                      call.attrs)
+        new = new_of[chain[-1] if chain else slice_call]
         self.count += 1
         return relay.Call(relay.Function(params, new).with_attr("Primitive", tvm.tir.IntImm("int32", 1)), args)
 
 
+def _topological(body) -> dict:
+    order: dict = {}
+    relay.analysis.post_order_visit(body, lambda e: order.setdefault(e, len(order)))
+    return order
+
+
 def _regions(body) -> dict:
-    readers = _readers(body)
+    readers, order = _readers(body), _topological(body)
     calls = {user for users in readers.values() for user in users if isinstance(user, relay.Call)}
     ends = {}
     for call in calls:
@@ -177,7 +202,7 @@ def _regions(body) -> dict:
             if _is_op(call, "strided_slice"):
                 logger.debug("%s: slice %s kept: %s", PASS_NAME, call.checked_type, found)
             continue
-        chain = _epilogue(call, readers)
+        chain = _epilogue(call, readers, order)
         ends[chain[-1] if chain else call] = (call, chain)
     return ends
 
