@@ -158,8 +158,8 @@ def test_pipeline_numerics_option():
     default, ort = pipelines.int8(), pipelines.int8(numerics="onnxruntime")
     assert "RoundHalfToEven" not in default.pass_names()["before_fuse"]
     fuse = default.pass_names()["before_fuse"]
-    assert fuse[-3:] == ["TabulateEightBit", "AnchoredArgumentFirst", "DequantizeInConvTranspose"]
-    assert ort.pass_names()["before_fuse"] == [*fuse[:-3], "RoundHalfToEven", *fuse[-3:]]
+    assert fuse[-4:] == ["TabulateEightBit", "AffineEightBitJoin", "AnchoredArgumentFirst", "DequantizeInConvTranspose"]
+    assert ort.pass_names()["before_fuse"] == [*fuse[:-4], "RoundHalfToEven", *fuse[-4:]]
     start = default.pass_names()["start"]
     assert ort.pass_names()["start"] == [*start[:2], "AddAsOnnxRuntime", "QuantizeWeightsAsOnnxRuntime",
                                          *start[2:]]  # after QDQToInteger
