@@ -16,7 +16,7 @@ from tvm_ext.ops import TABLE_LOOKUP
 
 from ._util import op_name, static_tensor_type
 
-__all__ = ["domain", "small_constant", "elementwise", "TRAPPING"]
+__all__ = ["domain", "small_constant", "elementwise", "evaluate", "TRAPPING"]
 
 #: Integer ops that trap (SIGFPE) on a zero divisor: evaluating them on *every* value could crash
 #: the compiler on a value the model never sees.
@@ -54,3 +54,20 @@ def small_constant(node) -> bool:
 def elementwise(node) -> bool:
     """An elementwise or broadcast op call (not a table lookup)."""
     return op_name(node) not in (None, TABLE_LOOKUP) and call_pattern(node) <= K_BROADCAST
+
+
+def evaluate(feeds: dict, outs: list, target, config: dict | None = None) -> list:
+    """The values of ``outs`` (expressions of the variables in ``feeds``, ``{var: values}``): one
+    ``relay.build`` of them all for ``target`` under the PassContext options ``config``, run here."""
+    import tvm
+    from tvm.contrib import graph_executor
+
+    fn = relay.Function(list(feeds), relay.Tuple(outs))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(fn))
+    with tvm.transform.PassContext(opt_level=3, config=config), target:
+        lib = relay.build(mod, target=target)
+    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    for var, values in feeds.items():
+        gm.set_input(var.name_hint, values)
+    gm.run()
+    return [gm.get_output(i).numpy() for i in range(len(outs))]

@@ -15,12 +15,11 @@ import numpy as np
 
 import tvm
 from tvm import relay
-from tvm.contrib import graph_executor
 
 from ._registry import register_pass
 
 from ._doc import factory_sections
-from ._eight_bit import TRAPPING, domain, elementwise, small_constant
+from ._eight_bit import TRAPPING, domain, elementwise, evaluate, small_constant
 from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,
                     static_tensor_type, with_body)
 
@@ -126,7 +125,7 @@ def _tables(chains, ranges) -> list:
     with products rounded before their sums (no fused multiply-add), as the oracle computes."""
     from tvm_ext import _no_contract
 
-    params, outs, feeds, unique, index = [], [], {}, {}, []
+    outs, feeds, unique, index = [], {}, {}, []
     for root, (a, b) in chains:
         va, vb = _values(a, ranges), _values(b, ranges)
         xa = relay.var(f"a{len(outs)}", shape=(va.size * vb.size,), dtype=str(va.dtype))
@@ -136,20 +135,11 @@ def _tables(chains, ranges) -> list:
         if key not in unique:  # the same chain with the same constants: one evaluation
             unique[key] = len(outs)
             outs.append(expr)
-            params += [xa, xb]
-            feeds[xa.name_hint] = np.repeat(va, vb.size)
-            feeds[xb.name_hint] = np.tile(vb, va.size)
+            feeds[xa] = np.repeat(va, vb.size)
+            feeds[xb] = np.tile(vb, va.size)
         index.append(unique[key])
-    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(params, relay.Tuple(outs))))
-    target = tvm.target.Target("llvm")
-    with tvm.transform.PassContext(opt_level=3, config=_no_contract.lower_config()), target:
-        lib = relay.build(mod, target=target)
-    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    for name, values in feeds.items():
-        gm.set_input(name, values)
-    gm.run()
-    values = [gm.get_output(i).numpy().astype(np.int64) for i in range(len(outs))]
-    return [values[i] for i in index]
+    values = evaluate(feeds, outs, tvm.target.Target("llvm"), _no_contract.lower_config())
+    return [values[i].astype(np.int64) for i in index]
 
 
 def _widest_margin(rows, bounds, a, b, f, inner, batch: int = 2000, rounds: int = 20):

@@ -10,7 +10,6 @@ import numpy as np
 
 import tvm
 from tvm import relay
-from tvm.contrib import graph_executor
 
 from tvm_ext.ops import EIGHT_BIT_OFFSET as _EIGHT_BIT
 from tvm_ext.ops import register_ops, table_lookup
@@ -18,6 +17,7 @@ from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._eight_bit import TRAPPING as _TRAPPING
+from ._eight_bit import evaluate
 from ._eight_bit import domain as _domain
 from ._eight_bit import elementwise as _elementwise
 from ._eight_bit import small_constant as _small_constant
@@ -135,16 +135,8 @@ def _tables(chains, ranges) -> list:
             unique[key] = len(outs)
             outs.append(expr)
         index.append(unique[key])
-    params = [v for v, _ in inputs.values()]
-    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(params, relay.Tuple(outs))))
     target = _eval_target()
-    with tvm.transform.PassContext(opt_level=3), target:
-        lib = relay.build(mod, target=target)
-    gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    for v, values in inputs.values():
-        gm.set_input(v.name_hint, values)
-    gm.run()
-    values = [gm.get_output(i).numpy() for i in range(len(outs))]
+    values = evaluate(dict(inputs.values()), outs, target)
     _log.debug("%s: %d distinct tables computed for %s", PASS_NAME, len(outs), target)
     return [values[i] for i in index]
 
