@@ -30,7 +30,7 @@ from .isa import isa_class
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["padded_int8_denses", "padded_outputs", "applies", "CLASSES", "BLOCK"]
+__all__ = ["padded_int8_denses", "padded_outputs", "applies", "static_dims", "CLASSES", "BLOCK"]
 
 #: Output block of TVM's VNNI dense (``NC16n4c``: 16 outputs x 4 reduced elements per ``vpdpbusd``).
 BLOCK = 16
@@ -51,7 +51,7 @@ def applies(target) -> bool:
     return target is not None and isa_class(target) in CLASSES
 
 
-def _static(shape):
+def static_dims(shape):
     """``shape`` as ints, or None when a dimension is not a compile-time integer."""
     import tvm
 
@@ -68,7 +68,7 @@ def _why_not(inputs, arg_types) -> str:
     data, weight, out = arg_types
     if (str(data.dtype), str(weight.dtype), str(out.dtype)) != ("uint8", "int8", "int32"):
         return f"not uint8 x int8 -> int32 ({data.dtype} x {weight.dtype} -> {out.dtype})"
-    data_shape, weight_shape = _static(data.shape), _static(weight.shape)
+    data_shape, weight_shape = static_dims(data.shape), static_dims(weight.shape)
     if data_shape is None or weight_shape is None or len(data_shape) != 2 or len(weight_shape) != 2:
         return f"not a static 2-D dense ({data.shape} x {weight.shape})"
     units, reduced = weight_shape

@@ -26,7 +26,7 @@ from tvm import relay
 
 from .._op_pattern import K_BROADCAST, call_pattern
 from .._reject import Reject
-from .dense_padding import BLOCK
+from .dense_padding import BLOCK, static_dims
 from .exact_dot import pairs_fit_int16
 from .exact_record import RECORD, dense_key, shape_of
 
@@ -37,12 +37,6 @@ __all__ = ["FuseSlicedInt8Dense", "PASS_NAME"]
 PASS_NAME = "FuseSlicedInt8Dense"
 #: Most elementwise/broadcast calls after the slice that go into the dense's kernel.
 _EPILOGUE_MAX = 64
-
-
-def _static(shape):
-    if not all(isinstance(d, (int, tvm.tir.IntImm)) for d in shape):
-        return None
-    return tuple(int(d) for d in shape)
 
 
 class _Readers(relay.ExprVisitor):
@@ -94,7 +88,7 @@ def _sliced_dense(call, readers):
         return Reject("the slice does not read a dense packed NC16n4c")
     if len(readers.get(dense, [])) != 1:
         return Reject("the dense has other readers than the slice")
-    full, kept = _static(dense.checked_type.shape), _static(call.checked_type.shape)
+    full, kept = static_dims(dense.checked_type.shape), static_dims(call.checked_type.shape)
     if full is None or kept is None or full[:-1] != kept[:-1] or not 0 < full[-1] - kept[-1] < BLOCK:
         return Reject(f"not the slice of a padded dense ({full} -> {kept})")
     if kept[-1] < BLOCK:
@@ -114,7 +108,7 @@ def _epilogue(slice_call, readers, order) -> list:
     while queue and len(reached) < _EPILOGUE_MAX:
         for user in readers.get(queue.pop(0), []):
             if (user not in reached and isinstance(user, relay.Call) and call_pattern(user) <= K_BROADCAST
-                    and isinstance(user.checked_type, relay.TensorType) and _static(user.checked_type.shape)):
+                    and isinstance(user.checked_type, relay.TensorType) and static_dims(user.checked_type.shape)):
                 reached.append(user)
                 queue.append(user)
     best: list = []
