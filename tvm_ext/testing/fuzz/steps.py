@@ -221,23 +221,29 @@ def join(g, i, j, kind):
 def qdq_add(g, i, j, scales="halves"):
     """quantize(dequantize(a) + dequantize(b)) in uint8. ``scales="halves"``: input scales 0.05 and 0.1,
     output 0.1, zero points 128 (exact halves); ``"calibrated"``: scales and zero points drawn as a
-    calibration leaves them (no simple ratio)."""
+    calibration leaves them (no simple ratio). ``"conv_branch"``: calibrated scales, and ``b`` a
+    second 8-bit tensor, a residual block's ``a + conv(a)`` (a QDQ 1x1 conv of ``a`` back to its
+    channel count; ``j`` is not read)."""
     import tvm
 
     relay = g.relay
     a = g.pick(i)
-    b = g.pick(j)
-    if b.shape != a.shape:
-        b = a
-    if scales == "calibrated" and tvm.ir.structural_equal(b.expr, a.expr):  # two tensors where the graph has them
-        b = next((v for v in g.values if v.shape == a.shape and not tvm.ir.structural_equal(v.expr, a.expr)), a)
-    a8, b8 = g.as_dtype(a, "uint8"), g.as_dtype(b, "uint8")
-    if scales == "calibrated":
+    if scales in _BRANCHES:
+        a8 = g.as_dtype(a, "uint8")
+        b8 = _BRANCHES[scales](g, a8)
+    else:
+        b = g.pick(j)
+        if b.shape != a.shape:
+            b = a
+        if scales == "calibrated" and tvm.ir.structural_equal(b.expr, a.expr):  # two tensors where the graph has them
+            b = next((v for v in g.values if v.shape == a.shape and not tvm.ir.structural_equal(v.expr, a.expr)), a)
+        a8, b8 = g.as_dtype(a, "uint8"), g.as_dtype(b, "uint8")
+    if scales == "halves":
+        sa, sb, sc, za, zb, zc = 0.05, 0.1, 0.1, 128, 128, 128
+    else:
         sa, sb = (float(v) for v in g.rng.uniform(0.005, 0.1, 2))
         sc = float(g.rng.uniform(max(sa, sb), 2 * (sa + sb)))
         za, zb, zc = (int(v) for v in g.rng.integers(0, 256, 3))
-    else:
-        sa, sb, sc, za, zb, zc = 0.05, 0.1, 0.1, 128, 128, 128
 
     def dq(v, s, z):
         return relay.qnn.op.dequantize(v.expr, relay.const(np.float32(s)), relay.const(z, "int32"))
@@ -245,6 +251,17 @@ def qdq_add(g, i, j, scales="halves"):
     y = relay.add(dq(a8, sa, za), dq(b8, sb, zb))
     g.push(relay.qnn.op.quantize(y, relay.const(np.float32(sc)), relay.const(zc, "int32"), out_dtype="uint8"),
            "uint8", a.shape)
+
+
+def _conv_branch(g, a8):
+    """A QDQ 1x1 conv of the uint8 ``a8`` back to its channel count (uint8, pushed as a value)."""
+    g.values.append(a8)
+    conv(g, len(g.values) - 1, a8.shape[0], 1, 1, 0, 0, "qdq", "none", False)
+    return g.values[-1]
+
+
+#: qdq_add's ``scales`` values that make its second operand from the first.
+_BRANCHES = {"conv_branch": _conv_branch}
 
 
 def pool(g, i, kind, k, stride, pad):
