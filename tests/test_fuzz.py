@@ -323,3 +323,59 @@ def test_summary_counts_the_graphs_given_the_stock_check():
         summary.add(spec, res)
     assert (summary.stock_checked, summary.stock_inexact) == (2, 1)
     assert "arithmetic: 1 of the 2 given the build check" in summary.table()
+
+
+# -- qdq_add's residual branch: two 8-bit sources for AffineEightBitJoin ----------------------------
+def _conv_branch_specs(n, seed=0):
+    return [s for s in fuzz.generate(n, seed)
+            if any(st[0] == "qdq_add" and st[3:] == ("conv_branch",) for st in s.steps)]
+
+
+def test_qdq_add_conv_branch_adds_two_distinct_8bit_tensors():
+    """Every ``quantize(dequantize(a) + dequantize(b))`` of a ``conv_branch`` step reads two different 8-bit
+    tensors, ``b`` the quantized output of a conv of ``a`` (one tensor twice would be one source)."""
+    specs = _conv_branch_specs(300)
+    assert len(specs) >= 5, "the grammar no longer draws qdq_add's conv_branch"
+    for spec in specs:
+        adds = []
+
+        def visit(node, adds=adds):
+            if (isinstance(node, relay.Call) and getattr(node.op, "name", "") == "qnn.quantize"
+                    and getattr(node.args[0].op, "name", "") == "add"):
+                adds.append([d.args[0] for d in node.args[0].args])
+
+        relay.analysis.post_order_visit(fuzz.build_graph(spec)["main"], visit)
+        branches = [(a, b) for a, b in adds if getattr(b.op, "name", "") == "qnn.quantize"
+                    and getattr(b.args[0].op, "name", "").startswith(("nn.conv2d", "nn.relu"))]
+        assert branches, spec
+        for a, b in branches:
+            assert a.checked_type.dtype == b.checked_type.dtype == "uint8"
+            assert not tvm.ir.structural_equal(a, b)
+
+
+def test_affine_eight_bit_join_alone_rewrites_the_grammars_residual_block_bit_exactly():
+    """A residual block as the grammar builds it (a QDQ conv, then ``qdq_add`` with ``conv_branch``:
+    ``q(dq(a) + dq(conv(a)))``): the per-pass oracle runs AffineEightBitJoin alone at ``before_fuse``,
+    the pass rewrites it, and the build with it equals the build without it bit for bit (the oracle
+    itself allows a float graph one step)."""
+    from tvm_ext.passes import AffineEightBitJoin
+    from tvm_ext.x86.isa import runs_on_host
+
+    target = "llvm -mcpu=x86-64-v3"
+    if not runs_on_host(target):
+        pytest.skip("this host does not run x86-64-v3 (AVX2) code")
+    spec = fuzz.Spec(seed=5, in_dtype="uint8", steps=(("conv", 0, 8, 3, 1, 1, 0, "qdq", "none", False),
+                                                      ("qdq_add", 1, 0, "conv_branch")))
+    mod = fuzz.build_graph(spec)
+    res = fuzz.check_graph(mod, passes=("AffineEightBitJoin",), stages=("before_fuse",), pipeline=False,
+                           build_check=False, target=target)
+    assert not res.failures, res.failures
+    assert res.rewrites == {"AffineEightBitJoin@before_fuse": 1} and res.compared == 1
+    tgt, _ = execution.targets(target)
+    pre, names = execution.prefixed(mod, tgt)
+    with tgt, tvm.transform.PassContext(opt_level=3):
+        out = AffineEightBitJoin()(pre)
+    inputs = execution.seeded_inputs(mod)
+    ref = execution.run_factory(execution.build_prefixed(pre, tgt, names), inputs)
+    got = execution.run_factory(execution.build_prefixed(out, tgt, names), inputs)
+    assert fuzz.compare_outputs(ref, got, float_graph=False) is None
