@@ -325,48 +325,56 @@ def test_summary_counts_the_graphs_given_the_stock_check():
     assert "arithmetic: 1 of the 2 given the build check" in summary.table()
 
 
-# -- qdq_add's residual branch: two 8-bit sources for AffineEightBitJoin ----------------------------
-def _conv_branch_specs(n, seed=0):
-    return [s for s in fuzz.generate(n, seed)
-            if any(st[0] == "qdq_add" and st[3:] == ("conv_branch",) for st in s.steps)]
+# -- qdq_add's residual blocks: two 8-bit sources for AffineEightBitJoin ----------------------------
+_BLOCKS = ("projection", "conv_branch")
 
 
-def test_qdq_add_conv_branch_adds_two_distinct_8bit_tensors():
-    """Every ``quantize(dequantize(a) + dequantize(b))`` of a ``conv_branch`` step reads two different 8-bit
-    tensors, ``b`` the quantized output of a conv of ``a`` (one tensor twice would be one source)."""
-    specs = _conv_branch_specs(300)
-    assert len(specs) >= 5, "the grammar no longer draws qdq_add's conv_branch"
-    for spec in specs:
-        adds = []
+def _is_conv_output(expr) -> bool:
+    """``quantize([relu](conv2d(...)))``: the 8-bit output of a QDQ conv."""
+    if getattr(getattr(expr, "op", None), "name", "") != "qnn.quantize":
+        return False
+    inner = expr.args[0]
+    if getattr(inner.op, "name", "") == "nn.relu":
+        inner = inner.args[0]
+    return getattr(getattr(inner, "op", None), "name", "") == "nn.conv2d"
 
-        def visit(node, adds=adds):
-            if (isinstance(node, relay.Call) and getattr(node.op, "name", "") == "qnn.quantize"
-                    and getattr(node.args[0].op, "name", "") == "add"):
-                adds.append([d.args[0] for d in node.args[0].args])
 
-        relay.analysis.post_order_visit(fuzz.build_graph(spec)["main"], visit)
-        branches = [(a, b) for a, b in adds if getattr(b.op, "name", "") == "qnn.quantize"
-                    and getattr(b.args[0].op, "name", "").startswith(("nn.conv2d", "nn.relu"))]
-        assert branches, spec
-        for a, b in branches:
-            assert a.checked_type.dtype == b.checked_type.dtype == "uint8"
-            assert not tvm.ir.structural_equal(a, b)
+def test_qdq_add_residual_blocks_add_two_distinct_8bit_tensors():
+    """Every ``quantize(dequantize(a) + dequantize(b))`` of a ``projection`` / ``conv_branch`` step
+    reads two different uint8 tensors: ``b`` a conv's output, and ``a`` one too for ``projection``
+    (one tensor read twice would be one source for AffineEightBitJoin)."""
+    specs = fuzz.generate(300, seed=0)
+    for block in _BLOCKS:
+        drawn = [s for s in specs if any(st[0] == "qdq_add" and st[3:] == (block,) for st in s.steps)]
+        assert len(drawn) >= 5, f"the grammar no longer draws qdq_add's {block}"
+        for spec in drawn:
+            adds = []
+
+            def visit(node, adds=adds):
+                if (isinstance(node, relay.Call) and getattr(node.op, "name", "") == "qnn.quantize"
+                        and getattr(node.args[0].op, "name", "") == "add"):
+                    adds.append([d.args[0] for d in node.args[0].args])
+
+            relay.analysis.post_order_visit(fuzz.build_graph(spec)["main"], visit)
+            pairs = [(a, b) for a, b in adds if _is_conv_output(b) and (block != "projection" or _is_conv_output(a))]
+            assert pairs, (block, spec)
+            for a, b in pairs:
+                assert a.checked_type.dtype == b.checked_type.dtype == "uint8"
+                assert not tvm.ir.structural_equal(a, b)
 
 
 def test_affine_eight_bit_join_alone_rewrites_the_grammars_residual_block_bit_exactly():
-    """A residual block as the grammar builds it (a QDQ conv, then ``qdq_add`` with ``conv_branch``:
-    ``q(dq(a) + dq(conv(a)))``): the per-pass oracle runs AffineEightBitJoin alone at ``before_fuse``,
-    the pass rewrites it, and the build with it equals the build without it bit for bit (the oracle
-    itself allows a float graph one step)."""
+    """``qdq_add`` with ``projection`` on an int8 input (``q(dq(conv1x1(a)) + dq(conv3x3(a)))``): the
+    per-pass oracle runs AffineEightBitJoin alone at ``before_fuse``, the pass rewrites the add, and
+    the build with it equals the build without it bit for bit (the oracle itself allows a float
+    graph one step)."""
     from tvm_ext.passes import AffineEightBitJoin
     from tvm_ext.x86.isa import runs_on_host
 
     target = "llvm -mcpu=x86-64-v3"
     if not runs_on_host(target):
         pytest.skip("this host does not run x86-64-v3 (AVX2) code")
-    spec = fuzz.Spec(seed=5, in_dtype="uint8", steps=(("conv", 0, 8, 3, 1, 1, 0, "qdq", "none", False),
-                                                      ("qdq_add", 1, 0, "conv_branch")))
-    mod = fuzz.build_graph(spec)
+    mod = fuzz.build_graph(fuzz.Spec(seed=5, steps=(("qdq_add", 0, 0, "projection"),)))
     res = fuzz.check_graph(mod, passes=("AffineEightBitJoin",), stages=("before_fuse",), pipeline=False,
                            build_check=False, target=target)
     assert not res.failures, res.failures

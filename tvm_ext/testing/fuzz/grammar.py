@@ -73,8 +73,9 @@ def graph_specs(max_steps: int = 6, variants=VARIANTS):
                   st.sampled_from(["plain", "qnn"]), st.sampled_from(["add", "tuple"])),
         st.tuples(st.just("ewise_head"), small, st.sampled_from(["add", "multiply"]), st.integers(2, 3)),
         # halves: the output scale twice the inputs' (exact halves); calibrated: scales of no simple ratio;
-        # conv_branch: calibrated, the second operand a 1x1 conv of the first (two 8-bit tensors)
-        st.tuples(st.just("qdq_add"), small, small, st.sampled_from(["halves", "conv_branch", "calibrated"])),
+        # projection / conv_branch: calibrated, a residual block's two 8-bit tensors, conv(a) + conv(a) / a + conv(a)
+        st.tuples(st.just("qdq_add"), small, small,
+                  st.sampled_from(["halves", "projection", "conv_branch", "calibrated"])),
         st.tuples(st.just("pad"), small, st.sampled_from(["zero", "one"])),
         # motifs: the exact chains NarrowBeforeMaxPool, NonNegativeConvInputToUint8 and (channel counts no
         # int8 channel block divides) EpilogueBeforeChannelSlice and FoldChannelRepadIntoConv look for

@@ -221,16 +221,17 @@ def join(g, i, j, kind):
 def qdq_add(g, i, j, scales="halves"):
     """quantize(dequantize(a) + dequantize(b)) in uint8. ``scales="halves"``: input scales 0.05 and 0.1,
     output 0.1, zero points 128 (exact halves); ``"calibrated"``: scales and zero points drawn as a
-    calibration leaves them (no simple ratio). ``"conv_branch"``: calibrated scales, and ``b`` a
-    second 8-bit tensor, a residual block's ``a + conv(a)`` (a QDQ 1x1 conv of ``a`` back to its
-    channel count; ``j`` is not read)."""
+    calibration leaves them (no simple ratio). Calibrated scales, and two 8-bit tensors made from
+    ``a`` as a residual block makes them (``j`` is not read): ``"conv_branch"``, ``a + conv(a)`` (a
+    QDQ 1x1 conv back to ``a``'s channel count); ``"projection"``, ``conv1x1(a) + conv3x3(a)`` (the
+    skip through a projection conv: neither operand is an elementwise function of an earlier 8-bit
+    tensor, as ``a`` itself may be)."""
     import tvm
 
     relay = g.relay
     a = g.pick(i)
     if scales in _BRANCHES:
-        a8 = g.as_dtype(a, "uint8")
-        b8 = _BRANCHES[scales](g, a8)
+        a8, b8 = _BRANCHES[scales](g, g.as_dtype(a, "uint8"))
     else:
         b = g.pick(j)
         if b.shape != a.shape:
@@ -253,15 +254,26 @@ def qdq_add(g, i, j, scales="halves"):
            "uint8", a.shape)
 
 
-def _conv_branch(g, a8):
-    """A QDQ 1x1 conv of the uint8 ``a8`` back to its channel count (uint8, pushed as a value)."""
-    g.values.append(a8)
-    conv(g, len(g.values) - 1, a8.shape[0], 1, 1, 0, 0, "qdq", "none", False)
+def _qdq_conv_of(g, x8, k):
+    """A QDQ ``k`` x ``k`` conv (padded to keep the shape) of the uint8 ``x8`` to its channel count,
+    pushed as a value."""
+    g.values.append(x8)
+    conv(g, len(g.values) - 1, x8.shape[0], k, 1, k // 2, 0, "qdq", "none", False)
     return g.values[-1]
 
 
-#: qdq_add's ``scales`` values that make its second operand from the first.
-_BRANCHES = {"conv_branch": _conv_branch}
+def _conv_branch(g, a8):
+    """``(a, conv1x1(a))``"""
+    return a8, _qdq_conv_of(g, a8, 1)
+
+
+def _projection(g, a8):
+    """``(conv1x1(a), conv3x3(a))``"""
+    return _qdq_conv_of(g, a8, 1), _qdq_conv_of(g, a8, 3)
+
+
+#: qdq_add's ``scales`` values that make both operands from the first: ``(a, b)``.
+_BRANCHES = {"conv_branch": _conv_branch, "projection": _projection}
 
 
 def pool(g, i, kind, k, stride, pad):
