@@ -1,10 +1,14 @@
-"""AffineEightBitJoin: an elementwise float function of two 8-bit tensors becomes integer arithmetic.
+"""AffineEightBitJoin: an elementwise function of two 8-bit tensors becomes one integer affine form.
 
 Rewrites, when the two agree on every pair of input values (checked exhaustively at compile time)::
 
     # f(a: 8-bit, b: 8-bit) -> clip((int32(a) * Ma + int32(b) * Mb + C) >> n, lo, hi)
 
-Walked by hand: a chain is what a dataflow analysis finds to depend on two 8-bit values.
+Walked by hand: a chain is what a dataflow analysis finds to depend on two 8-bit values (or two
+lookups of integer tables) and to compute in float or through an integer rounding product
+(``fixed_point_multiply``: a QNN add lowered to integers). Where the whole chain has no form (two
+roundings) or ends in float, the latest integer ``clip`` or ``cast`` inside it that has one is
+rewritten and the rest of the chain stays.
 
 Why, how the integers are found, what it rejects and where it runs: docs/passes.md, section "Design
 notes", ``AffineEightBitJoin``.
@@ -22,6 +26,7 @@ from ._doc import factory_sections
 from ._eight_bit import TRAPPING, domain, elementwise, evaluate, small_constant
 from ._util import (Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild, static_shape,
                     static_tensor_type, with_body)
+from tvm_ext.ops import TABLE_LOOKUP
 
 PASS_NAME = "AffineEightBitJoin"
 RULE = "f(a: 8-bit, b: 8-bit) -> clip((a * Ma + b * Mb + C) >> n, lo, hi)"
@@ -31,6 +36,8 @@ _EIGHT_BIT = ("uint8", "int8")
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
 #: A margin the linear program's own tolerance could make (no int32 form resolves one this small).
 _NO_MARGIN = 1e-9
+#: Integer ops whose rounding products the form replaces: an integer chain holding one is worth rewriting.
+_ROUNDING_PRODUCTS = frozenset({"fixed_point_multiply"})
 
 
 def _is_float(node) -> bool:
@@ -52,19 +59,36 @@ def _cast_in_range(node, ranges) -> bool:
     return tlo <= lo and hi <= thi
 
 
+def _lookup_values(node):
+    """The distinct entries of the constant integer table that ``node`` looks up, or None."""
+    if op_name(node) != TABLE_LOOKUP or not isinstance(node.args[1], relay.Constant) or not static_tensor_type(node):
+        return None
+    dtype = str(node.checked_type.dtype)
+    if not _is_int(dtype) or tvm.DataType(dtype).bits > 32:
+        return None
+    return np.unique(node.args[1].data.numpy()).astype(dtype)
+
+
+def _costly(node) -> bool:
+    """Float arithmetic or an integer rounding product: work the integer form removes."""
+    return _is_float(node) or op_name(node) in _ROUNDING_PRODUCTS
+
+
 def _pair_sources(nodes, ranges):
-    """``(sources, floats)``: node -> the set of at most two 8-bit sources it is an elementwise function
-    of (empty for a small constant, None for neither), and the nodes whose chain computes in float.
+    """``(sources, costly)``: node -> the set of at most two sources it is an elementwise function of
+    (empty for a small constant, None for neither), and the nodes whose chain computes in float or
+    through an integer rounding product (:func:`_costly`).
 
     A node inherits its arguments' sources when it is elementwise, has their shape and computes no
     trapping integer division or undefined cast; otherwise it is a source itself when it has an 8-bit
-    domain. Readers see an 8-bit node as a source (an 8-bit node of two sources ends a chain): the
-    form reads the 8-bit tensor the float chain read, not the wider value it was narrowed from, so
-    what crosses kernels stays 8 bits.
+    domain or looks up a constant integer table (its values: the table's entries). Readers see an
+    8-bit node as a source (an 8-bit node of two sources ends a chain): the form reads the 8-bit
+    tensor the float chain read, not the wider value it was narrowed from, so what crosses kernels
+    stays 8 bits.
     """
     src: dict = {}
     seen_by_readers: dict = {}
-    floats = set()
+    costly = set()
     for node in nodes:
         if isinstance(node, relay.Constant):
             src[node] = seen_by_readers[node] = frozenset() if small_constant(node) else None
@@ -83,39 +107,50 @@ def _pair_sources(nodes, ranges):
                 inherited = frozenset(union)
         if inherited is not None:
             src[node] = inherited
-            if _is_float(node) or any(a in floats for a in node.args):
-                floats.add(node)
+            if _costly(node) or any(a in costly for a in node.args):
+                costly.add(node)
         else:
-            src[node] = frozenset({node}) if domain(node, ranges) is not None else None
+            is_source = domain(node, ranges) is not None or _lookup_values(node) is not None
+            src[node] = frozenset({node}) if is_source else None
         eight_bit = src[node] is not None and str(node.checked_type.dtype) in _EIGHT_BIT  # a source: a tensor
         seen_by_readers[node] = frozenset({node}) if eight_bit else src[node]
-    return src, floats
+    return src, costly
 
 
-def _roots(nodes, body, src, floats):
-    """``[(root, (a, b))]`` of every maximal two-source chain that computes in float and ends in an integer."""
+def _int32_at_most(dtype: str) -> bool:
+    return _is_int(dtype) and tvm.DataType(dtype).bits <= 32
+
+
+def _roots(nodes, body, src, costly):
+    """``([(root, (a, b))], rejected)``: every maximal two-source chain that does costly work, those that
+    end in an integer of at most 32 bits first, then ``rejected``, the same of those that do not."""
     users = consumers(nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    found = []
+    found, rejected = [], []
     for node in nodes:
         s = src.get(node)
-        if s is None or len(s) != 2 or node not in floats:
+        if s is None or len(s) != 2 or node not in costly:
             continue
         dtype = str(node.checked_type.dtype)
         maximal = (dtype in _EIGHT_BIT or node.same_as(body)
                    or any(src.get(u) != s for u, _ in users.get(node, [])))
         if not maximal:
             continue
-        if not _is_int(dtype) or tvm.DataType(dtype).bits > 32:
-            _log.debug("%s: not rewritten (%s): %s", RULE, Reject(f"the chain ends in {dtype}, not an integer of "
-                                                                  "at most 32 bits"), op_name(node))
+        chain = (node, tuple(sorted(s, key=position.get)))
+        if _int32_at_most(dtype):
+            found.append(chain)
             continue
-        a, b = sorted(s, key=position.get)
-        found.append((node, (a, b)))
-    return found
+        _log.debug("%s: not rewritten (%s): %s", RULE, Reject(f"the chain ends in {dtype}, not an integer of "
+                                                              "at most 32 bits"), op_name(node))
+        rejected.append(chain)
+    return found, rejected
 
 
 def _values(source, ranges):
+    """Every value ``source`` takes: its table's entries (a lookup), else its domain."""
+    table = _lookup_values(source)
+    if table is not None:
+        return table
     dtype, lo, n, _ = domain(source, ranges)
     return np.arange(lo, lo + n).astype(dtype)
 
@@ -235,6 +270,28 @@ def _integer(root, a, b, form):
     return out if dtype == i32 else relay.cast(out, dtype)
 
 
+def _inner_points(root, src, costly, position):
+    """The integer ``clip`` and ``cast`` calls inside ``root``'s chain (its two sources, costly work
+    before them), latest first: where a requantize inside the chain ends, so the chain up to there
+    rounds once less than the whole (or ends in an integer where the whole ends in float)."""
+    s, found, stack, seen = src[root], [], list(root.args), set()
+    while stack:
+        node = stack.pop()
+        if node in seen or src.get(node) != s:
+            continue
+        seen.add(node)
+        stack.extend(node.args)
+        if op_name(node) in ("clip", "cast") and node in costly and _int32_at_most(str(node.checked_type.dtype)):
+            found.append(node)
+    return sorted(found, key=position.get, reverse=True)
+
+
+def _forms(chains, ranges) -> list:
+    """The integer form (or a Reject) of each ``(root, (a, b))``."""
+    return [affine_form(_values(a, ranges), _values(b, ranges), table)
+            for (_, (a, b)), table in zip(chains, _tables(chains, ranges))]
+
+
 def _rewrite(func):
     from ._intervals import value_ranges
 
@@ -242,35 +299,53 @@ def _rewrite(func):
     if nodes is None:
         return func
     ranges = value_ranges(nodes)
-    src, floats = _pair_sources(nodes, ranges)
-    chains = _roots(nodes, func.body, src, floats)
-    if not chains:
+    src, costly = _pair_sources(nodes, ranges)
+    chains, rejected = _roots(nodes, func.body, src, costly)
+    if not chains and not rejected:
         return func
-    subst = {}
-    for (root, (a, b)), table in zip(chains, _tables(chains, ranges)):
-        form = affine_form(_values(a, ranges), _values(b, ranges), table)
+    subst, position, total = {}, {node: i for i, node in enumerate(nodes)}, len(chains) + len(rejected)
+    for (root, pair), form in zip(chains, _forms(chains, ranges) if chains else []):
         if isinstance(form, Reject):
             _log.debug("%s: not rewritten (%s): %s", RULE, form, op_name(root))
+            rejected.append((root, pair))
             continue
-        subst[root] = _integer(root, a, b, form)
+        subst[root] = _integer(root, *pair, form)
+    inner = [[(point, pair) for point in _inner_points(root, src, costly, position)] for root, pair in rejected]
+    candidates = [c for group in inner for c in group]
+    forms = dict(zip(candidates, _forms(candidates, ranges))) if candidates else {}
+    for group in inner:  # the latest point of each chain with a form; the chain after it stays
+        for point, pair in group:
+            form = forms[(point, pair)]
+            if isinstance(form, Reject):
+                _log.debug("%s: not rewritten up to an inner %s (%s)", RULE, op_name(point), form)
+                continue
+            _log.debug("%s: rewritten up to an inner %s; the chain after it stays", RULE, op_name(point))
+            subst[point] = _integer(point, *pair, form)
+            break
     if not subst:
         return func
-    _log.info("%s: %d of %d two-input chain(s) rewritten in integers", RULE, len(subst), len(chains))
+    _log.info("%s: %d of %d two-input chain(s) rewritten in integers", RULE, len(subst), total)
     return with_body(func, rebuild(func.body, subst))
 
 
 @register_pass(PASS_NAME)
 @factory_sections(PASS_NAME)
 def AffineEightBitJoin():  # pylint: disable=invalid-name
-    """Replace every elementwise float function of two 8-bit tensors that equals an integer affine form
-    on all of their value pairs by that form: ``clip((a * Ma + b * Mb + C) >> n, lo, hi)`` in int32.
+    """Replace every elementwise function of two 8-bit tensors that computes in float (or through an
+    integer ``fixed_point_multiply``) and equals an integer affine form on all of their value pairs by
+    that form: ``clip((a * Ma + b * Mb + C) >> n, lo, hi)`` in int32.
 
     A QDQ residual add, ``quantize(dequantize(a) + dequantize(b))``, computes in float32 (two
     products, a sum, a division by the output scale, a rounding, a clip); the integer form is four
     multiply-adds and a shift per element, and it fuses into the producer's kernel where the float
     chain was. The function is computed by TVM on every pair of input values at compile time, as a
     plain ``llvm`` build computes it, and the integers are found so that the form equals it on every
-    pair (exact by exhaustion). Part of :func:`tvm_ext.core.pipelines.int8`; run at ``before_fuse``.
+    pair (exact by exhaustion). A QNN add lowered to integers (each input requantized by a
+    ``fixed_point_multiply``, then summed) is such a function too, and an input may be a lookup of a
+    constant integer table (its values: the table's entries). When the whole chain has no form (a
+    second requantize after the add rounds again) or ends in float (a dequantize for a float
+    reader), the latest integer ``clip``/``cast`` inside it that has one is replaced and the rest of
+    the chain reads it. Part of :func:`tvm_ext.core.pipelines.int8`; run at ``before_fuse``.
 
     Notes
     -----
@@ -278,7 +353,8 @@ def AffineEightBitJoin():  # pylint: disable=invalid-name
     no affine form rounds to (for instance a sum of two equally scaled inputs divided by twice their
     scale, whose exact halves round away from zero on both signs), forms that need more than int32,
     chains with a per-channel (more than one element) constant, with an integer division, with a float
-    cast to an integer of values outside it, ending in float, dynamic shapes, functions with
-    ``If``/``Let``/``Match``/references/closures.
+    cast to an integer of values outside it, ending in float with no integer point inside that has a
+    form, integer chains without a ``fixed_point_multiply`` (nothing to remove), dynamic shapes,
+    functions with ``If``/``Let``/``Match``/references/closures.
     """
     return function_pass(PASS_NAME, _rewrite)

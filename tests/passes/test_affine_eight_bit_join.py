@@ -11,6 +11,7 @@ from tvm import relay
 import tvm_ext
 from tvm_ext.core import pipelines
 from tvm_ext.passes import AffineEightBitJoin
+from tvm_ext.ops import table_lookup
 from tvm_ext.passes.affine_eight_bit_join import affine_form
 from tvm_ext.testing import assert_unchanged, check, infer, run_module
 from tvm_ext.testing import quantized_add as qa
@@ -187,3 +188,174 @@ def test_int8_pipeline_conv_residual_add_in_integers_bit_exact(target):
     assert not any(str(t).startswith("float") for t in _call_dtypes(seen.mod))
     a, b = qa.pairs()
     np.testing.assert_array_equal(run_module(lib, {"a": a, "b": b})[0], qa.reference(a, b, p))
+
+
+
+# -- a float chain ending in float: a requantized add dequantized again for a float reader --
+def dequantized_add(p: qa.AddScales, a, b):
+    """``dq(q(dq(a) + dq(b)))``, the add read by a float op (an FPN's next add)::
+
+        a, b -> requantized add (float) -> clip -> cast i32 -> - zc -> cast f32 -> * sc
+    """
+    q = relay.cast(relay.clip(requantized_add(p, a=a, b=b, end="float32"), 0, 255), "int32")
+    return relay.multiply(relay.cast(relay.subtract(q, relay.const(p.zc)), "float32"), _const(p.sc, ()))
+
+
+def test_dequantized_add_rewritten_up_to_its_cast():
+    """The chain ends in float (no form), so the form replaces it up to its integer cast; the
+    dequantize after it stays."""
+    form = affine_form(_values(), _values(), qa.reference(*qa.pairs(), RESIDUAL).reshape(256, 256))
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    m_a, m_b, c, n, lo, hi = form
+    t = relay.add(relay.multiply(relay.cast(a, "int32"), relay.const(m_a)),
+                  relay.multiply(relay.cast(b, "int32"), relay.const(m_b)))
+    q = relay.clip(relay.right_shift(relay.add(t, relay.const(c)), relay.const(n)), lo, hi)
+    expected = relay.multiply(relay.cast(relay.subtract(q, relay.const(RESIDUAL.zc)), "float32"),
+                              _const(RESIDUAL.sc, ()))
+    check(AffineEightBitJoin(), dequantized_add(RESIDUAL, a, b), expected)
+
+
+@pytest.mark.parametrize("p", [RESIDUAL, *CALIBRATED], ids=lambda p: f"sc{p.sc:.4g}")
+def test_dequantized_add_bit_exact_on_every_pair(p):
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    before = infer(dequantized_add(p, a, b))
+    with tvm.transform.PassContext(opt_level=3):
+        after = AffineEightBitJoin()(before)
+    assert "round(" in before.astext() and "round(" not in after.astext()
+    x, y = qa.pairs()
+    got = run_module(after, {"a": x, "b": y})[0]
+    expected = (qa.reference(x, y, p).astype(np.int32) - p.zc).astype(np.float32) * np.float32(p.sc)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got, run_module(before, {"a": x, "b": y})[0])
+
+
+def test_dequantized_add_idempotent():
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    with tvm.transform.PassContext(opt_level=3):
+        once = AffineEightBitJoin()(infer(dequantized_add(RESIDUAL, a, b)))
+    assert_unchanged(AffineEightBitJoin(), once)
+
+
+def test_dequantized_add_unchanged_on_no_match(caplog):
+    """Ties no affine form rounds to: neither the whole chain (it ends in float) nor its cast (logged)."""
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(AffineEightBitJoin(), infer(dequantized_add(HALVES, a, b)))
+    assert "ends in float32" in caplog.text
+    assert "not rewritten up to an inner cast (no affine function" in caplog.text
+
+# -- integer chains: a QNN add lowered to integers (fixed_point_multiply), one input a SiLU table lookup --
+#: ``fixed_point_multiply`` parameters of YOLOv8n QDQ's first C2f add: the block input's requantize to the
+#: add's scale, then the concatenation's requantize of the sum.
+ADD_REQUANTIZE, CONCAT_REQUANTIZE = (1539323661, 1), (1491558696, 0)
+
+
+def _silu_table():
+    """An int32 table as ``TabulateEightBit`` leaves a quantized SiLU requantized to the add's scale
+    (zero point 3 included): 8-bit conv output (scale 0.387, zero point 167) -> SiLU quantized (0.135, 2)
+    -> requantized to the add's scale (0.178, 3), the scales of YOLOv8n QDQ's first C2f add."""
+    x = (np.arange(256) - 167).astype(np.float32) * np.float32(0.38706067)
+    q = np.clip(np.floor(x / (1 + np.exp(-x.astype(np.float64))) / 0.13492203 + 0.5) + 2, 0, 255).astype(np.int64)
+    return (_fpm(q - 2, round(0.13492203 / 0.17752476 * 2 ** 31), 0) + 3).astype("int32")
+
+
+def _fpm(x, multiplier, shift):
+    """TVM's ``fixed_point_multiply``: ``x * multiplier * 2**(shift - 31)`` rounded half up, in int64."""
+    total = 31 - shift
+    return (np.asarray(x, np.int64) * multiplier + (1 << (total - 1))) >> total
+
+
+def lowered_add(a, b, end="add", inner_clip=True):
+    """``qnn.add(a, silu(b))`` as QNN lowering and ``TabulateEightBit`` leave it (YOLOv8n's C2f add)::
+
+        a(u8) -> cast i32 - 1 -> fpm -> + 3 --+
+        b(u8) -> lookup(int32 table) ---------+-> add -> - 3 -> clip 0..255 -> [concatenation's
+                                                   requantize: - 3 -> fpm -> + 2 -> clip] -> cast u8
+    """
+    table = _silu_table()
+    x = relay.fixed_point_multiply(relay.subtract(relay.cast(a, "int32"), relay.const(1)), *ADD_REQUANTIZE)
+    y = relay.subtract(relay.add(relay.add(relay.const(3), x), table_lookup(b, relay.const(table))),
+                       relay.const(3))
+    y = relay.clip(y, 0, 255) if inner_clip or end == "add" else y
+    if end == "concat":
+        y = relay.clip(relay.add(relay.const(2), relay.fixed_point_multiply(relay.subtract(y, relay.const(3)),
+                                                                             *CONCAT_REQUANTIZE)), 0, 255)
+    return relay.cast(y, "uint8")
+
+
+def lowered_add_reference(a, t, end="add"):
+    """The same in numpy int64, of ``a`` and the looked-up value ``t``."""
+    y = np.clip(3 + _fpm(a.astype(np.int64) - 1, *ADD_REQUANTIZE) + t - 3, 0, 255)
+    if end == "concat":
+        y = np.clip(2 + _fpm(y - 3, *CONCAT_REQUANTIZE), 0, 255)
+    return y
+
+
+def _lookup_form(end="add"):
+    """``(form, values)`` of the chain (to ``end``) over ``a`` x the table's entries."""
+    va, vt = _values(), np.unique(_silu_table())
+    table = lowered_add_reference(np.repeat(va, vt.size), np.tile(vt, va.size).astype(np.int64), end)
+    return affine_form(va, vt, table), table
+
+
+@pytest.mark.parametrize("end", ["add", "concat"])
+def test_lowered_add_becomes_the_integer_form(end):
+    """The whole add (``end="add"``) or, when the concatenation's requantize follows (a second rounding:
+    no form of the whole), the add up to its clip becomes the form; the requantize after it stays."""
+    form, _ = _lookup_form()
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    lookup = table_lookup(b, relay.const(_silu_table()))
+    m_a, m_b, c, n, lo, hi = form
+    y = relay.add(relay.add(relay.multiply(relay.cast(a, "int32"), relay.const(m_a)),
+                            relay.multiply(lookup, relay.const(m_b))), relay.const(c))
+    y = relay.clip(relay.right_shift(y, relay.const(n)), lo, hi)
+    if end == "concat":
+        y = relay.clip(relay.add(relay.const(2), relay.fixed_point_multiply(relay.subtract(y, relay.const(3)),
+                                                                             *CONCAT_REQUANTIZE)), 0, 255)
+    check(AffineEightBitJoin(), lowered_add(a, b, end), relay.cast(y, "uint8"))
+    if end == "concat":
+        whole = affine_form(_values(), np.unique(_silu_table()), _lookup_form("concat")[1])
+        assert "no affine function" in str(whole), whole
+
+
+@pytest.mark.parametrize("end", ["add", "concat"])
+def test_lowered_add_bit_exact_on_every_pair(end):
+    """The rewritten chain equals numpy's int64 arithmetic and a plain ``llvm`` build of the chain on all
+    65,536 input pairs."""
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    before = infer(lowered_add(a, b, end))
+    with tvm.transform.PassContext(opt_level=3):
+        after = AffineEightBitJoin()(before)
+    assert "fixed_point_multiply" in before.astext()
+    assert after.astext().count("fixed_point_multiply(") == (1 if end == "concat" else 0)
+    x, y = qa.pairs()
+    got = run_module(after, {"a": x, "b": y})[0]
+    np.testing.assert_array_equal(got, lowered_add_reference(x, _silu_table()[y], end))
+    np.testing.assert_array_equal(got, run_module(before, {"a": x, "b": y})[0])
+
+
+@pytest.mark.parametrize("end", ["add", "concat"])
+def test_lowered_add_idempotent(end):
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    with tvm.transform.PassContext(opt_level=3):
+        once = AffineEightBitJoin()(infer(lowered_add(a, b, end)))
+    assert_unchanged(AffineEightBitJoin(), once)
+
+
+def test_lowered_add_unchanged_on_no_match(caplog):
+    """Two roundings and no clip between them: no form of the whole chain nor of the clip that ends it
+    (both logged). An integer chain with no rounding product (nothing to gain) and a float table's lookup
+    (not an integer source) are not chains here."""
+    a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert_unchanged(AffineEightBitJoin(), infer(lowered_add(a, b, "concat", inner_clip=False)))
+    assert "not rewritten (no affine function" in caplog.text
+    assert "not rewritten up to an inner clip (no affine function" in caplog.text
+    table = relay.const(_silu_table())
+    no_product = relay.cast(relay.clip(relay.add(relay.cast(a, "int32"), table_lookup(b, table)),
+                                       0, 255), "uint8")
+    float_table = relay.cast(relay.clip(relay.round(relay.add(
+        relay.multiply(relay.cast(a, "float32"), _const(0.7, ())),
+        table_lookup(b, relay.const(_silu_table().astype("float32") / 2)))), 0, 255), "uint8")
+    for body in (no_product, float_table):
+        assert_unchanged(AffineEightBitJoin(), infer(body))
