@@ -71,3 +71,13 @@ def evaluate(feeds: dict, outs: list, target, config: dict | None = None) -> lis
         gm.set_input(var.name_hint, values)
     gm.run()
     return [gm.get_output(i).numpy() for i in range(len(outs))]
+
+
+def evaluate_as_oracle(feeds: dict, outs: list) -> list:
+    """:func:`evaluate` for plain ``llvm`` with float products rounded before their sums (no fused
+    multiply-add, :mod:`tvm_ext._no_contract`): what the integer oracle computes, and what the x86 and
+    aarch64 int8 builds compute with their products fenced, on any host and for any target."""
+    import tvm
+    from tvm_ext import _no_contract
+
+    return evaluate(feeds, outs, tvm.target.Target("llvm"), _no_contract.lower_config())

@@ -17,7 +17,7 @@ from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._eight_bit import TRAPPING as _TRAPPING
-from ._eight_bit import evaluate
+from ._eight_bit import evaluate_as_oracle
 from ._eight_bit import domain as _domain
 from ._eight_bit import elementwise as _elementwise
 from ._eight_bit import small_constant as _small_constant
@@ -107,20 +107,9 @@ def _roots(nodes, body, src):
     return found
 
 
-def _eval_target():
-    """The target the tables are computed with: the one being built if this host runs it, else llvm."""
-    from tvm_ext.x86.isa import runs_on_host
-
-    tgt = tvm.target.Target.current(allow_none=True)
-    if tgt is not None and tgt.kind.name == "llvm" and runs_on_host(tgt):
-        return tgt
-    if tgt is not None:
-        _log.info("%s: tables computed for the host's llvm, not %s (this host cannot run it)", PASS_NAME, tgt)
-    return tvm.target.Target("llvm")
-
-
 def _tables(chains, ranges) -> list:
-    """Evaluate every ``(root, source)`` chain on all values of its source with TVM; one build for all."""
+    """Evaluate every ``(root, source)`` chain on all values of its source with TVM; one build for all,
+    for plain ``llvm`` with products rounded before sums, on any host (``evaluate_as_oracle``)."""
     inputs: dict = {}  # domain -> (var, values)
     outs, unique, index = [], {}, []
     for root, source in chains:
@@ -135,9 +124,8 @@ def _tables(chains, ranges) -> list:
             unique[key] = len(outs)
             outs.append(expr)
         index.append(unique[key])
-    target = _eval_target()
-    values = evaluate(dict(inputs.values()), outs, target)
-    _log.debug("%s: %d distinct tables computed for %s", PASS_NAME, len(outs), target)
+    values = evaluate_as_oracle(dict(inputs.values()), outs)
+    _log.debug("%s: %d distinct tables computed", PASS_NAME, len(outs))
     return [values[i] for i in index]
 
 
@@ -242,7 +230,8 @@ def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
     divisors included), chains with a per-channel (more than one element) constant, chains of two different tensors
     (``x * y``), broadcasting of a tensor inside the chain, dynamic shapes, functions with
     ``If``/``Let``/``Match``/references/closures. The tables are computed by building the chains
-    with ``relay.build`` for the current target when this host can run it, else for ``llvm``.
+    with ``relay.build`` for plain ``llvm`` with float products rounded before their sums, as the
+    integer oracle and the x86 and aarch64 int8 builds compute them: the same tables on every host.
     """
     if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
         raise TypeError(f"{PASS_NAME}: ops must be a collection of op names, got {ops!r}")

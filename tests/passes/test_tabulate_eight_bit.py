@@ -294,6 +294,49 @@ def test_lookup_op_clamps_and_types():
         _fn(lambda x: table_lookup(x, relay.const(table)), "float32", (6,))
 
 
+def _near_a_rounding_boundary(y, s):
+    """``(k, c)``: an entry ``k`` of ``y`` and a constant ``c`` such that ``round(y[k] * s + c)``
+    differs between rounding the product and then the sum (numpy, a plain ``llvm`` build) and one
+    rounding of both (a fused multiply-add): ``fl(y[k] * s) + c`` is exactly ``m + 0.5``."""
+    for k, v in enumerate(y.astype(np.float64)):
+        p = np.float32(v * np.float64(s))
+        for m in range(100, 140):
+            c = np.float32((m + 0.5) - np.float64(p))
+            if np.float32(p + c) != np.float32(m + 0.5):
+                continue
+            fused = np.float32(v * np.float64(s) + np.float64(c))
+            if np.round(fused) != np.round(np.float32(p + c)):
+                return k, c
+    raise AssertionError("no entry near a rounding boundary")
+
+
+@pytest.mark.parametrize("op", ["tanh", "erf"])
+def test_tables_are_the_oracle_s_values_on_any_host(op):
+    """Built for the host (FMA on every AVX2 or aarch64 host), the table is still what a plain ``llvm``
+    build of the chain computes: ``op(dq(x)) * s`` rounded, then ``+ c`` rounded. ``c`` puts one entry
+    where one rounding of both (a contracted multiply-add) gives the next integer."""
+    s = np.float32(100.3)
+
+    def dq(x):
+        return relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(128)), "float32"),
+                              relay.const(np.float32(0.03)))
+
+    xs = np.arange(256).astype("uint8")
+    y = run_module(_fn(lambda x: getattr(relay, op)(dq(x)), shape=(256,)), {"x": xs})[0]
+    k, c = _near_a_rounding_boundary(y, s)
+
+    def body(x):
+        v = relay.add(relay.multiply(getattr(relay, op)(dq(x)), relay.const(s)), relay.const(c))
+        return relay.cast(relay.clip(relay.round(v), 0, 255), "uint8")
+
+    before = _fn(body, shape=(256,))
+    want = run_module(before, {"x": xs})[0]
+    assert want[k] == np.round(np.float32(np.float32(y[k] * s) + c))
+    built = tvm_ext.build(before, passes=[TabulateEightBit()])
+    assert "table_lookup" in built.get_graph_json() and op not in built.get_graph_json()
+    np.testing.assert_array_equal(run_module(built, {"x": xs})[0], want)
+
+
 def test_float64_chain_gets_a_float64_table():
     """A chain computing in float64 (AddAsOnnxRuntime's adds) is tabulated with a float64 table:
     relay.const alone made the table float32 (a type error where the chain's readers expect float64)."""
