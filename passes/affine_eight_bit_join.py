@@ -60,13 +60,14 @@ def _cast_in_range(node, ranges) -> bool:
 
 
 def _lookup_values(node):
-    """The distinct entries of the constant integer table that ``node`` looks up, or None."""
+    """The distinct entries of the constant integer table that ``node`` looks up (at most 256), or None."""
     if op_name(node) != TABLE_LOOKUP or not isinstance(node.args[1], relay.Constant) or not static_tensor_type(node):
         return None
     dtype = str(node.checked_type.dtype)
     if not _is_int(dtype) or tvm.DataType(dtype).bits > 32:
         return None
-    return np.unique(node.args[1].data.numpy()).astype(dtype)
+    values = np.unique(node.args[1].data.numpy()).astype(dtype)
+    return values if values.size <= 256 else None
 
 
 def _costly(node) -> bool:

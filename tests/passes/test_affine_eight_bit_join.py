@@ -344,8 +344,8 @@ def test_lowered_add_idempotent(end):
 
 def test_lowered_add_unchanged_on_no_match(caplog):
     """Two roundings and no clip between them: no form of the whole chain nor of the clip that ends it
-    (both logged). An integer chain with no rounding product (nothing to gain) and a float table's lookup
-    (not an integer source) are not chains here."""
+    (both logged). An integer chain with no rounding product (nothing to gain), a float table's lookup and
+    a lookup of a table of more than 256 distinct entries (not sources) are not chains here."""
     a, b = (relay.var(n, shape=qa.SHAPE, dtype="uint8") for n in "ab")
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert_unchanged(AffineEightBitJoin(), infer(lowered_add(a, b, "concat", inner_clip=False)))
@@ -357,5 +357,8 @@ def test_lowered_add_unchanged_on_no_match(caplog):
     float_table = relay.cast(relay.clip(relay.round(relay.add(
         relay.multiply(relay.cast(a, "float32"), _const(0.7, ())),
         table_lookup(b, relay.const(_silu_table().astype("float32") / 2)))), 0, 255), "uint8")
-    for body in (no_product, float_table):
+    wide_table = relay.cast(relay.clip(relay.add(
+        relay.fixed_point_multiply(relay.cast(a, "int32"), *ADD_REQUANTIZE),
+        table_lookup(b, relay.const(np.arange(0, 3000, 3, dtype="int32")))), 0, 255), "uint8")
+    for body in (no_product, float_table, wide_table):
         assert_unchanged(AffineEightBitJoin(), infer(body))
