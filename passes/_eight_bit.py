@@ -1,5 +1,6 @@
 """What the passes that evaluate a function on every 8-bit value share: an 8-bit domain, a small
-constant, an elementwise op, and the integer ops that must never be evaluated on every value.
+constant, an elementwise op, the integer ops that must never be evaluated on every value, and the
+evaluation itself (as the integer oracle computes it).
 
 A leaf: ``TabulateEightBit`` (one 8-bit source, a table) and ``AffineEightBitJoin`` (two 8-bit
 sources, an integer affine form) both read a node's domain here.
@@ -56,28 +57,23 @@ def elementwise(node) -> bool:
     return op_name(node) not in (None, TABLE_LOOKUP) and call_pattern(node) <= K_BROADCAST
 
 
-def evaluate(feeds: dict, outs: list, target, config: dict | None = None) -> list:
+def evaluate(feeds: dict, outs: list) -> list:
     """The values of ``outs`` (expressions of the variables in ``feeds``, ``{var: values}``): one
-    ``relay.build`` of them all for ``target`` under the PassContext options ``config``, run here."""
+    ``relay.build`` of them all for plain ``llvm``, float products rounded before their sums (no fused
+    multiply-add, :mod:`tvm_ext._no_contract`), run here. That is what the integer oracle computes, and
+    what the x86 and aarch64 int8 builds compute with their products fenced, on any host and for any
+    target."""
     import tvm
     from tvm.contrib import graph_executor
+    from tvm_ext import _no_contract
 
+    target = tvm.target.Target("llvm")
     fn = relay.Function(list(feeds), relay.Tuple(outs))
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(fn))
-    with tvm.transform.PassContext(opt_level=3, config=config), target:
+    with tvm.transform.PassContext(opt_level=3, config=_no_contract.lower_config()), target:
         lib = relay.build(mod, target=target)
     gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     for var, values in feeds.items():
         gm.set_input(var.name_hint, values)
     gm.run()
     return [gm.get_output(i).numpy() for i in range(len(outs))]
-
-
-def evaluate_as_oracle(feeds: dict, outs: list) -> list:
-    """:func:`evaluate` for plain ``llvm`` with float products rounded before their sums (no fused
-    multiply-add, :mod:`tvm_ext._no_contract`): what the integer oracle computes, and what the x86 and
-    aarch64 int8 builds compute with their products fenced, on any host and for any target."""
-    import tvm
-    from tvm_ext import _no_contract
-
-    return evaluate(feeds, outs, tvm.target.Target("llvm"), _no_contract.lower_config())

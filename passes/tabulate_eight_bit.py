@@ -17,7 +17,7 @@ from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._eight_bit import TRAPPING as _TRAPPING
-from ._eight_bit import evaluate_as_oracle
+from ._eight_bit import evaluate
 from ._eight_bit import domain as _domain
 from ._eight_bit import elementwise as _elementwise
 from ._eight_bit import small_constant as _small_constant
@@ -109,7 +109,7 @@ def _roots(nodes, body, src):
 
 def _tables(chains, ranges) -> list:
     """Evaluate every ``(root, source)`` chain on all values of its source with TVM; one build for all,
-    for plain ``llvm`` with products rounded before sums, on any host (``evaluate_as_oracle``)."""
+    for plain ``llvm`` with products rounded before sums, on any host (``_eight_bit.evaluate``)."""
     inputs: dict = {}  # domain -> (var, values)
     outs, unique, index = [], {}, []
     for root, source in chains:
@@ -124,7 +124,7 @@ def _tables(chains, ranges) -> list:
             unique[key] = len(outs)
             outs.append(expr)
         index.append(unique[key])
-    values = evaluate_as_oracle(dict(inputs.values()), outs)
+    values = evaluate(dict(inputs.values()), outs)
     _log.debug("%s: %d distinct tables computed", PASS_NAME, len(outs))
     return [values[i] for i in index]
 

@@ -162,10 +162,12 @@ INT8 = (
                  "Before ``DequantizeInConvTranspose`` (last, below). No rule ties it to the passes before it: it "
                  "tabulates the chains as they leave them."),
         Step("AffineEightBitJoin",
-             does="an elementwise float function of two 8-bit values (a QDQ residual add's requantize) becomes "
-                  "int32 arithmetic, ``clip((a * Ma + b * Mb + C) >> n)``, found at compile time so that it equals "
-                  "the float chain, as TVM computes it, on every pair of values (exact): no float conversions, "
-                  "products or division in the kernel's epilogue.",
+             does="an elementwise function of two 8-bit values that computes in float (a QDQ residual add's "
+                  "requantize) or through ``fixed_point_multiply`` (a QNN add lowered to integers) becomes one int32 "
+                  "form, ``clip((a * Ma + b * Mb + C) >> n)``, found at compile time so that it equals the chain, as "
+                  "TVM computes it, on every pair of values (exact): no float conversions, products, division or "
+                  "second requantize in the kernel's epilogue. A chain with no such form is rewritten up to its "
+                  "latest integer clip or cast that has one.",
              why="at ``before_fuse``: the chain is the one QNN lowering and the layout passes leave, with its "
                  "constants' final shapes (a one-element parameter divides, a scalar multiplies by its "
                  "reciprocal). After ``TabulateEightBit``, whose lookups it reads as 8-bit sources, and before "
