@@ -48,6 +48,10 @@ def _is_int(dtype: str) -> bool:
     return dtype.startswith(("int", "uint"))
 
 
+def _int32_at_most(dtype: str) -> bool:
+    return _is_int(dtype) and tvm.DataType(dtype).bits <= 32
+
+
 def _cast_in_range(node, ranges) -> bool:
     """A float -> integer cast whose operand provably fits the integer type (else its value is undefined)."""
     from ._intervals import full_range
@@ -64,7 +68,7 @@ def _lookup_values(node):
     if op_name(node) != TABLE_LOOKUP or not isinstance(node.args[1], relay.Constant) or not static_tensor_type(node):
         return None
     dtype = str(node.checked_type.dtype)
-    if not _is_int(dtype) or tvm.DataType(dtype).bits > 32:
+    if not _int32_at_most(dtype):
         return None
     values = np.unique(node.args[1].data.numpy()).astype(dtype)
     return values if values.size <= 256 else None
@@ -118,15 +122,11 @@ def _pair_sources(nodes, ranges):
     return src, costly
 
 
-def _int32_at_most(dtype: str) -> bool:
-    return _is_int(dtype) and tvm.DataType(dtype).bits <= 32
-
-
-def _roots(nodes, body, src, costly):
+def _roots(nodes, body, src, costly, position):
     """``([(root, (a, b))], rejected)``: every maximal two-source chain that does costly work, those that
-    end in an integer of at most 32 bits first, then ``rejected``, the same of those that do not."""
+    end in an integer of at most 32 bits first, then ``rejected``, the same of those that do not
+    (``position``: each node's index in ``nodes``, which orders a chain's two sources)."""
     users = consumers(nodes)
-    position = {node: i for i, node in enumerate(nodes)}
     found, rejected = [], []
     for node in nodes:
         s = src.get(node)
@@ -299,10 +299,11 @@ def _rewrite(func):
         return func
     ranges = value_ranges(nodes)
     src, costly = _pair_sources(nodes, ranges)
-    chains, rejected = _roots(nodes, func.body, src, costly)
+    position = {node: i for i, node in enumerate(nodes)}
+    chains, rejected = _roots(nodes, func.body, src, costly, position)
     if not chains and not rejected:
         return func
-    subst, position, total = {}, {node: i for i, node in enumerate(nodes)}, len(chains) + len(rejected)
+    subst, total = {}, len(chains) + len(rejected)
     for (root, pair), form in zip(chains, _forms(chains, ranges) if chains else []):
         if isinstance(form, Reject):
             _log.debug("%s: not rewritten (%s): %s", RULE, form, op_name(root))
