@@ -11,12 +11,13 @@ instruction-set class); this module applies it through TVM's registrations:
   convs in :mod:`tvm_ext.arm.dot_conv`'s register tiles (``conv_tile``);
 * the layout rule: the ``smmla`` layouts, one channel block among them (``mmla_block``), NCHWc
   depthwise convs after an NCHWkc producer (``depthwise_nchwc``);
+* the NCHWc depthwise strategy: :mod:`tvm_ext.arm.depthwise_dot` (``depthwise_dot``);
 * the dense strategy: :mod:`tvm_ext.arm.int8_dense`'s kernels (``dense_kernels``).
 
 Everything else stays TVM's: NHWC, float convs with 64 or more input channels, float depthwise convs.
 The rules, with their equations and reasons: docs/arm-kernels.md.
 
-:func:`kernels` installs the seven registrations for as long as it is entered and puts TVM's back
+:func:`kernels` installs the eight registrations for as long as it is entered and puts TVM's back
 on the outermost exit (re-entrant and shared by threads, :class:`tvm_ext._patch.Patch`).
 :func:`tvm_ext.build` enters it for aarch64 targets when a tvm-ext pipeline runs (``kernels=True``).
 """
@@ -37,7 +38,7 @@ from tvm.target import Target
 
 from .._op_pattern import K_BROADCAST, call_pattern
 from .._patch import Patch
-from . import dot_conv, int8_dense, mmla_conv
+from . import depthwise_dot, dot_conv, int8_dense, mmla_conv
 from ._mmla import MMLA_INSTRUCTION
 from .int8_policy import CHANNEL_MULTIPLE, INT8_LANES, MIN_INT8_CHANNELS, policy
 
@@ -68,6 +69,9 @@ NCHWC_FLOAT = "conv2d_nchw.x86"
 #: The implementation TVM's arm_cpu strategy gives ``contrib_depthwise_conv2d_nchwc`` (the x86 compute),
 #: which the policy's layout rule makes of an 8-bit depthwise conv reading an NCHWc tensor.
 DEPTHWISE_NCHWC = "depthwise_conv2d_NCHWc.x86"
+
+#: The implementation name of :mod:`tvm_ext.arm.depthwise_dot`'s depthwise conv (``depthwise_dot``).
+DEPTHWISE_DOT = "depthwise_conv2d_nchwc_dot.tvm_ext"
 
 _8BIT = ("int8", "uint8")
 #: besides elementwise and broadcast ops, these keep their input's layout (a slice of whole blocks)
@@ -273,6 +277,30 @@ def _tile_form(attrs, data, kernel, out_type, target) -> str:
     return "" if why else form
 
 
+def _depthwise_dot_refusal(attrs, data, kernel, out_type, target) -> str:
+    """Why an NCHWc depthwise conv keeps TVM's compute at ``target``, or ``""`` (``depthwise_dot``)."""
+    if not policy(target).depthwise_dot:
+        return f"the {policy(target).isa} policy keeps TVM's depthwise compute"
+    if not _static(data.shape, kernel.shape):
+        return "dynamic shapes"
+    return depthwise_dot.check(tuple(int(d) for d in data.shape), tuple(int(d) for d in kernel.shape), data.dtype,
+                               kernel.dtype, out_type.dtype, attrs.get_int_tuple("dilation"),
+                               bool(target.features.has_matmul_i8))
+
+
+def _depthwise_nchwc_strategy(attrs, inputs, out_type, target):
+    # depthwise_dot: contrib_depthwise_conv2d_NCHWc(x, w) -> sdot over 4 adjacent taps (tvm_ext.arm.depthwise_dot)
+    why = _depthwise_dot_refusal(attrs, *inputs, out_type, target)
+    if why:
+        logger.debug("depthwise conv %s x %s keeps TVM's compute: %s", inputs[0].shape, inputs[1].shape, why)
+        return _arm_strategy.depthwise_conv2d_NCHWc_strategy_arm_cpu(attrs, inputs, out_type, target)
+    strategy = relay.op.OpStrategy()
+    strategy.add_implementation(_mmla_compute(depthwise_dot.depthwise_conv2d_nchwc_dot),
+                                _strategy.wrap_topi_schedule(depthwise_dot.schedule_depthwise_conv2d_nchwc_dot),
+                                name=DEPTHWISE_DOT, plevel=25)
+    return strategy
+
+
 def _conv2d_alter_layout(attrs, inputs, tinfos, out_type):
     # the layout pass: a conv that takes the matrix-multiply kernel becomes NCHW8c with OIHW8o8i weights
     target = Target.current(allow_none=False)
@@ -401,6 +429,7 @@ def _install():
     _strategy.conv2d_NCHWc_strategy.register("arm_cpu", _conv2d_nchwc_strategy, override=True)
     topi.nn.conv2d_alter_layout.register("arm_cpu", _conv2d_alter_layout, override=True)
     _strategy.dense_strategy.register("arm_cpu", _dense_strategy, override=True)
+    _strategy.depthwise_conv2d_NCHWc_strategy.register("arm_cpu", _depthwise_nchwc_strategy, override=True)
 
 
 def _uninstall():
@@ -412,6 +441,8 @@ def _uninstall():
     topi.nn.conv2d_alter_layout.register("arm_cpu", topi.arm_cpu.conv2d_alter_op._alter_conv2d_layout,
                                          override=True)
     _strategy.dense_strategy.register("arm_cpu", _arm_strategy.schedule_dense_arm_cpu, override=True)
+    _strategy.depthwise_conv2d_NCHWc_strategy.register("arm_cpu", _arm_strategy.depthwise_conv2d_NCHWc_strategy_arm_cpu,
+                                                       override=True)
 
 
 _PATCH = Patch(_install, _uninstall)

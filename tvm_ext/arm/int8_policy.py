@@ -65,6 +65,9 @@ class KernelPolicy:
     depthwise_nchwc : bool
         An 8-bit depthwise conv after an NCHWkc producer becomes ``contrib_depthwise_conv2d_nchwc`` with
         the producer's block k.
+    depthwise_dot : bool
+        Those NCHWc depthwise convs take :mod:`tvm_ext.arm.depthwise_dot`'s kernel (a dot instruction
+        over 4 adjacent taps of 4 channels) instead of TVM's (a widening multiply per tap).
     evidence : str
         Why the class's kernels are what they are (docs/arm-kernels.md has the measurements).
     """
@@ -82,6 +85,7 @@ class KernelPolicy:
     mmla_block: int = 0
     conv_tile: str = ""
     depthwise_nchwc: bool = True
+    depthwise_dot: bool = False
 
     def __post_init__(self):
         if self.isa not in ISA_CLASSES:
@@ -102,11 +106,13 @@ class KernelPolicy:
 #: The policy per class, most capable first (the order of :data:`tvm_ext.arm.isa.ISA_CLASSES`).
 POLICIES: tuple = (
     KernelPolicy("aarch64_i8mm", "smmla", int8_operands=False, mmla_conv=True, mmla_block=8, conv_tile="sdot",
+                 depthwise_dot=True,
                  dense_kernels=("mmla", "dot"), mixed_sign_dot=True,
                  evidence="smmla: 32 multiply-adds per instruction where sdot does 16; NCHW8c between the "
                           "dot-product and matrix convs: no layout_transform kernel; conv_tile: the convs that keep "
                           "sdot (ResNet's stem, 4 input channels) in register tiles (Neoverse-V1/V2, llvm-mca)"),
     KernelPolicy("aarch64_dotprod", "sdot", int8_operands=False, mmla_conv=False, conv_tile="sdot",
+                 depthwise_dot=True,
                  dense_kernels=("dot",), mixed_sign_dot=False,
                  evidence="sdot: 16 multiply-adds per instruction; TVM's dense_pack widens to int16; conv_tile: "
                           "ResNet-50's convs at 96% of the sdot peak, TVM's schedule 25% (llvm-mca, Neoverse-N1)"),

@@ -156,6 +156,8 @@ def analyze_factory(factory, cpu: str) -> Analysis:
             continue
         kind = _macs.kind(relay_funcs[name])
         hot = _asm.hot_loop(name, funcs, by_kernel.get(name, []), kind)
+        if hot is not None and kind == "depthwise":  # a dot over 4 taps: the products with a weight
+            hot = _asm.depthwise_taps(hot, _macs.kernel_width(relay_funcs[name]))
         res = _llvm_mca.run(hot.text, model.triple, model.mcpu, model.mattr) if hot else None
         if hot is None:
             logger.info("%s: no int8 dot-product loop in %s", cpu, name)

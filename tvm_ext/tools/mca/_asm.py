@@ -26,11 +26,12 @@ with the most MACs per iteration; on a tie, the one with fewer instructions.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
 __all__ = ["DOT_FORMS", "FLOAT_FORMS", "Instruction", "Loop", "HotLoop", "parse", "kernels", "loops", "hot_loop",
-           "dot_macs"]
+           "dot_macs", "depthwise_taps"]
 
 _LABEL = re.compile(r"^([.\w$]+):")
 _TYPE = re.compile(r"^\s*\.type\s+([.\w$]+),\s*@function")
@@ -294,6 +295,22 @@ def hot_loop(kernel: str, funcs: dict, names, kind: str = "") -> HotLoop | None:
     lp, body, own, count, macs = max(found, key=lambda f: (f[4], -len(f[1])))
     acc = {_destination(i) for i in own if i.mnemonic in forms and forms[i.mnemonic](i.operands)}
     return HotLoop(kernel, lp.function, tuple(i.text for i in body), dict(count), macs, len(acc))
+
+
+#: Dots of 4 bytes per 32-bit lane: in a depthwise kernel, 4 adjacent taps of one channel per lane.
+_TAP_DOTS = ("sdot", "udot", "usdot", "sudot")
+
+
+def depthwise_taps(hot: HotLoop, kernel_width: int) -> HotLoop:
+    """``hot`` of a depthwise kernel whose 4-byte dots multiply ``kernel_width`` taps in groups of 4 with
+    the group's last taps zero: each dot credited with the products that carry a weight (``kw`` of
+    ``4 ceil(kw / 4)``: 12 of 16 for a 3x3, 10 for a 5x5)."""
+    tap_dots = {form: n for form, n in hot.dots.items() if form.split()[0] in _TAP_DOTS}
+    if not tap_dots or kernel_width <= 0:
+        return hot
+    padded = 4 * -(-kernel_width // 4)
+    full = sum(n * 4 * _arm_dest(f"v0{form.split()[-1]}")[0] for form, n in tap_dots.items())
+    return dataclasses.replace(hot, macs=hot.macs - full + round(full * kernel_width / padded))
 
 
 def _destination(ins: Instruction) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["macs", "kind", "describe"]
+__all__ = ["macs", "kind", "describe", "kernel_width"]
 
 
 def _shape(expr) -> list:
@@ -85,6 +85,24 @@ def kind(func) -> str:
 
     relay.analysis.post_order_visit(func, visit)
     return "float" if "float" in kinds else ("depthwise" if "depthwise" in kinds else "")
+
+
+def kernel_width(func) -> int:
+    """The kernel width of the first conv of ``func`` (0 without one)."""
+    import tvm
+    from tvm import relay
+
+    found = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and "conv2d" in node.op.name:
+            try:
+                found.append(int(node.attrs.kernel_size[1]))
+            except (AttributeError, IndexError, TypeError):  # no static kernel size
+                pass
+
+    relay.analysis.post_order_visit(func, visit)
+    return found[0] if found else 0
 
 
 def describe(func) -> str:
