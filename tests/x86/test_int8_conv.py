@@ -37,7 +37,7 @@ def test_kernels_restores_tvm_functions_even_on_error():
                 depthwise._fallback_schedule, generic.fallback_schedule_cpu_1x1_int8,
                 generic.fallback_schedule_cpu_common_int8, x86.schedule_pool, alter_op.conv2d_alter_int8_common,
                 x86.conv2d_NCHWc_int8, conv2d_int8.conv2d_NCHWc_int8, x86.conv2d_transpose_nchw,
-                x86.schedule_conv2d_transpose_nchw)
+                x86.schedule_conv2d_transpose_nchw, x86.depthwise_conv2d_NCHWc, x86.schedule_depthwise_conv2d_NCHWc)
 
     before = now()
     with pytest.raises(RuntimeError):

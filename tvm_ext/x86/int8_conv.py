@@ -13,7 +13,8 @@ tables of :mod:`tvm_ext.x86.int8_policy`.
 Apart from ``exact_without_vnni``, which makes results exact where TVM's saturate, no change
 alters results. The changes: ``exact_without_vnni`` (:mod:`tvm_ext.x86.exact_int8`),
 ``vnni_operand_types``, ``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``,
-``tile_chains``, ``fallback_register_tile``, ``depthwise_int8_block``, ``int8_graph_float_conv_blocks``,
+``tile_chains``, ``fallback_register_tile``, ``depthwise_int8_block``, ``depthwise_taps``
+(:mod:`tvm_ext.x86.depthwise_taps`), ``int8_graph_float_conv_blocks``,
 ``narrow_channel_blocks``, ``pool_prologue_inline``, ``global_pool_channel_vector`` and
 ``conv_transpose_without_zeros`` (:mod:`tvm_ext.x86.conv_transpose`). The schedules are in
 :mod:`tvm_ext.x86.int8_schedules`; the layouts, fallback configs and :func:`kernels` are here.
@@ -26,6 +27,7 @@ import contextlib
 import logging
 
 from . import conv_transpose as x86_conv_transpose
+from . import depthwise_taps
 from . import exact_int8
 from .._patch import Patch
 from .int8_policy import FALLBACK_TILE_ACCUMULATORS, INT8_CONV_BLOCK, KernelPolicy, needs_operand_fix, policy
@@ -320,6 +322,7 @@ def _install(schedule, int8_graph=False):
     _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
     _SAVED["conv_transpose"] = (x86.conv2d_transpose_nchw, x86.schedule_conv2d_transpose_nchw)
     _SAVED["depthwise"] = depthwise._fallback_schedule
+    _SAVED["depthwise_taps"] = (x86.depthwise_conv2d_NCHWc, x86.schedule_depthwise_conv2d_NCHWc)
     _SAVED["float_convs"] = (one_by_one._fallback_schedule, common._fallback_schedule)
     _SAVED["int8_graph"] = bool(schedule) and int8_graph
     if needs_operand_fix():
@@ -334,6 +337,8 @@ def _install(schedule, int8_graph=False):
         x86.schedule_conv2d_transpose_nchw = x86_conv_transpose.schedule_conv2d_transpose_nchw(
             x86.schedule_conv2d_transpose_nchw)
         depthwise._fallback_schedule = _depthwise_register_tile(_depthwise_int8_block(depthwise._fallback_schedule))
+        x86.depthwise_conv2d_NCHWc = depthwise_taps.wrap_compute(x86.depthwise_conv2d_NCHWc)
+        x86.schedule_depthwise_conv2d_NCHWc = depthwise_taps.wrap_schedule(x86.schedule_depthwise_conv2d_NCHWc)
         one_by_one._fallback_schedule = _float_conv_register_tile(
             _float_conv_int8_blocks(one_by_one._fallback_schedule), one_by_one=True)
         common._fallback_schedule = _float_conv_register_tile(
@@ -363,6 +368,7 @@ def _uninstall():
      generic.fallback_schedule_cpu_common_int8, x86.conv2d_NCHWc_int8,
      conv2d_int8.conv2d_NCHWc_int8) = _SAVED.pop("int8_blocks")
     depthwise._fallback_schedule = _SAVED.pop("depthwise")
+    x86.depthwise_conv2d_NCHWc, x86.schedule_depthwise_conv2d_NCHWc = _SAVED.pop("depthwise_taps")
     one_by_one._fallback_schedule, common._fallback_schedule = _SAVED.pop("float_convs")
     _SAVED.pop("int8_graph", None)
     common._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule")

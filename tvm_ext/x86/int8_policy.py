@@ -63,6 +63,9 @@ class KernelPolicy:
         busy: its latency times how many issue per cycle (``vpdpbusd``: 5 cycles x 2 per cycle on
         Cascade Lake and Ice Lake). A row tile with fewer takes up to ``tile_oc_chunks`` output-channel
         blocks (``tile_chains``, computed per tile rather than per row). 0: no such minimum.
+    depthwise_taps : bool
+        8-bit depthwise convs multiply 4 adjacent taps per 32-bit lane with ``vpdpbusd``
+        (:mod:`tvm_ext.x86.depthwise_taps`) instead of TVM's one widened tap per lane.
     """
 
     isa: str
@@ -75,6 +78,7 @@ class KernelPolicy:
     tile_accumulators: int = 0
     tile_oc_chunks: int = 1
     dot_chains: int = 0
+    depthwise_taps: bool = False
 
     @property
     def conv_schedule(self) -> str:
@@ -134,6 +138,11 @@ _TILE_OC_CHUNKS: dict = {"avx512_vnni": 4}
 _DOT_CHAINS: dict = {"avx512_vnni": 10}
 
 
+#: Classes whose 8-bit depthwise convs take 4 taps per 32-bit lane (``depthwise_taps``): PP-OCR cls v2's
+#: depthwise convs alone, Zen 5, 2 threads: 0.56x TVM's time summed (docs/x86-kernels.md).
+_DEPTHWISE_TAPS = frozenset({"avx512_vnni"})
+
+
 #: The same for the tiles of TVM's *fallback* (untuned) configs of float convs and of depthwise
 #: convs, 8-bit and float (``fallback_register_tile``). TVM's fallback takes up to 31 pixels of one
 #: register each, which fits AVX-512's 32 zmm but spills AVX2's 16 ymm; only AVX2 has an entry
@@ -153,7 +162,8 @@ def policy(target) -> KernelPolicy:
     bits, dot, per_row, evidence = _POLICY[key]
     return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
                         _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
-                        _TILE_ACCUMULATORS.get(key, 0), _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0))
+                        _TILE_ACCUMULATORS.get(key, 0), _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0),
+                        key in _DEPTHWISE_TAPS)
 
 
 def needs_operand_fix() -> bool:

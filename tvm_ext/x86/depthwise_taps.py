@@ -1,0 +1,310 @@
+"""8-bit depthwise convs on AVX-512 VNNI as one ``vpdpbusd`` per 4 adjacent taps (``depthwise_taps``).
+
+TVM's x86 depthwise conv multiplies one widened tap per 32-bit lane (``vpdpwssd``: a quarter of
+``vpdpbusd``'s products). Here a kernel row's taps are taken 4 at a time: 4 adjacent pixels of a
+row are ``4 x block`` contiguous bytes of the NCHWc input, loaded as one vector and permuted in
+registers into ``[channel][tap]`` order, so that one ``vpdpbusd`` multiplies 4 taps per lane::
+
+    out[n, c, y, x, i] = sum_{ky, q, j < 4} xp[n, c, y*sh + ky, x*sw + 4q + j, i] * wp[c, ky, 4q + j, i]
+
+``xp`` is the input with its zero padding (columns up to the last group's 4th tap), written once
+per conv by whole-row vector copies; ``wp`` is the kernel with ``kw`` padded to a multiple of 4 by
+zero taps. The products and the int32 sums are those of TVM's conv (zero taps add 0), so results
+are identical. Applies to uint8 x int8 -> int32 depthwise convs (channel multiplier 1, dilation 1)
+with 8- or 16-channel blocks whose input is the kernel's own argument, on classes whose policy
+has ``depthwise_taps``; the others keep TVM's compute, with a DEBUG log saying why. docs/x86-kernels.md
+("Depthwise convs in tap groups") has the measurements.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["taps_compute", "taps_schedule", "TAG"]
+
+TAG = "depthwise_conv2d_NCHWc_taps"
+TASK = "depthwise_conv2d_NCHWc.x86"
+#: taps per 32-bit lane of ``vpdpbusd``
+TAPS = 4
+#: a padded input of at most this many bytes is written by one thread: a parallel region costs
+#: about as much as copying it (5-6 us per region at 2 threads, Zen 5)
+SERIAL_PAD_BYTES = 256 * 1024
+
+
+def _why_not(data, kernel, dilation, out_dtype, target) -> str:
+    """Why the tap form does not apply to these TOPI arguments ("" when it does)."""
+    import tvm
+
+    from .int8_policy import policy
+    from .isa import llvm_features
+
+    if target is None or not policy(target).depthwise_taps:
+        return "the target's class keeps TVM's depthwise conv"
+    if not {"avx512vnni", "avx512vl", "avx512bw"} <= llvm_features(target):
+        return "no AVX-512 VNNI with 256-bit forms"
+    if len(data.shape) != 5 or len(kernel.shape) != 6:
+        return "not an NCHWc conv"
+    if not isinstance(data.op, tvm.te.PlaceholderOp):
+        return "its input is computed in the same kernel"
+    if any(not isinstance(s, (int, tvm.tir.IntImm)) for s in tuple(data.shape) + tuple(kernel.shape)):
+        return "a dimension is not a compile-time constant"
+    block = data.shape[-1]
+    if int(kernel.shape[1]) * int(kernel.shape[4]) != 1 or int(kernel.shape[-1]) != int(block):
+        return "channel multiplier is not 1"
+    if int(block) not in (8, 16):
+        return f"channel block {block} is not 8 or 16"
+    if (str(data.dtype), str(kernel.dtype), str(out_dtype)) != ("uint8", "int8", "int32"):
+        return f"dtypes {data.dtype} x {kernel.dtype} -> {out_dtype} are not uint8 x int8 -> int32"
+    dil = dilation if isinstance(dilation, (tuple, list)) else (dilation, dilation)
+    if any(int(d) != 1 for d in dil):
+        return f"dilation {tuple(int(d) for d in dil)}"
+    return ""
+
+
+def _pieces(n: int) -> list:
+    """Vector sizes in elements covering ``n``: 64 at a time, then powers of two."""
+    out, size = [], 64
+    while n:
+        while size > n:
+            size //= 2
+        out.append(size)
+        n -= size
+    return out
+
+
+def _padded_plane(shape_in, shape_out, top, left, dtype):
+    """Tensor intrinsic for one channel block's padded plane: ``out[r, x, i] = in[r - top, x - left, i]``
+    inside the input, 0 outside, written as whole-row vector copies and zero fills."""
+    import tvm
+    from tvm import te
+
+    height, width, block = shape_in
+    rows, cols, _ = shape_out
+    inp = te.placeholder(shape_in, dtype=dtype, name="plane")
+    out = te.compute(shape_out, lambda r, x, i: _pixel(inp, r, x, i, top, left, height, width), name="padded")
+
+    def body(ins, outs):
+        ib = tvm.tir.ir_builder.create()
+        src, dst, row = ins[0], outs[0], cols * block
+
+        def copy(dst_at, count, src_at=None):  # count elements from src_at, or zeros
+            pos = 0
+            for size in _pieces(count):
+                kind = dtype if size == 1 else f"{dtype}x{size}"
+                value = tvm.tir.const(0, kind) if src_at is None else src.vload([0, 0, src_at + pos], kind)
+                ib.emit(dst.vstore([0, 0, dst_at + pos], value))
+                pos += size
+
+        def zero_rows(first, count):
+            if count > 0:
+                with ib.for_range(0, count, name="r") as r:
+                    copy((first + r) * row, row)
+
+        zero_rows(0, top)
+        with ib.for_range(0, height, name="y") as y:
+            at = (top + y) * row
+            if left:
+                copy(at, left * block)
+            with ib.for_range(0, width * block // 64, name="v") as v:
+                ib.emit(dst.vstore([0, 0, at + left * block + v * 64], src.vload([0, 0, y * width * block + v * 64],
+                                                                                  f"{dtype}x64")))
+            done = width * block // 64 * 64
+            copy(at + left * block + done, width * block - done, y * width * block + done)
+            copy(at + (left + width) * block, (cols - left - width) * block)
+        zero_rows(top + height, rows - top - height)
+        return ib.get()
+
+    binds = {inp: tvm.tir.decl_buffer(inp.shape, dtype, name="plane_buf", offset_factor=1)}
+    return te.decl_tensor_intrin(out.op, body, binds=binds, default_buffer_params={"offset_factor": 1})
+
+
+def _pixel(data, r, x, i, top, left, height, width, lead=()):
+    """The padded input at row ``r``, column ``x``: ``data[lead..., r - top, x - left, i]`` or 0."""
+    import tvm
+    from tvm import te
+
+    yy, xx = r - top, x - left
+    inside = tvm.tir.all(yy >= 0, yy < height, xx >= 0, xx < width)
+    value = data[(*lead, te.max(te.min(yy, height - 1), 0), te.max(te.min(xx, width - 1), 0), i)]
+    return tvm.tir.Select(inside, value, tvm.tir.const(0, data.dtype))
+
+
+def _tap_dot(lanes: int, data_t: str, kernel_t: str):
+    """Tensor intrinsic ``acc[i] += sum_{j < 4} data[j, i] * kernel[j, i]`` (4 pixels x ``lanes`` channels
+    each): both operands permuted in registers to ``[i][j]``, then one ``vpdpbusd``."""
+    import tvm
+    from tvm import te
+
+    data = te.placeholder((TAPS, lanes), dtype=data_t, name="data")
+    kernel = te.placeholder((TAPS, lanes), dtype=kernel_t, name="kernel")
+    j = te.reduce_axis((0, TAPS), name="j")
+    out = te.compute((lanes,), lambda i: te.sum(data[j, i].astype("int32") * kernel[j, i].astype("int32"), axis=j),
+                     name="C")
+    binds = {t: tvm.tir.decl_buffer(t.shape, dtype=t.dtype, name=t.name + "_buf", offset_factor=1)
+             for t in (data, kernel)}
+    acc_t = f"int32x{lanes}"
+    order = [tvm.tir.IntImm("int32", j * lanes + i) for i in range(lanes) for j in range(TAPS)]
+
+    def by_lane(buf, dtype):
+        return tvm.tir.Shuffle([buf.vload([0, 0], f"{dtype}x{lanes * TAPS}")], order)
+
+    def body(ins, outs):
+        def emit(kind):  # "body": acc = dot, "reset": acc = 0, "update": acc += dot
+            ib = tvm.tir.ir_builder.create()
+            acc = outs[0].vload([0], acc_t) if kind == "update" else tvm.tir.const(0, acc_t)
+            value = acc if kind == "reset" else tvm.tir.call_llvm_pure_intrin(
+                acc_t, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", tvm.tir.const(3, "uint32"), acc,
+                by_lane(ins[0], data_t), by_lane(ins[1], kernel_t))
+            ib.emit(outs[0].vstore(0, value))
+            return ib.get()
+
+        return emit("body"), emit("reset"), emit("update")
+
+    return te.decl_tensor_intrin(out.op, body, binds=binds, default_buffer_params={"offset_factor": 1})
+
+
+def taps_compute(cfg, data, kernel, strides, padding, out_dtype):
+    """The conv in tap groups (module note) for NCHWc ``data`` and kernel ``[c, 1, kh, kw, 1, block]``;
+    ``cfg`` gets TVM's knobs and, untuned, TVM's fallback config."""
+    import tvm
+    import tvm.topi.x86.depthwise_conv2d as depthwise
+    from tvm import te
+    from tvm.topi.nn.utils import get_pad_tuple
+    from tvm.topi.utils import get_const_tuple
+
+    n, chunks, height, width, block = get_const_tuple(data.shape)
+    _, _, kh, kw, _, _ = get_const_tuple(kernel.shape)
+    sh, sw = strides if isinstance(strides, (tuple, list)) else (strides, strides)
+    top, left, down, right = get_pad_tuple(padding, (kh, kw))
+    out_h = (height + top + down - kh) // sh + 1
+    out_w = (width + left + right - kw) // sw + 1
+    channels = chunks * block
+    cfg.define_split("tile_ic", channels, num_outputs=2)
+    cfg.define_split("tile_oc", channels, num_outputs=2)
+    cfg.define_split("tile_ow", out_w, num_outputs=2, filter=lambda y: y.size[-1] <= 64)
+    cfg.define_knob("unroll_kw", [True, False])
+    if cfg.is_fallback:
+        wkl = depthwise._get_workload(  # pylint: disable=protected-access
+            te.placeholder((n, channels, height, width), dtype=data.dtype),
+            te.placeholder((channels, 1, kh, kw), dtype=kernel.dtype), (sh, sw), (top, down), (1, 1), out_dtype)
+        depthwise._fallback_schedule(cfg, wkl)  # pylint: disable=protected-access
+    groups = -(-kw // TAPS)
+    rows, cols = (out_h - 1) * sh + kh, (out_w - 1) * sw + groups * TAPS
+    xp = te.compute((n, chunks, rows, cols, block),
+                    lambda b, c, r, x, i: _pixel(data, r, x, i, top, left, height, width, lead=(b, c)),
+                    name="taps_padded_data", attrs={"pad": (top, left)})
+    wp = te.compute((chunks, kh, groups * TAPS, block),
+                    lambda c, y, x, i: tvm.tir.Select(x < kw, kernel[c, 0, y, te.min(x, kw - 1), 0, i],
+                                                      tvm.tir.const(0, kernel.dtype)), name="taps_padded_kernel")
+    ky, q = te.reduce_axis((0, kh), name="ky"), te.reduce_axis((0, groups), name="q")
+    j = te.reduce_axis((0, TAPS), name="j")
+    return te.compute(
+        (n, chunks, out_h, out_w, block),
+        lambda b, c, y, x, i: te.sum(xp[b, c, y * sh + ky, x * sw + q * TAPS + j, i].astype(out_dtype)
+                                     * wp[c, ky, q * TAPS + j, i].astype(out_dtype), axis=[ky, q, j]),
+        name="DepthwiseConv2dTaps", tag=TAG)
+
+
+def taps_schedule(cfg, s, conv, output):
+    """Schedule ``conv`` (:func:`taps_compute`) and its fused ``output``: the padded input by whole planes
+    (one thread up to :data:`SERIAL_PAD_BYTES`), then TVM's depthwise loop order, ``tile_ow`` accumulators per
+    row, parallel over channel blocks x rows, one :func:`_tap_dot` per 4 taps and channel block."""
+    xp, wp = conv.op.input_tensors
+    data = xp.op.input_tensors[0]
+    block = int(conv.shape[-1])
+    b, c, y, _, _ = s[xp].op.axis
+    outer = s[xp].fuse(b, c)
+    size = 1
+    for dim in xp.shape:
+        size *= int(dim)
+    if size > SERIAL_PAD_BYTES:
+        s[xp].parallel(outer)
+    top, left = (int(v) for v in xp.op.attrs["pad"])
+    s[xp].tensorize(y, _padded_plane(tuple(int(v) for v in data.shape[2:]), tuple(int(v) for v in xp.shape[2:]),
+                                     top, left, data.dtype))
+    s[wp].vectorize(s[wp].op.axis[-1])
+
+    tile_ow = cfg["tile_ow"].size[-1]
+    cc = s.cache_write(conv, "global")
+    _, chunk, oh, ow, blk = s[conv].op.axis
+    ow_chunk, ow_block = s[conv].split(ow, factor=tile_ow)
+    s[conv].reorder(chunk, oh, ow_chunk, ow_block, blk)
+    s[conv].vectorize(blk)
+    s[conv].parallel(s[conv].fuse(chunk, oh))
+    s[cc].compute_at(s[conv], ow_chunk)
+    _, chunk, oh, ow, blk = s[cc].op.axis
+    ky, q, j = s[cc].op.reduce_axis
+    s[cc].reorder(chunk, oh, ky, q, ow, j, blk)
+    if cfg["unroll_kw"].val:
+        s[cc].unroll(q)
+    s[cc].unroll(ow)
+    s[cc].tensorize(j, _tap_dot(block, xp.dtype, wp.dtype))
+    if conv == output:
+        return
+    _, chunk, oh, ow, blk = s[output].op.axis
+    ow_chunk, ow_block = s[output].split(ow, factor=tile_ow)
+    s[output].reorder(chunk, oh, ow_chunk, ow_block, blk)
+    fused = s[output].fuse(chunk, oh)
+    s[conv].compute_at(s[output], fused)
+    s[output].vectorize(blk)
+    s[output].parallel(fused)
+
+
+def wrap_compute(original):
+    """TVM's ``depthwise_conv2d_NCHWc`` compute, with :func:`taps_compute` where the form applies: the same
+    AutoTVM task name, workload and config as TVM's template."""
+    import tvm
+    from tvm.autotvm.task import DispatchContext
+    from tvm.autotvm.task.task import args_to_workload
+    from tvm.autotvm.task.topi_integration import TaskExtractEnv
+
+    @functools.wraps(original)
+    def wrapped(data, kernel, strides, padding, dilation, layout, out_layout, out_dtype=None):
+        args = (data, kernel, strides, padding, dilation, layout, out_layout, out_dtype)
+        out_dtype = data.dtype if out_dtype is None else out_dtype
+        target = tvm.target.Target.current(allow_none=True)
+        why = _why_not(data, kernel, dilation, out_dtype, target)
+        if why:
+            logger.debug("depthwise_taps: TVM's depthwise conv for %s: %s", tuple(data.shape), why)
+            return original(*args)
+        task_env = TaskExtractEnv.current
+        if task_env is not None and task_env.tracing:
+            task_env.add_task(TASK, args)
+        workload = args_to_workload(args, TASK)
+        cfg = DispatchContext.current.query(target, workload)
+        node = taps_compute(cfg, data, kernel, strides, padding, out_dtype)
+        attrs = dict(node.op.attrs.items())
+        attrs["workload"] = workload
+        return tvm.te._ffi_api.ComputeOp(node.op.name, node.op.tag, attrs,  # pylint: disable=protected-access
+                                         node.op.axis, node.op.body).output(0)
+
+    wrapped._tvm_ext_change = "depthwise_taps"  # pylint: disable=protected-access
+    return wrapped
+
+
+def wrap_schedule(original):
+    """TVM's ``schedule_depthwise_conv2d_NCHWc``, with :func:`taps_schedule` for convs of :func:`taps_compute`."""
+    import tvm
+    from tvm import te
+    from tvm.autotvm.task import DispatchContext
+    from tvm.autotvm.task.topi_integration import get_workload
+    from tvm.topi.utils import traverse_inline
+
+    @functools.wraps(original)
+    def wrapped(outs):
+        outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+        found = []
+        traverse_inline(te.create_schedule([x.op for x in outs]), outs[0].op,
+                        lambda op: found.append(op) if op.tag == TAG else None)
+        if not found:
+            return original(outs)
+        cfg = DispatchContext.current.query(tvm.target.Target.current(), get_workload(outs, TASK))
+        s = te.create_schedule([x.op for x in outs])
+        traverse_inline(s, outs[0].op,
+                        lambda op: taps_schedule(cfg, s, op.output(0), outs[0]) if op.tag == TAG else None)
+        return s
+
+    wrapped._tvm_ext_change = "depthwise_taps"  # pylint: disable=protected-access
+    return wrapped
