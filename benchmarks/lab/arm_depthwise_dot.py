@@ -8,7 +8,7 @@ layout_transform``, in the channel block of the class (NCHW8c at +i8mm, NCHW4c a
 hot loop analysed as ``benchmarks/kernel_mca.py`` does (a 4-tap dot credited with the taps that carry a
 weight). ``--model`` instead runs kernel_mca's whole-model analysis of PP-OCR cls v2 with both forms.
 
-    python benchmarks/lab/arm_depthwise_dot.py --cpu neoverse-n1 --cpu neoverse-v2 [--model]
+    python benchmarks/lab/arm_depthwise_dot.py --cpu neoverse-n1 --cpu neoverse-v2 [--model [--json PREFIX]]
 """
 from __future__ import annotations
 
@@ -76,14 +76,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="append", required=True)
     ap.add_argument("--model", action="store_true", help="PP-OCR cls v2 whole, kernel_mca's table per form")
+    ap.add_argument("--json", default=None, help="with --model: kernel_mca's JSON to <this>.off.json and .on.json")
     args = ap.parse_args(argv)
     if args.model:
         from kernel_mca import main as kernel_mca
 
         for on in (False, True):
             _policy(on)
-            print(f"## depthwise_dot {'on' if on else 'off'}")
-            kernel_mca(["--model", "ppocr_cls_v2_int8_qdq", "--kernels"] + [f"--cpu={c}" for c in args.cpu])
+            form = "on" if on else "off"
+            print(f"## depthwise_dot {form}")
+            out = ["--json", f"{args.json}.{form}.json"] if args.json else []
+            kernel_mca(["--model", "ppocr_cls_v2_int8_qdq", "--kernels"] + [f"--cpu={c}" for c in args.cpu] + out)
         return 0
     for cpu in args.cpu:
         print(f"\n{cpu}: % of the peak (MACs / cycle; instructions and cycles per iteration)\n")
