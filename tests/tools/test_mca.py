@@ -282,3 +282,12 @@ def test_tile_loop_over_a_nested_epilogue_loop():
     name = "tvmgen_default_fused_nn_conv2d_hs"
     hot = _asm.hot_loop(name, funcs, _asm.kernels(funcs)[name])
     assert hot.dots == {"vpmaddwd ymm": 12} and hot.macs == 12 * 16
+
+
+@pytest.mark.parametrize("kw,macs", [(3, (3 * 64 + 32) * 3 // 4), (5, (3 * 64 + 32) * 5 // 8), (4, 3 * 64 + 32)])
+def test_x86_depthwise_tap_dots_count_the_taps_with_a_weight(kw, macs):
+    """A depthwise kernel's vpdpbusd multiplies 4 taps per lane, of which kw of 4 ceil(kw / 4) carry a
+    weight: a zmm dot (16 lanes x 4) counts 48 products for a 3x3, 40 for a 5x5, all 64 for kw = 4;
+    a ymm dot (8 lanes) half as many."""
+    hot = _asm.HotLoop("k", "f", (), {"vpdpbusd zmm": 3, "vpdpbusd ymm": 1}, 3 * 64 + 32)
+    assert _asm.depthwise_taps(hot, kw).macs == macs

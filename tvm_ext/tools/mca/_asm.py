@@ -298,7 +298,9 @@ def hot_loop(kernel: str, funcs: dict, names, kind: str = "") -> HotLoop | None:
 
 
 #: Dots of 4 bytes per 32-bit lane: in a depthwise kernel, 4 adjacent taps of one channel per lane.
-_TAP_DOTS = ("sdot", "udot", "usdot", "sudot")
+_TAP_DOTS = ("sdot", "udot", "usdot", "sudot", "vpdpbusd")
+#: 32-bit lanes of an x86 register
+_X86_LANES = {"zmm": 16, "ymm": 8, "xmm": 4}
 
 
 def depthwise_taps(hot: HotLoop, kernel_width: int) -> HotLoop:
@@ -309,7 +311,8 @@ def depthwise_taps(hot: HotLoop, kernel_width: int) -> HotLoop:
     if not tap_dots or kernel_width <= 0:
         return hot
     padded = 4 * -(-kernel_width // 4)
-    full = sum(n * 4 * _arm_dest(f"v0{form.split()[-1]}")[0] for form, n in tap_dots.items())
+    full = sum(n * 4 * (_X86_LANES.get(form.split()[-1]) or _arm_dest(f"v0{form.split()[-1]}")[0])
+               for form, n in tap_dots.items())
     return dataclasses.replace(hot, macs=hot.macs - full + round(full * kernel_width / padded))
 
 
