@@ -119,7 +119,7 @@ def test_other_convs_keep_tvms_compute_and_say_why(cpu, dilation, dtypes, why, c
 
 #: (cpu, channels, height, width, k, strides, padding (top, left, bottom, right), block, data, weights)
 CASES = [
-    ("neoverse-n1", 8, 7, 11, 3, (1, 1), (1, 1, 1, 1), 4, "int8", "int8"),
+    ("neoverse-n1", 8, 7, 21, 3, (1, 1), (1, 1, 1, 1), 4, "int8", "int8"),  # 3 segments of 7 pixels
     ("neoverse-n1", 16, 9, 13, 3, (2, 2), (0, 1, 1, 0), 8, "int8", "int8"),
     ("neoverse-v1", 16, 10, 9, 5, (2, 1), (2, 1, 1, 2), 8, "int8", "int8"),
     ("neoverse-n1", 8, 5, 7, 5, (1, 1), (2, 2, 2, 2), 4, "uint8", "uint8"),

@@ -10,8 +10,9 @@ channel-major order, then one dot per 4 channels. Taps past ``kw`` have zero wei
 
 A tile of ``R`` output rows of one pixel keeps its accumulators in registers: each of its
 ``(R - 1)*sh + kh`` input rows is loaded and permuted once and feeds the dots of every output row
-that reads it (:func:`tile_rows`). The fused epilogue reads the tile's registers. Measurements and the
-rule: docs/arm-kernels.md, "Depthwise convs with sdot".
+that reads it (:func:`tile_rows`). That loop runs over a segment of a row (up to 16 pixels), then the
+fused epilogue over the segment's outputs. Measurements and the rule: docs/arm-kernels.md, "Depthwise
+convs as a dot over 4 taps".
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ BLOCKS = (4, 8)
 #: row, its permutations and their byte indices), of 32.
 _MAX_ROWS = 8
 _REGISTERS = 28
+#: Output pixels of a row per segment at most: the tile's loop runs over a segment's pixels, storing each
+#: pixel's accumulators, then the fused epilogue runs over the segment's ``R x segment`` outputs.
+_SEGMENT = 16
 _TAG = "depthwise_conv2d_nchwc_dot"
 
 
@@ -162,14 +166,15 @@ def depthwise_conv2d_nchwc_dot(data, kernel, strides, padding, dilation, out_dty
     acc = te.compute((n, chunks, out_h, out_w, block), lambda b, c, y, x, i: te.sum(
         xp[b, c, y * sh + ry, x * sw + TAPS * rq + rt, i].astype("int32") * wg[c, rq, ry, i, rt].astype("int32"),
         axis=[rq, ry, rt]), name="depthwise_acc")
-    rows = tile_rows(out_h, kh, block)
+    segment = max(d for d in range(1, _SEGMENT + 1) if out_w % d == 0)
     return te.compute(acc.shape, lambda *i: acc(*i), name="depthwise_dot", tag=_TAG,
-                      attrs={"rows": rows, "sh": sh, "kh": kh})
+                      attrs={"rows": tile_rows(out_h, kh, block), "segment": segment, "sh": sh, "kh": kh})
 
 
 def schedule_depthwise_conv2d_nchwc_dot(outs):
     """Schedule :func:`depthwise_conv2d_nchwc_dot` with its fused epilogue: per channel block and tile of
-    output rows (in parallel), per output pixel, the tile's accumulators in registers across the taps."""
+    output rows (in parallel) and segment of a row, per output pixel the tile's accumulators in registers
+    across the taps, then the epilogue over the segment."""
     outs = [outs] if isinstance(outs, te.Tensor) else outs
     s = te.create_schedule([x.op for x in outs])
 
@@ -178,7 +183,7 @@ def schedule_depthwise_conv2d_nchwc_dot(outs):
             return
         conv, acc = op.output(0), op.input_tensors[0]
         xp, wg = acc.op.input_tensors
-        rows, sh, kh = (int(op.attrs[k]) for k in ("rows", "sh", "kh"))
+        rows, segment, sh, kh = (int(op.attrs[k]) for k in ("rows", "segment", "sh", "kh"))
         for stage in (xp, wg):  # once per conv: rows in parallel, a vector per pixel
             axes = s[stage].op.axis
             s[stage].parallel(s[stage].fuse(*axes[:3]))
@@ -189,14 +194,14 @@ def schedule_depthwise_conv2d_nchwc_dot(outs):
         s[acc].set_scope("local")
         b, c, y, x, i = s[last].op.axis
         yo, yi = s[last].split(y, factor=rows)
-        s[last].reorder(b, c, yo, x, yi, i)
+        xo, xi = s[last].split(x, factor=segment)
+        s[last].reorder(b, c, yo, xo, yi, xi, i)
         s[last].parallel(s[last].fuse(b, c, yo))
-        s[last].unroll(yi)
         s[last].vectorize(i)
-        s[acc].compute_at(s[last], x)
-        _, _, ay, _, ai = s[acc].op.axis
+        s[acc].compute_at(s[last], xo)
+        _, _, ay, ax, ai = s[acc].op.axis
         rq, ry, rt = s[acc].op.reduce_axis
-        s[acc].reorder(rq, ay, ry, ai, rt)
+        s[acc].reorder(ax, rq, ay, ry, ai, rt)
         s[acc].unroll(rq)
         s[acc].tensorize(ay, _intrin(rows, sh, kh, int(acc.shape[-1]), xp.dtype, wg.dtype))
 
