@@ -191,7 +191,10 @@ def taps_compute(cfg, data, kernel, strides, padding, out_dtype):
             te.placeholder((channels, 1, kh, kw), dtype=kernel.dtype), (sh, sw), (top, down), (1, 1), out_dtype)
         depthwise._fallback_schedule(cfg, wkl)  # pylint: disable=protected-access
     groups = -(-kw // TAPS)
-    rows, cols = (out_h - 1) * sh + kh, (out_w - 1) * sw + groups * TAPS
+    # the padded plane covers every input pixel (a stride may leave the last rows and columns unread):
+    # the plane copy reads the whole input plane
+    rows = max((out_h - 1) * sh + kh, top + height)
+    cols = max((out_w - 1) * sw + groups * TAPS, left + width)
     xp = te.compute((n, chunks, rows, cols, block),
                     lambda b, c, r, x, i: _pixel(data, r, x, i, top, left, height, width, lead=(b, c)),
                     name="taps_padded_data", attrs={"pad": (top, left)})
