@@ -12,6 +12,8 @@ The taps of a kernel row are taken ``G`` at a time: the input is copied once per
 
 ``G = 2`` (int16 pairs, ``vpmaddwd``) on AVX2 / AVX-512, ``G = 4`` (bytes, ``vpdpbusd``) on AVX-512
 VNNI for uint8 data. Not installed by tvm-ext: the regrouping stage costs more than the loop saves.
+tvm-ext's AVX-512 VNNI kernel (``tvm_ext.x86.depthwise_taps``) permutes the taps in registers
+instead; this script switches it off, so "TVM" below is TVM's own depthwise compute.
 
     python benchmarks/lab/depthwise_tap_groups.py time --target "llvm -mcpu=znver5" [--threads 1]
     python benchmarks/lab/depthwise_tap_groups.py mca --cpu znver5   # kernel_mca's table with the form
@@ -318,9 +320,12 @@ SHAPES = [(8, 24, 96, 3, (2, 1)), (24, 12, 96, 3, (2, 1)), (32, 6, 96, 3, (1, 1)
 def install():
     """Put the form in front of TVM's x86 depthwise conv for this process (it applies only inside
     ``tvm_ext.x86.int8_conv.kernels()``, where ``_fallback_schedule`` is tvm-ext's, to the convs
-    :func:`group_size` takes; ``ENABLED`` switches it)."""
+    :func:`group_size` takes; ``ENABLED`` switches it), with tvm-ext's own tap kernel switched off."""
     import tvm.topi.x86 as x86
 
+    from tvm_ext.x86 import int8_policy
+
+    int8_policy._DEPTHWISE_TAPS = frozenset()  # pylint: disable=protected-access
     x86.depthwise_conv2d_NCHWc = wrap_compute(x86.depthwise_conv2d_NCHWc)
     x86.schedule_depthwise_conv2d_NCHWc = wrap_schedule(x86.schedule_depthwise_conv2d_NCHWc)
 

@@ -33,7 +33,7 @@ TAPS = 4
 SERIAL_PAD_BYTES = 256 * 1024
 
 
-def _why_not(data, kernel, dilation, out_dtype, target) -> str:
+def _why_not(data, kernel, strides, padding, dilation, out_dtype, target) -> str:
     """Why the tap form does not apply to these TOPI arguments ("" when it does)."""
     import tvm
 
@@ -60,7 +60,23 @@ def _why_not(data, kernel, dilation, out_dtype, target) -> str:
     dil = dilation if isinstance(dilation, (tuple, list)) else (dilation, dilation)
     if any(int(d) != 1 for d in dil):
         return f"dilation {tuple(int(d) for d in dil)}"
+    rows, cols, top, left = _plane(data, kernel, strides, padding)
+    if rows <= top or cols <= left:
+        return "it reads only padding"
     return ""
+
+
+def _plane(data, kernel, strides, padding) -> tuple:
+    """(rows, columns, top, left) of the padded plane the conv reads: up to the last tap group's 4th tap."""
+    from tvm.topi.nn.utils import get_pad_tuple
+
+    height, width = int(data.shape[2]), int(data.shape[3])
+    kh, kw = int(kernel.shape[2]), int(kernel.shape[3])
+    sh, sw = strides if isinstance(strides, (tuple, list)) else (strides, strides)
+    top, left, down, right = get_pad_tuple(padding, (kh, kw))
+    out_h = (height + top + down - kh) // int(sh) + 1
+    out_w = (width + left + right - kw) // int(sw) + 1
+    return (out_h - 1) * int(sh) + kh, (out_w - 1) * int(sw) + -(-kw // TAPS) * TAPS, int(top), int(left)
 
 
 def _pieces(n: int) -> list:
@@ -74,9 +90,10 @@ def _pieces(n: int) -> list:
     return out
 
 
-def _padded_plane(shape_in, shape_out, top, left, dtype):
+def _padded_plane(shape_in, row_stride, shape_out, top, left, dtype):
     """Tensor intrinsic for one channel block's padded plane: ``out[r, x, i] = in[r - top, x - left, i]``
-    inside the input, 0 outside, written as whole-row vector copies and zero fills."""
+    inside the input, 0 outside, written as whole-row vector copies and zero fills. ``in`` is the
+    part of the input plane the conv reads (``shape_in``), its rows ``row_stride`` elements apart."""
     import tvm
     from tvm import te
 
@@ -87,7 +104,7 @@ def _padded_plane(shape_in, shape_out, top, left, dtype):
 
     def body(ins, outs):
         ib = tvm.tir.ir_builder.create()
-        src, dst, row = ins[0], outs[0], cols * block
+        src, dst, row, pitch = ins[0], outs[0], cols * block, row_stride
 
         def copy(dst_at, count, src_at=None):  # count elements from src_at, or zeros
             pos = 0
@@ -108,15 +125,16 @@ def _padded_plane(shape_in, shape_out, top, left, dtype):
             if left:
                 copy(at, left * block)
             with ib.for_range(0, width * block // 64, name="v") as v:
-                ib.emit(dst.vstore([0, 0, at + left * block + v * 64], src.vload([0, 0, y * width * block + v * 64],
+                ib.emit(dst.vstore([0, 0, at + left * block + v * 64], src.vload([0, 0, y * pitch + v * 64],
                                                                                   f"{dtype}x64")))
             done = width * block // 64 * 64
-            copy(at + left * block + done, width * block - done, y * width * block + done)
+            copy(at + left * block + done, width * block - done, y * pitch + done)
             copy(at + (left + width) * block, (cols - left - width) * block)
         zero_rows(top + height, rows - top - height)
         return ib.get()
 
-    binds = {inp: tvm.tir.decl_buffer(inp.shape, dtype, name="plane_buf", offset_factor=1)}
+    binds = {inp: tvm.tir.decl_buffer(inp.shape, dtype, name="plane_buf", offset_factor=1,
+                                      strides=[row_stride, block, 1])}
     return te.decl_tensor_intrin(out.op, body, binds=binds, default_buffer_params={"offset_factor": 1})
 
 
@@ -191,13 +209,12 @@ def taps_compute(cfg, data, kernel, strides, padding, out_dtype):
             te.placeholder((channels, 1, kh, kw), dtype=kernel.dtype), (sh, sw), (top, down), (1, 1), out_dtype)
         depthwise._fallback_schedule(cfg, wkl)  # pylint: disable=protected-access
     groups = -(-kw // TAPS)
-    # the padded plane covers every input pixel (a stride may leave the last rows and columns unread):
-    # the plane copy reads the whole input plane
-    rows = max((out_h - 1) * sh + kh, top + height)
-    cols = max((out_w - 1) * sw + groups * TAPS, left + width)
+    # the padded plane: what the conv reads (a stride may leave the input's last rows and columns unread)
+    rows, cols, _, _ = _plane(data, kernel, strides, padding)
+    read_h, read_w = min(height, rows - top), min(width, cols - left)
     xp = te.compute((n, chunks, rows, cols, block),
-                    lambda b, c, r, x, i: _pixel(data, r, x, i, top, left, height, width, lead=(b, c)),
-                    name="taps_padded_data", attrs={"pad": (top, left)})
+                    lambda b, c, r, x, i: _pixel(data, r, x, i, top, left, read_h, read_w, lead=(b, c)),
+                    name="taps_padded_data", attrs={"pad": (top, left), "read": (read_h, read_w)})
     wp = te.compute((chunks, kh, groups * TAPS, block),
                     lambda c, y, x, i: tvm.tir.Select(x < kw, kernel[c, 0, y, te.min(x, kw - 1), 0, i],
                                                       tvm.tir.const(0, kernel.dtype)), name="taps_padded_kernel")
@@ -225,7 +242,9 @@ def taps_schedule(cfg, s, conv, output):
     if size > SERIAL_PAD_BYTES:
         s[xp].parallel(outer)
     top, left = (int(v) for v in xp.op.attrs["pad"])
-    s[xp].tensorize(y, _padded_plane(tuple(int(v) for v in data.shape[2:]), tuple(int(v) for v in xp.shape[2:]),
+    read_h, read_w = (int(v) for v in xp.op.attrs["read"])
+    plane = (read_h, read_w, block)
+    s[xp].tensorize(y, _padded_plane(plane, int(data.shape[3]) * block, tuple(int(v) for v in xp.shape[2:]),
                                      top, left, data.dtype))
     s[wp].vectorize(s[wp].op.axis[-1])
 
@@ -268,7 +287,7 @@ def wrap_compute(original):
         args = (data, kernel, strides, padding, dilation, layout, out_layout, out_dtype)
         out_dtype = data.dtype if out_dtype is None else out_dtype
         target = tvm.target.Target.current(allow_none=True)
-        why = _why_not(data, kernel, dilation, out_dtype, target)
+        why = _why_not(data, kernel, strides, padding, dilation, out_dtype, target)
         if why:
             logger.debug("depthwise_taps: TVM's depthwise conv for %s: %s", tuple(data.shape), why)
             return original(*args)
