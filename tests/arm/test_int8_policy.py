@@ -36,6 +36,7 @@ def test_table_contents_per_class(cls, dot, mmla, dense, int8_operands, conv_til
     assert p.mixed_sign_dot == (cls == "aarch64_i8mm")
     assert p.mmla_block == (8 if mmla else 0)
     assert p.few_channel_nchwc and p.float_stem_nchwc and p.depthwise_nchwc
+    assert p.depthwise_dot == (dot != "smull")  # a dot instruction over 4 taps needs +dotprod
     assert p.few_channel_pad == int8_policy.INT8_LANES == 4
     assert p.evidence
 
