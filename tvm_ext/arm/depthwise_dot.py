@@ -184,6 +184,7 @@ def schedule_depthwise_conv2d_nchwc_dot(outs):
         conv, acc = op.output(0), op.input_tensors[0]
         xp, wg = acc.op.input_tensors
         rows, segment, sh, kh = (int(op.attrs[k]) for k in ("rows", "segment", "sh", "kh"))
+        s[xp].storage_align(s[xp].op.axis[2], 16, 0)  # rows of 16-byte multiples: loads at immediate offsets
         for stage in (xp, wg):  # once per conv: rows in parallel, a vector per pixel
             axes = s[stage].op.axis
             s[stage].parallel(s[stage].fuse(*axes[:3]))
