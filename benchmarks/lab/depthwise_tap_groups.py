@@ -38,13 +38,13 @@ from tvm import te
 os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from tvm_ext.x86 import _depthwise_template  # noqa: E402
 from tvm_ext.x86.int8_policy import needs_operand_fix  # noqa: E402
 from tvm_ext.x86.isa import isa_class, llvm_features  # noqa: E402
 
 logger = logging.getLogger("depthwise_tap_groups")
 
 TAG = "depthwise_conv2d_NCHWc_tap_groups"
-TASK = "depthwise_conv2d_NCHWc.x86"
 _CLASSES = ("avx2", "avx512", "avx512_vnni", "amx")
 #: ``(int16 vector, int32 vector, vpmaddwd)`` per count of int32 lanes.
 _PMADDWD = {4: ("int16x8", "int32x4", "llvm.x86.sse2.pmadd.wd"),
@@ -229,56 +229,24 @@ def _applies(data, kernel, out_dtype) -> int | None:
     return group_size(str(data.dtype), str(kernel.dtype), str(out_dtype), block, tvm.target.Target.current())
 
 
+def _choose(data, kernel, strides, padding, dilation, out_dtype, target):
+    """:func:`compute` for these TOPI arguments, or why TVM's stays."""
+    group = _applies(data, kernel, out_dtype)
+    if group is None:
+        return "not taken by group_size"
+    logger.debug("depthwise_tap_groups: %s in groups of %d", tuple(data.shape), group)
+    return lambda cfg: compute(cfg, data, kernel, strides, padding, dilation, out_dtype, group)
+
+
 def wrap_compute(original):
     """TVM's ``depthwise_conv2d_NCHWc`` compute, with :func:`compute` for the convs :func:`group_size`
     takes: the same task name, workload and config as TVM's template."""
-    from tvm.autotvm.task import DispatchContext
-    from tvm.autotvm.task.task import args_to_workload
-    from tvm.autotvm.task.topi_integration import TaskExtractEnv
-
-    @functools.wraps(original)
-    def wrapped(data, kernel, strides, padding, dilation, layout, out_layout, out_dtype=None):
-        args = (data, kernel, strides, padding, dilation, layout, out_layout, out_dtype)
-        out_dtype = data.dtype if out_dtype is None else out_dtype
-        group = _applies(data, kernel, out_dtype)
-        if group is None:
-            return original(*args)
-        task_env = TaskExtractEnv.current
-        if task_env is not None and task_env.tracing:
-            task_env.add_task(TASK, args)
-        workload = args_to_workload(args, TASK)
-        cfg = DispatchContext.current.query(tvm.target.Target.current(), workload)
-        node = compute(cfg, data, kernel, strides, padding, dilation, out_dtype, group)
-        attrs = dict(node.op.attrs.items())
-        attrs["workload"] = workload
-        logger.debug("depthwise_tap_groups: %s in groups of %d", workload[1:5], group)
-        return tvm.te._ffi_api.ComputeOp(node.op.name, node.op.tag, attrs, node.op.axis, node.op.body).output(0)
-
-    wrapped._tvm_ext_change = "depthwise_tap_groups"  # pylint: disable=protected-access
-    return wrapped
+    return _depthwise_template.wrap_compute(original, _choose, "depthwise_tap_groups")
 
 
 def wrap_schedule(original):
     """TVM's ``schedule_depthwise_conv2d_NCHWc``, with :func:`schedule` for the convs of :func:`compute`."""
-    from tvm.autotvm.task import DispatchContext
-    from tvm.autotvm.task.topi_integration import get_workload
-    from tvm.topi.utils import traverse_inline
-
-    @functools.wraps(original)
-    def wrapped(outs):
-        outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
-        found = []
-        traverse_inline(te.create_schedule([x.op for x in outs]), outs[0].op,
-                        lambda op: found.append(op) if op.tag == TAG else None)
-        if not found:
-            return original(outs)
-        cfg = DispatchContext.current.query(tvm.target.Target.current(), get_workload(outs, TASK))
-        s = te.create_schedule([x.op for x in outs])
-        traverse_inline(s, outs[0].op, lambda op: schedule(cfg, s, op.output(0), outs[0]) if op.tag == TAG else None)
-        return s
-
-    wrapped._tvm_ext_change = "depthwise_tap_groups"  # pylint: disable=protected-access
-    return wrapped
+    return _depthwise_template.wrap_schedule(original, TAG, schedule, "depthwise_tap_groups")
 
 
 def hot_loop_macs(dots: dict, func, target) -> int | None:

@@ -17,15 +17,11 @@ has ``depthwise_taps``; the others keep TVM's compute, with a DEBUG log saying w
 """
 from __future__ import annotations
 
-import functools
-import logging
-
-logger = logging.getLogger(__name__)
+from . import _depthwise_template
 
 __all__ = ["taps_compute", "taps_schedule", "TAG"]
 
 TAG = "depthwise_conv2d_NCHWc_taps"
-TASK = "depthwise_conv2d_NCHWc.x86"
 #: taps per 32-bit lane of ``vpdpbusd``
 TAPS = 4
 #: a padded input of at most this many bytes is written by one thread: a parallel region costs
@@ -274,59 +270,18 @@ def taps_schedule(cfg, s, conv, output):
     s[output].parallel(fused)
 
 
+def _choose(data, kernel, strides, padding, dilation, out_dtype, target):
+    """:func:`taps_compute` for these TOPI arguments, or why TVM's compute stays."""
+    why = _why_not(data, kernel, strides, padding, dilation, out_dtype, target)
+    return why or (lambda cfg: taps_compute(cfg, data, kernel, strides, padding, out_dtype))
+
+
 def wrap_compute(original):
     """TVM's ``depthwise_conv2d_NCHWc`` compute, with :func:`taps_compute` where the form applies: the same
     AutoTVM task name, workload and config as TVM's template."""
-    import tvm
-    from tvm.autotvm.task import DispatchContext
-    from tvm.autotvm.task.task import args_to_workload
-    from tvm.autotvm.task.topi_integration import TaskExtractEnv
-
-    @functools.wraps(original)
-    def wrapped(data, kernel, strides, padding, dilation, layout, out_layout, out_dtype=None):
-        args = (data, kernel, strides, padding, dilation, layout, out_layout, out_dtype)
-        out_dtype = data.dtype if out_dtype is None else out_dtype
-        target = tvm.target.Target.current(allow_none=True)
-        why = _why_not(data, kernel, strides, padding, dilation, out_dtype, target)
-        if why:
-            logger.debug("depthwise_taps: TVM's depthwise conv for %s: %s", tuple(data.shape), why)
-            return original(*args)
-        task_env = TaskExtractEnv.current
-        if task_env is not None and task_env.tracing:
-            task_env.add_task(TASK, args)
-        workload = args_to_workload(args, TASK)
-        cfg = DispatchContext.current.query(target, workload)
-        node = taps_compute(cfg, data, kernel, strides, padding, out_dtype)
-        attrs = dict(node.op.attrs.items())
-        attrs["workload"] = workload
-        return tvm.te._ffi_api.ComputeOp(node.op.name, node.op.tag, attrs,  # pylint: disable=protected-access
-                                         node.op.axis, node.op.body).output(0)
-
-    wrapped._tvm_ext_change = "depthwise_taps"  # pylint: disable=protected-access
-    return wrapped
+    return _depthwise_template.wrap_compute(original, _choose, "depthwise_taps")
 
 
 def wrap_schedule(original):
     """TVM's ``schedule_depthwise_conv2d_NCHWc``, with :func:`taps_schedule` for convs of :func:`taps_compute`."""
-    import tvm
-    from tvm import te
-    from tvm.autotvm.task import DispatchContext
-    from tvm.autotvm.task.topi_integration import get_workload
-    from tvm.topi.utils import traverse_inline
-
-    @functools.wraps(original)
-    def wrapped(outs):
-        outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
-        found = []
-        traverse_inline(te.create_schedule([x.op for x in outs]), outs[0].op,
-                        lambda op: found.append(op) if op.tag == TAG else None)
-        if not found:
-            return original(outs)
-        cfg = DispatchContext.current.query(tvm.target.Target.current(), get_workload(outs, TASK))
-        s = te.create_schedule([x.op for x in outs])
-        traverse_inline(s, outs[0].op,
-                        lambda op: taps_schedule(cfg, s, op.output(0), outs[0]) if op.tag == TAG else None)
-        return s
-
-    wrapped._tvm_ext_change = "depthwise_taps"  # pylint: disable=protected-access
-    return wrapped
+    return _depthwise_template.wrap_schedule(original, TAG, taps_schedule, "depthwise_taps")

@@ -1,0 +1,76 @@
+"""Another compute and schedule for some of TVM's x86 ``depthwise_conv2d_NCHWc`` convs, under TVM's
+AutoTVM task (same name, workload and config knobs), the others left to TVM's own.
+
+Leaf module: :mod:`tvm_ext.x86.depthwise_taps` and the study ``benchmarks/lab/depthwise_tap_groups.py``
+put their forms in front of TVM's with these two wrappers.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TASK", "wrap_compute", "wrap_schedule"]
+
+TASK = "depthwise_conv2d_NCHWc.x86"
+
+
+def wrap_compute(original, choose, change: str):
+    """TVM's depthwise compute ``original``, with another compute where ``choose`` gives one.
+
+    ``choose(data, kernel, strides, padding, dilation, out_dtype, target)`` returns a function
+    ``compute(cfg)`` -> the conv tensor, or a string saying why TVM's compute stays (logged at DEBUG).
+    """
+    import tvm
+    from tvm.autotvm.task import DispatchContext
+    from tvm.autotvm.task.task import args_to_workload
+    from tvm.autotvm.task.topi_integration import TaskExtractEnv
+
+    @functools.wraps(original)
+    def wrapped(data, kernel, strides, padding, dilation, layout, out_layout, out_dtype=None):
+        args = (data, kernel, strides, padding, dilation, layout, out_layout, out_dtype)
+        out_dtype = data.dtype if out_dtype is None else out_dtype
+        target = tvm.target.Target.current(allow_none=True)
+        compute = choose(data, kernel, strides, padding, dilation, out_dtype, target)
+        if isinstance(compute, str):
+            logger.debug("%s: TVM's depthwise conv for %s: %s", change, tuple(data.shape), compute)
+            return original(*args)
+        task_env = TaskExtractEnv.current
+        if task_env is not None and task_env.tracing:
+            task_env.add_task(TASK, args)
+        workload = args_to_workload(args, TASK)
+        node = compute(DispatchContext.current.query(target, workload))
+        attrs = dict(node.op.attrs.items())
+        attrs["workload"] = workload
+        return tvm.te._ffi_api.ComputeOp(node.op.name, node.op.tag, attrs,  # pylint: disable=protected-access
+                                         node.op.axis, node.op.body).output(0)
+
+    wrapped._tvm_ext_change = change  # pylint: disable=protected-access
+    return wrapped
+
+
+def wrap_schedule(original, tag: str, schedule, change: str):
+    """TVM's depthwise schedule ``original``, with ``schedule(cfg, s, conv, output)`` for the convs whose
+    compute has ``tag``."""
+    import tvm
+    from tvm import te
+    from tvm.autotvm.task import DispatchContext
+    from tvm.autotvm.task.topi_integration import get_workload
+    from tvm.topi.utils import traverse_inline
+
+    @functools.wraps(original)
+    def wrapped(outs):
+        outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+        found = []
+        traverse_inline(te.create_schedule([x.op for x in outs]), outs[0].op,
+                        lambda op: found.append(op) if op.tag == tag else None)
+        if not found:
+            return original(outs)
+        cfg = DispatchContext.current.query(tvm.target.Target.current(), get_workload(outs, TASK))
+        s = te.create_schedule([x.op for x in outs])
+        traverse_inline(s, outs[0].op, lambda op: schedule(cfg, s, op.output(0), outs[0]) if op.tag == tag else None)
+        return s
+
+    wrapped._tvm_ext_change = change  # pylint: disable=protected-access
+    return wrapped
