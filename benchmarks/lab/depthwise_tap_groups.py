@@ -191,16 +191,7 @@ def schedule(cfg, s, conv, output):
     s[wg].unroll(j)
     s[wg].vectorize(i)
 
-    tile_ow = cfg["tile_ow"].size[-1]
-    cc = s.cache_write(conv, "global")
-    _, chunk, oh, ow, blk = s[conv].op.axis
-    ow_chunk, ow_block = s[conv].split(ow, factor=tile_ow)
-    s[conv].reorder(chunk, oh, ow_chunk, ow_block, blk)
-    s[conv].vectorize(blk)
-    s[conv].parallel(s[conv].fuse(chunk, oh))
-    s[cc].compute_at(s[conv], ow_chunk)
-    _, chunk, oh, ow, blk = s[cc].op.axis
-    ky, q, j = s[cc].op.reduce_axis
+    cc, (_, chunk, oh, ow, blk), (ky, q, j) = _depthwise_template.row_loops(cfg, s, conv, output)
     outer, inner = s[cc].split(blk, factor=lanes)
     s[cc].reorder(chunk, oh, ky, q, ow, outer, inner, j)
     if cfg["unroll_kw"].val:
@@ -208,15 +199,6 @@ def schedule(cfg, s, conv, output):
     s[cc].unroll(ow)
     s[cc].unroll(outer)
     s[cc].tensorize(inner, _dot(lanes, group, xg.dtype, wg.dtype))
-    if conv == output:
-        return
-    _, chunk, oh, ow, blk = s[output].op.axis
-    ow_chunk, ow_block = s[output].split(ow, factor=tile_ow)
-    s[output].reorder(chunk, oh, ow_chunk, ow_block, blk)
-    fused = s[output].fuse(chunk, oh)
-    s[conv].compute_at(s[output], fused)
-    s[output].vectorize(blk)
-    s[output].parallel(fused)
 
 
 def _applies(data, kernel, out_dtype) -> int | None:

@@ -11,7 +11,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TASK", "wrap_compute", "wrap_schedule"]
+__all__ = ["TASK", "wrap_compute", "wrap_schedule", "row_loops"]
 
 TASK = "depthwise_conv2d_NCHWc.x86"
 
@@ -74,3 +74,24 @@ def wrap_schedule(original, tag: str, schedule, change: str):
 
     wrapped._tvm_ext_change = change  # pylint: disable=protected-access
     return wrapped
+
+
+def row_loops(cfg, s, conv, output):
+    """TVM's depthwise loop order for ``conv`` and its fused ``output`` in ``s``: rows x channel blocks in
+    parallel, ``tile_ow`` pixels of a row accumulated in a cached stage, the epilogue per row.
+
+    Returns the cached stage's ``(axes, reduce axes)``; its loops are the caller's to order."""
+    tile_ow = cfg["tile_ow"].size[-1]
+    cc = s.cache_write(conv, "global")
+    for stage in (conv, output) if conv != output else (conv,):
+        _, chunk, oh, ow, blk = s[stage].op.axis
+        ow_chunk, ow_block = s[stage].split(ow, factor=tile_ow)
+        s[stage].reorder(chunk, oh, ow_chunk, ow_block, blk)
+        s[stage].vectorize(blk)
+        fused = s[stage].fuse(chunk, oh)
+        s[stage].parallel(fused)
+        if stage == conv:
+            s[cc].compute_at(s[conv], ow_chunk)
+    if conv != output:
+        s[conv].compute_at(s[output], fused)
+    return cc, s[cc].op.axis, s[cc].op.reduce_axis

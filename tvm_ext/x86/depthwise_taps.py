@@ -244,30 +244,12 @@ def taps_schedule(cfg, s, conv, output):
                                      top, left, data.dtype))
     s[wp].vectorize(s[wp].op.axis[-1])
 
-    tile_ow = cfg["tile_ow"].size[-1]
-    cc = s.cache_write(conv, "global")
-    _, chunk, oh, ow, blk = s[conv].op.axis
-    ow_chunk, ow_block = s[conv].split(ow, factor=tile_ow)
-    s[conv].reorder(chunk, oh, ow_chunk, ow_block, blk)
-    s[conv].vectorize(blk)
-    s[conv].parallel(s[conv].fuse(chunk, oh))
-    s[cc].compute_at(s[conv], ow_chunk)
-    _, chunk, oh, ow, blk = s[cc].op.axis
-    ky, q, j = s[cc].op.reduce_axis
+    cc, (_, chunk, oh, ow, blk), (ky, q, j) = _depthwise_template.row_loops(cfg, s, conv, output)
     s[cc].reorder(chunk, oh, ky, q, ow, j, blk)
     if cfg["unroll_kw"].val:
         s[cc].unroll(q)
     s[cc].unroll(ow)
     s[cc].tensorize(j, _tap_dot(block, xp.dtype, wp.dtype))
-    if conv == output:
-        return
-    _, chunk, oh, ow, blk = s[output].op.axis
-    ow_chunk, ow_block = s[output].split(ow, factor=tile_ow)
-    s[output].reorder(chunk, oh, ow_chunk, ow_block, blk)
-    fused = s[output].fuse(chunk, oh)
-    s[conv].compute_at(s[output], fused)
-    s[output].vectorize(blk)
-    s[output].parallel(fused)
 
 
 def _choose(data, kernel, strides, padding, dilation, out_dtype, target):
