@@ -121,27 +121,10 @@ def _dot(lanes: int, group: int, data_t: str, kernel_t: str):
 def compute(cfg, data, kernel, strides, padding, dilation, out_dtype, group):
     """The depthwise conv in tap groups of ``group`` (the module note) for NCHWc data ``[n, c, h, w, b]``
     and kernel ``[c, 1, kh, kw, 1, b]``; ``cfg`` gets TVM's knobs and fallback."""
-    import tvm.topi.x86.depthwise_conv2d as depthwise
-    from tvm.topi.nn.utils import get_pad_tuple
-    from tvm.topi.utils import get_const_tuple
-
-    n, chunks, height, width, block = get_const_tuple(data.shape)
-    _, _, kh, kw, _, _ = get_const_tuple(kernel.shape)
-    sh, sw = strides if isinstance(strides, (tuple, list)) else (strides, strides)
-    dh, dw = dilation if isinstance(dilation, (tuple, list)) else (dilation, dilation)
-    top, left, down, right = get_pad_tuple(padding, ((kh - 1) * dh + 1, (kw - 1) * dw + 1))
-    out_h = (height + top + down - (kh - 1) * dh - 1) // sh + 1
-    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
-    channels = chunks * block
-    cfg.define_split("tile_ic", channels, num_outputs=2)
-    cfg.define_split("tile_oc", channels, num_outputs=2)
-    cfg.define_split("tile_ow", out_w, num_outputs=2, filter=lambda y: y.size[-1] <= 64)
-    cfg.define_knob("unroll_kw", [True, False])
-    if cfg.is_fallback:
-        wkl = depthwise._get_workload(
-            te.placeholder((n, channels, height, width), dtype=data.dtype),
-            te.placeholder((channels, 1, kh, kw), dtype=kernel.dtype), (sh, sw), (top, down), (dh, dw), out_dtype)
-        depthwise._fallback_schedule(cfg, wkl)
+    g = _depthwise_template.define_knobs(cfg, data, kernel, strides, padding, dilation, out_dtype)
+    n, chunks, height, width, block = (g[k] for k in ("n", "chunks", "height", "width", "block"))
+    kh, kw, sh, sw, dh, dw = (g[k] for k in ("kh", "kw", "sh", "sw", "dh", "dw"))
+    top, left, out_h, out_w = (g[k] for k in ("top", "left", "out_h", "out_w"))
 
     groups = -(-kw // group)
     wide = "int16" if group == 2 else data.dtype

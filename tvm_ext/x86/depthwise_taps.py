@@ -183,27 +183,12 @@ def taps_compute(cfg, data, kernel, strides, padding, out_dtype):
     """The conv in tap groups (module note) for NCHWc ``data`` and kernel ``[c, 1, kh, kw, 1, block]``;
     ``cfg`` gets TVM's knobs and, untuned, TVM's fallback config."""
     import tvm
-    import tvm.topi.x86.depthwise_conv2d as depthwise
     from tvm import te
-    from tvm.topi.nn.utils import get_pad_tuple
-    from tvm.topi.utils import get_const_tuple
 
-    n, chunks, height, width, block = get_const_tuple(data.shape)
-    _, _, kh, kw, _, _ = get_const_tuple(kernel.shape)
-    sh, sw = strides if isinstance(strides, (tuple, list)) else (strides, strides)
-    top, left, down, right = get_pad_tuple(padding, (kh, kw))
-    out_h = (height + top + down - kh) // sh + 1
-    out_w = (width + left + right - kw) // sw + 1
-    channels = chunks * block
-    cfg.define_split("tile_ic", channels, num_outputs=2)
-    cfg.define_split("tile_oc", channels, num_outputs=2)
-    cfg.define_split("tile_ow", out_w, num_outputs=2, filter=lambda y: y.size[-1] <= 64)
-    cfg.define_knob("unroll_kw", [True, False])
-    if cfg.is_fallback:
-        wkl = depthwise._get_workload(  # pylint: disable=protected-access
-            te.placeholder((n, channels, height, width), dtype=data.dtype),
-            te.placeholder((channels, 1, kh, kw), dtype=kernel.dtype), (sh, sw), (top, down), (1, 1), out_dtype)
-        depthwise._fallback_schedule(cfg, wkl)  # pylint: disable=protected-access
+    g = _depthwise_template.define_knobs(cfg, data, kernel, strides, padding, (1, 1), out_dtype)
+    n, chunks, height, width, block = (g[k] for k in ("n", "chunks", "height", "width", "block"))
+    kh, kw, sh, sw, top, left = (g[k] for k in ("kh", "kw", "sh", "sw", "top", "left"))
+    out_h, out_w = g["out_h"], g["out_w"]
     groups = -(-kw // TAPS)
     # the padded plane: what the conv reads (a stride may leave the input's last rows and columns unread)
     rows, cols, _, _ = _plane(data, kernel, strides, padding)
