@@ -90,6 +90,22 @@ PER_TENSOR = [
 ]
 
 
+def test_two_lanes_keep_tvms_lowering_without_an_error(caplog):
+    """A 2-lane q_multiply_shift (a 2-channel requantize: PP-OCR cls's classifier) is left to TVM's rule
+    without raising and logging on the way, and is exact (x86-64-v3, run on any host of the suite)."""
+    import logging
+
+    a = te.placeholder((N,), "int32", name="a")
+    b = te.compute((N,), lambda i: tir.q_multiply_shift(a[i], tir.const(1518500250, "int32"), tir.const(31, "int32"),
+                                                         tir.const(-7, "int32")))
+    assert requantize.lower_even_odd(tir.Broadcast(tir.const(5, "int32"), 2), tir.const(3, "int32"), 0, 7, 31) is None
+    with caplog.at_level(logging.WARNING, logger=requantize.__name__):
+        f = _build(b, [a, b], TARGETS["avx2"], 2)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    x = _data(np.random.default_rng(7))
+    assert np.array_equal(_call(f, x), _oracle(x, 1518500250, 0, 7))
+
+
 @pytest.mark.parametrize("target", RUNNABLE)
 @pytest.mark.parametrize("m,s", PER_TENSOR)
 def test_per_tensor_matches_int64(target, m, s):

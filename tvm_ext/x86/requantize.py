@@ -53,14 +53,15 @@ def lower_even_odd(x, m, ls, rs, q):
     """``round(x * 2^ls * m / 2^(q + rs))`` per int32 lane of ``x`` (an even number of lanes), in int64.
 
     ``m``, ``ls``, ``rs``: int32 scalars or vectors like ``x``; ``q``: a constant. Returns the int32
-    vector expression, or None where this form does not apply (odd lane count, constant shifts out of
-    range).
+    vector expression, or None where this form does not apply (an odd lane count or fewer than 4 lanes,
+    constant shifts out of range).
     """
     import tvm
     from tvm import tir
 
     n32 = tvm.DataType(x.dtype).lanes
-    if n32 < 2 or n32 % 2 or tvm.DataType(x.dtype).bits != 32 or _const(q) is None:
+    # at least 4 lanes: 2 would pair into one int64, a scalar, which TIR's vector forms do not take
+    if n32 < 4 or n32 % 2 or tvm.DataType(x.dtype).bits != 32 or _const(q) is None:
         return None
     i32, i64 = f"int32x{n32}", f"int64x{n32 // 2}"
 
