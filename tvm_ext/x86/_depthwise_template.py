@@ -11,7 +11,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TASK", "wrap_compute", "wrap_schedule", "row_loops", "define_knobs"]
+__all__ = ["TASK", "wrap_compute", "wrap_schedule", "row_loops", "geometry", "define_knobs"]
 
 TASK = "depthwise_conv2d_NCHWc.x86"
 
@@ -97,31 +97,40 @@ def row_loops(cfg, s, conv, output):
     return cc, s[cc].op.axis, s[cc].op.reduce_axis
 
 
-def define_knobs(cfg, data, kernel, strides, padding, dilation, out_dtype) -> dict:
-    """Define TVM's depthwise knobs in ``cfg`` (and, untuned, TVM's fallback config) for NCHWc ``data`` and
-    kernel ``[c, 1, kh, kw, 1, b]``; returns the conv's geometry: ``n``, ``chunks``, ``height``,
-    ``width``, ``block``, ``kh``, ``kw``, ``sh``, ``sw``, ``dh``, ``dw``, ``top``, ``left``, ``out_h``, ``out_w``."""
-    import tvm.topi.x86.depthwise_conv2d as depthwise
-    from tvm import te
+def geometry(data, kernel, strides, padding, dilation) -> dict:
+    """The geometry of a depthwise conv on NCHWc ``data`` with kernel ``[c, 1, kh, kw, 1, b]``: ``n``,
+    ``chunks``, ``height``, ``width``, ``block``, ``kh``, ``kw``, ``sh``, ``sw``, ``dh``, ``dw``, ``top``,
+    ``left``, ``down``, ``out_h``, ``out_w``."""
     from tvm.topi.nn.utils import get_pad_tuple
     from tvm.topi.utils import get_const_tuple
 
     n, chunks, height, width, block = get_const_tuple(data.shape)
     _, _, kh, kw, _, _ = get_const_tuple(kernel.shape)
-    sh, sw = strides if isinstance(strides, (tuple, list)) else (strides, strides)
-    dh, dw = dilation if isinstance(dilation, (tuple, list)) else (dilation, dilation)
-    top, left, down, right = get_pad_tuple(padding, ((kh - 1) * dh + 1, (kw - 1) * dw + 1))
+    sh, sw = (int(v) for v in (strides if isinstance(strides, (tuple, list)) else (strides, strides)))
+    dh, dw = (int(v) for v in (dilation if isinstance(dilation, (tuple, list)) else (dilation, dilation)))
+    top, left, down, right = (int(v) for v in get_pad_tuple(padding, ((kh - 1) * dh + 1, (kw - 1) * dw + 1)))
     out_h = (height + top + down - (kh - 1) * dh - 1) // sh + 1
     out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
-    channels = chunks * block
+    return dict(n=n, chunks=chunks, height=height, width=width, block=block, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh,
+                dw=dw, top=top, left=left, down=down, out_h=out_h, out_w=out_w)
+
+
+def define_knobs(cfg, data, kernel, strides, padding, dilation, out_dtype) -> dict:
+    """Define TVM's depthwise knobs in ``cfg`` (and, untuned, TVM's fallback config); returns
+    :func:`geometry`."""
+    import tvm.topi.x86.depthwise_conv2d as depthwise
+    from tvm import te
+
+    g = geometry(data, kernel, strides, padding, dilation)
+    channels = g["chunks"] * g["block"]
     cfg.define_split("tile_ic", channels, num_outputs=2)
     cfg.define_split("tile_oc", channels, num_outputs=2)
-    cfg.define_split("tile_ow", out_w, num_outputs=2, filter=lambda y: y.size[-1] <= 64)
+    cfg.define_split("tile_ow", g["out_w"], num_outputs=2, filter=lambda y: y.size[-1] <= 64)
     cfg.define_knob("unroll_kw", [True, False])
     if cfg.is_fallback:
         wkl = depthwise._get_workload(  # pylint: disable=protected-access
-            te.placeholder((n, channels, height, width), dtype=data.dtype),
-            te.placeholder((channels, 1, kh, kw), dtype=kernel.dtype), (sh, sw), (top, down), (dh, dw), out_dtype)
+            te.placeholder((g["n"], channels, g["height"], g["width"]), dtype=data.dtype),
+            te.placeholder((channels, 1, g["kh"], g["kw"]), dtype=kernel.dtype), (g["sh"], g["sw"]),
+            (g["top"], g["down"]), (g["dh"], g["dw"]), out_dtype)
         depthwise._fallback_schedule(cfg, wkl)  # pylint: disable=protected-access
-    return dict(n=n, chunks=chunks, height=height, width=width, block=block, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh,
-                dw=dw, top=top, left=left, out_h=out_h, out_w=out_w)
+    return g

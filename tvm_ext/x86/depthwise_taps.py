@@ -64,15 +64,10 @@ def _why_not(data, kernel, strides, padding, dilation, out_dtype, target) -> str
 
 def _plane(data, kernel, strides, padding) -> tuple:
     """(rows, columns, top, left) of the padded plane the conv reads: up to the last tap group's 4th tap."""
-    from tvm.topi.nn.utils import get_pad_tuple
-
-    height, width = int(data.shape[2]), int(data.shape[3])
-    kh, kw = int(kernel.shape[2]), int(kernel.shape[3])
-    sh, sw = strides if isinstance(strides, (tuple, list)) else (strides, strides)
-    top, left, down, right = get_pad_tuple(padding, (kh, kw))
-    out_h = (height + top + down - kh) // int(sh) + 1
-    out_w = (width + left + right - kw) // int(sw) + 1
-    return (out_h - 1) * int(sh) + kh, (out_w - 1) * int(sw) + -(-kw // TAPS) * TAPS, int(top), int(left)
+    g = _depthwise_template.geometry(data, kernel, strides, padding, (1, 1))
+    rows = (g["out_h"] - 1) * g["sh"] + g["kh"]
+    cols = (g["out_w"] - 1) * g["sw"] + -(-g["kw"] // TAPS) * TAPS
+    return rows, cols, g["top"], g["left"]
 
 
 def _pieces(n: int) -> list:
