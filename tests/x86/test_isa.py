@@ -86,6 +86,30 @@ def test_host_target_masks_features_a_hypervisor_hides(monkeypatch):
     assert isa.isa_class(tvm_ext.host_target("znver4", allow_vnni=True)) == "avx512_vnni"
 
 
+def test_host_target_enables_features_an_older_cpu_name_leaves_out(monkeypatch):
+    """A Sapphire Rapids guest whose CPUID model LLVM names rocketlake: AMX, AVX-VNNI and AVX512-FP16
+    are the host's even though the name lacks them, and the target must say so."""
+    from tvm.target import codegen
+
+    spr = isa.llvm_features("llvm -mcpu=sapphirerapids")
+    monkeypatch.setattr(isa, "host_features", lambda: spr)
+    monkeypatch.setattr(codegen, "llvm_get_system_cpu", lambda: "rocketlake")
+    monkeypatch.delenv("TVM_EXT_MCPU", raising=False)
+    assert "avxvnni" in isa.unnamed_on_host("llvm -mcpu=rocketlake")
+    plain = tvm_ext.host_target()
+    assert str(plain.attrs["mcpu"]) == "rocketlake"
+    assert "avx512fp16" in isa.llvm_features(plain) and isa.runs_on_host(plain)
+    # VNNI and AMX are masked as on any host, and the mask leaves no "+feature" behind it
+    assert isa.isa_class(plain) == "avx512"
+    assert not any(a in ("+avxvnni", "+amx-int8", "+amx-tile") for a in plain.attrs["mattr"])
+    assert isa.isa_class(tvm_ext.x86.target.build_target()) == "avx512_vnni"
+    amx = tvm_ext.x86.target.build_target(allow_amx=True)
+    assert isa.isa_class(amx) == "amx" and isa.runs_on_host(amx)
+    # a host with nothing beyond its CPU's name gets the name alone
+    monkeypatch.setattr(isa, "host_features", lambda: isa.llvm_features("llvm -mcpu=rocketlake"))
+    assert isa.unnamed_on_host("llvm -mcpu=rocketlake") == []
+
+
 # What each CPU's target must compile a uint8 x int8 conv to (the instruction-set promise).
 ISA_PROMISE = {
     "x86-64-v3": {"isa": "avx2", "dot": "vpmaddubsw", "zmm": False},

@@ -9,6 +9,8 @@ A leaf module (it imports only TVM): :mod:`tvm_ext.x86.target`, :mod:`tvm_ext.x8
 * :func:`missing_on_host` lists the *code-generation* features a target enables that the host
   lacks. Code built for a target with missing features must not run here: it dies with SIGILL
   and takes the whole process with it.
+* :func:`unnamed_on_host` lists the reverse: what this host executes that the target leaves out
+  (a CPU name older than the CPU, as a hypervisor's CPUID model can make it).
 * :func:`isa_class` names the x86 int8 instruction-set class a target compiles to (``amx``,
   ``avx512_vnni``, ``avx512``, ``avx2``, ``sse``, ``other``). TVM 0.19's int8 intrinsics decide by
   these features, and so do tvm-ext's kernel choices (:func:`tvm_ext.x86.int8_policy.policy`).
@@ -27,6 +29,7 @@ __all__ = [
     "llvm_features",
     "host_features",
     "missing_on_host",
+    "unnamed_on_host",
     "runs_on_host",
     "isa_class",
 ]
@@ -92,6 +95,14 @@ def missing_on_host(target) -> list[str]:
     get = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures", allow_missing=True)
     known = {str(k) for k in get().keys()} if get is not None else set()
     return sorted(_codegen(llvm_features(target) & known) - host_features())
+
+
+def unnamed_on_host(target) -> list[str]:
+    """Code-generation features this host has that ``target`` does not enable (sorted).
+
+    The features of a CPU name are LLVM's; under a hypervisor the CPUID model, and so the name LLVM
+    detects, can be older than the CPU (a Sapphire Rapids guest reported as ``rocketlake``)."""
+    return sorted(_codegen(host_features()) - llvm_features(target))
 
 
 def runs_on_host(target) -> bool:

@@ -29,7 +29,7 @@ import logging
 import os
 from typing import Union
 
-from .isa import llvm_features, missing_on_host
+from .isa import llvm_features, missing_on_host, unnamed_on_host
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +73,18 @@ def host_target(mcpu: str | None = None, *, allow_vnni: bool = False, allow_amx:
     if detected:
         # The CPU's name promises features a hypervisor may hide (AVX-512 on a Zen 4 guest):
         # mask what this host cannot execute, or the first kernel dies with SIGILL.
-        hidden = missing_on_host(tvm.target.Target(text))
+        named = tvm.target.Target(text)
+        hidden = missing_on_host(named)
+        # ... and a hypervisor's CPUID model may name an older CPU than the one it runs on (a Sapphire
+        # Rapids guest reported as model 167, which LLVM calls rocketlake: no AMX, AVX-VNNI, AVX512-FP16):
+        # enable what this host executes and the name leaves out, or the target hides the host's ISA.
+        unnamed = unnamed_on_host(named)
         if hidden:
             logger.info("host CPU %s lacks %s: masked", cpu, ",".join(hidden))
-            text += " -mattr=" + ",".join(f"-{f}" for f in hidden)
+        if unnamed:
+            logger.info("host CPU %s also has %s: enabled", cpu, ",".join(unnamed))
+        if hidden or unnamed:
+            text += " -mattr=" + ",".join([*(f"-{f}" for f in hidden), *(f"+{f}" for f in unnamed)])
     # the VNNI mask is the expected default here: say it at INFO, not WARNING
     return _safe(tvm.target.Target(text), allow_vnni, logging.INFO, allow_amx)
 
@@ -128,6 +136,8 @@ def _safe(target, allow_vnni: bool, level: int, allow_amx: bool = False):
     mattr = [str(a) for a in tgt.attrs.get("mattr", [])]
     # every VNNI feature is masked once one is present (a later -mattr=+avxvnni cannot bring one back)
     masked_feats = [*(VNNI_FEATURES if vnni else ()), *amx]
+    # a masked feature's own "+f" (host_target enables what a CPU name leaves out) goes with it
+    mattr = [a for a in mattr if a.lstrip("+") not in masked_feats or not a.startswith("+")]
     mattr += [f"-{f}" for f in masked_feats if f"-{f}" not in mattr]
     base = " ".join(p for p in text.split() if not p.startswith("-mattr="))
     masked = tvm.target.Target(f"{base} -mattr={','.join(mattr)}", host=host)
