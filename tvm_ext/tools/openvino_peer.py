@@ -21,7 +21,7 @@ environment has it, and the benchmark shows both numbers.
   with contrib ops is not run, and the line says which OpenVINO cannot convert, or that its
   conversions are not trusted.
 * :func:`conv_primitives` counts the kernels OpenVINO chose for its convolutions (``jit_avx2_I8``,
-  ``brgconv_avx512_core_amx_I8``, ...): the evidence that a cap took effect.
+  ``brgconv_avx512_amx_I8``, ...): the evidence that a cap took effect.
 """
 from __future__ import annotations
 
