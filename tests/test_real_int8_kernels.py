@@ -40,7 +40,11 @@ _CHILD = textwrap.dedent("""
     rep = lambda f: KernelReport.from_factory(f)
     print(json.dumps({
         "stock": rep(stock).num_kernels, "ext": ext.kernel_report.num_kernels, "ref": ref.kernel_report.num_kernels,
-        "ext_pads": sum("nn.pad" in k.ops for k in ext.kernel_report.kernels),
+        # kernels that only move data with a pad (a pad fused into a kernel that computes costs no kernel)
+        "ext_pads": sum("nn.pad" in k.ops and set(k.ops) <= {"nn.pad", "layout_transform"}
+                        for k in ext.kernel_report.kernels),
+        "ext_pads_fused": [list(k.ops) for k in ext.kernel_report.kernels
+                           if "nn.pad" in k.ops and not set(k.ops) <= {"nn.pad", "layout_transform"}],
         "ext_vs_ref": float(np.abs(run(ext).astype("float64") - run(ref)).max()),
         "ext_vs_stock": float(np.abs(run(ext).astype("float64") - run(stock)).max()),
     }))
@@ -64,7 +68,12 @@ def test_ppocr_cls_qdq_no_more_kernels_than_stock(tmp_path):
     # zero-point pads of its integer convs (11 pad kernels before FoldZeroPointPadIntoConv and the
     # depthwise rule of FoldPadIntoConv)
     assert res["ext_pads"] == 0
-    assert res["ext"] <= res["stock"] < res["ref"]
+    # the pads left are the input's: the first conv's border and its 3 channels padded to 4, both in
+    # the input-quantize kernel
+    assert all("cast" in ops for ops in res["ext_pads_fused"]), res["ext_pads_fused"]
+    # never more kernels than stock, and the zero-point pads that FoldZeroPointPadIntoConv folds would be
+    # kernels of their own without it (how many stock has depends on the target's float schedules)
+    assert res["ext"] <= res["stock"] and res["ext"] < res["ref"]
     # the folded border constant is exact (VNNI and scalar int8 convs accumulate exactly); on x86
     # without VNNI vpmaddubsw saturation may differ at the border (see the pass's module note)
     from tvm_ext.x86.target import build_target
