@@ -20,6 +20,8 @@ Rewrites::
     #      point, the readers' input zero point (or the readers' weight zero point is 0): exact
 
 Walked by hand: the chain back to the producer has any length and every reader must be such a conv.
+A conv that is both a padded producer's reader and a padded producer itself is rewritten in two
+rounds (the pass runs to a fixed point).
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``PadChannelsAtProducer``.
 """
@@ -33,8 +35,8 @@ from tvm import relay
 from ._registry import register_pass
 
 from ._doc import factory_sections
-from ._util import (Check, Reject, consumers, dataflow_nodes, function_pass, op_name, pass_logger, rebuild,
-                    static_shape, static_tensor_type, with_body)
+from ._util import (Check, Reject, consumers, dataflow_nodes, fixed_point, function_pass, op_calls, op_name,
+                    pass_logger, rebuild, static_shape, static_tensor_type, with_body)
 
 __all__ = ["PadChannelsAtProducer", "MULTIPLE"]
 
@@ -357,42 +359,56 @@ def _rewrite_int8(r, readers, bias, conv):
     return subst
 
 
-def _rewrite(func):
-    from tvm_ext.x86.isa import isa_class
+def _sweep(func):
+    """One round: every producer that matches and shares no conv with another match of the round.
 
+    A conv between two padded producers is both a reader (its weight gains input channels) and a
+    producer (it gains output channels); each rule rebuilds it from the original, so the second
+    rewrite waits for the next round, which sees the first one's result."""
     nodes = dataflow_nodes(func, PASS_NAME)
     if nodes is None:
         return func
-    tgt = tvm.target.Target.current(allow_none=True)
-    if tgt is not None and isa_class(tgt) == "other":
-        _log.debug("skipped: target %s is not x86 (the channel padding is x86's int8 legalization)", tgt)
-        return func
     users = consumers(nodes)
     subst: dict = {}
+    claimed: set = set()  # calls a substitution of this round rewrites or rebuilds from
     for node in nodes:
         name = op_name(node)
         if name == "qnn.requantize":
-            found = _match_int8(node, users)
+            rule, found = RULE_INT8, _match_int8(node, users)
             done = found if isinstance(found, Reject) else _rewrite_int8(node, *found)
-            if isinstance(done, Reject):
-                _log.debug("%s: requantize not rewritten: %s", RULE_INT8, done)
-            else:
-                subst.update(done)
+        elif name == "qnn.quantize":
+            rule, found = RULE, _match(node, users)
+            done = found if isinstance(found, Reject) else _rewrite_one(node, *found)
+        else:
             continue
-        if name != "qnn.quantize":
-            continue
-        found = _match(node, users)
-        if isinstance(found, Reject):
-            _log.debug("%s: quantize not rewritten: %s", RULE, found)
-            continue
-        done = _rewrite_one(node, *found)
         if isinstance(done, Reject):
-            _log.debug("%s: quantize not rewritten: %s", RULE, done)
+            _log.debug("%s: %s not rewritten: %s", rule, name, done)
             continue
+        touched = set(done) | {found[-1]}
+        if touched & claimed:
+            _log.debug("%s: %s waits for the next round: its conv is rewritten by another match", rule, name)
+            continue
+        claimed |= touched
         subst.update(done)
     if not subst:
         return func
     return with_body(func, rebuild(func.body, subst))
+
+
+def _rewrite(func):
+    from tvm_ext.x86.isa import isa_class
+
+    tgt = tvm.target.Target.current(allow_none=True)
+    if tgt is not None and isa_class(tgt) == "other":
+        _log.debug("skipped: target %s is not x86 (the channel padding is x86's int8 legalization)", tgt)
+        return func
+    nodes = dataflow_nodes(func, PASS_NAME)
+    if nodes is None:
+        return func
+    # a padded producer writes a multiple of its vector length and never matches again: each round
+    # but the last pads at least one of the quantize / requantize calls
+    rounds = 1 + len(op_calls(nodes, ("qnn.quantize", "qnn.requantize")))
+    return fixed_point(func, _sweep, PASS_NAME, rounds)
 
 
 @register_pass(PASS_NAME)

@@ -303,3 +303,36 @@ def test_channels_an_output_block_divides_unchanged(caplog):
         assert_unchanged(PadChannelsAtProducer(), wide_pair(c=24))
     assert "x86 writes them unpadded" in caplog.text
     assert "channels=32" in PadChannelsAtProducer()(wide_pair(c=24)).astext(show_meta_data=False)
+
+
+# -- a conv that reads one padded producer and is one itself -------------------------------------
+def conv_chain(c=12, spatial=2):
+    """int8 conv 16 -> c -> requantize -> int8 conv c -> c -> requantize -> int8 conv c -> 16: the middle
+    conv is the first producer's reader and the second producer."""
+    rng = np.random.default_rng(21)
+    x = relay.var("x", shape=(1, 16, spatial, spatial), dtype="uint8")
+    y = x
+    for i, (cin, cout) in enumerate([(16, c), (c, c), (c, 16)]):
+        w = rng.integers(-40, 40, (cout, cin, 1, 1)).astype("int8")
+        y = relay.qnn.op.conv2d(y, _const(w), _const(3 if i == 0 else 7), _const(0), _const(np.float32(0.05)),
+                                _const(np.float32(0.01)), kernel_size=(1, 1), channels=cout, out_dtype="int32")
+        if i < 2:
+            y = relay.nn.bias_add(y, _const(rng.integers(-500, 500, cout).astype("int32")))
+            y = relay.qnn.op.requantize(y, _const(np.full(cout, 0.0005, "float32")), _const(0),
+                                        _const(np.float32(0.05)), _const(7), axis=1, out_dtype="uint8")
+    return infer(relay.Function([x], y))
+
+
+def test_conv_that_reads_and_writes_padded_channels_structure_idempotent_bit_exact():
+    """Both producers write 16 channels; the middle conv gets 16 input and 16 output channels, one
+    rewrite per round (each rule rebuilds the conv it rewrites)."""
+    with tvm.target.Target("llvm -mcpu=x86-64-v3"):
+        after = PadChannelsAtProducer()(conv_chain())
+        assert_unchanged(PadChannelsAtProducer(), after)
+    convs = [c for c in after.astext(show_meta_data=False).splitlines() if "qnn.conv2d(" in c]
+    assert [c.count("channels=16") for c in convs] == [1, 1, 1], convs
+    assert "Tensor[(16, 16, 1, 1), int8]" in convs[1], convs[1]
+    with tvm.transform.PassContext(opt_level=3):
+        built = [relay.build(m, target="llvm") for m in (conv_chain(), after)]
+    for seed in (1, 2):
+        assert_same_outputs(*built, random_inputs(conv_chain(), seed=seed))
