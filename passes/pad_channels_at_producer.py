@@ -20,8 +20,7 @@ Rewrites::
     #      point, the readers' input zero point (or the readers' weight zero point is 0): exact
 
 Walked by hand: the chain back to the producer has any length and every reader must be such a conv.
-A conv that is both a padded producer's reader and a padded producer itself is rewritten in two
-rounds (the pass runs to a fixed point).
+Runs to a fixed point: a conv that is a padded producer's reader and one itself takes two rounds.
 
 Why, what it rejects and where it runs: docs/passes.md, section "Design notes", ``PadChannelsAtProducer``.
 """
