@@ -12,7 +12,8 @@ each engine's rate as a fraction of that peak times the threads. How layers are 
 instruction set each engine runs: docs/benchmarks.md, "How layers_vs_peers.py works".
 
     python benchmarks/layers_vs_peers.py [--variant qoperator|qdq|MODEL.onnx] [--target "llvm -mcpu=x86-64-v3"]
-                                         [--threads 2] [--repeat 7] [--ort-isa auto|host] [--peak GMACS]
+                                         [--threads 2] [--repeat 7] [--ort-isa auto|host]
+                                         [--openvino-isa auto|host] [--peak GMACS]
                                          [--out layers.json] [--stat median|min]
 
 ``--out`` also records each pipeline's end-to-end time (graph executor, the same libraries), which
@@ -156,6 +157,20 @@ def ort_node_times_in(package_dir, path, threads):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def openvino_node_times_in(cap, path, threads, conv_names, stat=None):
+    """:func:`openvino_node_times` in a child process whose oneDNN dispatches to at most ``cap``
+    (``ONEDNN_MAX_CPU_ISA``, read once when the library loads, so never in this process)."""
+    import subprocess
+
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": cap}
+    cmd = [sys.executable, __file__, "--openvino-times-of", path, "--threads", str(threads),
+           "--stat", "min" if stat is not None else "median", "--openvino-convs", ",".join(sorted(conv_names))]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        sys.exit(f"layers_vs_peers: the OpenVINO child ({cap}) failed (exit {res.returncode}): {res.stderr[-500:]}")
+    return tuple(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
 def openvino_node_times(path, threads, conv_names, runs=40, stat=None):
     """``({ONNX conv node: median ms}, {ONNX conv node: OpenVINO kernel}, None)`` from OpenVINO's
     performance counters (first 5 runs dropped), or ``(None, None, reason)`` where OpenVINO does not
@@ -171,7 +186,7 @@ def openvino_node_times(path, threads, conv_names, runs=40, stat=None):
         import openvino as ov
     except ImportError:
         return None, None, "not run: OpenVINO is not installed (pip install 'tvm-ext[bench]')"
-    from tvm_ext.tools.openvino_peer import contrib_ops, why_not
+    from tvm_ext.tools.openvino_peer import CPU_CONFIG, contrib_ops, why_not
 
     contrib = contrib_ops(path)
     if contrib:
@@ -179,8 +194,7 @@ def openvino_node_times(path, threads, conv_names, runs=40, stat=None):
     try:
         core = ov.Core()
         compiled = core.compile_model(core.read_model(str(path)), "CPU", {
-            "INFERENCE_NUM_THREADS": int(threads), "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
-            "PERF_COUNT": True})
+            "INFERENCE_NUM_THREADS": int(threads), **CPU_CONFIG, "PERF_COUNT": True})
     except Exception as err:  # noqa: BLE001 (OpenVINO raises plain RuntimeErrors; why_not reads them)
         return None, None, why_not(err)
     import onnx
@@ -356,6 +370,9 @@ def main(argv=None):
     ap.add_argument("--ort-isa", choices=ORT_ISA_CHOICES, default="auto",
                     help="auto: ONNX Runtime at the target's ISA where it can be masked (AVX2 on an AVX-512 host); "
                          "host: the installed ONNX Runtime")
+    ap.add_argument("--openvino-isa", choices=("auto", "host"), default="auto",
+                    help="auto: OpenVINO capped at tvm-ext's ISA class where the host's is above it "
+                         "(ONEDNN_MAX_CPU_ISA in a child process, as tvm-ext bench does); host: the host's ISA")
     ap.add_argument("--peak", type=float, default=None, metavar="GMACS",
                     help="the instruction set's multiply-accumulate peak per core, GMAC/s "
                          "(benchmarks/lab/int8_peak.py): adds each engine's fraction of peak x threads")
@@ -368,9 +385,18 @@ def main(argv=None):
                     help="time the libraries an earlier run built there (its log names the folder) instead of "
                          "building them again")
     ap.add_argument("--ort-times-of", default=None, help=argparse.SUPPRESS)  # the child of ort_node_times_in
+    ap.add_argument("--openvino-times-of", default=None, help=argparse.SUPPRESS)  # openvino_node_times_in's child
+    ap.add_argument("--openvino-convs", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.ort_times_of:
         print(json.dumps(ort_node_times(a.ort_times_of, a.threads)))
+        return
+    if a.openvino_times_of:
+        import numpy as np
+
+        convs = set(filter(None, a.openvino_convs.split(",")))
+        stat = np.min if a.stat == "min" else None
+        print(json.dumps(openvino_node_times(a.openvino_times_of, a.threads, convs, stat=stat)))
         return
     pipes = [p.strip() for p in a.pipelines.split(",") if p.strip()]
     if not pipes or set(pipes) - {"stock", "tvm-ext"}:
@@ -427,21 +453,31 @@ def main(argv=None):
     logger.info("ONNX Runtime node timing (%s)", peer["note"])
     ort = ort_node_times_in(peer["package"], path, a.threads) if peer["package"] else ort_node_times(path, a.threads)
     shapes = _ort_conv_shapes(path)
-    logger.info("OpenVINO node timing")
-    ov_times, ov_kernels, ov_note = openvino_node_times(path, a.threads, set(shapes), stat=stat)
-    for _ in range(a.openvino_sessions - 1 if ov_times and a.stat == "min" else 0):
-        more, _k, _n = openvino_node_times(path, a.threads, set(shapes), stat=stat)
-        ov_times = {n: min(v, more.get(n, v)) for n, v in ov_times.items()}
     import tvm
 
+    from tvm_ext.tools.openvino_peer import host_level, onednn_isa_cap
+
     feats = host_features()
-    host_isa = "avx512_vnni" if {"avx512vnni", "avx512bw"} <= feats else ("avx512" if "avx512bw" in feats else "avx2")
+    host_isa = host_level(feats)
+    cap = onednn_isa_cap(isa_class(tvm.target.Target(target)), feats) if a.openvino_isa == "auto" else None
+    logger.info("OpenVINO node timing (%s)", f"ONEDNN_MAX_CPU_ISA={cap}" if cap else "the host's ISA")
+
+    def ov_session():
+        if cap:
+            return openvino_node_times_in(cap, path, a.threads, set(shapes), stat=stat)
+        return openvino_node_times(path, a.threads, set(shapes), stat=stat)
+
+    ov_times, ov_kernels, ov_note = ov_session()
+    for _ in range(a.openvino_sessions - 1 if ov_times and a.stat == "min" else 0):
+        more, _k, _n = ov_session()
+        ov_times = {n: min(v, more.get(n, v)) for n, v in ov_times.items()}
     ort_isa = "avx2 (AVX-512 masked: tvm_ext.tools.ort_isa)" if peer["package"] else f"the host's ISA ({host_isa})"
     ov_kinds = collections.Counter((ov_kernels or {}).values())
     ov_said = f"OpenVINO {ov_note}"
     if ov_times:
         kinds = ", ".join(f"`{k}` {n}" for k, n in ov_kinds.most_common())
-        ov_said = f"OpenVINO runs the host's ISA ({host_isa}; kernels: {kinds})"
+        runs_at = f"at most {cap} (ONEDNN_MAX_CPU_ISA; the host: {host_isa})" if cap else f"the host's ISA ({host_isa})"
+        ov_said = f"OpenVINO runs {runs_at}; kernels: {kinds}"
     peak = f"; peak {a.peak:g} GMAC/s per core x {a.threads}" if a.peak else ""
     isas = "; ".join(f"{p} `{t}` (ISA {isa_class(tvm.target.Target(t))})" for p, t in targets.items())
     stat_said = "medians" if a.stat == "median" else "fastest"
@@ -456,7 +492,8 @@ def main(argv=None):
                                            "tvm_end_to_end_ms": end_to_end, "tvm_end_to_end_min_ms": end_to_end_min,
                                            "stat": a.stat,
                                            "ort": ort, "onnxruntime_isa": peer, "openvino": ov_times,
-                                           "openvino_kernels": ov_kernels, "openvino_note": ov_note}, indent=1))
+                                           "openvino_kernels": ov_kernels, "openvino_note": ov_note,
+                                           "openvino_isa_cap": cap}, indent=1))
 
 if __name__ == "__main__":
     main()

@@ -327,6 +327,13 @@ def test_layers_vs_peers_finds_the_convolutions_of_a_qdq_model(tmp_path):
     assert note is None and set(times) == {"qdq_conv", "float_conv"} == set(kernels), (times, kernels, note)
     assert all(t >= 0 for t in times.values())
 
+    # capped at AVX2 (every x86-64 host the suite runs on has it): the child's oneDNN picks AVX2 kernels,
+    # the evidence that the cap reached the library, which reads it once when it loads
+    times, kernels, note = lvo.openvino_node_times_in("AVX2", str(path), 1, set(shapes))
+    assert note is None and set(times) == {"qdq_conv", "float_conv"}, (times, kernels, note)
+    assert all("avx512" not in k and "amx" not in k for k in kernels.values()), kernels
+    assert any("avx2" in k for k in kernels.values()), kernels
+
 
 def test_layers_vs_peers_table_sums_layers_and_divides_by_peak():
     """One row per geometry: its layers' times summed per engine, tvm-ext over each peer, and each
@@ -370,7 +377,7 @@ def _results(openvino_isa=None):
         return {"latency": {"median_ms": ms, "p25_ms": ms, "p75_ms": ms, "min_ms": ms, "n": 5}}
 
     qdq = {"tvm": lat(40.0), "tvm_ext": lat(12.0), "onnxruntime": lat(15.0), "openvino": {**lat(10.0),
-           "conv_primitives": {"brgconv_avx512_core_amx_I8": 53}}}
+           "conv_primitives": {"brgconv_avx512_amx_I8": 53}}}
     if openvino_isa:
         qdq["openvino_isa"] = {**lat(8.0), "onednn_max_cpu_isa": openvino_isa,
                                "conv_primitives": {"brgconv_avx512_core_vnni_I8": 53}}
@@ -398,7 +405,7 @@ def test_openvino_columns_ratios_and_reasons():
     assert "| (a) | OpenVINO | not run: OpenVINO has no conversion for com.microsoft.QGemm |" in md
     assert results["variants"][1]["ratios"]["tvm_ext/openvino"] == pytest.approx(1.2)
     assert "tvm_ext/openvino" not in results["variants"][0]["ratios"]
-    assert "- (b), OpenVINO: `brgconv_avx512_core_amx_I8` 53" in md
+    assert "- (b), OpenVINO: `brgconv_avx512_amx_I8` 53" in md
 
 
 def test_capped_openvino_gets_its_own_row_and_column():

@@ -11,8 +11,9 @@ environment has it, and the benchmark shows both numbers.
 
 * :func:`onednn_isa_cap` decides: the cap for tvm-ext's ISA class when the host's ISA is above it,
   else None (nothing to separate). Pure: it takes the class and the host's feature set.
-* :func:`compile_model` and :func:`conv_primitives` are self-contained (their source also runs in
-  the child): same thread count as the other engines, one stream, latency hint.
+* :func:`compile_model` and :func:`conv_primitives` are self-contained (their source and
+  :data:`CPU_CONFIG` also run in the child): same thread count as the other engines, one stream,
+  latency hint, float layers in float32.
 * :func:`why_not` turns OpenVINO's refusal of a model into one short line for the table. QOperator
   models carry ONNX Runtime's ``com.microsoft`` contrib ops. OpenVINO 2026.4 has no conversion for
   some (``QGemm``, ``QLinearGlobalAveragePool``: the zoo's ResNet-50) and converts others, but its
@@ -37,7 +38,8 @@ from ._child import PipeChild
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ONEDNN_ISA", "onednn_isa_cap", "host_level", "compile_model", "conv_primitives", "why_not", "contrib_ops",
+__all__ = ["ONEDNN_ISA", "CPU_CONFIG",
+           "onednn_isa_cap", "host_level", "compile_model", "conv_primitives", "why_not", "contrib_ops",
            "InProcessOpenVINO", "ChildOpenVINO", "OpenVINOError"]
 
 #: tvm-ext's int8 ISA class (:data:`tvm_ext.x86.isa.ISA_CLASSES`) -> the ``ONEDNN_MAX_CPU_ISA`` value
@@ -97,12 +99,19 @@ def onednn_isa_cap(ext_isa: str, features) -> Optional[str]:
 
 
 # --- self-contained: this source also runs in ChildOpenVINO's child process ------------------------
+#: OpenVINO's CPU settings for every timing: one stream, latency hint, and float layers in float32. On a
+#: CPU with bfloat16 instructions (AMX, AVX512-BF16) OpenVINO's default precision for float layers is
+#: bfloat16: the float parts of an int8 model (dequantize, heads) would be computed in another arithmetic
+#: than every other engine's, and under ``ONEDNN_MAX_CPU_ISA`` below those instructions (AVX2,
+#: AVX512_CORE) OpenVINO 2026.4 fails to compile the model ("object is not initialized").
+CPU_CONFIG = {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+
+
 def compile_model(ov, path, threads):
     """OpenVINO's compiled model on CPU (``ov`` is the imported openvino module): ``threads`` inference
-    threads, one stream, latency hint."""
+    threads and :data:`CPU_CONFIG`."""
     core = ov.Core()
-    return core.compile_model(core.read_model(str(path)), "CPU", {
-        "INFERENCE_NUM_THREADS": int(threads), "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"})
+    return core.compile_model(core.read_model(str(path)), "CPU", {"INFERENCE_NUM_THREADS": int(threads), **CPU_CONFIG})
 
 
 def conv_primitives(compiled):
@@ -210,7 +219,8 @@ class ChildOpenVINO(PipeChild):
 
     def __init__(self, path, input_name: str, threads: int, isa: str):
         env = dict(os.environ, ONEDNN_MAX_CPU_ISA=isa)
-        prelude = ("import os\n" + inspect.getsource(compile_model) + inspect.getsource(conv_primitives) + _SETUP)
+        prelude = (f"import os\nCPU_CONFIG = {CPU_CONFIG!r}\n" + inspect.getsource(compile_model)
+                   + inspect.getsource(conv_primitives) + _SETUP)
         super().__init__(prelude, {"path": str(path), "input": input_name, "threads": int(threads)},
                          env=env, error=OpenVINOError, what=f"OpenVINO @ {isa}")
         self.isa = isa
