@@ -104,6 +104,8 @@ def test_variant_contents(small_run):
     if pair_pack.packs_pairs(tvm.target.Target(results["environment"]["ext_target"])):
         expected.add("tvm_ext/tvm_ext_saturating")  # what exactness costs, where vpmaddubsw saturates
         assert "error" not in v["pipelines"]["tvm_ext_saturating"]
+        expected.add("tvm_ext/onnxruntime_exact")  # the peer that computes what tvm-ext computes there
+        assert v["pipelines"]["onnxruntime_exact"]["latency"]["median_ms"] > 0
     assert set(v["ratios"]) == expected
     # the reference: built at plain llvm, run on the same inputs, never timed
     exact = v["pipelines"]["exact"]

@@ -194,6 +194,38 @@ def test_masked_exact_child_session_is_exact_where_the_default_saturates(masked,
         assert not np.array_equal(s.run(x)[0], exact), "without the option the AVX2 kernels saturate"
 
 
+def _two_readers_of_one_int8_weight(path):
+    """Two QLinearMatMul reading the same int8 weights and zero point (as quantizers share them), with the
+    saturating model's values: each output is the saturating model's exact output."""
+    one = onnx.load(_qlinear_matmul_model(path))
+    g = one.graph
+    g.node.append(helper.make_node("QLinearMatMul", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y2"]))
+    g.output.append(helper.make_tensor_value_info("y2", TensorProto.UINT8, [4, 8]))
+    onnx.save(one, path)
+    return path
+
+
+def test_exact_path_model_gives_each_reader_its_own_int8_initializers(tmp_path, monkeypatch):
+    import onnxruntime as ort
+
+    monkeypatch.setenv("TVM_EXT_CACHE", str(tmp_path / "cache"))
+    _, x, exact = _qlinear_matmul_saturating_and_exact(tmp_path / "one.onnx")
+    path = _two_readers_of_one_int8_weight(tmp_path / "two.onnx")
+    before = path.read_bytes()
+    copy = ort_isa.exact_path_model(path)
+    assert copy != path and path.read_bytes() == before, "the caller's model is left as it was"
+    g = onnx.load(copy).graph
+    int8 = {t.name for t in g.initializer if t.data_type == TensorProto.INT8}
+    reads = [name for node in g.node for name in node.input if name in int8]
+    assert len(reads) == len(set(reads)) == 4 and int8 == set(reads), reads
+    sess = ort.InferenceSession(str(copy), ort_isa.session_options(ort, 1, exact=True),
+                                providers=["CPUExecutionProvider"])
+    for out in sess.run(None, {"x": x}):
+        np.testing.assert_array_equal(out, np.broadcast_to(exact, out.shape))
+    assert ort_isa.exact_path_model(path) == copy and ort_isa.exact_path_model(copy) == copy
+    assert ort_isa.exact_path_model(tmp_path / "one.onnx") == tmp_path / "one.onnx", "nothing shared: no copy"
+
+
 def test_bench_times_onnxruntimes_exact_path_where_tvm_exts_convs_are_exact_without_vnni():
     assert bench.ort_peer("llvm -mcpu=x86-64-v3", "host")["exact"], "AVX2: tvm-ext's exact pair path"
     assert "session.x64quantprecision" in bench.ort_peer("llvm -mcpu=x86-64-v3", "host")["note"]

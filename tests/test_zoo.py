@@ -192,7 +192,7 @@ def _small_zoo(name):  # the quantized models' stock builds are shared with thei
 
 
 @pytest.mark.parametrize("name", [_small_zoo("resnet50_int8_qoperator"), _small_zoo("resnet50_int8_qdq"),
-                                  "resnet50_fp32"])
+                                  pytest.param("resnet50_fp32", marks=pytest.mark.slow)])  # TVM's float import
 def test_tvm_matches_onnxruntime(name, small_zoo_build):
     """TVM's import of each small zoo model, built by stock relay.build at the host target, agrees with
     ONNX Runtime: float within 1e-4, quantized within two output steps and on the top-1 class."""

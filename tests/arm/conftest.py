@@ -6,6 +6,9 @@ workers of one run share one: the first worker that needs it starts it and recor
 in the run's shared temporary folder; the others attach. Each worker detaches at the end of its
 session; the worker that started the server waits there until no other worker is attached, then
 stops it (TVM's server serves one session at a time, so workers take turns, a test at a time).
+The tests that hold an ``arm_session`` from their set-up run in one worker under ``--dist loadgroup``
+(:func:`pytest_collection_modifyitems`): they take turns on the server wherever they run, and in a
+second worker they would only wait for it.
 """
 import contextlib
 import fcntl
@@ -85,6 +88,17 @@ def arm_server(tmp_path_factory):
         # leaving the ExitStack stops the server when this worker started it
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """``xdist_group("arm_server")`` on every test that uses ``arm_session`` (before pytest-xdist reads the
+    groups): its session is held from the test's set-up to its end, the build included, so these tests
+    run one at a time whatever the number of workers. Tests that take ``arm_server`` alone connect after
+    their builds, which another worker can overlap; they are not grouped."""
+    for item in items:
+        if "arm_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("arm_server"))
+
+
 @pytest.fixture
 def arm_session(arm_server):
     """A fresh RPC session (the server forks one process per session). The server ends it after
@@ -92,11 +106,18 @@ def arm_session(arm_server):
     return arm_server.connect(session_timeout=300)
 
 
+#: The fixtures whose RPC server later tests connect to again.
+_SHARED_SERVERS = {"arm_server", "board", "tracker_with_board"}
+
+
 @pytest.fixture(autouse=True)
-def _release_rpc_sessions():
+def _release_rpc_sessions(request):
     """After each test, drop what keeps a failed test's frames, and so its RPC session, alive
     (pytest keeps the last exception in sys.last_*): the server serves one session at a time, and
-    the next test's connection would wait for it."""
+    the next test's connection would wait for it. ``gc.collect()`` (up to a fifth of a second once a
+    worker holds many builds) runs only after the tests that reach a shared server: the others hold
+    no session."""
     yield
     sys.last_type = sys.last_value = sys.last_traceback = None
-    gc.collect()
+    if _SHARED_SERVERS & set(request.fixturenames):
+        gc.collect()

@@ -24,9 +24,13 @@ from _cases import X_ZP, conv_nchw_exact, plain_llvm_output
 _TILED = {"neoverse-n1": re.compile(r"^\s+[su]dot\s+v\d+\.4s, v\d+\.16b, v\d+\.4b\[[0-3]\]", re.M),
           "cortex-a72": re.compile(r"^\s+[su]adalp\s+v\d+\.4s, v\d+\.8h", re.M)}
 
-#: (input channels, output channels, size, kernel, stride, padding)
-SHAPES = [(16, 16, 9, 3, 1, 1), (64, 32, 8, 1, 2, 0), (32, 64, 7, 3, 2, 1), (12, 20, 6, 3, 1, 0),
-          (24, 16, 14, 1, 1, 0), (3, 16, 10, 3, 2, 1), pytest.param((64, 64, 14, 3, 1, 1), marks=pytest.mark.slow)]
+#: (input channels, output channels, size, kernel, stride, padding) -> the class that runs it in the default tier:
+#: a diagonal, each shape once and each tile form on half of them. The slow tier adds each shape at the other
+#: class (the same rows, strides and paddings through the other instruction form) and the 64x64 conv (14 wide,
+#: as in a ResNet stage) at both.
+SHAPES = {(16, 16, 9, 3, 1, 1): "cortex-a72", (64, 32, 8, 1, 2, 0): "neoverse-n1", (32, 64, 7, 3, 2, 1): "cortex-a72",
+          (12, 20, 6, 3, 1, 0): "cortex-a72", (24, 16, 14, 1, 1, 0): "neoverse-n1", (3, 16, 10, 3, 2, 1): "neoverse-n1",
+          (64, 64, 14, 3, 1, 1): None}
 
 
 def _qnn(rng, ci, co, size, k, stride, pad, requantize=False):
@@ -51,8 +55,9 @@ def _build(mod, cpu):
     return factory
 
 
-@pytest.mark.parametrize("cpu", list(_TILED))
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else None)
+@pytest.mark.parametrize("shape, cpu", [
+    pytest.param(shape, cpu, id="x".join(map(str, shape)) + f"-{cpu}", marks=() if cpu == default else pytest.mark.slow)
+    for shape, default in SHAPES.items() for cpu in _TILED])
 def test_qnn_conv2d_exact_under_qemu(shape, cpu, arm_session, tmp_path):
     mod, x, ref = _qnn(np.random.default_rng(sum(shape)), *shape)
     name = f"tiles_{cpu}_" + "x".join(map(str, shape))
@@ -60,7 +65,11 @@ def test_qnn_conv2d_exact_under_qemu(shape, cpu, arm_session, tmp_path):
     np.testing.assert_array_equal(out, ref, err_msg=f"qnn.conv2d {shape} at {TARGETS[cpu]}")
 
 
-@pytest.mark.parametrize("cpu, instruction", [("neoverse-n1", "udot"), ("cortex-a72", "uadalp")])
+@pytest.mark.parametrize("cpu, instruction", [
+    ("neoverse-n1", "udot"),
+    # umull + uadalp on unsigned operands; [neoverse-n1-udot] runs uint8 operands, and
+    # test_qnn_conv2d_exact_under_qemu the NEON-only tile, in the default tier
+    pytest.param("cortex-a72", "uadalp", marks=pytest.mark.slow)])
 def test_uint8_operands_are_exact_under_qemu(cpu, instruction, arm_session, tmp_path):
     rng = np.random.default_rng(11)
     x = rng.integers(0, 256, (1, 16, 6, 6)).astype("uint8")
@@ -73,7 +82,10 @@ def test_uint8_operands_are_exact_under_qemu(cpu, instruction, arm_session, tmp_
     np.testing.assert_array_equal(out, conv_nchw_exact(x, w, 0, (1, 1), (1, 1)))
 
 
-@pytest.mark.parametrize("cpu", list(_TILED))
+@pytest.mark.parametrize("cpu", [
+    "neoverse-n1",
+    # the same epilogue after the NEON-only tile; [neoverse-n1] runs the fused epilogue in the default tier
+    pytest.param("cortex-a72", marks=pytest.mark.slow)])
 def test_requantize_epilogue_matches_plain_llvm_under_qemu(cpu, arm_session, tmp_path):
     """bias and requantize to uint8 fused into the tiled kernel: the plain llvm build's bytes."""
     mod, x, _ = _qnn(np.random.default_rng(5), 32, 32, 11, 3, 1, 1, requantize=True)
@@ -83,10 +95,13 @@ def test_requantize_epilogue_matches_plain_llvm_under_qemu(cpu, arm_session, tmp
 
 #: Convs of 4 input channels (3 padded to 4) at +i8mm: NCHW4c data, NCHW8c output (one tile block of 8
 #: channels is two of 4), a ResNet-like stem (7x7, stride 2) and output channels of 1 and 3 blocks.
-V1_SHAPES = [(3, 16, 10, 3, 2, 1), (3, 24, 23, 7, 2, 3), (4, 8, 9, 3, 1, 1)]
+#: Slow: the 3 channels padded to 4 (stride 2, two output blocks) and the 7x7 stem, which
+#: test_i8mm_stem_requantize_matches_plain_llvm_under_qemu (3 channels, 7x7, stride 2) runs in the default tier.
+V1_SHAPES = [pytest.param((3, 16, 10, 3, 2, 1), marks=pytest.mark.slow),
+             pytest.param((3, 24, 23, 7, 2, 3), marks=pytest.mark.slow), (4, 8, 9, 3, 1, 1)]
 
 
-@pytest.mark.parametrize("shape", V1_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", V1_SHAPES, ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else None)
 def test_i8mm_few_channel_conv_exact_under_qemu(shape, arm_session, tmp_path):
     mod, x, ref = _qnn(np.random.default_rng(sum(shape)), *shape)
     factory = tvm_ext.build(mod, target=TARGETS["neoverse-v1"], kernels=True)

@@ -6,6 +6,8 @@ built with ``pipelines.int8()`` for each ARM class, against numpy in TVM's float
 rounded, then the sum: what a plain ``llvm`` build computes, tests/test_no_contract.py). Stock TVM's
 contraction, recorded at one class.
 """
+import itertools
+
 import numpy as np
 import pytest
 import tvm
@@ -38,9 +40,16 @@ def _outputs(session, lib, tmp_path, name):
     return out, qa.reference(a, b, SCALES)
 
 
-@pytest.mark.parametrize("join", JOINS)
-@pytest.mark.parametrize("cpu", list(TARGETS))
-@pytest.mark.parametrize("form", ["qdq", "qlinear_add", "conv_residual"])
+#: The default tier: a diagonal of forms and classes with the float requantize (what LLVM would contract) at each
+#: class, and the integer join once. The slow tier runs every form at every class both ways (the same add through
+#: the other classes' kernels and the other join).
+DEFAULT = {("qdq", "cortex-a72", "float-join"), ("qlinear_add", "neoverse-n1", "float-join"),
+           ("conv_residual", "neoverse-v1", "float-join"), ("qlinear_add", "cortex-a72", "integer-join")}
+
+
+@pytest.mark.parametrize("form, cpu, join", [
+    pytest.param(*case, id="-".join(case), marks=() if case in DEFAULT else pytest.mark.slow)
+    for case in itertools.product(["qdq", "qlinear_add", "conv_residual"], TARGETS, JOINS)])
 def test_int8_build_exact_over_all_pairs_under_qemu(form, cpu, join, arm_session, tmp_path):
     mod, params = _module(form)
     lib = tvm_ext.build(mod, TARGETS[cpu], params=params, passes=pipelines.int8(), disabled_pass=JOINS[join])

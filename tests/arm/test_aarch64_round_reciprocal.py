@@ -86,8 +86,18 @@ def _fdiv(lib):
     return len(VECTOR_FDIV.findall(asm)), len(re.findall(r"\bfdiv\s+d\d+", asm))
 
 
-@pytest.mark.parametrize("cpu", list(TARGETS))
-@pytest.mark.parametrize("op", [tir.round, tir.nearbyint], ids=["round", "nearbyint"])
+#: The default tier's cases of the two tests below: a diagonal (each class once, each rounding or scale at least
+#: once); the slow tier runs the other cells, the same rewrite at the other classes.
+DEFAULT = {("round", "neoverse-n1"), ("nearbyint", "cortex-a72"), ("nearbyint", "neoverse-v1"),
+           ("model", "cortex-a72"), ("ties", "neoverse-n1"), ("model", "neoverse-v1")}
+
+
+def _diagonal(rows, ids):
+    return [pytest.param(row, cpu, id=f"{rid}-{cpu}", marks=() if (rid, cpu) in DEFAULT else pytest.mark.slow)
+            for row, rid in zip(rows, ids) for cpu in TARGETS]
+
+
+@pytest.mark.parametrize("op, cpu", _diagonal([tir.round, tir.nearbyint], ["round", "nearbyint"]))
 def test_round_div_matches_numpy_under_qemu(cpu, op, arm_server, tmp_path):
     n = 4096
     x, c = te.placeholder((n,), "float32", name="x"), te.placeholder((1,), "float32", name="c")
@@ -116,8 +126,7 @@ def test_round_div_matches_numpy_under_qemu(cpu, op, arm_server, tmp_path):
         assert _same(out.numpy(), want), f"c={cv!r}"
 
 
-@pytest.mark.parametrize("cpu", list(TARGETS))
-@pytest.mark.parametrize("scales", [MODEL, TIES], ids=["model", "ties"])
+@pytest.mark.parametrize("scales, cpu", _diagonal([MODEL, TIES], ["model", "ties"]))
 def test_residual_add_all_pairs_under_qemu(cpu, scales, arm_server, tmp_path):
     mod = _add(scales)
     a, b = qa.pairs()
@@ -144,7 +153,11 @@ def _plain_llvm(mod, inputs):
     return gm.get_output(0).numpy()
 
 
-@pytest.mark.parametrize("cpu", list(TARGETS))
+@pytest.mark.parametrize("cpu", [
+    # the add in the NEON-only and +dotprod conv tiles' epilogues; [neoverse-v1] runs the add fused into a conv
+    # (the smmla tile), and test_residual_add_all_pairs_under_qemu each class's rewrite, in the default tier
+    pytest.param("cortex-a72", marks=pytest.mark.slow), pytest.param("neoverse-n1", marks=pytest.mark.slow),
+    "neoverse-v1"])
 def test_conv_residual_add_under_qemu(cpu, arm_server, tmp_path):
     mod = _conv_residual(MODEL)
     rng = np.random.default_rng(6)
@@ -159,7 +172,11 @@ def test_conv_residual_add_under_qemu(cpu, arm_server, tmp_path):
     np.testing.assert_array_equal(out, want)
 
 
-@pytest.mark.parametrize("cpu", list(TARGETS))
+@pytest.mark.parametrize("cpu", [
+    # the same fdiv counts at NEON only and +i8mm, which test_residual_add_all_pairs_under_qemu[model-cortex-a72]
+    # and [model-neoverse-v1] check with and without the pass in the default tier
+    pytest.param("cortex-a72", marks=pytest.mark.slow), "neoverse-n1",
+    pytest.param("neoverse-v1", marks=pytest.mark.slow)])
 def test_back_end_adds_it_to_8bit_builds_with_kernels_only(cpu):
     """Compile only: ``pipelines.int8()`` builds lose the vector ``fdiv``; a build without passes
     (``relay.build`` exactly) and one that disables the pass by name keep it."""

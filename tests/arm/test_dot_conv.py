@@ -80,7 +80,11 @@ def _hot_loop(factory, multiply=r"[su]dot|smull2?"):
 
 
 @needs_aarch64
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [
+    1,
+    # the 3x3 conv's loop; [1] checks the +dotprod tile's loop, and
+    # test_neon_only_hot_loop_accumulates_pairs_in_independent_registers[3] a 3x3 tile's loop, in the default tier
+    pytest.param(3, marks=pytest.mark.slow)])
 def test_dotprod_hot_loop_has_independent_accumulators(k):
     """TVM's schedule sums every sdot of a loop into one register; the tile spreads them over 16."""
     body = _hot_loop(tvm_ext.build(_conv(k=k), target=TARGETS["neoverse-n1"], kernels=True))
@@ -94,7 +98,11 @@ def test_dotprod_hot_loop_has_independent_accumulators(k):
 
 
 @needs_aarch64
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [
+    # the 1x1 conv's loop; [3] checks the NEON-only tile's loop, and
+    # test_dotprod_hot_loop_has_independent_accumulators[1] a 1x1 tile's loop, in the default tier
+    pytest.param(1, marks=pytest.mark.slow),
+    3])
 def test_neon_only_hot_loop_accumulates_pairs_in_independent_registers(k):
     """Without a dot product: smull/smull2 and sadalp into 16 accumulators, no saddlp + add."""
     body = _hot_loop(tvm_ext.build(_conv(k=k), target=TARGETS["cortex-a72"], kernels=True))

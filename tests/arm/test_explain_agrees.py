@@ -83,7 +83,10 @@ def _check_agree(mod, target, params, passes):
     return report
 
 
-@pytest.mark.parametrize("cpu, pipeline", [("neoverse-v1", "int8"), ("cortex-a72", "none"),
+# Slow: stock TVM at NEON only (its int16 legalization) and the int8 pipeline at the other classes;
+# [neoverse-v1-int8] checks explain and report against the built module in the default tier
+@pytest.mark.parametrize("cpu, pipeline", [("neoverse-v1", "int8"),
+                                           pytest.param("cortex-a72", "none", marks=pytest.mark.slow),
                                            pytest.param("cortex-a72", "int8", marks=pytest.mark.slow),
                                            pytest.param("neoverse-n1", "int8", marks=pytest.mark.slow)])
 def test_small_quantized_net_agrees_with_the_built_module(cpu, pipeline):

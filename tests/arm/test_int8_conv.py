@@ -92,7 +92,11 @@ def test_neon_only_conv_multiplies_int8_with_widening_instructions():
     assert not DOT & set(ops), "the library must run on a CPU without FEAT_DotProd"
 
 
-@pytest.mark.parametrize("cpu, instructions", [("neoverse-n1", DOT), ("neoverse-v1", MATRIX)])
+@pytest.mark.parametrize("cpu, instructions", [
+    ("neoverse-n1", DOT),
+    # the 8-channel conv's smmla at +i8mm; [neoverse-n1] checks the few-channel NCHWc kernel, and
+    # test_channel_counts_of_every_kind_build[neoverse-v1-20] a few-channel NCHWc conv at +i8mm, in the default tier
+    pytest.param("neoverse-v1", MATRIX, marks=pytest.mark.slow)])
 def test_few_channels_take_an_nchwc_int8_kernel(cpu, instructions):
     mod = _conv_requantize(8)  # below TVM's 64: the NCHW spatial pack and layout transforms otherwise
     stock, ours = _stock(mod, TARGETS[cpu]), _policy(mod, TARGETS[cpu])
@@ -101,8 +105,11 @@ def test_few_channels_take_an_nchwc_int8_kernel(cpu, instructions):
     assert instructions & set(_conv_mnemonics(ours)), f"none of {instructions} in the 8-channel conv at {cpu}"
 
 
-@pytest.mark.parametrize("channels", [3, 12, 20, 68])
-@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1", "neoverse-v1"])
+# The default tier: each channel count once and each class at least once; the slow tier every count at every class
+@pytest.mark.parametrize("cpu, channels", [
+    pytest.param(cpu, channels, id=f"{cpu}-{channels}", marks=() if (cpu, channels) in {
+        ("cortex-a72", 3), ("neoverse-n1", 12), ("neoverse-v1", 20), ("cortex-a72", 68)} else pytest.mark.slow)
+    for cpu in ("cortex-a72", "neoverse-n1", "neoverse-v1") for channels in (3, 12, 20, 68)])
 def test_channel_counts_of_every_kind_build(cpu, channels):
     """Up to 4 input channels pad to 4; other counts to multiples of 8 (the kernel's channel blocks):
     12, 20 and 68 are multiples of 4 that no block of 8 divides."""
@@ -143,7 +150,11 @@ def _float_stem_then_int8():
     return tvm.IRModule.from_expr(relay.Function([x], z))
 
 
-@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+@pytest.mark.parametrize("cpu", [
+    "neoverse-n1",
+    # the float stem's NCHW8c at +i8mm; [neoverse-n1] checks the blocking in the default tier, and
+    # test_aarch64_int8_policy.py::test_float_first_layer_within_tolerance_under_qemu[neoverse-v1] builds it at +i8mm
+    pytest.param("neoverse-v1", marks=pytest.mark.slow)])
 def test_float_first_layer_is_blocked_like_the_int8_convs_after_it(cpu):
     mod = _float_stem_then_int8()
     stock, ours = _stock(mod, TARGETS[cpu]), _policy(mod, TARGETS[cpu])
@@ -228,8 +239,11 @@ def test_wide_reduction_steps_by_four_blocks():
     assert [h.dots for h in hot if h] == [{"smmla .4s": 80}], hot
 
 
-@pytest.mark.parametrize("cpu, rows, instruction", [("cortex-a72", 2, "smull"), ("neoverse-n1", 2, "sdot"),
-                                                   ("neoverse-v1", 2, "smmla"), ("neoverse-v1", 1, "sdot")])
+@pytest.mark.parametrize("cpu, rows, instruction", [
+    ("cortex-a72", 2, "smull"), ("neoverse-n1", 2, "sdot"), ("neoverse-v1", 2, "smmla"),
+    # one data row at +i8mm takes the dot product: test_aarch64_int8_dense.py::test_uint8_weights_exact_under_qemu
+    # [1-udot] checks that choice in the default tier
+    pytest.param("neoverse-v1", 1, "sdot", marks=pytest.mark.slow)])
 def test_int8_dense_instruction_per_class(cpu, rows, instruction):
     """TVM gives every class widening multiplies; the policy the 8-bit dot product or matrix multiply
     where the target has them (one data row: the dot product, a matrix product would be half padding)."""
@@ -282,7 +296,10 @@ def _float_network():
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+@pytest.mark.parametrize("cpu", [
+    "neoverse-n1",
+    # the same rule at the +i8mm record; [neoverse-n1] checks it in the default tier
+    pytest.param("neoverse-v1", marks=pytest.mark.slow)])
 def test_float_network_keeps_tvms_convs(cpu):
     """Only an 8-bit graph's float first layer is blocked: a float network compiles as TVM compiles it."""
     mod = _float_network()
@@ -309,7 +326,12 @@ def _pointwise_depthwise_pointwise(channels=16, expanded=32, size=14):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1", "neoverse-v1"])
+@pytest.mark.parametrize("cpu", [
+    # the block at NEON only and at +i8mm (NCHW8c); [neoverse-n1] checks the three convs and the count against stock
+    # in the default tier, test_depthwise_block_follows_its_producer[neoverse-v1-32-8] the +i8mm block and
+    # test_aarch64_int8_policy.py::test_qnn_depthwise_conv2d_exact_under_qemu[cortex-a72-16-strides0] the NEON-only one
+    pytest.param("cortex-a72", marks=pytest.mark.slow), "neoverse-n1",
+    pytest.param("neoverse-v1", marks=pytest.mark.slow)])
 def test_depthwise_conv_is_blocked_like_its_pointwise_neighbours(cpu):
     """No layout_transform kernel between the three convs; at +dotprod and +i8mm no more kernels than stock
     (at NEON only stock's int16 convs stay NCHW, so the block's output needs one layout change more)."""
@@ -341,8 +363,10 @@ def _altered(mod, cpu):
     return seen[0]
 
 
-@pytest.mark.parametrize("cpu, channels, block", [("neoverse-n1", 32, 4), ("neoverse-n1", 12, 4),
-                                                  ("neoverse-v1", 32, 8)])
+@pytest.mark.parametrize("cpu, channels, block", [
+    # 32 channels (whole blocks) at +dotprod; [neoverse-n1-12-4] checks NCHW4c at +dotprod in the default tier
+    pytest.param("neoverse-n1", 32, 4, marks=pytest.mark.slow),
+    ("neoverse-n1", 12, 4), ("neoverse-v1", 32, 8)])
 def test_depthwise_block_follows_its_producer(cpu, channels, block):
     """The 1x1 conv's block: NCHW4c from the dot-product conv (12 channels: padded to 16, 3 of 4 blocks
     sliced), NCHW8c from the matrix-multiply conv."""
@@ -353,7 +377,10 @@ def test_depthwise_block_follows_its_producer(cpu, channels, block):
     assert f'data_layout="NCHW{block}c", kernel_layout="OIHW1i{block}o"' in text, text
 
 
-@pytest.mark.parametrize("cpu", ["cortex-a72", "neoverse-n1", "neoverse-v1"])
+@pytest.mark.parametrize("cpu", [
+    # the same rule at the NEON-only and +i8mm records; [neoverse-n1] checks it in the default tier
+    pytest.param("cortex-a72", marks=pytest.mark.slow), "neoverse-n1",
+    pytest.param("neoverse-v1", marks=pytest.mark.slow)])
 def test_depthwise_after_an_nchw_producer_keeps_tvms_layout(cpu):
     """Read from the graph's NCHW input (or a float conv), the depthwise conv stays NCHW: blocking it
     would only add a layout_transform kernel."""
@@ -398,7 +425,12 @@ def _squeeze_excite(mid, channels=16, size=8):
     return tvm.IRModule.from_expr(relay.Function([x], _qnn_conv_requantize(y, mid, channels, 1, 1, 13)))
 
 
-@pytest.mark.parametrize("mid", [2, pytest.param(12, marks=pytest.mark.slow)])
+# Slow: adds the kernel count against +dotprod. In the default tier,
+# test_aarch64_fold_channel_repad.py::test_squeeze_excite_block_exact_under_qemu[neoverse-v1-2-False] checks that a
+# squeeze-excite block's convs share one block at +i8mm (no layout, slice or re-pad kernel between them), and
+# test_i8mm_dot_product_conv_reads_its_producers_nchw8c this graph's reads
+@pytest.mark.slow
+@pytest.mark.parametrize("mid", [2, 12])
 def test_i8mm_squeeze_excite_convs_share_one_channel_block(mid):
     """At +i8mm the dot-product convs after the pool read the NCHW8c that the matrix-multiply conv and the
     padded conv write: no layout_transform kernel and no slice/re-pad kernel between the convs, and no more

@@ -112,8 +112,10 @@ def _launched(name, passes):
     return report.num_launched_kernels, sum(report.crossing.nbytes.values()), set(report.crossing.nbytes)
 
 
+# each a small zoo ResNet built twice at opencl (about a minute); tests/gpu/test_opencl.py builds the int8
+# pipeline at opencl and compares its outputs by default
 @pytest.mark.parametrize("name, eight_bit", [
-    ("resnet50_int8_qdq", True),
+    pytest.param("resnet50_int8_qdq", True, marks=pytest.mark.slow),
     pytest.param("resnet50_int8_qoperator", True, marks=pytest.mark.slow),
     pytest.param("resnet50_int8_relay", False, marks=pytest.mark.slow),
     pytest.param("resnet50_fp32", False, marks=pytest.mark.slow),

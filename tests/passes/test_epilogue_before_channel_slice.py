@@ -182,8 +182,12 @@ def test_unchanged_on_no_match_aarch64(case, reason, caplog):
     assert_unchanged_with_reason(EpilogueBeforeChannelSlice(), mod, reason, LOGGER, caplog)
 
 
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
-@pytest.mark.parametrize("cpu", ["neoverse-n1", "neoverse-v1"])
+# the diagonal runs by default: each CPU once, each scale form once (the other two are slow)
+@pytest.mark.parametrize("cpu, per_channel", [
+    ("neoverse-n1", True), ("neoverse-v1", False),
+    pytest.param("neoverse-n1", False, marks=pytest.mark.slow),
+    pytest.param("neoverse-v1", True, marks=pytest.mark.slow)], ids=["n1-per_channel", "v1-per_tensor",
+                                                                     "n1-per_tensor", "v1-per_channel"])
 def test_aarch64_build_removes_int32_crossing(cpu, per_channel, caplog):
     """Compiled only: at Neoverse-N1 the 12-channel convs are NCHW4c and the slice takes 3 of 4 blocks;
     at Neoverse-V1 they are NCHW8c and x86's form appears (12 is no multiple of 8). Per channel, the

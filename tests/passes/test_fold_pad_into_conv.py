@@ -180,6 +180,7 @@ def test_dynamic_shapes_skipped(caplog):
 
 
 # -- the zoo model (small) ------------------------------------------------------------------------
+@pytest.mark.slow  # a small zoo ResNet built; the nested-pad, qnn and no-match tests above cover the fold
 def test_small_qoperator_resnet_no_lone_pad_kernels():
     m = tvm_ext.tools.zoo.load("resnet50_int8_qoperator", small=True)
     f = tvm_ext.build(m.mod, params=m.params, passes=[FoldPadIntoConv()])

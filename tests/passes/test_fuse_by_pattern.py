@@ -234,6 +234,7 @@ def _zoo_check(zoo, name, table, small=True, same_kernels=True, small_zoo_build=
     return counts, stock_report.num_kernels, fused.kernel_report.num_kernels
 
 
+@pytest.mark.slow  # the small zoo ResNet fused by the QNN table; test_build_int8_graph_bit_exact runs in CI
 @pytest.mark.xdist_group("small_zoo:resnet50_int8_qoperator")
 def test_zoo_small_qoperator_qnn(zoo, small_zoo_build):
     counts, n_stock, n_fused = _zoo_check(zoo, "resnet50_int8_qoperator", QNN, small_zoo_build=small_zoo_build)

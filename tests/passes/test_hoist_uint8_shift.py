@@ -180,7 +180,8 @@ def test_structure_aarch64_form():
     np.testing.assert_array_equal(out_b[0], out_a[0])
 
 
-@pytest.mark.parametrize("join", ["onnx", "qnn"])
+# the qnn form is the same hoist; its structure is tested above
+@pytest.mark.parametrize("join", ["onnx", pytest.param("qnn", marks=pytest.mark.slow)])
 def test_aarch64_build_removes_shift_kernel(join, caplog):
     """Compiled for Neoverse-N1 (+dotprod, int8 x int8 dot products; zero-point pads folded in both
     builds): the lone shift kernel is gone. Compile only; here the kernels and bytes are counted."""

@@ -286,7 +286,8 @@ def test_x86_padded_multiple_of_4_structure_idempotent_bit_exact():
         assert_same_outputs(*built, random_inputs(wide_pair(), seed=seed))
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=znver4", "llvm -mcpu=skylake-avx512"])
+@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", pytest.param("llvm -mcpu=znver4", marks=pytest.mark.slow),
+                                    pytest.param("llvm -mcpu=skylake-avx512", marks=pytest.mark.slow)])
 def test_x86_padded_multiple_of_4_one_kernel_fewer(target):
     """The slice kernel between the two convs goes (compiled for each CPU class, not run here)."""
     pipe = tvm_ext.core.pipelines.int8()

@@ -96,6 +96,26 @@ def test_run_takes_tvmcs_npz_and_compares(conv, capsys):
     assert "max abs diff 0.5, 256 of 256 elements beyond atol 0" in out and "the outputs differ" in out
 
 
+def test_compare_with_an_onnx_model_runs_onnxruntimes_exact_int8_path(conv, capsys, monkeypatch):
+    """On x86 CPUs without VNNI ONNX Runtime's default int8 kernels saturate int16 pair sums; the reference
+    is its exact path (``session.x64quantprecision``), which a saturating default would fail against an exact
+    build by up to tens of steps."""
+    import onnxruntime as ort
+
+    d, model, lib, _ref = conv
+    seen, session = [], ort.InferenceSession
+
+    def recording(path, sess_options=None, **kwargs):
+        seen.append(sess_options)
+        return session(path, sess_options, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    assert main(["run", str(lib), "-i", str(d / "inputs.npz"), "--compare-with", str(model), "--atol", "1e-4"]) == 0
+    capsys.readouterr()
+    (options,) = seen
+    assert options is not None and options.get_session_config_entry("session.x64quantprecision") == "1"
+
+
 def test_run_input_errors(conv, capsys):
     d, _model, lib, _ref = conv
     _error(capsys, main(["run", str(lib), "-i", str(d / "x.npy")]), "-i/--inputs")

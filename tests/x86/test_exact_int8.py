@@ -120,9 +120,14 @@ def test_the_limit_is_the_int16_bound():
 
 # --- executed: exact against numpy ----------------------------------------------------------------
 
-@pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
-@pytest.mark.parametrize("pipeline", [False, True], ids=["plain", "int8-pipeline"])
-@pytest.mark.parametrize("k,stride", [(3, 1), (1, 1), (3, 2)])
+# The default tier runs a diagonal, each kernel and stride once, each pipeline and each class at least once
+# ([3-1-int8-pipeline-avx2], [1-1-plain-avx2], [3-2-plain-sse]); the slow tier every combination
+@pytest.mark.parametrize("k,stride,pipeline,target", [
+    pytest.param(k, stride, pipeline, TARGETS[name], id=f"{k}-{stride}-{form}-{name}",
+                 marks=() if (k, stride, pipeline, name) in {(3, 1, True, "avx2"), (1, 1, False, "avx2"),
+                                                             (3, 2, False, "sse")} else pytest.mark.slow)
+    for k, stride in ((3, 1), (1, 1), (3, 2)) for pipeline, form in ((False, "plain"), (True, "int8-pipeline"))
+    for name in ("sse", "avx2")])
 def test_full_range_conv_is_exact(target, pipeline, k, stride):
     """Full-range weights (including -128) against uniform uint8 data: every accumulator is the
     integer result, with tvm_ext.build alone and with the int8 pipeline's kernels."""
@@ -136,7 +141,10 @@ def test_full_range_conv_is_exact(target, pipeline, k, stride):
     np.testing.assert_array_equal(_run(lib, x=x), _conv_exact(x, w, stride, k // 2))
 
 
-@pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
+@pytest.mark.parametrize("target", [
+    # the extreme sums at SSE; [avx2] runs them in the default tier, and test_full_range_conv_is_exact[3-2-plain-sse]
+    # and test_pair_packed_conv_is_exact[sse] the pair form at SSE
+    pytest.param(TARGETS["sse"], id="sse", marks=pytest.mark.slow), _target_param("avx2")])
 def test_worst_case_pairs_are_exact(target):
     """Every pair at its extreme: data 255 against weights 127 and -128, and data 0 (the shifted
     zero point), the sums stock TVM saturates most."""
@@ -169,7 +177,9 @@ def test_stock_saturates_where_tvm_ext_is_exact(target):
     np.testing.assert_array_equal(_run(forced, x=x), stock)
 
 
-@pytest.mark.parametrize("target", [_target_param("sse"), _target_param("avx2")])
+@pytest.mark.parametrize("target", [
+    # the split form at SSE; [avx2] checks it in the default tier
+    pytest.param(TARGETS["sse"], id="sse", marks=pytest.mark.slow), _target_param("avx2")])
 def test_relay_build_inside_kernels_is_exact(target):
     """A plain relay.build inside kernels() records no weights: every workload takes the exact form."""
     if not runs_on_host(target):
@@ -215,7 +225,11 @@ def test_dense_on_avx512_takes_the_exact_form_unless_its_weights_fit(target):
 
 # --- per workload: the saturating form only where every weight pair fits --------------------------
 
-@pytest.mark.parametrize("target", list(TARGETS.values()), ids=list(TARGETS))
+# [sse] and [avx512-vnni-masked] are slow: the same per-workload choice at SSE and at Zen 4 with VNNI masked (the
+# avx512 class: test_isa.py::test_isa_class); [avx2] and [avx512] check it in the default tier
+@pytest.mark.parametrize("target", [
+    pytest.param(target, id=name, marks=pytest.mark.slow if name in ("sse", "avx512-vnni-masked") else ())
+    for name, target in TARGETS.items()])
 def test_weights_that_fit_keep_vpmaddubsw(target):
     """Compiled for every non-VNNI class: weights in [-64, 64] keep TVM's form, full-range ones
     take the exact form; executed (against numpy) where the host can."""

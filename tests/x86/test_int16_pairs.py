@@ -58,15 +58,34 @@ SHAPES = [
 ]
 
 
+#: The case of each shape in the default tier, a diagonal: each shape once, each of AVX2 without and with the int8
+#: pipeline, SSE and AVX-512 at least once. The slow tier runs every case of :func:`_cases` (the same shapes through
+#: the same pair kernel at the other classes and pipelines).
+DEFAULT_TIER = {
+    (32, 32, 3, 12, 1, 1): "avx2-plain",
+    (40, 24, 3, 11, 1, 1): "avx512-int8",
+    (24, 12, 3, 9, 2, 1): "sse-int8",
+    (48, 16, 1, 9, 2, 0): "avx2-int8",
+    (16, 36, 1, 7, 1, 0): "avx2-plain",
+    (16, 16, 5, 10, 1, 2): "avx2-int8",
+    (32, 64, 3, 7, 2, 1): "avx2-plain",
+}
+
+
 def _cases():
     """Every shape at AVX2 with and without the int8 pipeline; SSE and AVX-512 with it, on a subset."""
+
+    def case(name, pipeline, shape):
+        form = f"{name}-{'int8' if pipeline else 'plain'}"
+        slow = () if DEFAULT_TIER[shape] == form else (pytest.mark.slow,)
+        return pytest.param(TARGETS[name], pipeline, *shape, marks=(*_target(name).marks, *slow), id=f"{form}-{shape}")
+
     for shape in SHAPES:
         for pipeline in (False, True):
-            yield pytest.param(TARGETS["avx2"], pipeline, *shape, marks=_target("avx2").marks,
-                               id=f"avx2-{'int8' if pipeline else 'plain'}-{shape}")
+            yield case("avx2", pipeline, shape)
     for name in ("sse", "avx512"):
         for shape in SHAPES[1:5]:
-            yield pytest.param(TARGETS[name], True, *shape, marks=_target(name).marks, id=f"{name}-int8-{shape}")
+            yield case(name, True, shape)
 
 
 @pytest.mark.parametrize("target,pipeline,oc,ic,k,size,stride,pad", list(_cases()))
@@ -82,8 +101,12 @@ def test_int16_pairs_are_exact(target, pipeline, oc, ic, k, size, stride, pad):
     np.testing.assert_array_equal(_run(lib, x=x), _conv_exact(x, w, stride, pad))
 
 
-@pytest.mark.parametrize("target", [_target("avx2"), _target("avx512")])
-@pytest.mark.parametrize("value", [255, 128, 0])
+# The default tier runs a diagonal, each value once and each class at least once ([255-avx2], [128-avx512],
+# [0-avx512]); the slow tier each value at the other class
+@pytest.mark.parametrize("value, target", [
+    pytest.param(value, TARGETS[name], id=f"{value}-{name}", marks=(*_target(name).marks, *(
+        () if (value, name) in {(255, "avx2"), (128, "avx512"), (0, "avx512")} else (pytest.mark.slow,))))
+    for value in (255, 128, 0) for name in ("avx2", "avx512")])
 def test_extreme_pairs_are_exact(target, value):
     """Every pair at its extreme (127 * 255 twice, -128 * 255 twice), zero point 0."""
     w = np.full((32, 16, 1, 1), 127, "int8")
@@ -108,8 +131,12 @@ def _requantized_conv(w, size, stride, pad, seed=0):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-@pytest.mark.parametrize("target", [_target("avx2"), _target("avx512")])
-@pytest.mark.parametrize("oc,ic,k,size,stride,pad", [(64, 64, 1, 14, 1, 0), (48, 40, 3, 9, 2, 1)])
+# The default tier runs a diagonal: the 1x1 layer at AVX2, the 3x3 one at AVX-512; the slow tier each layer at the
+# other class
+@pytest.mark.parametrize("oc,ic,k,size,stride,pad,target", [
+    pytest.param(*shape, TARGETS[name], id=f"{'-'.join(map(str, shape))}-{name}", marks=(*_target(name).marks, *(
+        () if (shape[2], name) in {(1, "avx2"), (3, "avx512")} else (pytest.mark.slow,))))
+    for shape in ((64, 64, 1, 14, 1, 0), (48, 40, 3, 9, 2, 1)) for name in ("avx2", "avx512")])
 def test_requantized_conv_matches_plain_llvm(target, oc, ic, k, size, stride, pad):
     """The whole layer (requantize epilogue fused into the conv's kernel) against the same graph built
     at plain ``llvm``, whose int8 code has no SIMD dot product."""

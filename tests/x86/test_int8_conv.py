@@ -77,7 +77,9 @@ print("OK")
 
 
 @needs_vnni
-@pytest.mark.parametrize("k", [3, 1])
+# [3]: the 3x3 conv through the same child's four builds; [1] checks the VNNI operand types in the default tier,
+# and test_tile_chains.py::test_chained_tiles_are_exact runs 3x3 convs at AVX-512 VNNI against numpy and plain llvm
+@pytest.mark.parametrize("k", [pytest.param(3, marks=pytest.mark.slow), 1])
 def test_vnni_builds_and_is_exact(k, tmp_path):
     """``vnni_operand_types``: VNNI builds (no abort) and equals TVM's schedule and the
     intrinsic-free build."""
@@ -108,8 +110,15 @@ def test_masked_path_saturates_in_stock_tvm_and_is_exact_in_tvm_ext():
     assert (_run(tvm_ext.build(mod, target=masked), xs) == exact).all()
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni",
-                                    "llvm -mcpu=skylake-avx512"])
+@pytest.mark.parametrize("target", [
+    "llvm -mcpu=x86-64-v3",
+    # AVX-512, with and without VNNI: TVM's rule already blocks the depthwise conv like its neighbours (no kernel
+    # fewer). [llvm -mcpu=x86-64-v3] checks the int8 block in the default tier,
+    # test_depthwise_int8_block_is_bit_identical[avx512] builds it at AVX-512 and
+    # test_depthwise_taps.py::test_depthwise_in_a_model_keeps_its_kernel_count counts this graph's kernels against
+    # TVM's at AVX-512 VNNI
+    pytest.param("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", marks=pytest.mark.slow),
+    pytest.param("llvm -mcpu=skylake-avx512", marks=pytest.mark.slow)])
 def test_depthwise_int8_conv_takes_the_int8_conv_block(target):
     """Compiled only (``depthwise_int8_block``): no layout_transform kernel around an 8-bit
     depthwise conv; TVM's own rule puts two there on AVX2 (block 8 between convs blocked by 16),
@@ -169,8 +178,10 @@ def _int8_float_int8(seed=0, size=10, mid=24):
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
-@pytest.mark.parametrize("target,removed", [("llvm -mcpu=x86-64-v3", 1), ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", 2),
-                                            ("llvm -mcpu=x86-64-v4", 1)])
+@pytest.mark.parametrize("target,removed", [
+    ("llvm -mcpu=x86-64-v3", 1), ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", 2),
+    # AVX-512 without VNNI: one re-blocking fewer, as at AVX2 ([llvm -mcpu=x86-64-v3-1] in the default tier)
+    pytest.param("llvm -mcpu=x86-64-v4", 1, marks=pytest.mark.slow)])
 def test_float_conv_in_an_int8_graph_takes_int8_blocks(target, removed):
     """Compiled only (``int8_graph_float_conv_blocks``): the float conv reads the int8 conv's
     NCHW16c output as it is; TVM's rule (and kernels() without int8_graph) re-blocks it to the
@@ -203,8 +214,12 @@ def test_one_pixel_float_conv_takes_the_int8_output_block_on_avx2():
     assert layouts(ten) - layouts(ten, int8_graph=True) == 1
 
 
-@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
-@pytest.mark.parametrize("size", [1, 10])
+# The default tier runs a diagonal, each size once and each class once ([1-avx512], [10-avx2]); the slow tier adds
+# the one-pixel graph at AVX2 and the 10x10 one at AVX-512 (the same blocks at the other class)
+@pytest.mark.parametrize("size, target", [
+    pytest.param(size, target, id=f"{size}-{name}", marks=[*_runnable(target).marks, *(
+        [] if (size, name) in {(1, "avx512"), (10, "avx2")} else [pytest.mark.slow])])
+    for size in (1, 10) for name, target in NON_VNNI_TARGETS.items()])
 def test_float_conv_int8_blocks_are_bit_identical(target, size):
     mod = _int8_float_int8(seed=1, size=size)
     x = np.random.default_rng(4).integers(0, 256, (1, 16, size, size)).astype("uint8")
@@ -226,8 +241,15 @@ def test_int8_block():
         assert [x86_int8.int8_block(c, target) for c in (48, 24, 12)] == [16, 12, 12], target
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni",
-                                    "llvm -mcpu=x86-64-v4"])
+@pytest.mark.parametrize("target", [
+    "llvm -mcpu=x86-64-v3",
+    # the whole graph at AVX-512 VNNI: [llvm -mcpu=x86-64-v3] checks it at AVX2 in the default tier, and there
+    # test_vnni_int8_conv_takes_8_channel_blocks reads the 8-channel blocks' code at AVX-512 VNNI and
+    # test_vnni_8_channel_blocks_are_bit_identical runs them against TVM's own build
+    pytest.param("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", marks=pytest.mark.slow),
+    # AVX-512 without VNNI, where nothing changes: test_int8_block checks that the class keeps TVM's blocks and
+    # test_vnni_int8_conv_takes_8_channel_blocks that its 24-channel conv keeps TVM's padding
+    pytest.param("llvm -mcpu=x86-64-v4", marks=pytest.mark.slow)])
 def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
     """``narrow_channel_blocks``, compiled for AVX2, AVX-512 VNNI and AVX-512. On AVX2 and VNNI the
     float conv's 24 output channels are read by the int8 conv blocked by 8, as the float conv writes
@@ -290,7 +312,10 @@ def _float_conv(k, cin, cout, size, stride, seed=0):
 _FLOAT_CASES = [(3, 16, 32, 56, 1), (7, 3, 32, 64, 2), (1, 32, 32, 28, 1), (3, 8, 8, 13, 1)]
 
 
-@pytest.mark.parametrize("case", _FLOAT_CASES, ids=["3x3", "7x7-stem", "1x1", "prime-width"])
+# The default tier runs the 3x3 conv, whose tile test_float_conv_register_tile_only_on_avx2 shows changed; the stem,
+# the 1x1 conv and a prime width (the same tile rule on other shapes) are slow
+@pytest.mark.parametrize("case", [pytest.param(case, id=name, marks=() if name == "3x3" else pytest.mark.slow)
+                                  for case, name in zip(_FLOAT_CASES, ["3x3", "7x7-stem", "1x1", "prime-width"])])
 @pytest.mark.skipif(not runs_on_host("llvm -mcpu=x86-64-v3"), reason="host lacks AVX2")
 def test_float_conv_register_tile_is_bit_identical_on_avx2(case):
     """``fallback_register_tile``: untuned float convs on AVX2 take a tile that fits the 16 ymm
@@ -305,10 +330,16 @@ def test_float_conv_register_tile_is_bit_identical_on_avx2(case):
     assert np.array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("target,changed", [("llvm -mcpu=x86-64-v3", True),
+# The default tier: each kernel size once and each register file once ([3-llvm -mcpu=x86-64-v3-True],
+# [1-llvm -mcpu=x86-64-v4-False]); the slow tier adds the other pairs, and AVX-512 VNNI, which has AVX-512's 32 zmm
+# registers and no float instruction more
+@pytest.mark.parametrize("k, target, changed", [
+    pytest.param(k, target, changed, id=f"{k}-{target}-{changed}",
+                 marks=() if (k, target) in {(3, "llvm -mcpu=x86-64-v3"), (1, "llvm -mcpu=x86-64-v4")}
+                 else pytest.mark.slow)
+    for k in (3, 1) for target, changed in (("llvm -mcpu=x86-64-v3", True),
                                             ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", False),
-                                            ("llvm -mcpu=x86-64-v4", False)])
-@pytest.mark.parametrize("k", [3, 1])
+                                            ("llvm -mcpu=x86-64-v4", False))])
 def test_float_conv_register_tile_only_on_avx2(target, changed, k):
     """Compiled only: ``fallback_register_tile`` changes a float conv's code on AVX2 (TVM's fallback tile of 28
     pixels spills 16 ymm registers) and leaves AVX-512's (32 zmm) alone."""
@@ -353,7 +384,10 @@ def _depthwise_build(mod, target, register_tile, monkeypatch):
 _DEPTHWISE_CASES = [("uint8", 88, (3, 96), 5), ("float32", 64, (28, 28), 3), ("uint8", 24, (7, 7), 3)]
 
 
-@pytest.mark.parametrize("case", _DEPTHWISE_CASES, ids=["u8-5x5-wide", "f32-3x3", "u8-prime-width"])
+@pytest.mark.parametrize("case", [
+    pytest.param(_DEPTHWISE_CASES[0], id="u8-5x5-wide"), pytest.param(_DEPTHWISE_CASES[1], id="f32-3x3"),
+    # a 7-wide row, which the tile leaves as TVM's; [u8-5x5-wide] runs the 8-bit tile in the default tier
+    pytest.param(_DEPTHWISE_CASES[2], id="u8-prime-width", marks=pytest.mark.slow)])
 @pytest.mark.skipif(not runs_on_host("llvm -mcpu=x86-64-v3"), reason="host lacks AVX2")
 def test_depthwise_register_tile_is_bit_identical_on_avx2(case, monkeypatch):
     """``fallback_register_tile``: untuned depthwise convs on AVX2 take a tile that fits the 16 ymm
@@ -371,9 +405,14 @@ def test_depthwise_register_tile_is_bit_identical_on_avx2(case, monkeypatch):
         assert libs[0].get_lib().get_source("asm") != libs[1].get_lib().get_source("asm")
 
 
-@pytest.mark.parametrize("target,changed", [("llvm -mcpu=x86-64-v3", True), ("llvm -mcpu=alderlake", True),
-                                            ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", False),
-                                            ("llvm -mcpu=skylake-avx512", False)])
+@pytest.mark.parametrize("target,changed", [
+    ("llvm -mcpu=x86-64-v3", True),
+    # another AVX2 CPU (test_isa.py::test_isa_class puts alderlake in x86-64-v3's class); [llvm -mcpu=x86-64-v3-True]
+    # checks the class in the default tier
+    pytest.param("llvm -mcpu=alderlake", True, marks=pytest.mark.slow),
+    ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", False),
+    # AVX-512 without VNNI, the same 32 zmm registers as [llvm -mcpu=x86-64-v4 -mattr=+avx512vnni-False] (default tier)
+    pytest.param("llvm -mcpu=skylake-avx512", False, marks=pytest.mark.slow)])
 def test_depthwise_register_tile_only_on_avx2(target, changed, monkeypatch):
     """Compiled only: ``fallback_register_tile`` changes a depthwise conv's code on AVX2 and leaves
     AVX-512's alone."""
@@ -392,8 +431,10 @@ def _int8_conv_24(k, size=10, seed=3):
     return tvm.IRModule.from_expr(relay.Function([x], _requantize(y, 24, rng)))
 
 
-@pytest.mark.parametrize("k", [3, 1])
-@pytest.mark.parametrize("schedule", [True, "per_row"])
+# The default tier runs a diagonal, each kernel size once and each schedule once ([True-3], [per_row-1]); the slow
+# tier the 1x1 conv in the policy's schedule and the 3x3 conv in TVM's form
+@pytest.mark.parametrize("schedule, k", [(True, 3), pytest.param(True, 1, marks=pytest.mark.slow),
+                                         pytest.param("per_row", 3, marks=pytest.mark.slow), ("per_row", 1)])
 def test_vnni_int8_conv_takes_8_channel_blocks(k, schedule):
     """``narrow_channel_blocks`` on AVX-512 VNNI, compiled only: at an AVX-512 VNNI target a 24-channel int8
     conv takes output block 8 and the ymm vpdpbusd (no slice kernel, no zmm vpdpbusd), in the

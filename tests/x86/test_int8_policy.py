@@ -33,8 +33,13 @@ def test_build_target_policy():
     assert build_target("cuda").kind.name == "cuda"
 
 
-@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
-@pytest.mark.parametrize("k", [3, 1])
+# The default tier runs a diagonal: the 1x1 conv at AVX2, the 3x3 conv (epilogue_per_row) at AVX-512. The slow tier
+# adds the 3x3 conv at AVX2 and the 1x1 conv at AVX-512, both per tile, as
+# test_int8_schedules.py::test_per_tile_schedule_is_bit_identical[3x3-avx2] and [1x1-avx512] run them by default
+@pytest.mark.parametrize("k, target", [
+    pytest.param(k, target, id=f"{k}-{name}", marks=[*_runnable(target).marks, *(
+        [] if (k, name) in {(1, "avx2"), (3, "avx512")} else [pytest.mark.slow])])
+    for k in (3, 1) for name, target in NON_VNNI_TARGETS.items()])
 def test_policy_conv_schedules_are_bit_identical_without_vnni(k, target):
     """The policy's int8 conv schedules without VNNI (AVX2: ``per_tile_accumulators``; AVX-512:
     ``epilogue_per_row`` for 3x3, per tile for 1x1): same bits as TVM's own schedule with the same
@@ -66,8 +71,12 @@ def test_conv_schedule_follows_the_isa_policy(target, expected):
     assert (asm(schedule=True) != asm(schedule=False)) == (chosen != "tvm")
 
 
-@pytest.mark.parametrize("target", ["llvm -mcpu=x86-64-v3", "llvm -mcpu=x86-64-v4",
-                                    "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", "llvm -mcpu=core2"])
+@pytest.mark.parametrize("target", [
+    "llvm -mcpu=x86-64-v3",
+    # AVX-512 without VNNI takes the per-tile form as AVX-512 VNNI does ([llvm -mcpu=x86-64-v4 -mattr=+avx512vnni] in
+    # the default tier); test_int8_schedules.py::test_per_tile_schedule_is_bit_identical[1x1-avx512] builds it there
+    pytest.param("llvm -mcpu=x86-64-v4", marks=pytest.mark.slow),
+    "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", "llvm -mcpu=core2"])
 def test_1x1_conv_schedule_follows_the_isa_policy(target):
     """Compiled only: 1x1 int8 convs are computed per register tile on AVX2 and AVX-512
     (``per_tile_accumulators``).

@@ -78,9 +78,17 @@ _TILE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("target", [_runnable(t) for t in NON_VNNI_TARGETS.values()], ids=list(NON_VNNI_TARGETS))
-@pytest.mark.parametrize("case", _TILE_CASES, ids=["3x3", "prime-width", "stride2", "no-epilogue", "stem",
-                                                    "1x1", "1x1-stride2", "1x1-prime-no-epilogue"])
+_TILE_IDS = ["3x3", "prime-width", "stride2", "no-epilogue", "stem", "1x1", "1x1-stride2", "1x1-prime-no-epilogue"]
+#: The class of each case in the default tier, a diagonal: each case once, each class on half of them, the 3x3 and
+#: a 1x1 conv at each. The slow tier runs every case at both classes.
+_TILE_DEFAULT = {"3x3": "avx2", "prime-width": "avx2", "stride2": "avx512", "no-epilogue": "avx512",
+                 "stem": "avx512", "1x1": "avx512", "1x1-stride2": "avx2", "1x1-prime-no-epilogue": "avx2"}
+
+
+@pytest.mark.parametrize("case, target", [
+    pytest.param(case, target, id=f"{case_id}-{name}", marks=[*_runnable(target).marks, *(
+        [] if _TILE_DEFAULT[case_id] == name else [pytest.mark.slow])])
+    for case, case_id in zip(_TILE_CASES, _TILE_IDS) for name, target in NON_VNNI_TARGETS.items()])
 def test_per_tile_schedule_is_bit_identical(case, target):
     """``per_tile_accumulators`` (forced on every class here; the policy takes it on AVX2 and for
     1x1 convs on AVX-512): same bits as TVM's schedule."""
@@ -268,6 +276,8 @@ print("OK")
 
 
 @needs_vnni
+@pytest.mark.slow  # 1, 2 and 4 chunks on four shapes (12 builds); test_int8_conv.py::test_vnni_builds_and_is_exact[1]
+# runs the policy's 1x1 tile at AVX-512 VNNI (several chunks) against the intrinsic-free build in the default tier
 def test_1x1_tile_of_several_channel_chunks_is_exact(tmp_path):
     """``tile_oc_chunks`` executed (host with AVX-512 VNNI, child process): 1x1 convs with 1, 2 and 4
     output-channel chunks per tile (:data:`_CHUNK_CASES`), full-range weights: int32 outputs equal

@@ -177,9 +177,14 @@ def _run(lib, x):
     return m.get_output(0).numpy()
 
 
-@pytest.mark.parametrize("target", RUNNABLE)
-@pytest.mark.parametrize("per_channel", [False, True])
-@pytest.mark.parametrize("out_dtype", ["uint8", "int8"])
+# The default tier runs a diagonal, each class once, each output type and each scale form at least once
+# ([uint8-False-avx2], [int8-False-avx512], [uint8-True-avx512_vnni]); the slow tier every combination
+@pytest.mark.parametrize("out_dtype, per_channel, target", [
+    pytest.param(out_dtype, per_channel, TARGETS[name], id=f"{out_dtype}-{per_channel}-{name}",
+                 marks=(*_runnable(name).marks, *(() if (out_dtype, per_channel, name) in {
+                     ("uint8", False, "avx2"), ("int8", False, "avx512"), ("uint8", True, "avx512_vnni")}
+                     else (pytest.mark.slow,))))
+    for out_dtype in ("uint8", "int8") for per_channel in (False, True) for name in TARGETS])
 def test_requantized_conv_matches_plain_llvm(target, per_channel, out_dtype):
     import tvm_ext
     from tvm_ext.core import pipelines

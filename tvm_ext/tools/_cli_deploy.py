@@ -115,7 +115,9 @@ def _run_inputs(args) -> tuple:
 
 def _reference_outputs(path: str, feed: dict) -> list:
     """The outputs to compare with: ``output_0, ...`` of a .npz (``run --outputs``), or an ONNX model run
-    by ONNX Runtime here on the same inputs."""
+    by ONNX Runtime here on the same inputs, on its exact int8 path (``session.x64quantprecision``): on x86
+    CPUs without VNNI its default int8 kernels sum pairs of products in int16 and saturate, which would
+    make an exact build look wrong."""
     import numpy as np
 
     p = Path(path)
@@ -124,10 +126,13 @@ def _reference_outputs(path: str, feed: dict) -> list:
     if p.suffix == ".onnx":
         try:
             import onnxruntime as ort
+
+            from .ort_isa import exact_path_model, session_options
         except ImportError:
             raise UsageError("--compare-with MODEL.onnx runs ONNX Runtime, which is not installed") from None
         try:
-            sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(str(exact_path_model(p)), session_options(ort, 0, exact=True),
+                                        providers=["CPUExecutionProvider"])
             return [np.asarray(o) for o in sess.run(None, feed)]
         except Exception as err:  # ORT's errors: a model or inputs it cannot run
             raise UsageError(f"--compare-with {path}: ONNX Runtime cannot run it ({str(err).splitlines()[0]})") \

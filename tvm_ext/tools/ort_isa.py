@@ -13,6 +13,8 @@ this way: :func:`mask_unavailable_reason` says so and :func:`masked_package` rai
 :class:`OrtIsaError` before copying. :func:`probe` checks which int8 kernel family an ORT runs by
 numerics (``MatMulInteger`` of 255 by 127 over 64 terms is exact with VNNI and saturates with
 ``vpmaddubsw``). docs/benchmarks.md ("ONNX Runtime on AVX2 from an AVX-512 host") has the details.
+ONNX Runtime's exact int8 path (``session.x64quantprecision``) fails to load a model whose int8
+initializers are shared between nodes; :func:`exact_path_model` gives it a copy where they are not.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from ._child import PipeChild
 logger = logging.getLogger(__name__)
 
 __all__ = ["OrtIsaError", "masked_package", "mask_unavailable_reason", "probe", "ChildSession", "child_env",
-           "session_options", "ORT_ISA_CHOICES", "XGETBV", "REPLACEMENT"]
+           "session_options", "exact_path_model", "ORT_ISA_CHOICES", "XGETBV", "REPLACEMENT"]
 
 #: Which ONNX Runtime a benchmark compares with (``tvm_ext.tools.bench.ort_peer``): ``auto`` masks
 #: AVX-512 for an AVX2 target on an AVX-512 host, ``host`` always runs the installed one.
@@ -84,6 +86,53 @@ def session_options(ort, threads: int, exact: bool = False):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return so
+
+
+def exact_path_model(path) -> Path:
+    """``path``, or a copy of the ONNX model where no int8 initializer feeds two node inputs.
+
+    On CPUs without VNNI the exact path converts int8 weights and their zero points to uint8 in place,
+    one node at a time; ONNX Runtime 1.32 fails on the second reader of a shared one ("AddInitializedOrtValue
+    Attempt to replace the existing tensor"), and quantizers share zero points. The copy gives each reader
+    its own (same values, so the same results); it is kept in ``$TVM_EXT_CACHE/exact-models/`` under the
+    model's hash.
+    """
+    import collections
+
+    import onnx
+
+    path = Path(path)
+    data = path.read_bytes()
+    model = onnx.load_from_string(data)
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
+    readers = collections.Counter(name for node in graph.node for name in node.input if name in inits)
+    shared = {name for name, n in readers.items() if n > 1}
+    if not shared:
+        return path
+    dest = _cache_root() / "exact-models" / f"{hashlib.sha256(data).hexdigest()[:24]}.onnx"
+    if dest.is_file():
+        return dest
+    for i, node in enumerate(graph.node):
+        for k, name in enumerate(node.input):
+            if name in shared:
+                copy = graph.initializer.add()
+                copy.CopyFrom(inits[name])
+                copy.name = node.input[k] = f"{name}.reader{i}_{k}"
+    nested = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
+                 for a in n.attribute)
+    outputs = {o.name for o in graph.output}
+    if not nested:  # an If or Loop body may read an outer initializer by name: keep them all then
+        keep = [t for t in graph.initializer if t.name not in shared or t.name in outputs]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(model.SerializeToString())
+    tmp.replace(dest)
+    logger.info("ort_isa: %s shares int8 initializers (%s); ONNX Runtime's exact path loads a copy: %s",
+                path, ", ".join(sorted(shared)), dest)
+    return dest
 
 
 def _installed_package() -> Path:

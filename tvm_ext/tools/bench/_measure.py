@@ -81,6 +81,10 @@ def ort_engine(path, input_name, threads, package_dir=None, exact: bool = False)
     in a child process importing onnxruntime from there; ``exact``: on its exact int8 path
     (engine ``onnxruntime_exact``, :func:`tvm_ext.tools.ort_isa.session_options`)."""
     name = "onnxruntime_exact" if exact else "onnxruntime"
+    if exact:
+        from ..ort_isa import exact_path_model
+
+        path = exact_path_model(path)
     if package_dir is not None:
         from ..ort_isa import ChildSession
 
