@@ -316,6 +316,9 @@ def _assert_relay_build_but_exact(mod, params, inputs):
     return stock_out, ext_out
 
 
+# three full-range convs built with and without the exact form (about 20 s); test_no_passes_equals_relay_build and
+# tests/x86/test_exact_int8.py::test_stock_saturates_where_tvm_ext_is_exact check both halves in the default tier
+@pytest.mark.slow
 def test_no_passes_at_a_saturating_target_is_relay_build_but_exact():
     """Three QOperator convs with full-range weights at TARGET (VNNI masked): relay.build's kernels;
     relay.build's outputs with the exact form off, the exact ones (which differ here) with it on."""

@@ -162,7 +162,7 @@ def _run_prefix(mod, target, opt_level, config=None, disabled_pass=(), instrumen
 
     recorder = _PassRecorder()
     prefix = tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, False)
-    with _tophub_context(target), target, tvm.transform.PassContext(
+    with _tophub_context(target), _compat.te_compiler_libinfo_cached(), target, tvm.transform.PassContext(
         opt_level=opt_level,
         config=config,
         disabled_pass=list(disabled_pass),
@@ -340,7 +340,7 @@ def build(
     """
     options = {**({} if allow_vnni is None else {"allow_vnni": allow_vnni}), **({"amx": True} if amx else {})}
     prep = prepare(mod, target, passes, at, kernels=kernels, tuned=tuned, **options)
-    with prep.contexts():
+    with prep.contexts(), _compat.te_compiler_libinfo_cached():  # AlterOpLayout lowers calls too
         factory = _build(prep.mod, prep.target, params, prep.stages, prep.split, opt_level, config, disabled_pass,
                          instruments, executor, runtime, mod_name, prep.plan)
     return prep.plan.finish(factory)
