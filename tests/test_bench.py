@@ -263,7 +263,8 @@ def test_an_engine_that_dies_while_timed_is_dropped_and_reported(monkeypatch):
     assert len(ok.times_ms) == 15, "the other engines keep every round"
 
 
-@pytest.mark.parametrize("isa, flags", [("avx2", {"avx2"}), ("avx512_vnni", {"avx512f", "avx512bw", "avx512vnni"})])
+@pytest.mark.parametrize("isa, flags", [("avx2", {"avx2"}), ("avx2_exact", {"avx2"}),
+                                       ("avx512_vnni", {"avx512f", "avx512bw", "avx512vnni"})])
 def test_int8_peak_script_prints_a_rate_per_core(isa, flags):
     """benchmarks/lab/int8_peak.py (the machine's int8 ceiling per instruction set) compiles its
     micro-kernel, runs it on every core alone and on all at once, and prints positive rates and the

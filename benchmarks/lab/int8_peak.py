@@ -1,20 +1,22 @@
 #!/usr/bin/env python
 """The machine's ceiling for x86 int8 convolutions: multiply-accumulates per second per core.
 
-An int8 convolution multiplies uint8 activations by int8 weights with one of two instruction
+An int8 convolution multiplies uint8 activations by int8 weights with one of three instruction
 sequences, each with a fixed peak per core and clock: ``avx2`` (``vpmaddubsw`` + ``vpmaddwd`` +
-``vpaddd`` per 32 products: every kernel without VNNI) or ``avx512_vnni`` (one ``vpdpbusd`` per 64
-products). This script compiles a micro-kernel for the chosen sequence with ``gcc -O2`` and runs it
+``vpaddd`` per 32 products: TVM's kernels without VNNI, which saturate), ``avx2_exact`` (``vpmaddwd`` +
+``vpaddd`` per 16 products of int16 pairs: tvm-ext's exact path) or ``avx512_vnni`` (one ``vpdpbusd``
+per 64 products). This script compiles a micro-kernel for the chosen sequence with ``gcc -O2`` and runs it
 on each core alone and on all cores at once (``taskset``), *registers only* and *with loads* (a
 convolution's register tile), and prints GMAC/s. Given a model's multiply-accumulates (``--gmac``;
 int8 ResNet-50 at 224x224: 4.089) it prints the lowest latency any kernel using that sequence can
-reach. The two sequences and the two forms in detail: docs/benchmarks.md, "How lab/int8_peak.py
+reach. The sequences and the two forms in detail: docs/benchmarks.md, "How lab/int8_peak.py
 works".
 
-    python benchmarks/lab/int8_peak.py [--isa avx2|avx512_vnni] [--gmac 4.089] [--iters 100000000] [--rounds 3]
+    python benchmarks/lab/int8_peak.py [--isa avx2|avx2_exact|avx512_vnni] [--gmac 4.089] [--iters 100000000] \
+        [--rounds 3]
 
-``--isa`` defaults to the best of the two the host has. It needs gcc and a CPU with the instruction
-set (it says so and exits otherwise). The code runs in a child process.
+``--isa`` defaults to ``avx512_vnni`` where the host has it, else ``avx2``. It needs gcc and a CPU
+with the instruction set (it says so and exits otherwise). The code runs in a child process.
 """
 import argparse
 import os
@@ -31,17 +33,18 @@ AVX2_SOURCE = r"""
 #include <stdlib.h>
 #include <time.h>
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-/* acc += vpmaddwd(vpmaddubsw(x, y), ones): 32 u8 x s8 products into 8 int32 lanes */
-#define M(c, x, y) c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones));
+/* P: vpmaddwd(vpmaddubsw(x, y), ones): 32 u8 x s8 products into 8 int32 lanes. Six accumulators, each
+   adding two products' sum per step: 6 + 4 + 3 operand registers + temporaries fit AVX2's 16 ymm registers
+   (a tile of 12 accumulators spills), and an accumulator's chain is one vpaddd, not a multiply's latency. */
+#define P(x, y) _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones)
+#define M2(c, x0, x1, y) c = _mm256_add_epi32(c, _mm256_add_epi32(P(x0, y), P(x1, y)));
 #define TILE(a0, a1, a2, a3, b0, b1, b2) \
-  M(c0, a0, b0) M(c1, a0, b1) M(c2, a0, b2) M(c3, a1, b0) M(c4, a1, b1) M(c5, a1, b2) \
-  M(c6, a2, b0) M(c7, a2, b1) M(c8, a2, b2) M(c9, a3, b0) M(c10, a3, b1) M(c11, a3, b2)
+  M2(c0, a0, a1, b0) M2(c1, a0, a1, b1) M2(c2, a0, a1, b2) M2(c3, a2, a3, b0) M2(c4, a2, a3, b1) M2(c5, a2, a3, b2)
 #define SUM() _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3)), \
-  _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c4, c5), _mm256_add_epi32(c6, c7)), \
-  _mm256_add_epi32(_mm256_add_epi32(c8, c9), _mm256_add_epi32(c10, c11))))
+  _mm256_add_epi32(c4, c5))
 __attribute__((noinline)) static __m256i registers(long n, __m256i a, __m256i b) {
   __m256i ones = _mm256_set1_epi16(1);
-  __m256i c0 = a, c1 = b, c2 = a, c3 = b, c4 = a, c5 = b, c6 = a, c7 = b, c8 = a, c9 = b, c10 = a, c11 = b;
+  __m256i c0 = a, c1 = b, c2 = a, c3 = b, c4 = a, c5 = b;
   __m256i b0 = b, b1 = _mm256_add_epi8(b, a), b2 = _mm256_sub_epi8(b, a);
   __m256i a0 = a, a1 = _mm256_add_epi8(a, ones), a2 = _mm256_sub_epi8(a, ones), a3 = _mm256_xor_si256(a, b);
   for (long i = 0; i < n; i++) {
@@ -53,8 +56,7 @@ __attribute__((noinline)) static __m256i registers(long n, __m256i a, __m256i b)
 }
 __attribute__((noinline)) static __m256i loads(long n, const int8_t *w, const uint8_t *x) {
   __m256i ones = _mm256_set1_epi16(1);
-  __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0,
-          c9 = c0, c10 = c0, c11 = c0;
+  __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
   for (long i = 0; i < n; i++) {
     long o = i & 63; /* 6 KB of weights, 1 KB of activations: L1-resident */
     __m256i b0 = _mm256_loadu_si256((const __m256i *)(w + o * 96));
@@ -163,9 +165,18 @@ int main(int argc, char **argv) {
 }
 """
 
+#: tvm-ext's exact AVX2 path: ``vpmaddwd`` of int16 pairs (the uint8 data and the int8 weights widened, two
+#: products per int32 lane, no saturation) + ``vpaddd``, 16 products per instruction pair. The same tile and
+#: loads as ``avx2``; its products are counted 16 per multiply.
+AVX2_EXACT_SOURCE = AVX2_SOURCE.replace(
+    "#define P(x, y) _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones)",
+    "#define P(x, y) _mm256_madd_epi16(x, y)").replace(
+    "double macs = (double)n * 12 * 32;", "double macs = (double)n * 12 * 16;")
+
 #: Per instruction set: the micro-kernel, gcc's flags, and the /proc/cpuinfo flags it needs.
 KERNELS = {
     "avx2": (AVX2_SOURCE, ["-mavx2"], ("avx2",)),
+    "avx2_exact": (AVX2_EXACT_SOURCE, ["-mavx2"], ("avx2",)),
     "avx512_vnni": (VNNI_SOURCE, ["-mavx512f", "-mavx512bw", "-mavx512vnni"], ("avx512f", "avx512bw", "avx512_vnni")),
 }
 

@@ -149,9 +149,10 @@ def test_peak_loop_text_is_twelve_independent_dots():
 
 
 @needs_mca
-@pytest.mark.parametrize("cpu, per_cycle", [("cascadelake", 128), ("neoverse-n1", 32), ("x86-64-v3", 16)])
+@pytest.mark.parametrize("cpu, per_cycle", [("cascadelake", 128), ("neoverse-n1", 32), ("x86-64-v3", 16),
+                                            ("znver3", 32)])
 def test_peak_within_the_issue_width(cpu, per_cycle):
-    # cascadelake: two 512-bit vpdpbusd per cycle; neoverse-n1: two sdot; haswell: one vpmaddwd ymm
+    # cascadelake: two 512-bit vpdpbusd per cycle; neoverse-n1: two sdot; haswell: one vpmaddwd ymm; Zen 3: two
     p = mca.peak(cpu)
     assert 0.95 * per_cycle <= p.macs_per_cycle <= per_cycle
 
