@@ -226,6 +226,17 @@ def test_exact_path_model_gives_each_reader_its_own_int8_initializers(tmp_path, 
     assert ort_isa.exact_path_model(tmp_path / "one.onnx") == tmp_path / "one.onnx", "nothing shared: no copy"
 
 
+def test_exact_path_model_leaves_a_model_with_external_data_as_it_is(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TVM_EXT_CACHE", str(tmp_path / "cache"))
+    model = onnx.load(_two_readers_of_one_int8_weight(tmp_path / "two.onnx"))
+    external = tmp_path / "external" / "two.onnx"
+    external.parent.mkdir()
+    onnx.save(model, external, save_as_external_data=True, size_threshold=0, location="two.data")
+    with caplog.at_level("WARNING", logger="tvm_ext.tools.ort_isa"):
+        assert ort_isa.exact_path_model(external) == external
+    assert "external files" in caplog.text and not (tmp_path / "cache").exists()
+
+
 def test_bench_times_onnxruntimes_exact_path_where_tvm_exts_convs_are_exact_without_vnni():
     assert bench.ort_peer("llvm -mcpu=x86-64-v3", "host")["exact"], "AVX2: tvm-ext's exact pair path"
     assert "session.x64quantprecision" in bench.ort_peer("llvm -mcpu=x86-64-v3", "host")["note"]

@@ -26,17 +26,16 @@ import subprocess
 import sys
 import tempfile
 
-AVX2_SOURCE = r"""
+_AVX2_BODY = r"""
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-/* P: vpmaddwd(vpmaddubsw(x, y), ones): 32 u8 x s8 products into 8 int32 lanes. Six accumulators, each
+/* P(x, y): PRODUCTS products into 8 int32 lanes (defined before this body). Six accumulators, each
    adding two products' sum per step: 6 + 4 + 3 operand registers + temporaries fit AVX2's 16 ymm registers
    (a tile of 12 accumulators spills), and an accumulator's chain is one vpaddd, not a multiply's latency. */
-#define P(x, y) _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones)
 #define M2(c, x0, x1, y) c = _mm256_add_epi32(c, _mm256_add_epi32(P(x0, y), P(x1, y)));
 #define TILE(a0, a1, a2, a3, b0, b1, b2) \
   M2(c0, a0, a1, b0) M2(c1, a0, a1, b1) M2(c2, a0, a1, b2) M2(c3, a2, a3, b0) M2(c4, a2, a3, b1) M2(c5, a2, a3, b2)
@@ -77,7 +76,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < (int)sizeof w; i++) w[i] = (int8_t)(i * 7);
   for (int i = 0; i < (int)sizeof x; i++) x[i] = (uint8_t)(i * 13);
   volatile int sink;
-  double macs = (double)n * 12 * 32;
+  double macs = (double)n * 12 * PRODUCTS;
   for (int r = 0; r < rounds; r++) {
     double t = now();
     __m256i s = registers(n, _mm256_set1_epi8(3), _mm256_set1_epi8(5));
@@ -165,13 +164,12 @@ int main(int argc, char **argv) {
 }
 """
 
+#: TVM's AVX2 form: ``vpmaddwd(vpmaddubsw(x, y), ones)``, 32 u8 x s8 products (saturating int16 pair sums).
+AVX2_SOURCE = ("#define P(x, y) _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones)\n#define PRODUCTS 32\n"
+               + _AVX2_BODY)
 #: tvm-ext's exact AVX2 path: ``vpmaddwd`` of int16 pairs (the uint8 data and the int8 weights widened, two
-#: products per int32 lane, no saturation) + ``vpaddd``, 16 products per instruction pair. The same tile and
-#: loads as ``avx2``; its products are counted 16 per multiply.
-AVX2_EXACT_SOURCE = AVX2_SOURCE.replace(
-    "#define P(x, y) _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones)",
-    "#define P(x, y) _mm256_madd_epi16(x, y)").replace(
-    "double macs = (double)n * 12 * 32;", "double macs = (double)n * 12 * 16;")
+#: products per int32 lane, no saturation), 16 products; the same tile and loads as ``avx2``.
+AVX2_EXACT_SOURCE = "#define P(x, y) _mm256_madd_epi16(x, y)\n#define PRODUCTS 16\n" + _AVX2_BODY
 
 #: Per instruction set: the micro-kernel, gcc's flags, and the /proc/cpuinfo flags it needs.
 KERNELS = {

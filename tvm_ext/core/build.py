@@ -340,7 +340,7 @@ def build(
     """
     options = {**({} if allow_vnni is None else {"allow_vnni": allow_vnni}), **({"amx": True} if amx else {})}
     prep = prepare(mod, target, passes, at, kernels=kernels, tuned=tuned, **options)
-    with prep.contexts(), _compat.te_compiler_libinfo_cached():  # AlterOpLayout lowers calls too
+    with prep.contexts():
         factory = _build(prep.mod, prep.target, params, prep.stages, prep.split, opt_level, config, disabled_pass,
                          instruments, executor, runtime, mod_name, prep.plan)
     return prep.plan.finish(factory)

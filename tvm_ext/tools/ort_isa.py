@@ -95,7 +95,8 @@ def exact_path_model(path) -> Path:
     one node at a time; ONNX Runtime 1.32 fails on the second reader of a shared one ("AddInitializedOrtValue
     Attempt to replace the existing tensor"), and quantizers share zero points. The copy gives each reader
     its own (same values, so the same results); it is kept in ``$TVM_EXT_CACHE/exact-models/`` under the
-    model's hash.
+    model's hash. A model with external data is returned as it is (with a warning): its tensors are named
+    by paths relative to the model's folder, which a copy elsewhere would lose.
     """
     import collections
 
@@ -109,6 +110,10 @@ def exact_path_model(path) -> Path:
     readers = collections.Counter(name for node in graph.node for name in node.input if name in inits)
     shared = {name for name, n in readers.items() if n > 1}
     if not shared:
+        return path
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
+        logger.warning("ort_isa: %s shares int8 initializers (%s) and keeps its tensors in external files; "
+                       "ONNX Runtime's exact path may fail to load it", path, ", ".join(sorted(shared)))
         return path
     dest = _cache_root() / "exact-models" / f"{hashlib.sha256(data).hexdigest()[:24]}.onnx"
     if dest.is_file():
