@@ -65,10 +65,23 @@ def test_tile_width_fits_the_registers(width, groups, wanted, expected):
     assert int8_schedules.tile_width(width, groups, wanted, accumulators=12) == expected
 
 
+@pytest.mark.parametrize("width,pixels,groups,expected", [
+    (7, 7, 2, True),     # AVX2, ResNet's 7-wide rows: tile_width's whole row, 14 accumulators over 12
+    (5, 5, 2, False),    # 10 accumulators fit: an ordinary tile
+    (13, 1, 2, False),   # one pixel per tile (26 accumulators do not fit even with two more registers)
+    (7, 7, 1, False),    # an 8-channel output block: 7 accumulators fit
+    (14, 2, 2, False),   # a divisor of the width
+])
+def test_whole_row_over_budget_only_for_the_prime_width_exception(width, pixels, groups, expected):
+    assert int8_schedules.tile_width(width, groups, width, accumulators=12) == pixels
+    assert int8_schedules.whole_row_over_budget(width, pixels, groups, accumulators=12) is expected
+
+
 #: (k, channels, size, stride, epilogue, input channels): the per-tile schedule's cases
 _TILE_CASES = [
     (3, 64, 14, 1, True, None),    # tile of 2 pixels
     (3, 64, 13, 1, True, None),    # prime width: tiles of one pixel
+    (3, 32, 7, 1, True, None),     # 7-wide rows on AVX2: the whole row, kw unrolled
     (3, 32, 28, 2, True, None),    # stride 2
     (3, 64, 14, 1, False, None),   # no epilogue: int32 out, the conv is the kernel's last stage
     (7, 16, 30, 2, True, 4),       # ResNet's stem: 4 input channels, 7x7, stride 2
@@ -78,11 +91,13 @@ _TILE_CASES = [
 ]
 
 
-_TILE_IDS = ["3x3", "prime-width", "stride2", "no-epilogue", "stem", "1x1", "1x1-stride2", "1x1-prime-no-epilogue"]
+_TILE_IDS = ["3x3", "prime-width", "whole-row", "stride2", "no-epilogue", "stem", "1x1", "1x1-stride2",
+             "1x1-prime-no-epilogue"]
 #: The class of each case in the default tier, a diagonal: each case once, each class on half of them, the 3x3 and
 #: a 1x1 conv at each. The slow tier runs every case at both classes.
-_TILE_DEFAULT = {"3x3": "avx2", "prime-width": "avx2", "stride2": "avx512", "no-epilogue": "avx512",
-                 "stem": "avx512", "1x1": "avx512", "1x1-stride2": "avx2", "1x1-prime-no-epilogue": "avx2"}
+_TILE_DEFAULT = {"3x3": "avx2", "prime-width": "avx2", "whole-row": "avx2", "stride2": "avx512",
+                 "no-epilogue": "avx512", "stem": "avx512", "1x1": "avx512", "1x1-stride2": "avx2",
+                 "1x1-prime-no-epilogue": "avx2"}
 
 
 @pytest.mark.parametrize("case, target", [
