@@ -11,8 +11,8 @@ import os
 os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 # Two pytest workers share the cores. After each parallel call TVM's idle pool threads yield in a loop for
 # TVM_THREAD_POOL_SPIN_COUNT rounds (about half a second at the benchmark's setting), taking the core the other
-# worker compiles on; tests check results, not speed, so the pool's threads sleep at once (the default tier on 2
-# cores: 826 s -> 637 s). Set before any TVM module runs: the pool reads it when it starts.
+# worker compiles on (on 2 cores the default tier takes about 1.3x as long with it); tests check results, not
+# speed, so the pool's threads sleep at once. Set before any TVM module runs: the pool reads it when it starts.
 os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 import pytest  # noqa: E402
