@@ -47,7 +47,8 @@ def _data(shape, seed):
 
 #: (out channels, in channels, kernel, size, stride, pad): channels that are not a multiple of the
 #: 16-channel block (8-channel blocks, 4-channel blocks), stride 2, padding, 5x5, 1x1 stride 2, odd sizes,
-#: 7-wide rows at stride 1 (AVX2's whole-row tile with kw unrolled).
+#: a 1x1 conv on a 7x7 map (AVX2's tile of accumulator groups in turn, with the int8 pipeline), 7-wide rows
+#: at stride 1 (AVX2's whole-row tile with kw unrolled).
 SHAPES = [
     (32, 32, 3, 12, 1, 1),
     (40, 24, 3, 11, 1, 1),
@@ -68,7 +69,7 @@ DEFAULT_TIER = {
     (40, 24, 3, 11, 1, 1): "avx512-int8",
     (24, 12, 3, 9, 2, 1): "sse-int8",
     (48, 16, 1, 9, 2, 0): "avx2-int8",
-    (16, 36, 1, 7, 1, 0): "avx2-plain",
+    (16, 36, 1, 7, 1, 0): "avx2-int8",
     (16, 16, 5, 10, 1, 2): "avx2-int8",
     (32, 64, 3, 7, 2, 1): "avx2-plain",
     (32, 48, 3, 7, 1, 1): "avx2-int8",

@@ -77,6 +77,21 @@ def test_whole_row_over_budget_only_for_the_prime_width_exception(width, pixels,
     assert int8_schedules.whole_row_over_budget(width, pixels, groups, accumulators=12) is expected
 
 
+@pytest.mark.parametrize("shape,groups,pixels,expected", [
+    ((7, 7), 2, 1, (1, 7)),      # AVX2, ResNet's 7x7 maps: one pixel of 2 groups (1.5 loads per product) -> 7 (1.14)
+    ((14, 14), 2, 4, None),      # 4 pixels of 2 groups (0.75) beat 7 in turn (1.14)
+    ((13, 13), 2, 1, None),      # prime and wider than the budget: one pixel either way, all groups live
+    ((7, 7), 1, 7, None),        # one group per pixel: nothing to take in turn
+    ((7, 7), 4, 1, (1, 7)),      # a 32-channel block on AVX2: 4 groups of one pixel (1.25) -> 7 in turn
+    ((5, 5), 2, 5, None),        # 5 pixels of 2 groups (0.7) beat 5 in turn (1.2)
+])
+def test_1x1_groups_in_turn_only_where_they_load_less(shape, groups, pixels, expected):
+    got = int8_schedules.groups_in_turn(shape[0], shape[1], groups, pixels, accumulators=12)
+    assert got == expected
+    if got:
+        assert got[0] * got[1] <= 12 and shape[0] % got[0] == 0 and shape[1] % got[1] == 0
+
+
 #: (k, channels, size, stride, epilogue, input channels): the per-tile schedule's cases
 _TILE_CASES = [
     (3, 64, 14, 1, True, None),    # tile of 2 pixels
@@ -88,16 +103,17 @@ _TILE_CASES = [
     (1, 64, 14, 1, True, 32),      # 1x1 (the 1x1 per-tile form)
     (1, 32, 28, 2, True, 64),      # 1x1, stride 2 (ResNet's downsample)
     (1, 64, 13, 1, False, 32),     # 1x1, prime width, no epilogue
+    (1, 32, 7, 1, True, 48),       # 1x1 on a 7x7 map: AVX2 takes its accumulator groups in turn
 ]
 
 
 _TILE_IDS = ["3x3", "prime-width", "whole-row", "stride2", "no-epilogue", "stem", "1x1", "1x1-stride2",
-             "1x1-prime-no-epilogue"]
+             "1x1-prime-no-epilogue", "1x1-groups-in-turn"]
 #: The class of each case in the default tier, a diagonal: each case once, each class on half of them, the 3x3 and
 #: a 1x1 conv at each. The slow tier runs every case at both classes.
 _TILE_DEFAULT = {"3x3": "avx2", "prime-width": "avx2", "whole-row": "avx2", "stride2": "avx512",
                  "no-epilogue": "avx512", "stem": "avx512", "1x1": "avx512", "1x1-stride2": "avx2",
-                 "1x1-prime-no-epilogue": "avx2"}
+                 "1x1-prime-no-epilogue": "avx2", "1x1-groups-in-turn": "avx2"}
 
 
 @pytest.mark.parametrize("case, target", [
