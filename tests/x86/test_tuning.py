@@ -1,4 +1,5 @@
 """tvm_ext.x86.tuning (records applied by tvm_ext.build) and tvm_ext.tools.tune (recording and search)."""
+import json
 import re
 
 import numpy as np
@@ -146,6 +147,48 @@ def test_layout_records_change_the_channel_blocking_and_keep_bits(small, plain, 
     assert "NCHW32c" in blocked.tvm_ext_module.astext() and "NCHW32c" not in lib.tvm_ext_module.astext()
     for a, b in zip(run_module(blocked, x), want):
         np.testing.assert_array_equal(a, b)
+
+
+def test_kernel_nodes_are_the_kernels_reading_the_workloads_tensors(small, plain):
+    _, _, wls = small
+    lib = plain[0]
+    report = lib.kernel_report
+    graph_nodes = json.loads(lib.get_graph_json())["nodes"]
+    for wl in wls.conv:
+        found = tune.kernel_nodes(lib.get_graph_json(), wl)
+        assert found, f"no kernel compiles {wl}"
+        data, weight = [(tuple(a[1]), a[2]) for a in wl[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"][:2]
+        names = {graph_nodes[i]["attrs"]["func_name"] for i in found}
+        assert names == {k.func_name for k in report.kernels if data in k.inputs and weight in k.inputs}
+    bogus = (wls.conv[0][0], ("TENSOR", (1, 3, 5, 5, 7), "uint8"), *wls.conv[0][2:])
+    assert tune.kernel_nodes(lib.get_graph_json(), bogus) == []
+
+
+def test_fused_kernel_ms_times_each_workloads_kernels_in_every_model(small, plain, some_records):
+    m, target, wls = small
+    recs = [autotvm.record.decode(line) for line in some_records]
+    tuned = tune._build_with(m.mod, m.params, target, pipelines.int8(), recs)
+    ms = tune.fused_kernel_ms({"untuned": plain[0], "tuned": tuned}, wls.conv, rounds=1, number=2, repeat=1)
+    assert set(ms) == set(wls.conv)
+    assert all(set(t) == {"untuned", "tuned"} and all(v > 0 for v in t.values()) for t in ms.values())
+
+
+def test_a_record_not_faster_in_the_model_is_dropped(small, some_records, monkeypatch):
+    """The check in the model keeps a record only where its kernels got 2 % faster there (times given, so that
+    the rule, not the machine's noise, is under test)."""
+    m, target, _ = small
+    lines = some_records
+    wls = [autotvm.record.decode(line)[0].task.workload for line in lines]
+    given = {wls[0]: {"untuned": 1.0, "tuned": 0.9}, wls[1]: {"untuned": 1.0, "tuned": 0.99}}
+    monkeypatch.setattr(tune, "fused_kernel_ms", lambda libs, workloads, **_: {w: given[w] for w in workloads})
+    rows = [("conv", f"w{i}", 2.0, 1.0, "tile_ow=[-1, 7]", wl) for i, wl in enumerate(wls)]
+    said = []
+    keep, out_rows = tune._confirm_in_model(m.mod, m.params, target, pipelines.int8(), [], lines, rows, said.append,
+                                            2, 1)
+    assert keep == lines[:1]
+    assert out_rows[0] == rows[0]
+    assert out_rows[1][3] == out_rows[1][2] and out_rows[1][4].startswith("TVM's rule (the tuned config took 0.99x")
+    assert any("kept" in s for s in said) and any("dropped" in s for s in said)
 
 
 @pytest.mark.parametrize("isa, cpus", [

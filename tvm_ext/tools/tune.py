@@ -14,8 +14,10 @@ Sits on top of :func:`tvm_ext.build` (records what a build compiles) and writes 
 2. **Schedule knobs** of every ``NCHWc`` int8 conv the build compiles under that layout
    (``tile_ow`` x ``unroll_kw`` for 3x3/7x7, ``tile_ow`` x ``tile_oh`` for 1x1), each candidate
    compiled and timed alone (:func:`time_config`). The winner is timed again against TVM's rule,
-   in alternation, and recorded only if it beats it by 2 %: a record is never slower than the
-   untuned kernel as measured.
+   in alternation, and kept only if it beats it by 2 %. Then the winners are timed where they run
+   (:func:`fused_kernel_ms`): the model built with them and without, each winner's kernels (the conv
+   with the epilogue fused into it) timed in alternation by the debug executor; a winner that is not
+   2 % faster there is dropped. A record is never slower than the untuned kernel as measured.
 3. **Dense** layers with int8 inputs (TVM's x86 dense templates): a seeded sample of their
    configuration space, TVM's fallback included.
 
@@ -42,7 +44,8 @@ _CONV_TASKS = tuning.CONV_TASKS + arm_tuning.CONV_TASKS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Workloads", "TuneResult", "record_workloads", "time_config", "tune_workloads", "tune_model", "busy_note"]
+__all__ = ["Workloads", "TuneResult", "record_workloads", "time_config", "tune_workloads", "tune_model", "busy_note",
+           "fused_kernel_ms", "kernel_nodes"]
 
 #: Channel blocks tried for the whole model (oc_bn must be a multiple of 16 in TVM's template).
 LAYOUT_BLOCKS = (16, 32, 64)
@@ -299,12 +302,7 @@ def _model_ms(mod, params, target, passes, records, repeat: int = 20) -> float:
     import tvm
     from tvm.contrib import graph_executor
 
-    ctx = tuning.apply(target, records) if records else None
-    if ctx is not None:
-        with ctx:
-            lib = build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
-    else:
-        lib = build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
+    lib = _build_with(mod, params, target, passes, records)
     gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     rng = np.random.default_rng(0)
     bound = set(params or {})
@@ -317,6 +315,98 @@ def _model_ms(mod, params, target, passes, records, repeat: int = 20) -> float:
         gm.set_input(p.name_hint, arr)
     timer = gm.module.time_evaluator("run", tvm.cpu(), number=3, repeat=repeat, min_repeat_ms=20)
     return float(np.median(timer().results)) * 1e3
+
+
+def _build_with(mod, params, target, passes, records):
+    """``tvm_ext.build`` with tvm-ext's kernels, these records and no others."""
+    ctx = tuning.apply(target, records) if records else None
+    if ctx is None:
+        return build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
+    with ctx:
+        return build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
+
+
+def kernel_nodes(graph_json: str, workload) -> list:
+    """Indices of the graph executor's nodes that compile ``workload``: the kernels reading both its data
+    and its weight tensor (shape and dtype), as :meth:`tvm_ext.core.report.KernelReport.with_tuned`
+    matches them."""
+    import json
+
+    graph = json.loads(graph_json)
+    nodes, attrs = graph["nodes"], graph["attrs"]
+    shapes, dtypes = attrs["shape"][1], attrs["dltype"][1]
+    row_ptr = graph["node_row_ptr"]
+    wanted = [(tuple(a[1]), a[2]) for a in workload[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"][:2]
+    found = []
+    for i, node in enumerate(nodes):
+        if node["op"] != "tvm_op" or len(wanted) < 2:
+            continue
+        ins = {(tuple(shapes[row_ptr[nid] + idx]), dtypes[row_ptr[nid] + idx]) for nid, idx, *_ in node["inputs"]}
+        if all(t in ins for t in wanted):
+            found.append(i)
+    return found
+
+
+def fused_kernel_ms(libs: dict, workloads, *, rounds: int = 3, number: int = 10, repeat: int = 3) -> dict:
+    """``{workload: {key: ms}}``: per workload, the summed time of the kernels that compile it in each built
+    model of ``libs`` (``{key: factory}``, graph executor), each kernel timed alone by the debug executor
+    (the fastest of ``repeat``), the models in alternation, the median of ``rounds``. A workload no
+    kernel of some model compiles is left out."""
+    import tempfile
+
+    import tvm
+    from tvm.contrib.debugger import debug_executor
+
+    with tempfile.TemporaryDirectory(prefix="tvm_ext_tune_") as dump:
+        mods, nodes = {}, {}
+        for key, lib in libs.items():
+            m = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(), dump_root=dump)
+            m.set_input(**lib.get_params())
+            mods[key] = m
+            nodes[key] = {wl: kernel_nodes(lib.get_graph_json(), wl) for wl in workloads}
+        times: dict = {wl: {key: [] for key in libs} for wl in workloads
+                       if all(nodes[key][wl] for key in libs)}
+        for _ in range(rounds):
+            for wl, per in times.items():
+                for key, m in mods.items():
+                    per[key].append(sum(min(m.run_individual_node(i, number=number, repeat=repeat).results)
+                                        for i in nodes[key][wl]))
+    return {wl: {key: float(np.median(v)) * 1e3 for key, v in per.items()} for wl, per in times.items()}
+
+
+def _confirm_in_model(mod, params, tgt, passes, layout_recs, lines, rows, say, number, repeat):
+    """The records of ``lines`` that make their kernels in the model at least 2 % faster
+    (:func:`fused_kernel_ms`), and ``rows`` with the others back at TVM's rule."""
+    from tvm import autotvm
+
+    recs = [autotvm.record.decode(line) for line in lines]
+    untuned = _build_with(mod, params, tgt, passes, list(layout_recs))
+    tuned = _build_with(mod, params, tgt, passes, list(layout_recs) + recs)
+    wls = [inp.task.workload for inp, _ in recs]
+    ms = fused_kernel_ms({"untuned": untuned, "tuned": tuned}, wls, number=number, repeat=repeat)
+    keep, dropped = [], {}
+    for line, wl in zip(lines, wls):
+        t = ms.get(wl)
+        if t is None:  # no kernel of the model reads its tensors: keep what the kernel alone measured
+            logger.warning("tvm_ext.tools.tune: no kernel of the model compiles %s; its record is kept as "
+                           "timed alone", _describe(wl))
+            keep.append(line)
+        elif t["tuned"] <= 0.98 * t["untuned"]:
+            keep.append(line)
+            say(f"in the model: {_describe(wl)}: {t['untuned']:.4f} -> {t['tuned']:.4f} ms, kept")
+        else:
+            dropped[wl] = t
+            say(f"in the model: {_describe(wl)}: {t['untuned']:.4f} -> {t['tuned']:.4f} ms, dropped "
+                "(not 2 % faster with its epilogue fused)")
+    out_rows = []
+    for row in rows:
+        kind, desc, base, _best, _cfg, wl = row
+        if wl in dropped:
+            t = dropped[wl]
+            row = (kind, desc, base, base, f"TVM's rule (the tuned config took {t['tuned'] / t['untuned']:.2f}x "
+                                            "its time in the model)", wl)
+        out_rows.append(row)
+    return keep, out_rows
 
 
 def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 600.0,
@@ -398,13 +488,18 @@ def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 60
     def step(i, n, row):
         say(f"[{i}/{n}] {row[0]} {row[1]}: {row[2]:.4f} -> {row[3]:.4f} ms ({row[4]})")
 
-    # keep one build's time for the final check when the layout stage measured a baseline
-    reserve = t_build * 1.2 if base_ms is not None else 0.0
+    # keep two builds' time for the check in the model, and one for the final check when the layout
+    # stage measured a baseline
+    reserve = t_build * 1.2 * (3 if base_ms is not None else 2)
     todo = [w for w in found.conv + found.dense if w not in set(skip)]
     if len(todo) < len(found.conv) + len(found.dense):
         say(f"{len(found.conv) + len(found.dense) - len(todo)} workloads already tuned in this run")
     lines, rows, hit = tune_workloads(todo, tgt, deadline=deadline - reserve, progress=step,
                                       number=number, repeat=repeat)
+    if lines:
+        say(f"timing {len(lines)} tuned workload{'s' if len(lines) > 1 else ''} in the model, with and without "
+            "the records (two builds)")
+        lines, rows = _confirm_in_model(mod, params, tgt, passes, layout_recs, lines, rows, say, number, repeat)
     from tvm import autotvm
 
     all_lines = [autotvm.record.encode(i, r) for i, r in layout_recs] + lines
