@@ -2,9 +2,10 @@
 +dotprod (``sdot``) and NEON only (``smull`` + ``sadalp``), and at +i8mm for the convs that keep the dot
 product there (4 input channels), which write the NCHW8c blocks of the matrix-multiply convs.
 
-Each shape exercises a part of the kernel: rows padded to whole tiles (widths 4, 5, 9, 14), strided
-columns gathered (stride 2, 1x1 and 3x3), output channels that no tile of 4 blocks divides (20 -> 24
-after legalization: 6 blocks), input channels padded (3 -> 4, 12 -> 16), batch 1. The oracle is numpy
+Each shape exercises a part of the kernel: rows padded to whole tiles (widths 4, 5, 9, 14), tiles of two
+output rows (width 28: 7 groups, 1x1 and 3x3), strided columns gathered (stride 2, 1x1 and 3x3), output
+channels that no tile of 4 blocks divides (20 -> 24 after legalization: 6 blocks), input channels padded
+(3 -> 4, 12 -> 16), batch 1. The oracle is numpy
 int64 arithmetic, inputs over the full 8-bit range, weights over [-127, 127]; the conv with a
 requantize epilogue is checked against a plain ``llvm`` build (no int8 SIMD) run on this host.
 """
@@ -30,7 +31,7 @@ _TILED = {"neoverse-n1": re.compile(r"^\s+[su]dot\s+v\d+\.4s, v\d+\.16b, v\d+\.4
 #: as in a ResNet stage) at both.
 SHAPES = {(16, 16, 9, 3, 1, 1): "cortex-a72", (64, 32, 8, 1, 2, 0): "neoverse-n1", (32, 64, 7, 3, 2, 1): "cortex-a72",
           (12, 20, 6, 3, 1, 0): "cortex-a72", (24, 16, 14, 1, 1, 0): "neoverse-n1", (3, 16, 10, 3, 2, 1): "neoverse-n1",
-          (64, 64, 14, 3, 1, 1): None}
+          (16, 32, 28, 1, 1, 0): "cortex-a72", (12, 32, 28, 3, 1, 1): "neoverse-n1", (64, 64, 14, 3, 1, 1): None}
 
 
 def _qnn(rng, ci, co, size, k, stride, pad, requantize=False):

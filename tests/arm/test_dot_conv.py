@@ -22,14 +22,22 @@ needs_aarch64 = pytest.mark.skipif("aarch64" not in list(codegen.llvm_get_target
                                    reason="this TVM's LLVM has no AArch64 back end")
 
 
-@pytest.mark.parametrize("form, oc_chunks, quads, tile", [
-    ("sdot", 16, 14, (2, 2)), ("sdot", 16, 7, (4, 1)), ("sdot", 5, 3, (5, 1)), ("sdot", 1, 14, (1, 5)),
-    ("sdot", 6, 1, (3, 1)), ("smull", 16, 14, (1, 2)), ("smull", 16, 7, (2, 1)), ("smull", 5, 3, (1, 1))])
-def test_register_tile(form, oc_chunks, quads, tile):
+@pytest.mark.parametrize("form, oc_chunks, quads, out_height, tile", [
+    ("sdot", 16, 14, 1, (2, 2, 1)), ("sdot", 16, 7, 1, (4, 1, 1)), ("sdot", 5, 3, 1, (5, 1, 1)),
+    ("sdot", 1, 14, 1, (1, 5, 1)), ("sdot", 6, 1, 1, (3, 1, 1)), ("smull", 16, 14, 1, (1, 2, 1)),
+    ("smull", 16, 7, 1, (2, 1, 1)), ("smull", 5, 3, 1, (1, 1, 1)),
+    # rows of 28 pixels (7 groups): two rows of one group, where two groups would compute 32 columns
+    ("smull", 16, 7, 28, (1, 1, 2)), ("sdot", 16, 7, 28, (2, 1, 2)),
+    # rows of 56: two groups of one row cost what two rows of one group do; the tie keeps one row
+    ("smull", 16, 14, 56, (1, 2, 1)), ("sdot", 16, 14, 56, (2, 2, 1)),
+    ("smull", 128, 2, 7, (1, 2, 1)),  # 7 rows: only 1 and 7 divide them
+])
+def test_register_tile(form, oc_chunks, quads, out_height, tile):
     """The tile that fits the registers and costs least: padding columns, loads and loop per multiply."""
-    blocks, groups = dot_conv.register_tile(oc_chunks, quads, form)
-    assert (blocks, groups) == tile
-    assert oc_chunks % blocks == 0 and dot_conv._registers(form, blocks, groups) <= dot_conv._REGISTERS
+    blocks, groups, rows = dot_conv.register_tile(oc_chunks, quads, form, out_height=out_height)
+    assert (blocks, groups, rows) == tile
+    assert oc_chunks % blocks == 0 and out_height % rows == 0
+    assert dot_conv._registers(form, blocks, groups * rows) <= dot_conv._REGISTERS
 
 
 @pytest.mark.parametrize("data, kernel, dtypes, why", [
@@ -133,7 +141,7 @@ def test_the_policy_record_switches_the_kernel(monkeypatch):
     assert not any(".4b[" in x for x in dots), body
 
 
-@pytest.mark.parametrize("oc_chunks, quads, tile", [(16, 28, (2, 2)), (2, 3, (2, 1)), (6, 5, (2, 2))])
+@pytest.mark.parametrize("oc_chunks, quads, tile", [(16, 28, (2, 2, 1)), (2, 3, (2, 1, 1)), (6, 5, (2, 2, 1))])
 def test_register_tile_in_whole_nchw8c_blocks(oc_chunks, quads, tile):
     """NCHW8c output (+i8mm): the tile takes whole blocks of 8 channels, two of 4 each."""
     assert dot_conv.register_tile(oc_chunks, quads, "sdot", halves=2) == tile
@@ -154,9 +162,9 @@ def test_i8mm_keeps_the_matrix_kernel():
     assert re.search(r"^\s+smmla\s", asm, re.M) and not _INDEXED_DOT.search(asm)
 
 
-@pytest.mark.parametrize("task_name, form, cpu", [("DOT_TASK", "sdot", "neoverse-n1"),
-                                                   ("WIDENING_TASK", "smull", "cortex-a72")])
-def test_tuning_searches_the_tile_knobs(task_name, form, cpu):
+@pytest.mark.parametrize("task_name, form, cpu, rows", [("DOT_TASK", "sdot", "neoverse-n1", {1, 3}),
+                                                         ("WIDENING_TASK", "smull", "cortex-a72", {1})])
+def test_tuning_searches_the_tile_knobs(task_name, form, cpu, rows):
     """``tvm-ext tune --rpc`` records the kernels' workloads (their tasks are aarch64 conv tasks) and every
     point of their space that fits the registers builds."""
     from tvm import autotvm, te
@@ -169,11 +177,14 @@ def test_tuning_searches_the_tile_knobs(task_name, form, cpu):
     target = tvm.target.Target(TARGETS[cpu])
     task = autotvm.task.create(name, args=autotvm.task.topi_integration.serialize_args(args), target=target)
     points = [task.config_space.get(i) for i in range(len(task.config_space))]
-    knobs = {(c["tile_blocks"].val, c["tile_quads"].val) for c in points}
-    assert dot_conv.register_tile(16, 3, form) in knobs and len(knobs) >= 4, knobs
+    knobs = {(c["tile_blocks"].val, c["tile_quads"].val, c["tile_rows"].val) for c in points}
+    assert dot_conv.register_tile(16, 3, form, out_height=9) in knobs and len(knobs) >= 4, knobs
+    # rows per tile: the divisors of 9 whose tiles fit (three rows of smull's 8 accumulators per group do not)
+    assert {r for _, _, r in knobs} == rows
     built = 0
     for cfg in points:
-        if dot_conv._registers(form, cfg["tile_blocks"].val, cfg["tile_quads"].val) > dot_conv._REGISTERS:
+        needs = dot_conv._registers(form, cfg["tile_blocks"].val, cfg["tile_quads"].val * cfg["tile_rows"].val)
+        if needs > dot_conv._REGISTERS:
             with pytest.raises(autotvm.task.space.InstantiationError):
                 task.instantiate(cfg)
             continue

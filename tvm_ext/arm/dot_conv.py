@@ -14,8 +14,8 @@ to both words) and ``sadalp`` adds pairs of the int16 products into int32 accumu
     #                                                 * W[o, i, ky, kx, 0, c, 2h + r]  (smull + sadalp)
     # out[n, o, y, x, c] = T[n, o, y, x // 4, x % 4, c] = U[..., x // 4, c, 2(x % 4)] + U[..., 2(x % 4) + 1]
 
-The tile, ``B`` output blocks by ``Q`` pixel groups, keeps its accumulators in registers across the
-reduction and the fused epilogue is computed from them in the same kernel. Rows are padded to
+The tile, ``B`` output blocks by ``Q`` pixel groups of ``R`` output rows, keeps its accumulators in
+registers across the reduction and the fused epilogue is computed from them in the same kernel. Rows are padded to
 whole tiles with columns that are computed and dropped; strided convs gather their columns first.
 Tile rule and measurements: docs/arm-kernels.md.
 """
@@ -74,21 +74,29 @@ def _cycles(form: str, b: int, q: int) -> float:
     return max(vector / 2, (vector + others) / 3, ideal) / ideal
 
 
-def _tiles(form: str, oc_chunks: int, quads: int, halves: int = 1):
+def _tiles(form: str, oc_chunks: int, quads: int, halves: int = 1, out_height: int = 1):
+    """``(B, Q, R)`` tiles that fit the registers: R output rows (dividing ``out_height``) of Q groups each,
+    whose R x Q groups count as groups of one row."""
     for b in range(halves, oc_chunks + 1, halves):  # whole output blocks of 4 x halves channels
         if oc_chunks % b == 0:
-            yield from ((b, q) for q in range(1, quads + 1) if _registers(form, b, q) <= _REGISTERS)
+            yield from ((b, q, r) for r in range(1, out_height + 1) if out_height % r == 0
+                        for q in range(1, quads + 1) if _registers(form, b, q * r) <= _REGISTERS)
 
 
-def register_tile(oc_chunks: int, quads: int, form: str = "sdot", halves: int = 1) -> tuple:
-    """``(B, Q)``: the tile of ``B`` blocks of 4 output channels (dividing ``oc_chunks``, a multiple of
-    ``halves``: whole NCHW8c blocks when 2) by ``Q`` four-pixel groups for a row of ``quads`` groups that
-    costs least: predicted cycles per step over the multiplies' own, times the share of the row that
-    is padding. Ties go to more output blocks."""
+def register_tile(oc_chunks: int, quads: int, form: str = "sdot", halves: int = 1, out_height: int = 1) -> tuple:
+    """``(B, Q, R)``: the tile of ``B`` blocks of 4 output channels (dividing ``oc_chunks``, a multiple of
+    ``halves``: whole NCHW8c blocks when 2) by ``Q`` four-pixel groups of ``R`` output rows (dividing
+    ``out_height``) for rows of ``quads`` groups that costs least: predicted cycles per step over the
+    multiplies' own, times the share of the row that is padding. A tile's weights serve its R rows as
+    they serve its Q groups, so rows of 7 groups take Q = 1, R = 2 where Q = 2 would compute 8. Ties go to
+    more output blocks, then to fewer rows::
+
+        # cost(B, Q, R) = ceil(quads / Q) * Q / quads * cycles(B, Q * R), registers(B, Q * R) <= 28
+    """
     def cost(t):
         padded = -(-quads // t[1]) * t[1]
-        return round(padded / quads * _cycles(form, *t), 9), -t[0]
-    return min(_tiles(form, oc_chunks, quads, halves), key=cost)
+        return round(padded / quads * _cycles(form, t[0], t[1] * t[2]), 9), -t[0], t[2]
+    return min(_tiles(form, oc_chunks, quads, halves, out_height), key=cost)
 
 
 def _intrin(form: str, dtype: str):
@@ -183,15 +191,22 @@ def _conv(form, cfg, data, kernel, strides, padding, dilation, out_dtype):
     if why:
         raise ValueError(f"conv2d_nchwc_{form}: {why}")
     quads, halves = -(-out_w // LANES), out_block // LANES  # B counts blocks of 4 output channels
-    cfg.define_knob("tile_blocks", sorted({b for b, _ in _tiles(form, oc_chunks * halves, quads, halves)}))
-    cfg.define_knob("tile_quads", sorted({q for _, q in _tiles(form, oc_chunks * halves, quads, halves)}))
+    tiles_fit = list(_tiles(form, oc_chunks * halves, quads, halves, out_h))
+    cfg.define_knob("tile_blocks", sorted({b for b, _, _ in tiles_fit}))
+    cfg.define_knob("tile_quads", sorted({q for _, q, _ in tiles_fit}))
+    cfg.define_knob("tile_rows", sorted({r for _, _, r in tiles_fit}))
     if cfg.is_fallback:
-        blocks, groups = register_tile(oc_chunks * halves, quads, form, halves)
+        blocks, groups, rows = register_tile(oc_chunks * halves, quads, form, halves, out_h)
         cfg["tile_blocks"] = autotvm.task.space.OtherOptionEntity(blocks)
         cfg["tile_quads"] = autotvm.task.space.OtherOptionEntity(groups)
+        cfg["tile_rows"] = autotvm.task.space.OtherOptionEntity(rows)
     blocks, groups = cfg["tile_blocks"].val, cfg["tile_quads"].val
-    if _registers(form, blocks, groups) > _REGISTERS:
-        raise autotvm.task.space.InstantiationError(f"tile {blocks} x {groups} needs more registers")
+    # a record tuned before the rows knob existed has one row per tile
+    rows = cfg["tile_rows"].val if "tile_rows" in getattr(cfg, "_entity_map", {"tile_rows": 0}) else 1
+    if _registers(form, blocks, groups * rows) > _REGISTERS:
+        raise autotvm.task.space.InstantiationError(f"tile {blocks} x {groups} x {rows} rows needs more registers")
+    if out_h % rows:
+        raise autotvm.task.space.InstantiationError(f"{rows} rows per tile do not divide {out_h} output rows")
     quads = -(-quads // groups) * groups  # whole tiles: the extra columns read zero padding and are dropped
     pr = max(pr, (LANES * quads - 1) * sw + (kw - 1) * dw + 1 - width - pl)
     if pt or pb or pl or pr:
@@ -211,7 +226,7 @@ def _conv(form, cfg, data, kernel, strides, padding, dilation, out_dtype):
         return (_a(b, ic, y * sh + ry * dh, LANES * q + p, rx, k).astype("int32")
                 * kernel[o // halves, ic, ry, rx, 0, LANES * (o % halves) + c, k].astype("int32"))
 
-    attrs = {"tile_blocks": blocks, "tile_quads": groups, "form": form}
+    attrs = {"tile_blocks": blocks, "tile_quads": groups, "tile_rows": rows, "form": form}
     shape = (n, oc_chunks, out_h, out_w, out_block)
     if form == "sdot":
         rk = te.reduce_axis((0, LANES), name="rk")
@@ -291,6 +306,7 @@ def schedule_conv2d_tiles(outs):
             return
         conv, tiles = op.output(0), op.input_tensors[0]
         blocks, groups, form = int(op.attrs["tile_blocks"]), int(op.attrs["tile_quads"]), str(op.attrs["form"])
+        rows = int(op.attrs["tile_rows"])
         _schedule_producers(s, tiles)
         last = outs[0]
         if conv.op != last.op:
@@ -298,16 +314,17 @@ def schedule_conv2d_tiles(outs):
         s[tiles].set_scope("local")
         b, o, y, x, c = s[last].op.axis
         oo, oi = s[last].split(o, factor=blocks * LANES // int(last.shape[4]))
+        yo, yi = s[last].split(y, factor=rows)
         xo, xi = s[last].split(x, factor=LANES * groups)
-        s[last].reorder(b, oo, y, xo, oi, xi, c)
-        s[last].parallel(s[last].fuse(b, oo, y))
+        s[last].reorder(b, oo, yo, xo, oi, yi, xi, c)
+        s[last].parallel(s[last].fuse(b, oo, yo))
         s[last].vectorize(c)
         s[tiles].compute_at(s[last], xo)
         tb, to, ty, tq, t1, t2 = s[tiles].op.axis
         ic, ry, rx, rk = s[tiles].op.reduce_axis
         ico, ici = s[tiles].split(ic, factor=_unroll_channels(int(ic.dom.extent), int(rx.dom.extent)))
-        s[tiles].reorder(tb, ty, ico, ry, ici, rx, to, tq, t1, t2, rk)
-        for axis in (ici, rx, to, tq):
+        s[tiles].reorder(tb, ico, ry, ici, rx, ty, to, tq, t1, t2, rk)
+        for axis in (ici, rx, ty, to, tq):
             s[tiles].unroll(axis)
         s[tiles].tensorize(t1, _intrin(form, tiles.op.input_tensors[-1].dtype))
 

@@ -388,8 +388,7 @@ def _confirm_in_model(mod, params, tgt, passes, layout_recs, lines, rows, say, n
     for line, wl in zip(lines, wls):
         t = ms.get(wl)
         if t is None:  # no kernel of the model reads its tensors: keep what the kernel alone measured
-            logger.warning("tvm_ext.tools.tune: no kernel of the model compiles %s; its record is kept as "
-                           "timed alone", _describe(wl))
+            say(f"in the model: no kernel reads the tensors of {_describe(wl)}; its record is kept as timed alone")
             keep.append(line)
         elif t["tuned"] <= 0.98 * t["untuned"]:
             keep.append(line)
