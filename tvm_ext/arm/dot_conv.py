@@ -15,8 +15,9 @@ to both words) and ``sadalp`` adds pairs of the int16 products into int32 accumu
     # out[n, o, y, x, c] = T[n, o, y, x // 4, x % 4, c] = U[..., x // 4, c, 2(x % 4)] + U[..., 2(x % 4) + 1]
 
 The tile, ``B`` output blocks by ``Q`` pixel groups of ``R`` output rows, keeps its accumulators in
-registers across the reduction and the fused epilogue is computed from them in the same kernel. Rows are padded to
-whole tiles with columns that are computed and dropped; strided convs gather their columns first.
+registers across the reduction and the fused epilogue is computed from them in the same kernel. Rows
+are padded to whole tiles with columns that are computed and dropped; strided convs gather their
+columns first.
 Tile rule and measurements: docs/arm-kernels.md.
 """
 from __future__ import annotations

@@ -337,9 +337,11 @@ def kernel_nodes(graph_json: str, workload) -> list:
     shapes, dtypes = attrs["shape"][1], attrs["dltype"][1]
     row_ptr = graph["node_row_ptr"]
     wanted = [(tuple(a[1]), a[2]) for a in workload[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"][:2]
+    if len(wanted) < 2:
+        return []
     found = []
     for i, node in enumerate(nodes):
-        if node["op"] != "tvm_op" or len(wanted) < 2:
+        if node["op"] != "tvm_op":
             continue
         ins = {(tuple(shapes[row_ptr[nid] + idx]), dtypes[row_ptr[nid] + idx]) for nid, idx, *_ in node["inputs"]}
         if all(t in ins for t in wanted):
