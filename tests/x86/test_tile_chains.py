@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_ext.x86 import int8_policy, int8_schedules
+from tvm_ext.x86 import int8_policy, tile_rules
 
 from ._int8_cases import needs_vnni
 
@@ -29,7 +29,7 @@ from ._int8_cases import needs_vnni
     (1, 1, 16, 4),    # one pixel: as many as fit the policy's 4, still under 10
 ])
 def test_tile_chains_choice(pixels, groups, oc_chunks, expected):
-    got = int8_schedules.tile_chains(pixels, groups, oc_chunks, chains=10, max_chunks=4, accumulators=28)
+    got = tile_rules.tile_chains(pixels, groups, oc_chunks, chains=10, max_chunks=4, accumulators=28)
     assert got == expected
     assert oc_chunks % got == 0
     assert pixels * groups * got + (got - 1) * groups <= 28

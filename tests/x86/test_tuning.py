@@ -10,7 +10,7 @@ from tvm import autotvm
 
 import tvm_ext
 from tvm_ext.core import pipelines
-from tvm_ext.tools import tune
+from tvm_ext.tools import _fused_timing, tune
 from tvm_ext.x86 import tuning
 from tvm_ext.x86.target import build_target
 from tvm_ext.testing import qoperator_net, run_module
@@ -155,20 +155,20 @@ def test_kernel_nodes_are_the_kernels_reading_the_workloads_tensors(small, plain
     report = lib.kernel_report
     graph_nodes = json.loads(lib.get_graph_json())["nodes"]
     for wl in wls.conv:
-        found = tune.kernel_nodes(lib.get_graph_json(), wl)
+        found = _fused_timing.kernel_nodes(lib.get_graph_json(), wl)
         assert found, f"no kernel compiles {wl}"
         data, weight = [(tuple(a[1]), a[2]) for a in wl[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"][:2]
         names = {graph_nodes[i]["attrs"]["func_name"] for i in found}
         assert names == {k.func_name for k in report.kernels if data in k.inputs and weight in k.inputs}
     bogus = (wls.conv[0][0], ("TENSOR", (1, 3, 5, 5, 7), "uint8"), *wls.conv[0][2:])
-    assert tune.kernel_nodes(lib.get_graph_json(), bogus) == []
+    assert _fused_timing.kernel_nodes(lib.get_graph_json(), bogus) == []
 
 
 def test_fused_kernel_ms_times_each_workloads_kernels_in_every_model(small, plain, some_records):
     m, target, wls = small
     recs = [autotvm.record.decode(line) for line in some_records]
-    tuned = tune._build_with(m.mod, m.params, target, pipelines.int8(), recs)
-    ms = tune.fused_kernel_ms({"untuned": plain[0], "tuned": tuned}, wls.conv, rounds=1, number=2, repeat=1)
+    tuned = _fused_timing.build_with(m.mod, m.params, target, pipelines.int8(), recs)
+    ms = _fused_timing.fused_kernel_ms({"untuned": plain[0], "tuned": tuned}, wls.conv, rounds=1, number=2, repeat=1)
     assert set(ms) == set(wls.conv)
     assert all(set(t) == {"untuned", "tuned"} and all(v > 0 for v in t.values()) for t in ms.values())
 

@@ -38,14 +38,14 @@ from .. import families
 from ..x86 import tuning, int8_conv as x86_int8
 from ..core.build import build
 from ..x86.isa import isa_class, runs_on_host
+from ._fused_timing import build_with, fused_kernel_ms
 
 #: The int8 conv templates whose workloads are recorded (x86 and aarch64).
 _CONV_TASKS = tuning.CONV_TASKS + arm_tuning.CONV_TASKS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Workloads", "TuneResult", "record_workloads", "time_config", "tune_workloads", "tune_model", "busy_note",
-           "fused_kernel_ms", "kernel_nodes"]
+__all__ = ["Workloads", "TuneResult", "record_workloads", "time_config", "tune_workloads", "tune_model", "busy_note"]
 
 #: Channel blocks tried for the whole model (oc_bn must be a multiple of 16 in TVM's template).
 LAYOUT_BLOCKS = (16, 32, 64)
@@ -302,7 +302,7 @@ def _model_ms(mod, params, target, passes, records, repeat: int = 20) -> float:
     import tvm
     from tvm.contrib import graph_executor
 
-    lib = _build_with(mod, params, target, passes, records)
+    lib = build_with(mod, params, target, passes, records)
     gm = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     rng = np.random.default_rng(0)
     bound = set(params or {})
@@ -317,73 +317,14 @@ def _model_ms(mod, params, target, passes, records, repeat: int = 20) -> float:
     return float(np.median(timer().results)) * 1e3
 
 
-def _build_with(mod, params, target, passes, records):
-    """``tvm_ext.build`` with tvm-ext's kernels, these records and no others."""
-    ctx = tuning.apply(target, records) if records else None
-    if ctx is None:
-        return build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
-    with ctx:
-        return build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
-
-
-def kernel_nodes(graph_json: str, workload) -> list:
-    """Indices of the graph executor's nodes that compile ``workload``: the kernels reading both its data
-    and its weight tensor (shape and dtype), as :meth:`tvm_ext.core.report.KernelReport.with_tuned`
-    matches them."""
-    import json
-
-    graph = json.loads(graph_json)
-    nodes, attrs = graph["nodes"], graph["attrs"]
-    shapes, dtypes = attrs["shape"][1], attrs["dltype"][1]
-    row_ptr = graph["node_row_ptr"]
-    wanted = [(tuple(a[1]), a[2]) for a in workload[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"][:2]
-    if len(wanted) < 2:
-        return []
-    found = []
-    for i, node in enumerate(nodes):
-        if node["op"] != "tvm_op":
-            continue
-        ins = {(tuple(shapes[row_ptr[nid] + idx]), dtypes[row_ptr[nid] + idx]) for nid, idx, *_ in node["inputs"]}
-        if all(t in ins for t in wanted):
-            found.append(i)
-    return found
-
-
-def fused_kernel_ms(libs: dict, workloads, *, rounds: int = 3, number: int = 10, repeat: int = 3) -> dict:
-    """``{workload: {key: ms}}``: per workload, the summed time of the kernels that compile it in each built
-    model of ``libs`` (``{key: factory}``, graph executor), each kernel timed alone by the debug executor
-    (the fastest of ``repeat``), the models in alternation, the median of ``rounds``. A workload no
-    kernel of some model compiles is left out."""
-    import tempfile
-
-    import tvm
-    from tvm.contrib.debugger import debug_executor
-
-    with tempfile.TemporaryDirectory(prefix="tvm_ext_tune_") as dump:
-        mods, nodes = {}, {}
-        for key, lib in libs.items():
-            m = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(), dump_root=dump)
-            m.set_input(**lib.get_params())
-            mods[key] = m
-            nodes[key] = {wl: kernel_nodes(lib.get_graph_json(), wl) for wl in workloads}
-        times: dict = {wl: {key: [] for key in libs} for wl in workloads
-                       if all(nodes[key][wl] for key in libs)}
-        for _ in range(rounds):
-            for wl, per in times.items():
-                for key, m in mods.items():
-                    per[key].append(sum(min(m.run_individual_node(i, number=number, repeat=repeat).results)
-                                        for i in nodes[key][wl]))
-    return {wl: {key: float(np.median(v)) * 1e3 for key, v in per.items()} for wl, per in times.items()}
-
-
 def _confirm_in_model(mod, params, tgt, passes, layout_recs, lines, rows, say, number, repeat):
     """The records of ``lines`` that make their kernels in the model at least 2 % faster
     (:func:`fused_kernel_ms`), and ``rows`` with the others back at TVM's rule."""
     from tvm import autotvm
 
     recs = [autotvm.record.decode(line) for line in lines]
-    untuned = _build_with(mod, params, tgt, passes, list(layout_recs))
-    tuned = _build_with(mod, params, tgt, passes, list(layout_recs) + recs)
+    untuned = build_with(mod, params, tgt, passes, list(layout_recs))
+    tuned = build_with(mod, params, tgt, passes, list(layout_recs) + recs)
     wls = [inp.task.workload for inp, _ in recs]
     ms = fused_kernel_ms({"untuned": untuned, "tuned": tuned}, wls, number=number, repeat=repeat)
     keep, dropped = [], {}

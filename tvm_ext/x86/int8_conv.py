@@ -32,8 +32,9 @@ from . import exact_int8
 from .._patch import Patch
 from .int8_policy import FALLBACK_TILE_ACCUMULATORS, INT8_CONV_BLOCK, KernelPolicy, needs_operand_fix, policy
 from .int8_schedules import _SAVED, _current_target, _inline_pool_producers, _schedule_1x1_int8, \
-    _schedule_common_int8, _vectorize_pool_channel_block, dot_u8s8_vnni, tile_shape, tile_width
+    _schedule_common_int8, _vectorize_pool_channel_block, dot_u8s8_vnni
 from .isa import isa_class
+from .tile_rules import tile_shape, tile_width
 
 logger = logging.getLogger(__name__)
 

@@ -123,7 +123,7 @@ _TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
 
 
 #: Output-channel blocks per 1x1 conv tile per class where it is not 1 (``tile_oc_chunks``; the
-#: most a tile may take: :func:`tvm_ext.x86.int8_schedules.tile_chunks_shape` picks up to this many).
+#: most a tile may take: :func:`tvm_ext.x86.tile_rules.tile_chunks_shape` picks up to this many).
 #: AVX-512 VNNI, QDQ ResNet-50 on an Intel Xeon of the Cascade Lake class (two 512-bit VNNI pipes),
 #: 2 threads, with the shipped records: its 1x1 convs 0.72-0.89x the time of one block per tile
 #: (debug executor), all convs 0.85x, end to end 0.91x, bit-identical. Zen 4 not measured with it.

@@ -1,0 +1,127 @@
+"""Register-tile sizes of tvm-ext's x86 int8 conv schedules (:mod:`tvm_ext.x86.int8_schedules`): how many
+output pixels, rows, output-channel chunks and accumulator groups a tile takes so that its accumulators fit
+the vector registers and it loads few values per product. Pure functions of the conv's shape, the
+configured wish and the register budget (:mod:`tvm_ext.x86.int8_policy`); docs/x86-kernels.md has the
+measurements behind each rule.
+"""
+from __future__ import annotations
+
+__all__ = ["tile_width", "tile_shape", "tile_chunks_shape", "tile_chains", "whole_row_over_budget", "groups_in_turn"]
+
+
+def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunks: int, accumulators: int) -> int:
+    """Output-channel blocks per 3x3/7x7 tile of ``pixels`` x ``groups`` accumulators (``tile_chains``):
+    1 when the tile already has ``chains`` independent accumulators, else the fewest blocks (dividing
+    ``oc_chunks``, up to ``max_chunks``) that give it that many and still fit ``accumulators`` (each
+    block beyond the first holds its kernel vectors: ``groups`` registers), else the most that fit::
+
+        # pixels * groups * C >= chains  and  pixels * groups * C + (C - 1) * groups <= accumulators
+    """
+    if pixels * groups >= chains:
+        return 1
+    best = 1
+    for c in range(2, max(1, max_chunks) + 1):
+        if oc_chunks % c:
+            continue
+        if pixels * groups * c + (c - 1) * groups > accumulators:
+            break
+        best = c
+        if pixels * groups * c >= chains:
+            break
+    return best
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` not above ``at_most`` (at least 1)."""
+    return next(d for d in range(max(1, min(at_most, n)), 0, -1) if n % d == 0)
+
+
+def tile_width(out_width: int, groups: int, wanted: int, accumulators: int) -> int:
+    """Output pixels per tile of the per-tile schedule (``per_tile_accumulators``).
+
+    ``groups`` accumulator registers per pixel (output block / int32 lanes); ``wanted`` is the
+    config's ``tile_ow`` (tuned or TVM's fallback, which takes the largest divisor of the width up
+    to 31: 28 pixels x 2 registers on AVX2, far more than its 16 registers). Returns ``wanted``
+    when its accumulators fit, else the largest divisor of ``out_width`` whose accumulators fit;
+    when that is one pixel (a prime width such as ResNet's 7), the whole row if its accumulators
+    fit two more registers (on AVX2 all 16 but the kernel vector and the data word: measured
+    0.84-0.91x TVM's time for ResNet-50's 7x7-output convs, where one pixel per tile is TVM's form).
+    """
+    fit = max(1, accumulators // max(1, groups))
+    if 1 <= wanted <= fit and out_width % wanted == 0:
+        return wanted
+    best = _largest_divisor(out_width, fit)
+    if best == 1 and out_width * groups <= accumulators + 2:
+        return out_width
+    return best
+
+
+def whole_row_over_budget(out_width: int, pixels: int, groups: int, accumulators: int) -> bool:
+    """The tile is :func:`tile_width`'s whole row of a prime width whose accumulators exceed the budget
+    (ResNet's 7-wide rows on AVX2: 14 of 16 registers). At stride 1 such a tile gets kw unrolled, so the
+    three kw positions share data words: 0.81-0.87x the time of the rolled form for 3x3 7-wide convs
+    of 64-512 channels in int16 pairs, 0.99x with vpmaddubsw (docs/x86-kernels.md)::
+
+        # pixels == out_width and out_width * groups > accumulators  ->  unroll_kw (stride 1)
+    """
+    return pixels == out_width and out_width * groups > accumulators
+
+
+def tile_shape(out_height: int, out_width: int, groups: int, wanted: tuple, accumulators: int) -> tuple:
+    """``(rows, pixels per row)`` of a 1x1 conv's tile (``per_tile_accumulators``): the config's ``(tile_oh, tile_ow)``
+    when its accumulators fit, else as many of its rows as fit (dividing the height) and the
+    widest divisor of the width that fits beside them."""
+    rows, cols = wanted
+    if rows * cols * groups <= accumulators and out_height % rows == 0 and out_width % cols == 0:
+        return rows, cols
+    fit = max(1, accumulators // max(1, groups))
+    rows = _largest_divisor(out_height, min(rows, fit))
+    cols = _largest_divisor(out_width, fit // rows)
+    return rows, cols
+
+
+def groups_in_turn(out_height: int, out_width: int, groups: int, pixels: int, accumulators: int):
+    """``(rows, pixels per row)`` of a 1x1 conv tile that computes its ``groups`` accumulator registers per
+    pixel one group at a time, when that loads fewer values per product than a tile of ``pixels`` pixels
+    with every group live (:func:`tile_chunks_shape`); else None.
+
+    A tile of R pixels with all G groups live loads G kernel vectors and R data words for G x R
+    products; taking the groups in turn, a tile of R' pixels loads 1 and R' for R' (its data words
+    again for each group), and R' may use every accumulator. It wins where the width leaves few
+    pixels per tile: ResNet's 7x7 maps on AVX2 (16 channels, 2 registers per pixel) go from one
+    pixel (1.5 loads per product) to a row of 7 (1.14)::
+
+        # (1 + R') / R'  <  (G + R) / (G * R)   ->   groups in turn, R' = rows x cols
+    """
+    if groups < 2:
+        return None
+    tiles = [(r, c) for r in range(1, out_height + 1) if out_height % r == 0
+             for c in range(1, out_width + 1) if out_width % c == 0 and r * c <= accumulators]
+    rows, cols = max(tiles, key=lambda t: (t[0] * t[1], -t[0]))
+    turn, live = rows * cols, pixels
+    if (1 + turn) / turn < (groups + live) / (groups * live) - 1e-9:
+        return rows, cols
+    return None
+
+
+def tile_chunks_shape(out_height: int, out_width: int, oc_chunks: int, groups: int, wanted: tuple,
+                      max_chunks: int, accumulators: int) -> tuple:
+    """``(chunks, rows, pixels per row)`` of a 1x1 conv's tile (``per_tile_accumulators`` with
+    ``tile_oc_chunks``): of the output-channel chunk counts up to ``max_chunks`` that divide the
+    conv's ``oc_chunks``, the one whose tile (:func:`tile_shape`) loads the fewest values per dot
+    product (C kernel vectors and R data words for R x C products; ties: fewer chunks).
+
+    The kernel vectors of every chunk stay in registers through a reduction step, so each chunk
+    beyond the first takes ``groups`` registers from ``accumulators``. ``max_chunks`` 1 gives
+    :func:`tile_shape`'s tile.
+    """
+    best = None
+    for c in range(1, min(max_chunks, oc_chunks) + 1):
+        budget = accumulators - (c - 1) * groups
+        if oc_chunks % c or budget < c * groups:
+            continue
+        rows, cols = tile_shape(out_height, out_width, c * groups, wanted, budget)
+        loads_per_dot = (c * groups + rows * cols) / (c * groups * rows * cols)
+        if best is None or loads_per_dot < best[0] - 1e-9:
+            best = (loads_per_dot, c, rows, cols)
+    return best[1:]
