@@ -202,7 +202,7 @@ def _conv(form, cfg, data, kernel, strides, padding, dilation, out_dtype):
         cfg["tile_quads"] = autotvm.task.space.OtherOptionEntity(groups)
         cfg["tile_rows"] = autotvm.task.space.OtherOptionEntity(rows)
     blocks, groups = cfg["tile_blocks"].val, cfg["tile_quads"].val
-    # a record tuned before the rows knob existed has one row per tile
+    # a record without the rows knob (its space had none) has one row per tile
     rows = cfg["tile_rows"].val if "tile_rows" in getattr(cfg, "_entity_map", {"tile_rows": 0}) else 1
     if _registers(form, blocks, groups * rows) > _REGISTERS:
         raise autotvm.task.space.InstantiationError(f"tile {blocks} x {groups} x {rows} rows needs more registers")
