@@ -154,14 +154,15 @@ def test_kernel_nodes_are_the_kernels_reading_the_workloads_tensors(small, plain
     lib = plain[0]
     report = lib.kernel_report
     graph_nodes = json.loads(lib.get_graph_json())["nodes"]
+    nodes = _fused_timing.kernel_nodes(lib, wls.conv)
     for wl in wls.conv:
-        found = _fused_timing.kernel_nodes(lib.get_graph_json(), wl)
+        found = nodes[wl]
         assert found, f"no kernel compiles {wl}"
         data, weight = [(tuple(a[1]), a[2]) for a in wl[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"][:2]
         names = {graph_nodes[i]["attrs"]["func_name"] for i in found}
         assert names == {k.func_name for k in report.kernels if data in k.inputs and weight in k.inputs}
     bogus = (wls.conv[0][0], ("TENSOR", (1, 3, 5, 5, 7), "uint8"), *wls.conv[0][2:])
-    assert _fused_timing.kernel_nodes(lib.get_graph_json(), bogus) == []
+    assert _fused_timing.kernel_nodes(lib, [bogus]) == {bogus: []}
 
 
 def test_fused_kernel_ms_times_each_workloads_kernels_in_every_model(small, plain, some_records):

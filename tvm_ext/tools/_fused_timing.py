@@ -2,8 +2,8 @@
 
 Leaf module of :mod:`tvm_ext.tools.tune`, whose knob search times each conv alone (the AutoTVM task,
 without its fused epilogue): :func:`build_with` builds the model with a set of records and no others,
-:func:`kernel_nodes` finds the graph executor's nodes that compile a workload (the kernels reading its
-data and weight tensors), and :func:`fused_kernel_ms` times those kernels in several built models in
+:func:`kernel_nodes` finds the graph executor's nodes that compile a workload (the kernels the kernel
+report marks for it), and :func:`fused_kernel_ms` times those kernels in several built models in
 alternation with the debug executor.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import tempfile
 import numpy as np
 
 from ..core.build import build
+from ..core.report import KernelReport
 from ..x86 import tuning
 
 __all__ = ["build_with", "kernel_nodes", "fused_kernel_ms"]
@@ -28,25 +29,13 @@ def build_with(mod, params, target, passes, records):
         return build(mod, target=target, params=params, passes=passes, kernels=True, tuned=False)
 
 
-def kernel_nodes(graph_json: str, workload) -> list:
-    """Indices of the graph executor's nodes that compile ``workload``: the kernels reading both its data
-    and its weight tensor (shape and dtype), as :meth:`tvm_ext.core.report.KernelReport.with_tuned`
-    matches them."""
-    graph = json.loads(graph_json)
-    nodes, attrs = graph["nodes"], graph["attrs"]
-    shapes, dtypes = attrs["shape"][1], attrs["dltype"][1]
-    row_ptr = graph["node_row_ptr"]
-    wanted = [(tuple(a[1]), a[2]) for a in workload[1:] if isinstance(a, tuple) and a and a[0] == "TENSOR"][:2]
-    if len(wanted) < 2:
-        return []
-    found = []
-    for i, node in enumerate(nodes):
-        if node["op"] != "tvm_op":
-            continue
-        ins = {(tuple(shapes[row_ptr[nid] + idx]), dtypes[row_ptr[nid] + idx]) for nid, idx, *_ in node["inputs"]}
-        if all(t in ins for t in wanted):
-            found.append(i)
-    return found
+def kernel_nodes(lib, workloads) -> dict:
+    """``{workload: [node index]}``: the graph executor's nodes of the kernels that compile each workload in the
+    built model ``lib``, as :meth:`tvm_ext.core.report.KernelReport.with_tuned` marks them (the kernels reading
+    both its data and its weight tensor). The report lists the ``tvm_op`` nodes in graph order."""
+    ops = [i for i, node in enumerate(json.loads(lib.get_graph_json())["nodes"]) if node["op"] == "tvm_op"]
+    report = getattr(lib, "kernel_report", None) or KernelReport.from_factory(lib)
+    return {wl: [ops[k.index] for k in report.with_tuned([wl]).kernels if k.tuned] for wl in workloads}
 
 
 def fused_kernel_ms(libs: dict, workloads, *, rounds: int = 3, number: int = 10, repeat: int = 3) -> dict:
@@ -63,7 +52,7 @@ def fused_kernel_ms(libs: dict, workloads, *, rounds: int = 3, number: int = 10,
             m = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(), dump_root=dump)
             m.set_input(**lib.get_params())
             mods[key] = m
-            nodes[key] = {wl: kernel_nodes(lib.get_graph_json(), wl) for wl in workloads}
+            nodes[key] = kernel_nodes(lib, workloads)
         times: dict = {wl: {key: [] for key in libs} for wl in workloads
                        if all(nodes[key][wl] for key in libs)}
         for _ in range(rounds):
