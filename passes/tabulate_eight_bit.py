@@ -6,6 +6,8 @@ Why, what it rejects and where it runs: docs/passes.md, section "Design notes", 
 """
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 import tvm
@@ -35,6 +37,13 @@ TRANSCENDENTAL = frozenset({
     "acosh", "atanh",
 })
 
+#: A chain of at least this many ops is worth a table without any of them. A lookup costs about two
+#: instructions per element (a scalar load and a lane insert), an elementwise op about one vector
+#: instruction per SIMD register of lanes: 16 int32/float32 lanes at AVX-512, so 32 ops per element
+#: cost two instructions there, and more on narrower SIMD (AVX2: 8 lanes, NEON: 4). A quantized
+#: hard-swish written as ONNX's one op is 13 ops and stays arithmetic; one decomposed into quantized
+#: multiply, add and divide steps (PaddlePaddle's exports: a requantize after every step) is 40-60.
+LONG_CHAIN = 32
 
 _CONST = "const"
 
@@ -70,13 +79,14 @@ def _sources(nodes):
 
 
 def _chain_ops(root, source, through=None):
-    """Names of the ops between ``source`` and ``root`` (integer division ops as ``int:<name>``).
+    """How many times each op occurs between ``source`` and ``root`` (a ``Counter`` of op names;
+    integer division ops as ``int:<name>``).
 
     With ``through``: the ops between ``through`` and ``root``, or None when a path from ``source``
     reaches ``root`` without passing ``through`` (``root`` is then not a function of ``through`` alone).
     """
     stop = source if through is None else through
-    ops, stack, seen = set(), [root], set()
+    ops, stack, seen = collections.Counter(), [root], set()
     while stack:
         node = stack.pop()
         if node in seen or node.same_as(stop):
@@ -88,7 +98,7 @@ def _chain_ops(root, source, through=None):
         seen.add(node)
         name = op_name(node)
         integer = str(node.checked_type.dtype).startswith(("int", "uint"))
-        ops.add(f"int:{name}" if name in _TRAPPING and integer else name)
+        ops[f"int:{name}" if name in _TRAPPING and integer else name] += 1
         stack.extend(node.args)
     return ops
 
@@ -144,7 +154,17 @@ def _lookup(source, table, ranges, narrowed):
     return table_lookup(relay.subtract(source, relay.const(lo, dtype)), tab)
 
 
-def _drop_dequantized_readers(chains, ops):
+def _why_a_table(used, ops: frozenset, long_chain: int) -> str:
+    """Why the chain of op counts ``used`` is worth a table ("" when it is not): one of ``ops``, or
+    at least ``long_chain`` ops."""
+    slow = sorted(ops.intersection(used))
+    if slow:
+        return ", ".join(slow)
+    length = sum(used.values())
+    return f"{length} ops" if length >= long_chain else ""
+
+
+def _drop_dequantized_readers(chains, ops, long_chain):
     """One table per 8-bit value: a root that is cheap arithmetic on another tabulated root of the
     same source keeps that arithmetic and reads the other root's lookup.
 
@@ -162,7 +182,7 @@ def _drop_dequantized_readers(chains, ops):
             if prev_source is not source or str(prev.checked_type.dtype) not in _EIGHT_BIT:
                 continue
             tail = _chain_ops(root, source, through=prev)
-            if tail is not None and not tail & ops:
+            if tail is not None and not _why_a_table(tail, ops, long_chain):
                 inner = prev
                 break
         if inner is None:
@@ -174,7 +194,7 @@ def _drop_dequantized_readers(chains, ops):
     return kept
 
 
-def _rewrite(func, ops: frozenset):
+def _rewrite(func, ops: frozenset, long_chain: int):
     nodes = dataflow_nodes(func, PASS_NAME)
     if nodes is None:
         return func
@@ -182,9 +202,11 @@ def _rewrite(func, ops: frozenset):
     chains, used_ops = [], set()
     for root, source in _roots(nodes, func.body, src):
         used = _chain_ops(root, source)
-        if not used & ops:
-            _log.debug("%s: not tabulated (%s): %s", RULE,
-                       Reject(f"no op of {sorted(ops)[:4]}... in the chain {sorted(used)}"), op_name(root))
+        why = _why_a_table(used, ops, long_chain)
+        if not why:
+            _log.debug("%s: not tabulated (%s): %s", RULE, Reject(
+                f"no op of {sorted(ops)[:4]}... in the chain {sorted(used)}, and {sum(used.values())} ops, "
+                f"fewer than {long_chain}"), op_name(root))
             continue
         trapping = sorted(o for o in used if o.startswith("int:"))
         if trapping:
@@ -193,8 +215,8 @@ def _rewrite(func, ops: frozenset):
                 op_name(root))
             continue
         chains.append((root, source))
-        used_ops |= used & ops
-    chains = _drop_dequantized_readers(chains, ops)
+        used_ops.add(why)
+    chains = _drop_dequantized_readers(chains, ops, long_chain)
     if not chains:
         return func
     narrowed: dict = {}
@@ -206,22 +228,29 @@ def _rewrite(func, ops: frozenset):
 
 
 @register_pass(PASS_NAME)
-@factory_sections(PASS_NAME, raises=(("TypeError", "``ops`` is not a collection of op names."),))
-def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
-    """Replace every elementwise function of one 8-bit tensor that calls a transcendental op by a
-    256-entry table lookup (``tvm_ext.table_lookup``), computed exactly by TVM at compile time.
+@factory_sections(PASS_NAME, raises=(("TypeError", "``ops`` is not a collection of op names."),
+                                     ("ValueError", "``long_chain`` is not a positive integer.")))
+def TabulateEightBit(ops=TRANSCENDENTAL, long_chain=LONG_CHAIN):  # pylint: disable=invalid-name
+    """Replace every elementwise function of one 8-bit tensor that calls a transcendental op, or
+    that takes :data:`LONG_CHAIN` ops or more, by a 256-entry table lookup (``tvm_ext.table_lookup``),
+    computed exactly by TVM at compile time.
 
     ``quantize(sigmoid(dequantize(x)))``, SiLU ``quantize(dequantize(x) * sigmoid(dequantize(x)))``,
     tanh, GELU (erf)...: on an 8-bit ``x`` each is a function of 256 values. The lookup is
     elementwise, so it fuses into the producer's kernel where the float chain was, and replaces one
-    scalar ``expf`` call per element (LLVM has no vector exp) by one table read. Part of
+    scalar ``expf`` call per element (LLVM has no vector exp) by one table read. So does a long chain
+    of cheap ops: a quantized hard-swish exported as a quantized multiply, add, clip and divide, each
+    requantized (PaddlePaddle's PP-OCR: some 50 ops with float divisions per element). Part of
     :func:`tvm_ext.core.pipelines.int8`; run at ``before_fuse``.
 
     Parameters
     ----------
     ops : frozenset of str, optional
-        Op names that make a chain worth a table (default :data:`TRANSCENDENTAL`). Chains without
-        any are left alone: a table read costs more than a few vectorized arithmetic ops.
+        Op names that make a chain worth a table (default :data:`TRANSCENDENTAL`).
+    long_chain : int, optional
+        A chain of at least this many ops is worth a table without any of ``ops`` (default
+        :data:`LONG_CHAIN`). Shorter chains without them are left alone: a table read costs more
+        than a few vectorized arithmetic ops.
 
     Notes
     -----
@@ -235,7 +264,9 @@ def TabulateEightBit(ops=TRANSCENDENTAL):  # pylint: disable=invalid-name
     """
     if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
         raise TypeError(f"{PASS_NAME}: ops must be a collection of op names, got {ops!r}")
+    if isinstance(long_chain, bool) or not isinstance(long_chain, int) or long_chain < 1:
+        raise ValueError(f"{PASS_NAME}: long_chain must be a positive integer, got {long_chain!r}")
     ops = frozenset(ops)
     register_ops()
 
-    return function_pass(PASS_NAME, lambda func: _rewrite(func, ops))
+    return function_pass(PASS_NAME, lambda func: _rewrite(func, ops, long_chain))

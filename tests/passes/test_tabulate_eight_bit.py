@@ -209,6 +209,67 @@ def test_differential_csp_bottleneck_one_lookup_fused_into_the_conv():
                rng.integers(0, 256, (1, 16, 8, 8)).astype("uint8")):
         np.testing.assert_array_equal(run_module(tab, {"x": xv})[0], run_module(plain, {"x": xv})[0])
 
+def _stepwise_hard_swish(x):
+    """A quantized hard-swish as some exporters write it (PaddlePaddle's PP-OCR): each step of
+    v * clip(v + 3, 0, 6) / 6, v = x * 0.5, quantized on its own. No transcendental op, 50 ops."""
+    v = _quantize(relay.multiply(_dequantize(x, 3, 0.05), relay.const(0.5)), 0.04, 3, "uint8")
+    d = _dequantize(v, 3, 0.04)
+    a = _quantize(relay.add(d, relay.const(3.0)), 0.08, 0, "uint8")
+    c = _quantize(relay.clip(_dequantize(a, 0, 0.08), 0, 6), 0.03, 0, "uint8")
+    m = _quantize(relay.multiply(d, _dequantize(c, 0, 0.03)), 0.1, 10, "uint8")
+    return _quantize(relay.divide(_dequantize(m, 10, 0.1), relay.const(6.0)), 0.02, 5, "uint8")
+
+
+#: Ops of :func:`_stepwise_hard_swish`: five dequantizes (4 ops each; ``v``'s is read twice), five
+#: quantizes (5 each), the scaling, the add, the clip, the product and the division.
+STEPWISE_OPS = 5 * 4 + 5 * 5 + 5
+
+
+def test_a_long_chain_of_cheap_ops_becomes_one_lookup():
+    """A stepwise quantized hard-swish (50 ops, no transcendental op) -> table_lookup(x, T)."""
+    before = _fn(_stepwise_hard_swish)
+    table = run_module(before, {"x": _all_values("uint8")})[0].reshape(-1)
+    expected = _fn(lambda x: table_lookup(x, relay.const(table)))
+    after = check(TabulateEightBit(), before, expected)
+    assert "divide" not in after.astext()
+    check(TabulateEightBit(), after, after)  # idempotent
+
+
+def test_long_chain_counts_every_op(caplog):
+    """The chain is tabulated at ``long_chain`` = its op count and left alone, saying why, at one more."""
+    before = _fn(_stepwise_hard_swish)
+    assert "tvm_ext.table_lookup" in TabulateEightBit(long_chain=STEPWISE_OPS)(before).astext()
+    with caplog.at_level("DEBUG", logger="tvm_ext.passes.TabulateEightBit"):
+        assert_unchanged(TabulateEightBit(long_chain=STEPWISE_OPS + 1), before)
+    assert f"{STEPWISE_OPS} ops, fewer than {STEPWISE_OPS + 1}" in caplog.text
+
+
+def test_differential_conv_stepwise_hard_swish_bit_exact_and_fused():
+    """A conv whose requantized output goes through the stepwise hard-swish into a second conv:
+    built with TVM (host target), the lookup in the first conv's kernel, as many kernels, outputs
+    bit-exact on every input value."""
+    x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    rng = np.random.default_rng(6)
+    w = relay.const(rng.integers(-100, 100, (16, 16, 1, 1)).astype("int8"))
+    c = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.1), relay.const(0.02),
+                            kernel_size=(1, 1), channels=16)
+    r = relay.qnn.op.requantize(c, relay.const(0.002), relay.const(0), relay.const(0.05), relay.const(3),
+                                out_dtype="uint8")
+    w2 = relay.const(rng.integers(-100, 100, (16, 16, 3, 3)).astype("int8"))
+    out = relay.qnn.op.conv2d(_stepwise_hard_swish(r), w2, relay.const(5), relay.const(0), relay.const(0.02),
+                              relay.const(0.02), kernel_size=(3, 3), channels=16, padding=(1, 1))
+    mod = infer(relay.Function([x], out))
+    plain, tab = (tvm_ext.build(mod, passes=p) for p in ([], [TabulateEightBit()]))
+    kernels = [KernelReport.from_factory(f).kernels for f in (plain, tab)]
+    assert len(kernels[0]) == len(kernels[1]), ([k.ops for k in kernels[0]], [k.ops for k in kernels[1]])
+    assert any("nn.contrib_conv2d_NCHWc" in k.ops and "tvm_ext.table_lookup" in k.ops for k in kernels[1]), \
+        [k.ops for k in kernels[1]]
+    assert not any("divide" in k.ops for k in kernels[1])
+    for xv in (_all_values("uint8").reshape(1, 16, 4, 4).repeat(2, 2).repeat(2, 3),
+               rng.integers(0, 256, (1, 16, 8, 8)).astype("uint8")):
+        np.testing.assert_array_equal(run_module(tab, {"x": xv})[0], run_module(plain, {"x": xv})[0])
+
+
 def test_idempotent():
     before = _fn(lambda x: relay.nn.max_pool2d(_silu(x), (2, 2)))
     once = TabulateEightBit()(before)
@@ -280,6 +341,12 @@ def test_if_and_dynamic_shapes_skipped():
 def test_bad_ops_argument():
     with pytest.raises(TypeError, match="TabulateEightBit"):
         TabulateEightBit(ops="sigmoid")
+
+
+@pytest.mark.parametrize("long_chain", [0, -3, 2.5, True, "32"])
+def test_bad_long_chain_argument(long_chain):
+    with pytest.raises(ValueError, match="TabulateEightBit: long_chain must be a positive integer"):
+        TabulateEightBit(long_chain=long_chain)
 
 
 def test_lookup_op_clamps_and_types():
