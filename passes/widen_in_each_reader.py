@@ -39,6 +39,8 @@ def _match(v, users, body):
     readers = users.get(v, [])
     if len(readers) < 2:
         return Reject("fewer than two readers")
+    if len({id(r) for r, _ in readers}) < 2:  # x * x: the reader's kernel widens it once either way
+        return Reject("one reader, reading it more than once")
     if v.same_as(body):
         return Reject("the value is also the function's result")
     ok = static_tensor_type(v)

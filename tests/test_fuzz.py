@@ -44,7 +44,7 @@ def test_grammar_covers_qnn_ops_control_flow_and_tuples():
             ops.add(type(node).__name__)
 
     for spec in (fuzz.generate(300, seed=2) + fuzz.generate(300, seed=5) + fuzz.generate(300, seed=6)
-                 + fuzz.generate(100, seed=4, variants=("if", "let"))):
+                 + fuzz.generate(200, seed=4, variants=("if", "let"))):
         relay.analysis.post_order_visit(fuzz.build_graph(spec)["main"], visit)
     for op in ["nn.conv2d", "qnn.conv2d", "qnn.dense", "nn.dense", "qnn.requantize", "qnn.quantize", "qnn.dequantize",
                "qnn.add", "cast", "nn.pad", "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "clip",
@@ -390,3 +390,22 @@ def test_affine_eight_bit_join_alone_rewrites_the_grammars_residual_block_bit_ex
     ref = execution.run_factory(execution.build_prefixed(pre, tgt, names), inputs)
     got = execution.run_factory(execution.build_prefixed(out, tgt, names), inputs)
     assert fuzz.compare_outputs(ref, got, float_graph=False) is None
+
+
+@pytest.mark.parametrize("steps,sigmoid", [(6, False), (2, True)])
+def test_stepwise_chain_is_tabulated_and_checked_bit_exactly(steps, sigmoid):
+    """``stepwise_chain``: a uint8 input through ``steps`` requantized steps. Six steps are a chain of
+    more than ``LONG_CHAIN`` ops, two ending in a sigmoid hold a transcendental op: either way
+    TabulateEightBit, run alone by the oracle at ``before_fuse``, rewrites it, and the build with it
+    equals the build without it (the oracle's comparison: bit for bit on an 8-bit output)."""
+    from tvm_ext.x86.isa import runs_on_host
+
+    target = "llvm -mcpu=x86-64-v3"
+    if not runs_on_host(target):
+        pytest.skip("this host does not run x86-64-v3 (AVX2) code")
+    mod = fuzz.build_graph(fuzz.Spec(seed=7, in_dtype="uint8", steps=(("stepwise_chain", 0, steps, sigmoid),)))
+    assert str(mod["main"].ret_type.dtype) in ("int8", "uint8")
+    res = fuzz.check_graph(mod, passes=("TabulateEightBit",), stages=("before_fuse",), pipeline=False,
+                           build_check=False, target=target)
+    assert not res.failures, res.failures
+    assert res.rewrites == {"TabulateEightBit@before_fuse": 1} and res.compared == 1

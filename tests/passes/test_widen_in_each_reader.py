@@ -160,6 +160,7 @@ def test_build_conv_writes_uint8_bit_exact(caplog):
     ("conv_reader", "reader nn.conv2d is neither elementwise/broadcast, a reduction nor a pool"),
     ("no_narrow", "no 8-bit point on its private elementwise chain"),
     ("shared_middle", "an intermediate value of the chain has other readers"),
+    ("one_reader_twice", "one reader, reading it more than once"),
 ])
 def test_unchanged_on_no_match(case, reason, caplog):
     if case == "conv_reader":
@@ -168,6 +169,9 @@ def test_unchanged_on_no_match(case, reason, caplog):
     elif case == "no_narrow":
         v = _widen(relay.clip(_x(), 0, 1000))
         mod = infer(relay.multiply(relay.multiply(v, _g()), relay.nn.global_avg_pool2d(v)))
+    elif case == "one_reader_twice":  # v * v: rewritten, its copy would again be read twice, every sweep
+        v = _widen(relay.clip(_x(), 0, 255))
+        mod = infer(relay.multiply(v, v))
     else:
         f = relay.cast(relay.clip(_x(), 0, 255), "float32")
         v = relay.multiply(f, relay.const(0.5))
