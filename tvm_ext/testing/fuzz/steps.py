@@ -329,23 +329,30 @@ def nonneg_conv(g, i, k, stop):
     conv(g, len(g.values) - 1, 8, k, 1, 1, 0, "plain", "none", False)
 
 
+#: The steps of :func:`stepwise_chain`: name -> the float op on the dequantized value ``d``.
+_CHAIN_STEPS = {
+    "multiply_c": lambda relay, d: relay.multiply(d, relay.const(0.7)),
+    "add_c": lambda relay, d: relay.add(d, relay.const(3.0)),
+    "clip": lambda relay, d: relay.clip(d, 0.0, 6.0),
+    "square": lambda relay, d: relay.multiply(d, d),
+    "divide_c": lambda relay, d: relay.divide(d, relay.const(6.0)),
+    "sigmoid": lambda relay, d: relay.sigmoid(d),
+}
+
+
 def stepwise_chain(g, i, steps, sigmoid):
     """8-bit -> ``steps`` x (dequantize -> multiply, add, clip, square or [sigmoid] -> quantize) -> 8-bit: one
     value's elementwise chain, as exporters write a quantized hard-swish step by step (each step requantized)"""
     relay = g.relay
     v = g.to_8bit(g.pick(i), str(g.rng.choice(["int8", "uint8"])), "float")
     x = v.expr
+    lo, hi = (0.0, 255.0) if v.dtype == "uint8" else (-128.0, 127.0)
     for n in range(steps):
         zp = int(g.rng.integers(-8, 9)) if v.dtype == "int8" else int(g.rng.integers(0, 17))
         d = relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(zp)), "float32"),
                            relay.const(float(g.rng.choice([0.02, 0.05, 0.1]))))
-        op = ("sigmoid" if sigmoid and n == steps - 1 else
-              str(g.rng.choice(["multiply_c", "add_c", "clip", "square", "divide_c"])))
-        y = {"sigmoid": lambda: relay.sigmoid(d), "multiply_c": lambda: relay.multiply(d, relay.const(0.7)),
-             "add_c": lambda: relay.add(d, relay.const(3.0)), "clip": lambda: relay.clip(d, 0.0, 6.0),
-             "square": lambda: relay.multiply(d, d), "divide_c": lambda: relay.divide(d, relay.const(6.0))}[op]()
-        y = relay.round(relay.divide(y, relay.const(float(g.rng.choice([0.02, 0.04, 0.08])))))
-        lo, hi = (0.0, 255.0) if v.dtype == "uint8" else (-128.0, 127.0)
+        op = "sigmoid" if sigmoid and n == steps - 1 else str(g.rng.choice(list(_CHAIN_STEPS)[:-1]))
+        y = relay.round(relay.divide(_CHAIN_STEPS[op](relay, d), relay.const(float(g.rng.choice([0.02, 0.04, 0.08])))))
         x = relay.cast(relay.clip(relay.add(y, relay.const(float(zp))), lo, hi), v.dtype)
     g.push(x, v.dtype, v.shape)
 
