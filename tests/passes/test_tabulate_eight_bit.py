@@ -109,6 +109,19 @@ def test_wide_source_inside_eight_bits_is_read_as_eight_bits(lo, hi, narrow):
     assert "int32" not in crossing and narrow in crossing, crossing
 
 
+def _assert_lookup_in_conv_kernel_bit_exact(mod, inputs, gone: str):
+    """``mod`` built with TVM (host target) without and with the pass: as many kernels, a lookup inside
+    a convolution's kernel, no kernel computing ``gone``, outputs bit-exact on each of ``inputs``."""
+    plain, tab = (tvm_ext.build(mod, passes=p) for p in ([], [TabulateEightBit()]))
+    kernels = [KernelReport.from_factory(f).kernels for f in (plain, tab)]
+    assert len(kernels[0]) == len(kernels[1]), ([k.ops for k in kernels[0]], [k.ops for k in kernels[1]])
+    assert any("nn.contrib_conv2d_NCHWc" in k.ops and "tvm_ext.table_lookup" in k.ops for k in kernels[1]), \
+        [k.ops for k in kernels[1]]
+    assert not any(gone in k.ops for k in kernels[1])
+    for xv in inputs:
+        np.testing.assert_array_equal(run_module(tab, {"x": xv})[0], run_module(plain, {"x": xv})[0])
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 def test_differential_conv_silu_bit_exact_and_fused(dtype):
     """Built with TVM (host target, the pass at before_fuse): same kernels, the lookup inside the
@@ -132,14 +145,7 @@ def test_differential_conv_silu_bit_exact_and_fused(dtype):
     mod = infer(relay.Function([x], out))
     xs = [_all_values(dtype).reshape(1, 16, 4, 4).repeat(2, 2).repeat(2, 3),
           rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, (1, 16, 8, 8)).astype(dtype)]
-    plain, tab = (tvm_ext.build(mod, passes=p) for p in ([], [TabulateEightBit()]))
-    kernels = [KernelReport.from_factory(f).kernels for f in (plain, tab)]
-    assert len(kernels[0]) == len(kernels[1])
-    assert any("nn.contrib_conv2d_NCHWc" in k.ops and "tvm_ext.table_lookup" in k.ops for k in kernels[1]), \
-        [k.ops for k in kernels[1]]
-    assert not any("sigmoid" in k.ops for k in kernels[1])
-    for xv in xs:
-        np.testing.assert_array_equal(run_module(tab, {"x": xv})[0], run_module(plain, {"x": xv})[0])
+    _assert_lookup_in_conv_kernel_bit_exact(mod, xs, gone="sigmoid")
 
 
 
@@ -259,15 +265,8 @@ def test_differential_conv_stepwise_hard_swish_bit_exact_and_fused():
     out = relay.qnn.op.conv2d(_stepwise_hard_swish(r), w2, relay.const(5), relay.const(0), relay.const(0.02),
                               relay.const(0.02), kernel_size=(3, 3), channels=16, padding=(1, 1))
     mod = infer(relay.Function([x], out))
-    plain, tab = (tvm_ext.build(mod, passes=p) for p in ([], [TabulateEightBit()]))
-    kernels = [KernelReport.from_factory(f).kernels for f in (plain, tab)]
-    assert len(kernels[0]) == len(kernels[1]), ([k.ops for k in kernels[0]], [k.ops for k in kernels[1]])
-    assert any("nn.contrib_conv2d_NCHWc" in k.ops and "tvm_ext.table_lookup" in k.ops for k in kernels[1]), \
-        [k.ops for k in kernels[1]]
-    assert not any("divide" in k.ops for k in kernels[1])
-    for xv in (_all_values("uint8").reshape(1, 16, 4, 4).repeat(2, 2).repeat(2, 3),
-               rng.integers(0, 256, (1, 16, 8, 8)).astype("uint8")):
-        np.testing.assert_array_equal(run_module(tab, {"x": xv})[0], run_module(plain, {"x": xv})[0])
+    _assert_lookup_in_conv_kernel_bit_exact(mod, [_all_values("uint8").reshape(1, 16, 4, 4).repeat(2, 2).repeat(2, 3),
+                                                  rng.integers(0, 256, (1, 16, 8, 8)).astype("uint8")], gone="divide")
 
 
 def test_idempotent():

@@ -351,7 +351,7 @@ def stepwise_chain(g, i, steps, sigmoid):
         zp = int(g.rng.integers(-8, 9)) if v.dtype == "int8" else int(g.rng.integers(0, 17))
         d = relay.multiply(relay.cast(relay.subtract(relay.cast(x, "int32"), relay.const(zp)), "float32"),
                            relay.const(float(g.rng.choice([0.02, 0.05, 0.1]))))
-        op = "sigmoid" if sigmoid and n == steps - 1 else str(g.rng.choice(list(_CHAIN_STEPS)[:-1]))
+        op = "sigmoid" if sigmoid and n == steps - 1 else str(g.rng.choice([k for k in _CHAIN_STEPS if k != "sigmoid"]))
         y = relay.round(relay.divide(_CHAIN_STEPS[op](relay, d), relay.const(float(g.rng.choice([0.02, 0.04, 0.08])))))
         x = relay.cast(relay.clip(relay.add(y, relay.const(float(zp))), lo, hi), v.dtype)
     g.push(x, v.dtype, v.shape)
