@@ -2,8 +2,10 @@
 
 * target: :func:`tvm_ext.x86.target.build_target` (the real CPU for ``-mcpu=native``, AVX-512 VNNI
   kept, AMX masked unless ``amx=True``);
-* passes: ``PairPackInt8Convs`` last before FuseOps where the int8 dot product has no VNNI
-  (:mod:`tvm_ext.x86.pair_pack`), so every int8 conv is exact; before it, where 8-bit denses are padded,
+* passes: where the int8 dot product is ``vpmaddubsw`` (no VNNI), ``OrderChannelsInSafePairs`` at
+  the start (:mod:`tvm_ext.x86.pair_order`: channel orders in which the convs' pairs cannot
+  saturate) and ``PairPackInt8Convs`` last before FuseOps (:mod:`tvm_ext.x86.pair_pack`: the convs
+  still unsafe, in int16 pairs), so every int8 conv is exact; before it, where 8-bit denses are padded,
   ``FuseSlicedInt8Dense`` (:mod:`tvm_ext.x86.fuse_sliced_dense`);
 * contexts: the int8 kernel policy (:func:`tvm_ext.x86.int8_conv.kernels`; with ``kernels`` off only
   the VNNI intrinsic LLVM 22 accepts), the tuned records of the target's class
@@ -44,10 +46,13 @@ class X86(Backend):
 
     def plan(self, request: BuildRequest) -> BuildPlan:
         from .. import _no_contract
-        from . import dense_padding, exact_record, fuse_sliced_dense, int8_conv, pair_pack, requantize, tuning
+        from . import (dense_padding, exact_record, fuse_sliced_dense, int8_conv, pair_order, pair_pack, requantize,
+                       tuning)
 
         tgt, amx = request.target, bool(request.options.get("amx"))
         plan = BuildPlan()
+        if pair_order.orders_pairs(tgt) and request.eight_bit:
+            plan.passes["start"] = [pair_order.OrderChannelsInSafePairs()]
         if pair_pack.packs_pairs(tgt) and request.eight_bit:
             plan.passes["before_fuse"] = [pair_pack.PairPackInt8Convs()]
         plan.contexts = [int8_conv.kernels(schedule=request.kernels, int8_graph=request.kernels and request.eight_bit),
