@@ -409,3 +409,48 @@ def test_stepwise_chain_is_tabulated_and_checked_bit_exactly(steps, sigmoid):
                            build_check=False, target=target)
     assert not res.failures, res.failures
     assert res.rewrites == {"TabulateEightBit@before_fuse": 1} and res.compared == 1
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_paired_convs_are_reordered_and_built_exactly(k, caplog):
+    """``paired_convs``: two int8 convs with trained-like weights. At AVX2 ``tvm_ext.build`` renumbers
+    the channels between them (OrderChannelsInSafePairs, in the x86 back end) so that the reader keeps
+    vpmaddubsw, and the oracle's build check (``tvm_ext.build`` against exact integer arithmetic at
+    plain llvm) holds."""
+    import logging
+
+    from tvm_ext.x86.isa import runs_on_host
+
+    target = "llvm -mcpu=x86-64-v3"
+    if not runs_on_host(target):
+        pytest.skip("this host does not run x86-64-v3 (AVX2) code")
+    mod = fuzz.build_graph(fuzz.Spec(seed=0, layout="NCHW", in_dtype="uint8", channels=8,
+                                     steps=(("paired_convs", 0, 16, k, True),)))
+    with caplog.at_level(logging.INFO, logger="tvm_ext.x86.pair_order"):
+        res = fuzz.check_graph(mod, passes=(), pipeline=False, build_check=True, target=target)
+    assert not res.failures, res.failures
+    assert res.compared >= 1 and res.stock_checked, res.skips
+    assert "1 channel group(s) reordered" in caplog.text
+
+
+def test_float_graph_right_where_stock_saturates_is_not_a_failure():
+    """A float graph holding int8 convs whose data and weights saturate stock TVM's vpmaddubsw: the
+    build check compares tvm_ext.build with stock relay.build at the target, which is wrong there;
+    the graph passes because it equals plain llvm (no SIMD dot product) within the float tolerance."""
+    from tvm_ext.x86.isa import runs_on_host
+
+    target = "llvm -mcpu=x86-64-v3"
+    if not runs_on_host(target):
+        pytest.skip("this host does not run x86-64-v3 (AVX2) code")
+    spec = fuzz.Spec(seed=529, layout="NCHW", in_dtype="float32", channels=2, height=5, width=2,
+                     steps=(("paired_convs", 4, 8, 3, True), ("requant", 5, "qnn", "int8", True),
+                            ("paired_convs", 4, 8, 3, True)), extra_output=2)
+    mod = fuzz.build_graph(spec)
+    inputs = execution.seeded_inputs(mod)
+    with tvm.transform.PassContext(opt_level=3):
+        stock = execution.run_factory(relay.build(mod, target=target), inputs)
+        plain = execution.run_factory(relay.build(mod, target="llvm"), inputs)
+    assert fuzz.compare_outputs(plain, stock, True) is not None, "stock no longer saturates here: the test says nothing"
+    res = fuzz.check_graph(mod, passes=(), pipeline=False, build_check=True, target=target)
+    assert not res.failures, res.failures
+    assert res.compared == 1

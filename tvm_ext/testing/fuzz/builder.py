@@ -60,10 +60,16 @@ class _Builder:
         # values stay what the same spec has always built
         self.weight_rng = np.random.default_rng([spec.seed, 1])
         self.params: list = []
+        self.trained = False  # int8_weights draws trained-like weights (a step sets it for its convs)
 
     def int8_weights(self, shape) -> np.ndarray:
         """int8 weights: small ([-8, 8]) or, for every other tensor on average, the full int8 range,
-        where TVM's vpmaddubsw pair sums saturate without VNNI."""
+        where TVM's vpmaddubsw pair sums saturate without VNNI. While :attr:`trained` is set:
+        bell-shaped, the largest at 127, as a symmetric quantizer leaves trained weights (few pairs
+        saturate, and a channel order in which none does usually exists)."""
+        if self.trained:
+            bell = self.rng.standard_normal(shape)
+            return np.round(bell * (127 / max(float(np.abs(bell).max()), 1e-6))).astype("int8")
         small = self.rng.integers(-8, 9, shape).astype("int8")
         if self.weight_rng.integers(2):
             return self.weight_rng.integers(-128, 128, shape).astype("int8")

@@ -16,11 +16,12 @@ linked here with the cross compiler, uploaded and loaded in a session of its own
 input and its outputs fetched: TVM's server serves one session at a time, so two fuzzing workers
 take turns only while they run a module, not while they compile.
 
-*The prefix.* :func:`prefixed` runs relay.build's prefix as ``tvm_ext.build`` does, and
-:func:`build_prefixed` finishes such a module the way ``tvm_ext.build`` does after its
-``before_fuse`` passes, inside the contexts it compiles a pipeline's graph in (the kernel policy
-of the target's architecture, tuned records, and on aarch64 the generic ``q_multiply_shift``
-lowering), so the oracle runs the prefix once per graph.
+*The prefix.* :func:`prefixed` runs the back end's ``start`` passes and relay.build's prefix as
+``tvm_ext.build`` does, and :func:`build_prefixed` finishes such a module the way ``tvm_ext.build``
+does after its user ``before_fuse`` passes (the back end's ``before_fuse`` passes, then the rest),
+inside the contexts it compiles a pipeline's graph in (the kernel policy of the target's
+architecture, tuned records, and on aarch64 the generic ``q_multiply_shift`` lowering), so the
+oracle runs the prefix once per graph.
 """
 from __future__ import annotations
 
@@ -160,23 +161,29 @@ def _prepared(tgt, mod):
     return prepare(mod, tgt, kernels=True, tuned=True)
 
 
-def _build_contexts(tgt, mod):
-    """The contexts ``tvm_ext.build`` compiles a pipeline's graph in at ``tgt``."""
-    return _prepared(tgt, mod).contexts()
+def _back_end_passes(prep, stage, mod, tgt):
+    """``mod`` after the back end's own passes at ``stage`` (those ``tvm_ext.build`` runs after the
+    user's there: at x86 without VNNI, the channel orders and pair packing of exact int8 convs)."""
+    from tvm_ext.core.build import _run_user_passes
+
+    passes = prep.plan.passes.get(stage, [])
+    return _run_user_passes(mod, passes, tgt, 3, prep.plan.configure({}), [], []) if passes else mod
 
 
 def prefixed(mod, tgt):
-    """The module ``tvm_ext.build`` hands to ``before_fuse`` passes (relay.build's prefix applied),
-    and the names of the prefix passes that ran."""
+    """The module ``tvm_ext.build`` hands to ``before_fuse`` passes (the back end's ``start`` passes
+    and relay.build's prefix applied), and the names of the prefix passes that ran."""
     from tvm_ext.core.build import _run_prefix, copy_module
 
-    with _build_contexts(tgt, mod):
-        return _run_prefix(copy_module(mod), tgt, 3)
+    prep = _prepared(tgt, mod)
+    with prep.contexts():
+        return _run_prefix(_back_end_passes(prep, "start", copy_module(mod), tgt), tgt, 3)
 
 
 def build_prefixed(pre, tgt, prefix_names):
-    """What ``tvm_ext.build`` does after its prefix and ``before_fuse`` passes: relay.build with the
-    prefix's passes disabled, inside the same contexts. The oracle uses it to build modules whose
+    """What ``tvm_ext.build`` does after its prefix and the user's ``before_fuse`` passes: the back
+    end's ``before_fuse`` passes, then relay.build with the prefix's passes disabled, inside the same
+    contexts. The oracle uses it to build modules whose
     prefix it already ran (the prefix is deterministic), instead of running the prefix again for
     every pass."""
     import tvm
@@ -186,5 +193,6 @@ def build_prefixed(pre, tgt, prefix_names):
 
     prep = _prepared(tgt, pre)
     with prep.contexts():  # the back end's PassContext options too (the GPU back end's lowering pass)
+        pre = _back_end_passes(prep, "before_fuse", copy_module(pre), tgt)
         with tvm.transform.PassContext(opt_level=3, disabled_pass=list(prefix_names), config=prep.plan.configure({})):
-            return relay.build(copy_module(pre), target=tgt)
+            return relay.build(pre, target=tgt)

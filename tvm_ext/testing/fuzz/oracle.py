@@ -386,7 +386,7 @@ class _Oracle:
             if stock is not None:
                 self.res.compared += 1
                 why = compare_outputs(ref, stock, True)
-                if why:
+                if why and self.differs_from_exact_too(ref):
                     self.fail("build", "build", "mismatch", f"tvm_ext.build vs relay.build: {why}")
             return
         exact = self.build_and_run(EXACT_TARGET, "generic llvm build fails", here=True)
@@ -400,6 +400,15 @@ class _Oracle:
         if stock is not None:
             self.res.stock_checked = True
             self.res.stock_inexact = compare_outputs(exact, stock, float_graph=False) is not None
+
+    def differs_from_exact_too(self, ref) -> bool:
+        """Whether a float graph's outputs that differ from stock ``relay.build`` at the target also
+        differ from plain ``llvm``'s beyond the float tolerance. Stock's int8 convs saturate without
+        VNNI where ``tvm_ext.build``'s do not, so a float graph holding int8 convs may differ from
+        stock and still be right: plain ``llvm`` has no SIMD dot product to saturate (its float
+        rounding differs, hence the tolerance)."""
+        exact = self.build_and_run(EXACT_TARGET, "generic llvm build fails", here=True)
+        return exact is None or compare_outputs(ref, exact, True) is not None
 
     def build_and_run(self, target, fails, here=False, one_rounding=False):
         """A plain ``relay.build`` of the graph at ``target``, run at the target (``here``: on this

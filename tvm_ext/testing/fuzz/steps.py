@@ -369,6 +369,24 @@ def sliced_conv(g, i, oc, chain):
         conv(g, len(g.values) - 1, c, 1, 1, 0, 0, "qnn", "none", False)
 
 
+def paired_convs(g, i, oc, k, pool):
+    """qnn.conv2d 1x1 to ``oc`` channels -> qnn.requantize -> uint8 [-> max pool 3x3 / 1] -> qnn.conv2d ``k`` x ``k``
+    back to the input's channel count, both with trained-like weights: the channels between two int8
+    convs, which x86 builds without VNNI renumber so that the reader's vpmaddubsw pairs cannot saturate"""
+    c = g.pick(i).shape[0]
+    g.trained = True
+    try:
+        conv(g, i, oc, 1, 1, 0, 0, "qnn", "none", True)
+        y = g.requant_qnn(g.values[-1], "uint8")
+        if pool:
+            y = g.value(g.relay.nn.max_pool2d(y.expr, (3, 3), (1, 1), padding=(1, 1), layout=g.layout), y.dtype,
+                        y.shape)
+        g.push(y.expr, y.dtype, y.shape)
+        conv(g, len(g.values) - 1, max(c, 2), k, 1, k // 2, 0, "qnn", "none", False)
+    finally:
+        g.trained = False
+
+
 def stop(g, i):
     """``annotation.stop_fusion``."""
     v = g.pick(i)
@@ -479,5 +497,6 @@ STEPS = {
     "join": join, "pool": pool, "stop": stop, "layout": layout, "tuple": tuple_get_item, "dense_head": dense_head,
     "ewise_head": ewise_head, "qdq_add": qdq_add, "pad": pad, "pool_quant": pool_quant, "nonneg_conv": nonneg_conv,
     "stepwise_chain": stepwise_chain,
+    "paired_convs": paired_convs,
     "sliced_conv": sliced_conv,
 }
