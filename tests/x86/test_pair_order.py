@@ -20,7 +20,7 @@ AVX2 = "llvm -mcpu=x86-64-v3"
 LOGGER = "tvm_ext.x86.pair_order"
 
 
-def _two_convs(w1, w2, bias, requant_scale, kernel_scale, size=8, reader_dtype="uint8"):
+def _two_convs(w1, w2, bias, requant_scale, kernel_scale, size=8, reader_dtype="uint8", stop=False):
     """qnn.conv2d (per-channel kernel scale) -> bias_add -> per-channel requantize -> max pool ->
     qnn.conv2d: one channel group, written by the first conv and read by the second."""
     c = w1.shape[0]
@@ -31,6 +31,7 @@ def _two_convs(w1, w2, bias, requant_scale, kernel_scale, size=8, reader_dtype="
     y = relay.nn.bias_add(y, relay.const(bias))
     y = relay.qnn.op.requantize(y, relay.const(requant_scale), relay.const(0), relay.const(1.0),
                                 relay.const(0 if reader_dtype == "uint8" else -128), axis=1, out_dtype=reader_dtype)
+    y = relay.annotation.stop_fusion(y) if stop else y
     y = relay.nn.max_pool2d(y, pool_size=(3, 3), padding=(1, 1))
     y = relay.qnn.op.conv2d(y, relay.const(w2), relay.const(0 if reader_dtype == "uint8" else -128), relay.const(0),
                             relay.const(1.0), relay.const(1.0), kernel_size=w2.shape[2:], channels=w2.shape[0],
@@ -53,14 +54,16 @@ def _unique_pairing_case():
     return w1, w2, params
 
 
-def test_reorders_writer_constants_and_reader():
-    r"""conv2(pool(requantize(bias_add(conv1(x, W1, s), b), r)), W2)
-    -> conv2(pool(requantize(bias_add(conv1(x, W1[P], s[P]), b[P]), r[P])), W2[:, P]),  P = [0, 2, 1, 3]"""
+@pytest.mark.parametrize("stop", [False, True])
+def test_reorders_writer_constants_and_reader(stop):
+    r"""conv2(pool([stop_fusion](requantize(bias_add(conv1(x, W1, s), b), r))), W2)
+    -> conv2(pool([stop_fusion](requantize(bias_add(conv1(x, W1[P], s[P]), b[P]), r[P]))), W2[:, P]),
+    P = [0, 2, 1, 3]"""
     w1, w2, p = _unique_pairing_case()
     order = [0, 2, 1, 3]
-    before = _two_convs(w1, w2, **p)
+    before = _two_convs(w1, w2, **p, stop=stop)
     expected = _two_convs(w1[order], w2[:, order], bias=p["bias"][order], requant_scale=p["requant_scale"][order],
-                          kernel_scale=p["kernel_scale"][order])
+                          kernel_scale=p["kernel_scale"][order], stop=stop)
     assert not fits_in_order(compatible(w2)) and fits_in_order(compatible(w2[:, order]))
     tvm.ir.assert_structural_equal(OrderChannelsInSafePairs()(before), expected, map_free_vars=True)
 

@@ -6,23 +6,23 @@ channels (:func:`tvm_ext.x86.exact_dot.pairs_fit_int16`) takes the exact int16 f
 which does half the products per instruction. Which channels are neighbours is only an order:
 renumbering a tensor's channels, in the convs that write it (their output channels), in the
 per-channel constants on the way and in the convs that read it (their input channels), computes
-the same values. Most pairs of channels are safe (same-sign weights above half the limit are
-rare), so an order in which every pair is safe almost always exists (:mod:`tvm_ext.x86._pairing`).
+the same values. In weights as quantizers leave trained ones most pairs of channels are safe
+(same-sign weights above half the limit are rare), and an order in which every pair is safe
+usually exists (:mod:`tvm_ext.x86._pairing` finds one when there is one).
 
 A channel group is a set of NCHW tensors that must share one order: joined through elementwise and
-broadcast ops, ``nn.pad`` (not on channels) and 2-D pools. Its writers are ``nn.conv2d`` calls (any
-dtype: each output channel is its own sum), its readers int8 ``nn.conv2d`` calls (integer sums do
-not depend on their order). A group is left alone, with the reason logged at DEBUG, when a tensor
-of it is a function input or output, is read or written by any other op, has a per-channel operand
-computed at run time, or has an odd channel count; or when no order suits every reader::
+broadcast ops (``annotation.stop_fusion`` too), per-channel QNN (re)quantize, ``nn.pad`` (not on
+channels) and 2-D pools. Its writers are convs (``nn.conv2d``, ``qnn.conv2d``; any dtype: each
+output channel is its own sum), its readers integer convs (integer sums do not depend on their
+order). A group keeps its order (the reason logged at DEBUG) when a tensor of it is a function input
+or output or meets another op, or when no order suits every reader (docs/x86-kernels.md)::
 
     # conv_r(g(conv_w(x, W)), V) -> conv_r(g'(conv_w(x, W[P])), V[:, P])
     #   g: elementwise / broadcast / pad / pool chain, its per-channel constants c -> c[P]
     #   P: an order in which every (P[2p], P[2p + 1]) is a safe vpmaddubsw pair of every reader
 
-The x86 back end runs it at the start of builds whose int8 dot product saturates
-(:func:`tvm_ext.x86.pair_pack.packs_pairs`), before ``PairPackInt8Convs`` packs what is still
-unsafe. Pure and idempotent; an untyped module is typed first.
+The x86 back end runs it at the start of builds whose int8 dot product saturates (:func:`orders_pairs`),
+before ``PairPackInt8Convs`` packs what is still unsafe. Pure and idempotent; an untyped module is typed first.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
 from .._reject import Reject
-from ..ops import TABLE_LOOKUP
+from ..ops import ROUND_HALF_TO_EVEN, TABLE_LOOKUP
 from ._pairing import compatible, fits_in_order, pair_order
 
 logger = logging.getLogger(__name__)
@@ -47,9 +47,9 @@ PASS_NAME = "OrderChannelsInSafePairs"
 #: broadcasting), every operand a tensor.
 _ELEMENTWISE = frozenset({
     "cast", "clip", "nn.relu", "nn.leaky_relu", "fixed_point_multiply", "round", "floor", "ceil", "trunc",
-    "negative", "abs", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "erf", "copy", "tvm_ext.round_half_to_even",
+    "negative", "abs", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "erf", "copy", ROUND_HALF_TO_EVEN,
     "add", "subtract", "multiply", "divide", "floor_divide", "maximum", "minimum", "right_shift", "left_shift",
-    "power", "where", "greater", "greater_equal", "less", "less_equal", "equal", "not_equal",
+    "power", "where", "greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "annotation.stop_fusion",
 })
 #: Pools that keep channels apart in their ``layout`` attribute (NCHW only).
 _POOLS = frozenset({"nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d"})

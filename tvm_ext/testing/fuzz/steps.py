@@ -374,17 +374,14 @@ def paired_convs(g, i, oc, k, pool):
     back to the input's channel count, both with trained-like weights: the channels between two int8
     convs, which x86 builds without VNNI renumber so that the reader's vpmaddubsw pairs cannot saturate"""
     c = g.pick(i).shape[0]
-    g.trained = True
-    try:
-        conv(g, i, oc, 1, 1, 0, 0, "qnn", "none", True)
-        y = g.requant_qnn(g.values[-1], "uint8")
-        if pool:
-            y = g.value(g.relay.nn.max_pool2d(y.expr, (3, 3), (1, 1), padding=(1, 1), layout=g.layout), y.dtype,
-                        y.shape)
-        g.push(y.expr, y.dtype, y.shape)
-        conv(g, len(g.values) - 1, max(c, 2), k, 1, k // 2, 0, "qnn", "none", False)
-    finally:
-        g.trained = False
+    g.trained = True  # the two convs' weights only
+    conv(g, i, oc, 1, 1, 0, 0, "qnn", "none", True)
+    y = g.requant_qnn(g.values[-1], "uint8")
+    if pool:
+        y = g.value(g.relay.nn.max_pool2d(y.expr, (3, 3), (1, 1), padding=(1, 1), layout=g.layout), y.dtype, y.shape)
+    g.push(y.expr, y.dtype, y.shape)
+    conv(g, len(g.values) - 1, max(c, 2), k, 1, k // 2, 0, "qnn", "none", False)
+    g.trained = False
 
 
 def stop(g, i):
