@@ -140,7 +140,10 @@ def _constant_operand(arg):
         return arg
     if not isinstance(arg, relay.Call) or relay.analysis.free_vars(arg):
         return None
-    folded = relay.transform.FoldConstantExpr(arg, tvm.IRModule())
+    try:
+        folded = relay.transform.FoldConstantExpr(arg, tvm.IRModule())
+    except tvm.TVMError:  # not foldable here: the operand is treated as computed at run time
+        return None
     return folded if isinstance(folded, relay.Constant) else None
 
 
