@@ -450,7 +450,7 @@ def test_float_graph_right_where_stock_saturates_is_not_a_failure():
     with tvm.transform.PassContext(opt_level=3):
         stock = execution.run_factory(relay.build(mod, target=target), inputs)
         plain = execution.run_factory(relay.build(mod, target="llvm"), inputs)
-    assert fuzz.compare_outputs(plain, stock, True) is not None, "stock no longer saturates here: the test says nothing"
+    assert fuzz.compare_outputs(plain, stock, True) is not None, "stock does not saturate here: the test says nothing"
     res = fuzz.check_graph(mod, passes=(), pipeline=False, build_check=True, target=target)
     assert not res.failures, res.failures
     assert res.compared == 1
