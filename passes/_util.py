@@ -29,6 +29,7 @@ import tvm
 from tvm import relay
 
 from tvm_ext._attrs import int_list
+from tvm_ext._op_pattern import op_name
 from tvm_ext._reject import Check, Reject
 
 __all__ = [
@@ -82,12 +83,6 @@ def is_primitive(func) -> bool:
     """True for a fused (``Primitive=1``) Relay function."""
     attrs = func.attrs
     return attrs is not None and "Primitive" in attrs.keys() and int(attrs["Primitive"]) == 1
-
-
-def op_name(call) -> str | None:
-    """Name of the op a Call calls, or None when it calls a function or a global (or is no Call)."""
-    op = getattr(call, "op", None)  # None for a node without an op (a Tuple user, e.g.)
-    return op.name if isinstance(op, tvm.ir.Op) else None
 
 
 def is_unlowered_qnn(call) -> bool:

@@ -18,6 +18,7 @@ __all__ = [
     "K_OPAQUE",
     "op_pattern",
     "call_pattern",
+    "op_name",
 ]
 
 K_ELEMWISE, K_BROADCAST, K_INJECTIVE, K_COMM_REDUCE, K_OUT_EWISE_FUSABLE, K_TUPLE, K_OPAQUE = 0, 1, 2, 3, 4, 7, 8
@@ -37,9 +38,15 @@ def op_pattern(op_name: str) -> int:
     return K_OPAQUE if pat is None else int(pat)
 
 
-def call_pattern(call) -> int:
-    """TOpPattern of the op ``call`` calls; ``K_OPAQUE`` for a call of a function or a non-call."""
+def op_name(call) -> str | None:
+    """Name of the op a Call calls, or None when it calls a function or a global (or is no Call)."""
     import tvm
 
-    op = getattr(call, "op", None)
-    return op_pattern(op.name) if isinstance(op, tvm.ir.Op) else K_OPAQUE
+    op = getattr(call, "op", None)  # None for a node without an op (a Tuple user, e.g.)
+    return op.name if isinstance(op, tvm.ir.Op) else None
+
+
+def call_pattern(call) -> int:
+    """TOpPattern of the op ``call`` calls; ``K_OPAQUE`` for a call of a function or a non-call."""
+    name = op_name(call)
+    return K_OPAQUE if name is None else op_pattern(name)

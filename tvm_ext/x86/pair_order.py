@@ -33,6 +33,7 @@ import tvm
 from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
+from .._op_pattern import op_name
 from .._reject import Reject
 from ..ops import ROUND_HALF_TO_EVEN, TABLE_LOOKUP
 from ._pairing import compatible, fits_in_order, pair_order
@@ -129,7 +130,8 @@ class _Groups:
             self.parent[a] = b
 
     def pin(self, node, why: str):
-        if _shape(node) is not None and len(_shape(node)) == 4:
+        shape = _shape(node)
+        if shape is not None and len(shape) == 4:
             self.find(node)
             self.pinned.setdefault(node, why)
 
@@ -206,9 +208,9 @@ def _collect(nodes, body):
         elif isinstance(node, relay.Call) and four_d and _reorderable_conv(node):
             groups.find(node)
             convs.append(node)
-        elif isinstance(node, relay.Call) and four_d and _roles(node) is not None:
+        elif isinstance(node, relay.Call) and four_d and (roles := _roles(node)) is not None:
             groups.find(node)
-            _join_operands(node, _roles(node), shape[1], groups, constants)
+            _join_operands(node, roles, shape[1], groups, constants)
         elif isinstance(node, (relay.Call, relay.Tuple, relay.TupleGetItem)):
             what = (op_name(node) or "a function call") if isinstance(node, relay.Call) else type(node).__name__
             args = node.args if isinstance(node, relay.Call) else (
@@ -237,11 +239,6 @@ def _order_for(readers_of, channels: int):
     if order is None:
         return Reject(f"no order makes every pair safe for all {len(oks)} reader(s)")
     return order
-
-
-def op_name(call) -> str | None:
-    """The name of the op ``call`` calls (None for a call of a function)."""
-    return call.op.name if isinstance(call.op, tvm.ir.Op) else None
 
 
 #: Expressions whose values the groups cannot follow: a function holding one is left alone.
