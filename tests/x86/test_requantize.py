@@ -3,8 +3,8 @@
 Vectorised ``q_multiply_shift`` and ``q_multiply_shift_per_axis`` built with the lowering for AVX2,
 AVX-512 and AVX-512 VNNI, executed where the host has the instructions, against numpy's int64
 arithmetic: worst-case multipliers and shifts, int32 extremes, negative values, rounding ties.
-Requantized convs built by ``tvm_ext.build`` (the lowering at the AVX-512 targets; per tensor and per
-channel, to uint8 and int8) against a plain ``llvm`` build. The lowering's code read back: no int64
+Requantized convs built by ``tvm_ext.build`` (the lowering at the AVX2 and AVX-512 targets; per tensor
+and per channel, to uint8 and int8) against a plain ``llvm`` build. The lowering's code read back: no int64
 widening or narrowing. Where the x86 back end enters it.
 """
 import numpy as np
@@ -178,11 +178,13 @@ def _run(lib, x):
 
 
 # The default tier runs a diagonal, each class once, each output type and each scale form at least once
-# ([uint8-False-avx2], [int8-False-avx512], [uint8-True-avx512_vnni]); the slow tier every combination
+# ([uint8-False-avx2], [int8-True-avx2], [int8-False-avx512], [uint8-True-avx512_vnni]); the slow tier
+# every combination
 @pytest.mark.parametrize("out_dtype, per_channel, target", [
     pytest.param(out_dtype, per_channel, TARGETS[name], id=f"{out_dtype}-{per_channel}-{name}",
                  marks=(*_runnable(name).marks, *(() if (out_dtype, per_channel, name) in {
-                     ("uint8", False, "avx2"), ("int8", False, "avx512"), ("uint8", True, "avx512_vnni")}
+                     ("uint8", False, "avx2"), ("int8", True, "avx2"), ("int8", False, "avx512"),
+                     ("uint8", True, "avx512_vnni")}
                      else (pytest.mark.slow,))))
     for out_dtype in ("uint8", "int8") for per_channel in (False, True) for name in TARGETS])
 def test_requantized_conv_matches_plain_llvm(target, per_channel, out_dtype):
@@ -204,11 +206,12 @@ def _lower_pass_names(config):
 
 @pytest.mark.parametrize("target,kernels,amx,added", [
     ("llvm -mcpu=cascadelake", True, False, True), ("llvm -mcpu=x86-64-v4", True, False, True),
-    ("llvm -mcpu=cascadelake", False, False, False), ("llvm -mcpu=x86-64-v3", True, False, False),
+    ("llvm -mcpu=cascadelake", False, False, False), ("llvm -mcpu=x86-64-v3", True, False, True),
+    ("llvm -mcpu=znver3", True, False, True), ("llvm -mcpu=x86-64-v2", True, False, False),
     ("llvm -mcpu=sapphirerapids", True, True, True),
 ])
-def test_added_at_avx512_with_tvm_ext_kernels(target, kernels, amx, added):
-    """Without tvm-ext's kernels an x86 build lowers as relay.build does; AVX2 builds keep TVM's lowering.
+def test_added_at_avx2_and_avx512_with_tvm_ext_kernels(target, kernels, amx, added):
+    """Without tvm-ext's kernels an x86 build lowers as relay.build does; below AVX2 builds keep TVM's lowering.
     The pass is in the build's PassContext options, next to the user's lower passes and AMX's."""
     from tvm_ext.backend import BuildRequest
     from tvm_ext.x86.backend import X86

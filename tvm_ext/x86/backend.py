@@ -12,7 +12,7 @@
   (:mod:`tvm_ext.x86.tuning`), the exactness record, with ``kernels`` on 8-bit graphs 8-bit denses padded
   to 16 outputs (:mod:`tvm_ext.x86.dense_padding`), and with ``amx`` the AMX tile schedules;
 * instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`;
-* configure (TIR lowering passes of this build only): with ``kernels`` at AVX-512 requantization in
+* configure (TIR lowering passes of this build only): with ``kernels`` at AVX2 and AVX-512 requantization in
   even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``kernels`` on 8-bit graphs, float
   products fenced from FMA contraction (:mod:`tvm_ext._no_contract`); with ``amx`` ``ConfigureTiles``.
 """

@@ -18,9 +18,10 @@ need. :func:`even_odd_q_multiply_shift` lowers the vectorised call on whole vect
 The same int64 arithmetic, so the result is bit for bit TVM's (tests/x86/test_requantize.py checks it
 against numpy). Scalar calls and TVM's power-of-two form (``m == 2^30``) keep TVM's lowering.
 :func:`EvenOddQMultiplyShift` is a TIR pass that the x86 back end adds to its build's PassContext
-(``tir.add_lower_pass``, :func:`lower_config`) for AVX-512 targets with tvm-ext's kernels, after
-vectorisation and before TVM's own lowering of the intrinsic: other builds, in this thread or another,
-never see it. At AVX2 (no ``vpsraq``) it is exact but no faster (docs/x86-kernels.md has the llvm-mca figures).
+(``tir.add_lower_pass``, :func:`lower_config`) for AVX2 and AVX-512 targets with tvm-ext's kernels,
+after vectorisation and before TVM's own lowering of the intrinsic: other builds, in this thread or
+another, never see it. At AVX2 (no ``vpsraq``) LLVM takes the high dword of each sum instead; below
+AVX2 it is no faster (docs/x86-kernels.md has the measurements).
 """
 from __future__ import annotations
 
@@ -152,9 +153,10 @@ def lower_config(config: dict | None = None) -> dict:
 
 
 def applies(target) -> bool:
-    """Whether the x86 back end lowers this way for ``target``: AVX-512 (``vpsraq``, 512-bit
-    ``vpmuldq``). At AVX2 the int8 conv loops keep the epilogue outside their hot loop, and the
-    lowering lengthens the 3x3 loops by a few register moves (llvm-mca, docs/x86-kernels.md)."""
+    """Whether the x86 back end lowers this way for ``target``: AVX2 and AVX-512 (``vpmuldq`` on 256-
+    and 512-bit vectors), where convs with a short reduction (64 input channels) spend a large part
+    of their time in the epilogue. At SSE4.2 it measured no faster (docs/x86-kernels.md)."""
     from .isa import llvm_features
 
-    return "avx512f" in llvm_features(target)
+    features = llvm_features(target)
+    return "avx2" in features or "avx512f" in features
