@@ -411,12 +411,12 @@ def test_stepwise_chain_is_tabulated_and_checked_bit_exactly(steps, sigmoid):
     assert res.rewrites == {"TabulateEightBit@before_fuse": 1} and res.compared == 1
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_paired_convs_are_reordered_and_built_exactly(k, caplog):
-    """``paired_convs``: two int8 convs with trained-like weights. At AVX2 ``tvm_ext.build`` renumbers
-    the channels between them (OrderChannelsInSafePairs, in the x86 back end) so that the reader keeps
-    vpmaddubsw, and the oracle's build check (``tvm_ext.build`` against exact integer arithmetic at
-    plain llvm) holds."""
+@pytest.mark.parametrize("k, between", [(1, "max"), (3, "head")])
+def test_paired_convs_are_reordered_and_built_exactly(k, between, caplog):
+    """``paired_convs``: two int8 convs with trained-like weights [and a classifier head: pool, flatten,
+    qnn.dense]. At AVX2 ``tvm_ext.build`` renumbers the channels between them (OrderChannelsInSafePairs,
+    in the x86 back end; the dense's columns with them) so that the reader keeps vpmaddubsw, and the
+    oracle's build check (``tvm_ext.build`` against exact integer arithmetic at plain llvm) holds."""
     import logging
 
     from tvm_ext.x86.isa import runs_on_host
@@ -425,7 +425,8 @@ def test_paired_convs_are_reordered_and_built_exactly(k, caplog):
     if not runs_on_host(target):
         pytest.skip("this host does not run x86-64-v3 (AVX2) code")
     mod = fuzz.build_graph(fuzz.Spec(seed=0, layout="NCHW", in_dtype="uint8", channels=8,
-                                     steps=(("paired_convs", 0, 16, k, True),)))
+                                     steps=(("paired_convs", 0, 16, k, between),)))
+    assert ("qnn.dense" in mod.astext()) == (between == "head")
     with caplog.at_level(logging.INFO, logger="tvm_ext.x86.pair_order"):
         res = fuzz.check_graph(mod, passes=(), pipeline=False, build_check=True, target=target)
     assert not res.failures, res.failures
@@ -443,8 +444,8 @@ def test_float_graph_right_where_stock_saturates_is_not_a_failure():
     if not runs_on_host(target):
         pytest.skip("this host does not run x86-64-v3 (AVX2) code")
     spec = fuzz.Spec(seed=529, layout="NCHW", in_dtype="float32", channels=2, height=5, width=2,
-                     steps=(("paired_convs", 4, 8, 3, True), ("requant", 5, "qnn", "int8", True),
-                            ("paired_convs", 4, 8, 3, True)), extra_output=2)
+                     steps=(("paired_convs", 4, 8, 3, "max"), ("requant", 5, "qnn", "int8", True),
+                            ("paired_convs", 4, 8, 3, "max")), extra_output=2)
     mod = fuzz.build_graph(spec)
     inputs = execution.seeded_inputs(mod)
     with tvm.transform.PassContext(opt_level=3):

@@ -29,13 +29,14 @@ LAYERS = (
 
 
 #: The fuzzer's modules (``tvm_ext.testing.fuzz``), top first, by the same rule: the grammar at the
-#: bottom, then the steps, the builder and where builds run, the oracle, the runner, the package.
+#: bottom, then the steps, the motifs, the builder and where builds run, the oracle, the runner, the package.
 FUZZ_LAYERS = (
     ("tvm_ext.testing.fuzz", "tvm_ext.testing.fuzz.__main__"),
     ("tvm_ext.testing.fuzz.runner",),
     ("tvm_ext.testing.fuzz.oracle",),
     ("tvm_ext.testing.fuzz.compare",),
     ("tvm_ext.testing.fuzz.builder", "tvm_ext.testing.fuzz.execution"),
+    ("tvm_ext.testing.fuzz.motifs",),
     ("tvm_ext.testing.fuzz.steps",),
     ("tvm_ext.testing.fuzz.grammar",),
 )

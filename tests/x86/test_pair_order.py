@@ -39,6 +39,33 @@ def _two_convs(w1, w2, bias, requant_scale, kernel_scale, size=8, reader_dtype="
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
 
 
+def _conv_pool_dense(w1, wd, bias, requant_scale, kernel_scale, w2=None, size=6, pooled=1):
+    """qnn.conv2d -> bias_add -> per-channel requantize -> dequantize -> global_avg_pool2d -> quantize
+    -> batch_flatten -> qnn.dense: a classifier's tail, the channels read as the dense's input columns
+    (``pooled`` > 1: an average pool to a ``pooled`` x ``pooled`` map instead of the global pool);
+    with ``w2`` a 1x1 qnn.conv2d reads the requantized tensor too (as a residual stage's next block)."""
+    c = w1.shape[0]
+    x = relay.var("x", shape=(1, w1.shape[1], size, size), dtype="uint8")
+    y = relay.qnn.op.conv2d(x, relay.const(w1), relay.const(128), relay.const(0), relay.const(1.0),
+                            relay.const(kernel_scale), kernel_size=w1.shape[2:], channels=c, padding=(1, 1),
+                            out_dtype="int32")
+    y = relay.nn.bias_add(y, relay.const(bias))
+    y = relay.qnn.op.requantize(y, relay.const(requant_scale), relay.const(0), relay.const(0.05), relay.const(0),
+                                axis=1, out_dtype="uint8")
+    stream = y
+    y = relay.qnn.op.dequantize(y, relay.const(0.05), relay.const(0))
+    step = size // pooled
+    y = relay.nn.global_avg_pool2d(y) if pooled == 1 else relay.nn.avg_pool2d(y, (step, step), (step, step))
+    y = relay.nn.batch_flatten(relay.qnn.op.quantize(y, relay.const(0.05), relay.const(0), out_dtype="uint8"))
+    y = relay.qnn.op.dense(y, relay.const(wd), relay.const(0), relay.const(0), relay.const(0.05), relay.const(1.0),
+                           units=wd.shape[0], out_dtype="int32")
+    if w2 is not None:
+        y = relay.Tuple([y, relay.qnn.op.conv2d(stream, relay.const(w2), relay.const(0), relay.const(0),
+                                                relay.const(0.05), relay.const(1.0), kernel_size=(1, 1),
+                                                channels=w2.shape[0], out_dtype="int32")])
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
 def _unique_pairing_case():
     """Four channels whose reader allows only the pairs (0, 2) and (1, 3): (0, 1) and (0, 3) sum
     above the limit in one row each, (2, 3) and (1, 2) too."""
@@ -66,6 +93,29 @@ def test_reorders_writer_constants_and_reader(stop):
                           kernel_scale=p["kernel_scale"][order], stop=stop)
     assert not fits_in_order(compatible(w2)) and fits_in_order(compatible(w2[:, order]))
     tvm.ir.assert_structural_equal(OrderChannelsInSafePairs()(before), expected, map_free_vars=True)
+
+
+def test_a_dense_of_the_flattened_channels_follows():
+    r"""(dense(flatten(q(pool(dq(t))))), V), conv2(t, W2)), t = requantize(bias_add(conv(x, W, s), b), r)
+    -> (dense(..., V[:, P]), conv2(t', W2[:, P])), t' = requantize(bias_add(conv(x, W[P], s[P]), b[P]), r[P]),
+    P = [0, 2, 1, 3] (conv2's only safe pairs): the dense's columns are the channels of the 1x1 map it
+    flattens, and it follows the order whatever its own pairs (here (0, 1) unsafe in either order)."""
+    w1, w2, p = _unique_pairing_case()
+    wd, order = np.full((3, 4), 100, "int8"), [0, 2, 1, 3]
+    wd[1] = np.arange(4)
+    before = _conv_pool_dense(w1, wd, **p, w2=w2)
+    expected = _conv_pool_dense(w1[order], wd[:, order], bias=p["bias"][order], w2=w2[:, order],
+                                requant_scale=p["requant_scale"][order], kernel_scale=p["kernel_scale"][order])
+    once = OrderChannelsInSafePairs()(before)
+    tvm.ir.assert_structural_equal(once, expected, map_free_vars=True)
+    tvm.ir.assert_structural_equal(OrderChannelsInSafePairs()(once), once)
+
+
+def _run_all(lib, x):
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    m.set_input(x=x)
+    m.run()
+    return [m.get_output(i).numpy() for i in range(m.get_num_outputs())]
 
 
 def _run(lib, x):
@@ -107,6 +157,28 @@ def test_build_is_bit_exact_and_keeps_vpmaddubsw():
     assert module_text.count("o2i") >= 1 and module_text.count("o4i") >= 1, "one conv in pairs, one in quads"
     with exact_record.saturating():  # the same graph in TVM's form, natural order: wrong on this data
         assert not np.array_equal(_run(tvm_ext.build(mod, target=AVX2), x), want)
+
+
+def test_dense_reader_build_is_bit_exact():
+    """The classifier's tail and a conv reading the same tensor at AVX2 against plain llvm (no int8
+    SIMD), bit for bit: the conv's pairs are unsafe in the natural order, the dense's (full-range
+    columns) in any; the dense's columns are the writer's output channels, 1x1 after the pool."""
+    if not runs_on_host(AVX2):
+        pytest.skip(f"host lacks instructions of '{AVX2}'")
+    rng = np.random.default_rng(1)
+    w1 = rng.integers(-128, 128, (32, 8, 3, 3)).astype("int8")
+    w2 = (rng.integers(-128, 128, (16, 32, 1, 1)) // rng.integers(1, 4, (16, 32, 1, 1))).astype("int8")
+    wd = rng.integers(-128, 128, (10, 32)).astype("int8")
+    mod = _conv_pool_dense(w1, wd, bias=rng.integers(-5000, 5000, 32).astype("int32"), w2=w2,
+                           requant_scale=rng.uniform(0.002, 0.01, 32).astype("float32"),
+                           kernel_scale=rng.uniform(0.01, 0.1, 32).astype("float32"))
+    assert not fits_in_order(compatible(w2)) and not tvm.ir.structural_equal(OrderChannelsInSafePairs()(mod), mod)
+    x = rng.integers(0, 256, (1, 8, 6, 6)).astype("uint8")
+    with tvm.transform.PassContext(opt_level=3):
+        want = _run_all(relay.build(mod, target="llvm"), x)
+    assert np.unique(want[0]).size == want[0].size
+    for got, expected in zip(_run_all(tvm_ext.build(mod, target=AVX2), x), want):
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_idempotent_and_pure():
@@ -152,6 +224,45 @@ def _flatten_case():
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(mod["main"].params, out)))
 
 
+def _dense_of_input_case():
+    """A dense reads a function input: nothing writes its columns."""
+    x = relay.var("x", shape=(1, 4), dtype="uint8")
+    y = relay.qnn.op.dense(x, relay.const(_unique_pairing_case()[1][:, :, 0, 0]), relay.const(0), relay.const(0),
+                           relay.const(1.0), relay.const(1.0), units=4, out_dtype="int32")
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
+def _dense_of_dense_case():
+    """A dense reads another dense's output: only input columns are renumbered, never a dense's outputs."""
+    w = _unique_pairing_case()[1][:, :, 0, 0]
+    x = relay.var("x", shape=(1, 4), dtype="uint8")
+    y = relay.qnn.op.dense(x, relay.const(w), relay.const(0), relay.const(0), relay.const(1.0), relay.const(1.0),
+                           units=4, out_dtype="int32")
+    y = relay.nn.dense(y, relay.const(w), out_dtype="int32")
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
+def _constant_read_case():
+    """A conv reads a constant tensor: the constant would need the order too."""
+    data = relay.const(np.random.default_rng(0).integers(0, 256, (1, 4, 6, 6)).astype("uint8"))
+    x = relay.var("x", shape=(1, 4, 6, 6), dtype="int32")
+    y = relay.qnn.op.conv2d(data, relay.const(_unique_pairing_case()[1]), relay.const(0), relay.const(0),
+                            relay.const(1.0), relay.const(1.0), kernel_size=(1, 1), channels=4, out_dtype="int32")
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.add(y, x))))
+
+
+def _spatial_flatten_case():
+    """The dense reads a flattened 2x2 map: its columns are channel x pixel, not channels."""
+    w1, w2, p = _unique_pairing_case()
+    return _conv_pool_dense(w1, np.repeat(w2[:, :, 0, 0], 4, axis=1), **p, pooled=2)
+
+
+def _dense_only_case():
+    """Only a dense reads the channels: its pairs do not choose orders."""
+    w1, w2, p = _unique_pairing_case()
+    return _conv_pool_dense(w1, w2[:, :, 0, 0], **p)
+
+
 def _if_case():
     mod = _two_convs(*_unique_pairing_case()[:2], **_unique_pairing_case()[2])
     f = mod["main"]
@@ -166,6 +277,11 @@ def _if_case():
     (_no_order_case, "no order makes every pair safe"),
     (_odd_case, "3 channels (odd)"),
     (_flatten_case, "reshape reads it"),
+    (_dense_of_input_case, "x is a function input"),
+    (_dense_of_dense_case, "a dense writes it"),
+    (_constant_read_case, "it is a constant"),
+    (_spatial_flatten_case, "nn.batch_flatten writes it"),
+    (_dense_only_case, "no int8 conv reads it"),
     (_if_case, "holds a If"),
 ])
 def test_unchanged_when_nothing_to_do_or_unsafe_to_do(case, why, caplog):

@@ -2,27 +2,27 @@
 
 Without VNNI an x86 int8 conv multiplies with ``vpmaddubsw``, which adds each two neighbouring
 uint8 x int8 products in int16 and saturates; a conv with one unsafe pair of neighbouring input
-channels (:func:`tvm_ext.x86.exact_dot.pairs_fit_int16`) takes the exact int16 form instead,
-which does half the products per instruction. Which channels are neighbours is only an order:
-renumbering a tensor's channels, in the convs that write it (their output channels), in the
-per-channel constants on the way and in the convs that read it (their input channels), computes
-the same values. In weights as quantizers leave trained ones most pairs of channels are safe
-(same-sign weights above half the limit are rare), and an order in which every pair is safe
-usually exists (:mod:`tvm_ext.x86._pairing` finds one when there is one).
+channels (:func:`tvm_ext.x86.exact_dot.pairs_fit_int16`) takes the exact int16 form instead, half the
+products per instruction. Which channels are neighbours is only an order: renumbering a tensor's
+channels in the convs that write it, the per-channel constants on the way and the convs that read
+it computes the same values, and for quantized trained weights an order in which every pair is
+safe usually exists (:mod:`tvm_ext.x86._pairing` finds one when there is one).
 
-A channel group is a set of NCHW tensors that must share one order: joined through elementwise and
-broadcast ops (``annotation.stop_fusion`` too), per-channel QNN (re)quantize, ``nn.pad`` (not on
-channels) and 2-D pools. Its writers are convs (``nn.conv2d``, ``qnn.conv2d``; any dtype: each
-output channel is its own sum), its readers integer convs (integer sums do not depend on their
-order). A group keeps its order (the reason logged at DEBUG) when a tensor of it is a function input
-or output or meets another op, or when no order suits every reader (docs/x86-kernels.md)::
+A channel group is a set of NCHW tensors that share one order: joined through elementwise and
+broadcast ops, ``annotation.stop_fusion``, per-channel QNN (re)quantize, ``nn.pad`` (not on channels),
+2-D pools and the flattening of ``N x C x 1 x 1`` to ``N x C``. Convs write it (any dtype); integer
+convs read it and their pairs choose the order; a dense of the flattened channels follows it in its
+input columns. A group keeps its order (why, at DEBUG) when a tensor of it is a function input,
+output or constant or meets another op, or when no order suits every reading conv
+(docs/x86-kernels.md)::
 
     # conv_r(g(conv_w(x, W)), V) -> conv_r(g'(conv_w(x, W[P])), V[:, P])
-    #   g: elementwise / broadcast / pad / pool chain, its per-channel constants c -> c[P]
-    #   P: an order in which every (P[2p], P[2p + 1]) is a safe vpmaddubsw pair of every reader
+    #   g: elementwise / broadcast / pad / pool / flatten chain, its per-channel constants c -> c[P]
+    #   dense(flatten(g(...)), D) -> dense(flatten(g'(...)), D[:, P])
+    #   P: an order in which every (P[2p], P[2p + 1]) is a safe vpmaddubsw pair of every reading conv
 
-The x86 back end runs it at the start of builds whose int8 dot product saturates (:func:`orders_pairs`),
-before ``PairPackInt8Convs`` packs what is still unsafe. Pure and idempotent; an untyped module is typed first.
+Run by the x86 back end at the start of builds whose int8 dot product saturates (:func:`orders_pairs`),
+before ``PairPackInt8Convs``. Pure and idempotent; an untyped module is typed first.
 """
 from __future__ import annotations
 
@@ -71,6 +71,10 @@ _ROLES = {
 #: Convs whose channels can be renumbered, and the arguments of each that hold values per output
 #: channel (kernel scale and zero point of ``qnn.conv2d``).
 _CONVS = {"nn.conv2d": (), "qnn.conv2d": (3, 5)}
+#: Denses whose input columns can be renumbered (their per-unit arguments do not move).
+_DENSES = frozenset({"nn.dense", "qnn.dense"})
+#: Ops that give an ``N x C x 1 x 1`` tensor as ``N x C``, channel ``c`` as column ``c``.
+_FLATTENS = frozenset({"nn.batch_flatten", "reshape", "squeeze"})
 
 
 def orders_pairs(target) -> bool:
@@ -108,6 +112,22 @@ def _reorderable_conv(call) -> bool:
             and a.out_layout in ("", "NCHW") and shape is not None and len(shape) == 4)
 
 
+def _reorderable_dense(call) -> bool:
+    """A dense (``nn.dense``, ``qnn.dense``) of a 2-D input and a constant 2-D weight."""
+    if op_name(call) not in _DENSES or not isinstance(call.args[1], relay.Constant):
+        return False
+    shape = _shape(call.args[0])
+    return shape is not None and len(shape) == 2 and len(call.args[1].data.shape) == 2
+
+
+def _flattens_channels(call) -> bool:
+    """``call`` gives its ``N x C x 1 x 1`` input as ``N x C``: the same values, channel ``c`` in column ``c``."""
+    if op_name(call) not in _FLATTENS:
+        return False
+    shape, out = _shape(call.args[0]), _shape(call)
+    return shape is not None and out is not None and len(shape) == 4 and shape[2:] == (1, 1) and out == shape[:2]
+
+
 class _Groups:
     """Union-find over tensors that must share a channel order, with what each group holds."""
 
@@ -131,7 +151,7 @@ class _Groups:
 
     def pin(self, node, why: str):
         shape = _shape(node)
-        if shape is not None and len(shape) == 4:
+        if shape is not None and len(shape) in (2, 4):  # NCHW tensors and flattened ones
             self.find(node)
             self.pinned.setdefault(node, why)
 
@@ -198,8 +218,8 @@ def _join_operands(call, roles, channels: int, groups: _Groups, constants: list)
 
 
 def _collect(nodes, body):
-    """The channel groups of a function: ``(groups, convs, constants)``."""
-    groups, convs, constants = _Groups(), [], []
+    """The channel groups of a function: ``(groups, convs, denses, constants)``."""
+    groups, convs, denses, constants = _Groups(), [], [], []
     for node in nodes:
         shape = _shape(node)
         four_d = shape is not None and len(shape) == 4
@@ -208,6 +228,14 @@ def _collect(nodes, body):
         elif isinstance(node, relay.Call) and four_d and _reorderable_conv(node):
             groups.find(node)
             convs.append(node)
+        elif isinstance(node, relay.Call) and _flattens_channels(node):
+            groups.join(node, node.args[0])
+        elif isinstance(node, relay.Call) and _reorderable_dense(node):
+            groups.find(node.args[0])
+            groups.pin(node, "a dense writes it")  # only its input columns are renumbered
+            denses.append(node)
+        elif isinstance(node, relay.Constant):
+            groups.pin(node, "it is a constant")
         elif isinstance(node, relay.Call) and four_d and (roles := _roles(node)) is not None:
             groups.find(node)
             _join_operands(node, roles, shape[1], groups, constants)
@@ -220,24 +248,24 @@ def _collect(nodes, body):
             groups.pin(node, f"{what} writes it")
     for out in (body.fields if isinstance(body, relay.Tuple) else [body]):
         groups.pin(out, "it is a function output")
-    return groups, convs, constants
+    return groups, convs, denses, constants
 
 
 def _order_for(readers_of, channels: int):
     """The order for one group, or a :class:`Reject` saying why it keeps its own."""
     if channels % 2:
         return Reject(f"{channels} channels (odd)")
-    int8_readers = [r for r in readers_of if r.args[1].data.dtype == "int8"]
     if any(not _dtype(r.args[0]).startswith(("int", "uint")) for r in readers_of):
-        return Reject("a float conv reads it (its sums would change order)")
-    if not int8_readers:
+        return Reject("a float conv or dense reads it (its sums would change order)")
+    int8_convs = [r for r in readers_of if op_name(r) in _CONVS and r.args[1].data.dtype == "int8"]
+    if not int8_convs:
         return Reject("no int8 conv reads it")
-    oks = [compatible(r.args[1].data.numpy()) for r in int8_readers]
+    oks = [compatible(r.args[1].data.numpy()) for r in int8_convs]
     if all(fits_in_order(ok) for ok in oks):
         return Reject("every pair is safe in the present order")
     order = pair_order(np.logical_and.reduce(oks))
     if order is None:
-        return Reject(f"no order makes every pair safe for all {len(oks)} reader(s)")
+        return Reject(f"no order makes every pair safe for all {len(oks)} reading conv(s)")
     return order
 
 
@@ -256,7 +284,8 @@ def _dataflow(func):
 
 
 def _orders(groups, readers) -> dict:
-    """group root -> the order its channels take, for every group that changes."""
+    """group root -> the order its channels take, for every group that changes (``readers``: the
+    convs and denses)."""
     members: dict = {}
     for node in groups.parent:
         members.setdefault(groups.find(node), []).append(node)
@@ -267,25 +296,27 @@ def _orders(groups, readers) -> dict:
     orders: dict = {}
     for root, readers_of in reader_of.items():
         if root in pinned:
-            logger.debug("%s: a group of %d tensor(s) read by %d conv(s) keeps its order: %s", PASS_NAME,
+            logger.debug("%s: a group of %d tensor(s) read by %d conv(s) or dense(s) keeps its order: %s", PASS_NAME,
                          len(members[root]), len(readers_of), pinned[root])
             continue
         order = _order_for(readers_of, _shape(root)[1])
         if isinstance(order, Reject):
-            logger.debug("%s: a group read by %d conv(s) keeps its order: %s", PASS_NAME, len(readers_of), order)
+            logger.debug("%s: a group read by %d conv(s) or dense(s) keeps its order: %s", PASS_NAME,
+                         len(readers_of), order)
             continue
         orders[root] = order
     if orders:
         logger.info("%s: %d channel group(s) reordered so that %d int8 conv(s) keep vpmaddubsw exactly", PASS_NAME,
-                    len(orders), sum(len(reader_of[r]) for r in orders))
+                    len(orders), sum(op_name(r) in _CONVS for root in orders for r in reader_of[root]))
     return orders
 
 
-def _new_arguments(groups, readers, constants, orders) -> dict:
+def _new_arguments(groups, convs, denses, constants, orders) -> dict:
     """call -> {argument index: new constant} for every call the orders change."""
     new: dict = {}
-    for conv in readers:
-        out_order, in_order = orders.get(groups.find(conv)), orders.get(groups.find(conv.args[0]))
+    for conv in convs + denses:
+        out_order = orders.get(groups.find(conv)) if op_name(conv) in _CONVS else None
+        in_order = orders.get(groups.find(conv.args[0]))
         if out_order is None and in_order is None:
             continue
         kernel = conv.args[1].data.numpy()
@@ -331,11 +362,11 @@ def _reorder(func):
     if isinstance(nodes, Reject):
         logger.debug("%s: skipped a function: %s", PASS_NAME, nodes)
         return func
-    groups, readers, constants = _collect(nodes, func.body)
-    orders = _orders(groups, readers)
+    groups, convs, denses, constants = _collect(nodes, func.body)
+    orders = _orders(groups, convs + denses)
     if not orders:
         return func
-    body = dfp.rewrite(_Substitute(_new_arguments(groups, readers, constants, orders)), func.body)
+    body = dfp.rewrite(_Substitute(_new_arguments(groups, convs, denses, constants, orders)), func.body)
     return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
 
 

@@ -5,7 +5,7 @@
 modulo their number), the layout, the random streams, and the dtype adapters that make any value
 fit what a step needs (an int32 value feeding a conv is requantized first, a float value feeding
 a QNN op is quantized, ...), so every step list builds a well-typed graph. The steps themselves,
-one function per kind, are in :mod:`.steps`; the control-flow variants (``If``, ``Let``, a
+one function per kind, are in :mod:`.steps` and :mod:`.motifs`; the control-flow variants (``If``, ``Let``, a
 closure) are inserted here, after the middle step.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .grammar import Spec
-from .steps import STEPS
+from .motifs import STEPS
 
 __all__ = ["build_graph", "GeneratorError", "last_line", "short_error"]
 
