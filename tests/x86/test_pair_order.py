@@ -20,17 +20,21 @@ AVX2 = "llvm -mcpu=x86-64-v3"
 LOGGER = "tvm_ext.x86.pair_order"
 
 
+def _writer(w1, bias, requant_scale, kernel_scale, size, out_scale=1.0, out_dtype="uint8"):
+    """The input and qnn.conv2d (per-channel kernel scale) -> bias_add -> per-channel requantize."""
+    x = relay.var("x", shape=(1, w1.shape[1], size, size), dtype="uint8")
+    y = relay.qnn.op.conv2d(x, relay.const(w1), relay.const(128), relay.const(0), relay.const(1.0),
+                            relay.const(kernel_scale), kernel_size=w1.shape[2:], channels=w1.shape[0],
+                            padding=(1, 1), out_dtype="int32")
+    y = relay.nn.bias_add(y, relay.const(bias))
+    return x, relay.qnn.op.requantize(y, relay.const(requant_scale), relay.const(0), relay.const(out_scale),
+                                      relay.const(0 if out_dtype == "uint8" else -128), axis=1, out_dtype=out_dtype)
+
+
 def _two_convs(w1, w2, bias, requant_scale, kernel_scale, size=8, reader_dtype="uint8", stop=False):
     """qnn.conv2d (per-channel kernel scale) -> bias_add -> per-channel requantize -> max pool ->
     qnn.conv2d: one channel group, written by the first conv and read by the second."""
-    c = w1.shape[0]
-    x = relay.var("x", shape=(1, w1.shape[1], size, size), dtype="uint8")
-    y = relay.qnn.op.conv2d(x, relay.const(w1), relay.const(128), relay.const(0), relay.const(1.0),
-                            relay.const(kernel_scale), kernel_size=w1.shape[2:], channels=c, padding=(1, 1),
-                            out_dtype="int32")
-    y = relay.nn.bias_add(y, relay.const(bias))
-    y = relay.qnn.op.requantize(y, relay.const(requant_scale), relay.const(0), relay.const(1.0),
-                                relay.const(0 if reader_dtype == "uint8" else -128), axis=1, out_dtype=reader_dtype)
+    x, y = _writer(w1, bias, requant_scale, kernel_scale, size, out_dtype=reader_dtype)
     y = relay.annotation.stop_fusion(y) if stop else y
     y = relay.nn.max_pool2d(y, pool_size=(3, 3), padding=(1, 1))
     y = relay.qnn.op.conv2d(y, relay.const(w2), relay.const(0 if reader_dtype == "uint8" else -128), relay.const(0),
@@ -44,15 +48,8 @@ def _conv_pool_dense(w1, wd, bias, requant_scale, kernel_scale, w2=None, size=6,
     -> batch_flatten -> qnn.dense: a classifier's tail, the channels read as the dense's input columns
     (``pooled`` > 1: an average pool to a ``pooled`` x ``pooled`` map instead of the global pool);
     with ``w2`` a 1x1 qnn.conv2d reads the requantized tensor too (as a residual stage's next block)."""
-    c = w1.shape[0]
-    x = relay.var("x", shape=(1, w1.shape[1], size, size), dtype="uint8")
-    y = relay.qnn.op.conv2d(x, relay.const(w1), relay.const(128), relay.const(0), relay.const(1.0),
-                            relay.const(kernel_scale), kernel_size=w1.shape[2:], channels=c, padding=(1, 1),
-                            out_dtype="int32")
-    y = relay.nn.bias_add(y, relay.const(bias))
-    y = relay.qnn.op.requantize(y, relay.const(requant_scale), relay.const(0), relay.const(0.05), relay.const(0),
-                                axis=1, out_dtype="uint8")
-    stream = y
+    x, stream = _writer(w1, bias, requant_scale, kernel_scale, size, out_scale=0.05)
+    y = stream
     y = relay.qnn.op.dequantize(y, relay.const(0.05), relay.const(0))
     step = size // pooled
     y = relay.nn.global_avg_pool2d(y) if pooled == 1 else relay.nn.avg_pool2d(y, (step, step), (step, step))
