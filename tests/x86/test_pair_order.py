@@ -116,10 +116,7 @@ def _run_all(lib, x):
 
 
 def _run(lib, x):
-    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    m.set_input(x=x)
-    m.run()
-    return m.get_output(0).numpy()
+    return _run_all(lib, x)[0]
 
 
 def _wide_case(seed=1):

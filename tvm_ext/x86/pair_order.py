@@ -218,8 +218,9 @@ def _join_operands(call, roles, channels: int, groups: _Groups, constants: list)
 
 
 def _collect(nodes, body):
-    """The channel groups of a function: ``(groups, convs, denses, constants)``."""
-    groups, convs, denses, constants = _Groups(), [], [], []
+    """The channel groups of a function: ``(groups, readers, constants)``; the readers are the convs
+    (which also write a group) and the denses."""
+    groups, readers, constants = _Groups(), [], []
     for node in nodes:
         shape = _shape(node)
         four_d = shape is not None and len(shape) == 4
@@ -227,13 +228,13 @@ def _collect(nodes, body):
             groups.pin(node, f"{node.name_hint} is a function input")
         elif isinstance(node, relay.Call) and four_d and _reorderable_conv(node):
             groups.find(node)
-            convs.append(node)
+            readers.append(node)
         elif isinstance(node, relay.Call) and _flattens_channels(node):
             groups.join(node, node.args[0])
         elif isinstance(node, relay.Call) and _reorderable_dense(node):
             groups.find(node.args[0])
             groups.pin(node, "a dense writes it")  # only its input columns are renumbered
-            denses.append(node)
+            readers.append(node)
         elif isinstance(node, relay.Constant):
             groups.pin(node, "it is a constant")
         elif isinstance(node, relay.Call) and four_d and (roles := _roles(node)) is not None:
@@ -248,7 +249,7 @@ def _collect(nodes, body):
             groups.pin(node, f"{what} writes it")
     for out in (body.fields if isinstance(body, relay.Tuple) else [body]):
         groups.pin(out, "it is a function output")
-    return groups, convs, denses, constants
+    return groups, readers, constants
 
 
 def _order_for(readers_of, channels: int):
@@ -311,10 +312,10 @@ def _orders(groups, readers) -> dict:
     return orders
 
 
-def _new_arguments(groups, convs, denses, constants, orders) -> dict:
+def _new_arguments(groups, readers, constants, orders) -> dict:
     """call -> {argument index: new constant} for every call the orders change."""
     new: dict = {}
-    for conv in convs + denses:
+    for conv in readers:
         out_order = orders.get(groups.find(conv)) if op_name(conv) in _CONVS else None
         in_order = orders.get(groups.find(conv.args[0]))
         if out_order is None and in_order is None:
@@ -362,11 +363,11 @@ def _reorder(func):
     if isinstance(nodes, Reject):
         logger.debug("%s: skipped a function: %s", PASS_NAME, nodes)
         return func
-    groups, convs, denses, constants = _collect(nodes, func.body)
-    orders = _orders(groups, convs + denses)
+    groups, readers, constants = _collect(nodes, func.body)
+    orders = _orders(groups, readers)
     if not orders:
         return func
-    body = dfp.rewrite(_Substitute(_new_arguments(groups, convs, denses, constants, orders)), func.body)
+    body = dfp.rewrite(_Substitute(_new_arguments(groups, readers, constants, orders)), func.body)
     return relay.Function(func.params, body, None, func.type_params, func.attrs, func.span)
 
 
