@@ -34,7 +34,7 @@ FUZZ_LAYERS = (
     ("tvm_ext.testing.fuzz", "tvm_ext.testing.fuzz.__main__"),
     ("tvm_ext.testing.fuzz.runner",),
     ("tvm_ext.testing.fuzz.oracle",),
-    ("tvm_ext.testing.fuzz.compare",),
+    ("tvm_ext.testing.fuzz.compare", "tvm_ext.testing.fuzz.bounds"),
     ("tvm_ext.testing.fuzz.builder", "tvm_ext.testing.fuzz.execution"),
     ("tvm_ext.testing.fuzz.motifs",),
     ("tvm_ext.testing.fuzz.steps",),

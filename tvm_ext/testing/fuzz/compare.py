@@ -2,10 +2,13 @@
 
 Integer outputs are compared bit for bit, float outputs within :data:`FLOAT_RTOL` /
 :data:`FLOAT_ATOL` of the output's magnitude, integer outputs of graphs that compute in float
-within one step; ``QDQToInteger``, approximate by design, within :data:`QDQ_STEPS` (for a
-dequantized float output, that many steps of its scale).
+within one step; ``QDQToInteger``, approximate by design, may move every 8-bit level a quantize
+writes by :data:`QDQ_STEPS`, and each output within how far those moves can carry to it
+(:mod:`.bounds`).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -38,30 +41,6 @@ def _is_float_graph(mod) -> bool:
     return bool(found)
 
 
-def _output_steps(mod) -> list:
-    """Per graph output (tuples flattened as the graph executor returns them): the quantization step
-    of a float output that is a ``qnn.dequantize`` with a constant scalar scale, else None.
-
-    A dequantized output holds 8-bit levels: one level of difference (which the oracle allows
-    ``QDQToInteger`` for integer outputs) shows there as one step of the scale.
-    """
-    from tvm import relay
-
-    from tvm_ext.passes._util import constant_scalar, op_name
-
-    def leaves(expr):
-        if isinstance(expr, relay.Tuple):
-            return [leaf for f in expr.fields for leaf in leaves(f)]
-        return [expr]
-
-    steps = []
-    for out in leaves(mod["main"].body):
-        dequantized = isinstance(out, relay.Call) and op_name(out) == "qnn.dequantize"
-        scale = constant_scalar(out.args[1]) if dequantized else None
-        steps.append(abs(float(scale)) if scale is not None else None)
-    return steps
-
-
 def _well_formed(mod) -> str | None:
     """None, or what is wrong with ``mod`` (type errors, malformed functions, free vars)."""
     import tvm
@@ -87,21 +66,24 @@ def _same(a, b) -> bool:
     return tvm.ir.structural_equal(a["main"], b["main"], map_free_vars=True)
 
 
-def compare_outputs(ref, got, float_graph: bool, int_steps: int = 0, output_steps=None) -> str | None:
+def compare_outputs(ref, got, float_graph: bool, int_steps: int = 0, bounds=None) -> str | None:
     """None when ``got`` matches ``ref`` under the oracle's tolerance, else what differs.
 
-    ``output_steps`` (:func:`_output_steps`): for a dequantized float output, ``int_steps`` levels
-    of its scale are allowed as well.
+    With ``int_steps`` (a pass that may move 8-bit levels by that many steps), ``bounds``
+    (:func:`.bounds.output_bounds`) gives per output how far those moves can carry: an integer
+    output may differ by its bound rounded up, a float output by its bound on top of the float
+    tolerance. An output without a bound keeps ``int_steps`` levels (integers) or the float tolerance.
     """
     for n, (ra, ga) in enumerate(zip(ref, got)):
         if len(ra) != len(ga):
             return f"input {n}: {len(ra)} outputs vs {len(ga)}"
-        steps = output_steps if output_steps is not None and len(output_steps) == len(ra) else [None] * len(ra)
+        moves = bounds if int_steps and bounds is not None and len(bounds) == len(ra) else [None] * len(ra)
         for i, (r, g) in enumerate(zip(ra, ga)):
             if r.dtype != g.dtype or r.shape != g.shape:
                 return f"input {n} output {i}: {r.dtype}{r.shape} vs {g.dtype}{g.shape}"
             if np.issubdtype(r.dtype, np.integer) or r.dtype == bool:
-                allowed = max(int_steps, 1 if float_graph else 0)
+                moved = int_steps if moves[i] is None else math.ceil(moves[i] - 1e-9)
+                allowed = max(moved, 1 if float_graph else 0)
                 diff = np.abs(r.astype(np.int64) - g.astype(np.int64))
                 if diff.max(initial=0) > allowed:
                     return (f"input {n} output {i} ({r.dtype}): {int((diff > allowed).sum())} of {r.size} elements "
@@ -114,8 +96,8 @@ def compare_outputs(ref, got, float_graph: bool, int_steps: int = 0, output_step
                 scale = max(1.0, float(np.abs(r[finite]).max(initial=0)))
                 err = np.abs(r[finite] - g[finite])
                 tol = FLOAT_ATOL * scale + FLOAT_RTOL * np.abs(r[finite])
-                if int_steps and steps[i] is not None:  # a dequantized output: int_steps levels
-                    tol = tol + int_steps * steps[i] * (1 + FLOAT_RTOL)
+                if moves[i] is not None:  # e.g. a dequantized output: int_steps levels of its scale
+                    tol = tol + moves[i] * (1 + FLOAT_RTOL)
                 if (err > tol).any():
                     return f"input {n} output {i} (float): max abs diff {float(err.max()):.3g} (scale {scale:.3g})"
     return None
