@@ -192,6 +192,57 @@ def test_a_record_not_faster_in_the_model_is_dropped(small, some_records, monkey
     assert any("kept" in s for s in said) and any("dropped" in s for s in said)
 
 
+@pytest.fixture(scope="module")
+def mobile():
+    """A mobile net's block (8-bit 1x1 conv -> 3x3 depthwise conv -> 1x1 conv) and its recorded workloads."""
+    from ._int8_cases import _conv_depthwise_conv
+
+    mod = _conv_depthwise_conv(channels=32, size=14)
+    target = build_target()
+    return mod, target, tune.record_workloads(mod, None, target, pipelines.int8())
+
+
+def _depthwise_record(target, wl):
+    """A record of ``wl`` with its last layout-free candidate (whatever its speed)."""
+    task = autotvm.task.create(wl[0], args=wl[1:], target=target)
+    cfg = tune._conv_candidates(task)[-1]
+    return autotvm.record.encode(autotvm.MeasureInput(target, task, cfg), autotvm.MeasureResult((1e-3,), 0, 0.0, 0.0))
+
+
+def test_depthwise_workloads_are_recorded_with_their_layout_free_knobs(mobile):
+    """The 8-bit depthwise conv's NCHWc workload is recorded; its candidates keep the compiled block
+    (``tile_ic`` = ``tile_oc`` = the data's) and differ in ``tile_ow`` x ``unroll_kw``."""
+    _, target, wls = mobile
+    assert [w[0] for w in wls.depthwise] == [tuning.DEPTHWISE_TASK]
+    wl = wls.depthwise[0]
+    assert len(wl[1][1]) == 5 and (wl[1][2], wl[2][2]) == ("uint8", "int8")
+    block = wl[1][1][4]
+    cands = tune._conv_candidates(autotvm.task.create(wl[0], args=wl[1:], target=target))
+    assert len(cands) >= 2
+    assert all(c._entity_map["tile_ic"].size[-1] == block == c._entity_map["tile_oc"].size[-1] for c in cands)
+    knobs = {(str(c._entity_map["tile_ow"]), str(c._entity_map["unroll_kw"])) for c in cands}
+    assert len(knobs) == len(cands)
+
+
+def test_a_depthwise_record_is_applied_and_keeps_results_exact(mobile, cache):
+    """The build applies a depthwise record (its kernel alone is marked tuned) and computes what plain
+    ``llvm`` (no int8 SIMD) computes, bit for bit."""
+    mod, target, wls = mobile
+    tune.write_records([_depthwise_record(target, wls.depthwise[0])], target)
+    tuned = tvm_ext.build(mod, target, passes=pipelines.int8())
+    assert tuned.kernel_report.num_tuned_kernels == 1
+    x = {"x": np.random.default_rng(1).integers(0, 256, (1, 32, 14, 14)).astype("uint8")}
+    for a, b in zip(run_module(tuned, x), run_module(mod, x)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_depthwise_workloads_are_tuned_as_their_own_kind(mobile):
+    _, target, wls = mobile
+    lines, rows, hit = tune.tune_workloads(wls.depthwise, target, number=2, repeat=1)
+    assert not hit and [r[0] for r in rows] == ["depthwise"] and rows[0][1].startswith("depthwise data [1, ")
+    assert 0 < rows[0][3] <= rows[0][2] and len(lines) == (rows[0][4] != "TVM's rule")
+
+
 @pytest.mark.parametrize("isa, cpus", [
     ("avx2", ["x86-64-v3", "haswell", "znver3", "alderlake"]),
     ("avx512_vnni", ["znver4", "icelake-server", "cascadelake", "sapphirerapids -mattr=-amx-int8,-amx-tile,-amx-bf16"]),
@@ -205,7 +256,7 @@ def test_shipped_records_are_keyed_by_instruction_set_not_cpu(isa, cpus):
         target = tvm.target.Target(f"llvm -mcpu={cpu}")
         assert tuning.shipped_path(target) == path, cpu
         recs = tuning.load_records(target, user=False)
-        assert recs and all(inp.task.name in (tuning.TASK, *tuning.DENSE_TASKS) for inp, _ in recs)
+        assert recs and all(inp.task.name in tuning.TASKS for inp, _ in recs)
         assert len(recs) == len(lines), f"{cpu}: records of another instruction set in {path.name}"
 
 

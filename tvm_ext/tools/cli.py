@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "ONNX Runtime's kernels follow the host's CPUID")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("tune", help="tune int8 convs and denses of a model on this CPU or on remote boards",
+    p = sub.add_parser("tune", help="tune int8 convs, depthwise convs and denses of a model on this CPU or on "
+                                    "remote boards",
                        description="Tune the int8 convolution layouts (ic_bn/oc_bn) and schedules, and int8 dense "
                                    "layers, that tvm_ext.build compiles for a model on this CPU; write AutoTVM "
                                    "records to $TVM_EXT_CACHE/tuned/ (applied by tvm_ext.build automatically). With "

@@ -58,6 +58,7 @@ class Workloads:
     layout: list = field(default_factory=list)  # NCHW int8 conv workloads (AlterOpLayout's query)
     conv: list = field(default_factory=list)  # NCHWc int8 conv workloads (what is compiled)
     dense: list = field(default_factory=list)  # int8 dense workloads
+    depthwise: list = field(default_factory=list)  # NCHWc 8-bit depthwise conv workloads
 
 
 @dataclass
@@ -143,6 +144,9 @@ def record_workloads(mod, params=None, target=None, passes=(), records=()) -> Wo
                         bucket.append(workload)
                 elif workload[0] in tuning.DENSE_TASKS and _is_int8(workload) and workload not in found.dense:
                     found.dense.append(workload)
+                elif (workload[0] == tuning.DEPTHWISE_TASK and len(workload[1][1]) == 5 and _is_int8(workload)
+                      and workload not in found.depthwise):
+                    found.depthwise.append(workload)
             return answers.get(workload)  # None: fall through to TVM's own configuration
 
         def update(self, target, workload, cfg):  # AlterOpLayout registers its NCHWc configs here
@@ -179,10 +183,11 @@ def _fallback(task):  # pylint: disable=unused-argument
 
 
 def _conv_candidates(task) -> list:
-    """One config per distinct value of the layout-free knobs, with tile_ic/oc = the layout."""
+    """One config per distinct value of the layout-free knobs, with tile_ic/oc = the compiled layout's
+    blocks: the data's last axis, and the kernel's axis 5 (``OIHW[ic_bn/4]i[oc_bn]o4i`` for a conv,
+    ``[C/b, 1, kh, kw, 1, b]`` for a depthwise conv)."""
     wl = task.workload
-    ic_bn = int(wl[1][1][4])
-    oc_bn = int(wl[2][1][5])  # kernel OIHW[ic_bn/4]i[oc_bn]o4i
+    ic_bn, oc_bn = int(wl[1][1][4]), int(wl[2][1][5])
     seen, out = set(), []
     space = task.config_space
     for i in range(len(space)):
@@ -212,9 +217,14 @@ def _dense_candidates(task, n: int = 16, seed: int = 0) -> list:
     return [space.get(int(i)) for i in idx]
 
 
+def _kind(wl) -> str:
+    return "conv" if wl[0] in _CONV_TASKS else "depthwise" if wl[0] == tuning.DEPTHWISE_TASK else "dense"
+
+
 def _describe(wl) -> str:
-    if wl[0] in _CONV_TASKS:
-        return f"conv data {list(wl[1][1])} {wl[1][2]} kernel {list(wl[2][1])} stride {list(wl[3])} pad {list(wl[4])}"
+    if wl[0] in _CONV_TASKS or wl[0] == tuning.DEPTHWISE_TASK:
+        return (f"{_kind(wl)} data {list(wl[1][1])} {wl[1][2]} kernel {list(wl[2][1])} stride {list(wl[3])} "
+                f"pad {list(wl[4])}")
     return f"{wl[0]} data {list(wl[1][1])} weight {list(wl[2][1])}"
 
 
@@ -238,7 +248,7 @@ def tune_workloads(workloads, target, *, deadline: float = float("inf"), progres
             return lines, rows, True
         try:
             task = autotvm.task.create(wl[0], args=wl[1:], target=target)
-            cands = _conv_candidates(task) if wl[0] == tuning.TASK else _dense_candidates(task)
+            cands = _dense_candidates(task) if _kind(wl) == "dense" else _conv_candidates(task)
             base = time_config(task, _fallback(task), target, number, repeat)
         except Exception as err:  # noqa: BLE001  TVM's template cannot describe it (e.g. the output
             # block 8 of x86_int8's narrow_channel_blocks: AutoTVM's int8 conv space admits only
@@ -267,8 +277,8 @@ def tune_workloads(workloads, target, *, deadline: float = float("inf"), progres
         if best[1] is not None:
             inp = autotvm.MeasureInput(target, task, best[1])
             lines.append(autotvm.record.encode(inp, autotvm.MeasureResult((best[0],), 0, 0.0, time.time())))
-        kind = "conv" if wl[0] == tuning.TASK else "dense"
-        rows.append((kind, _describe(wl), base * 1e3, best[0] * 1e3, _knobs(best[1]) if best[1] else "TVM's rule", wl))
+        knobs = _knobs(best[1]) if best[1] else "TVM's rule"
+        rows.append((_kind(wl), _describe(wl), base * 1e3, best[0] * 1e3, knobs, wl))
         if progress:
             progress(n + 1, len(workloads), rows[-1])
     return lines, rows, False
@@ -354,8 +364,9 @@ def _confirm_in_model(mod, params, tgt, passes, layout_recs, lines, rows, say, n
 def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 600.0,
                layouts: bool = True, progress: Optional[Callable] = None, number: int = 10,
                repeat: int = 3, skip=()) -> TuneResult:
-    """Tune ``mod``'s int8 convs and denses as ``tvm_ext.build(mod, target, params, passes)`` compiles them
-    with tvm-ext's x86 kernel policy (``kernels=True``), the only builds tuned records apply to.
+    """Tune ``mod``'s int8 convs, 8-bit depthwise convs and denses as ``tvm_ext.build(mod, target, params,
+    passes)`` compiles them with tvm-ext's x86 kernel policy (``kernels=True``), the only builds tuned records
+    apply to.
 
     Parameters
     ----------
@@ -396,8 +407,8 @@ def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 60
     say(f"recording the int8 workloads tvm_ext.build compiles for {tgt}")
     found = record_workloads(mod, params, tgt, passes)
     t_build = time.monotonic() - t0
-    say(f"{len(found.layout)} conv layouts, {len(found.conv)} conv schedules, {len(found.dense)} dense "
-        f"(one build: {t_build:.0f} s)")
+    say(f"{len(found.layout)} conv layouts, {len(found.conv)} conv schedules, {len(found.depthwise)} depthwise, "
+        f"{len(found.dense)} dense (one build: {t_build:.0f} s)")
 
     layout_recs: list = []
     layout_ms: dict = {}
@@ -433,9 +444,10 @@ def tune_model(mod, params=None, target=None, passes=(), *, budget_s: float = 60
     # keep two builds' time for the check in the model, and one for the final check when the layout
     # stage measured a baseline
     reserve = t_build * 1.2 * (3 if base_ms is not None else 2)
-    todo = [w for w in found.conv + found.dense if w not in set(skip)]
-    if len(todo) < len(found.conv) + len(found.dense):
-        say(f"{len(found.conv) + len(found.dense) - len(todo)} workloads already tuned in this run")
+    every = found.conv + found.depthwise + found.dense
+    todo = [w for w in every if w not in set(skip)]
+    if len(todo) < len(every):
+        say(f"{len(every) - len(todo)} workloads already tuned in this run")
     lines, rows, hit = tune_workloads(todo, tgt, deadline=deadline - reserve, progress=step,
                                       number=number, repeat=repeat)
     if lines:

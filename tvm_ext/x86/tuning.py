@@ -1,7 +1,8 @@
 """x86 tuned int8 schedules and layouts: the records shipped per instruction-set class and the ones
 the user tuned, applied by the x86 back end (:mod:`tvm_ext.x86.backend`).
 
-Records are AutoTVM records of TVM's int8 templates (``conv2d_NCHWc_int8.x86``, ``dense_*.x86``),
+Records are AutoTVM records of TVM's int8 templates (``conv2d_NCHWc_int8.x86``, 8-bit
+``depthwise_conv2d_NCHWc.x86``, ``dense_*.x86``),
 keyed by the int8 class (:func:`tvm_ext.x86.isa.isa_class`), because a schedule measured for one
 instruction set says nothing about another:
 
@@ -22,16 +23,18 @@ from pathlib import Path
 from .. import _records
 from .isa import isa_class
 
-__all__ = ["TASK", "CONV_TASKS", "DENSE_TASKS", "TASKS", "records_name", "shipped_name", "shipped_path",
-           "user_path", "user_dir", "load_records", "apply", "TUNED_DIR", "target_key"]
+__all__ = ["TASK", "CONV_TASKS", "DEPTHWISE_TASK", "DENSE_TASKS", "TASKS", "records_name", "shipped_name",
+           "shipped_path", "user_path", "user_dir", "load_records", "apply", "TUNED_DIR", "target_key"]
 
 TASK = "conv2d_NCHWc_int8.x86"
 #: The int8 conv templates tuned (NCHWc data 5-d; the NCHW layout query 4-d).
 CONV_TASKS = (TASK,)
+#: TVM's x86 depthwise template (tvm-ext's tap form on AVX-512 VNNI takes the same task and knobs).
+DEPTHWISE_TASK = "depthwise_conv2d_NCHWc.x86"
 #: TVM's x86 dense templates an int8 dense may compile to.
 DENSE_TASKS = ("dense_pack.x86", "dense_nopack.x86", "dense_int8.x86", "dense_vnni.x86")
 #: Every template the x86 records hold.
-TASKS = CONV_TASKS + DENSE_TASKS
+TASKS = CONV_TASKS + (DEPTHWISE_TASK,) + DENSE_TASKS
 TUNED_DIR = Path(__file__).parent / "tuned"
 user_dir = _records.user_dir
 
