@@ -187,6 +187,32 @@ def test_target_option_reaches_the_oracle_and_the_table(monkeypatch, capsys):
         assert "--rpc" in capsys.readouterr().err
 
 
+def test_build_check_every_chooses_the_specs_given_the_build_check(monkeypatch, capsys):
+    """The build check runs on the specs whose seed ``--build-check-every`` divides (default one in
+    BUILD_CHECK_EVERY; 1: every graph); the table says which."""
+    from tvm_ext.testing.fuzz import oracle
+
+    given = {}
+    monkeypatch.setattr(oracle, "check_graph", lambda mod, **kw: given.update(kw) or fuzz.GraphResult())
+    spec = next(s for s in fuzz.generate(40, seed=3) if s.seed % oracle.BUILD_CHECK_EVERY)
+    oracle.check_spec(spec, build_check=True)
+    assert given["build_check"] is False and "build_check_every" not in given
+    oracle.check_spec(spec, build_check=True, build_check_every=1)
+    assert given["build_check"] is True
+    oracle.check_spec(spec, build_check=False, build_check_every=1)
+    assert given["build_check"] is False
+
+    seen = {}
+    monkeypatch.setattr(runner, "run", lambda *a, **k: seen.update(a[6]) or fuzz.Summary(
+        build_check_every=a[6]["build_check_every"]))
+    assert fuzz.main(["-n", "1"]) == 0 and seen["build_check_every"] == oracle.BUILD_CHECK_EVERY
+    assert fuzz.main(["-n", "1", "--build-check-every", "1"]) == 0 and seen["build_check_every"] == 1
+    assert "(one spec seed in 1;" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        fuzz.main(["-n", "1", "--build-check-every", "0"])
+    assert "--build-check-every" in capsys.readouterr().err
+
+
 def test_graphs_with_a_step_kind_are_the_seed_streams_first_with_one(monkeypatch):
     specs = runner.specs_with_step(3, 0, 6, "sliced_conv")
     assert len(specs) == 3 and all(any(st[0] == "sliced_conv" for st in s.steps) for s in specs)

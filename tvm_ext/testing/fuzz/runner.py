@@ -251,6 +251,7 @@ class Summary:
     stock_checked: int = 0  # integer graphs whose stock relay.build at the target was compared with exact arithmetic
     stock_inexact: int = 0  # ... of them, graphs where it misses exact integer arithmetic
     target: str = ""  # what the graphs were compiled for ("" : the host CPU)
+    build_check_every: int = BUILD_CHECK_EVERY  # the build check runs on one spec seed in this many
     execution: str = ""  # where the builds ran, or why they were compiled only
 
     def add(self, spec: Spec, res: GraphResult):
@@ -279,7 +280,7 @@ class Summary:
             f"TVM builds: {self.builds}; output comparisons: {self.compared} (x {NUM_INPUTS} inputs)",
             f"integer graphs where stock relay.build at the target differs from exact integer arithmetic: "
             f"{self.stock_inexact} of the {self.stock_checked} given the build check (one spec seed in "
-            f"{BUILD_CHECK_EVERY}; tvm_ext.build must not: failure kind 'inexact')",
+            f"{self.build_check_every}; tvm_ext.build must not: failure kind 'inexact')",
             "",
             "| pass | stage | graphs rewritten |",
             "|---|---|---|",
@@ -359,7 +360,8 @@ def run(n: int = 10000, seed: int = 0, workers: int = 2, out_dir="fuzz-failures"
     t0 = time.time()
     specs = specs_with_step(n, seed, max_steps, with_step) if with_step else generate(n, seed, max_steps)
     with where_builds_run(kw) as (kw, where):
-        summary = Summary(target=str(kw.get("target") or ""), execution=where)
+        summary = Summary(target=str(kw.get("target") or ""), execution=where,
+                          build_check_every=kw.get("build_check_every", BUILD_CHECK_EVERY))
         _check_all(summary, specs, workers, out_dir, shrink_failures, kw, progress, t0, graph_timeout)
     summary.seconds = time.time() - t0
     return summary
@@ -456,6 +458,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-build-check", action="store_true",
                     help="skip checking tvm_ext.build against exact integer arithmetic (integer graphs) or "
                          "relay.build (float graphs)")
+    ap.add_argument("--build-check-every", type=int, default=BUILD_CHECK_EVERY, metavar="K",
+                    help=f"run that check on the graphs whose spec seed K divides (default {BUILD_CHECK_EVERY}; "
+                         "1: every graph)")
     ap.add_argument("--target", default=None,
                     help='TVM target the passes, prefix and builds are for (default: the host CPU), e.g. '
                          '"llvm -mcpu=x86-64-v3", or "opencl" (run on OpenCL device 0, `make gpu-env`); code this '
@@ -473,6 +478,8 @@ def main(argv=None) -> int:
         why = None if foreign_arch(args.target) else compiled_only_reason(args.target)
         if why:
             sys.stderr.write(f"--target {args.target}: {why}\n")
+    if args.build_check_every < 1:
+        ap.error("--build-check-every: must be a positive number of graphs")
     if args.graph_timeout <= 0:
         ap.error("--graph-timeout: must be a positive number of seconds")
     if args.rpc:
@@ -482,7 +489,8 @@ def main(argv=None) -> int:
             ap.error(f"--rpc: {err}")
         if not (args.target and foreign_arch(args.target)):
             ap.error("--rpc runs the builds for a --target of another architecture (e.g. aarch64)")
-    kw = {"build_check": not args.no_build_check, "target": args.target, "rpc": args.rpc}
+    kw = {"build_check": not args.no_build_check, "build_check_every": args.build_check_every, "target": args.target,
+          "rpc": args.rpc}
     summary = run(args.n, args.seed, args.workers, args.out, args.max_steps, not args.no_shrink, kw,
                   with_step=args.with_step, graph_timeout=args.graph_timeout)
     print(summary.table())
