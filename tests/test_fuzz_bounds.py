@@ -102,3 +102,14 @@ def test_a_dense_carries_a_level_by_its_row_sums_less_the_zero_points():
     y = qnn.op.dense(q, w, relay.const(0, "int32"), zp, relay.const(0.05), relay.const(np.array([0.1, 0.1], "float32")),
                      units=2, out_dtype="int32")
     assert output_bounds(_module(y, params=[x]), STEPS) == [pytest.approx(STEPS * 7)]
+
+
+def test_a_narrowing_cast_keeps_the_bound_only_after_a_clip_into_its_range():
+    """int32 -> uint8 wraps around (a level 2 past 255 lands near 0): no bound, unless a clip into
+    [0, 255] comes first; widening casts keep the bound."""
+    x = relay.var("x", shape=(4,), dtype="float32")
+    q = relay.cast(qnn.op.quantize(x, relay.const(0.05), relay.const(0, "int32"), out_dtype="uint8"), "int32")
+    shifted = relay.add(q, relay.const(100))
+    outs = [relay.cast(shifted, "uint8"), relay.cast(relay.clip(shifted, 0, 255), "uint8"),
+            relay.cast(relay.clip(shifted, -1, 255), "uint8"), relay.cast(q, "int64")]
+    assert output_bounds(_module(*outs, params=[x]), STEPS) == [None, STEPS, None, STEPS]

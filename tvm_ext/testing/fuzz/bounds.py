@@ -14,7 +14,8 @@ rule per op, each the op's worst case over its inputs' moves ``e`` (in the units
     multiply(x, c) / divide(x, c)   e(x) * max |c| / e(x) / min |c|     (c a constant)
     round, floor, float -> int cast, right_shift(x, k), fixed_point_multiply, int avg pool
                                 e(x) (scaled) + 1
-    relu, clip, max/min, max pool, float avg pool, int -> wider cast, data movement   e(x)
+    relu, clip, max/min, max pool, float avg pool, data movement,
+    an int cast that keeps every value (wider, or after a clip into its range)   e(x)
 
 Constants and inputs move by 0. An op without a rule, or a product of two moving tensors, gives
 None: the oracle then keeps its fixed tolerance for that output (``compare.QDQ_STEPS`` levels).
@@ -118,6 +119,20 @@ def _anchor(name, call, e, moves_w) -> float | None:
     return e * _weight_sum(w, zp, str(call.attrs.kernel_layout).index("O"))
 
 
+def _fits(arg, src: str, to: str) -> bool:
+    """Whether an integer cast from ``src`` to ``to`` keeps every value ``arg`` can hold: ``to``
+    holds ``src``'s range, or ``arg`` is a clip into ``to``'s range."""
+    from tvm_ext.passes._util import op_name
+
+    try:
+        lo, hi = np.iinfo(to).min, np.iinfo(to).max
+        if np.iinfo(src).min >= lo and np.iinfo(src).max <= hi:
+            return True
+    except ValueError:  # bool
+        return False
+    return op_name(arg) == "clip" and lo <= float(arg.attrs.a_min) and float(arg.attrs.a_max) <= hi
+
+
 def _call(name, call, args, steps) -> float | None:  # noqa: C901  (one rule per op, as the module note lists)
     if name == "concatenate":  # its one argument is the tuple of the joined tensors
         parts = args[0] if isinstance(args[0], list) else [args[0]]
@@ -157,9 +172,10 @@ def _call(name, call, args, steps) -> float | None:  # noqa: C901  (one rule per
     if name == "fixed_point_multiply":
         return _rounded(e * int(call.attrs.multiplier) * 2.0 ** (int(call.attrs.shift) - 31))
     if name == "cast":
-        to_int = not str(call.checked_type.dtype).startswith("float")
-        from_float = str(call.args[0].checked_type.dtype).startswith("float")
-        return _rounded(e) if to_int and from_float else e
+        to, src = str(call.checked_type.dtype), str(call.args[0].checked_type.dtype)
+        if to.startswith("float") or src.startswith("float"):
+            return _rounded(e) if src.startswith("float") and not to.startswith("float") else e
+        return e if _fits(call.args[0], src, to) else None  # a narrowing cast wraps around
     if name in _ROUNDING:
         return _rounded(e)
     if name in _AVERAGES:
