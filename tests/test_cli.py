@@ -136,4 +136,4 @@ def test_tune_a_float_model_writes_no_records(tmp_path):
     out = tmp_path / "records.log"
     r = run_cli("tune", str(model), "--budget", "1", "--no-layouts", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "0 conv layouts, 0 conv schedules, 0 dense" in r.stdout and "wrote 0 records" in r.stdout
+    assert "0 conv layouts, 0 conv schedules, 0 depthwise, 0 dense" in r.stdout and "wrote 0 records" in r.stdout
