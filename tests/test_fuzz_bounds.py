@@ -111,5 +111,8 @@ def test_a_narrowing_cast_keeps_the_bound_only_after_a_clip_into_its_range():
     q = relay.cast(qnn.op.quantize(x, relay.const(0.05), relay.const(0, "int32"), out_dtype="uint8"), "int32")
     shifted = relay.add(q, relay.const(100))
     outs = [relay.cast(shifted, "uint8"), relay.cast(relay.clip(shifted, 0, 255), "uint8"),
-            relay.cast(relay.clip(shifted, -1, 255), "uint8"), relay.cast(q, "int64")]
-    assert output_bounds(_module(*outs, params=[x]), STEPS) == [None, STEPS, None, STEPS]
+            relay.cast(relay.clip(shifted, -1, 255), "uint8"), relay.cast(q, "int64"),
+            relay.add(relay.cast(q, "uint8"), relay.const(100, "uint8")),  # uint8 arithmetic wraps as well
+            relay.divide(shifted, relay.const(3))]  # integer division truncates: one more step
+    assert output_bounds(_module(*outs, params=[x]), STEPS) == [None, STEPS, None, STEPS, None,
+                                                                 pytest.approx(STEPS / 3 + 1)]

@@ -11,14 +11,15 @@ rule per op, each the op's worst case over its inputs' moves ``e`` (in the units
     requantize(x, si, so)       e(x) * si / so + 1               (+1: one more rounding, when e > 0)
     conv2d(x, w) / dense(x, w)  e(x) * max over outputs of sum |w - wzp|   (w a constant)
     add / subtract / bias_add   e(a) + e(b)
-    multiply(x, c) / divide(x, c)   e(x) * max |c| / e(x) / min |c|     (c a constant)
+    multiply(x, c) / divide(x, c)   e(x) * max |c| / e(x) / min |c| (+1 integer)   (c a constant)
     round, floor, float -> int cast, right_shift(x, k), fixed_point_multiply, int avg pool
                                 e(x) (scaled) + 1
     relu, clip, max/min, max pool, float avg pool, data movement,
     an int cast that keeps every value (wider, or after a clip into its range)   e(x)
 
-Constants and inputs move by 0. An op without a rule, or a product of two moving tensors, gives
-None: the oracle then keeps its fixed tolerance for that output (``compare.QDQ_STEPS`` levels).
+Constants and inputs move by 0. An op without a rule, a product of two moving tensors, or
+arithmetic on 8- or 16-bit integers (it wraps around) gives None: the oracle then keeps its fixed
+tolerance for that output (``compare.QDQ_STEPS`` levels). int32 arithmetic is taken not to overflow.
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ _SAME = frozenset({
     "annotation.stop_fusion", "negative", "abs", "sigmoid", "tanh", "split", "tile", "repeat",
     "nn.depth_to_space", "nn.space_to_depth", "reverse",
 })
+#: arithmetic that wraps around in 8- and 16-bit integers (no bound there; int32 sums of 8-bit values do not)
+_WRAPPING = frozenset({"add", "subtract", "nn.bias_add", "multiply", "divide", "negative", "abs", "nn.avg_pool2d",
+                       "nn.global_avg_pool2d", "nn.adaptive_avg_pool2d"})
 #: ops that round once more: their output may move one more step than the (scaled) argument
 _ROUNDING = frozenset({"round", "floor", "ceil", "trunc"})
 #: pools that average: no further than the argument, plus a rounding for integer dtypes
@@ -119,6 +123,12 @@ def _anchor(name, call, e, moves_w) -> float | None:
     return e * _weight_sum(w, zp, str(call.attrs.kernel_layout).index("O"))
 
 
+def _narrow_int(call) -> bool:
+    """Whether ``call``'s result is an integer tensor of fewer than 32 bits."""
+    dtype = str(call.checked_type.dtype)
+    return dtype.startswith(("int", "uint")) and np.iinfo(dtype).bits < 32
+
+
 def _fits(arg, src: str, to: str) -> bool:
     """Whether an integer cast from ``src`` to ``to`` keeps every value ``arg`` can hold: ``to``
     holds ``src``'s range, or ``arg`` is a clip into ``to``'s range."""
@@ -141,6 +151,8 @@ def _call(name, call, args, steps) -> float | None:  # noqa: C901  (one rule per
         return None
     e = args[0]
     others = [a for a in args[1:] if a is not None and not isinstance(a, list)]
+    if name in _WRAPPING and _narrow_int(call) and (e or any(others)):
+        return None  # 8- and 16-bit integer arithmetic wraps around
     if name == "qnn.quantize":
         scale = _const(call.args[1])
         return None if scale is None else steps + e / float(np.abs(scale).min())
@@ -165,7 +177,10 @@ def _call(name, call, args, steps) -> float | None:  # noqa: C901  (one rule per
             c, moving = _const(call.args[0]), args[1]
         if c is None or moving is None or isinstance(moving, list):
             return 0.0 if e == 0 and args[1] == 0 else None
-        return moving * float(np.abs(c).max()) if name == "multiply" else moving / float(np.abs(c).min())
+        if name == "multiply":
+            return moving * float(np.abs(c).max())
+        quotient = moving / float(np.abs(c).min())
+        return quotient if str(call.checked_type.dtype).startswith("float") else _rounded(quotient)  # truncation
     if name == "right_shift":
         k = _const(call.args[1])
         return None if k is None else _rounded(e / 2.0 ** float(k.min()))
