@@ -1,6 +1,8 @@
 """The aarch64 back end: what a build for a 64-bit ARM CPU adds to ``relay.build``.
 
-* contexts: requantize rounded once, as on every other CPU (:mod:`tvm_ext.arm.requantize`), always;
+* contexts: requantize rounded once, as on every other CPU (:mod:`tvm_ext.arm.requantize`), and
+  strided NHWC 1x1 convs computed from their strided pixels (:mod:`tvm_ext.arm.strided_gemm`: TVM's
+  GEMM conv reads the wrong pixels there, docs/tvm-bugs.md), always;
   with ``kernels``, the int8 kernel policy (:mod:`tvm_ext.arm.int8_conv`: 8-bit operands for every
   int8 conv and dense, ``sdot``/``smmla`` where the target has them); with ``tuned``, the records
   ``tvm-ext tune --rpc`` measured on a board of the target's CPU (:mod:`tvm_ext.arm.tuning`).
@@ -33,10 +35,10 @@ class AArch64(Backend):
         return llvm_arch(target) in ("aarch64", "arm64", "aarch64_be")
 
     def plan(self, request: BuildRequest) -> BuildPlan:
-        from . import int8_conv, requantize, tile_shuffle, tuning
+        from . import int8_conv, requantize, strided_gemm, tile_shuffle, tuning
         from .int8_policy import policy
 
-        plan = BuildPlan(contexts=[requantize.generic_q_multiply_shift()])
+        plan = BuildPlan(contexts=[requantize.generic_q_multiply_shift(), strided_gemm.strided_one_by_one()])
         if request.kernels:
             plan.contexts.insert(0, int8_conv.kernels(int8_graph=request.eight_bit))
             if policy(request.target).mmla_conv:
