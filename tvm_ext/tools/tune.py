@@ -222,7 +222,7 @@ def _kind(wl) -> str:
 
 
 def _describe(wl) -> str:
-    if wl[0] in _CONV_TASKS or wl[0] == tuning.DEPTHWISE_TASK:
+    if _kind(wl) != "dense":
         return (f"{_kind(wl)} data {list(wl[1][1])} {wl[1][2]} kernel {list(wl[2][1])} stride {list(wl[3])} "
                 f"pad {list(wl[4])}")
     return f"{wl[0]} data {list(wl[1][1])} weight {list(wl[2][1])}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import _records
+from ._depthwise_template import TASK as DEPTHWISE_TASK  # TVM's x86 depthwise task (also the tap form's)
 from .isa import isa_class
 
 __all__ = ["TASK", "CONV_TASKS", "DEPTHWISE_TASK", "DENSE_TASKS", "TASKS", "records_name", "shipped_name",
@@ -29,8 +30,6 @@ __all__ = ["TASK", "CONV_TASKS", "DEPTHWISE_TASK", "DENSE_TASKS", "TASKS", "reco
 TASK = "conv2d_NCHWc_int8.x86"
 #: The int8 conv templates tuned (NCHWc data 5-d; the NCHW layout query 4-d).
 CONV_TASKS = (TASK,)
-#: TVM's x86 depthwise template (tvm-ext's tap form on AVX-512 VNNI takes the same task and knobs).
-DEPTHWISE_TASK = "depthwise_conv2d_NCHWc.x86"
 #: TVM's x86 dense templates an int8 dense may compile to.
 DENSE_TASKS = ("dense_pack.x86", "dense_nopack.x86", "dense_int8.x86", "dense_vnni.x86")
 #: Every template the x86 records hold.
