@@ -139,16 +139,28 @@ def _tables(chains, ranges) -> list:
     return [values[i] for i in index]
 
 
+def _existing_narrowings(nodes, roots) -> dict:
+    """``(source, dtype) -> cast(source, dtype)`` for the 8-bit casts the function already has (none
+    that a table replaces): a lookup of a wide source reads that cast instead of a second one, so the
+    source keeps a single narrowing reader and still leaves its kernel as 8 bits."""
+    found: dict = {}
+    for node in nodes:
+        if op_name(node) == "cast" and node not in roots and str(node.checked_type.dtype) in _EIGHT_BIT:
+            found.setdefault((node.args[0], str(node.checked_type.dtype)), node)
+    return found
+
+
 def _lookup(source, table, ranges, narrowed):
     """``table_lookup`` of ``source``: cast to 8 bits when its proven range fits them, else shifted
-    to index 0 where its domain starts elsewhere. One cast per source (``narrowed`` memoizes them),
-    so a source read by several lookups leaves its kernel once, as 8 bits, instead of as int32."""
+    to index 0 where its domain starts elsewhere. One cast per source (``narrowed``: the function's
+    own casts, then the ones made here), so a source read by several lookups, or by a lookup and an
+    op that narrows it already, leaves its kernel once, as 8 bits, instead of as int32."""
     dtype, lo, _, narrow = _domain(source, ranges)
     tab = relay.const(table, str(table.dtype))  # relay.const alone makes a float64 table float32
     if narrow is not None:
-        if source not in narrowed:
-            narrowed[source] = relay.cast(source, narrow)
-        return table_lookup(narrowed[source], tab)
+        if (source, narrow) not in narrowed:
+            narrowed[(source, narrow)] = relay.cast(source, narrow)
+        return table_lookup(narrowed[(source, narrow)], tab)
     if dtype in _EIGHT_BIT or lo == 0:
         return table_lookup(source, tab)
     return table_lookup(relay.subtract(source, relay.const(lo, dtype)), tab)
@@ -219,7 +231,7 @@ def _rewrite(func, ops: frozenset, long_chain: int):
     chains = _drop_dequantized_readers(chains, ops, long_chain)
     if not chains:
         return func
-    narrowed: dict = {}
+    narrowed = _existing_narrowings(nodes, {root for root, _ in chains})
     subst = {root: _lookup(source, tab, ranges, narrowed)
              for (root, source), tab in zip(chains, _tables(chains, ranges))}
     _log.info("%s: %d chain(s) tabulated (%s)", RULE, len(subst),

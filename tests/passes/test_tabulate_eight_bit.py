@@ -109,6 +109,30 @@ def test_wide_source_inside_eight_bits_is_read_as_eight_bits(lo, hi, narrow):
     assert "int32" not in crossing and narrow in crossing, crossing
 
 
+def test_lookup_reads_the_narrowing_cast_the_source_has():
+    """clip(int32, 0, 255) narrowed by cast(., uint8) for a max pool and read by a sigmoid chain: the
+    lookup indexes that cast, not a second cast of the clip, so the clip keeps one narrowing reader
+    and its kernel writes uint8 (two casts of it would each leave it, as int32, to a kernel of its own)."""
+    def body(x):
+        src = relay.clip(relay.add(relay.cast(x, "int32"), relay.const(7)), 0, 255)
+        pooled = relay.nn.max_pool2d(relay.cast(src, "uint8"), (2, 2))
+        sig = _quantize(relay.sigmoid(relay.multiply(relay.cast(src, "float32"), relay.const(0.1))), 1 / 256, 0,
+                        "uint8")
+        return relay.Tuple([pooled, sig])
+
+    before = _fn(body, "int16")
+    after = TabulateEightBit()(before)
+    text = after.astext()
+    assert "sigmoid" not in text and text.count('dtype="uint8"') == 1, text
+    assert_unchanged(TabulateEightBit(), after)
+    xs = np.arange(-300, 300, 600 / 256).astype("int16").reshape(SHAPE)
+    for want, got in zip(run_module(before, {"x": xs}), run_module(after, {"x": xs})):
+        np.testing.assert_array_equal(got, want)
+    built = tvm_ext.build(before, passes=[TabulateEightBit()])
+    crossing = KernelReport.from_factory(built).crossing.nbytes
+    assert "int32" not in crossing, crossing
+
+
 def _assert_lookup_in_conv_kernel_bit_exact(mod, inputs, gone: str):
     """``mod`` built with TVM (host target) without and with the pass: as many kernels, a lookup inside
     a convolution's kernel, no kernel computing ``gone``, outputs bit-exact on each of ``inputs``."""
