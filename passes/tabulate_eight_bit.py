@@ -176,40 +176,33 @@ def _why_a_table(used, ops: frozenset, long_chain: int) -> str:
     return f"{length} ops" if length >= long_chain else ""
 
 
-def _drop_dequantized_readers(chains, roots, ops, long_chain):
-    """One table per 8-bit value: a root that is cheap arithmetic on another 8-bit root of the same
-    source keeps that arithmetic and reads the other root, tabulated or not.
+def _drop_dequantized_readers(chains, ops, long_chain):
+    """One table per 8-bit value: a root that is cheap arithmetic on another tabulated root of the
+    same source keeps that arithmetic and reads the other root's lookup.
 
     ``r1 = q(silu(x))`` (uint8, read by a conv) and ``r2 = dequantize(r1)`` (float, read by a residual
     add) are both roots of ``x``; tabulated separately, ``x`` has two lookups as readers, so the
     first one cannot fuse into ``x``'s kernel and becomes a kernel of its own (ddddocr's YOLOX
     detector, QDQ: five extra kernels). ``r2`` is dropped from the chains: it then reads
-    ``table_lookup(x, T1)`` through its own ops, which compute on the same values (exact). The same
-    holds where ``r1``'s chain is too cheap for a table and ``r2``'s, which runs through it, is not
-    (PP-OCR cls v2 QOperator's stepwise hard-swish: an 8-bit step read by the SE pool, its dequantized
-    form by the SE gate): ``x`` keeps ``r1``'s chain as its one reader. ``roots``: every root, in
-    post-order, so the inner root comes first; the nearest 8-bit one is taken.
+    ``table_lookup(x, T1)`` through its own ops, which compute on the same values (exact).
+    Roots are in post-order, so the inner root comes first; the nearest 8-bit one is taken.
     """
-    tabulate = {root for root, _ in chains}
-    kept, seen = [], []
-    for root, source in roots:
+    kept = []
+    for root, source in chains:
         inner = None
-        if root in tabulate:
-            for prev, prev_source in reversed(seen):
-                if prev_source is not source or str(prev.checked_type.dtype) not in _EIGHT_BIT:
-                    continue
-                tail = _chain_ops(root, source, through=prev)
-                if tail is not None and not _why_a_table(tail, ops, long_chain):
-                    inner = prev
-                    break
-            if inner is None:
-                kept.append((root, source))
-            else:
-                _log.debug("%s: not tabulated (%s): %s", RULE, Reject(
-                    f"a function of the 8-bit {op_name(inner)} ({'tabulated' if inner in tabulate else 'computed'}"
-                    f" anyway) by cheap ops {sorted(tail)}: it reads that value (one table per value)"),
-                    op_name(root))
-        seen.append((root, source))
+        for prev, prev_source in reversed(kept):
+            if prev_source is not source or str(prev.checked_type.dtype) not in _EIGHT_BIT:
+                continue
+            tail = _chain_ops(root, source, through=prev)
+            if tail is not None and not _why_a_table(tail, ops, long_chain):
+                inner = prev
+                break
+        if inner is None:
+            kept.append((root, source))
+        else:
+            _log.debug("%s: not tabulated (%s): %s", RULE, Reject(
+                f"a function of the tabulated 8-bit {op_name(inner)} by cheap ops {sorted(tail)}: it reads that "
+                "lookup (one table per value)"), op_name(root))
     return kept
 
 
@@ -219,8 +212,7 @@ def _rewrite(func, ops: frozenset, long_chain: int):
         return func
     src, ranges = _sources(nodes)
     chains, used_ops = [], set()
-    roots = _roots(nodes, func.body, src)
-    for root, source in roots:
+    for root, source in _roots(nodes, func.body, src):
         used = _chain_ops(root, source)
         why = _why_a_table(used, ops, long_chain)
         if not why:
@@ -236,7 +228,7 @@ def _rewrite(func, ops: frozenset, long_chain: int):
             continue
         chains.append((root, source))
         used_ops.add(why)
-    chains = _drop_dequantized_readers(chains, roots, ops, long_chain)
+    chains = _drop_dequantized_readers(chains, ops, long_chain)
     if not chains:
         return func
     narrowed = _existing_narrowings(nodes, {root for root, _ in chains})

@@ -196,28 +196,6 @@ def test_a_dequantized_reader_reads_the_one_lookup():
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_dequantized_reader_of_an_8_bit_step_too_cheap_for_a_table_reads_that_step():
-    """r1 = q(dq(x) * 0.5) (10 ops, under ``long_chain`` = 12) is read as 8 bits by a max pool, and as
-    dq(r1) by a float add with y (14 ops from x): dq(r1) is not tabulated, so x keeps one reader (r1's
-    chain) and no kernel is added (a lookup of x beside r1's chain would leave x's kernel twice)."""
-    y = relay.var("y", shape=SHAPE, dtype="uint8")
-
-    def step(x):
-        return _quantize(relay.multiply(_dequantize(x, 3, 0.05), relay.const(0.5)), 0.04, 3, "uint8")
-
-    def reader(r1):
-        return relay.add(_dequantize(r1, 3, 0.04), _dequantize(y, 5, 0.03))
-
-    x = relay.var("x", shape=SHAPE, dtype="uint8")
-    r1 = step(x)
-    before = infer(relay.Function([x, y], relay.Tuple([relay.nn.max_pool2d(r1, (2, 2)), reader(r1)])))
-    assert_unchanged(TabulateEightBit(long_chain=12), before)
-    # without the pool reading r1, the 14 ops from x to the add are one chain, worth a table at 12
-    x = relay.var("x", shape=SHAPE, dtype="uint8")
-    alone = infer(relay.Function([x, y], reader(step(x))))
-    assert "tvm_ext.table_lookup" in TabulateEightBit(long_chain=12)(alone).astext()
-
-
 def test_a_reader_with_its_own_transcendental_keeps_its_table():
     """dq(r1) followed by another sigmoid is not cheap: it keeps a table of its own (of x)."""
     x = relay.var("x", shape=SHAPE, dtype="uint8")
