@@ -196,6 +196,30 @@ def test_a_dequantized_reader_reads_the_one_lookup():
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_dequantized_reader_of_an_8_bit_step_too_cheap_for_a_table_keeps_its_own_table():
+    """r1 = q(dq(x) * 0.5) (10 ops, under ``long_chain`` = 12) is read as 8 bits by a max pool, and as
+    dq(r1) by a float add with y (14 ops from x): dq(r1) is tabulated from x, while r1 keeps its ops.
+    x then has two readers (r1's chain and the lookup), one more kernel than reading r1, and still the
+    faster build where the step is long: the step computed in the producer's epilogue costs more than
+    a kernel of its own (docs/passes.md, TabulateEightBit, one table per value)."""
+    y = relay.var("y", shape=SHAPE, dtype="uint8")
+
+    def step(x):
+        return _quantize(relay.multiply(_dequantize(x, 3, 0.05), relay.const(0.5)), 0.04, 3, "uint8")
+
+    x = relay.var("x", shape=SHAPE, dtype="uint8")
+    r1 = step(x)
+    tail = relay.add(_dequantize(r1, 3, 0.04), _dequantize(y, 5, 0.03))
+    before = infer(relay.Function([x, y], relay.Tuple([relay.nn.max_pool2d(r1, (2, 2)), tail])))
+    after = TabulateEightBit(long_chain=12)(before)
+    text = after.astext()
+    assert text.count("tvm_ext.table_lookup") == 1 and "nn.max_pool2d" in text
+    assert_unchanged(TabulateEightBit(long_chain=12), after)
+    feed = {"x": _all_values("uint8"), "y": np.random.default_rng(7).integers(0, 256, SHAPE).astype("uint8")}
+    for got, want in zip(run_module(after, feed), run_module(before, feed)):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_reader_with_its_own_transcendental_keeps_its_table():
     """dq(r1) followed by another sigmoid is not cheap: it keeps a table of its own (of x)."""
     x = relay.var("x", shape=SHAPE, dtype="uint8")
