@@ -31,6 +31,11 @@ __all__ = ["strided_one_by_one", "strided_pixels"]
 _SAVED: dict = {}
 
 
+def _pair(strides) -> tuple:
+    """``(sh, sw)`` of a conv's ``strides`` (one number or two)."""
+    return tuple(int(s) for s in (strides if isinstance(strides, (tuple, list)) else (strides, strides)))
+
+
 def strided_pixels(data, strides, padding):
     """The pixels a 1x1 conv with ``strides`` and ``padding`` reads from NHWC ``data``, as an NHWC
     tensor whose stride-1 1x1 conv is the strided one (zero padding, as TVM's conv pads)."""
@@ -38,7 +43,7 @@ def strided_pixels(data, strides, padding):
     from tvm.topi.nn.utils import get_pad_tuple
     from tvm.topi.utils import get_const_tuple
 
-    sh, sw = (int(s) for s in (strides if isinstance(strides, (tuple, list)) else (strides, strides)))
+    sh, sw = _pair(strides)
     top, left, down, right = (int(p) for p in get_pad_tuple(padding, (1, 1)))
     if top or left or down or right:
         data = topi.nn.pad(data, [0, top, left, 0], [0, down, right, 0], name="data_pad")
@@ -56,7 +61,7 @@ def _wrap(original):
     def wrapped(cfg, data, b_interleaved_t, strides, padding, dilation, out_dtype, kernel_size, output_channels,
                 interleave_a, *rest, **kw):
         kh, kw_ = get_const_tuple(kernel_size)
-        sh, sw = (int(s) for s in (strides if isinstance(strides, (tuple, list)) else (strides, strides)))
+        sh, sw = _pair(strides)
         if (kh, kw_) != (1, 1) or (sh, sw) == (1, 1):
             return original(cfg, data, b_interleaved_t, strides, padding, dilation, out_dtype, kernel_size,
                             output_channels, interleave_a, *rest, **kw)
