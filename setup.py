@@ -14,9 +14,7 @@ MAPPED = {"tvm_ext.passes": "passes", "tvm_ext.patterns": "patterns"}
 
 def discover() -> list:
     """Every package of the distribution, by name."""
-    packages = find_packages(include=["tvm_ext", "tvm_ext.*"])
-    packages += [p for p in find_namespace_packages(include=["tvm_ext.*"], exclude=["*.__pycache__"])
-                 if p not in packages]
+    packages = find_namespace_packages(include=["tvm_ext", "tvm_ext.*"], exclude=["*.__pycache__"])
     for name, folder in MAPPED.items():
         packages += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
     return sorted(packages)
