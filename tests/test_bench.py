@@ -293,6 +293,37 @@ def test_int8_peak_script_prints_a_rate_per_core(isa, flags):
     assert rates and all(r > 0 for r in rates), out
 
 
+def test_vector_pipes_script_times_every_mix():
+    """benchmarks/lab/vector_pipes.py (an epilogue's instructions next to the dot products) compiles one
+    loop per mix, each holding exactly the mix's instructions, and prints a positive cycle count per
+    mix; on a host without AVX-512 VNNI it exits naming what is missing."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tvm_ext.x86 import isa as isa_mod
+
+    script = Path(__file__).parents[1] / "benchmarks/lab/vector_pipes.py"
+    pipes = load_script("benchmarks/lab/vector_pipes.py")
+    source = pipes.program()
+    assert source.count("vpdpbusd") == sum(i.startswith("vpdpbusd") for _, mix in pipes.MIXES for i in mix)
+    assert source.count("__asm__ volatile(") == len(pipes.MIXES) + 2  # the mixes, the mask, the clock
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    cmd = [sys.executable, str(script), "--iters", "20000", "--rounds", "1"]
+    if not {"avx512f", "avx512vnni"} <= isa_mod.host_features():
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode != 0 and "cannot run here" in res.stderr, res.stderr
+        return
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert re.match(r"clock \d+\.\d+ GHz", out), out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| instructions")]
+    assert [r.split(" | ")[0][2:] for r in rows] == [label for label, _ in pipes.MIXES], out
+    assert all(float(r.split("|")[2]) > 0 for r in rows), out
+
+
 def test_layers_vs_peers_finds_the_convolutions_of_a_qdq_model(tmp_path):
     """benchmarks/layers_vs_peers.py maps ONNX Runtime's conv nodes to geometries; in a QDQ model the
     weight is a DequantizeLinear of the int8 initializer, whose shape gives the geometry; a float
