@@ -111,9 +111,11 @@ def calibrate(raw: dict, cpu: str, peak_gmacs: float, clock_ghz: float) -> str:
     """Markdown: per conv geometry, the static estimate next to the measured kernel time and OpenVINO's
     node time, then the end-to-end split. ``raw``: a ``layers_vs_peers.py --out`` JSON of this host.
 
-    Static times, two ways: llvm-mca's cycles at ``clock_ghz`` (the model as is), and MACs / (llvm-mca's
-    share of peak x the measured peak ``peak_gmacs`` per core) (llvm-mca's share, the host's peak).
-    Both assume the threads split every kernel evenly.
+    Static times, two ways: llvm-mca's cycles at ``clock_ghz`` (the model as is), and MACs / (the hot
+    loop's share of the model's rate for its own dot forms x the measured peak ``peak_gmacs`` per core)
+    (llvm-mca's share, the host's peak: :attr:`tvm_ext.tools.mca.KernelEstimate.form_share`, which
+    differs from the share of the model's peak where the model rates a register-form and a
+    memory-form dot apart, as LLVM's Zen 4 model does). Both assume the threads split every kernel evenly.
     """
     import collections
 
@@ -142,6 +144,7 @@ def calibrate(raw: dict, cpu: str, peak_gmacs: float, clock_ghz: float) -> str:
             ov[g] += raw["openvino"][node]
     per = collections.defaultdict(lambda: collections.Counter())
     shares = collections.defaultdict(list)
+    form_shares = collections.defaultdict(list)
     for k in an.kernels:
         g = geometry.get(k.name)
         if g is None:
@@ -152,12 +155,14 @@ def calibrate(raw: dict, cpu: str, peak_gmacs: float, clock_ghz: float) -> str:
         d["measured"] += measured[k.name]
         if k.mca:
             d["mca_ms"] += k.cycles / (clock_ghz * 1e6) / threads
-            d["cal_ms"] += k.launches * k.macs / (k.share * peak_gmacs * 1e6) / threads
+            d["cal_ms"] += k.launches * k.macs / (k.form_share * peak_gmacs * 1e6) / threads
             shares[g].append(k.share)
+            form_shares[g].append(k.form_share)
         else:
             d["unmodelled"] += 1
-    head = ["conv (out, kh, kw, oh, ow)", "n", "GMAC", "hot loop % peak (llvm-mca)", "static ms: llvm-mca cycles",
-            "static ms: share x measured peak", "tvm-ext measured ms", "measured / static", "OpenVINO ms",
+    head = ["conv (out, kh, kw, oh, ow)", "n", "GMAC", "hot loop % peak (llvm-mca)",
+            "hot loop % of its dot forms' rate (llvm-mca)", "static ms: llvm-mca cycles",
+            "static ms: forms' share x measured peak", "tvm-ext measured ms", "measured / static", "OpenVINO ms",
             "tvm-ext / OpenVINO"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tot = collections.Counter()
@@ -166,12 +171,18 @@ def calibrate(raw: dict, cpu: str, peak_gmacs: float, clock_ghz: float) -> str:
             tot[key] += d[key]
         tot["ov"] += ov.get(g, 0)
         share = "/".join(_pct(x) for x in sorted(set(round(v, 2) for v in shares[g]))) or "no dot loop"
+        form_share = "/".join(_pct(x) for x in sorted(set(round(v, 2) for v in form_shares[g]))) or "-"
         cal = f"{d['cal_ms']:.3f}" if not d["unmodelled"] else "-"
-        cells = [str(g), str(d["n"]), f"{d['macs'] / 1e9:.3f}", share, f"{d['mca_ms']:.3f}" if shares[g] else "-",
+        cells = [str(g), str(d["n"]), f"{d['macs'] / 1e9:.3f}", share, form_share,
+                 f"{d['mca_ms']:.3f}" if shares[g] else "-",
                  cal, f"{d['measured']:.3f}", f"{d['measured'] / d['cal_ms']:.2f}" if d["cal_ms"] else "-",
                  f"{ov[g]:.3f}" if ov.get(g) else "-", f"{d['measured'] / ov[g]:.2f}" if ov.get(g) else "-"]
         lines.append("| " + " | ".join(cells) + " |")
+    modelled = [k for k in an.kernels if k.mca]
+    form_whole = sum(k.launches * k.macs for k in modelled) / sum(k.launches * k.macs / k.form_share
+                                                                   for k in modelled) if modelled else 0.0
     lines.append("| " + " | ".join(["all conv and dense kernels", "", f"{tot['macs'] / 1e9:.3f}", _pct(an.share),
+                                     _pct(form_whole),
                                      f"{tot['mca_ms']:.2f}", f"{tot['cal_ms']:.2f}", f"{tot['measured']:.2f}",
                                      f"{tot['measured'] / tot['cal_ms']:.2f}", f"{tot['ov']:.2f}",
                                      f"{tot['measured'] / tot['ov']:.2f}" if tot["ov"] else "-"]) + " |")
@@ -179,7 +190,7 @@ def calibrate(raw: dict, cpu: str, peak_gmacs: float, clock_ghz: float) -> str:
     mac_kernels = {k.name for k in an.kernels}
     other = sum(r["ms"] for r in rows if r["name"] not in mac_kernels)
     kernels_ms = sum(r["ms"] for r in rows)
-    split = [("hot loops (static: share x measured peak)", tot["cal_ms"]),
+    split = [("hot loops (static: forms' share x measured peak)", tot["cal_ms"]),
              ("rest of the conv and dense kernels (measured - hot loops)", tot["measured"] - tot["cal_ms"]),
              ("other kernels (measured)", other)]
     if e2e:
@@ -297,7 +308,7 @@ def _conv_kernel_rows(per_shape: dict, shapes: dict) -> list:
 
     rows = []
     for s, an in per_shape.items():
-        ks = [mca.KernelEstimate(str(s), k.macs, shapes[s], k.hot, k.mca, k.peak) for k in an.kernels]
+        ks = [mca.KernelEstimate(str(s), k.macs, shapes[s], k.hot, k.mca, k.peak, cpu=an.cpu) for k in an.kernels]
         rows.append(mca.Analysis(an.cpu, an.peak, ks))
     merged = rows[0]
     for r in rows[1:]:

@@ -241,6 +241,46 @@ def test_memory_form_loop_within_the_znver5_peak():
     assert 12 * 64 / res.cycles_per_iteration <= 1.02 * mca.peak("znver5").macs_per_cycle
 
 
+def _estimate(cpu: str, loop: str) -> mca.KernelEstimate:
+    """The estimate of a kernel whose only loop is ``loop`` (assembly with a ``.Lpeak`` label)."""
+    m = mca.cpu_model(cpu)
+    funcs = _asm.parse(".type f,@function\nf:\n" + loop + "retq\n")
+    hot = _asm.hot_loop("f", funcs, ["f"])
+    res = _llvm_mca.run(hot.text, m.triple, m.mcpu, m.mattr)
+    return mca.KernelEstimate("f", hot.macs, 1, hot, res, mca.peak(cpu), cpu=cpu)
+
+
+def test_hot_loop_counts_the_dots_with_a_memory_source():
+    hot = _asm.hot_loop("f", _asm.parse(".type f,@function\nf:\n.Lx:\nvpdpbusd %zmm1, %zmm2, %zmm3\n"
+                                        "vpdpbusd 64(%rsi){1to16}, %zmm2, %zmm4\nvpdpbusd (%rdi), %zmm2, %zmm5\n"
+                                        "jne .Lx\nretq\n"), ["f"])
+    assert hot.dots == {"vpdpbusd zmm": 3} and hot.memory_dots == {"vpdpbusd zmm": 2}
+
+
+@needs_mca
+@pytest.mark.parametrize("cpu", ["znver4", "cascadelake"])
+def test_form_share_rates_a_loop_at_its_own_dot_forms(cpu):
+    """The peak loop of each dot form is at 100% of its own form's rate. LLVM 22's Zen 4 model gives the
+    register form half the memory form's rate, so there the register-form loop's share of the model's
+    peak is about half; Cascade Lake's model rates the forms alike."""
+    for form in ("vpdpbusd zmm", "vpdpbusd zmm mem"):
+        k = _estimate(cpu, _peak.loop_text(form))
+        assert k.form_share == pytest.approx(1.0, rel=0.02), (form, k.form_share)
+    register = _estimate(cpu, _peak.loop_text("vpdpbusd zmm"))
+    half = _peak.form_peak(cpu, "vpdpbusd zmm").macs_per_cycle < 0.75 * mca.peak(cpu).macs_per_cycle
+    assert half == (cpu == "znver4")
+    assert register.share == pytest.approx(0.5 if half else 1.0, rel=0.05), register.share
+
+
+@needs_mca
+def test_form_share_falls_back_to_the_share_without_a_peak_loop_of_the_form():
+    # no peak loop of a memory-form ymm vpdpbusd: the share of the model's peak stands
+    assert "vpdpbusd ymm mem" not in _peak.FORMS
+    k = _estimate("znver4", ".Lpeak:\n" + "\n".join(f"vpdpbusd (%rsi), %ymm15, %ymm{i}" for i in range(12))
+                  + "\naddq $1, %rax\ncmpq %rdx, %rax\njne .Lpeak\n")
+    assert k.hot.memory_dots == {"vpdpbusd ymm": 12} and k.form_share == k.share > 0
+
+
 _EPILOGUE_NESTED = """\
 \t.type\ttvmgen_default_fused_nn_conv2d_hardswish_compute_,@function
 tvmgen_default_fused_nn_conv2d_hardswish_compute_:

@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import _asm, _llvm_mca, _macs
+from . import _asm, _llvm_mca, _macs, _peak
 from ._cpus import CPU_MODELS, CpuModel, cpu_model
 from ._graphs import ConvShape, resnet50_convs, single_conv
 from ._llvm_mca import McaError, McaResult, llvm_mca_path
@@ -48,6 +48,7 @@ class KernelEstimate:
     peak: Peak
     kind: str = ""  # "depthwise", "float" or "" (tvm_ext.tools.mca._macs.kind)
     conv: str = ""  # the kernel's conv or dense in words (tvm_ext.tools.mca._macs.describe)
+    cpu: str = ""  # the CPU model the prediction is for
 
     @property
     def macs_per_cycle(self) -> float:
@@ -57,6 +58,33 @@ class KernelEstimate:
     def share(self) -> float:
         """Predicted MACs per cycle over the CPU model's peak (0 without a hot loop)."""
         return self.macs_per_cycle / self.peak.macs_per_cycle
+
+    @property
+    def form_share(self) -> float:
+        """The hot loop's dot instructions at the CPU model's rate for their own forms (register or memory
+        source: :data:`tvm_ext.tools.mca._peak.FORMS`) over its predicted cycles, in MACs as :attr:`share`
+        counts them; :attr:`share` where the model has no peak loop of one of its forms.
+
+        Where a model rates the forms alike this is :attr:`share`. LLVM 22's Zen 4 model gives a
+        register-form ``vpdpbusd zmm`` half the memory form's rate, and the real Zen 4 runs both at the
+        memory form's (docs/kernels-static.md): there a register-form loop's :attr:`share` reads about
+        half of this, and this times the host's measured peak is what the loop should take.
+        """
+        if not self.mca:
+            return 0.0
+        per_loop = _peak.COPIES * _peak.UNROLL
+        cycles = raw_macs = 0.0
+        for key, n in self.hot.dots.items():
+            memory = self.hot.memory_dots.get(key, 0)
+            for form, count in ((key, n - memory), (f"{key} mem", memory)):
+                if not count:
+                    continue
+                if form not in _peak.FORMS or not self.cpu:
+                    return self.share
+                p = _peak.form_peak(self.cpu, form)
+                cycles += count * p.cycles_per_iteration / per_loop
+                raw_macs += count * p.macs_per_cycle * p.cycles_per_iteration / per_loop
+        return cycles / self.mca.cycles_per_iteration * self.hot.macs / raw_macs
 
     @property
     def cycles(self) -> float:
@@ -69,7 +97,7 @@ class KernelEstimate:
             d.update(dots=self.hot.dots, accumulators=self.hot.accumulators,
                      macs_per_iteration=self.hot.macs, instructions=self.hot.instructions,
                      cycles_per_iteration=self.mca.cycles_per_iteration, macs_per_cycle=self.macs_per_cycle,
-                     share=self.share, bound=self.mca.bound, function=self.hot.function)
+                     share=self.share, form_share=self.form_share, bound=self.mca.bound, function=self.hot.function)
         return d
 
 
@@ -161,7 +189,7 @@ def analyze_factory(factory, cpu: str) -> Analysis:
         res = _llvm_mca.run(hot.text, model.triple, model.mcpu, model.mattr) if hot else None
         if hot is None:
             logger.info("%s: no int8 dot-product loop in %s", cpu, name)
-        out.kernels.append(KernelEstimate(name, macs, n, hot, res, top, kind, _macs.describe(relay_funcs[name])))
+        out.kernels.append(KernelEstimate(name, macs, n, hot, res, top, kind, _macs.describe(relay_funcs[name]), cpu))
     return out
 
 

@@ -149,6 +149,7 @@ class HotLoop:
     dots: dict = field(default_factory=dict)  # "mnemonic width" -> count
     macs: int = 0  # multiply-accumulates per iteration
     accumulators: int = 0  # distinct registers the dot instructions write
+    memory_dots: dict = field(default_factory=dict)  # "mnemonic width" -> count of those with a memory source
 
     @property
     def instructions(self) -> int:
@@ -294,7 +295,9 @@ def hot_loop(kernel: str, funcs: dict, names, kind: str = "") -> HotLoop | None:
         return None
     lp, body, own, count, macs = max(found, key=lambda f: (f[4], -len(f[1])))
     acc = {_destination(i) for i in own if i.mnemonic in forms and forms[i.mnemonic](i.operands)}
-    return HotLoop(kernel, lp.function, tuple(i.text for i in body), dict(count), macs, len(acc))
+    memory = collections.Counter(f"{i.mnemonic} {_width(i)}" for i in own
+                                 if i.mnemonic in forms and forms[i.mnemonic](i.operands) and "(" in i.operands)
+    return HotLoop(kernel, lp.function, tuple(i.text for i in body), dict(count), macs, len(acc), dict(memory))
 
 
 #: Dots of 4 bytes per 32-bit lane: in a depthwise kernel, 4 adjacent taps of one channel per lane.
