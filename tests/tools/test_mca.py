@@ -332,3 +332,9 @@ def test_x86_depthwise_tap_dots_count_the_taps_with_a_weight(kw, macs):
     a ymm dot (8 lanes) half as many."""
     hot = _asm.HotLoop("k", "f", (), {"vpdpbusd zmm": 3, "vpdpbusd ymm": 1}, 3 * 64 + 32)
     assert _asm.depthwise_taps(hot, kw).macs == macs
+
+
+@needs_mca
+def test_form_share_of_an_aarch64_loop_is_its_share():
+    k = _estimate("cortex-a72", _peak.loop_text("smlal .4s"))
+    assert k.hot.memory_dots == {} and k.form_share == k.share

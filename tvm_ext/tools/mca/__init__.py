@@ -63,7 +63,8 @@ class KernelEstimate:
     def form_share(self) -> float:
         """The hot loop's dot instructions at the CPU model's rate for their own forms (register or memory
         source: :data:`tvm_ext.tools.mca._peak.FORMS`) over its predicted cycles, in MACs as :attr:`share`
-        counts them; :attr:`share` where the model has no peak loop of one of its forms.
+        counts them; :attr:`share` on aarch64 models (their dots have no memory form) and where the model
+        has no peak loop of one of the loop's forms.
 
         Where a model rates the forms alike this is :attr:`share`. LLVM 22's Zen 4 model gives a
         register-form ``vpdpbusd zmm`` half the memory form's rate, and the real Zen 4 runs both at the
@@ -72,6 +73,8 @@ class KernelEstimate:
         """
         if not self.mca:
             return 0.0
+        if not self.cpu or not cpu_model(self.cpu).triple.startswith("x86_64"):
+            return self.share
         per_loop = _peak.COPIES * _peak.UNROLL
         cycles = raw_macs = 0.0
         for key, n in self.hot.dots.items():
@@ -79,7 +82,7 @@ class KernelEstimate:
             for form, count in ((key, n - memory), (f"{key} mem", memory)):
                 if not count:
                     continue
-                if form not in _peak.FORMS or not self.cpu:
+                if form not in _peak.FORMS:
                     return self.share
                 p = _peak.form_peak(self.cpu, form)
                 cycles += count * p.cycles_per_iteration / per_loop
