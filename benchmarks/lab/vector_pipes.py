@@ -102,21 +102,14 @@ def program() -> str:
     return _PROGRAM.replace("@LOOPS@", "".join(loops))
 
 
-def _cpu_flags() -> set:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        return set()
-    return set(line.split(":", 1)[-1].split())
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=50_000_000, help="loop iterations per measurement")
     ap.add_argument("--rounds", type=int, default=3, help="measurements per mix (the fastest is kept)")
     args = ap.parse_args(argv)
-    missing = [f for f in ("avx512f", "avx512_vnni") if f not in _cpu_flags()]
+    from tvm_ext.x86.isa import host_features  # LLVM's view of this CPU (CPUID, XGETBV)
+
+    missing = [f for f in ("avx512f", "avx512vnni") if f not in host_features()]
     if missing:
         sys.exit(f"vector_pipes: this CPU has no {', '.join(missing)}: the mixes cannot run here")
     gcc = shutil.which("gcc") or shutil.which("cc")
