@@ -178,11 +178,8 @@ def calibrate(raw: dict, cpu: str, peak_gmacs: float, clock_ghz: float) -> str:
                  cal, f"{d['measured']:.3f}", f"{d['measured'] / d['cal_ms']:.2f}" if d["cal_ms"] else "-",
                  f"{ov[g]:.3f}" if ov.get(g) else "-", f"{d['measured'] / ov[g]:.2f}" if ov.get(g) else "-"]
         lines.append("| " + " | ".join(cells) + " |")
-    modelled = [k for k in an.kernels if k.mca]
-    form_whole = sum(k.launches * k.macs for k in modelled) / sum(k.launches * k.macs / k.form_share
-                                                                   for k in modelled) if modelled else 0.0
     lines.append("| " + " | ".join(["all conv and dense kernels", "", f"{tot['macs'] / 1e9:.3f}", _pct(an.share),
-                                     _pct(form_whole),
+                                     _pct(an.form_share),
                                      f"{tot['mca_ms']:.2f}", f"{tot['cal_ms']:.2f}", f"{tot['measured']:.2f}",
                                      f"{tot['measured'] / tot['cal_ms']:.2f}", f"{tot['ov']:.2f}",
                                      f"{tot['measured'] / tot['ov']:.2f}" if tot["ov"] else "-"]) + " |")

@@ -338,3 +338,11 @@ def test_x86_depthwise_tap_dots_count_the_taps_with_a_weight(kw, macs):
 def test_form_share_of_an_aarch64_loop_is_its_share():
     k = _estimate("cortex-a72", _peak.loop_text("smlal .4s"))
     assert k.hot.memory_dots == {} and k.form_share == k.share
+
+
+@needs_mca
+def test_whole_model_form_share_weighs_kernels_by_macs():
+    # register-form and memory-form peak loops, each at its own form's rate: the whole is at 100% too
+    ks = [_estimate("znver4", _peak.loop_text(f)) for f in ("vpdpbusd zmm", "vpdpbusd zmm mem")]
+    whole = mca.Analysis("znver4", mca.peak("znver4"), ks)
+    assert whole.form_share == pytest.approx(1.0, rel=0.02) and whole.share < 0.8

@@ -132,6 +132,13 @@ class Analysis:
         return sum(k.cycles for k in self.modelled)
 
     @property
+    def form_share(self) -> float:
+        """Whole-model estimate with each kernel's :attr:`KernelEstimate.form_share` (MAC-weighted harmonic
+        mean, as :attr:`share`)."""
+        at_form_rate = sum(k.launches * k.macs / k.form_share for k in self.modelled)
+        return self.macs / at_form_rate if at_form_rate else 0.0
+
+    @property
     def peak_cycles(self) -> float:
         return self.macs / self.peak.macs_per_cycle
 

@@ -294,9 +294,9 @@ def hot_loop(kernel: str, funcs: dict, names, kind: str = "") -> HotLoop | None:
     if not found:
         return None
     lp, body, own, count, macs = max(found, key=lambda f: (f[4], -len(f[1])))
-    acc = {_destination(i) for i in own if i.mnemonic in forms and forms[i.mnemonic](i.operands)}
-    memory = collections.Counter(f"{i.mnemonic} {_width(i)}" for i in own
-                                 if i.mnemonic in forms and forms[i.mnemonic](i.operands) and "(" in i.operands)
+    dots = [i for i in own if i.mnemonic in forms and forms[i.mnemonic](i.operands)]
+    acc = {_destination(i) for i in dots}
+    memory = collections.Counter(f"{i.mnemonic} {_width(i)}" for i in dots if "(" in i.operands)
     return HotLoop(kernel, lp.function, tuple(i.text for i in body), dict(count), macs, len(acc), dict(memory))
 
 
