@@ -31,6 +31,7 @@ def _body(text: str) -> list:
     ("vpdpbusd %zmm1, %zmm2, %zmm3", 64),          # 16 int32 lanes x 4 byte products
     ("vpdpbusd 64(%rax){1to16}, %zmm2, %zmm3", 64),
     ("vpdpbusd %ymm1, %ymm2, %ymm3", 32),
+    ("{vex}\tvpdpbusd %ymm14, %ymm13, %ymm0", 32),  # the AVX-VNNI encoding LLVM picks for ymm0-15
     ("vpmaddwd %ymm1, %ymm2, %ymm3", 16),          # 8 int32 lanes x 2 int16 products
     ("vpmaddwd (%rdi), %zmm2, %zmm3", 32),
     ("sdot v0.4s, v1.16b, v2.16b", 16),

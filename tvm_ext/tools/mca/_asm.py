@@ -193,7 +193,10 @@ def parse(asm: str) -> dict:
         s = line.strip()
         if s.startswith("."):
             continue  # a directive
-        mnemonic, *operands = s.split(None, 1)
+        words = s.split(None, 1)
+        while words[0].startswith("{") and len(words) > 1:  # an encoding choice ({vex}, {evex}): not the mnemonic
+            words = words[1].split(None, 1)
+        mnemonic, *operands = words
         current.append(Instruction(s, mnemonic.lower(), operands[0].strip() if operands else ""))
     return funcs
 
