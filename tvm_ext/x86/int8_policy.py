@@ -63,6 +63,12 @@ class KernelPolicy:
         busy: its latency times how many issue per cycle (``vpdpbusd``: 5 cycles x 2 per cycle on
         Cascade Lake and Ice Lake). A row tile with fewer takes up to ``tile_oc_chunks`` output-channel
         blocks (``tile_chains``, computed per tile rather than per row). 0: no such minimum.
+    kw_reuse_registers : int
+        Vector registers an untuned stride-1 3x3/5x5/7x7 int8 conv's row tile may fill with
+        accumulators, broadcast data words and kernel vectors when ``kw`` is unrolled so that
+        neighbouring kernel columns share the words (``fallback_kw_reuse``,
+        :func:`tvm_ext.x86.tile_rules.kw_reuse_width`); 0 keeps TVM's fallback tile (``tile_ow`` the
+        largest divisor of the width up to 31, ``kw`` rolled: one broadcast per dot product).
     depthwise_taps : bool
         8-bit depthwise convs multiply 4 adjacent taps per 32-bit lane with ``vpdpbusd``
         (:mod:`tvm_ext.x86.depthwise_taps`) instead of TVM's one widened tap per lane.
@@ -79,6 +85,7 @@ class KernelPolicy:
     tile_oc_chunks: int = 1
     dot_chains: int = 0
     depthwise_taps: bool = False
+    kw_reuse_registers: int = 0
 
     @property
     def conv_schedule(self) -> str:
@@ -138,6 +145,16 @@ _TILE_OC_CHUNKS: dict = {"avx512_vnni": 4}
 _DOT_CHAINS: dict = {"avx512_vnni": 10}
 
 
+#: Vector registers of an untuned stride-1 int8 conv's row tile with ``kw`` unrolled, per class
+#: (``fallback_kw_reuse``; AVX-512: 32 zmm). YOLOv8n QDQ's 3x3 convs (64->64 at 40x40): TVM's
+#: fallback tile of 20 pixels does 80 ``vpdpbusd zmm`` with 80 ``vpbroadcastd`` and 4 kernel loads,
+#: 72% of llvm-mca's Cascade Lake and Ice Lake peak (its models give each load a port-0/1/5
+#: micro-op); 10 pixels with ``kw`` unrolled do 120 with 36 broadcasts, 100%. On Zen 4 (2 threads)
+#: the conv 0.99x TVM's tile's time, 80x80 32->32 0.98x, YOLOv8n and PP-OCRv4 det end to end
+#: 0.99-1.00x; bit-identical (docs/x86-kernels.md).
+_KW_REUSE_REGISTERS: dict = {"avx512_vnni": 32}
+
+
 #: Classes whose 8-bit depthwise convs take 4 taps per 32-bit lane (``depthwise_taps``): PP-OCR cls v2's
 #: depthwise convs alone, Zen 5, 2 threads: 0.56x TVM's time summed (docs/x86-kernels.md).
 _DEPTHWISE_TAPS = frozenset({"avx512_vnni"})
@@ -163,7 +180,7 @@ def policy(target) -> KernelPolicy:
     return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
                         _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
                         _TILE_ACCUMULATORS.get(key, 0), _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0),
-                        key in _DEPTHWISE_TAPS)
+                        key in _DEPTHWISE_TAPS, _KW_REUSE_REGISTERS.get(key, 0))
 
 
 def needs_operand_fix() -> bool:

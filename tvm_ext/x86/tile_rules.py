@@ -6,7 +6,8 @@ measurements behind each rule.
 """
 from __future__ import annotations
 
-__all__ = ["tile_width", "tile_shape", "tile_chunks_shape", "tile_chains", "whole_row_over_budget", "groups_in_turn"]
+__all__ = ["tile_width", "tile_shape", "tile_chunks_shape", "tile_chains", "whole_row_over_budget", "groups_in_turn",
+           "kw_reuse_width"]
 
 
 def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunks: int, accumulators: int) -> int:
@@ -29,6 +30,29 @@ def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunk
         if pixels * groups * c >= chains:
             break
     return best
+
+
+def kw_reuse_width(out_width: int, groups: int, kernel_w: int, registers: int, fallback_width: int,
+                   least: int = 8):
+    """Output pixels per row tile of an untuned stride-1 conv computed with ``kw`` unrolled
+    (``fallback_kw_reuse``), or None where TVM's fallback tile of ``fallback_width`` pixels stays.
+
+    Unrolled over ``kw``, the tile's ``kernel_w`` kernel columns read the data words of pixels
+    ``x .. x + kernel_w - 1``: one broadcast word per pixel serves ``kernel_w`` dot products once the
+    tile's ``pixels + kernel_w - 1`` words stay in registers beside its accumulators and the kernel
+    vectors of one column. The widest tile (a divisor of the width) that fits ``registers``::
+
+        # pixels * groups + (pixels + kernel_w - 1) + groups <= registers
+
+    A tile narrower than ``least`` pixels and than TVM's own (a width whose divisors that fit are
+    all small, e.g. a prime) keeps TVM's tile without the unroll.
+    """
+    fits = [p for p in range(1, out_width + 1)
+            if out_width % p == 0 and p * groups + (p + kernel_w - 1) + groups <= registers]
+    if not fits:
+        return None
+    pixels = max(fits)
+    return pixels if pixels >= min(least, fallback_width) else None
 
 
 def _largest_divisor(n: int, at_most: int) -> int:

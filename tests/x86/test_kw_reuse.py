@@ -1,0 +1,164 @@
+"""``fallback_kw_reuse``: on AVX-512 VNNI an untuned stride-1 int8 conv with ``kw`` > 1 unrolls ``kw`` and takes
+the widest row tile whose accumulators, data words and kernel vectors fit the 32 registers, so that
+neighbouring kernel columns share each broadcast data word (TVM's fallback: up to 31 pixels, one
+broadcast per dot product).
+
+The rule per width; the policy per class; the fallback config it writes; the compiled loop's broadcasts
+and llvm-mca's share at Cascade Lake (compiled only); on a host with AVX-512 VNNI, executed in a child
+process against numpy's integer convolution (int32 out) and a plain ``llvm`` build (requantized to uint8).
+"""
+import collections
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_ext.x86 import int8_policy, tile_rules
+
+from ._int8_cases import needs_vnni
+
+
+@pytest.mark.parametrize("width,kernel_w,fallback,expected", [
+    (40, 3, 20, 10),    # YOLOv8n's 40x40 maps: 10 + 12 words + 1 kernel vector
+    (80, 3, 20, 10),
+    (56, 3, 28, 14),    # 14 + 16 + 1 = 31
+    (64, 3, 16, 8),     # 16 does not fit (16 + 18 + 1)
+    (13, 3, 13, 13),    # a prime width that fits whole
+    (7, 3, 7, 7),       # narrower than 8, but TVM's tile is no wider
+    (19, 3, 19, None),  # a prime width that does not fit: only 1 would
+    (15, 3, 15, None),  # 5 pixels fit, under 8 and under TVM's 15
+    (40, 5, 20, 10),    # 5x5: 10 + 14 + 1
+    (20, 7, 20, 10),    # 7x7: 10 + 16 + 1
+])
+def test_kw_reuse_width(width, kernel_w, fallback, expected):
+    got = tile_rules.kw_reuse_width(width, 1, kernel_w, 32, fallback)
+    assert got == expected
+    if got is not None:
+        assert width % got == 0 and got + (got + kernel_w - 1) + 1 <= 32
+
+
+def test_two_groups_per_pixel_take_half_the_pixels():
+    assert tile_rules.kw_reuse_width(40, 2, 3, 32, 20) == 8  # 16 accumulators + 10 words + 2 kernel vectors
+
+
+def test_only_vnni_reuses_words():
+    for target, registers in (("llvm -mcpu=cascadelake", 32), ("llvm -mcpu=znver4", 32),
+                              ("llvm -mcpu=sapphirerapids", 32), ("llvm -mcpu=x86-64-v3", 0),
+                              ("llvm -mcpu=x86-64-v4", 0), ("llvm -mtriple=aarch64-linux-gnu", 0)):
+        assert int8_policy.policy(target).kw_reuse_registers == registers, target
+
+
+_Workload = collections.namedtuple("_Workload", "width padl padr kernel_w stride_w dilation_w")
+
+
+def _fallback_config(target, wkl, width=20):
+    """The config :func:`_int8_conv_kw_reuse` writes over a fallback that sets TVM's knobs."""
+    import tvm
+    from tvm.autotvm.task.space import FallbackConfigEntity, OtherOptionEntity, SplitEntity
+
+    from tvm_ext.x86 import int8_conv
+
+    def tvms(cfg, wkl, int32_lanes, num_int8_elements):
+        cfg["tile_oc"] = SplitEntity([4, 16])
+        cfg["tile_ow"] = SplitEntity([-1, width])
+        cfg["unroll_kw"] = OtherOptionEntity(False)
+
+    cfg = FallbackConfigEntity()
+    with tvm.target.Target(target):
+        int8_conv._int8_conv_kw_reuse(tvms)(cfg, wkl, 16, 4)  # pylint: disable=protected-access
+    return cfg["tile_ow"].size[-1], cfg["unroll_kw"].val
+
+
+def test_fallback_config():
+    stride1 = _Workload(40, 1, 1, 3, 1, 1)
+    assert _fallback_config("llvm -mcpu=cascadelake", stride1) == (10, True)
+    assert _fallback_config("llvm -mcpu=x86-64-v3", stride1) == (20, False)
+    assert _fallback_config("llvm -mcpu=cascadelake", _Workload(80, 1, 1, 3, 2, 1)) == (20, False)  # stride 2
+    assert _fallback_config("llvm -mcpu=cascadelake", _Workload(80, 2, 2, 3, 1, 2)) == (20, False)  # dilated
+    assert _fallback_config("llvm -mcpu=cascadelake", _Workload(40, 0, 0, 1, 1, 1)) == (20, False)  # 1x1
+    assert _fallback_config("llvm -mcpu=cascadelake", _Workload(19, 1, 1, 3, 1, 1), 19) == (19, False)
+
+
+def _broadcasts_per_dot(hot) -> float:
+    return sum(line.startswith("vpbroadcastd") for line in hot.body) / sum(hot.dots.values())
+
+
+@pytest.mark.parametrize("cin,cout,size", [(64, 64, 40), (32, 32, 80)], ids=["40x40", "80x80"])
+def test_untuned_conv_at_cascadelake(cin, cout, size):
+    """Compiled for Cascade Lake (not run), as ``benchmarks/kernel_mca.py`` builds it: an untuned 3x3 conv of
+    YOLOv8n's shapes broadcasts under one data word per 2 dot products and reaches >= 85% of llvm-mca's
+    vpdpbusd peak (TVM's fallback tile: one broadcast per dot product, 72%)."""
+    from tvm_ext.tools import mca
+
+    try:
+        mca.llvm_mca_path()
+    except mca.McaError as err:
+        pytest.skip(str(err))
+    (kernel,) = mca.analyze(mca.single_conv(mca.ConvShape(cin, cout, size, 3, 1)), cpu="cascadelake").kernels
+    assert _broadcasts_per_dot(kernel.hot) < 0.5, kernel.hot.text
+    assert kernel.share >= 0.85, (kernel.share, kernel.mca.bound)
+
+
+#: (k, in, out channels, size, stride, epilogue): 10-pixel tiles of 40-wide rows, 8-channel output blocks
+#: (24 channels), a 5x5 kernel, a whole 13-wide row, 8-pixel tiles of 16-wide rows (with tile_chains' second
+#: block), and a stride-2 conv that keeps TVM's tile
+_CASES = ((3, 64, 64, 40, 1, False), (3, 96, 24, 20, 1, True), (5, 32, 32, 20, 1, True), (3, 32, 64, 13, 1, False),
+          (3, 64, 64, 16, 1, True), (3, 32, 32, 20, 2, False))
+
+_CHILD = r"""
+import sys, numpy as np, tvm, tvm_ext
+from tvm import relay
+sys.path.insert(0, sys.argv[1])
+from x86.test_kw_reuse import _CASES
+from x86.test_tile_chains import _conv
+from tvm_ext.core import pipelines
+from tvm_ext.tools.mca import _asm
+from tvm_ext.x86.target import host_target
+from tvm.contrib import graph_executor
+
+def run(lib, x):
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    m.set_input("x", x)
+    m.run()
+    return m.get_output(0).numpy()
+
+outs = {}
+for i, (k, cin, cout, size, stride, epilogue) in enumerate(_CASES):
+    mod, w = _conv(k, cin, cout, size, stride, epilogue)
+    x = np.random.default_rng(i).integers(0, 256, (1, cin, size, size)).astype("uint8")
+    x.reshape(-1)[::7] = 255
+    lib = tvm_ext.build(mod, target=host_target(allow_vnni=True), passes=pipelines.int8())
+    funcs = _asm.parse(lib.get_lib().get_source("asm"))
+    hot = max((h for h in (_asm.hot_loop(n, funcs, f) for n, f in _asm.kernels(funcs).items()) if h),
+              key=lambda h: h.macs)
+    outs[f"bcast-{i}"] = np.array(sum(b.startswith("vpbroadcastd") for b in hot.body) / sum(hot.dots.values()))
+    outs[f"got-{i}"] = run(lib, x)
+    with tvm.transform.PassContext(opt_level=3):
+        outs[f"llvm-{i}"] = run(relay.build(mod, target="llvm"), x)
+    outs[f"x-{i}"], outs[f"w-{i}"] = x, w
+np.savez(sys.argv[2], **outs)
+print("OK")
+"""
+
+
+@needs_vnni
+def test_unrolled_tiles_are_exact(tmp_path):
+    """Executed on this host's AVX-512 VNNI (child process): int32 outputs equal numpy's integer convolution,
+    requantized ones a plain ``llvm`` build's; the stride-1 loops broadcast under one word per 2 dot
+    products, the stride-2 one a word per dot product (TVM's tile)."""
+    from x86.test_tile_chains import _conv_exact
+
+    out = tmp_path / "outs.npz"
+    r = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(os.path.dirname(__file__)), str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    outs = np.load(out)
+    for i, (k, _cin, _cout, _size, stride, epilogue) in enumerate(_CASES):
+        got = outs[f"got-{i}"]
+        np.testing.assert_array_equal(got, outs[f"llvm-{i}"], err_msg=str(_CASES[i]))
+        if not epilogue:
+            np.testing.assert_array_equal(got, _conv_exact(outs[f"x-{i}"], outs[f"w-{i}"], stride, k // 2))
+        broadcasts = float(outs[f"bcast-{i}"])
+        assert (broadcasts < 0.5) if stride == 1 else (broadcasts >= 0.9), (_CASES[i], broadcasts)
