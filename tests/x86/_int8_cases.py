@@ -112,3 +112,93 @@ def _narrow_blocks_graph(seed=0, size=8):
 
 def _layout_kernels(names):
     return [n for n in names if "layout_transform" in n or "strided_slice" in n]
+
+
+def conv_case(k, cin, cout, size, stride, epilogue, seed=0):
+    """``(module, weights)``: a uint8 x int8 conv (padding k // 2), full-range weights (-128 included); int32
+    out, or with bias and a requantize to uint8."""
+    rng = np.random.default_rng(seed)
+    x = relay.var("x", shape=(1, cin, size, size), dtype="uint8")
+    w = rng.integers(-128, 128, (cout, cin, k, k)).astype("int8")
+    w.reshape(-1)[::9] = -128
+    y = relay.qnn.op.conv2d(x, relay.const(w), relay.const(0), relay.const(0), relay.const(0.02), relay.const(0.01),
+                            kernel_size=(k, k), channels=cout, padding=(k // 2, k // 2), strides=(stride, stride),
+                            out_dtype="int32")
+    if epilogue:
+        y = relay.nn.bias_add(y, relay.const(rng.integers(-1000, 1000, (cout,)).astype("int32")))
+        y = relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(5),
+                                    out_dtype="uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], y)), w
+
+
+def conv_exact(x, w, stride, pad):
+    """numpy's int64 convolution of ``x`` (NCHW) by ``w`` (OIHW)."""
+    xs = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oc, _, k, _ = w.shape
+    out = (xs.shape[2] - k) // stride + 1
+    span = stride * (out - 1) + 1
+    y = np.zeros((1, oc, out, out), np.int64)
+    for kh in range(k):
+        for kw in range(k):
+            y[0] += np.einsum("oi,ihw->ohw", w[:, :, kh, kw].astype(np.int64),
+                              xs[0, :, kh:kh + span:stride, kw:kw + span:stride])
+    return y
+
+
+_CONV_CASES_CHILD = r"""
+import json, sys, numpy as np, tvm, tvm_ext
+from tvm import relay
+sys.path.insert(0, sys.argv[1])
+from x86._int8_cases import conv_case
+from tvm_ext.core import pipelines
+from tvm_ext.tools.mca import _asm
+from tvm_ext.x86.target import host_target
+from tvm.contrib import graph_executor
+
+def run(lib, x):
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    m.set_input("x", x)
+    m.run()
+    return m.get_output(0).numpy()
+
+outs = {}
+for i, (k, cin, cout, size, stride, epilogue) in enumerate(json.loads(sys.argv[3])):
+    mod, w = conv_case(k, cin, cout, size, stride, epilogue)
+    x = np.random.default_rng(i).integers(0, 256, (1, cin, size, size)).astype("uint8")
+    x.reshape(-1)[::7] = 255
+    lib = tvm_ext.build(mod, target=host_target(allow_vnni=True), passes=pipelines.int8())
+    funcs = _asm.parse(lib.get_lib().get_source("asm"))
+    hot = max((h for h in (_asm.hot_loop(n, funcs, f) for n, f in _asm.kernels(funcs).items()) if h),
+              key=lambda h: h.macs)
+    outs[f"acc-{i}"] = np.array(hot.accumulators)
+    outs[f"bcast-{i}"] = np.array(sum(b.startswith("vpbroadcastd") for b in hot.body) / sum(hot.dots.values()))
+    outs[f"got-{i}"] = run(lib, x)
+    with tvm.transform.PassContext(opt_level=3):
+        outs[f"llvm-{i}"] = run(relay.build(mod, target="llvm"), x)
+    outs[f"x-{i}"], outs[f"w-{i}"] = x, w
+np.savez(sys.argv[2], **outs)
+print("OK")
+"""
+
+
+def run_conv_cases(cases, out_path):
+    """Build :func:`conv_case` of each ``(k, in, out channels, size, stride, epilogue)`` for this host
+    (AVX-512 VNNI kept) with ``pipelines.int8()`` and run it, in a child process; returns its outputs
+    (``got-i``), a plain ``llvm`` build's (``llvm-i``), the inputs (``x-i``, ``w-i``) and the hot loop's
+    accumulators (``acc-i``) and broadcasts per dot product (``bcast-i``). Asserts that every output equals
+    the plain build's, and numpy's integer convolution where it is int32 (no epilogue)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _CONV_CASES_CHILD, os.path.dirname(os.path.dirname(__file__)),
+                        str(out_path), json.dumps(cases)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+    outs = np.load(out_path)
+    for i, (k, _cin, _cout, _size, stride, epilogue) in enumerate(cases):
+        got = outs[f"got-{i}"]
+        np.testing.assert_array_equal(got, outs[f"llvm-{i}"], err_msg=str(cases[i]))
+        if not epilogue:
+            np.testing.assert_array_equal(got, conv_exact(outs[f"x-{i}"], outs[f"w-{i}"], stride, k // 2))
+    return outs

@@ -8,16 +8,12 @@ and llvm-mca's share at Cascade Lake (compiled only); on a host with AVX-512 VNN
 process against numpy's integer convolution (int32 out) and a plain ``llvm`` build (requantized to uint8).
 """
 import collections
-import os
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
 from tvm_ext.x86 import int8_policy, tile_rules
 
-from ._int8_cases import needs_vnni
+from ._int8_cases import needs_vnni, run_conv_cases
 
 
 @pytest.mark.parametrize("width,kernel_w,fallback,expected", [
@@ -107,58 +103,13 @@ def test_untuned_conv_at_cascadelake(cin, cout, size):
 _CASES = ((3, 64, 64, 40, 1, False), (3, 96, 24, 20, 1, True), (5, 32, 32, 20, 1, True), (3, 32, 64, 13, 1, False),
           (3, 64, 64, 16, 1, True), (3, 32, 32, 20, 2, False))
 
-_CHILD = r"""
-import sys, numpy as np, tvm, tvm_ext
-from tvm import relay
-sys.path.insert(0, sys.argv[1])
-from x86.test_kw_reuse import _CASES
-from x86.test_tile_chains import _conv
-from tvm_ext.core import pipelines
-from tvm_ext.tools.mca import _asm
-from tvm_ext.x86.target import host_target
-from tvm.contrib import graph_executor
-
-def run(lib, x):
-    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    m.set_input("x", x)
-    m.run()
-    return m.get_output(0).numpy()
-
-outs = {}
-for i, (k, cin, cout, size, stride, epilogue) in enumerate(_CASES):
-    mod, w = _conv(k, cin, cout, size, stride, epilogue)
-    x = np.random.default_rng(i).integers(0, 256, (1, cin, size, size)).astype("uint8")
-    x.reshape(-1)[::7] = 255
-    lib = tvm_ext.build(mod, target=host_target(allow_vnni=True), passes=pipelines.int8())
-    funcs = _asm.parse(lib.get_lib().get_source("asm"))
-    hot = max((h for h in (_asm.hot_loop(n, funcs, f) for n, f in _asm.kernels(funcs).items()) if h),
-              key=lambda h: h.macs)
-    outs[f"bcast-{i}"] = np.array(sum(b.startswith("vpbroadcastd") for b in hot.body) / sum(hot.dots.values()))
-    outs[f"got-{i}"] = run(lib, x)
-    with tvm.transform.PassContext(opt_level=3):
-        outs[f"llvm-{i}"] = run(relay.build(mod, target="llvm"), x)
-    outs[f"x-{i}"], outs[f"w-{i}"] = x, w
-np.savez(sys.argv[2], **outs)
-print("OK")
-"""
-
 
 @needs_vnni
 def test_unrolled_tiles_are_exact(tmp_path):
     """Executed on this host's AVX-512 VNNI (child process): int32 outputs equal numpy's integer convolution,
     requantized ones a plain ``llvm`` build's; the stride-1 loops broadcast under one word per 2 dot
     products, the stride-2 one a word per dot product (TVM's tile)."""
-    from x86.test_tile_chains import _conv_exact
-
-    out = tmp_path / "outs.npz"
-    r = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(os.path.dirname(__file__)), str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
-    outs = np.load(out)
-    for i, (k, _cin, _cout, _size, stride, epilogue) in enumerate(_CASES):
-        got = outs[f"got-{i}"]
-        np.testing.assert_array_equal(got, outs[f"llvm-{i}"], err_msg=str(_CASES[i]))
-        if not epilogue:
-            np.testing.assert_array_equal(got, _conv_exact(outs[f"x-{i}"], outs[f"w-{i}"], stride, k // 2))
+    outs = run_conv_cases(_CASES, tmp_path / "outs.npz")
+    for i, case in enumerate(_CASES):
         broadcasts = float(outs[f"bcast-{i}"])
-        assert (broadcasts < 0.5) if stride == 1 else (broadcasts >= 0.9), (_CASES[i], broadcasts)
+        assert (broadcasts < 0.5) if case[4] == 1 else (broadcasts >= 0.9), (case, broadcasts)

@@ -6,16 +6,11 @@ The choice per shape; the compiled loop's accumulators and llvm-mca's share at C
 only); on a host with AVX-512 VNNI, executed in a child process against numpy's integer convolution
 (int32 out) and a plain ``llvm`` build (requantized to uint8).
 """
-import os
-import subprocess
-import sys
-
-import numpy as np
 import pytest
 
 from tvm_ext.x86 import int8_policy, tile_rules
 
-from ._int8_cases import needs_vnni
+from ._int8_cases import needs_vnni, run_conv_cases
 
 
 @pytest.mark.parametrize("pixels,groups,oc_chunks,expected", [
@@ -42,25 +37,6 @@ def test_only_vnni_asks_for_chains():
     assert int8_policy.policy("llvm -mcpu=x86-64-v4").dot_chains == 0
 
 
-def _conv(k, cin, cout, size, stride, epilogue, seed=0):
-    """uint8 x int8 conv (padding k // 2), full-range weights (-128 included); int32 out, or requantized."""
-    import tvm
-    from tvm import relay
-
-    rng = np.random.default_rng(seed)
-    x = relay.var("x", shape=(1, cin, size, size), dtype="uint8")
-    w = rng.integers(-128, 128, (cout, cin, k, k)).astype("int8")
-    w.reshape(-1)[::9] = -128
-    y = relay.qnn.op.conv2d(x, relay.const(w), relay.const(0), relay.const(0), relay.const(0.02), relay.const(0.01),
-                            kernel_size=(k, k), channels=cout, padding=(k // 2, k // 2), strides=(stride, stride),
-                            out_dtype="int32")
-    if epilogue:
-        y = relay.nn.bias_add(y, relay.const(rng.integers(-1000, 1000, (cout,)).astype("int32")))
-        y = relay.qnn.op.requantize(y, relay.const(0.0002), relay.const(0), relay.const(0.05), relay.const(5),
-                                    out_dtype="uint8")
-    return tvm.IRModule.from_expr(relay.Function([x], y)), w
-
-
 @pytest.mark.parametrize("cin,cout,size,stride", [(128, 128, 28, 1), (512, 512, 7, 1), (256, 256, 28, 2)],
                          ids=["28x28", "7x7", "stride2"])
 def test_chained_tile_at_cascadelake(cin, cout, size, stride):
@@ -83,66 +59,12 @@ def test_chained_tile_at_cascadelake(cin, cout, size, stride):
 _CASES = ((3, 64, 64, 7, 1, False), (3, 32, 48, 7, 1, True), (3, 32, 64, 14, 2, False), (5, 16, 32, 5, 1, True),
           (3, 64, 32, 13, 1, False))
 
-_CHILD = r"""
-import sys, numpy as np, tvm, tvm_ext
-from tvm import relay
-sys.path.insert(0, sys.argv[1])
-from x86.test_tile_chains import _CASES, _conv
-from tvm_ext.core import pipelines
-from tvm_ext.tools.mca import _asm
-from tvm_ext.x86.target import host_target
-from tvm.contrib import graph_executor
-
-def run(lib, x):
-    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    m.set_input("x", x)
-    m.run()
-    return m.get_output(0).numpy()
-
-outs = {}
-for i, (k, cin, cout, size, stride, epilogue) in enumerate(_CASES):
-    mod, w = _conv(k, cin, cout, size, stride, epilogue)
-    x = np.random.default_rng(i).integers(0, 256, (1, cin, size, size)).astype("uint8")
-    x.reshape(-1)[::7] = 255
-    lib = tvm_ext.build(mod, target=host_target(allow_vnni=True), passes=pipelines.int8())
-    funcs = _asm.parse(lib.get_lib().get_source("asm"))
-    hot = [_asm.hot_loop(n, funcs, f) for n, f in _asm.kernels(funcs).items()]
-    outs[f"acc-{i}"] = np.array(max(h.accumulators for h in hot if h))
-    outs[f"got-{i}"] = run(lib, x)
-    with tvm.transform.PassContext(opt_level=3):
-        outs[f"llvm-{i}"] = run(relay.build(mod, target="llvm"), x)
-    outs[f"x-{i}"], outs[f"w-{i}"] = x, w
-np.savez(sys.argv[2], **outs)
-print("OK")
-"""
-
-
-def _conv_exact(x, w, stride, pad):
-    xs = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oc, _, k, _ = w.shape
-    out = (xs.shape[2] - k) // stride + 1
-    span = stride * (out - 1) + 1
-    y = np.zeros((1, oc, out, out), np.int64)
-    for kh in range(k):
-        for kw in range(k):
-            y[0] += np.einsum("oi,ihw->ohw", w[:, :, kh, kw].astype(np.int64),
-                              xs[0, :, kh:kh + span:stride, kw:kw + span:stride])
-    return y
-
 
 @needs_vnni
 def test_chained_tiles_are_exact(tmp_path):
     """Executed on this host's AVX-512 VNNI (child process): int32 outputs equal numpy's integer
     convolution, requantized ones a plain ``llvm`` build's; every case's loop holds >= 10 accumulators
     (the 13-wide one without extra blocks)."""
-    out = tmp_path / "outs.npz"
-    r = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(os.path.dirname(__file__)), str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
-    outs = np.load(out)
-    for i, (k, _cin, _cout, _size, stride, epilogue) in enumerate(_CASES):
-        got = outs[f"got-{i}"]
-        np.testing.assert_array_equal(got, outs[f"llvm-{i}"], err_msg=str(_CASES[i]))
-        if not epilogue:
-            np.testing.assert_array_equal(got, _conv_exact(outs[f"x-{i}"], outs[f"w-{i}"], stride, k // 2))
-        assert int(outs[f"acc-{i}"]) >= 10, (_CASES[i], int(outs[f"acc-{i}"]))
+    outs = run_conv_cases(_CASES, tmp_path / "outs.npz")
+    for i, case in enumerate(_CASES):
+        assert int(outs[f"acc-{i}"]) >= 10, (case, int(outs[f"acc-{i}"]))
