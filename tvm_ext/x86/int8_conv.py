@@ -13,7 +13,8 @@ tables of :mod:`tvm_ext.x86.int8_policy`.
 Apart from ``exact_without_vnni``, which makes results exact where TVM's saturate, no change
 alters results. The changes: ``exact_without_vnni`` (:mod:`tvm_ext.x86.exact_int8`),
 ``vnni_operand_types``, ``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``,
-``tile_chains``, ``fallback_register_tile``, ``fallback_kw_reuse``, ``depthwise_int8_block``, ``depthwise_taps``
+``tile_chains``, ``fallback_register_tile``, ``fallback_kw_reuse``, ``fallback_strided_chains``,
+``depthwise_int8_block``, ``depthwise_taps``
 (:mod:`tvm_ext.x86.depthwise_taps`), ``int8_graph_float_conv_blocks``,
 ``narrow_channel_blocks``, ``pool_prologue_inline``, ``global_pool_channel_vector`` and
 ``conv_transpose_without_zeros`` (:mod:`tvm_ext.x86.conv_transpose`). The schedules are in
@@ -34,7 +35,7 @@ from .int8_policy import FALLBACK_TILE_ACCUMULATORS, INT8_CONV_BLOCK, KernelPoli
 from .int8_schedules import _SAVED, _current_target, _inline_pool_producers, _schedule_1x1_int8, \
     _schedule_common_int8, _vectorize_pool_channel_block, dot_u8s8_vnni
 from .isa import isa_class
-from .tile_rules import kw_reuse_width, tile_shape, tile_width
+from .tile_rules import kw_reuse_width, strided_chain_width, tile_shape, tile_width
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +237,21 @@ def _int8_conv_blocks(fallback):
     return wrapped
 
 
+def _untuned_conv_geometry(cfg, wkl):
+    """``(policy, output width, registers per pixel, output-channel blocks, TVM's tile_ow)`` of an int8
+    conv's fallback config on the target being compiled, or None without a target or for a 1x1 or
+    dilated conv."""
+    from tvm.target.x86 import get_simd_32bit_lanes
+
+    target = _current_target()
+    if target is None or wkl.dilation_w != 1 or wkl.kernel_w < 2:
+        return None
+    out_w = (wkl.width + wkl.padl + wkl.padr - wkl.kernel_w) // wkl.stride_w + 1
+    oc_bn = cfg["tile_oc"].size[-1]
+    return (policy(target), out_w, max(1, oc_bn // get_simd_32bit_lanes()), wkl.out_filter // oc_bn,
+            cfg["tile_ow"].size[-1])
+
+
 def _int8_conv_kw_reuse(fallback):
     """``fallback`` (the generic int8 conv default config, with the channel blocks above), then, for a
     stride-1 conv with ``kw`` > 1 on classes with :attr:`KernelPolicy.kw_reuse_registers`,
@@ -245,24 +261,47 @@ def _int8_conv_kw_reuse(fallback):
     import functools
 
     from tvm.autotvm.task.space import OtherOptionEntity, SplitEntity
-    from tvm.target.x86 import get_simd_32bit_lanes
 
     @functools.wraps(fallback)
     def wrapped(cfg, wkl, int32_lanes, num_int8_elements):
         fallback(cfg, wkl, int32_lanes, num_int8_elements)
-        target = _current_target()
-        registers = policy(target).kw_reuse_registers if target is not None else 0
-        if not registers or wkl.stride_w != 1 or wkl.dilation_w != 1 or wkl.kernel_w < 2:
+        geometry = _untuned_conv_geometry(cfg, wkl) if wkl.stride_w == 1 else None
+        if geometry is None or not geometry[0].kw_reuse_registers:
             return None
-        out_w = wkl.width + wkl.padl + wkl.padr - wkl.kernel_w + 1
-        groups = max(1, cfg["tile_oc"].size[-1] // get_simd_32bit_lanes())
-        pixels = kw_reuse_width(out_w, groups, wkl.kernel_w, registers, cfg["tile_ow"].size[-1])
+        pol, out_w, groups, _, wanted = geometry
+        pixels = kw_reuse_width(out_w, groups, wkl.kernel_w, pol.kw_reuse_registers, wanted)
         if pixels is not None:
             cfg["tile_ow"] = SplitEntity([out_w // pixels, pixels])
             cfg["unroll_kw"] = OtherOptionEntity(True)
         return None
 
     wrapped._tvm_ext_change = "fallback_kw_reuse"  # pylint: disable=protected-access
+    return wrapped
+
+
+def _int8_conv_strided_chains(fallback):
+    """``fallback`` (as above), then, for a strided conv on classes with
+    :attr:`KernelPolicy.strided_chain_tiles`, ``tile_ow`` cut to
+    :func:`tvm_ext.x86.tile_rules.strided_chain_width` (``fallback_strided_chains``): ``tile_chains``
+    then computes the tile with two output-channel blocks that share each broadcast data word. Tuned
+    configs are not touched; the same products in the same order per output."""
+    import functools
+
+    from tvm.autotvm.task.space import SplitEntity
+
+    @functools.wraps(fallback)
+    def wrapped(cfg, wkl, int32_lanes, num_int8_elements):
+        fallback(cfg, wkl, int32_lanes, num_int8_elements)
+        geometry = _untuned_conv_geometry(cfg, wkl) if wkl.stride_w > 1 else None
+        if geometry is None or not (geometry[0].strided_chain_tiles and geometry[0].dot_chains):
+            return None
+        pol, out_w, groups, oc_chunks, wanted = geometry
+        pixels = strided_chain_width(out_w, groups, oc_chunks, pol.dot_chains, wanted)
+        if pixels is not None:
+            cfg["tile_ow"] = SplitEntity([out_w // pixels, pixels])
+        return None
+
+    wrapped._tvm_ext_change = "fallback_strided_chains"  # pylint: disable=protected-access
     return wrapped
 
 
@@ -376,8 +415,8 @@ def _install(schedule, int8_graph=False):
             _float_conv_int8_blocks(common._fallback_schedule), one_by_one=False)
         alter_op.conv2d_alter_int8_common = _int8_legalize_out_block(alter_op.conv2d_alter_int8_common)
         generic.fallback_schedule_cpu_1x1_int8 = _int8_conv_blocks(generic.fallback_schedule_cpu_1x1_int8)
-        generic.fallback_schedule_cpu_common_int8 = _int8_conv_kw_reuse(_int8_conv_blocks(
-            generic.fallback_schedule_cpu_common_int8))
+        generic.fallback_schedule_cpu_common_int8 = _int8_conv_strided_chains(_int8_conv_kw_reuse(
+            _int8_conv_blocks(generic.fallback_schedule_cpu_common_int8)))
         compute = _int8_conv_compute(conv2d_int8.conv2d_NCHWc_int8)
         x86.conv2d_NCHWc_int8 = conv2d_int8.conv2d_NCHWc_int8 = compute
     exact_int8.install()  # wraps the schedules installed above

@@ -63,6 +63,10 @@ class KernelPolicy:
         busy: its latency times how many issue per cycle (``vpdpbusd``: 5 cycles x 2 per cycle on
         Cascade Lake and Ice Lake). A row tile with fewer takes up to ``tile_oc_chunks`` output-channel
         blocks (``tile_chains``, computed per tile rather than per row). 0: no such minimum.
+    strided_chain_tiles : bool
+        An untuned strided 3x3/5x5/7x7 int8 conv takes a row tile of half ``dot_chains`` pixels, so
+        that ``tile_chains`` computes it with two output-channel blocks sharing each broadcast data
+        word (``fallback_strided_chains``, :func:`tvm_ext.x86.tile_rules.strided_chain_width`).
     kw_reuse_registers : int
         Vector registers an untuned stride-1 3x3/5x5/7x7 int8 conv's row tile may fill with
         accumulators, broadcast data words and kernel vectors when ``kw`` is unrolled so that
@@ -86,6 +90,7 @@ class KernelPolicy:
     dot_chains: int = 0
     depthwise_taps: bool = False
     kw_reuse_registers: int = 0
+    strided_chain_tiles: bool = False
 
     @property
     def conv_schedule(self) -> str:
@@ -155,6 +160,13 @@ _DOT_CHAINS: dict = {"avx512_vnni": 10}
 _KW_REUSE_REGISTERS: dict = {"avx512_vnni": 32}
 
 
+#: Classes whose untuned strided int8 convs take tiles of half ``dot_chains`` pixels and two output-channel
+#: blocks (``fallback_strided_chains``). YOLOv8n QDQ's 3x3/2 convs: TVM's fallback tile (10-20 pixels, one
+#: block) broadcasts a data word per ``vpdpbusd``, 70-72% of llvm-mca's Cascade Lake peak; 5 pixels x 2
+#: blocks, 95%.
+_STRIDED_CHAIN_TILES = frozenset({"avx512_vnni"})
+
+
 #: Classes whose 8-bit depthwise convs take 4 taps per 32-bit lane (``depthwise_taps``): PP-OCR cls v2's
 #: depthwise convs alone, Zen 5, 2 threads: 0.56x TVM's time summed (docs/x86-kernels.md).
 _DEPTHWISE_TAPS = frozenset({"avx512_vnni"})
@@ -180,7 +192,8 @@ def policy(target) -> KernelPolicy:
     return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
                         _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
                         _TILE_ACCUMULATORS.get(key, 0), _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0),
-                        key in _DEPTHWISE_TAPS, _KW_REUSE_REGISTERS.get(key, 0))
+                        key in _DEPTHWISE_TAPS, _KW_REUSE_REGISTERS.get(key, 0),
+                        key in _STRIDED_CHAIN_TILES)
 
 
 def needs_operand_fix() -> bool:

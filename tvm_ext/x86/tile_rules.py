@@ -7,7 +7,7 @@ measurements behind each rule.
 from __future__ import annotations
 
 __all__ = ["tile_width", "tile_shape", "tile_chunks_shape", "tile_chains", "whole_row_over_budget", "groups_in_turn",
-           "kw_reuse_width"]
+           "kw_reuse_width", "strided_chain_width"]
 
 
 def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunks: int, accumulators: int) -> int:
@@ -53,6 +53,23 @@ def kw_reuse_width(out_width: int, groups: int, kernel_w: int, registers: int, f
         return None
     pixels = max(fits)
     return pixels if pixels >= min(least, fallback_width) else None
+
+
+def strided_chain_width(out_width: int, groups: int, oc_chunks: int, chains: int, fallback_width: int):
+    """Output pixels per row tile of an untuned strided conv (``fallback_strided_chains``), or None where
+    TVM's fallback tile of ``fallback_width`` pixels stays.
+
+    A strided tile cannot share data words across kernel columns (its ``kw`` columns read every other
+    word), but :func:`tile_chains` shares each word across output-channel blocks: a tile of half the
+    dot chains' pixels takes two blocks, ``chains`` accumulators, and loads a word per 2 dot products
+    where TVM's tile loads one per product::
+
+        # P * groups * 2 == chains,  P divides out_width,  2 divides oc_chunks,  P < TVM's tile
+    """
+    pixels, rest = divmod(chains, 2 * groups)
+    if rest or not pixels or out_width % pixels or oc_chunks % 2 or pixels >= fallback_width:
+        return None
+    return pixels
 
 
 def _largest_divisor(n: int, at_most: int) -> int:
