@@ -202,3 +202,22 @@ def run_conv_cases(cases, out_path):
         if not epilogue:
             np.testing.assert_array_equal(got, conv_exact(outs[f"x-{i}"], outs[f"w-{i}"], stride, k // 2))
     return outs
+
+
+def fallback_config(wrapper, target, wkl):
+    """``(tile_ow, unroll_kw)`` that ``wrapper`` (an int8 conv fallback wrapper of
+    :mod:`tvm_ext.x86.int8_conv`) writes on ``target`` over a fallback setting TVM's knobs: 16-channel
+    blocks, ``tile_ow`` the largest divisor of the output width up to 31, ``kw`` rolled. ``wkl`` needs
+    the conv workload's width, padl, padr, kernel_w, stride_w, dilation_w and out_filter."""
+    from tvm.autotvm.task.space import FallbackConfigEntity, OtherOptionEntity, SplitEntity
+
+    def tvms(cfg, wkl, int32_lanes, num_int8_elements):
+        out_w = (wkl.width + wkl.padl + wkl.padr - ((wkl.kernel_w - 1) * wkl.dilation_w + 1)) // wkl.stride_w + 1
+        cfg["tile_oc"] = SplitEntity([-1, 16])
+        cfg["tile_ow"] = SplitEntity([-1, max(d for d in range(1, 32) if out_w % d == 0)])
+        cfg["unroll_kw"] = OtherOptionEntity(False)
+
+    cfg = FallbackConfigEntity()
+    with tvm.target.Target(target):
+        wrapper(tvms)(cfg, wkl, 16, 4)
+    return cfg["tile_ow"].size[-1], cfg["unroll_kw"].val

@@ -13,7 +13,7 @@ import pytest
 
 from tvm_ext.x86 import int8_policy, tile_rules
 
-from ._int8_cases import needs_vnni, run_conv_cases
+from ._int8_cases import fallback_config, needs_vnni, run_conv_cases
 
 
 @pytest.mark.parametrize("width,kernel_w,fallback,expected", [
@@ -50,22 +50,10 @@ _Workload = collections.namedtuple("_Workload", "width padl padr kernel_w stride
                                    defaults=(64,))
 
 
-def _fallback_config(target, wkl, width=20):
-    """The config :func:`_int8_conv_kw_reuse` writes over a fallback that sets TVM's knobs."""
-    import tvm
-    from tvm.autotvm.task.space import FallbackConfigEntity, OtherOptionEntity, SplitEntity
-
+def _fallback_config(target, wkl):
     from tvm_ext.x86 import int8_conv
 
-    def tvms(cfg, wkl, int32_lanes, num_int8_elements):
-        cfg["tile_oc"] = SplitEntity([4, 16])
-        cfg["tile_ow"] = SplitEntity([-1, width])
-        cfg["unroll_kw"] = OtherOptionEntity(False)
-
-    cfg = FallbackConfigEntity()
-    with tvm.target.Target(target):
-        int8_conv._int8_conv_kw_reuse(tvms)(cfg, wkl, 16, 4)  # pylint: disable=protected-access
-    return cfg["tile_ow"].size[-1], cfg["unroll_kw"].val
+    return fallback_config(int8_conv._int8_conv_kw_reuse, target, wkl)  # pylint: disable=protected-access
 
 
 def test_fallback_config():
@@ -75,7 +63,7 @@ def test_fallback_config():
     assert _fallback_config("llvm -mcpu=cascadelake", _Workload(80, 1, 1, 3, 2, 1)) == (20, False)  # stride 2
     assert _fallback_config("llvm -mcpu=cascadelake", _Workload(80, 2, 2, 3, 1, 2)) == (20, False)  # dilated
     assert _fallback_config("llvm -mcpu=cascadelake", _Workload(40, 0, 0, 1, 1, 1)) == (20, False)  # 1x1
-    assert _fallback_config("llvm -mcpu=cascadelake", _Workload(19, 1, 1, 3, 1, 1), 19) == (19, False)
+    assert _fallback_config("llvm -mcpu=cascadelake", _Workload(19, 1, 1, 3, 1, 1)) == (19, False)
 
 
 def _broadcasts_per_dot(hot) -> float:

@@ -12,7 +12,7 @@ import pytest
 
 from tvm_ext.x86 import int8_policy, tile_rules
 
-from ._int8_cases import needs_vnni, run_conv_cases
+from ._int8_cases import fallback_config, needs_vnni, run_conv_cases
 
 
 @pytest.mark.parametrize("width,groups,oc_chunks,fallback,expected", [
@@ -38,21 +38,9 @@ _Workload = collections.namedtuple("_Workload", "width padl padr kernel_w stride
 
 
 def _fallback_config(target, wkl):
-    import tvm
-    from tvm.autotvm.task.space import FallbackConfigEntity, OtherOptionEntity, SplitEntity
-
     from tvm_ext.x86 import int8_conv
 
-    def tvms(cfg, wkl, int32_lanes, num_int8_elements):
-        out_w = (wkl.width + wkl.padl + wkl.padr - wkl.kernel_w) // wkl.stride_w + 1
-        cfg["tile_oc"] = SplitEntity([-1, 16])
-        cfg["tile_ow"] = SplitEntity([-1, max(d for d in range(1, 32) if out_w % d == 0)])
-        cfg["unroll_kw"] = OtherOptionEntity(False)
-
-    cfg = FallbackConfigEntity()
-    with tvm.target.Target(target):
-        int8_conv._int8_conv_strided_chains(tvms)(cfg, wkl, 16, 4)  # pylint: disable=protected-access
-    return cfg["tile_ow"].size[-1], cfg["unroll_kw"].val
+    return fallback_config(int8_conv._int8_conv_strided_chains, target, wkl)  # pylint: disable=protected-access
 
 
 def test_fallback_config():

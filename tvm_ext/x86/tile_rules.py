@@ -47,11 +47,10 @@ def kw_reuse_width(out_width: int, groups: int, kernel_w: int, registers: int, f
     A tile narrower than ``least`` pixels and than TVM's own (a width whose divisors that fit are
     all small, e.g. a prime) keeps TVM's tile without the unroll.
     """
-    fits = [p for p in range(1, out_width + 1)
-            if out_width % p == 0 and p * groups + (p + kernel_w - 1) + groups <= registers]
-    if not fits:
+    most = (registers - kernel_w + 1 - groups) // (groups + 1)
+    if most < 1:
         return None
-    pixels = max(fits)
+    pixels = _largest_divisor(out_width, most)
     return pixels if pixels >= min(least, fallback_width) else None
 
 
