@@ -13,7 +13,8 @@
 * configure, for 8-bit graphs with ``kernels``: float products fenced before their sums
   (:mod:`tvm_ext._no_contract`), and ``round(x / c)`` by a scale parameter as a product with its
   reciprocal in double (:mod:`tvm_ext._round_reciprocal`, exact): the residual adds' float epilogue
-  keeps no ``fdiv`` (docs/arm-kernels.md).
+  keeps no ``fdiv`` (docs/arm-kernels.md); and 256-entry byte-table lookups (the activations
+  ``TabulateEightBit`` tabulates) as ``tbl``/``tbx`` on the table in q registers (:mod:`tvm_ext.arm.byte_table`).
 * passes, instruments: none.
 """
 from __future__ import annotations
@@ -46,9 +47,11 @@ class AArch64(Backend):
                 plan.add_configure(tile_shuffle.lower_config)
         if request.kernels and request.eight_bit:  # float products rounded before their sums
             from .. import _no_contract, _round_reciprocal
+            from . import byte_table
 
             plan.add_configure(_no_contract.lower_config)
             plan.add_configure(_round_reciprocal.lower_config)  # round(x / scale) without fdiv, exact
+            plan.add_configure(byte_table.lower_config)  # tabulated activations as tbl/tbx, not lane loads
         if request.tuned:
             plan.add_records(tuning.apply(request.target))
         return plan

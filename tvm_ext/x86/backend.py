@@ -13,7 +13,8 @@
   to 16 outputs (:mod:`tvm_ext.x86.dense_padding`), and with ``amx`` the AMX tile schedules;
 * instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`;
 * configure (TIR lowering passes of this build only): with ``kernels`` at AVX2 and AVX-512 requantization in
-  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``kernels`` on 8-bit graphs, float
+  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``kernels`` at AVX-512 VBMI byte-table lookups
+  as ``vpermi2b`` (:mod:`tvm_ext.x86.byte_table`); with ``kernels`` on 8-bit graphs, float
   products fenced from FMA contraction (:mod:`tvm_ext._no_contract`); with ``amx`` ``ConfigureTiles``.
 """
 from __future__ import annotations
@@ -46,8 +47,8 @@ class X86(Backend):
 
     def plan(self, request: BuildRequest) -> BuildPlan:
         from .. import _no_contract
-        from . import (dense_padding, exact_record, fuse_sliced_dense, int8_conv, pair_order, pair_pack, requantize,
-                       tuning)
+        from . import (byte_table, dense_padding, exact_record, fuse_sliced_dense, int8_conv, pair_order, pair_pack,
+                       requantize, tuning)
 
         tgt, amx = request.target, bool(request.options.get("amx"))
         plan = BuildPlan()
@@ -63,6 +64,8 @@ class X86(Backend):
                 plan.passes.setdefault("before_fuse", []).insert(0, fuse_sliced_dense.FuseSlicedInt8Dense())
         if request.kernels and requantize.applies(tgt):
             plan.add_configure(requantize.lower_config)
+        if request.kernels and byte_table.applies(tgt):
+            plan.add_configure(byte_table.lower_config)
         if request.kernels and request.eight_bit:  # float products rounded before their sums
             plan.add_configure(_no_contract.lower_config)
         if request.tuned:
