@@ -191,8 +191,8 @@ def ByteTableLookup(name: str, lookup: Callable, width: int, fence: Callable | N
         shape = load.buffer.shape
         if len(shape) != 1 or not isinstance(shape[0], tir.IntImm) or int(shape[0]) != TABLE_SIZE:
             return None
-        if isinstance(load.indices[0], tir.Ramp):
-            return None
+        if isinstance(load.indices[0], tir.Ramp) or getattr(load, "predicate", None) is not None:
+            return None  # a whole-vector read, or a masked one (kept as TVM wrote it)
         found = byte_index(load.indices[0])
         if isinstance(found, str):
             logger.debug("%s: a lookup in %s kept (%s)", name, load.buffer.name, found)
