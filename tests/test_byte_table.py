@@ -44,9 +44,10 @@ def test_accepted_index_forms(dtype, offset, clamps):
     (lambda: tir.Min(tir.Cast("int32x16", _vec("uint8")), _b(200)), "clamp to 200"),
     (lambda: tir.Cast("int32x16", _vec("int8")), "spans [-128, 127]"),
     (lambda: tir.Cast("int32x16", _vec("uint8")) + _b(1), "spans [1, 256]"),
-    (lambda: tir.Cast("int32x16", _vec("int16")), "not an 8-bit type"),
+    (lambda: tir.Cast("int32x16", _vec("int16")), "not an 8-bit integer type"),
     (lambda: tir.Cast("int32x16", _vec("uint8")) + tir.Cast("int32x16", _vec("uint8")), "not a constant"),
     (lambda: _vec("int32"), "not a widened 8-bit value"),
+    (lambda: tir.Cast("int8x16", _vec("uint8")), "not a widened 8-bit value"),
 ])
 def test_refused_index_forms(make, why):
     found = bt.byte_index(make())

@@ -65,13 +65,13 @@ def byte_index(index):
         if offset is None:
             return "the index adds a value that is not a constant"
         index = index.a
-    if not isinstance(index, tir.Cast):
+    if not isinstance(index, tir.Cast) or tvm.DataType(index.dtype).bits < 16:
         return "the index is not a widened 8-bit value"
     x = index.value
     dt = tvm.DataType(x.dtype)
-    name = f"{'u' if dt.type_code == tvm.DataTypeCode.UINT else ''}int{dt.bits}"
-    if name not in _EIGHT_BIT:
-        return f"the index is widened from {x.dtype}, not an 8-bit type"
+    if dt.type_code not in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT) or dt.bits != 8:
+        return f"the index is widened from {x.dtype}, not an 8-bit integer type"
+    name = "uint8" if dt.type_code == tvm.DataTypeCode.UINT else "int8"
     lo, hi = (0, 255) if name == "uint8" else (-128, 127)
     lo, hi = lo + offset, hi + offset
     if lo < 0 or hi > TABLE_SIZE - 1:
