@@ -20,22 +20,24 @@ def random_table(dtype, seed=1):
     return np.random.default_rng(seed).integers(info.min, info.max + 1, 256).astype(dtype)
 
 
-def conv_silu(dtype="uint8"):
-    """uint8 x int8 3x3 conv, requantized, then a QDQ SiLU (``TabulateEightBit`` makes it a lookup in the
-    conv's kernel), then a 1x1 conv."""
+def conv_silu(in_channels=16, channels=32, size=8, kernel=3, tail=True):
+    """uint8 x int8 ``kernel`` x ``kernel`` conv (same padding), requantized, then a QDQ SiLU
+    (``TabulateEightBit`` makes it a lookup in the conv's kernel), then (``tail``) a 1x1 conv back to
+    ``in_channels``."""
     zp = 3
-    x = relay.var("x", shape=(1, 16, 8, 8), dtype=dtype)
+    x = relay.var("x", shape=(1, in_channels, size, size), dtype="uint8")
     rng = np.random.default_rng(0)
-    w = relay.const(rng.integers(-100, 100, (32, 16, 3, 3)).astype("int8"))
+    w = relay.const(rng.integers(-100, 100, (channels, in_channels, kernel, kernel)).astype("int8"))
     c = relay.qnn.op.conv2d(x, w, relay.const(zp), relay.const(0), relay.const(0.1), relay.const(0.02),
-                            kernel_size=(3, 3), channels=32, padding=(1, 1))
+                            kernel_size=(kernel, kernel), channels=channels, padding=(kernel // 2, kernel // 2))
     r = relay.qnn.op.requantize(c, relay.const(0.002), relay.const(0), relay.const(0.05), relay.const(zp),
-                                out_dtype=dtype)
+                                out_dtype="uint8")
     d = relay.qnn.op.dequantize(r, relay.const(0.05), relay.const(zp))
-    s = relay.qnn.op.quantize(relay.sigmoid(d), relay.const(1 / 256), relay.const(0), out_dtype=dtype)
+    s = relay.qnn.op.quantize(relay.sigmoid(d), relay.const(1 / 256), relay.const(0), out_dtype="uint8")
     m = relay.multiply(d, relay.qnn.op.dequantize(s, relay.const(1 / 256), relay.const(0)))
-    q = relay.qnn.op.quantize(m, relay.const(0.04), relay.const(zp), out_dtype=dtype)
-    w2 = relay.const(rng.integers(-100, 100, (16, 32, 1, 1)).astype("int8"))
-    out = relay.qnn.op.conv2d(q, w2, relay.const(zp), relay.const(0), relay.const(0.04), relay.const(0.02),
-                              kernel_size=(1, 1), channels=16)
+    out = relay.qnn.op.quantize(m, relay.const(0.04), relay.const(zp), out_dtype="uint8")
+    if tail:
+        w2 = relay.const(rng.integers(-100, 100, (in_channels, channels, 1, 1)).astype("int8"))
+        out = relay.qnn.op.conv2d(out, w2, relay.const(zp), relay.const(0), relay.const(0.04), relay.const(0.02),
+                                  kernel_size=(1, 1), channels=in_channels)
     return infer(relay.Function([x], out))

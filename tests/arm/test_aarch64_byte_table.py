@@ -18,7 +18,7 @@ import tvm_ext
 from tvm_ext.arm import byte_table
 from tvm_ext.core import pipelines
 from tvm_ext.ops import register_ops, table_lookup
-from tvm_ext.testing import infer, run_module
+from tvm_ext.testing import run_module
 from tvm_ext.testing.aarch64 import TARGETS, run_on_session
 from _byte_table_cases import conv_silu, random_table, values
 
@@ -65,21 +65,6 @@ def test_tabulated_conv_epilogue_bit_exact_under_qemu(cpu, arm_session, tmp_path
         np.testing.assert_array_equal(out, run_module(plain, {"x": x})[0])
 
 
-def _wide_conv_silu():
-    """A 1x1 192 -> 192 conv on 20x20 with a tabulated SiLU in its epilogue: its reduction (48 input blocks)
-    stays a loop, the register tile's 16 accumulators live through it, the lookup follows it."""
-    x = relay.var("x", shape=(1, 192, 20, 20), dtype="uint8")
-    w = relay.const(np.random.default_rng(0).integers(-100, 100, (192, 192, 1, 1)).astype("int8"))
-    c = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.1), relay.const(0.02),
-                            kernel_size=(1, 1), channels=192)
-    r = relay.qnn.op.requantize(c, relay.const(0.002), relay.const(0), relay.const(0.05), relay.const(3),
-                                out_dtype="uint8")
-    d = relay.qnn.op.dequantize(r, relay.const(0.05), relay.const(3))
-    s = relay.qnn.op.quantize(relay.sigmoid(d), relay.const(1 / 256), relay.const(0), out_dtype="uint8")
-    m = relay.multiply(d, relay.qnn.op.dequantize(s, relay.const(1 / 256), relay.const(0)))
-    return infer(relay.Function([x], relay.qnn.op.quantize(m, relay.const(0.04), relay.const(3), out_dtype="uint8")))
-
-
 def _hot_loop(lib):
     from tvm_ext.tools.mca import _asm
 
@@ -93,7 +78,9 @@ def test_the_table_is_not_held_through_the_reduction(monkeypatch):
     """Compile only (Neoverse-N1): the conv's hot loop has the same instructions, dots and accumulators with the
     lookup as with the gather. Held in 16 q registers for the whole kernel (no fence), the table took
     registers from that loop's accumulators (spills: more instructions)."""
-    mod = _wide_conv_silu()
+    # a 1x1 192 -> 192 conv on 20x20: its reduction (48 input blocks) stays a loop, the register tile's
+    # 16 accumulators live through it, the lookup follows it
+    mod = conv_silu(in_channels=192, channels=192, size=20, kernel=1, tail=False)
     target = TARGETS["neoverse-n1"]
     gather = _hot_loop(tvm_ext.build(mod, target, passes=pipelines.int8(), disabled_pass=[byte_table.PASS_NAME]))
     tbl = tvm_ext.build(mod, target, passes=pipelines.int8())

@@ -34,13 +34,12 @@ def _lookup(table, idx):
     select on each index's top bit."""
     from tvm import tir
 
-    from .._byte_table import table_bytes
+    from .._byte_table import TABLE_SIZE, table_bytes
 
-    dtype = f"{table.dtype}x{_WIDTH}"
-    key = idx if str(table.dtype) == "uint8" else tir.call_intrin(dtype, "tir.reinterpret", idx)
-    quarter = [table_bytes(table, k * _WIDTH, _WIDTH) for k in range(4)]
-    lo = tir.call_llvm_pure_intrin(dtype, _PERMUTE, tir.const(0, "uint32"), quarter[0], key, quarter[1])
-    hi = tir.call_llvm_pure_intrin(dtype, _PERMUTE, tir.const(0, "uint32"), quarter[2], key, quarter[3])
+    dtype = f"{table.dtype}x{_WIDTH}"  # an int8 table's bytes and the uint8 indices are both <64 x i8>
+    quarter = [table_bytes(table, k * _WIDTH, _WIDTH) for k in range(TABLE_SIZE // _WIDTH)]
+    lo = tir.call_llvm_pure_intrin(dtype, _PERMUTE, tir.const(0, "uint32"), quarter[0], idx, quarter[1])
+    hi = tir.call_llvm_pure_intrin(dtype, _PERMUTE, tir.const(0, "uint32"), quarter[2], idx, quarter[3])
     return tir.Select(idx >= tir.Broadcast(tir.const(128, "uint8"), _WIDTH), hi, lo)
 
 
