@@ -37,13 +37,16 @@ TRANSCENDENTAL = frozenset({
     "acosh", "atanh",
 })
 
-#: A chain of at least this many ops is worth a table without any of them. A lookup costs about two
-#: instructions per element (a scalar load and a lane insert), an elementwise op about one vector
-#: instruction per SIMD register of lanes: 16 int32/float32 lanes at AVX-512, so 32 ops per element
-#: cost two instructions there, and more on narrower SIMD (AVX2: 8 lanes, NEON: 4). A quantized
-#: hard-swish written as ONNX's one op is 13 ops and stays arithmetic; one decomposed into quantized
-#: multiply, add and divide steps (PaddlePaddle's exports: a requantize after every step) is 40-60.
-LONG_CHAIN = 32
+#: A chain of at least this many ops is worth a table without any of them. An elementwise op costs at
+#: least one vector instruction per register of lanes (16 int32/float32 lanes at AVX-512, 8 at AVX2,
+#: 4 at NEON), more for the int64 fixed-point products and float conversions a requantize step holds;
+#: a lookup costs a byte gather (about two instructions per element) where the back end has no vector
+#: table instruction, a few instructions per 16 elements where it has one (AVX-512 VBMI, aarch64).
+#: Measured (docs/passes.md): a 1x1 conv whose epilogue holds a quantized hard-swish as TVM imports
+#: ONNX's HardSwish (18 ops), and PP-OCR cls v2 with its stepwise ones (21-24), run faster with the
+#: lookup even as a byte gather (AVX2); a 10-op hard-sigmoid breaks even there, and a requantize
+#: with a ReLU (9) stays arithmetic.
+LONG_CHAIN = 16
 
 _CONST = "const"
 

@@ -346,7 +346,7 @@ def test_two_tensors_only_the_single_source_part_is_tabulated():
 def test_unchanged_on_no_match(case, caplog):
     """No transcendental op; a per-channel scale; a float source; an integer division (its table
     would divide by zero at x == 0, a value the model may never see): left alone."""
-    def hard_swish(x):  # cheap arithmetic: the vector code beats a table read
+    def hard_swish(x):  # 13 ops as written here, fewer than LONG_CHAIN: cheap arithmetic
         d = _dequantize(x, 3, 0.05)
         return _quantize(relay.divide(relay.multiply(d, relay.clip(relay.add(d, relay.const(3.0)), 0, 6)),
                                       relay.const(6.0)), 0.04, 3, "uint8")
@@ -522,3 +522,34 @@ def test_int8_pipeline_tabulates_qdq_silu_bit_exact_to_stock(tmp_path, monkeypat
     assert "table_lookup" in ours.get_graph_json() and "sigmoid" not in ours.get_graph_json()
     xv = np.random.default_rng(1).uniform(-2.6, 2.6, (1, 8, 12, 12)).astype("float32")
     np.testing.assert_array_equal(run_module(ours, {"x": xv})[0], run_module(stock, {"x": xv})[0])
+
+
+def _conv_onnx_hard_swish():
+    """uint8 x int8 1x1 conv, requantized, then a QDQ hard-swish in the form TVM's ONNX importer gives
+    HardSwish, ``x * clip(x / 6 + 0.5, 0, 1)``: no transcendental op, 18 ops where the pipeline runs
+    the pass."""
+    rng = np.random.default_rng(3)
+    x = relay.var("x", shape=(1, 16, 10, 10), dtype="uint8")
+    w = relay.const(rng.integers(-100, 100, (32, 16, 1, 1)).astype("int8"))
+    c = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.1), relay.const(0.02),
+                            kernel_size=(1, 1), channels=32)
+    r = relay.qnn.op.requantize(c, relay.const(0.002), relay.const(0), relay.const(0.05), relay.const(3),
+                                out_dtype="uint8")
+    d = relay.qnn.op.dequantize(r, relay.const(0.05), relay.const(3))
+    h = relay.multiply(d, relay.clip(relay.add(relay.multiply(d, relay.const(1 / 6)), relay.const(0.5)), 0.0, 1.0))
+    return infer(relay.Function([x], relay.qnn.op.quantize(h, relay.const(0.04), relay.const(3), out_dtype="uint8")))
+
+
+def test_int8_pipeline_tabulates_an_imported_hard_swish_bit_exact_to_plain_llvm():
+    """The default ``long_chain`` takes a hard-swish as TVM imports ONNX's HardSwish: int8() builds
+    it as a lookup in the conv's kernel for this host, and the output equals ``relay.build`` of the
+    graph as written at plain ``llvm`` (no tvm-ext pass, no int8 SIMD: exact integer arithmetic and
+    the float chain itself), on every value of the conv's output range the inputs reach."""
+    mod = _conv_onnx_hard_swish()
+    ours = tvm_ext.build(mod, passes=pipelines.int8())
+    assert "tvm_ext.table_lookup" in ours.tvm_ext_module.astext()  # the module relay.build was handed
+    with tvm.transform.PassContext(opt_level=3):
+        plain = relay.build(mod, target="llvm")
+    for seed in range(3):
+        xv = np.random.default_rng(seed).integers(0, 256, (1, 16, 10, 10)).astype("uint8")
+        np.testing.assert_array_equal(run_module(ours, {"x": xv})[0], run_module(plain, {"x": xv})[0])

@@ -156,7 +156,7 @@ INT8 = (
              after=("NarrowBeforeMaxPool", "WidenAfterMovement", "WidenInEachReader")),
         Step("TabulateEightBit",
              does="an elementwise float function of one 8-bit value (quantized sigmoid, SiLU, tanh, GELU, or a "
-                  "chain of 32 ops or more such as a stepwise quantized hard-swish) becomes a table lookup computed "
+                  "chain of 16 ops or more such as a quantized hard-swish) becomes a table lookup computed "
                   "by TVM at compile time (exact), fused where the chain was: one table read per element instead "
                   "of a scalar ``expf`` call or the chain's ops.",
              why="at ``before_fuse``, after AlterOpLayout: its ``tvm_ext.table_lookup`` op has no layout rule. "
