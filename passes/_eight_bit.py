@@ -77,3 +77,23 @@ def evaluate(feeds: dict, outs: list) -> list:
         gm.set_input(var.name_hint, values)
     gm.run()
     return [gm.get_output(i).numpy() for i in range(len(outs))]
+
+
+
+def evaluate_each(feeds: dict, outs: list) -> list:
+    """:func:`evaluate`, and where TVM cannot build that (TVM 0.19: a clip whose integer bound its
+    dtype cannot hold), each of ``outs`` alone: its values, or a ``str`` saying why TVM cannot build it."""
+    import tvm
+
+    try:
+        return evaluate(feeds, outs)
+    except tvm.TVMError:
+        pass
+    found = []
+    for out in outs:
+        try:
+            found.append(evaluate(feeds, [out])[0])
+        except tvm.TVMError as err:
+            lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+            found.append(f"TVM cannot build the chain: {lines[-1] if lines else type(err).__name__}")
+    return found

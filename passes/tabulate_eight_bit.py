@@ -19,7 +19,7 @@ from ._registry import register_pass
 
 from ._doc import factory_sections
 from ._eight_bit import TRAPPING as _TRAPPING
-from ._eight_bit import evaluate
+from ._eight_bit import evaluate_each
 from ._eight_bit import domain as _domain
 from ._eight_bit import elementwise as _elementwise
 from ._eight_bit import small_constant as _small_constant
@@ -122,7 +122,8 @@ def _roots(nodes, body, src):
 
 def _tables(chains, ranges) -> list:
     """Evaluate every ``(root, source)`` chain on all values of its source with TVM; one build for all,
-    for plain ``llvm`` with products rounded before sums, on any host (``_eight_bit.evaluate``)."""
+    for plain ``llvm`` with products rounded before sums, on any host (``_eight_bit.evaluate_each``);
+    None for a chain TVM cannot build (the reason logged)."""
     inputs: dict = {}  # domain -> (var, values)
     outs, unique, index = [], {}, []
     for root, source in chains:
@@ -137,9 +138,12 @@ def _tables(chains, ranges) -> list:
             unique[key] = len(outs)
             outs.append(expr)
         index.append(unique[key])
-    values = evaluate(dict(inputs.values()), outs)
-    _log.debug("%s: %d distinct tables computed", PASS_NAME, len(outs))
-    return [values[i] for i in index]
+    values = evaluate_each(dict(inputs.values()), outs)
+    for value in values:
+        if isinstance(value, str):
+            _log.debug("%s: not tabulated (%s)", RULE, Reject(value))
+    _log.debug("%s: %d distinct tables computed", PASS_NAME, sum(not isinstance(v, str) for v in values))
+    return [None if isinstance(values[i], str) else values[i] for i in index]
 
 
 def _existing_narrowings(nodes, roots) -> dict:
@@ -234,9 +238,12 @@ def _rewrite(func, ops: frozenset, long_chain: int):
     chains = _drop_dequantized_readers(chains, ops, long_chain)
     if not chains:
         return func
+    tables = _tables(chains, ranges)
+    chains, tables = [c for c, t in zip(chains, tables) if t is not None], [t for t in tables if t is not None]
+    if not chains:
+        return func
     narrowed = _existing_narrowings(nodes, {root for root, _ in chains})
-    subst = {root: _lookup(source, tab, ranges, narrowed)
-             for (root, source), tab in zip(chains, _tables(chains, ranges))}
+    subst = {root: _lookup(source, tab, ranges, narrowed) for (root, source), tab in zip(chains, tables)}
     _log.info("%s: %d chain(s) tabulated (%s)", RULE, len(subst),
               ", ".join(sorted(used_ops)))
     return with_body(func, rebuild(func.body, subst))
@@ -273,7 +280,8 @@ def TabulateEightBit(ops=TRANSCENDENTAL, long_chain=LONG_CHAIN):  # pylint: disa
     chains with an integer division or modulo (the table would evaluate it on every value, zero
     divisors included), chains with a per-channel (more than one element) constant, chains of two different tensors
     (``x * y``), broadcasting of a tensor inside the chain, dynamic shapes, functions with
-    ``If``/``Let``/``Match``/references/closures. The tables are computed by building the chains
+    ``If``/``Let``/``Match``/references/closures, chains TVM cannot build (a ``clip`` whose bound its
+    integer dtype cannot hold). The tables are computed by building the chains
     with ``relay.build`` for plain ``llvm`` with float products rounded before their sums, as the
     integer oracle and the x86 and aarch64 int8 builds compute them: the same tables on every host.
     """

@@ -239,3 +239,28 @@ def test_a_directly_called_function_literal_is_not_a_closure_call():
     b = relay.var("b", shape=(4,))
     mod = infer(tvm.IRModule.from_expr(relay.Function([a], relay.Call(relay.Function([b], relay.exp(b)), [a]))))
     check_module(mod, tvm.target.Target("llvm"), True)  # no error
+
+
+def _clip(dtype, lo, hi):
+    return infer(relay.clip(relay.var("x", shape=(4,), dtype=dtype), lo, hi))
+
+
+@pytest.mark.parametrize("dtype,lo,hi,name", [("uint8", -20, 100, "a_min=-20"), ("uint16", -1, 5, "a_min=-1"),
+                                              ("int8", -200, 100, "a_min=-200"), ("int8", 0, 200, "a_max=200")])
+def test_integer_clip_with_a_bound_its_dtype_cannot_hold_is_refused(dtype, lo, hi, name):
+    """relay.build fails deep in topi.clip on these (checked here too); tvm_ext.build names the clip,
+    its dtype and the bound instead, for every target."""
+    with pytest.raises(tvm.TVMError), tvm.transform.PassContext(opt_level=3):
+        relay.build(_clip(dtype, lo, hi), target="llvm")
+    for target in (AVX2, "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1"):
+        with pytest.raises(UnsupportedByTVM, match=f"clip of {dtype} data with {name}: TVM 0.19 cannot build it"):
+            check_module(_clip(dtype, lo, hi), tvm.target.Target(target))
+    with pytest.raises(UnsupportedByTVM, match=f"clip of {dtype} data"):
+        tvm_ext.build(_clip(dtype, lo, hi), target="llvm")
+
+
+@pytest.mark.parametrize("dtype,lo,hi", [("uint8", 0, 300), ("int8", -128, 127), ("float32", -1e9, 1e9),
+                                         ("int32", -5, 5)])
+def test_clip_bounds_relay_build_takes_are_accepted(dtype, lo, hi):
+    check_module(_clip(dtype, lo, hi), AVX2)
+    tvm_ext.build(_clip(dtype, lo, hi), target="llvm")

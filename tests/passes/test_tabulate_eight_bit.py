@@ -553,3 +553,17 @@ def test_int8_pipeline_tabulates_an_imported_hard_swish_bit_exact_to_plain_llvm(
     for seed in range(3):
         xv = np.random.default_rng(seed).integers(0, 256, (1, 16, 10, 10)).astype("uint8")
         np.testing.assert_array_equal(run_module(ours, {"x": xv})[0], run_module(plain, {"x": xv})[0])
+
+
+def test_a_chain_tvm_cannot_build_is_left_alone_and_the_others_tabulated(caplog):
+    """clip(SiLU(x), -20, 100) on uint8: TVM 0.19 cannot make -20 a uint8 bound, so that chain has no
+    table and stays as written (the reason logged); the SiLU of ``y`` in the same function still
+    becomes a lookup."""
+    x, y = (relay.var(n, shape=SHAPE, dtype="uint8") for n in "xy")
+    before = infer(relay.Function([x, y], relay.Tuple([relay.clip(_silu(x), -20, 100), _silu(y)])))
+    with caplog.at_level("DEBUG", logger="tvm_ext.passes.TabulateEightBit"):
+        after = TabulateEightBit()(before)
+    assert "TVM cannot build the chain" in caplog.text
+    text = after.astext()
+    assert text.count("tvm_ext.table_lookup(") == 1 and "sigmoid(" in text and "a_min=-20f" in text
+    assert_unchanged(TabulateEightBit(), after)

@@ -11,8 +11,8 @@ builds again without the pass at fault (:func:`is_llvm_debug_info_error`,
 
 Known bugs, each with its trigger, the TVM source at fault and what tvm-ext does: docs/tvm-bugs.md
 (targets LLVM cannot build for; LLVM 22's verifier and vector ``let`` debug info; int8 x int8
-``nn.dense`` whose units are not a multiple of 16 at AVX-512BW; an inline function SimplifyExpr
-copies; FoldScaleAxis folding an int32 scale into an 8-bit weight).
+``nn.dense`` whose units are not a multiple of 16 at AVX-512BW; an integer ``clip`` with a bound its
+dtype cannot hold; an inline function SimplifyExpr copies; FoldScaleAxis folding an int32 scale into an 8-bit weight).
 
 Each workaround by retry is a row of :data:`PREFIX_WORKAROUNDS` (what TVM does wrong, the prefix passes
 turned off, how the error is recognised), applied at most once per build.
@@ -149,6 +149,7 @@ def check_module(mod, target, graph_executor: bool = True) -> None:
     check_target(target)
     if graph_executor:
         _check_graph_executor(mod)
+    _check_integer_clip_bounds(mod)
     if not _x86_int8_gemm(target):
         return
     found: list = []
@@ -251,3 +252,36 @@ def _check_graph_executor(mod) -> None:
     if found:
         raise UnsupportedByTVM(f"main contains {found[0]}: relay.build's graph executor cannot run control flow, "
                                f"closures or references (use relay.vm.compile)")
+
+
+def _check_integer_clip_bounds(mod) -> None:
+    """A ``clip`` of integer data with a bound its dtype cannot hold below (unsigned: negative) or, when
+    signed, above: ``topi.clip`` makes each bound a constant of the data's dtype, which TVM refuses."""
+    import numpy as np
+    import tvm
+    from tvm import relay
+
+    found: list = []
+
+    def visit(node):
+        if found or not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op) or node.op.name != "clip":
+            return
+        dtype = str(node.args[0].checked_type.dtype)
+        if not dtype.startswith(("int", "uint")):
+            return
+        info = np.iinfo(dtype)
+        for name in ("a_min", "a_max"):
+            bound = float(getattr(node.attrs, name))
+            if bound < info.min or (info.min < 0 and bound > info.max):
+                found.append((dtype, name, bound))
+                return
+
+    _visit_functions(mod, visit)
+    if found:
+        dtype, name, bound = found[0]
+        info = np.iinfo(dtype)
+        raise UnsupportedByTVM(
+            f"clip of {dtype} data with {name}={bound:g}: TVM 0.19 cannot build it (topi.clip makes each bound a "
+            f"{dtype} constant, python/tvm/topi/math.py, and {bound:g} is not a {dtype}); give bounds within "
+            f"[{info.min}, {info.max}] (a bound past the dtype's range clips nothing)"
+        )
