@@ -79,7 +79,6 @@ def evaluate(feeds: dict, outs: list) -> list:
     return [gm.get_output(i).numpy() for i in range(len(outs))]
 
 
-
 def evaluate_each(feeds: dict, outs: list) -> list:
     """:func:`evaluate`, and where TVM cannot build that (TVM 0.19: a clip whose integer bound its
     dtype cannot hold), each of ``outs`` alone: its values, or a ``str`` saying why TVM cannot build it."""

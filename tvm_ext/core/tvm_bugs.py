@@ -267,9 +267,10 @@ def _check_integer_clip_bounds(mod) -> None:
         if found or not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op) or node.op.name != "clip":
             return
         dtype = str(node.args[0].checked_type.dtype)
-        if not dtype.startswith(("int", "uint")):
+        try:
+            info = np.iinfo(dtype)
+        except (TypeError, ValueError):  # float, bool, or an integer width numpy has no type for
             return
-        info = np.iinfo(dtype)
         for name in ("a_min", "a_max"):
             bound = float(getattr(node.attrs, name))
             if bound < info.min or (info.min < 0 and bound > info.max):
