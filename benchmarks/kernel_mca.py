@@ -51,10 +51,55 @@ def kernel_rows(analysis, labels=None) -> list:
             cells = [name, str(k.launches), f"{k.macs / 1e6:.1f}", _dots(k), str(k.hot.accumulators), str(k.hot.macs),
                      str(k.hot.instructions),
                      f"{k.mca.cycles_per_iteration:.1f}", f"{k.macs_per_cycle:.1f}", _pct(k.share),
-                     k.mca.bound or "-"]
+                     k.limit or "-"]
         else:
             cells = [name, str(k.launches), f"{k.macs / 1e6:.1f}", "no dot loop"] + ["-"] * 7
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+#: The issue's bar for a hot loop: this share of the CPU model's dot-product peak.
+AT_PEAK = 0.85
+
+
+def _limit_key(k) -> str:
+    """A kernel's hot-loop limit as a table row's name: the busiest units, dispatch or latency."""
+    lim = k.mca.limit
+    if lim is None:
+        return k.mca.bound or "not read"
+    return {"resources": "units " + "/".join(lim.resources), "dispatch": "dispatch", "latency": "latency"}[lim.kind]
+
+
+def limit_rows(analysis) -> list:
+    """Markdown: the kernels whose hot loop is under :data:`AT_PEAK` of the peak, grouped by what bounds the
+    loop in llvm-mca's model (:attr:`tvm_ext.tools.mca.KernelEstimate.limit`), with their part of the
+    model's predicted cycles and the instructions that load the busiest units (each kernel weighted by
+    its predicted cycles); the loops at the bar in one row above them."""
+    import collections
+
+    total = analysis.cycles
+    groups = collections.defaultdict(list)
+    for k in analysis.modelled:
+        groups["at " + _pct(AT_PEAK) + " of the peak or more" if k.share >= AT_PEAK else _limit_key(k)].append(k)
+    head = ["hot loops (llvm-mca)", "kernels", "MMAC", "% of predicted cycles", "% peak (MAC-weighted)",
+            "what loads the busiest units (share of their cycles)", "kernels with spills"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, ks in sorted(groups.items(), key=lambda kv: (not kv[0].startswith("at "),
+                                                          -sum(k.cycles for k in kv[1]))):
+        cycles = sum(k.cycles for k in ks)
+        macs = sum(k.macs * k.launches for k in ks)
+        users = collections.Counter()
+        for k in ks:
+            lim = k.mca.limit
+            busy = sum(c for _, c in lim.users) if lim else 0.0
+            for m, c in (lim.users if lim else ()):
+                users[m] += k.cycles * c / busy if busy else 0.0
+        weight = sum(users.values())
+        top = (", ".join(f"{m} {_pct(c / weight)}" for m, c in users.most_common(4) if c >= 0.01 * weight)
+               if weight else "") or "-"
+        spills = sum(1 for k in ks if k.hot.stack_accesses)
+        lines.append(f"| {key} | {len(ks)} | {macs / 1e6:.1f} | {_pct(cycles / total)} | "
+                     f"{_pct(macs / analysis.peak.macs_per_cycle / cycles)} | {top} | {spills} |")
     return lines
 
 
@@ -227,6 +272,8 @@ def main(argv=None):
     ap.add_argument("--model", default=CONVS, help=f"{CONVS} (default) or a zoo model name")
     ap.add_argument("--small", action="store_true", help="the zoo model's small variant")
     ap.add_argument("--kernels", action="store_true", help="also print the per-kernel table of each CPU model")
+    ap.add_argument("--limits", action="store_true", help="also print, per CPU model, what bounds the hot loops "
+                    "under 85%% of the peak (llvm-mca), grouped, with their part of the predicted cycles")
     ap.add_argument("--cpus", action="store_true", help="print the CPU models and their peaks, and stop")
     ap.add_argument("--json", default=None, help="write every analysis here as JSON")
     ap.add_argument("--disabled-pass", action="append", default=[], metavar="NAME",
@@ -270,7 +317,10 @@ def main(argv=None):
             if a.kernels:
                 p = mca.peak(c)
                 print(f"\n{c} (peak: {p.form}, {p.macs_per_cycle:.1f} MACs / cycle):\n")
-                print("\n".join(_conv_kernel_rows(results[c], shapes)))
+                print("\n".join(kernel_rows(_merged(results[c], shapes), {str(s): str(s) for s in shapes})))
+            if a.limits:
+                print(f"\n{c}: what bounds the hot loops (each conv weighted by how often ResNet-50 has it):\n")
+                print("\n".join(limit_rows(_merged(results[c], shapes))))
             out[c] = {str(s): an.to_dict() for s, an in results[c].items()}
             out[c]["weighted_share"] = _weighted(results[c], shapes)
     else:
@@ -294,13 +344,17 @@ def main(argv=None):
                 print(f"{c} (peak: {an.peak.form}, {an.peak.macs_per_cycle:.1f} MACs / cycle; whole model "
                       f"{_pct(an.share)}):\n")
                 print("\n".join(kernel_rows(an)) + "\n")
+            if a.limits:
+                print(f"{c}: what bounds the hot loops (whole model {_pct(an.share)}):\n")
+                print("\n".join(limit_rows(an)) + "\n")
         print("\n".join(summary))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 
 
-def _conv_kernel_rows(per_shape: dict, shapes: dict) -> list:
-    """Per-kernel rows of the single-conv builds, labelled by conv shape, with ResNet-50's count as n."""
+def _merged(per_shape: dict, shapes: dict):
+    """The single-conv builds' kernels as one :class:`tvm_ext.tools.mca.Analysis`, each kernel named by its conv
+    shape and launched as often as ResNet-50 has that conv."""
     from tvm_ext.tools import mca
 
     rows = []
@@ -310,7 +364,7 @@ def _conv_kernel_rows(per_shape: dict, shapes: dict) -> list:
     merged = rows[0]
     for r in rows[1:]:
         merged = merged.merge(r)
-    return kernel_rows(merged, {str(s): str(s) for s in shapes})
+    return merged
 
 
 if __name__ == "__main__":

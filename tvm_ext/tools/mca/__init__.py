@@ -90,6 +90,16 @@ class KernelEstimate:
         return cycles / self.mca.cycles_per_iteration * self.hot.macs / raw_macs
 
     @property
+    def limit(self) -> str:
+        """What bounds the hot loop in llvm-mca's model, with its figures per iteration
+        (:class:`tvm_ext.tools.mca._llvm_mca.Limit`), and its register spills; "" without a hot loop."""
+        if not self.mca:
+            return ""
+        text = str(self.mca.limit) if self.mca.limit else self.mca.bound
+        spills = self.hot.stack_accesses
+        return text + (f"; {spills} stack loads/stores (spills)" if spills else "")
+
+    @property
     def cycles(self) -> float:
         """Predicted cycles of all launches' MACs at the hot loop's rate (inf without one)."""
         return self.launches * self.macs / self.macs_per_cycle if self.mca else float("inf")
@@ -100,7 +110,8 @@ class KernelEstimate:
             d.update(dots=self.hot.dots, accumulators=self.hot.accumulators,
                      macs_per_iteration=self.hot.macs, instructions=self.hot.instructions,
                      cycles_per_iteration=self.mca.cycles_per_iteration, macs_per_cycle=self.macs_per_cycle,
-                     share=self.share, form_share=self.form_share, bound=self.mca.bound, function=self.hot.function)
+                     share=self.share, form_share=self.form_share, bound=self.mca.bound, limit=self.limit,
+                     limit_kind=self.mca.limit.kind if self.mca.limit else "", function=self.hot.function)
         return d
 
 

@@ -139,6 +139,10 @@ class Loop:
                 and (self.start, self.end) != (other.start, other.end))
 
 
+#: A memory operand addressed from the stack pointer (AArch64 ``[sp, #16]``, x86-64 ``-64(%rsp)``).
+_STACK = re.compile(r"\[sp[],]|\(%rsp[),]")
+
+
 @dataclass(frozen=True)
 class HotLoop:
     """A kernel's hot loop: its instructions and the dot instructions in it."""
@@ -158,6 +162,11 @@ class HotLoop:
     @property
     def text(self) -> str:
         return "\n".join(self.body) + "\n"
+
+    @property
+    def stack_accesses(self) -> int:
+        """Instructions that load or store through the stack pointer: register spills and their reloads."""
+        return sum(1 for line in self.body if _STACK.search(line))
 
 
 def _strip_comment(line: str, x86: bool) -> str:
