@@ -8,6 +8,7 @@ docs/kernels-static.md).
     python benchmarks/kernel_mca.py                          # ResNet-50's 22 distinct convs, every CPU model
     python benchmarks/kernel_mca.py --cpu znver5 --kernels   # ... and the per-kernel table
     python benchmarks/kernel_mca.py --model resnet50_int8_qdq [--small] --cpu neoverse-n1 --kernels
+    python benchmarks/kernel_mca.py --model ppocr_cls_v2_int8_qdq --cpu neoverse-n1 --limits  # what bounds them
     python benchmarks/kernel_mca.py --cpus                   # the CPU models and their peaks
     python benchmarks/kernel_mca.py --model resnet50_int8_qdq --cpu neoverse-v2 --disabled-pass tvm_ext.RoundReciprocal
     python benchmarks/kernel_mca.py --calibrate layers.json --cpu znver5 --peak-gmacs 545 --clock-ghz 4.35
@@ -100,6 +101,72 @@ def limit_rows(analysis) -> list:
         spills = sum(1 for k in ks if k.hot.stack_accesses)
         lines.append(f"| {key} | {len(ks)} | {macs / 1e6:.1f} | {_pct(cycles / total)} | "
                      f"{_pct(macs / analysis.peak.macs_per_cycle / cycles)} | {top} | {spills} |")
+    return lines
+
+
+#: A resource-bound loop whose dot instructions take this share of its busiest units' cycles runs its dots
+#: at their own form's rate: what keeps it under the peak is the form (or the model's rate for it).
+DOTS_OWN_UNITS = 0.8
+
+LIMIT_CLASSES = ("at the bar", "dot form's rate", "units shared", "dispatch", "latency")
+
+
+def limit_class(k) -> str:
+    """One of :data:`LIMIT_CLASSES` for a kernel with a hot loop: at :data:`AT_PEAK` or more; else bound by
+    its busiest units where its dots take :data:`DOTS_OWN_UNITS` of their cycles (the dot form's rate) or
+    less (units shared with other instructions); else dispatch or latency."""
+    lim = k.mca.limit
+    if k.share >= AT_PEAK:
+        return "at the bar"
+    if lim is None:
+        return "latency" if k.mca.bound == "dependencies" else "units shared"
+    if lim.kind != "resources":
+        return lim.kind
+    dots = {key.split()[0] for key in k.hot.dots}
+    busy = sum(c for _, c in lim.users)
+    on_dots = sum(c for m, c in lim.users if m in dots)
+    return "dot form's rate" if busy and on_dots >= DOTS_OWN_UNITS * busy else "units shared"
+
+
+def limit_summary(analysis) -> dict:
+    """``{class: share of the predicted cycles}`` over :data:`LIMIT_CLASSES`, with ``"others"``: the
+    instructions other than the dots that load the busiest units of the loops under the bar (share of
+    those units' cycles, kernels weighted by predicted cycles, most first) and ``"spills"``: kernels
+    whose hot loop loads or stores through the stack pointer."""
+    import collections
+
+    total = analysis.cycles
+    out = dict.fromkeys(LIMIT_CLASSES, 0.0)
+    others = collections.Counter()
+    busy_cycles = 0.0
+    for k in analysis.modelled:
+        cls = limit_class(k)
+        out[cls] += k.cycles / total
+        lim = k.mca.limit
+        if cls == "at the bar" or lim is None:
+            continue
+        dots = {key.split()[0] for key in k.hot.dots}
+        busy = sum(c for _, c in lim.users)
+        busy_cycles += k.cycles
+        for m, c in lim.users:
+            if m not in dots and busy:
+                others[m] += k.cycles * c / busy
+    out["others"] = [(m, c / busy_cycles) for m, c in others.most_common()] if busy_cycles else []
+    out["spills"] = sum(1 for k in analysis.modelled if k.hot.stack_accesses)
+    return out
+
+
+def limit_summary_rows(summaries: dict) -> list:
+    """Markdown: a row per CPU model (``{cpu: (analysis, limit_summary(analysis))}``), the predicted cycles'
+    shares by :func:`limit_class`."""
+    head = ["CPU model", "whole model", "loops at 85% or more", "under 85%: dots at their form's rate",
+            "under 85%: dot units shared", "under 85%: dispatch", "under 85%: latency",
+            "other instructions on the busiest units (under 85%)", "kernels with spills"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cpu, (an, sm) in summaries.items():
+        others = ", ".join(f"{m} {_pct(c)}" for m, c in sm["others"][:4] if c >= 0.01) or "-"
+        lines.append("| " + " | ".join([cpu, _pct(an.share)] + [_pct(sm[c]) for c in LIMIT_CLASSES]
+                                       + [others, str(sm["spills"])]) + " |")
     return lines
 
 
@@ -305,7 +372,7 @@ def main(argv=None):
     out = {}
     if a.model == CONVS:
         shapes = mca.resnet50_convs()
-        results = {}
+        results, summaries = {}, {}
         for c in cpus:
             t = time.perf_counter()
             results[c] = {s: _analyze(mca.single_conv(s), None, c, a.disabled_pass) for s in shapes}
@@ -319,16 +386,23 @@ def main(argv=None):
                 print(f"\n{c} (peak: {p.form}, {p.macs_per_cycle:.1f} MACs / cycle):\n")
                 print("\n".join(kernel_rows(_merged(results[c], shapes), {str(s): str(s) for s in shapes})))
             if a.limits:
+                merged = _merged(results[c], shapes)
                 print(f"\n{c}: what bounds the hot loops (each conv weighted by how often ResNet-50 has it):\n")
-                print("\n".join(limit_rows(_merged(results[c], shapes))))
+                print("\n".join(limit_rows(merged)))
+                summaries[c] = (merged, limit_summary(merged))
             out[c] = {str(s): an.to_dict() for s, an in results[c].items()}
             out[c]["weighted_share"] = _weighted(results[c], shapes)
+        if summaries:
+            print("\nResNet-50's distinct convs: what bounds the hot loops, share of each CPU model's predicted "
+                  "cycles:\n")
+            print("\n".join(limit_summary_rows(summaries)))
     else:
         from tvm_ext.tools import zoo
 
         m = zoo.load(a.model, small=a.small)
         print(f"{a.model}{' (small)' if a.small else ''}: conv and dense kernels, % of each CPU model's int8 "
               "dot-product peak (llvm-mca)\n")
+        summaries = {}
         summary = ["| CPU model | peak form | peak MACs / cycle | kernels | whole-model estimate | kernels without "
                    "a dot loop (MMAC) |", "|---|---|---|---|---|---|"]
         for c in cpus:
@@ -347,7 +421,11 @@ def main(argv=None):
             if a.limits:
                 print(f"{c}: what bounds the hot loops (whole model {_pct(an.share)}):\n")
                 print("\n".join(limit_rows(an)) + "\n")
+                summaries[c] = (an, limit_summary(an))
         print("\n".join(summary))
+        if summaries:
+            print(f"\n{a.model}: what bounds the hot loops, share of each CPU model's predicted cycles:\n")
+            print("\n".join(limit_summary_rows(summaries)))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 

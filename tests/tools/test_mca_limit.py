@@ -148,3 +148,23 @@ def test_limit_rows_group_loops_under_the_bar_by_their_limit():
     assert body[1][1:4] == ["2", "3.0", f"{100 * 10 ** 5 / total:.0f}%"]
     assert body[1][4] == "30%"  # 3 MMAC at the peak: 3 * 10**4 cycles of 10**5
     assert body[1][5] == "sdot 50%, tbl 50%"
+
+
+def test_limit_classes_tell_a_dot_form_rate_from_shared_units():
+    km = _kernel_mca()
+    own = _llvm_mca.Limit("resources", 2.0, 4, 3, ("V0",), 2.0, (("sdot", 1.8), ("add", 0.2)))
+    shared = _llvm_mca.Limit("resources", 2.0, 4, 3, ("V0",), 2.0, (("sdot", 1.0), ("tbl", 0.6), ("str", 0.4)))
+    latency = _llvm_mca.Limit("latency", 2.0, 4, 3, ("V0",), 0.5, (("sdot", 0.5),))
+    ks = [_estimate("a", 0.9, own), _estimate("b", 0.5, own), _estimate("c", 0.5, shared),
+          _estimate("d", 0.5, latency)]
+    assert [km.limit_class(k) for k in ks] == ["at the bar", "dot form's rate", "units shared", "latency"]
+    an = mca.Analysis("neoverse-n1", ks[0].peak, ks)
+    summary = km.limit_summary(an)
+    total = 10**4 / 0.9 + 3 * 2 * 10**4
+    assert summary["dot form's rate"] == pytest.approx(2 * 10**4 / total, rel=1e-3)  # cycles are whole
+    assert summary["dispatch"] == 0.0
+    # the three loops under the bar weigh alike: tbl 0.6 / 2 of c's busy cycles, add 0.2 / 2 of b's
+    assert summary["others"] == [("tbl", pytest.approx(0.1)), ("str", pytest.approx(0.2 / 3)),
+                                 ("add", pytest.approx(0.1 / 3))]
+    row = km.limit_summary_rows({"neoverse-n1": (an, summary)})[2]
+    assert row.startswith("| neoverse-n1 | ") and "tbl 10%" in row

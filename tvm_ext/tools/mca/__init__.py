@@ -111,7 +111,8 @@ class KernelEstimate:
                      macs_per_iteration=self.hot.macs, instructions=self.hot.instructions,
                      cycles_per_iteration=self.mca.cycles_per_iteration, macs_per_cycle=self.macs_per_cycle,
                      share=self.share, form_share=self.form_share, bound=self.mca.bound, limit=self.limit,
-                     limit_kind=self.mca.limit.kind if self.mca.limit else "", function=self.hot.function)
+                     limit_kind=self.mca.limit.kind if self.mca.limit else "",
+                     limit_users=list(self.mca.limit.users) if self.mca.limit else [], function=self.hot.function)
         return d
 
 

@@ -214,7 +214,7 @@ def _limit(text: str, iterations: int, total_cycles: int, dependencies: float):
     busiest = [i for i, v in enumerate(totals) if top and v >= TIED_UNITS * top]
     users = {}
     for instruction, vals in rows:
-        mnemonic = instruction.split()[0]
+        mnemonic = next((t for t in instruction.split() if not t.startswith("{")), instruction)  # past {vex}
         users[mnemonic] = users.get(mnemonic, 0.0) + sum(vals[i] for i in busiest) / max(len(busiest), 1)
     ranked = tuple(sorted(users.items(), key=lambda mc: (-mc[1], mc[0])))
     idle = re.search(r"^\s*0,\s*(\d+)\s", "\n".join(_section(text, "[# dispatched], [# cycles]")), re.M)
