@@ -164,7 +164,9 @@ def limit_summary_rows(summaries: dict) -> list:
             "other instructions on the busiest units (under 85%)", "kernels with spills"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cpu, (an, sm) in summaries.items():
-        others = ", ".join(f"{m} {_pct(c)}" for m, c in sm["others"][:4] if c >= 0.01) or "-"
+        under = 1.0 - sm["at the bar"]
+        others = (", ".join(f"{m} {_pct(c)}" for m, c in sm["others"][:4] if c >= 0.01) if under >= 0.01
+                  else "") or "-"
         lines.append("| " + " | ".join([cpu, _pct(an.share)] + [_pct(sm[c]) for c in LIMIT_CLASSES]
                                        + [others, str(sm["spills"])]) + " |")
     return lines
