@@ -154,9 +154,9 @@ def test_amx_targets_take_the_vnni_conv_policy():
     spr = "llvm -mcpu=sapphirerapids"
     tiles, vnni = int8_policy.policy(build_target(spr, allow_amx=True)), int8_policy.policy(build_target(spr))
     assert tiles.isa == "amx" and vnni.isa == "avx512_vnni"
-    assert (tiles.vector_bits, tiles.dot, tiles.per_row, tiles.channel_blocks, tiles.int8_out_blocks,
-            tiles.tile_accumulators) == (vnni.vector_bits, vnni.dot, vnni.per_row, vnni.channel_blocks,
-                                         vnni.int8_out_blocks, vnni.tile_accumulators)
+    fields = ("vector_bits", "dot", "per_row", "channel_blocks", "int8_out_blocks", "tile_accumulators",
+              "tile_accumulators_1x1")
+    assert [getattr(tiles, f) for f in fields] == [getattr(vnni, f) for f in fields]
     assert int8_policy.vnni_ready(build_target(spr, allow_amx=True))
 
 

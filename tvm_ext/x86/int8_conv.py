@@ -12,7 +12,7 @@ tables of :mod:`tvm_ext.x86.int8_policy`.
 
 Apart from ``exact_without_vnni``, which makes results exact where TVM's saturate, no change
 alters results. The changes: ``exact_without_vnni`` (:mod:`tvm_ext.x86.exact_int8`),
-``vnni_operand_types``, ``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``,
+``vnni_operand_types``, ``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``, ``tile_budget_1x1``,
 ``tile_chains``, ``fallback_register_tile``, ``fallback_kw_reuse``, ``fallback_strided_chains``,
 ``depthwise_int8_block``, ``depthwise_taps``
 (:mod:`tvm_ext.x86.depthwise_taps`), ``int8_graph_float_conv_blocks``,

@@ -52,6 +52,11 @@ class KernelPolicy:
         Compute 1x1 int8 convs, and 3x3/7x7 ones when not ``per_row``, per *tile* of output
         pixels whose accumulators fit this many vector registers (``per_tile_accumulators``),
         instead of TVM's forms; 0 keeps TVM's.
+    tile_accumulators_1x1 : int
+        Accumulator registers the tile of a 1x1 int8 conv over at most :data:`SHORT_REDUCTION` input
+        channels may fill (``tile_budget_1x1``), 0 for ``tile_accumulators``: LLVM unrolls such a
+        reduction whole, so the tile loop also holds the requantize and activation epilogue with its
+        constants and byte tables.
     tile_oc_chunks : int
         Output-channel blocks per register tile of the per-tile 1x1 int8 conv
         (``per_tile_accumulators``): a tile of R pixels x C blocks loads C kernel vectors and R data
@@ -86,6 +91,7 @@ class KernelPolicy:
     channel_blocks: tuple = (16, 12, 8, 4)
     int8_out_blocks: tuple = (16,)
     tile_accumulators: int = 0
+    tile_accumulators_1x1: int = 0
     tile_oc_chunks: int = 1
     dot_chains: int = 0
     depthwise_taps: bool = False
@@ -132,6 +138,17 @@ _NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
 #: 16 ymm registers, AVX-512 32 zmm; the kernel vector, the broadcast data word and the constant of ``vpmaddwd``
 #: take three, and one is left spare.
 _TILE_ACCUMULATORS = {"avx2": 12, "avx512": 28, "avx512_vnni": 28}
+
+
+#: Input channels up to which a 1x1 conv's reduction counts as short (``tile_budget_1x1``): 4 or fewer
+#: ``vpdpbusd`` per output vector, which LLVM unrolls whole into the tile loop beside the epilogue.
+SHORT_REDUCTION = 16
+
+#: Accumulator registers of a short-reduction 1x1 conv's tile per class (``tile_budget_1x1``): half of
+#: AVX-512's 32 zmm, the other half for the epilogue's constants and byte tables. With 28, PP-OCR cls
+#: v2's 1x1 convs over 8 and 16 input channels spilled 28-98 values an iteration of their hot loop
+#: (``benchmarks/kernel_mca.py --kernels`` at znver4 and cascadelake).
+_TILE_ACCUMULATORS_1X1: dict = {"avx512_vnni": 16}
 
 
 #: Output-channel blocks per 1x1 conv tile per class where it is not 1 (``tile_oc_chunks``; the
@@ -191,7 +208,8 @@ def policy(target) -> KernelPolicy:
     bits, dot, per_row, evidence = _POLICY[key]
     return KernelPolicy(cls, bits, dot, per_row, evidence, _NARROW_BLOCKS.get(key, KernelPolicy.channel_blocks),
                         _NARROW_OUT_BLOCKS.get(key, KernelPolicy.int8_out_blocks),
-                        _TILE_ACCUMULATORS.get(key, 0), _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0),
+                        _TILE_ACCUMULATORS.get(key, 0), _TILE_ACCUMULATORS_1X1.get(key, 0),
+                        _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0),
                         key in _DEPTHWISE_TAPS, _KW_REUSE_REGISTERS.get(key, 0),
                         key in _STRIDED_CHAIN_TILES)
 

@@ -4,13 +4,13 @@ schedules with their producers inlined and channel blocks vectorized.
 
 Which one a conv takes is decided per instruction-set class at schedule time
 (:func:`tvm_ext.x86.int8_policy.policy` of the target being compiled); the names of the changes
-(``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``, ``tile_chains``,
+(``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``, ``tile_budget_1x1``, ``tile_chains``,
 ``vnni_operand_types``, ``pool_prologue_inline``, ``global_pool_channel_vector``) and their
 measurements are in docs/x86-kernels.md.
 """
 from __future__ import annotations
 
-from .int8_policy import needs_operand_fix, policy, vnni_ready
+from .int8_policy import SHORT_REDUCTION, needs_operand_fix, policy, vnni_ready
 from .tile_rules import groups_in_turn, tile_chains, tile_chunks_shape, tile_width, whole_row_over_budget
 
 __all__ = ["dot_u8s8_vnni"]
@@ -260,6 +260,22 @@ def _schedule_1x1_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     return _SAVED["schedule_1x1"](s, cfg, data_vec, kernel_vec, conv_out, last)
 
 
+def _short_reduction_budget(conv_out, accumulators: int) -> int:
+    """``accumulators``, or the class's budget for a 1x1 conv whose reduction over at most
+    :data:`.int8_policy.SHORT_REDUCTION` input channels LLVM unrolls into the tile loop beside the
+    epilogue (``tile_budget_1x1``)."""
+    from tvm.topi.utils import get_const_int
+
+    target = _current_target()
+    short = policy(target).tile_accumulators_1x1 if target is not None else 0
+    if not short:
+        return accumulators
+    channels = 1
+    for axis in conv_out.op.reduce_axis[2:]:  # kh, kw, then the input channels' outer, middle and inner
+        channels *= get_const_int(axis.dom.extent)
+    return min(accumulators, short) if channels <= SHORT_REDUCTION else accumulators
+
+
 def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, max_chunks=1):
     """``per_tile_accumulators`` for 1x1 convs: the conv computed per tile of ``rows x cols`` output pixels
     (:func:`tvm_ext.x86.tile_rules.tile_shape`), accumulators in registers, the epilogue applied per tile.
@@ -276,6 +292,7 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
 
     _, oc_chunks, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
     groups = oc_bn // lanes
+    accumulators = _short_reduction_budget(conv_out, accumulators)
     wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
     wanted_cols = _wanted_width(cfg)
     chunks, rows, cols = tile_chunks_shape(out_height, out_width, oc_chunks, groups, (wanted_rows, wanted_cols),

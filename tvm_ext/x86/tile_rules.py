@@ -152,15 +152,18 @@ def tile_chunks_shape(out_height: int, out_width: int, oc_chunks: int, groups: i
     product (C kernel vectors and R data words for R x C products; ties: fewer chunks).
 
     The kernel vectors of every chunk stay in registers through a reduction step, so each chunk
-    beyond the first takes ``groups`` registers from ``accumulators``. ``max_chunks`` 1 gives
-    :func:`tile_shape`'s tile.
+    beyond the first takes ``groups`` registers from ``accumulators``; with more than one chunk LLVM
+    also keeps each pixel's broadcast data word live until every chunk has used it, so a pixel takes
+    one register more. ``max_chunks`` 1 gives :func:`tile_shape`'s tile.
+
+        # R * (C * groups + [C > 1]) + (C - 1) * groups  <=  accumulators
     """
     best = None
     for c in range(1, min(max_chunks, oc_chunks) + 1):
         budget = accumulators - (c - 1) * groups
-        if oc_chunks % c or budget < c * groups:
+        if oc_chunks % c or budget < c * groups + (c > 1):
             continue
-        rows, cols = tile_shape(out_height, out_width, c * groups, wanted, budget)
+        rows, cols = tile_shape(out_height, out_width, c * groups + (c > 1), wanted, budget)
         loads_per_dot = (c * groups + rows * cols) / (c * groups * rows * cols)
         if best is None or loads_per_dot < best[0] - 1e-9:
             best = (loads_per_dot, c, rows, cols)
