@@ -72,6 +72,12 @@ class KernelPolicy:
         An untuned strided 3x3/5x5/7x7 int8 conv takes a row tile of half ``dot_chains`` pixels, so
         that ``tile_chains`` computes it with two output-channel blocks sharing each broadcast data
         word (``fallback_strided_chains``, :func:`tvm_ext.x86.tile_rules.strided_chain_width`).
+    rows_first : bool
+        The per-tile schedules split their parallel loop over output rows before output-channel blocks
+        when the conv's input is at least as large as its weights (``parallel_rows_first``,
+        :func:`tvm_ext.x86.tile_rules.rows_first`), so that each thread reads the input rows that
+        the producing kernel, split the same way, wrote on the same core; False: output-channel
+        blocks first (TVM's order).
     kw_reuse_registers : int
         Vector registers an untuned stride-1 3x3/5x5/7x7 int8 conv's row tile may fill with
         accumulators, broadcast data words and kernel vectors when ``kw`` is unrolled so that
@@ -97,6 +103,7 @@ class KernelPolicy:
     depthwise_taps: bool = False
     kw_reuse_registers: int = 0
     strided_chain_tiles: bool = False
+    rows_first: bool = False
 
     @property
     def conv_schedule(self) -> str:
@@ -184,6 +191,14 @@ _KW_REUSE_REGISTERS: dict = {"avx512_vnni": 32}
 _STRIDED_CHAIN_TILES = frozenset({"avx512_vnni"})
 
 
+#: Classes whose per-tile schedules split their parallel loop over rows first where the input is at
+#: least as large as the weights (``parallel_rows_first``). QDQ ResNet-50 on a Granite Rapids-class Xeon,
+#: 2 threads, bit-identical, timed in alternation: 0.96x end to end (0.97-0.98x with the rule by a weight
+#: size limit instead, 1.01x with every conv split over rows: the last stage's 2.4 MB of 3x3 weights then
+#: stream from L3 once per row); YOLOv8n 1.00x, PP-OCRv4 det 1.01x (docs/x86-kernels.md).
+_ROWS_FIRST = frozenset({"avx512_vnni"})
+
+
 #: Classes whose 8-bit depthwise convs take 4 taps per 32-bit lane (``depthwise_taps``): PP-OCR cls v2's
 #: depthwise convs alone, Zen 5, 2 threads: 0.56x TVM's time summed (docs/x86-kernels.md).
 _DEPTHWISE_TAPS = frozenset({"avx512_vnni"})
@@ -211,7 +226,7 @@ def policy(target) -> KernelPolicy:
                         _TILE_ACCUMULATORS.get(key, 0), _TILE_ACCUMULATORS_1X1.get(key, 0),
                         _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0),
                         key in _DEPTHWISE_TAPS, _KW_REUSE_REGISTERS.get(key, 0),
-                        key in _STRIDED_CHAIN_TILES)
+                        key in _STRIDED_CHAIN_TILES, key in _ROWS_FIRST)
 
 
 def needs_operand_fix() -> bool:

@@ -11,7 +11,7 @@ measurements are in docs/x86-kernels.md.
 from __future__ import annotations
 
 from .int8_policy import SHORT_REDUCTION, needs_operand_fix, policy, vnni_ready
-from .tile_rules import groups_in_turn, tile_chains, tile_chunks_shape, tile_width, whole_row_over_budget
+from .tile_rules import groups_in_turn, rows_first, tile_chains, tile_chunks_shape, tile_width, whole_row_over_budget
 
 __all__ = ["dot_u8s8_vnni"]
 
@@ -157,16 +157,42 @@ def _wanted_width(cfg) -> int:
     return cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
 
 
+def _rows_first(conv_out) -> bool:
+    """Whether the target's class splits this conv's tiles over rows first (``parallel_rows_first``,
+    :func:`tvm_ext.x86.tile_rules.rows_first`): by the bytes of its input and of its weights."""
+    import tvm
+    from tvm.topi.utils import get_const_tuple
+
+    target = _current_target()
+    if target is None or not policy(target).rows_first:
+        return False
+
+    def nbytes(t):
+        size = tvm.DataType(t.dtype).bits // 8
+        for d in get_const_tuple(t.shape):
+            size *= d
+        return size
+
+    data, kernel = conv_out.op.input_tensors[:2]
+    return rows_first(nbytes(data), nbytes(kernel))
+
+
 def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1):
     """The per-tile schedules' stages: the conv's output computed per ``rows x cols`` tile of the fused output
-    (parallel over channel chunks and row blocks, channel block vectorized), its accumulation
-    stage per tile. ``chunks`` > 1: each tile also spans that many output-channel chunks (which
-    it must divide). Returns the accumulation stage; the caller orders its reduction."""
+    (parallel over channel chunks and row blocks, or row blocks and channel chunks where
+    :func:`_rows_first`; channel block vectorized), its accumulation stage per tile. ``chunks`` > 1: each
+    tile also spans that many output-channel chunks (which it must divide). Returns the accumulation
+    stage; the caller orders its reduction."""
     from tvm import autotvm, te
 
+    by_rows = _rows_first(conv_out)
     if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
         batch, ic_chunk, ih, _, ic_block = s[data_vec].op.axis
-        s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
+        if by_rows:  # the padded copy split the same way as the tiles that read it
+            s[data_vec].reorder(ih, ic_chunk)
+            s[data_vec].parallel(s[data_vec].fuse(batch, ih, ic_chunk))
+        else:
+            s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
         if data_vec.dtype == "int16":  # data widened for a kernel packed in int16 pairs
             s[data_vec].vectorize(ic_block)
         data_vec = data_vec.op.input_tensors[0]
@@ -177,16 +203,19 @@ def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1):
     acc = s.cache_write(conv, "global")
 
     def split_tiles(stage):
-        """(batch, oc_chunk, row block) fused, then the tiles of a row; oc block innermost."""
+        """(batch, oc chunk group, row block) fused, or (batch, row block, oc chunk group) when
+        ``by_rows``, then the tiles of a row; oc block innermost."""
         batch, oc_chunk, oh, ow, oc_block = s[stage].op.axis
         oh_outer, oh_inner = s[stage].split(oh, factor=rows)
         ow_outer, ow_inner = s[stage].split(ow, factor=cols)
         if chunks == 1:
-            s[stage].reorder(oc_chunk, oh_outer, ow_outer, oh_inner, ow_inner, oc_block)
-            return s[stage].fuse(batch, oc_chunk, oh_outer), ow_outer, oc_block
-        oc_outer, oc_inner = s[stage].split(oc_chunk, factor=chunks)
-        s[stage].reorder(oc_outer, oh_outer, ow_outer, oc_inner, oh_inner, ow_inner, oc_block)
-        return s[stage].fuse(batch, oc_outer, oh_outer), ow_outer, oc_block
+            oc_outer, inner = oc_chunk, (oh_inner, ow_inner, oc_block)
+        else:
+            oc_outer, oc_inner = s[stage].split(oc_chunk, factor=chunks)
+            inner = (oc_inner, oh_inner, ow_inner, oc_block)
+        outer = (oh_outer, oc_outer) if by_rows else (oc_outer, oh_outer)
+        s[stage].reorder(*outer, ow_outer, *inner)
+        return s[stage].fuse(batch, *outer), ow_outer, oc_block
 
     row, tile, oc_block = split_tiles(conv)
     s[conv].vectorize(oc_block)

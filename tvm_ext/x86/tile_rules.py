@@ -2,12 +2,12 @@
 output pixels, rows, output-channel chunks and accumulator groups a tile takes so that its accumulators fit
 the vector registers and it loads few values per product. Pure functions of the conv's shape, the
 configured wish and the register budget (:mod:`tvm_ext.x86.int8_policy`); docs/x86-kernels.md has the
-measurements behind each rule.
+measurements behind each rule; :func:`rows_first` orders the tiles' parallel loop.
 """
 from __future__ import annotations
 
 __all__ = ["tile_width", "tile_shape", "tile_chunks_shape", "tile_chains", "whole_row_over_budget", "groups_in_turn",
-           "kw_reuse_width", "strided_chain_width"]
+           "kw_reuse_width", "strided_chain_width", "rows_first"]
 
 
 def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunks: int, accumulators: int) -> int:
@@ -168,3 +168,19 @@ def tile_chunks_shape(out_height: int, out_width: int, oc_chunks: int, groups: i
         if best is None or loads_per_dot < best[0] - 1e-9:
             best = (loads_per_dot, c, rows, cols)
     return best[1:]
+
+
+def rows_first(data_bytes: int, weight_bytes: int) -> bool:
+    """Whether a conv's per-tile schedule splits its parallel loop over output rows before output-channel
+    blocks (``parallel_rows_first``).
+
+    Split over output-channel blocks, each of T threads reads the whole input, (T - 1) / T of which the
+    producing kernel wrote on other cores, and 1 / T of the weights; split over rows, a thread reads its
+    own rows of the input (and the rows beside them, for a kernel taller than 1), which the producer,
+    split the same way, wrote on the same core, and all of the weights, which stay in its cache from
+    one row to the next when they are the smaller::
+
+        # input bytes >= weight bytes  ->  rows first
+    """
+    return data_bytes >= weight_bytes
+
