@@ -1,4 +1,4 @@
-"""``parallel_rows_first``: on AVX-512 VNNI the per-tile int8 conv schedules split their parallel loop over
+"""``parallel_rows_first``: on AVX-512 VNNI and AVX2 the per-tile int8 conv schedules split their parallel loop over
 output rows before output-channel blocks when the conv's input is at least as large as its weights, so that
 each thread reads the input rows its own core wrote in the kernel before.
 
@@ -15,7 +15,7 @@ from ._int8_cases import needs_vnni, run_conv_cases
 
 
 @pytest.mark.parametrize("target,expected", [("llvm -mcpu=cascadelake", True), ("llvm -mcpu=znver4", True),
-                                             ("llvm -mcpu=x86-64-v3", False), ("llvm -mcpu=x86-64-v4", False)])
+                                             ("llvm -mcpu=x86-64-v3", True), ("llvm -mcpu=x86-64-v4", False)])
 def test_policy_per_class(target, expected):
     assert int8_policy.policy(target).rows_first is expected
 
@@ -59,7 +59,8 @@ def _parallel_loops(target, cin, cout, size, k):
     ("llvm -mcpu=cascadelake", 64, 256, 56, 1, ["n.oh.outer.fused.oc_chunk.fused"]),
     ("llvm -mcpu=cascadelake", 64, 64, 56, 3, ["i0.i2.fused.i1.fused", "n.oh.outer.fused.oc_chunk.fused"]),
     ("llvm -mcpu=cascadelake", 1024, 2048, 7, 1, ["n.oc_chunk.fused.oh.outer.fused"]),  # weights larger
-    ("llvm -mcpu=x86-64-v3", 64, 256, 56, 1, ["n.oc_chunk.fused.oh.outer.fused"]),  # a class without it
+    ("llvm -mcpu=x86-64-v3", 64, 256, 56, 1, ["n.oh.outer.fused.oc_chunk.fused"]),
+    ("llvm -mcpu=x86-64-v4", 64, 256, 56, 1, ["n.oc_chunk.fused.oh.outer.fused"]),  # AVX-512 without VNNI: not measured
 ])
 def test_parallel_loop_order(target, cin, cout, size, k, expected):
     """Rows first: the fused parallel variable starts with the row blocks (and the padded copy of a 3x3
