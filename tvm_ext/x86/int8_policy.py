@@ -195,7 +195,7 @@ _STRIDED_CHAIN_TILES = frozenset({"avx512_vnni"})
 #: least as large as the weights (``parallel_rows_first``). QDQ ResNet-50 on a Granite Rapids-class Xeon,
 #: 2 threads, bit-identical, timed in alternation: 0.96-0.97x end to end (0.97-0.98x with the rule by a weight
 #: size limit instead, 1.01x with every conv split over rows: the last stage's 2.3 MB of 3x3 weights then
-#: stream from L3 once per row); YOLOv8n 1.00x, PP-OCRv4 det 1.01x. AVX2 code (-mcpu=x86-64-v3, the exact
+#: stream from L3 once per row); YOLOv8n 1.00x, PP-OCRv4 det 1.01x and 0.95x. AVX2 code (-mcpu=x86-64-v3, the exact
 #: int16-pair path) on the same host, ResNet-50, 2 threads: 0.97x (docs/x86-kernels.md).
 _ROWS_FIRST = frozenset({"avx512_vnni", "avx2"})
 
