@@ -188,11 +188,9 @@ def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1):
     by_rows = _rows_first(conv_out)
     if isinstance(s[data_vec].op, te.tensor.ComputeOp) and "pad" in data_vec.op.tag:
         batch, ic_chunk, ih, _, ic_block = s[data_vec].op.axis
-        if by_rows:  # the padded copy split the same way as the tiles that read it
-            s[data_vec].reorder(ih, ic_chunk)
-            s[data_vec].parallel(s[data_vec].fuse(batch, ih, ic_chunk))
-        else:
-            s[data_vec].parallel(s[data_vec].fuse(batch, ic_chunk, ih))
+        outer = (ih, ic_chunk) if by_rows else (ic_chunk, ih)  # split the same way as the tiles that read it
+        s[data_vec].reorder(*outer)
+        s[data_vec].parallel(s[data_vec].fuse(batch, *outer))
         if data_vec.dtype == "int16":  # data widened for a kernel packed in int16 pairs
             s[data_vec].vectorize(ic_block)
         data_vec = data_vec.op.input_tensors[0]
