@@ -408,7 +408,12 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     prefix_names: list[str] = []
     if stages["start"]:
         mod = _run_user_passes(mod, stages["start"], tgt, opt_level, cfg, disabled, instr)
-    tvm_bugs.check_module(relay.transform.InferType()(mod), tgt, executor is None)  # known TVM bugs: clear error
+    typed, unfused = tvm_bugs.inline_unschedulable_fused(relay.transform.InferType()(mod), tgt)
+    for why in unfused:  # a fused function TVM 0.19 cannot lower as one kernel: its ops are built unfused
+        logger.warning("tvm_ext.build: TVM 0.19 cannot lower a fused (Primitive) function holding %s at %s "
+                       "(tvm_ext.core.tvm_bugs); building its ops unfused", why, tgt)
+    mod = typed if unfused else mod
+    tvm_bugs.check_module(typed, tgt, executor is None)  # known TVM bugs: clear error
     workarounds: list = []  # rows of tvm_bugs.PREFIX_WORKAROUNDS applied to this module
 
     def turned_off() -> list:

@@ -7,12 +7,14 @@ and raises :class:`UnsupportedByTVM` (a ``ValueError``) naming the op, the shape
 at fault and a workaround. It is called by :func:`tvm_ext.build` before relay.build's prefix
 (after the ``start`` passes). The others :func:`tvm_ext.build` recognises by their error and
 builds again without the pass at fault (:func:`is_llvm_debug_info_error`,
-:func:`is_inline_function_copy_error`, :func:`is_integer_scale_fold_error`).
+:func:`is_inline_function_copy_error`, :func:`is_integer_scale_fold_error`). A fused function TVM cannot
+lower as one kernel it builds unfused (:func:`inline_unschedulable_fused`, before :func:`check_module`).
 
 Known bugs, each with its trigger, the TVM source at fault and what tvm-ext does: docs/tvm-bugs.md
 (targets LLVM cannot build for; LLVM 22's verifier and vector ``let`` debug info; int8 x int8
 ``nn.dense`` whose units are not a multiple of 16 at AVX-512BW; an integer ``clip`` with a bound its
-dtype cannot hold; an inline function SimplifyExpr copies; FoldScaleAxis folding an int32 scale into an 8-bit weight).
+dtype cannot hold; an inline function SimplifyExpr copies; FoldScaleAxis folding an int32 scale into an 8-bit weight;
+an 8-bit conv2d inside a fused function).
 
 Each workaround by retry is a row of :data:`PREFIX_WORKAROUNDS` (what TVM does wrong, the prefix passes
 turned off, how the error is recognised), applied at most once per build.
@@ -26,7 +28,8 @@ from ..errors import UnsupportedByTVM
 
 __all__ = ["UnsupportedByTVM", "check_module", "check_target", "is_llvm_debug_info_error",
            "is_inline_function_copy_error", "is_integer_scale_fold_error", "PrefixWorkaround", "PREFIX_WORKAROUNDS",
-           "prefix_workaround", "NO_TIR_CSE", "COPIES_INLINE_FUNCTIONS", "FOLDS_INTEGER_SCALES"]
+           "prefix_workaround", "NO_TIR_CSE", "COPIES_INLINE_FUNCTIONS", "FOLDS_INTEGER_SCALES",
+           "inline_unschedulable_fused"]
 
 #: PassContext option that turns TIR's common-subexpression elimination off.
 NO_TIR_CSE = "tir.disable_cse_tir"
@@ -286,3 +289,144 @@ def _check_integer_clip_bounds(mod) -> None:
             f"{dtype} constant, python/tvm/topi/math.py, and {bound:g} is not a {dtype}); give bounds within "
             f"[{info.min}, {info.max}] (a bound past the dtype's range clips nothing)"
         )
+
+
+# A fused (``Primitive``) function is lowered as one kernel: FuseOps and AlterOpLayout never enter it
+# (``src/relay/transforms/alter_op_layout.cc``, ``fuse_ops.cc``), but relay.build's legalization does.
+_CONVS = ("nn.conv2d", "qnn.conv2d")
+
+
+def _sliced_int8_block(conv, target) -> str | None:
+    """Why TVM's x86 ``conv2d_nchw_int8`` cannot schedule the uint8 x int8 ``nn.conv2d`` ``conv`` (typed,
+    legalized for QNN) inside a fused function at ``target``, or None.
+
+    ``topi/generic/conv2d.py::conv2d_alter_int8_common`` (x86 Legalize) pads the output channels to a
+    multiple of 16 and slices them back; outside AlterOpLayout the conv stays NCHW and
+    ``conv2d_nchw_int8`` packs it in 16-channel blocks (``conv2d_int8.py``: ``int32_lanes=16``). The
+    schedule (``schedule_conv_NCHWc_cpu_common_int8`` / ``_1x1_int8``) computes the conv inside the
+    slice's loop over each block, so with fewer than 16 channels left the block is bound to them and
+    its tensorized split by ``get_simd_32bit_lanes()`` (16 at AVX-512BW, 8 at AVX2, else 4) fails
+    unless they are a multiple of it.
+    """
+    import tvm
+    from tvm.target.x86 import get_simd_32bit_lanes
+    from tvm.topi.x86 import is_int8_hw_support
+
+    a = conv.attrs
+    data, weight = conv.args[0].checked_type, conv.args[1].checked_type
+    if (str(data.dtype), str(weight.dtype)) != ("uint8", "int8") or (a.data_layout, a.kernel_layout) != (
+            "NCHW", "OIHW") or int(a.groups) != 1 or [int(d) for d in a.dilation] != [1, 1]:
+        return None
+    out = weight.shape[0]
+    if not isinstance(out, tvm.tir.IntImm):
+        return None
+    with target:
+        if not is_int8_hw_support("uint8", "int8"):
+            return None
+        lanes = get_simd_32bit_lanes()
+    if int(out) < 16 and int(out) % lanes:
+        return (f"{int(out)} output channels: x86 int8 Legalize pads them to 16 and slices them back, and "
+                f"conv2d_nchw_int8 tensorizes the sliced block with {lanes} lanes (topi/generic/conv2d.py "
+                f"conv2d_alter_int8_common, schedule_conv_NCHWc_cpu_*_int8)")
+    return None
+
+
+def _unschedulable_fused(fn, target) -> str | None:
+    """Why TVM 0.19 cannot lower the ``Primitive`` function ``fn`` (typed) holding an 8-bit conv2d
+    at ``target`` as one kernel, or None (also when legalizing it alone fails: the build reports that).
+
+    Runs relay.build's own legalizations on ``fn``'s body, in the prefix's order: QNN Legalize and
+    canonicalization, then the target's Legalize. A kernel takes one op whose pattern is a reduction or
+    more (``te_compiler_cache.cc``, ``ScheduleBuilder``: ``anchor_op_pattern_ < kCommReduce``); the
+    legalizations add a second one for an int8 x int8 conv (x86: data shifted to uint8 and a ``sum``
+    of the weight), a nonzero zero point (its ``sum`` / pool), or uint8 data on aarch64 (shifted to int8).
+    """
+    import tvm
+    from tvm import relay
+
+    from .._op_pattern import K_COMM_REDUCE, call_pattern
+
+    convs: list = []
+
+    def collect(node):
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in _CONVS:
+            if {str(node.args[0].checked_type.dtype), str(node.args[1].checked_type.dtype)} <= {"int8", "uint8"}:
+                convs.append(node)
+
+    relay.analysis.post_order_visit(fn.body, collect)
+    if not convs:
+        return None
+    c = convs[0]
+    what = (f"{c.op.name} of {c.args[0].checked_type.dtype}{list(c.args[0].checked_type.shape)} data and "
+            f"{c.args[1].checked_type.dtype}{list(c.args[1].checked_type.shape)} weight ({c.attrs.data_layout})")
+    body = tvm.IRModule.from_expr(relay.Function(fn.params, fn.body))
+    try:
+        with target, tvm.transform.PassContext(opt_level=3):
+            qnn_free = tvm.transform.Sequential([relay.transform.InferType(), relay.qnn.transform.Legalize(),
+                                                 relay.qnn.transform.CanonicalizeOps(),
+                                                 relay.transform.InferType()])(body)
+            legal = tvm.transform.Sequential([relay.transform.Legalize(), relay.transform.InferType()])(qnn_free)
+    except tvm.TVMError:
+        return None
+    for conv in _calls(qnn_free["main"], ("nn.conv2d",)):
+        why = _sliced_int8_block(conv, target)
+        if why:
+            return f"{what}: {why}"
+    anchors = [call.op.name for call in _calls(legal["main"]) if call_pattern(call) >= K_COMM_REDUCE]
+    if len(anchors) > 1:
+        return (f"{what}: its legalization makes {len(anchors)} ops a kernel schedules by ({', '.join(anchors)}), "
+                f"one kernel takes one (src/relay/backend/te_compiler_cache.cc, anchor_op_pattern_)")
+    return None
+
+
+def _calls(func, names=None) -> list:
+    import tvm
+    from tvm import relay
+
+    found: list = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and (names is None or node.op.name in names):
+            found.append(node)
+
+    relay.analysis.post_order_visit(func, visit)
+    return found
+
+
+def inline_unschedulable_fused(mod, target) -> tuple:
+    """``(mod', reasons)``: ``mod`` (typed) with each call of a fused (``Primitive``) function holding an
+    8-bit conv2d that TVM 0.19 cannot lower as one kernel at ``target`` replaced by the function's body,
+    so relay.build's AlterOpLayout and FuseOps treat its ops as any others; ``reasons`` says why, one per
+    function. No such function: ``mod`` itself and ``[]``.
+
+    Inside a fused function, AlterOpLayout never turns the conv into ``conv2d_NCHWc`` but the
+    legalizations still rewrite it (:func:`_unschedulable_fused`): TVM fails with ``Bind have an unmet
+    assertion ... C.shape[4]``, a tensorize split condition, or ``anchor_op_pattern_`` (docs/tvm-bugs.md).
+    """
+    import tvm
+    from tvm import relay
+
+    if target is None or target.kind.name != "llvm":
+        return mod, []
+    reasons: list = []
+
+    class _Inline(relay.ExprMutator):
+        def visit_call(self, call):
+            fn = call.op
+            if isinstance(fn, relay.Function) and fn.attrs and "Primitive" in fn.attrs and "Compiler" not in fn.attrs:
+                why = _unschedulable_fused(fn, target)
+                if why:
+                    reasons.append(why)
+                    return relay.bind(fn.body, dict(zip(fn.params, [self.visit(a) for a in call.args])))
+            return super().visit_call(call)
+
+    functions = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
+            func = relay.Function(func.params, _Inline().visit(func.body), func.ret_type, func.type_params,
+                                  func.attrs)
+        functions[gv] = func
+    if not reasons:
+        return mod, []
+    out = tvm.IRModule(functions, type_definitions=mod.type_definitions, attrs=mod.attrs)
+    return relay.transform.InferType()(out), reasons
