@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from .isa import isa_class
 
-__all__ = ["policy", "KernelPolicy", "vnni_ready", "needs_operand_fix", "INT8_CONV_BLOCK", "FALLBACK_TILE_ACCUMULATORS"]
+__all__ = ["policy", "KernelPolicy", "vnni_ready", "needs_operand_fix", "INT8_CONV_BLOCK", "FALLBACK_TILE_ACCUMULATORS",
+           "WEIGHTS_ONCE_ITEMS"]
 
 
 #: LLVM major version from which vpdpbusd takes <64 x i8> byte operands (llvm-project #155194).
@@ -78,6 +79,13 @@ class KernelPolicy:
         :func:`tvm_ext.x86.tile_rules.rows_first`), so that each thread reads the input rows that
         the producing kernel, split the same way, wrote on the same core; False: output-channel
         blocks first (TVM's order).
+    weights_once_bytes : int
+        A per-tile int8 conv whose weights are many times larger than its input and whose tiles'
+        accumulators for a block of rows fit this many bytes reduces over input-channel blocks outside
+        the tiles, so each weight slice is read once per block and streams from memory beside the dot
+        products
+        (``weights_once``, :func:`tvm_ext.x86.tile_rules.weights_once_rows`); 0 keeps the reduction
+        inside each tile.
     kw_reuse_registers : int
         Vector registers an untuned stride-1 3x3/5x5/7x7 int8 conv's row tile may fill with
         accumulators, broadcast data words and kernel vectors when ``kw`` is unrolled so that
@@ -104,6 +112,7 @@ class KernelPolicy:
     kw_reuse_registers: int = 0
     strided_chain_tiles: bool = False
     rows_first: bool = False
+    weights_once_bytes: int = 0
 
     @property
     def conv_schedule(self) -> str:
@@ -200,6 +209,15 @@ _STRIDED_CHAIN_TILES = frozenset({"avx512_vnni"})
 _ROWS_FIRST = frozenset({"avx512_vnni", "avx2"})
 
 
+#: Accumulator buffer bytes of a weight-heavy per-tile conv's block of rows per class (``weights_once``):
+#: the first-level data cache of every CPU of the class (32 KiB on Zen 4-5, 32-48 KiB on Intel's). QDQ ResNet-50
+#: on a Granite Rapids-class Xeon, bit-identical, timed in alternation: 0.984x end to end at 2 threads (21 rounds;
+#: 0.974x with 64 KiB), 0.981x at 1 thread; its last two stages' 3x3 convs 45-70 us faster each in a whole run
+#: at 1 thread (TVM's profiler). YOLOv8n 1.00x (one conv takes it). AMD not measured (docs/x86-kernels.md).
+_WEIGHTS_ONCE_BYTES: dict = {"avx512_vnni": 32 * 1024}
+#: Parallel items (channel blocks x row blocks) a ``weights_once`` conv keeps at least, so that its blocks of
+#: rows do not leave the threads idle.
+WEIGHTS_ONCE_ITEMS = 8
 #: Classes whose 8-bit depthwise convs take 4 taps per 32-bit lane (``depthwise_taps``): PP-OCR cls v2's
 #: depthwise convs alone, Zen 5, 2 threads: 0.56x TVM's time summed (docs/x86-kernels.md).
 _DEPTHWISE_TAPS = frozenset({"avx512_vnni"})
@@ -227,7 +245,7 @@ def policy(target) -> KernelPolicy:
                         _TILE_ACCUMULATORS.get(key, 0), _TILE_ACCUMULATORS_1X1.get(key, 0),
                         _TILE_OC_CHUNKS.get(key, 1), _DOT_CHAINS.get(key, 0),
                         key in _DEPTHWISE_TAPS, _KW_REUSE_REGISTERS.get(key, 0),
-                        key in _STRIDED_CHAIN_TILES, key in _ROWS_FIRST)
+                        key in _STRIDED_CHAIN_TILES, key in _ROWS_FIRST, _WEIGHTS_ONCE_BYTES.get(key, 0))
 
 
 def needs_operand_fix() -> bool:

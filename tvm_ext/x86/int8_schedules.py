@@ -5,13 +5,14 @@ schedules with their producers inlined and channel blocks vectorized.
 Which one a conv takes is decided per instruction-set class at schedule time
 (:func:`tvm_ext.x86.int8_policy.policy` of the target being compiled); the names of the changes
 (``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``, ``tile_budget_1x1``, ``tile_chains``,
-``vnni_operand_types``, ``pool_prologue_inline``, ``global_pool_channel_vector``) and their
-measurements are in docs/x86-kernels.md.
+``parallel_rows_first``, ``weights_once``, ``vnni_operand_types``, ``pool_prologue_inline``,
+``global_pool_channel_vector``) and their measurements are in docs/x86-kernels.md.
 """
 from __future__ import annotations
 
-from .int8_policy import SHORT_REDUCTION, needs_operand_fix, policy, vnni_ready
-from .tile_rules import groups_in_turn, rows_first, tile_chains, tile_chunks_shape, tile_width, whole_row_over_budget
+from .int8_policy import SHORT_REDUCTION, WEIGHTS_ONCE_ITEMS, needs_operand_fix, policy, vnni_ready
+from .tile_rules import (groups_in_turn, pass_blocks, rows_first, tile_chains, tile_chunks_shape, tile_width,
+                         weights_once_rows, whole_row_over_budget)
 
 __all__ = ["dot_u8s8_vnni"]
 
@@ -130,7 +131,7 @@ def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
         _, oc_chunks, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
         pixels = tile_width(out_width, oc_bn // lanes, _wanted_width(cfg), accumulators)
         chunks = tile_chains(pixels, oc_bn // lanes, oc_chunks, chains, max_chunks, accumulators)
-        if chunks > 1:
+        if chunks > 1 or _weights_once_rows(conv_out, 1, chunks):
             return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, chunks)
     if chosen == "per_row":
         return conv2d_generic.schedule_conv_NCHWc_cpu_common_int8(
@@ -157,32 +158,52 @@ def _wanted_width(cfg) -> int:
     return cfg["tile_ow"] if isinstance(cfg["tile_ow"], int) else cfg["tile_ow"].size[-1]
 
 
+def _nbytes(t) -> int:
+    import tvm
+    from tvm.topi.utils import get_const_tuple
+
+    size = tvm.DataType(t.dtype).bits // 8
+    for d in get_const_tuple(t.shape):
+        size *= d
+    return size
+
+
 def _rows_first(conv_out) -> bool:
     """Whether the target's class splits this conv's tiles over rows first (``parallel_rows_first``,
     :func:`tvm_ext.x86.tile_rules.rows_first`): by the bytes of its input and of its weights."""
+    target = _current_target()
+    if target is None or not policy(target).rows_first:
+        return False
+    data, kernel = conv_out.op.input_tensors[:2]
+    return rows_first(_nbytes(data), _nbytes(kernel))
+
+
+def _weights_once_rows(conv_out, tile_rows: int, chunks: int) -> int:
+    """Output rows per block of ``conv_out``'s ``weights_once`` reduction order for the target being compiled
+    (:func:`tvm_ext.x86.tile_rules.weights_once_rows`), 0 where its class or its shape keeps the reduction
+    inside each tile of ``tile_rows`` rows x ``chunks`` output-channel blocks (weights not large enough
+    beside the input, or a buffer of accumulators that does not fit)."""
     import tvm
     from tvm.topi.utils import get_const_tuple
 
     target = _current_target()
-    if target is None or not policy(target).rows_first:
-        return False
-
-    def nbytes(t):
-        size = tvm.DataType(t.dtype).bits // 8
-        for d in get_const_tuple(t.shape):
-            size *= d
-        return size
-
+    budget = policy(target).weights_once_bytes if target is not None else 0
+    if not budget:
+        return 0
     data, kernel = conv_out.op.input_tensors[:2]
-    return rows_first(nbytes(data), nbytes(kernel))
+    _, oc_chunks, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
+    row_bytes = chunks * out_width * oc_bn * (tvm.DataType(conv_out.dtype).bits // 8)  # a row of accumulators
+    return weights_once_rows(_nbytes(data), _nbytes(kernel), out_height, tile_rows, oc_chunks // chunks, row_bytes,
+                             budget, WEIGHTS_ONCE_ITEMS)
 
 
-def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1):
+def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1, weights_once=False):
     """The per-tile schedules' stages: the conv's output computed per ``rows x cols`` tile of the fused output
     (parallel over channel chunks and row blocks, or row blocks and channel chunks where
-    :func:`_rows_first`; channel block vectorized), its accumulation stage per tile. ``chunks`` > 1: each
-    tile also spans that many output-channel chunks (which it must divide). Returns the accumulation
-    stage; the caller orders its reduction."""
+    :func:`_rows_first`; channel block vectorized), its accumulation stage per tile, or with
+    ``weights_once`` per parallel item (a block of ``rows`` rows: the caller splits it into tiles). ``chunks``
+    > 1: each tile also spans that many output-channel chunks (which it must divide). Returns the
+    accumulation stage; the caller orders its reduction."""
     from tvm import autotvm, te
 
     by_rows = _rows_first(conv_out)
@@ -224,7 +245,10 @@ def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1):
         s[out].vectorize(out_block)
         s[out].parallel(out_row)
         s[conv].compute_at(s[out], out_tile)
-    s[acc].compute_at(s[conv], tile)
+    if weights_once:
+        s[acc].compute_at(s[conv], row) if conv == out else s[acc].compute_at(s[out], out_row)
+    else:
+        s[acc].compute_at(s[conv], tile)
     return acc
 
 
@@ -252,16 +276,20 @@ def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, acc
     unroll_kw = unroll_kw or (stride_one and (chunks > 1 or whole_row_over_budget(
         out_width, reg_n, oc_bn // lanes, accumulators)))
 
-    acc = _tile_stages(s, data_vec, conv_out, last, 1, reg_n, chunks)
+    block = _weights_once_rows(conv_out, 1, chunks)
+    acc = _tile_stages(s, data_vec, conv_out, last, block or 1, reg_n, chunks, weights_once=bool(block))
     # the tile's reduction: every (kh, kw, input block) step updates all chunks x reg_n x groups accumulators
     _, oc_chunk, oh, ow, oc_block = s[acc].op.axis
     kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
     oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
-    if unroll_kw:
-        s[acc].reorder(ic_outer, kh, ic_f_inner, kw, oc_chunk, oh, ow, oc_group, oc_lane, ic_s_inner)
-        s[acc].unroll(kw)
+    steps = (ic_f_inner, kw) if unroll_kw else (kw, ic_f_inner)
+    if block:  # weights_once: each (input block, kernel row) of weights serves every tile of the block's rows
+        ow_outer, ow = s[acc].split(ow, factor=reg_n)
+        s[acc].reorder(ic_outer, kh, oh, ow_outer, *steps, oc_chunk, ow, oc_group, oc_lane, ic_s_inner)
     else:
-        s[acc].reorder(ic_outer, kh, kw, ic_f_inner, oc_chunk, oh, ow, oc_group, oc_lane, ic_s_inner)
+        s[acc].reorder(ic_outer, kh, *steps, oc_chunk, oh, ow, oc_group, oc_lane, ic_s_inner)
+    if unroll_kw:
+        s[acc].unroll(kw)
     if chunks > 1:
         s[acc].unroll(oc_chunk)
     s[acc].tensorize(oc_lane, intrin)
@@ -315,7 +343,7 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     (:func:`groups_in_turn`). Same products, summed in the same order per output: bit-identical to
     TVM's schedule.
     """
-    from tvm.topi.utils import get_const_tuple
+    from tvm.topi.utils import get_const_int, get_const_tuple
 
     _, oc_chunks, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
     groups = oc_bn // lanes
@@ -329,11 +357,21 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     if in_turn:
         rows, cols = in_turn
 
-    acc = _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks)
+    block = 0 if in_turn else _weights_once_rows(conv_out, rows, chunks)
+    acc = _tile_stages(s, data_vec, conv_out, last, block or rows, cols, chunks, weights_once=bool(block))
     _, oc_chunk, oh, ow, oc_block = s[acc].op.axis
     kh, kw, ic_outer, ic_f_inner, ic_s_inner = s[acc].op.reduce_axis
     oc_group, oc_lane = s[acc].split(oc_block, factor=lanes)
-    if in_turn:  # one group's accumulators at a time, each its own pass over the reduction
+    if block:  # weights_once: each pass's input blocks of weights serve every tile of the block's rows
+        oh_outer, oh = s[acc].split(oh, factor=rows)
+        ow_outer, ow = s[acc].split(ow, factor=cols)
+        ic_pass, ic_outer = s[acc].split(ic_outer, factor=pass_blocks(
+            get_const_int(ic_outer.dom.extent), get_const_int(ic_f_inner.dom.extent)))
+        s[acc].reorder(kh, kw, ic_pass, oh_outer, ow_outer, ic_outer, ic_f_inner, oc_chunk, oh, ow, oc_group,
+                       oc_lane, ic_s_inner)
+        if chunks > 1:
+            s[acc].unroll(oc_chunk)
+    elif in_turn:  # one group's accumulators at a time, each its own pass over the reduction
         s[acc].reorder(oc_group, kh, kw, ic_outer, ic_f_inner, oh, ow, oc_lane, ic_s_inner)
     elif chunks == 1:
         s[acc].reorder(kh, kw, ic_outer, ic_f_inner, oh, ow, oc_group, oc_lane, ic_s_inner)

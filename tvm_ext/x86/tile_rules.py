@@ -2,12 +2,14 @@
 output pixels, rows, output-channel chunks and accumulator groups a tile takes so that its accumulators fit
 the vector registers and it loads few values per product. Pure functions of the conv's shape, the
 configured wish and the register budget (:mod:`tvm_ext.x86.int8_policy`); docs/x86-kernels.md has the
-measurements behind each rule; :func:`rows_first` orders the tiles' parallel loop.
+measurements behind each rule; :func:`rows_first` orders the tiles' parallel loop and :func:`weights_once_rows`
+their reduction.
 """
 from __future__ import annotations
 
 __all__ = ["tile_width", "tile_shape", "tile_chunks_shape", "tile_chains", "whole_row_over_budget", "groups_in_turn",
-           "kw_reuse_width", "strided_chain_width", "rows_first"]
+           "kw_reuse_width", "strided_chain_width", "rows_first", "weights_once_rows",
+           "pass_blocks"]
 
 
 def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunks: int, accumulators: int) -> int:
@@ -184,3 +186,50 @@ def rows_first(data_bytes: int, weight_bytes: int) -> bool:
     """
     return data_bytes >= weight_bytes
 
+
+
+#: How many times larger than its input a conv's weights are at least for ``weights_once``: QDQ ResNet-50's
+#: convs of 10-94x gained, its 1x1 convs of 1.3x and 5x lost (the accumulators' extra loads and stores
+#: cost more than the weights' first reading from memory).
+WEIGHTS_ONCE_RATIO = 8
+
+
+def weights_once_rows(data_bytes: int, weight_bytes: int, out_height: int, tile_rows: int, blocks: int,
+                      row_bytes: int, budget: int, least_items: int) -> int:
+    """Output rows per block of a conv whose weights are read once per block (``weights_once``), or 0 to keep
+    the reduction inside each tile.
+
+    With the reduction inside each tile, a thread reads a block of output channels' weights for its first
+    tile while the dot products wait, from memory, and again from its cache for every later tile.
+    Reduced over input-channel blocks outside the tiles, every slice of weights serves the whole block of
+    rows as soon as it arrives, so the weights stream beside the products; the tiles' accumulators then
+    live in a buffer of ``rows x row_bytes`` bytes that must stay in the first-level cache, loaded and
+    stored once per pass over input blocks. So only for weights :data:`WEIGHTS_ONCE_RATIO` times the
+    input's bytes or more. The block is the most rows (a multiple of ``tile_rows`` dividing the height, at
+    least 2 rows) whose buffer fits ``budget`` and that leave at least ``least_items`` parallel items
+    (``blocks`` channel blocks x row blocks)::
+
+        # weight_bytes >= 8 * data_bytes,  rows * row_bytes <= budget,
+        # blocks * (out_height / rows) >= least_items,  rows >= 2
+    """
+    if weight_bytes < WEIGHTS_ONCE_RATIO * data_bytes:
+        return 0
+    best = 0
+    for rows in range(tile_rows, out_height + 1, tile_rows):
+        if out_height % rows or rows * row_bytes > budget or blocks * (out_height // rows) < least_items:
+            continue
+        best = rows
+    return best if best >= 2 else 0
+
+
+def pass_blocks(ic_blocks: int, steps_per_block: int, least_steps: int = 16) -> int:
+    """Input-channel blocks per pass of a ``weights_once`` tile over its accumulator buffer: each pass loads
+    and stores the tile's accumulators once, so it takes the fewest blocks (dividing ``ic_blocks``) that
+    give it ``least_steps`` dot-product steps, at most one memory operation per 8 dot products::
+
+        # blocks * steps_per_block >= least_steps  (or every block)
+    """
+    for blocks in range(1, ic_blocks + 1):
+        if ic_blocks % blocks == 0 and blocks * steps_per_block >= least_steps:
+            return blocks
+    return ic_blocks
