@@ -84,10 +84,20 @@ def _accumulator_buffer(target, cin, cout, size, k, chunks):
     ("llvm -mcpu=cascadelake", 64, 64, 28, 3, [2 * 7]),         # weights 1.2x the input: one tile's
     ("llvm -mcpu=x86-64-v4", 256, 256, 7, 3, [2 * 7]),          # AVX-512 without VNNI: not measured
 ])
-def test_accumulator_buffer(target, cin, cout, size, k, expected):
+def test_accumulator_buffer(target, cin, cout, size, k, expected, monkeypatch):
     """With ``weights_once`` the accumulators of a block of rows (here 2 channel blocks x 7 rows x 7 pixels
-    int32x16 vectors), else of one tile (2 x 7)."""
+    int32x16 vectors), else of one tile (2 x 7). Two runtime threads: at least 8 parallel items."""
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
     assert _accumulator_buffer(target, cin, cout, size, k, 2) == expected
+
+
+@pytest.mark.parametrize("threads,expected", [("4", [2 * 7 * 7]), ("8", [2 * 7]), ("32", [2 * 7])])
+def test_many_threads_keep_the_tiles_order(threads, expected, monkeypatch):
+    """A 3x3 7x7 conv over 256 channels has 8 parallel blocks of 2 channel blocks: with 4 threads (8 items
+    wanted) the whole map per block; with more threads blocks of fewer rows would be needed, and 7 rows split
+    only into single rows, so the reduction stays in each tile."""
+    monkeypatch.setenv("TVM_NUM_THREADS", threads)
+    assert _accumulator_buffer("llvm -mcpu=cascadelake", 256, 256, 7, 3, 2) == expected
 
 
 #: (k, in, out channels, size, stride, epilogue): convs whose weights are 9-28x their input (3x3 and 1x1, one
@@ -97,8 +107,9 @@ _CASES = ((3, 256, 256, 7, 1, False), (3, 256, 256, 7, 1, True), (1, 512, 512, 7
 
 
 @needs_vnni
-def test_weights_once_is_exact(tmp_path):
-    """Executed on this host's AVX-512 VNNI (child process): int32 outputs equal numpy's integer convolution,
-    requantized ones a plain ``llvm`` build's."""
+def test_weights_once_is_exact(tmp_path, monkeypatch):
+    """Executed on this host's AVX-512 VNNI (child process, 2 runtime threads so that every case takes the
+    order): int32 outputs equal numpy's integer convolution, requantized ones a plain ``llvm`` build's."""
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
     outs = run_conv_cases(_CASES, tmp_path / "outs.npz")
     assert len([k for k in outs.files if k.startswith("got-")]) == len(_CASES)

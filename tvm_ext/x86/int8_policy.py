@@ -216,7 +216,8 @@ _ROWS_FIRST = frozenset({"avx512_vnni", "avx2"})
 #: at 1 thread (TVM's profiler). YOLOv8n 1.00x (one conv takes it). AMD not measured (docs/x86-kernels.md).
 _WEIGHTS_ONCE_BYTES: dict = {"avx512_vnni": 32 * 1024}
 #: Parallel items (channel blocks x row blocks) a ``weights_once`` conv keeps at least, so that its blocks of
-#: rows do not leave the threads idle.
+#: rows do not leave the threads idle: this many, and two per thread of the runtime (``TVM_NUM_THREADS``, else
+#: the compiling process's CPUs), so that on many cores the blocks shrink or the conv keeps its tiles' order.
 WEIGHTS_ONCE_ITEMS = 8
 #: Classes whose 8-bit depthwise convs take 4 taps per 32-bit lane (``depthwise_taps``): PP-OCR cls v2's
 #: depthwise convs alone, Zen 5, 2 threads: 0.56x TVM's time summed (docs/x86-kernels.md).

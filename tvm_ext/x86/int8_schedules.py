@@ -193,8 +193,20 @@ def _weights_once_rows(conv_out, tile_rows: int, chunks: int) -> int:
     data, kernel = conv_out.op.input_tensors[:2]
     _, oc_chunks, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
     row_bytes = chunks * out_width * oc_bn * (tvm.DataType(conv_out.dtype).bits // 8)  # a row of accumulators
+    least_items = max(WEIGHTS_ONCE_ITEMS, 2 * _threads())  # blocks of rows must not leave threads idle
     return weights_once_rows(_nbytes(data), _nbytes(kernel), out_height, tile_rows, oc_chunks // chunks, row_bytes,
-                             budget, WEIGHTS_ONCE_ITEMS)
+                             budget, least_items)
+
+
+def _threads() -> int:
+    """Threads TVM's runtime takes in this process: ``TVM_NUM_THREADS``, else the CPUs this process may run on
+    (the compiling machine's: a build for another machine's many cores should set ``TVM_NUM_THREADS``)."""
+    import os
+
+    try:
+        return max(1, int(os.environ.get("TVM_NUM_THREADS", "")))
+    except ValueError:
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1, weights_once=False):
