@@ -9,6 +9,7 @@ from tvm import relay
 
 import tvm_ext
 from tvm_ext.testing import infer
+from tvm_ext.core import tvm_bugs
 from tvm_ext.core.tvm_bugs import UnsupportedByTVM, check_module
 
 
@@ -412,3 +413,94 @@ def test_fuse_by_pattern_at_start_with_a_narrow_uint8_conv_builds_exactly(caplog
     want = run_module(ref, {"x": xs})[0]
     np.testing.assert_array_equal(run_module(fac, {"x": xs})[0], want)
     assert want.min() < want.max()
+
+
+# A dilated 8-bit conv2d: TVM's int8 legalizations skip it and x86's conv2d_NCHWc_int8 has no output
+# block 16 divides for 8 or 12 channels; tvm_ext.build computes it in int16 (reroute_dilated_int8_convs).
+def _dilated_conv(op, data_dtype, channels, kernel=3, dilation=2):
+    import numpy as np
+    from tvm import relay
+
+    rng = np.random.default_rng(7)
+    pad = (kernel - 1) * dilation // 2
+    x = relay.var("x", shape=(1, 8, 10, 10), dtype=data_dtype)
+    w = rng.integers(-128, 128, (channels, 8, kernel, kernel)).astype("int8")
+    kw = dict(kernel_size=(kernel, kernel), channels=channels, padding=(pad, pad), dilation=(dilation, dilation),
+              out_dtype="int32")
+    if op == "nn":
+        y = relay.nn.conv2d(x, relay.const(w), **kw)
+    else:
+        y = relay.qnn.op.conv2d(x, relay.const(w), relay.const(0), relay.const(0), relay.const(1.0),
+                                relay.const(1.0), **kw)
+    return tvm.IRModule.from_expr(relay.Function([x], y)), w, pad, dilation
+
+
+def _dilated_reference(x, w, pad, dilation):
+    import numpy as np
+
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    n, _, h, wd = x.shape
+    out = np.zeros((n, w.shape[0], h, wd), np.int64)
+    for i in range(w.shape[2]):
+        for j in range(w.shape[3]):
+            patch = xp[:, :, i * dilation:i * dilation + h, j * dilation:j * dilation + wd]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j].astype(np.int64))
+    return out
+
+
+@pytest.mark.parametrize("op,data_dtype,channels,kernel", [("nn", "uint8", 8, 3), ("qnn", "int8", 12, 1),
+                                                           ("qnn", "uint8", 4, 3)])
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_dilated_int8_conv_is_computed_in_int16_and_exact(op, data_dtype, channels, kernel, pipeline):
+    import numpy as np
+    from tvm.contrib import graph_executor
+
+    import tvm_ext
+
+    mod, w, pad, dilation = _dilated_conv(op, data_dtype, channels, kernel)
+    passes = tvm_ext.core.pipelines.int8() if pipeline else ()
+    factory = tvm_ext.build(mod, target="llvm -mcpu=x86-64-v4", passes=passes)  # AVX-512BW: this host runs it
+    convs = tvm_bugs._calls(factory.tvm_ext_module["main"], ("nn.conv2d", "nn.contrib_conv2d_NCHWc"))
+    assert [str(c.args[0].checked_type.dtype) for c in convs] == ["int16"]
+    m = graph_executor.GraphModule(factory["default"](tvm.cpu()))
+    lo, hi = (0, 256) if data_dtype == "uint8" else (-128, 128)
+    x = np.random.default_rng(3).integers(lo, hi, (1, 8, 10, 10)).astype(data_dtype)
+    m.set_input("x", x)
+    m.run()
+    np.testing.assert_array_equal(m.get_output(0).numpy(), _dilated_reference(x, w, pad, dilation))
+
+
+@pytest.mark.parametrize("op,data_dtype,channels,dilation", [("nn", "uint8", 16, 2), ("nn", "int8", 8, 2),
+                                                             ("nn", "uint8", 8, 1), ("qnn", "uint8", 32, 2)])
+def test_dilated_int8_conv_near_misses_stay_8bit(op, data_dtype, channels, dilation):
+    from tvm import relay
+
+    mod, *_ = _dilated_conv(op, data_dtype, channels, dilation=dilation)
+    typed = relay.transform.InferType()(mod)
+    out, reasons = tvm_bugs.reroute_dilated_int8_convs(typed, tvm.target.Target("llvm -mcpu=x86-64-v4"))
+    assert reasons == [] and out is typed
+
+
+def test_dilated_int8_conv_reason_names_op_shapes_dilation_and_error():
+    from tvm import relay
+
+    mod, *_ = _dilated_conv("nn", "uint8", 8)
+    _, reasons = tvm_bugs.reroute_dilated_int8_convs(relay.transform.InferType()(mod),
+                                                      tvm.target.Target("llvm -mcpu=x86-64-v4"))
+    assert len(reasons) == 1
+    assert "nn.conv2d of uint8[1, 8, 10, 10] data and int8[8, 8, 3, 3] weight (NCHW, dilation [2, 2])" in reasons[0]
+    assert "IndexError" in reasons[0]
+
+
+def test_dilated_int8_conv_aarch64_nhwc_is_rerouted():
+    import numpy as np
+    from tvm import relay
+
+    x = relay.var("x", shape=(1, 10, 10, 8), dtype="uint8")
+    w = relay.const(np.ones((3, 3, 8, 16), "int8"))
+    y = relay.nn.conv2d(x, w, kernel_size=(3, 3), channels=16, padding=(2, 2), dilation=(2, 2), data_layout="NHWC",
+                        kernel_layout="HWIO", out_dtype="int32")
+    typed = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    target = tvm.target.Target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod")
+    _, reasons = tvm_bugs.reroute_dilated_int8_convs(typed, target)
+    assert len(reasons) == 1 and "Buffer bind data type mismatch" in reasons[0]

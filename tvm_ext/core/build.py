@@ -413,6 +413,11 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
         logger.warning("tvm_ext.build: TVM 0.19 cannot lower a fused (Primitive) function holding %s at %s "
                        "(tvm_ext.core.tvm_bugs); building its ops unfused", why, tgt)
     mod = typed if unfused else mod
+    typed, rerouted = tvm_bugs.reroute_dilated_int8_convs(typed, tgt)
+    for why in rerouted:  # TVM 0.19's int8 legalizations skip dilated convs, and its int8 kernels fail on them
+        logger.warning("tvm_ext.build: TVM 0.19 cannot lower the dilated %s at %s (tvm_ext.core.tvm_bugs); "
+                       "computing it in int16", why, tgt)
+    mod = typed if rerouted else mod
     tvm_bugs.check_module(typed, tgt, executor is None)  # known TVM bugs: clear error
     workarounds: list = []  # rows of tvm_bugs.PREFIX_WORKAROUNDS applied to this module
 

@@ -8,13 +8,14 @@ at fault and a workaround. It is called by :func:`tvm_ext.build` before relay.bu
 (after the ``start`` passes). The others :func:`tvm_ext.build` recognises by their error and
 builds again without the pass at fault (:func:`is_llvm_debug_info_error`,
 :func:`is_inline_function_copy_error`, :func:`is_integer_scale_fold_error`). A fused function TVM cannot
-lower as one kernel it builds unfused (:func:`inline_unschedulable_fused`, before :func:`check_module`).
+lower as one kernel it builds unfused (:func:`inline_unschedulable_fused`, before :func:`check_module`), and a
+dilated 8-bit conv2d TVM's int8 path cannot lower it computes in int16 (:func:`reroute_dilated_int8_convs`).
 
 Known bugs, each with its trigger, the TVM source at fault and what tvm-ext does: docs/tvm-bugs.md
 (targets LLVM cannot build for; LLVM 22's verifier and vector ``let`` debug info; int8 x int8
 ``nn.dense`` whose units are not a multiple of 16 at AVX-512BW; an integer ``clip`` with a bound its
 dtype cannot hold; an inline function SimplifyExpr copies; FoldScaleAxis folding an int32 scale into an 8-bit weight;
-an 8-bit conv2d inside a fused function).
+an 8-bit conv2d inside a fused function; a dilated 8-bit conv2d).
 
 Each workaround by retry is a row of :data:`PREFIX_WORKAROUNDS` (what TVM does wrong, the prefix passes
 turned off, how the error is recognised), applied at most once per build.
@@ -29,7 +30,7 @@ from ..errors import UnsupportedByTVM
 __all__ = ["UnsupportedByTVM", "check_module", "check_target", "is_llvm_debug_info_error",
            "is_inline_function_copy_error", "is_integer_scale_fold_error", "PrefixWorkaround", "PREFIX_WORKAROUNDS",
            "prefix_workaround", "NO_TIR_CSE", "COPIES_INLINE_FUNCTIONS", "FOLDS_INTEGER_SCALES",
-           "inline_unschedulable_fused"]
+           "inline_unschedulable_fused", "reroute_dilated_int8_convs"]
 
 #: PassContext option that turns TIR's common-subexpression elimination off.
 NO_TIR_CSE = "tir.disable_cse_tir"
@@ -424,6 +425,121 @@ def inline_unschedulable_fused(mod, target) -> tuple:
     for gv, func in mod.functions.items():
         if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
             func = relay.Function(func.params, _Inline().visit(func.body), func.ret_type, func.type_params,
+                                  func.attrs)
+        functions[gv] = func
+    if not reasons:
+        return mod, []
+    out = tvm.IRModule(functions, type_definitions=mod.type_definitions, attrs=mod.attrs)
+    return relay.transform.InferType()(out), reasons
+
+
+def _lowers_alone(conv, target) -> str | None:
+    """None when TVM 0.19 lowers the typed conv2d call ``conv`` alone at ``target`` (in the build's contexts:
+    the back end's kernels), else TVM's error: relay.build's legalizations, AlterOpLayout, FuseOps and
+    each kernel's TE lowering to TIR (``te_compiler``), never LLVM code generation, so it cannot abort."""
+    import tvm
+    from tvm import relay
+
+    params = [a if isinstance(a, relay.Constant) else relay.var(f"a{i}", type_annotation=a.checked_type)
+              for i, a in enumerate(conv.args)]  # constants stay: QNN canonicalization reads its zero points
+    free = [p for p in params if isinstance(p, relay.Var)]
+    mod = tvm.IRModule.from_expr(relay.Function(free, relay.Call(conv.op, params, conv.attrs)))
+    try:
+        with target, tvm.transform.PassContext(opt_level=3):
+            mod = tvm.transform.Sequential([
+                relay.transform.InferType(), relay.qnn.transform.Legalize(), relay.qnn.transform.CanonicalizeOps(),
+                relay.transform.Legalize(), relay.transform.FoldConstant(), relay.transform.AlterOpLayout(),
+                relay.transform.FoldConstant(), relay.transform.FuseOps(), relay.transform.InferType()])(mod)
+            compiler = relay.backend.te_compiler.get()
+            try:
+                for call in _all_calls(mod["main"]):
+                    if isinstance(call.op, relay.Function):  # a kernel FuseOps made
+                        compiler.lower(call.op, target)
+            finally:
+                compiler.clear()  # a failed lowering stays cached and would pass the next time
+    except Exception as err:  # noqa: BLE001  TVMError, and what TVM's Python strategies raise (IndexError, ...)
+        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+        line = next((x for x in lines if "Check failed" in x), lines[-1] if lines else "")
+        return f"{type(err).__name__}: {line}"[:200]
+    return None
+
+
+def _all_calls(func) -> list:
+    from tvm import relay
+
+    found: list = []
+    relay.analysis.post_order_visit(func, lambda n: found.append(n) if isinstance(n, relay.Call) else None)
+    return found
+
+
+def _int16_conv(call, args):
+    """``call`` (an 8-bit ``nn.conv2d`` or ``qnn.conv2d``, typed) on ``args`` as the ``nn.conv2d`` of int16
+    data and weight TVM gives targets without fast int8 (``relay/qnn/op/legalizations.py``,
+    ``helper_no_fast_int8_hw_legalization``: zero points subtracted in int16); exact, its int32 output is
+    the 8-bit conv's."""
+    from tvm import relay
+    from tvm.relay.qnn.op.legalizations import helper_no_fast_int8_hw_legalization
+
+    attrs = {k: call.attrs[k] for k in call.attrs.keys()}
+    attrs["out_dtype"] = str(call.checked_type.dtype)
+    if call.op.name == "qnn.conv2d":
+        return helper_no_fast_int8_hw_legalization(call.attrs, args, [a.checked_type for a in call.args],
+                                                   relay.nn.conv2d)
+    return relay.nn.conv2d(relay.cast(args[0], "int16"), relay.cast(args[1], "int16"), **attrs)
+
+
+def _dilated_8bit_conv(call) -> bool:
+    import tvm
+    from tvm import relay
+
+    if not (isinstance(call, relay.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in _CONVS):
+        return False
+    dtypes = {str(call.args[0].checked_type.dtype), str(call.args[1].checked_type.dtype)}
+    return dtypes <= {"int8", "uint8"} and any(int(d) != 1 for d in call.attrs.dilation) and int(call.attrs.groups) == 1
+
+
+def reroute_dilated_int8_convs(mod, target) -> tuple:
+    """``(mod', reasons)``: ``mod`` (typed) with each dilated 8-bit ``nn.conv2d`` / ``qnn.conv2d`` (groups 1)
+    outside fused functions that TVM 0.19 cannot lower alone at ``target`` (:func:`_lowers_alone`) computed
+    as an int16 ``nn.conv2d`` (:func:`_int16_conv`), off the int8 path; ``reasons`` names each. None such:
+    ``mod`` itself and ``[]``. Call it in the build's contexts (the back end's kernels decide what lowers).
+
+    TVM's int8 legalizations skip dilated convs (``topi/generic/conv2d.py::conv2d_alter_int8_common``:
+    "Dilation not supported yet"), so the int8 implementations get the conv unprepared: x86's
+    ``conv2d_NCHWc_int8`` (``topi/x86/conv2d_int8.py``) has no output-channel split that 16 divides
+    (``define_split("tile_oc", ...)``, an ``IndexError`` in AlterOpLayout); aarch64's NHWC int8 GEMM gets
+    uint8 data beside int8 weights (``Buffer bind data type mismatch``). docs/tvm-bugs.md.
+    """
+    import tvm
+    from tvm import relay
+
+    if target is None or target.kind.name != "llvm":
+        return mod, []
+    reasons: list = []
+
+    class _Reroute(relay.ExprMutator):
+        def visit_function(self, fn):
+            if fn.attrs and "Primitive" in fn.attrs:  # a fused function: inline_unschedulable_fused's
+                return fn
+            return super().visit_function(fn)
+
+        def visit_call(self, call):
+            new = super().visit_call(call)
+            if not _dilated_8bit_conv(call):
+                return new
+            why = _lowers_alone(call, target)
+            if why is None:
+                return new
+            data, weight = call.args[0].checked_type, call.args[1].checked_type
+            reasons.append(f"{call.op.name} of {data.dtype}{[int(d) for d in data.shape]} data and {weight.dtype}"
+                           f"{[int(d) for d in weight.shape]} weight ({call.attrs.data_layout}, dilation "
+                           f"{[int(d) for d in call.attrs.dilation]}): {why}")
+            return _int16_conv(call, list(new.args))
+
+    functions = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
+            func = relay.Function(func.params, _Reroute().visit(func.body), func.ret_type, func.type_params,
                                   func.attrs)
         functions[gv] = func
     if not reasons:
