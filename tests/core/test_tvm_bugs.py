@@ -504,3 +504,12 @@ def test_dilated_int8_conv_aarch64_nhwc_is_rerouted():
     target = tvm.target.Target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod")
     _, reasons = tvm_bugs.reroute_dilated_int8_convs(typed, target)
     assert len(reasons) == 1 and "Buffer bind data type mismatch" in reasons[0]
+
+
+def test_dilated_int8_conv_with_a_dynamic_batch_is_left_to_the_shape_check():
+    x = relay.var("x", shape=(relay.Any(), 8, 10, 10), dtype="uint8")
+    w = relay.const(np.ones((8, 8, 3, 3), "int8"))
+    y = relay.nn.conv2d(x, w, kernel_size=(3, 3), channels=8, padding=(2, 2), dilation=(2, 2), out_dtype="int32")
+    typed = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    out, reasons = tvm_bugs.reroute_dilated_int8_convs(typed, tvm.target.Target("llvm -mcpu=x86-64-v4"))
+    assert reasons == [] and out is typed

@@ -494,8 +494,10 @@ def _dilated_8bit_conv(call) -> bool:
 
     if not (isinstance(call, relay.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in _CONVS):
         return False
-    dtypes = {str(call.args[0].checked_type.dtype), str(call.args[1].checked_type.dtype)}
-    return dtypes <= {"int8", "uint8"} and any(int(d) != 1 for d in call.attrs.dilation) and int(call.attrs.groups) == 1
+    data, weight = call.args[0].checked_type, call.args[1].checked_type
+    static = all(isinstance(d, tvm.tir.IntImm) for d in (*data.shape, *weight.shape))  # else: check_module's error
+    return (static and {str(data.dtype), str(weight.dtype)} <= {"int8", "uint8"} and int(call.attrs.groups) == 1
+            and any(int(d) != 1 for d in call.attrs.dilation))
 
 
 def reroute_dilated_int8_convs(mod, target) -> tuple:
