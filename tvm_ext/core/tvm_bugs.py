@@ -394,6 +394,25 @@ def _calls(func, names=None) -> list:
     return found
 
 
+def _rewrite_functions(mod, mutator, reasons: list) -> tuple:
+    """``(mod', reasons)``: the bodies of ``mod``'s functions that are not fused (``Primitive``) visited by
+    ``mutator``, which appends to ``reasons`` what it rewrote; ``mod`` itself when it appended nothing, else a
+    new typed module (``mod`` is not modified)."""
+    import tvm
+    from tvm import relay
+
+    functions = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
+            func = relay.Function(func.params, mutator.visit(func.body), func.ret_type, func.type_params,
+                                  func.attrs)
+        functions[gv] = func
+    if not reasons:
+        return mod, []
+    out = tvm.IRModule(functions, type_definitions=mod.type_definitions, attrs=mod.attrs)
+    return relay.transform.InferType()(out), reasons
+
+
 def inline_unschedulable_fused(mod, target) -> tuple:
     """``(mod', reasons)``: ``mod`` (typed) with each call of a fused (``Primitive``) function holding an
     8-bit conv2d that TVM 0.19 cannot lower as one kernel at ``target`` replaced by the function's body,
@@ -404,7 +423,6 @@ def inline_unschedulable_fused(mod, target) -> tuple:
     legalizations still rewrite it (:func:`_unschedulable_fused`): TVM fails with ``Bind have an unmet
     assertion ... C.shape[4]``, a tensorize split condition, or ``anchor_op_pattern_`` (docs/tvm-bugs.md).
     """
-    import tvm
     from tvm import relay
 
     if target is None or target.kind.name != "llvm":
@@ -421,16 +439,7 @@ def inline_unschedulable_fused(mod, target) -> tuple:
                     return relay.bind(fn.body, dict(zip(fn.params, [self.visit(a) for a in call.args])))
             return super().visit_call(call)
 
-    functions = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
-            func = relay.Function(func.params, _Inline().visit(func.body), func.ret_type, func.type_params,
-                                  func.attrs)
-        functions[gv] = func
-    if not reasons:
-        return mod, []
-    out = tvm.IRModule(functions, type_definitions=mod.type_definitions, attrs=mod.attrs)
-    return relay.transform.InferType()(out), reasons
+    return _rewrite_functions(mod, _Inline(), reasons)
 
 
 def _lowers_alone(conv, target) -> str | None:
@@ -512,7 +521,6 @@ def reroute_dilated_int8_convs(mod, target) -> tuple:
     (``define_split("tile_oc", ...)``, an ``IndexError`` in AlterOpLayout); aarch64's NHWC int8 GEMM gets
     uint8 data beside int8 weights (``Buffer bind data type mismatch``). docs/tvm-bugs.md.
     """
-    import tvm
     from tvm import relay
 
     if target is None or target.kind.name != "llvm":
@@ -538,13 +546,4 @@ def reroute_dilated_int8_convs(mod, target) -> tuple:
                            f"{[int(d) for d in call.attrs.dilation]}): {why}")
             return _int16_conv(call, list(new.args))
 
-    functions = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, relay.Function) and not (func.attrs and "Primitive" in func.attrs):
-            func = relay.Function(func.params, _Reroute().visit(func.body), func.ret_type, func.type_params,
-                                  func.attrs)
-        functions[gv] = func
-    if not reasons:
-        return mod, []
-    out = tvm.IRModule(functions, type_definitions=mod.type_definitions, attrs=mod.attrs)
-    return relay.transform.InferType()(out), reasons
+    return _rewrite_functions(mod, _Reroute(), reasons)
