@@ -151,6 +151,10 @@ def _padded_int8_conv(call):
     targets take 8-channel blocks, so there every conv converts (numbers in ``docs/passes.md``), and
     so does every conv at aarch64, where ``FoldChannelRepadIntoConv`` removes the slice's kernel
     (numbers in ``docs/arm.md``).
+
+    A dynamic output dimension (``relay.Any()`` batch, symbolic spatial size) counts as 1: the
+    conv is judged by the fewest MACs it can run, as with a static batch of 1. Output channels and
+    the weight's shape must be static (else a Reject: whether x86 pads is unknown).
     """
     attrs = call.attrs
     if int(attrs.groups) != 1:
@@ -159,17 +163,27 @@ def _padded_int8_conv(call):
     axis = str(attrs.out_layout or attrs.data_layout).find("C")
     if axis < 0:
         return Reject(f"layout {attrs.out_layout or attrs.data_layout} has no C axis")
+    weight = call.args[1].checked_type.shape
+    if not _static(shape[axis]) or not all(_static(d) for d in weight):
+        return Reject(f"output channels {shape[axis]} or weight shape {list(weight)} not static: padding unknown")
+    channels = int(shape[axis])
     multiple = PADDED_INT8_CHANNELS
-    if int(shape[axis]) % multiple == 0:
-        return Reject(f"{int(shape[axis])} output channels: a multiple of {multiple}, not padded")
-    weight = [int(d) for d in call.args[1].checked_type.shape]
-    reduction = int(np.prod(weight)) // int(shape[axis])  # products per output (any kernel layout)
-    macs = int(np.prod([int(d) for d in shape])) * reduction
+    if channels % multiple == 0:
+        return Reject(f"{channels} output channels: a multiple of {multiple}, not padded")
+    reduction = int(np.prod([int(d) for d in weight])) // channels  # products per output (any kernel layout)
+    # a dynamic (batch or spatial) dim counts as 1: ``macs`` is the fewest the conv can run
+    macs = int(np.prod([int(d) if _static(d) else 1 for d in shape])) * reduction
+    least = "" if all(_static(d) for d in shape) else f" (at least: output shape {list(shape)})"
     if reduction >= PADDED_INT8_LONG_REDUCTION and macs >= PADDED_INT8_LONG_MIN_MACS:
-        return Reject(f"{reduction} products per output, {macs} MACs: int8 pays for the slice")
+        return Reject(f"{reduction} products per output, {macs} MACs{least}: int8 pays for the slice")
     if macs >= _min_macs():
-        return Reject(f"{macs} MACs >= {_min_macs()} for this target: int8 pays for the slice")
+        return Reject(f"{macs} MACs{least} >= {_min_macs()} for this target: int8 pays for the slice")
     return True
+
+
+def _static(dim) -> bool:
+    """A constant dimension (not ``relay.Any()`` or a symbolic variable)."""
+    return isinstance(dim, tvm.tir.IntImm)
 
 
 def _dequantized_inputs(call):

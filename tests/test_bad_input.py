@@ -251,6 +251,45 @@ def test_build_refuses_what_the_graph_executor_cannot_run():
         tvm_ext.build(_control_modules()["If"])
 
 
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=x86-64-v3", "llvm -mtriple=aarch64-linux-gnu -mattr=+neon"])
+def test_int8_pipeline_on_a_dynamic_batch_qdq_graph(target):
+    """A QDQ NHWC conv pair with a dynamic batch: the start stage of ``pipelines.int8()`` (the passes
+    that meet the graph before the build's static-shape check) rewrites it without touching the
+    caller's module, and ``tvm_ext.build`` then refuses the dynamic shape by name (no TypeError from
+    a pass reading the batch as an int)."""
+    import tvm
+    from tvm import relay
+
+    import tvm_ext
+    from tvm_ext import families
+    from tvm_ext.core.pipelines import int8
+    from tvm_ext.core.tvm_bugs import UnsupportedByTVM
+
+    def dq(x, scale):
+        return relay.qnn.op.dequantize(x, relay.const(scale), relay.const(0, "int32"))
+
+    def q(x):
+        return relay.qnn.op.quantize(x, relay.const(0.05), relay.const(0, "int32"), out_dtype="uint8")
+
+    rng = np.random.default_rng(0)
+    a = relay.var("a", shape=(relay.Any(), 5, 5, 16), dtype="uint8")
+    y = a
+    for cin, oc in ((16, 8), (8, 8)):
+        w = dq(relay.const(rng.integers(-20, 20, (3, 3, cin, oc)).astype("int8")), 0.02)
+        y = q(relay.nn.conv2d(dq(y, 0.05), w, channels=oc, kernel_size=3, padding=1, data_layout="NHWC",
+                              kernel_layout="HWIO"))
+    mod = _typed(y, [a])
+    text = mod.astext()
+    pipeline = int8().for_family(families.family(tvm.target.Target(target)))
+    with tvm.target.Target(target), tvm.transform.PassContext(opt_level=3):
+        out = pipeline.start(mod)
+    # the 8-channel convs convert where int8 legalization does not pad them (AVX2, aarch64)
+    assert mod.astext() == text and ("qnn.conv2d" in out.astext()) == (target != "llvm")
+    with pytest.raises(UnsupportedByTVM, match="dynamic shape"):
+        tvm_ext.build(mod, passes=pipeline, target=target)
+    assert mod.astext() == text
+
+
 def test_build_with_unknown_triple_in_a_child():
     """tvm_ext.build(target='llvm -mtriple=foo-bar-baz') raises a ValueError (plain TVM 0.19
     segfaults on it, so the check runs in a child process)."""

@@ -1,6 +1,7 @@
 """Tests of tvm_ext.passes.qdq_to_integer (QDQ graphs to integer, residual adds at one rounding)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -498,3 +499,87 @@ def _with_qdq_conv(mod):
     w = _dq(relay.const(W), relay.const(0.02), relay.const(0, "int32"))
     conv = _q(relay.nn.conv2d(_dq(a), w, channels=16, kernel_size=1))
     return infer(relay.Function([*main.params, a], relay.Tuple([main.body, conv])))
+
+
+# -- a dynamic batch (relay.Any()): the padding rule judges the conv at batch 1 ---------------------
+def nhwc_conv(batch, oc=8):
+    """a (batch x 5 x 5 x 16, NHWC) -> dq -> conv3x3(dq(w), HWIO, oc channels) -> q: a small conv
+    that x86's int8 legalization pads when ``oc`` is no multiple of 16."""
+    a = relay.var("a", shape=(batch, 5, 5, 16), dtype="uint8")
+    w = _dq(relay.const(np.random.default_rng(oc).integers(-20, 20, (3, 3, 16, oc)).astype("int8")),
+            relay.const(0.02), relay.const(0, "int32"))
+    return infer(relay.Function([a], _q(relay.nn.conv2d(_dq(a), w, channels=oc, kernel_size=3, padding=1,
+                                                        data_layout="NHWC", kernel_layout="HWIO"))))
+
+
+def _with_batch(mod, batch):
+    """``mod`` with its inputs' first dimension set to ``batch`` (re-typed)."""
+    main = mod["main"]
+    params = [relay.var(p.name_hint, shape=(batch, *p.type_annotation.shape[1:]), dtype=p.type_annotation.dtype)
+              for p in main.params]
+    return infer(relay.Function(params, relay.bind(main.body, dict(zip(main.params, params)))))
+
+
+@pytest.mark.parametrize("target, oc, converts", [
+    (None, 8, False),                      # small and padded: stays float, as with batch 1
+    (None, 16, True),                      # not padded: converts
+    ("llvm -mcpu=x86-64-v3", 8, True),     # 8-channel int8 blocks: every conv converts
+])
+def test_dynamic_batch_conv_rewritten_as_at_batch_one(target, oc, converts):
+    """A dynamic batch does not stop the rewrite: the result is FQ2I's on the dynamic graph, and with
+    the batch set to 1 it is the pass's result on the static graph (same decision, same ops)."""
+    dyn = nhwc_conv(relay.Any(), oc)
+    with tvm.target.Target(target) if target else contextlib.nullcontext():
+        static_out = QDQToInteger()(nhwc_conv(1, oc))
+        expected = relay.transform.FakeQuantizationToInteger()(dyn) if converts else dyn
+        out = check(QDQToInteger(), dyn, expected)
+    assert ("qnn.conv2d" in out.astext()) == converts
+    tvm.ir.assert_structural_equal(_with_batch(out, 1)["main"], static_out["main"], map_free_vars=True)
+    assert_unchanged(QDQToInteger(), out)
+
+
+def test_dynamic_batch_conv_numerics_with_a_static_batch():
+    """The dynamic rewrite with batch 3 substituted computes what the static graph's rewrite does, bit
+    for bit, and is within one output step of the float region it replaces (TVM's FQ2I rounding)."""
+    with tvm.target.Target("llvm -mcpu=x86-64-v3"):
+        out = QDQToInteger()(nhwc_conv(relay.Any()))
+        static_out = QDQToInteger()(nhwc_conv(3))
+    assert "qnn.conv2d" in out.astext()
+    x = {"a": np.random.default_rng(4).integers(0, 256, (3, 5, 5, 16)).astype("uint8")}
+    got = run_module(_with_batch(out, 3), x)[0]
+    np.testing.assert_array_equal(got, run_module(static_out, x)[0])
+    diff = got.astype(np.int64) - run_module(nhwc_conv(3), x)[0].astype(np.int64)
+    assert np.abs(diff).max() <= 1
+
+
+@pytest.mark.parametrize("oc", [8, 16])
+def test_dynamic_batch_conv_not_mutated(oc):
+    with tvm.target.Target("llvm -mcpu=x86-64-v3"):
+        assert_not_mutated_and_disabled_by_name(QDQToInteger(), nhwc_conv(relay.Any(), oc), "QDQToInteger",
+                                                " nn.conv2d(")
+
+
+def test_dynamic_output_channels_left_to_fq2i_with_reason(caplog):
+    """Output channels unknown (a weight of dynamic shape): whether x86 pads them is unknown, so the
+    padding rule rejects the conv with that reason and FQ2I converts it, as it does any conv."""
+    a = relay.var("a", shape=(relay.Any(), 5, 5, 16), dtype="uint8")
+    w = relay.var("w", shape=(1, 1, 16, relay.Any()), dtype="int8")
+    mod = infer(relay.Function([a, w], _q(relay.nn.conv2d(_dq(a), _dq(w, relay.const(0.02)), kernel_size=1,
+                                                           data_layout="NHWC", kernel_layout="HWIO"))))
+    with caplog.at_level("DEBUG", logger=LOGGER):
+        out = check(QDQToInteger(), mod, relay.transform.FakeQuantizationToInteger()(mod))
+    assert "qnn.conv2d" in out.astext()
+    assert "small_padded_conv: left to FQ2I: output channels" in caplog.text and "padding unknown" in caplog.text
+
+
+def test_dynamic_batch_conv_large_at_batch_one_converts_with_reason(caplog):
+    """Counted at batch 1, a padded conv over 64 x 64 x 16 runs 4.7M MACs, 144 products per output:
+    int8 pays for the slice at any batch, so it converts and the reason says the count is a least one."""
+    a = relay.var("a", shape=(relay.Any(), 64, 64, 16), dtype="uint8")
+    w = _dq(relay.const(np.random.default_rng(1).integers(-20, 20, (3, 3, 16, 8)).astype("int8")),
+            relay.const(0.02), relay.const(0, "int32"))
+    mod = infer(relay.Function([a], _q(relay.nn.conv2d(_dq(a), w, channels=8, kernel_size=3, padding=1,
+                                                        data_layout="NHWC", kernel_layout="HWIO"))))
+    with caplog.at_level("DEBUG", logger=LOGGER):
+        check(QDQToInteger(), mod, relay.transform.FakeQuantizationToInteger()(mod))
+    assert "144 products per output, 4718592 MACs (at least: output shape" in caplog.text
