@@ -9,6 +9,8 @@ Rewrites::
     # quantize(...sigmoid(v)...)  (tanh, exp, ...)        -> unchanged (float, fuses into the conv)
     # quantize(batch_matmul(dequantize(a), dequantize(b))), a and b both computed (not constants)
     #                                                    -> unchanged (float, as stock TVM)
+    # conv2d(v, dq(w, s[O])), a per-channel weight scale, output channels not on axis 1 (NHWC)
+    #                                                    -> unchanged (float: FQ2I misreads the channel axis)
     # quantize(conv2d(...)), groups 1, channels % 16 != 0, small, x86 without 8-channel int8 blocks
     #                                                    (see _padded_int8_conv)
     #                                                    -> unchanged (float, as stock TVM)
@@ -106,7 +108,7 @@ def _target_class() -> str | None:
     return isa_class(tgt)
 
 
-# --- side conditions: True keeps the op in float, a Reject leaves it to FQ2I (reason logged) ---
+# --- side conditions: True (or a reason, logged) keeps the op in float, a Reject leaves it to FQ2I ---
 def _float_constant_operand(call):
     """One operand a float constant, the other no anchor's (or bias_add's) output."""
     consts = [a for a in call.args if isinstance(a, relay.Constant)]
@@ -181,6 +183,32 @@ def _padded_int8_conv(call):
     return True
 
 
+def _misread_channel_axis(call):
+    """A conv whose weight ``qnn.dequantize`` is per-channel and whose output channel axis TVM 0.19's
+    FQ2I misreads: a reason to keep it in float (a str, logged), else a Reject.
+
+    FQ2I's ``nn.conv2d`` rule (``relay/transform/fake_quantization_to_integer.py``) gives the output's
+    per-channel scale the axis ``bijective_layout(out_layout, "NCHW").backward_index([0, 1, 2, 3])[1]``,
+    that is ``"NCHW".index(out_layout[1])``: the channel axis only where ``out_layout[1]`` is ``C``. In
+    NHWC it is 2 (W), and the ``qnn.requantize`` FQ2I builds on it fails type inference (a scale of O
+    values on an axis of W). A per-tensor weight scale has no axis to misread and converts.
+    """
+    weight = call.args[1]
+    while isinstance(weight, relay.Call) and op_name(weight) in _MOVEMENT:
+        weight = weight.args[0]
+    if not (isinstance(weight, relay.Call) and op_name(weight) == "qnn.dequantize"):
+        return Reject(f"the weight is {describe(weight)}, not a qnn.dequantize")
+    if all(len(a.checked_type.shape) == 0 for a in weight.args[1:3]):
+        return Reject("per-tensor weight scale and zero point")
+    layout = str(call.attrs.out_layout or call.attrs.data_layout)
+    channel = layout.find("C")
+    fq2i_axis = "NCHW".find(layout[1]) if len(layout) == 4 else -1
+    if channel == fq2i_axis:
+        return Reject(f"layout {layout}: FQ2I takes the output channel axis {channel} right")
+    return (f"per-channel weight scale and output layout {layout}: the channel axis is {channel}, TVM 0.19's "
+            f"FQ2I would requantize along axis {fq2i_axis}")
+
+
 def _static(dim) -> bool:
     """A constant dimension (not ``relay.Any()`` or a symbolic variable)."""
     return isinstance(dim, tvm.tir.IntImm)
@@ -199,7 +227,8 @@ def _dequantized_inputs(call):
 class KeepFloat:
     """A region FQ2I is to leave in float. ``pattern(dfp, shared_dequantize)`` builds the pattern of
     its op from the module ``tvm.relay.dataflow_pattern`` (built on first use: importing the pass
-    builds no pattern); ``check(op)`` is the side condition on the matched op (None: none). With
+    builds no pattern); ``check(op)`` is the side condition on the matched op (None: none; a str
+    accepts and is logged as the reason). Of the rows an op matches, the first that accepts marks it. With
     ``in_quantize`` the op must be read by a ``qnn.quantize`` and the marker goes between them;
     otherwise it goes around the op."""
 
@@ -233,6 +262,10 @@ KEEP_FLOAT = (
     KeepFloat(f"{PASS_NAME}.product_of_activations",
               lambda dfp, shared: _any_op(dfp, _PRODUCTS)(dfp.wildcard(), dfp.wildcard()),
               _product_of_activations, in_quantize=False),
+    # conv2d(v, dq(w, s[O])) -> sf(conv2d(v, dq(w, s[O])))     channel axis not 1 (NHWC): FQ2I misreads it
+    KeepFloat(f"{PASS_NAME}.per_channel_conv_not_channel_first",
+              lambda dfp, shared: dfp.is_op("nn.conv2d")(dfp.wildcard(), dfp.wildcard()),
+              _misread_channel_axis, in_quantize=False),
     # conv2d(v, w) -> sf(conv2d(v, w))     a small conv x86 pads to 16 output channels
     KeepFloat(f"{PASS_NAME}.small_padded_conv",
               lambda dfp, shared: dfp.is_op("nn.conv2d")(dfp.wildcard(), dfp.wildcard()),
@@ -273,15 +306,22 @@ def _apply(expr, rows, shared_dequantize: bool, mark: bool):
         def callback(self, pre, post, node_map):
             if not mark:
                 return post.args[0]
-            row = next(r for r, p in zip(rows, patterns) if p in node_map)
-            ok = row.check(pre.args[0] if in_quantize else pre) if row.check is not None else True
-            if not ok:
-                _log.debug("%s: left to FQ2I: %s", row.name, ok)
-                return post
-            counts[row.name] += 1
-            if in_quantize:
-                return relay.Call(post.op, [relay.annotation.stop_fusion(post.args[0]), *post.args[1:]], post.attrs)
-            return relay.annotation.stop_fusion(post)
+            op = pre.args[0] if in_quantize else pre
+            for row, row_pattern in zip(rows, patterns):  # the first row that matches and accepts
+                if not row_pattern.match(op):
+                    continue
+                ok = row.check(op) if row.check is not None else True
+                if not ok:
+                    _log.debug("%s: left to FQ2I: %s", row.name, ok)
+                    continue
+                if isinstance(ok, str):  # a reason worth telling the user
+                    _log.info("%s: kept in float: %s", row.name, ok)
+                counts[row.name] += 1
+                if in_quantize:
+                    return relay.Call(post.op, [relay.annotation.stop_fusion(post.args[0]), *post.args[1:]],
+                                      post.attrs)
+                return relay.annotation.stop_fusion(post)
+            return post
 
     return dfp.rewrite(Apply(), expr), (counts if mark else {})
 

@@ -583,3 +583,117 @@ def test_dynamic_batch_conv_large_at_batch_one_converts_with_reason(caplog):
     with caplog.at_level("DEBUG", logger=LOGGER):
         check(QDQToInteger(), mod, relay.transform.FakeQuantizationToInteger()(mod))
     assert "144 products per output, 4718592 MACs (at least: output shape" in caplog.text
+
+
+# -- a per-channel weight scale with the output channels not on axis 1 (NHWC): FQ2I misreads the axis --
+PC_IN, PC_OUT = (relay.const(0.05), relay.const(0, "int32")), (relay.const(0.1), relay.const(3, "int32"))
+PC_TAIL = (relay.const(0.07), relay.const(0, "int32"))
+
+
+def per_channel_conv(layout="NHWC", kernel_layout="HWIO", bias=False, tail=False, oc=16):
+    """a -> dq -> conv3x3(dq(w, s[oc], axis=O)) [-> bias_add] -> q [-> dq -> relu -> q]: a conv with a
+    per-channel weight scale, as ONNX Runtime's quantizer writes one (``tail``: a region after it)."""
+    cin = 16
+    a = relay.var("a", shape=(1, 5, 5, cin) if layout == "NHWC" else (1, cin, 5, 5), dtype="uint8")
+    kshape = {"HWIO": (3, 3, cin, oc), "OHWI": (oc, 3, 3, cin), "OIHW": (oc, cin, 3, 3)}[kernel_layout]
+    w = relay.qnn.op.dequantize(relay.const(np.random.default_rng(7).integers(-20, 20, kshape).astype("int8")),
+                                relay.const(np.linspace(0.005, 0.03, oc).astype("float32")),
+                                relay.const(0, "int32"), axis=kernel_layout.index("O"))
+    y = relay.nn.conv2d(_dq(a, *PC_IN), w, channels=oc, kernel_size=3, padding=1, data_layout=layout,
+                        kernel_layout=kernel_layout)
+    if bias:
+        y = relay.nn.bias_add(y, relay.const(np.linspace(-1, 1, oc).astype("float32")), axis=layout.index("C"))
+    y = relay.qnn.op.quantize(y, *PC_OUT, out_dtype="uint8")
+    if tail:
+        y = _tail(y)
+    return infer(relay.Function([a], y))
+
+
+def _tail(y):
+    return relay.qnn.op.quantize(relay.nn.relu(relay.qnn.op.dequantize(y, *PC_OUT)), *PC_TAIL, out_dtype="uint8")
+
+
+def per_channel_conv_expected(**kw):
+    """The conv region unchanged (float); the region after it as FQ2I makes it alone."""
+    before = per_channel_conv(**kw, tail=False)["main"]
+    y = relay.var("y", shape=[int(d) for d in before.ret_type.shape], dtype="uint8")
+    tail = relay.transform.FakeQuantizationToInteger()(infer(relay.Function([y], _tail(y))))["main"]
+    assert "qnn.requantize" in tail.astext() and "qnn.dequantize" not in tail.astext()
+    return infer(relay.Function(before.params, relay.bind(tail.body, {tail.params[0]: before.body})))
+
+
+def test_plain_fq2i_fails_on_a_per_channel_nhwc_conv():
+    """The TVM 0.19 bug routed around: FQ2I's conv2d rule gives the output's per-channel scale axis 2
+    (W) in NHWC, and its qnn.requantize fails type inference (8 scales on an axis of 5)."""
+    with pytest.raises(tvm.error.DiagnosticError):
+        relay.transform.FakeQuantizationToInteger()(per_channel_conv(oc=8))
+
+
+@pytest.mark.parametrize("kernel_layout", ["HWIO", "OHWI"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_per_channel_nhwc_conv_stays_float_with_reason(kernel_layout, bias, caplog):
+    """The conv region is left as it is (float), with the reason logged; the region after it converts."""
+    kw = {"kernel_layout": kernel_layout, "bias": bias}
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        check(QDQToInteger(), per_channel_conv(**kw, tail=True), per_channel_conv_expected(**kw))
+        assert_unchanged(QDQToInteger(), per_channel_conv(**kw))
+    assert ("QDQToInteger.per_channel_conv_not_channel_first: kept in float: per-channel weight scale and output "
+            "layout NHWC: the channel axis is 3, TVM 0.19's FQ2I would requantize along axis 2") in caplog.text
+
+
+def test_per_channel_nhwc_conv_numerics():
+    """Built and run on this host: the float conv computes what the float QDQ graph does, bit for bit;
+    the integer region after it is within one output step."""
+    x = {"a": np.random.default_rng(8).integers(0, 256, (1, 5, 5, 16)).astype("uint8")}
+    for tail in (False, True):
+        mod = per_channel_conv(bias=True, tail=tail)
+        got = run_module(_llvm(QDQToInteger()(mod)), x)[0].astype(np.int64)
+        want = run_module(_llvm(mod), x)[0].astype(np.int64)
+        assert np.abs(got - want).max() <= (1 if tail else 0)
+
+
+def test_per_channel_nhwc_conv_not_mutated_and_idempotent():
+    mod = per_channel_conv(bias=True, tail=True)
+    assert_not_mutated_and_disabled_by_name(QDQToInteger(), mod, "QDQToInteger", " nn.relu(")
+    once = QDQToInteger()(mod)
+    assert "stop_fusion" not in once.astext()
+    assert_unchanged(QDQToInteger(), once)
+
+
+def test_per_channel_nhwc_conv_through_the_int8_pipeline():
+    """``pipelines.int8()``'s start stage and ``tvm_ext.build`` take the graph (no TVM type error)."""
+    from tvm_ext import families
+    from tvm_ext.core.pipelines import int8
+
+    mod = per_channel_conv(bias=True, tail=True)
+    text = mod.astext()
+    pipeline = int8().for_family(families.family(tvm.target.Target("llvm")))
+    fac = tvm_ext.build(mod, passes=pipeline, target="llvm")
+    assert mod.astext() == text
+    x = {"a": np.random.default_rng(9).integers(0, 256, (1, 5, 5, 16)).astype("uint8")}
+    diff = run_module(fac, x)[0].astype(np.int64) - run_module(_llvm(mod), x)[0].astype(np.int64)
+    assert np.abs(diff).max() <= 1
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_per_channel_nchw_conv_still_converts(bias, caplog):
+    """Near miss: with the channels on axis 1 (NCHW/OIHW) FQ2I's axis is right, so the conv converts
+    (FQ2I's result, per-channel requantize on axis 1); the conv region is within one output step of
+    the float one."""
+    mod = per_channel_conv("NCHW", "OIHW", bias=bias, tail=True)
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        out = check(QDQToInteger(), mod, relay.transform.FakeQuantizationToInteger()(mod))
+    assert "qnn.conv2d" in out.astext()
+    assert "per_channel_conv_not_channel_first: left to FQ2I: layout NCHW" in caplog.text
+    assert_unchanged(QDQToInteger(), out)
+    conv = per_channel_conv("NCHW", "OIHW", bias=bias)  # the conv region alone: one rounding
+    x = {"a": np.random.default_rng(10).integers(0, 256, (1, 16, 5, 5)).astype("uint8")}
+    got, want = (run_module(_llvm(m), x)[0].astype(np.int64) for m in (QDQToInteger()(conv), conv))
+    assert "qnn.conv2d" in QDQToInteger()(conv).astext() and np.abs(got - want).max() <= 1
+
+
+def test_per_tensor_nhwc_conv_still_converts():
+    """Near miss: a per-tensor weight scale has no axis to misread; the NHWC conv converts."""
+    with tvm.target.Target("llvm -mcpu=x86-64-v3"):
+        check(QDQToInteger(), nhwc_conv(1), relay.transform.FakeQuantizationToInteger()(nhwc_conv(1)))
+        assert "qnn.conv2d" in QDQToInteger()(nhwc_conv(1)).astext()
