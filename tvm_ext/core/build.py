@@ -396,7 +396,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     import tvm
     from tvm import relay
 
-    from . import tvm_bugs
+    from . import tvm_bugs, tvm_reroutes
     from .report import KernelReport
 
     cur_config, cur_disabled, cur_instruments = _current_ctx_settings()
@@ -408,16 +408,7 @@ def _build(mod, tgt, params, stages, split, opt_level, config, disabled_pass, in
     prefix_names: list[str] = []
     if stages["start"]:
         mod = _run_user_passes(mod, stages["start"], tgt, opt_level, cfg, disabled, instr)
-    typed, unfused = tvm_bugs.inline_unschedulable_fused(relay.transform.InferType()(mod), tgt)
-    for why in unfused:  # a fused function TVM 0.19 cannot lower as one kernel: its ops are built unfused
-        logger.warning("tvm_ext.build: TVM 0.19 cannot lower a fused (Primitive) function holding %s at %s "
-                       "(tvm_ext.core.tvm_bugs); building its ops unfused", why, tgt)
-    mod = typed if unfused else mod
-    typed, rerouted = tvm_bugs.reroute_dilated_int8_convs(typed, tgt)
-    for why in rerouted:  # TVM 0.19's int8 legalizations skip dilated convs, and its int8 kernels fail on them
-        logger.warning("tvm_ext.build: TVM 0.19 cannot lower the dilated %s at %s (tvm_ext.core.tvm_bugs); "
-                       "computing it in int16", why, tgt)
-    mod = typed if rerouted else mod
+    mod, typed = tvm_reroutes.reroute(mod, tgt)  # constructs TVM lowers only in another form
     tvm_bugs.check_module(typed, tgt, executor is None)  # known TVM bugs: clear error
     workarounds: list = []  # rows of tvm_bugs.PREFIX_WORKAROUNDS applied to this module
 
