@@ -159,6 +159,7 @@ def _wanted_width(cfg) -> int:
 
 
 def _nbytes(t) -> int:
+    """Bytes of tensor ``t`` (static shape)."""
     import tvm
     from tvm.topi.utils import get_const_tuple
 
@@ -257,10 +258,12 @@ def _tile_stages(s, data_vec, conv_out, last, rows, cols, chunks=1, weights_once
         s[out].vectorize(out_block)
         s[out].parallel(out_row)
         s[conv].compute_at(s[out], out_tile)
-    if weights_once:
-        s[acc].compute_at(s[conv], row) if conv == out else s[acc].compute_at(s[out], out_row)
-    else:
+    if not weights_once:
         s[acc].compute_at(s[conv], tile)
+    elif conv == out:
+        s[acc].compute_at(s[conv], row)
+    else:
+        s[acc].compute_at(s[out], out_row)
     return acc
 
 
