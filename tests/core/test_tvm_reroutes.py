@@ -11,6 +11,7 @@ from tvm import relay
 import tvm_ext
 from tvm_ext.core import tvm_reroutes
 from tvm_ext.testing import infer
+from tvm_ext.x86.isa import runs_on_host
 
 
 def fused_conv(out_channels, kernel=3, data="uint8", qnn=False, data_zero_point=0, fused=True):
@@ -91,7 +92,9 @@ def test_fused_8bit_conv_tvm_cannot_lower_is_built_unfused_and_exact(kwargs, tar
     info = np.iinfo(data)
     x = np.random.default_rng(2).integers(info.min, info.max + 1, (1, 8, 6, 6)).astype(data)
     w = mod["main"].body.args[1].data.numpy()
-    (out,) = run_module(fac, {"x": x})  # x86-64-v2/v3/v4 code: this host has AVX-512
+    if not runs_on_host(target):
+        pytest.skip(f"host lacks instructions of '{target}' (built and checked, not run)")
+    (out,) = run_module(fac, {"x": x})
     np.testing.assert_array_equal(out, exact_conv(x, w, kwargs.get("data_zero_point", 0)))
 
 
@@ -153,6 +156,8 @@ def test_fuse_by_pattern_at_start_with_a_narrow_uint8_conv_builds_exactly(caplog
     with caplog.at_level(logging.WARNING, logger="tvm_ext.core.tvm_reroutes"):
         fac = tvm_ext.build(mod, V4, passes=[FuseByPattern("qnn")], at="start")
     assert "cannot lower a fused (Primitive) function" in caplog.text
+    if not runs_on_host(V4):
+        pytest.skip(f"host lacks instructions of '{V4}' (built and checked, not run)")
     xs = rng.integers(0, 256, (1, 8, 6, 6)).astype("uint8")
     with tvm.transform.PassContext(opt_level=3):
         ref = relay.build(mod, target="llvm")
@@ -205,9 +210,11 @@ def test_dilated_int8_conv_is_computed_in_int16_and_exact(op, data_dtype, channe
 
     mod, w, pad, dilation = _dilated_conv(op, data_dtype, channels, kernel)
     passes = tvm_ext.core.pipelines.int8() if pipeline else ()
-    factory = tvm_ext.build(mod, target="llvm -mcpu=x86-64-v4", passes=passes)  # AVX-512BW: this host runs it
+    factory = tvm_ext.build(mod, target=V4, passes=passes)  # AVX-512BW: 16-lane int8 blocks
     convs = tvm_reroutes._calls(factory.tvm_ext_module["main"], ("nn.conv2d", "nn.contrib_conv2d_NCHWc"))
     assert [str(c.args[0].checked_type.dtype) for c in convs] == ["int16"]
+    if not runs_on_host(V4):
+        pytest.skip(f"host lacks instructions of '{V4}' (built and checked, not run)")
     m = graph_executor.GraphModule(factory["default"](tvm.cpu()))
     lo, hi = (0, 256) if data_dtype == "uint8" else (-128, 128)
     x = np.random.default_rng(3).integers(lo, hi, (1, 8, 10, 10)).astype(data_dtype)
