@@ -258,7 +258,10 @@ def test_narrow_channel_blocks_on_avx2_and_vnni(target, monkeypatch):
     only the graph's input and output are re-blocked. On AVX-512 without VNNI nothing changes.
     Where the host runs the code: the same bits."""
     mod = _narrow_blocks_graph()
-    blocks, out_blocks = int8_policy._NARROW_BLOCKS, int8_policy._NARROW_OUT_BLOCKS
+    # the 8-channel blocks alone: the wider 24-channel output block (vnni_24_lanes) re-blocks its readers and has
+    # its own tests (test_vnni_24_lanes.py)
+    blocks = int8_policy._NARROW_BLOCKS
+    out_blocks = {isa: tuple(b for b in v if b <= 16) for isa, v in int8_policy._NARROW_OUT_BLOCKS.items()}
 
     def build(narrow=True, outputs=True):
         monkeypatch.setattr(int8_policy, "_NARROW_BLOCKS", blocks if narrow else {})
@@ -421,12 +424,12 @@ def test_depthwise_register_tile_only_on_avx2(target, changed, monkeypatch):
     assert (asm[0] != asm[1]) == changed
 
 
-def _int8_conv_24(k, size=10, seed=3):
-    """uint8 x int8 conv 32 -> 24 channels (x86 pads 24 to 32 and slices, unless the block is 8),
-    with a requantize epilogue."""
+def _int8_conv_24(k, size=10, seed=3, cin=32):
+    """uint8 x int8 conv ``cin`` -> 24 channels (x86 pads 24 to 32 and slices, unless the block is 8 or, on
+    AVX-512 VNNI over more than 16 input channels, 24), with a requantize epilogue."""
     rng = np.random.default_rng(seed)
-    x = relay.var("x", shape=(1, 32, size, size), dtype="uint8")
-    w = relay.const(rng.integers(-128, 128, (24, 32, k, k)).astype("int8"))
+    x = relay.var("x", shape=(1, cin, size, size), dtype="uint8")
+    w = relay.const(rng.integers(-128, 128, (24, cin, k, k)).astype("int8"))
     y = relay.nn.conv2d(x, w, padding=k // 2, channels=24, kernel_size=k, out_dtype="int32")
     return tvm.IRModule.from_expr(relay.Function([x], _requantize(y, 24, rng)))
 
@@ -437,12 +440,12 @@ def _int8_conv_24(k, size=10, seed=3):
                                          pytest.param("per_row", 3, marks=pytest.mark.slow), ("per_row", 1)])
 def test_vnni_int8_conv_takes_8_channel_blocks(k, schedule):
     """``narrow_channel_blocks`` on AVX-512 VNNI, compiled only: at an AVX-512 VNNI target a 24-channel int8
-    conv takes output block 8 and the ymm vpdpbusd (no slice kernel, no zmm vpdpbusd), in the
-    policy's schedules and in TVM's form (``schedule="per_row"`` forces TVM's for 1x1 convs);
-    AVX-512 without VNNI keeps the padding."""
+    conv over 16 input channels (a short reduction: no 24-channel block) takes output block 8 and the ymm
+    vpdpbusd (no slice kernel, no zmm vpdpbusd), in the policy's schedules and in TVM's form
+    (``schedule="per_row"`` forces TVM's for 1x1 convs); AVX-512 without VNNI keeps the padding."""
     import re
 
-    mod = _int8_conv_24(k)
+    mod = _int8_conv_24(k, cin=16)
 
     def build(target, **kw):
         with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
@@ -466,12 +469,14 @@ sys.path.insert(0, sys.argv[1])
 from x86.test_int8_conv import _int8_conv_24, _run
 from tvm_ext.x86 import int8_conv as x86_int8
 outs = {}
-x = np.random.default_rng(4).integers(0, 256, (1, 32, 10, 10)).astype("uint8")
-for k in (3, 1):
-    mod = _int8_conv_24(k)
-    for name, kw in (("stock", dict(schedule=False)), ("policy", dict()), ("forced", dict(schedule="per_row"))):
-        with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
-            outs[f"{name}{k}"] = _run(relay.build(mod, target="llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"), x)
+for cin in (16, 32):
+    x = np.random.default_rng(4).integers(0, 256, (1, cin, 10, 10)).astype("uint8")
+    for k in (3, 1):
+        mod = _int8_conv_24(k, cin=cin)
+        for name, kw in (("stock", dict(schedule=False)), ("policy", dict()), ("forced", dict(schedule="per_row"))):
+            with x86_int8.kernels(**kw), tvm.transform.PassContext(opt_level=3):
+                lib = relay.build(mod, target="llvm -mcpu=x86-64-v4 -mattr=+avx512vnni")
+            outs[f"{name}{k}-{cin}"] = _run(lib, x)
 np.savez(sys.argv[2], **outs)
 print("OK")
 """
@@ -479,8 +484,9 @@ print("OK")
 
 @needs_vnni
 def test_vnni_8_channel_blocks_are_bit_identical(tmp_path):
-    """``narrow_channel_blocks`` executed (host with AVX-512 VNNI, child process): the 8-lane vpdpbusd build equals
-    TVM's own (padded, 16-lane) build bit for bit, 3x3 and 1x1, policy and TVM's form."""
+    """``narrow_channel_blocks`` executed (host with AVX-512 VNNI, child process): the 8-lane (16 input channels)
+    and 24-lane (32) vpdpbusd builds equal TVM's own (padded, 16-lane) build bit for bit, 3x3 and 1x1,
+    policy and TVM's form."""
     import os
 
     out = tmp_path / "outs.npz"
@@ -488,6 +494,6 @@ def test_vnni_8_channel_blocks_are_bit_identical(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
     outs = np.load(out)
-    for k in (3, 1):
-        assert np.array_equal(outs[f"policy{k}"], outs[f"stock{k}"]), k
-        assert np.array_equal(outs[f"forced{k}"], outs[f"stock{k}"]), k
+    for key in (f"{k}-{cin}" for k in (3, 1) for cin in (16, 32)):
+        assert np.array_equal(outs[f"policy{key}"], outs[f"stock{key}"]), key
+        assert np.array_equal(outs[f"forced{key}"], outs[f"stock{key}"]), key

@@ -31,11 +31,12 @@ from . import conv_transpose as x86_conv_transpose
 from . import depthwise_taps
 from . import exact_int8
 from .._patch import Patch
-from .int8_policy import FALLBACK_TILE_ACCUMULATORS, INT8_CONV_BLOCK, KernelPolicy, needs_operand_fix, policy
-from .int8_schedules import _SAVED, _current_target, _inline_pool_producers, _schedule_1x1_int8, \
-    _schedule_common_int8, _vectorize_pool_channel_block, dot_u8s8_vnni
+from .block_vectors import injective_block_vectors, inline_pool_producers, vectorize_pool_channel_block
+from .int8_policy import (FALLBACK_TILE_ACCUMULATORS, INT8_CONV_BLOCK, SHORT_REDUCTION, KernelPolicy,
+                          needs_operand_fix, policy)
+from .int8_schedules import _SAVED, _current_target, _schedule_1x1_int8, _schedule_common_int8, dot_u8s8_vnni
 from .isa import isa_class
-from .tile_rules import kw_reuse_width, strided_chain_width, tile_shape, tile_width
+from .tile_rules import kw_reuse_width, output_pixels, strided_chain_width, tile_shape, tile_width, wide_out_block
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +138,12 @@ def _block_here(channels: int):
     return int8_block(channels, _current_target())
 
 
-def _int8_out_block(out_channels):
+def _int8_out_block(out_channels, wkl=None):
     """The output block an int8 conv with ``out_channels`` channels takes for the target being
     compiled (``narrow_channel_blocks``), or None where TVM's (a multiple of 16, padded) stays, also for
-    channel counts that are not compile-time integers."""
+    channel counts that are not compile-time integers. A block wider than 16 (``vnni_24_lanes``) only
+    for a workload ``wkl`` that :func:`tvm_ext.x86.tile_rules.wide_out_block` admits; without one the
+    narrowest (which pads the same: not at all)."""
     target = _current_target()
     if target is None:
         return None
@@ -153,7 +156,9 @@ def _int8_out_block(out_channels):
         return None
     if out_channels % INT8_CONV_BLOCK == 0:
         return None
-    return next((b for b in blocks if out_channels % b == 0 and b != INT8_CONV_BLOCK), None)
+    wide = wkl is not None and wide_out_block(wkl.in_filter // wkl.groups, output_pixels(wkl), SHORT_REDUCTION)
+    return next((b for b in blocks if out_channels % b == 0 and b != INT8_CONV_BLOCK
+                 and (wide or b < INT8_CONV_BLOCK)), None)
 
 
 def _int8_legalize_out_block(alter):
@@ -198,6 +203,8 @@ def _int8_conv_compute(compute):
         kernel_shape = get_const_tuple(args[1].shape)
         channels = kernel_shape[0] * kernel_shape[5] if len(kernel_shape) == 7 else kernel_shape[0]
         block = _int8_out_block(channels)
+        if block is not None and len(kernel_shape) == 7:  # packed: the block the layout already took
+            block = kernel_shape[5]
         if block is not None:
             workload = args_to_workload(args, "conv2d_NCHWc_int8.x86")
             cfg = DispatchContext.current.query(_current_target(), workload)
@@ -227,7 +234,7 @@ def _int8_conv_blocks(fallback):
                                                                           KernelPolicy.int8_out_blocks)
         if int32_lanes != INT8_CONV_BLOCK or tvms:
             return fallback(cfg, wkl, int32_lanes, num_int8_elements)
-        fallback(cfg, wkl, _int8_out_block(wkl.out_filter) or int32_lanes, num_int8_elements)
+        fallback(cfg, wkl, _int8_out_block(wkl.out_filter, wkl) or int32_lanes, num_int8_elements)
         block = int8_block(wkl.in_filter, target)
         if block is not None:
             cfg["tile_ic"] = SplitEntity([wkl.in_filter // block, block])
@@ -308,9 +315,7 @@ def _int8_conv_strided_chains(fallback):
 def _one_output_pixel(wkl) -> bool:
     """The conv computes one output pixel per channel (an SE block's 1x1 convs after a global
     pool): no loop to vectorize over, so no block is too wide for it."""
-    out_h = (wkl.height + wkl.padt + wkl.padb - ((wkl.kernel_h - 1) * wkl.dilation_h + 1)) // wkl.stride_h + 1
-    out_w = (wkl.width + wkl.padl + wkl.padr - ((wkl.kernel_w - 1) * wkl.dilation_w + 1)) // wkl.stride_w + 1
-    return out_h * out_w == 1
+    return output_pixels(wkl) == 1
 
 
 def _float_conv_int8_blocks(fallback):
@@ -380,6 +385,7 @@ def _install(schedule, int8_graph=False):
     import tvm.topi.x86.conv2d_avx_common as common
     import tvm.topi.x86.conv2d_int8 as conv2d_int8
     import tvm.topi.x86.depthwise_conv2d as depthwise
+    import tvm.topi.x86.injective as injective
     import tvm.topi.x86.tensor_intrin as intrin
 
     logger.debug("x86 int8 kernels: vnni_operand_types %s, schedule %s", needs_operand_fix(), schedule)
@@ -390,6 +396,7 @@ def _install(schedule, int8_graph=False):
     _SAVED["schedule"] = common._schedule_conv_NCHWc_int8
     _SAVED["schedule_1x1"] = one_by_one._schedule_conv_NCHWc_int8
     _SAVED["pools"] = (x86.schedule_pool, x86.schedule_adaptive_pool)
+    _SAVED["injective"] = injective.schedule_injective_from_existing
     _SAVED["conv_transpose"] = (x86.conv2d_transpose_nchw, x86.schedule_conv2d_transpose_nchw)
     _SAVED["depthwise"] = depthwise._fallback_schedule
     _SAVED["depthwise_taps"] = (x86.depthwise_conv2d_NCHWc, x86.schedule_depthwise_conv2d_NCHWc)
@@ -401,8 +408,9 @@ def _install(schedule, int8_graph=False):
     if schedule:
         common._schedule_conv_NCHWc_int8 = _schedule_common_int8
         one_by_one._schedule_conv_NCHWc_int8 = _schedule_1x1_int8
-        x86.schedule_pool = _inline_pool_producers(x86.schedule_pool)
-        x86.schedule_adaptive_pool = _vectorize_pool_channel_block(_inline_pool_producers(x86.schedule_adaptive_pool))
+        x86.schedule_pool = inline_pool_producers(x86.schedule_pool)
+        x86.schedule_adaptive_pool = vectorize_pool_channel_block(inline_pool_producers(x86.schedule_adaptive_pool))
+        injective.schedule_injective_from_existing = injective_block_vectors(injective.schedule_injective_from_existing)
         x86.conv2d_transpose_nchw = x86_conv_transpose.conv2d_transpose_nchw(x86.conv2d_transpose_nchw)
         x86.schedule_conv2d_transpose_nchw = x86_conv_transpose.schedule_conv2d_transpose_nchw(
             x86.schedule_conv2d_transpose_nchw)
@@ -430,6 +438,7 @@ def _uninstall():
     import tvm.topi.x86.conv2d_avx_common as common
     import tvm.topi.x86.conv2d_int8 as conv2d_int8
     import tvm.topi.x86.depthwise_conv2d as depthwise
+    import tvm.topi.x86.injective as injective
     import tvm.topi.x86.tensor_intrin as intrin
 
     exact_int8.uninstall()
@@ -444,6 +453,7 @@ def _uninstall():
     common._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule")
     one_by_one._schedule_conv_NCHWc_int8 = _SAVED.pop("schedule_1x1")
     x86.schedule_pool, x86.schedule_adaptive_pool = _SAVED.pop("pools")
+    injective.schedule_injective_from_existing = _SAVED.pop("injective")
     x86.conv2d_transpose_nchw, x86.schedule_conv2d_transpose_nchw = _SAVED.pop("conv_transpose")
     _SAVED.pop("mode", None)
 

@@ -147,7 +147,7 @@ _NARROW_BLOCKS = {"avx2": (16, 8, 12, 4), "avx512_vnni": (16, 8, 12, 4)}
 
 #: Int8 conv output blocks per class where they differ from TVM's (``narrow_channel_blocks``; on
 #: AVX-512 VNNI through the 8-lane ymm ``vpdpbusd``).
-_NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 8)}
+_NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 24, 8)}
 
 
 #: Accumulator registers of the per-tile schedules per class (``per_tile_accumulators``): AVX2 has

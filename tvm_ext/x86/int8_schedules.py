@@ -1,12 +1,12 @@
 """The TOPI schedules :func:`tvm_ext.x86.int8_conv.kernels` puts in place of TVM's: int8 convs per
-output row or per register tile, the VNNI dot product with LLVM 22's operand types, and the pool
-schedules with their producers inlined and channel blocks vectorized.
+output row or per register tile, and the VNNI dot product with LLVM 22's operand types (pools and
+injective ops: :mod:`tvm_ext.x86.block_vectors`).
 
 Which one a conv takes is decided per instruction-set class at schedule time
 (:func:`tvm_ext.x86.int8_policy.policy` of the target being compiled); the names of the changes
 (``epilogue_per_row``, ``per_tile_accumulators``, ``tile_oc_chunks``, ``tile_budget_1x1``, ``tile_chains``,
-``parallel_rows_first``, ``weights_once``, ``vnni_operand_types``, ``pool_prologue_inline``,
-``global_pool_channel_vector``) and their measurements are in docs/x86-kernels.md.
+``parallel_rows_first``, ``weights_once``, ``vnni_operand_types``, ``vnni_24_lanes``) and their measurements are
+in docs/x86-kernels.md.
 """
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ from .tile_rules import (groups_in_turn, pass_blocks, rows_first, tile_chains, t
 __all__ = ["dot_u8s8_vnni"]
 
 
-#: Widest channel block ``global_pool_channel_vector`` vectorizes a global pool over (TVM's own limit
-#: for its pool vectorizer).
-_MAX_POOL_VECTOR = 64
 #: While :func:`tvm_ext.x86.int8_conv.kernels` is entered: TVM's functions it replaced (the schedules
 #: here fall back to TVM's own, ``"schedule"`` and ``"schedule_1x1"``) and the entered ``"mode"``.
 _SAVED: dict = {}
@@ -37,10 +34,9 @@ def dot_u8s8_vnni(lanes: int = 16):
     import tvm
     from tvm import te
 
-    if lanes not in (8, 16):
-        raise ValueError(f"dot_u8s8_vnni: lanes must be 8 or 16, got {lanes}")
+    if lanes not in (8, 16, 24):
+        raise ValueError(f"dot_u8s8_vnni: lanes must be 8, 16 or 24, got {lanes}")
     group = 4  # 4 bytes reduced into each int32 output
-    bits = 32 * lanes
     data = te.placeholder((group,), dtype="uint8", name="data")
     kernel = te.placeholder((lanes, group), dtype="int8", name="kernel")
     k = te.reduce_axis((0, group), name="k")
@@ -53,27 +49,31 @@ def dot_u8s8_vnni(lanes: int = 16):
     b_buf = tvm.tir.decl_buffer(
         kernel.shape, dtype="int8", name="b_buffer", offset_factor=1, strides=[te.var("ldw"), 1]
     )
-    acc_t, byte_t = f"int32x{lanes}", (f"int8x{4 * lanes}" if needs_operand_fix() else f"int32x{lanes}")
+    # 24 lanes: a zmm and a ymm vpdpbusd on lanes 0-15 and 16-23 (both read the same data word)
+    parts = ((0, 16), (16, 8)) if lanes == 24 else ((0, lanes),)
 
     def intrin_func(ins, outs):
         def emit(kind):  # kind: "body" (c = dot), "reset" (c = 0), "update" (c += dot)
             ib = tvm.tir.ir_builder.create()
-            if kind == "reset":
-                ib.emit(outs[0].vstore(0, tvm.tir.const(0, acc_t)))
-                return ib.get()
-            # the 4 data bytes, as one int32 broadcast to every lane, seen as bytes
-            word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
-            a = word.astype(acc_t)
-            if byte_t != acc_t:
-                a = tvm.tir.call_intrin(byte_t, "tir.reinterpret", a)
-            b = ins[1].vload([0, 0], f"int8x{4 * lanes}")
-            if byte_t != b.dtype:
-                b = tvm.tir.call_intrin(byte_t, "tir.reinterpret", b)
-            acc = outs[0].vload([0], acc_t) if kind == "update" else tvm.tir.const(0, acc_t)
-            dot = tvm.tir.call_llvm_pure_intrin(
-                acc_t, f"llvm.x86.avx512.vpdpbusd.{bits}", tvm.tir.const(3, "uint32"), acc, a, b
-            )
-            ib.emit(outs[0].vstore(0, dot))
+            for first, n in parts:
+                acc_t = f"int32x{n}"
+                byte_t = f"int8x{4 * n}" if needs_operand_fix() else acc_t
+                if kind == "reset":
+                    ib.emit(outs[0].vstore(first, tvm.tir.const(0, acc_t)))
+                    continue
+                # the 4 data bytes, as one int32 broadcast to every lane, seen as bytes
+                word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
+                a = word.astype(acc_t)
+                if byte_t != acc_t:
+                    a = tvm.tir.call_intrin(byte_t, "tir.reinterpret", a)
+                b = ins[1].vload([first, 0], f"int8x{4 * n}")
+                if byte_t != b.dtype:
+                    b = tvm.tir.call_intrin(byte_t, "tir.reinterpret", b)
+                acc = outs[0].vload([first], acc_t) if kind == "update" else tvm.tir.const(0, acc_t)
+                dot = tvm.tir.call_llvm_pure_intrin(
+                    acc_t, f"llvm.x86.avx512.vpdpbusd.{32 * n}", tvm.tir.const(3, "uint32"), acc, a, b
+                )
+                ib.emit(outs[0].vstore(first, dot))
             return ib.get()
 
         return emit("body"), emit("reset"), emit("update")
@@ -91,9 +91,15 @@ def _dot_for_block(oc_bn: int) -> tuple:
     from tvm.topi.x86.tensor_intrin import dot_16x1x16_uint8_int8_int32
 
     lanes = get_simd_32bit_lanes()
-    if oc_bn == 8 and vnni_ready(_current_target()):  # VNNI: 16 lanes, so 8 is narrower
-        return 8, dot_u8s8_vnni(8)
+    if oc_bn in (8, 24) and vnni_ready(_current_target()):  # VNNI: 16 lanes; 24 = a zmm and a ymm
+        return oc_bn, dot_u8s8_vnni(oc_bn)
     return lanes, dot_16x1x16_uint8_int8_int32()
+
+
+def _registers(oc_bn: int, lanes: int) -> int:
+    """Vector registers one pixel's accumulators of an output block of ``oc_bn`` take with
+    ``lanes``-lane dot products: one per dot, two for the 24-lane dot (a zmm and a ymm)."""
+    return oc_bn // lanes * (2 if lanes == 24 else 1)
 
 
 def _chosen_schedule(kind: str) -> tuple:
@@ -129,8 +135,8 @@ def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
     if chosen == "per_row" and chains and _tileable(kernel_vec, conv_out, last):
         _, oc_chunks, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
-        pixels = tile_width(out_width, oc_bn // lanes, _wanted_width(cfg), accumulators)
-        chunks = tile_chains(pixels, oc_bn // lanes, oc_chunks, chains, max_chunks, accumulators)
+        pixels = tile_width(out_width, _registers(oc_bn, lanes), _wanted_width(cfg), accumulators)
+        chunks = tile_chains(pixels, _registers(oc_bn, lanes), oc_chunks, chains, max_chunks, accumulators)
         if chunks > 1 or _weights_once_rows(conv_out, 1, chunks):
             return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, chunks)
     if chosen == "per_row":
@@ -282,14 +288,14 @@ def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, acc
     from tvm.topi.utils import get_const_tuple
 
     _, _, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
-    reg_n = tile_width(out_width, oc_bn // lanes, _wanted_width(cfg), accumulators)
+    reg_n = tile_width(out_width, _registers(oc_bn, lanes), _wanted_width(cfg), accumulators)
     unroll_kw = cfg["unroll_kw"] if isinstance(cfg["unroll_kw"], (int, bool)) else cfg["unroll_kw"].val
     # several blocks per tile, or a whole row over the budget, at stride 1: kw unrolled, so neighbouring
     # kw positions share their data words (at stride 2 the unrolled tile spills)
     kernel_w, padded_w = int(conv_out.op.input_tensors[1].shape[3]), int(conv_out.op.input_tensors[0].shape[3])
     stride_one = padded_w == out_width + kernel_w - 1
     unroll_kw = unroll_kw or (stride_one and (chunks > 1 or whole_row_over_budget(
-        out_width, reg_n, oc_bn // lanes, accumulators)))
+        out_width, reg_n, _registers(oc_bn, lanes), accumulators)))
 
     block = _weights_once_rows(conv_out, 1, chunks)
     acc = _tile_stages(s, data_vec, conv_out, last, block or 1, reg_n, chunks, weights_once=bool(block))
@@ -361,7 +367,7 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     from tvm.topi.utils import get_const_int, get_const_tuple
 
     _, oc_chunks, out_height, out_width, oc_bn = get_const_tuple(conv_out.shape)
-    groups = oc_bn // lanes
+    groups = _registers(oc_bn, lanes)
     accumulators = _short_reduction_budget(conv_out, accumulators)
     wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
     wanted_cols = _wanted_width(cfg)
@@ -399,86 +405,6 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     if not in_turn:
         s[acc].unroll(oc_group)
     return s
-
-
-def _float_product_summed(op, reader) -> bool:
-    """True when ``op`` computes a float product and ``reader`` sums it (a reduction).
-
-    Inlined, the product would feed the sum's add directly, and LLVM (TVM allows floating-point
-    contraction) fuses the two into one ``vfmadd``: one rounding where TVM's schedule, which keeps
-    the product in its own stage, rounds twice. Such a stage keeps its buffer.
-    """
-    from tvm import te, tir
-
-    body = op.body[0]
-    return (isinstance(reader, te.tensor.ComputeOp) and isinstance(reader.body[0], tir.Reduce)
-            and isinstance(body, tir.Mul) and body.dtype.startswith("float"))
-
-
-def _inline_pool_producers(schedule_fn):
-    """``schedule_fn`` (a TVM x86 pool schedule), then every injective producer of the pool inlined,
-    except a float product the pool's sum reads (:func:`_float_product_summed`).
-
-    Inlining an elementwise/injective stage into its reader does not change a value (the same
-    expression is evaluated per element) unless the compiler contracts a multiply into the add that
-    reads it; it removes the stage's own loop nest and buffer.
-    """
-    import functools
-
-    from tvm import te
-    from tvm.topi import tag
-
-    @functools.wraps(schedule_fn)
-    def wrapped(outs, *args, **kwargs):
-        s = schedule_fn(outs, *args, **kwargs)
-        outs = [outs] if isinstance(outs, te.tensor.Tensor) else list(outs)
-        out_ops = {o.op for o in outs}
-        seen, stack = set(), [(t, o.op) for o in outs for t in o.op.input_tensors]
-        while stack:
-            tensor, reader = stack.pop()
-            op = tensor.op
-            if op in seen or not isinstance(op, te.tensor.ComputeOp):
-                continue
-            seen.add(op)
-            if tag.is_injective(op.tag) and op not in out_ops and not _float_product_summed(op, reader):
-                s[op].compute_inline()
-            stack.extend((t, op) for t in op.input_tensors)
-        return s
-
-    wrapped._tvm_ext_change = "pool_prologue_inline"  # pylint: disable=protected-access
-    return wrapped
-
-
-def _vectorize_pool_channel_block(schedule_fn):
-    """``schedule_fn`` (TVM's x86 ``schedule_adaptive_pool``), then every global/adaptive pool over a
-    channel-blocked layout (``NCHW[x]c``) vectorized over its channel block
-    (``global_pool_channel_vector``): the reduction loops move outside the block, so each step adds
-    one contiguous vector of channels.
-
-    Every channel's sum runs over the same window positions in the same order as in TVM's schedule:
-    the results are bit-identical; only the loop order and the vector width change."""
-    import functools
-
-    from tvm import te
-
-    @functools.wraps(schedule_fn)
-    def wrapped(outs, *args, **kwargs):
-        s = schedule_fn(outs, *args, **kwargs)
-        for stage in s.stages:
-            op = stage.op
-            if not (isinstance(op, te.ComputeOp) and op.tag.startswith("adaptive_pool") and len(op.axis) == 5):
-                continue
-            block, red = op.axis[4], list(op.reduce_axis)
-            leaves = list(stage.leaf_iter_vars)
-            if not any(v.same_as(block) for v in leaves) or int(block.dom.extent) > _MAX_POOL_VECTOR:
-                continue  # already split or fused by another schedule rule, or too wide a block
-            rest = [v for v in leaves if not v.same_as(block) and not any(v.same_as(r) for r in red)]
-            stage.reorder(*rest, *red, block)
-            stage.vectorize(block)
-        return s
-
-    wrapped._tvm_ext_change = "global_pool_channel_vector"  # pylint: disable=protected-access
-    return wrapped
 
 
 def _current_target():

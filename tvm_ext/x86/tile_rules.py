@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["tile_width", "tile_shape", "tile_chunks_shape", "tile_chains", "whole_row_over_budget", "groups_in_turn",
            "kw_reuse_width", "strided_chain_width", "rows_first", "weights_once_rows",
-           "pass_blocks"]
+           "pass_blocks", "wide_out_block", "output_pixels"]
 
 
 def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunks: int, accumulators: int) -> int:
@@ -233,3 +233,19 @@ def pass_blocks(ic_blocks: int, steps_per_block: int, least_steps: int = 16) -> 
         if ic_blocks % blocks == 0 and blocks * steps_per_block >= least_steps:
             return blocks
     return ic_blocks
+
+
+def wide_out_block(channels_per_group: int, out_pixels: int, short_reduction: int) -> bool:
+    """Whether an int8 conv may take an output block wider than one vector (24 channels: a zmm and a ymm
+    ``vpdpbusd`` per pixel) instead of 8-channel blocks: only where the dot products outweigh the epilogue
+    (more than ``short_reduction`` input channels per group; a short reduction's tile is bound by its
+    requantize, the same per channel in either block) and there are pixels to tile (more than one).
+    The block's readers take 8-channel blocks (a re-blocking kernel), as every other 24-channel tensor."""
+    return channels_per_group > short_reduction and out_pixels > 1
+
+
+def output_pixels(wkl) -> int:
+    """Output pixels per channel of a conv workload (TOPI's ``Workload``: padded input, dilated kernel)."""
+    out_h = (wkl.height + wkl.padt + wkl.padb - ((wkl.kernel_h - 1) * wkl.dilation_h + 1)) // wkl.stride_h + 1
+    out_w = (wkl.width + wkl.padl + wkl.padr - ((wkl.kernel_w - 1) * wkl.dilation_w + 1)) // wkl.stride_w + 1
+    return out_h * out_w
