@@ -3,8 +3,8 @@ schedules :func:`tvm_ext.x86.int8_conv.kernels` puts in place of TVM's.
 
 - ``pool_prologue_inline``: a pool's injective producers inlined into it.
 - ``global_pool_channel_vector``: a global/adaptive pool vectorized over its channel block.
-- ``block_vector_lanes``: a channel block that 16 does not divide (24, 40: the int8 convs' 24-lane
-  blocks on AVX-512 VNNI) is vectorized in vectors of 8 lanes, not TVM's 16 with a tail. TVM's
+- ``block_vector_lanes``: a channel block wider than 16 that 16 does not divide (24, 40: the int8 convs'
+  24-lane blocks on AVX-512 VNNI) is vectorized in vectors of 8 lanes, not TVM's 16 with a tail. TVM's
   injective schedule splits the innermost axis by 16; with a block of 24 the vector then crosses a
   pixel boundary in its index arithmetic, and LLVM gathers its bytes one by one
   (``vpinsrb``, ``vpscatterqd``): an elementwise kernel on 80x80x24 bytes took 2.2x the time of the
@@ -24,18 +24,19 @@ _MAX_POOL_VECTOR = 64
 _TVM_INJECTIVE_LANES = 16
 
 
-def vector_lanes(block: int) -> int:
-    """Lanes of the vectors a channel block of ``block`` is computed in: the largest power of two
-    dividing it, at most :data:`_TVM_INJECTIVE_LANES` (16 -> 16, 24 -> 8, 40 -> 8, 12 -> 4), or
-    the block itself where it is a power of two below that."""
-    return min(block & -block, _TVM_INJECTIVE_LANES) if block > 0 else block
+def vector_lanes(block: int):
+    """Lanes of the vectors a channel block of ``block`` channels is computed in where TVM's would not
+    fit it (``block_vector_lanes``): 8 for a block wider than 16 that 16 does not divide and 8 does
+    (24, 40, 56), else None (TVM's vector stays)."""
+    wide = block > _TVM_INJECTIVE_LANES and block % _TVM_INJECTIVE_LANES != 0
+    return 8 if wide and block % 8 == 0 else None
 
 
 def injective_block_vectors(schedule_fn):
     """``schedule_fn`` (TVM's x86 ``schedule_injective_from_existing``), except for an ``NCHW[x]c``
-    output (five or more axes) whose innermost axis, the channel block, 16 does not divide but 8 does
-    (``block_vector_lanes``): the same parallel loop over the outer axes, the block split into vectors
-    of :func:`vector_lanes` (a whole number of them per pixel) instead of TVM's 16."""
+    output (five or more axes) whose innermost axis, the channel block, :func:`vector_lanes` splits
+    (24, 40; ``block_vector_lanes``): the same parallel loop over the outer axes, the block split into
+    vectors of 8 lanes (a whole number of them per pixel) instead of TVM's 16."""
     import functools
 
     from tvm import tir
@@ -44,10 +45,11 @@ def injective_block_vectors(schedule_fn):
     def wrapped(sch, out):
         axes = sch[out].op.axis
         block = axes[-1].dom.extent if len(axes) >= 5 else None
-        if not isinstance(block, tir.IntImm) or int(block) % _TVM_INJECTIVE_LANES == 0 or int(block) % 8:
+        lanes = vector_lanes(int(block)) if isinstance(block, tir.IntImm) else None
+        if lanes is None:
             return schedule_fn(sch, out)
         sch[out].parallel(sch[out].fuse(axes[0], axes[1], axes[2]))
-        _, inner = sch[out].split(axes[-1], factor=vector_lanes(int(block)))
+        _, inner = sch[out].split(axes[-1], factor=lanes)
         sch[out].vectorize(inner)
         return sch
 
@@ -129,7 +131,7 @@ def vectorize_pool_channel_block(schedule_fn):
             rest = [v for v in leaves if not v.same_as(block) and not any(v.same_as(r) for r in red)]
             stage.reorder(*rest, *red, block)
             lanes = vector_lanes(int(block.dom.extent))
-            if lanes == int(block.dom.extent):
+            if lanes is None:
                 stage.vectorize(block)
             else:  # a 24-channel block: three vectors of 8
                 outer, inner = stage.split(block, factor=lanes)

@@ -16,9 +16,10 @@ alters results. The changes: ``exact_without_vnni`` (:mod:`tvm_ext.x86.exact_int
 ``tile_chains``, ``fallback_register_tile``, ``fallback_kw_reuse``, ``fallback_strided_chains``,
 ``depthwise_int8_block``, ``depthwise_taps``
 (:mod:`tvm_ext.x86.depthwise_taps`), ``int8_graph_float_conv_blocks``,
-``narrow_channel_blocks``, ``pool_prologue_inline``, ``global_pool_channel_vector`` and
-``conv_transpose_without_zeros`` (:mod:`tvm_ext.x86.conv_transpose`). The schedules are in
-:mod:`tvm_ext.x86.int8_schedules`; the layouts, fallback configs and :func:`kernels` are here.
+``narrow_channel_blocks``, ``vnni_24_lanes``, ``pool_prologue_inline``, ``global_pool_channel_vector``,
+``block_vector_lanes`` (:mod:`tvm_ext.x86.block_vectors`) and ``conv_transpose_without_zeros``
+(:mod:`tvm_ext.x86.conv_transpose`). The conv schedules are in :mod:`tvm_ext.x86.int8_schedules`; the
+layouts, fallback configs and :func:`kernels` are here.
 Each change's rule, where it applies and its measured reason: docs/x86-kernels.md ("Each change's
 rule, code and measured reason").
 """
@@ -471,9 +472,9 @@ def kernels(schedule=True, int8_graph=False):
         ``True``: every change where the target being compiled takes it (:func:`policy`):
         ``epilogue_per_row`` or ``per_tile_accumulators`` for int8 convs,
         ``fallback_register_tile``, ``depthwise_int8_block``, ``narrow_channel_blocks``,
-        ``pool_prologue_inline``, ``global_pool_channel_vector`` and
-        ``conv_transpose_without_zeros``. ``False`` keeps TVM's schedules and layouts everywhere
-        and only applies ``vnni_operand_types`` (VNNI buildable with LLVM 22): that is "stock TVM"
+        ``vnni_24_lanes``, ``pool_prologue_inline``, ``global_pool_channel_vector``,
+        ``block_vector_lanes`` and ``conv_transpose_without_zeros``. ``False`` keeps TVM's schedules and
+        layouts everywhere and only applies ``vnni_operand_types`` (VNNI buildable with LLVM 22): that is "stock TVM"
         for a VNNI target. ``"per_row"`` (``"per_tile"``) uses the per-row (per-tile) int8 conv
         schedule on every instruction set (for measurements such as
         ``benchmarks/lab/int8_conv_schedules.py``).

@@ -46,9 +46,10 @@ class KernelPolicy:
         VNNI 8 before 12 (``narrow_channel_blocks``: a full 8-lane register, not one and a half).
     int8_out_blocks : tuple of int
         The output blocks an int8 conv may take, largest first; output channels no block divides
-        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 and
-        AVX-512 VNNI (16, 8) (``narrow_channel_blocks``: 24 output channels are not padded to 32
-        and sliced).
+        are padded to :data:`INT8_CONV_BLOCK` (TVM's legalization). TVM's is (16,); AVX2 (16, 8)
+        (``narrow_channel_blocks``: 24 output channels are not padded to 32 and sliced); AVX-512
+        VNNI (16, 24, 8), where 24 (``vnni_24_lanes``: a zmm and a ymm ``vpdpbusd`` per pixel) is
+        taken only where :func:`tvm_ext.x86.tile_rules.wide_out_block` admits the conv.
     tile_accumulators : int
         Compute 1x1 int8 convs, and 3x3/7x7 ones when not ``per_row``, per *tile* of output
         pixels whose accumulators fit this many vector registers (``per_tile_accumulators``),
@@ -146,7 +147,8 @@ _NARROW_BLOCKS = {"avx2": (16, 8, 12, 4), "avx512_vnni": (16, 8, 12, 4)}
 
 
 #: Int8 conv output blocks per class where they differ from TVM's (``narrow_channel_blocks``; on
-#: AVX-512 VNNI through the 8-lane ymm ``vpdpbusd``).
+#: AVX-512 VNNI through the 8-lane ymm ``vpdpbusd``, and 24 lanes as a zmm and a ymm one, ``vnni_24_lanes``:
+#: PP-OCRv4 det QDQ 0.95x end to end on a Granite Rapids-class Xeon, bit-identical; docs/x86-kernels.md).
 _NARROW_OUT_BLOCKS = {"avx2": (16, 8), "avx512_vnni": (16, 24, 8)}
 
 
