@@ -374,7 +374,9 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     chunks, rows, cols = tile_chunks_shape(out_height, out_width, oc_chunks, groups, (wanted_rows, wanted_cols),
                                            max_chunks, accumulators)
 
-    in_turn = groups_in_turn(out_height, out_width, groups, rows * cols, accumulators) if chunks == 1 else None
+    # groups in turn split the tile's dot products by lane group: not a 24-lane dot's zmm and ymm halves
+    in_turn = groups_in_turn(out_height, out_width, groups, rows * cols, accumulators) \
+        if chunks == 1 and oc_bn // lanes > 1 else None
     if in_turn:
         rows, cols = in_turn
 
