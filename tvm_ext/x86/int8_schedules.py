@@ -55,14 +55,14 @@ def dot_u8s8_vnni(lanes: int = 16):
     def intrin_func(ins, outs):
         def emit(kind):  # kind: "body" (c = dot), "reset" (c = 0), "update" (c += dot)
             ib = tvm.tir.ir_builder.create()
+            # the 4 data bytes as one int32, broadcast to every lane of each part below
+            word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
             for first, n in parts:
                 acc_t = f"int32x{n}"
                 byte_t = f"int8x{4 * n}" if needs_operand_fix() else acc_t
                 if kind == "reset":
                     ib.emit(outs[0].vstore(first, tvm.tir.const(0, acc_t)))
                     continue
-                # the 4 data bytes, as one int32 broadcast to every lane, seen as bytes
-                word = tvm.tir.call_intrin("int32", "tir.reinterpret", ins[0].vload([0], "uint8x4"))
                 a = word.astype(acc_t)
                 if byte_t != acc_t:
                     a = tvm.tir.call_intrin(byte_t, "tir.reinterpret", a)
@@ -135,8 +135,9 @@ def _schedule_common_int8(s, cfg, data_vec, kernel_vec, conv_out, last):
     lanes, intrin = _dot_for_block(get_const_tuple(conv_out.shape)[-1])
     if chosen == "per_row" and chains and _tileable(kernel_vec, conv_out, last):
         _, oc_chunks, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
-        pixels = tile_width(out_width, _registers(oc_bn, lanes), _wanted_width(cfg), accumulators)
-        chunks = tile_chains(pixels, _registers(oc_bn, lanes), oc_chunks, chains, max_chunks, accumulators)
+        registers = _registers(oc_bn, lanes)
+        pixels = tile_width(out_width, registers, _wanted_width(cfg), accumulators)
+        chunks = tile_chains(pixels, registers, oc_chunks, chains, max_chunks, accumulators)
         if chunks > 1 or _weights_once_rows(conv_out, 1, chunks):
             return _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, accumulators, chunks)
     if chosen == "per_row":
@@ -288,14 +289,15 @@ def _schedule_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin, acc
     from tvm.topi.utils import get_const_tuple
 
     _, _, _, out_width, oc_bn = get_const_tuple(conv_out.shape)
-    reg_n = tile_width(out_width, _registers(oc_bn, lanes), _wanted_width(cfg), accumulators)
+    registers = _registers(oc_bn, lanes)
+    reg_n = tile_width(out_width, registers, _wanted_width(cfg), accumulators)
     unroll_kw = cfg["unroll_kw"] if isinstance(cfg["unroll_kw"], (int, bool)) else cfg["unroll_kw"].val
     # several blocks per tile, or a whole row over the budget, at stride 1: kw unrolled, so neighbouring
     # kw positions share their data words (at stride 2 the unrolled tile spills)
     kernel_w, padded_w = int(conv_out.op.input_tensors[1].shape[3]), int(conv_out.op.input_tensors[0].shape[3])
     stride_one = padded_w == out_width + kernel_w - 1
     unroll_kw = unroll_kw or (stride_one and (chunks > 1 or whole_row_over_budget(
-        out_width, reg_n, _registers(oc_bn, lanes), accumulators)))
+        out_width, reg_n, registers, accumulators)))
 
     block = _weights_once_rows(conv_out, 1, chunks)
     acc = _tile_stages(s, data_vec, conv_out, last, block or 1, reg_n, chunks, weights_once=bool(block))
