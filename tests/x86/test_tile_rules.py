@@ -38,6 +38,19 @@ def test_1x1_tile_chunks_shape_loads_least_per_product(shape, oc_chunks, groups,
     assert chunks * groups * rows * cols + words + (chunks - 1) * groups <= budget, "accumulators, words, kernels fit"
 
 
+@pytest.mark.parametrize("wanted,store_run,expected", [
+    ((2, 1), 1, (4, 1, 4)),  # a record's 2 x 1 tile, tuned with one chunk: 4 chunks x 2 pixels load 0.75 per
+    #                          product, a row of 4 pixels 0.5 (wide_1x1_tiles)
+    ((2, 2), 1, (4, 2, 2)),  # 2 x 2 and 1 x 4 load alike: the record's tile is kept
+    ((2, 2), 4, (4, 1, 4)),  # ... unless its stores narrow four at a time (narrow_by_packs): 4 adjacent pixels
+    ((1, 4), 4, (4, 1, 4)),
+])
+def test_1x1_tiles_of_several_chunks_may_be_wider_than_the_record(wanted, store_run, expected):
+    got = tile_rules.tile_chunks_shape(56, 56, 16, 1, wanted, 4, 28, store_run)
+    assert got == expected
+    assert tile_rules.tile_chunks_shape(56, 56, 16, 1, wanted, 1, 28, store_run)[0] == 1  # one chunk: the record's
+
+
 @pytest.mark.parametrize("width,groups,wanted,expected", [
     (14, 2, 14, 2),   # TVM's fallback takes the whole row: 28 accumulators, AVX2 has 16 registers
     (56, 2, 28, 4),

@@ -10,6 +10,7 @@ in docs/x86-kernels.md.
 """
 from __future__ import annotations
 
+from . import narrow_by_packs
 from .int8_policy import SHORT_REDUCTION, WEIGHTS_ONCE_ITEMS, needs_operand_fix, policy, vnni_ready
 from .tile_rules import (groups_in_turn, pass_blocks, rows_first, tile_chains, tile_chunks_shape, tile_width,
                          weights_once_rows, whole_row_over_budget)
@@ -373,8 +374,10 @@ def _schedule_1x1_int8_per_tile(s, cfg, data_vec, conv_out, last, lanes, intrin,
     accumulators = _short_reduction_budget(conv_out, accumulators)
     wanted_rows = cfg["tile_oh"] if isinstance(cfg["tile_oh"], int) else cfg["tile_oh"].val
     wanted_cols = _wanted_width(cfg)
+    target = _current_target()
+    store_run = narrow_by_packs.GROUP if target is not None and narrow_by_packs.applies(target) else 1
     chunks, rows, cols = tile_chunks_shape(out_height, out_width, oc_chunks, groups, (wanted_rows, wanted_cols),
-                                           max_chunks, accumulators)
+                                           max_chunks, accumulators, store_run)
 
     # groups in turn split the tile's dot products by lane group: not a 24-lane dot's zmm and ymm halves
     in_turn = groups_in_turn(out_height, out_width, groups, rows * cols, accumulators) \

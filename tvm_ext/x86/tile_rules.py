@@ -147,28 +147,36 @@ def groups_in_turn(out_height: int, out_width: int, groups: int, pixels: int, ac
 
 
 def tile_chunks_shape(out_height: int, out_width: int, oc_chunks: int, groups: int, wanted: tuple,
-                      max_chunks: int, accumulators: int) -> tuple:
+                      max_chunks: int, accumulators: int, store_run: int = 1) -> tuple:
     """``(chunks, rows, pixels per row)`` of a 1x1 conv's tile (``per_tile_accumulators`` with
     ``tile_oc_chunks``): of the output-channel chunk counts up to ``max_chunks`` that divide the
     conv's ``oc_chunks``, the one whose tile (:func:`tile_shape`) loads the fewest values per dot
-    product (C kernel vectors and R data words for R x C products; ties: fewer chunks).
+    product (C kernel vectors and R data words for R x C products).
 
     The kernel vectors of every chunk stay in registers through a reduction step, so each chunk
     beyond the first takes ``groups`` registers from ``accumulators``; with more than one chunk LLVM
     also keeps each pixel's broadcast data word live until every chunk has used it, so a pixel takes
     one register more. ``max_chunks`` 1 gives :func:`tile_shape`'s tile.
 
+    ``wanted`` (a tuned record's tile) was measured with one chunk: a tile of several chunks may also be
+    the widest one-row tile that fits (``wide_1x1_tiles``). Ties go to a width that ``store_run``
+    divides (adjacent 8-bit stores that :mod:`tvm_ext.x86.narrow_by_packs` narrows together), then to
+    fewer chunks, then to ``wanted``::
+
         # R * (C * groups + [C > 1]) + (C - 1) * groups  <=  accumulators
+        # tile = least (loads per product, width % store_run != 0, C) over C and {wanted, (1, width) if C > 1}
     """
     best = None
     for c in range(1, min(max_chunks, oc_chunks) + 1):
         budget = accumulators - (c - 1) * groups
         if oc_chunks % c or budget < c * groups + (c > 1):
             continue
-        rows, cols = tile_shape(out_height, out_width, c * groups + (c > 1), wanted, budget)
-        loads_per_dot = (c * groups + rows * cols) / (c * groups * rows * cols)
-        if best is None or loads_per_dot < best[0] - 1e-9:
-            best = (loads_per_dot, c, rows, cols)
+        for want in (wanted, (1, out_width)) if c > 1 else (wanted,):
+            rows, cols = tile_shape(out_height, out_width, c * groups + (c > 1), want, budget)
+            loads_per_dot = (c * groups + rows * cols) / (c * groups * rows * cols)
+            key = (round(loads_per_dot, 9), cols % store_run != 0, c)
+            if best is None or key < best[0]:
+                best = (key, c, rows, cols)
     return best[1:]
 
 
