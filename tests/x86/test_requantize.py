@@ -115,6 +115,42 @@ def test_per_tensor_matches_int64(target, m, s):
     np.testing.assert_array_equal(_call(_per_tensor(m, s, target), x), expected)
 
 
+def _per_tensor_plus(m, s, c, target):
+    """``q_multiply_shift(a, m, 31, s) + c``: a requantize and its output zero point, as an epilogue has them."""
+    a = te.placeholder((N,), "int32", name="a")
+    b = te.compute((N,), lambda i: tir.q_multiply_shift(a[i], tir.const(m, "int32"), tir.const(31, "int32"),
+                                                         tir.const(s, "int32")) + tir.const(c, "int32"))
+    return _build(b, [a, b], target, _lanes(target)), a, b
+
+
+@pytest.mark.parametrize("target", RUNNABLE)
+@pytest.mark.parametrize("m,s,c", [(1518500250, -7, 5), (2**31 - 1, 0, -128), (3 << 28, -1, 127),
+                                   (-(2**31), -3, 255), (2**31 - 1, -32, -1), (2**31 - 1, 1, 3)])
+def test_zero_point_in_the_rounding_term_matches_int64(target, m, s, c):
+    """The int32 add after the requantize (wrapping like TVM's at the int32 extremes) folded into the rounding
+    term where the shifts are constant and right; a left shift keeps the add."""
+    ls, rs = max(s, 0), max(-s, 0)
+    x = _data(np.random.default_rng(abs(s) + 11), ls)
+    f, _, _ = _per_tensor_plus(m, s, c, target)
+    expected = (_oracle(x, m, ls, rs).astype(np.int64) + c).astype(np.int32)  # int32 wrap, as TVM's add
+    np.testing.assert_array_equal(_call(f, x), expected)
+
+
+@pytest.mark.parametrize("s,folded", [(-7, True), (1, False)])
+def test_zero_point_folded_into_the_rounding_term(s, folded):
+    """Lowered: no add of the zero point after the even/odd form (one vector add fewer per 16 outputs); with a
+    left shift, where the sum could leave int64, the add stays."""
+    a = te.placeholder((N,), "int32", name="a")
+    b = te.compute((N,), lambda i: tir.q_multiply_shift(a[i], tir.const(1518500250, "int32"), tir.const(31, "int32"),
+                                                         tir.const(s, "int32")) + tir.const(77, "int32"))
+    sch = te.create_schedule(b.op)
+    sch[b].vectorize(sch[b].split(b.op.axis[0], 16)[1])
+    with tvm.transform.PassContext(config=requantize.lower_config()):
+        script = tvm.lower(sch, [a, b])["main"].script()
+    assert "q_multiply_shift" not in script
+    assert ("T.Broadcast(77, 16)" in script) is not folded
+
+
 def test_rounding_ties_are_in_the_data():
     x = _data(np.random.default_rng(0))
     p = x[:1024].astype(np.int64) * (3 << 28)  # n = 32: x * 3 / 16, ties at x * 3 = 8 (mod 16)

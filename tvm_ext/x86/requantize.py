@@ -14,6 +14,7 @@ need. :func:`even_odd_q_multiply_shift` lowers the vectorised call on whole vect
     # e = ((pe << ls) + 2^(n-1)) >> n;  o = ((po << ls) + 2^(n-1)) >> (n-32)   (constant n < 32: << (32-n);
     #                                                                         shifts per lane: (... >> n) << 32)
     # q_multiply_shift(x, m, 31, s) = int32x2L(low halves of e | high halves of o)
+    # q_multiply_shift(x, m, 31, s) + c: 2^(n-1) + c * 2^n as the rounding term (constant shifts)
 
 The same int64 arithmetic, so the result is bit for bit TVM's (tests/x86/test_requantize.py checks it
 against numpy). Scalar calls and TVM's power-of-two form (``m == 2^30``) keep TVM's lowering.
@@ -50,12 +51,18 @@ def _const(e):
     return int(e.value) if isinstance(e, tvm.tir.IntImm) else None
 
 
-def lower_even_odd(x, m, ls, rs, q):
-    """``round(x * 2^ls * m / 2^(q + rs))`` per int32 lane of ``x`` (an even number of lanes), in int64.
+def lower_even_odd(x, m, ls, rs, q, addend: int = 0):
+    """``round(x * 2^ls * m / 2^(q + rs)) + addend`` per int32 lane of ``x`` (an even number of lanes), in int64.
 
-    ``m``, ``ls``, ``rs``: int32 scalars or vectors like ``x``; ``q``: a constant. Returns the int32
-    vector expression, or None where this form does not apply (an odd lane count or fewer than 4 lanes,
-    constant shifts out of range).
+    ``m``, ``ls``, ``rs``: int32 scalars or vectors like ``x``; ``q``: a constant; ``addend``: a constant
+    (the output zero point that follows a requantize) folded into the rounding term, exact because
+    ``addend * 2^n`` is a multiple of the divisor::
+
+        # (p + 2^(n-1)) >> n  +  c  =  (p + 2^(n-1) + c * 2^n) >> n
+
+    Returns the int32 vector expression, or None where this form does not apply (an odd lane count or
+    fewer than 4 lanes, constant shifts out of range; an ``addend`` with shifts per lane, a left shift, or
+    ``|addend| * 2^n`` beyond 2^62, where the sum could leave int64).
     """
     import tvm
     from tvm import tir
@@ -87,11 +94,15 @@ def lower_even_odd(x, m, ls, rs, q):
         n = q + rsc
         if not (1 <= n <= 63 and 0 <= lsc <= 62):
             return None
+        if addend and (lsc or abs(addend) * 2**n + 2**(n - 1) > 2**62):
+            return None
         if lsc:
             pe, po = pe << c64(lsc), po << c64(lsc)
-        r = c64(1 << (n - 1))
+        r = c64((1 << (n - 1)) + addend * 2**n)
         e = (pe + r) >> c64(n)
         o = (po + r) >> c64(n - 32) if n >= 32 else (po + r) << c64(32 - n)
+    elif addend:
+        return None
     else:  # shifts per lane (per channel): the odd result computed low, then moved up
         LS = c64(0) if lsc == 0 else wide(ls) & c64(0xFFFFFFFF)
         N = c64(q) + (wide(rs) & c64(0xFFFFFFFF) if rsc is None else c64(rsc))
@@ -104,8 +115,8 @@ def lower_even_odd(x, m, ls, rs, q):
     return tir.reinterpret(i32, (e & low) | (o & ~low))
 
 
-def _lower(op):
-    """The lowering rule: ``op`` rewritten, or ``op`` itself (TVM's generic rule applies next)."""
+def _lower(op, addend: int = 0):
+    """The lowering rule: ``op`` (plus ``addend``) rewritten, or ``op`` itself (TVM's generic rule applies next)."""
     try:
         name = op.op.name
         if name == "tir.q_multiply_shift":
@@ -113,10 +124,10 @@ def _lower(op):
             mc, sc = _const(m), _const(s)
             if mc is None or mc == 1 << 30 or sc is None:  # TVM's own forms (power of two; it needs constants)
                 return op
-            out = lower_even_odd(x, m, max(sc, 0), max(-sc, 0), q)
+            out = lower_even_odd(x, m, max(sc, 0), max(-sc, 0), q, addend)
         else:
             x, m, ls, rs, q, need_ls = op.args[:6]
-            out = lower_even_odd(x, m, ls if _const(need_ls) != 0 else 0, rs, q)
+            out = lower_even_odd(x, m, ls if _const(need_ls) != 0 else 0, rs, q, addend)
     except Exception:  # never fail a build over a faster form: TVM's rule is exact
         logger.exception("x86 requantize: %s left to TVM's lowering", op)
         return op
@@ -132,14 +143,26 @@ def EvenOddQMultiplyShift():  # noqa: N802  (a TVM pass, named like TVM's)
 
     ops = [tvm.ir.Op.get(name) for name in _OPS]
 
+    def vector_call(node):
+        return isinstance(node, tir.Call) and any(node.op.same_as(op) for op in ops) \
+            and tvm.DataType(node.dtype).lanes >= 2
+
     def rewrite(node):
-        if not any(node.op.same_as(op) for op in ops) or tvm.DataType(node.dtype).lanes < 2:
+        if not vector_call(node):
             return None
         out = _lower(node)
         return None if out.same_as(node) else out
 
+    def fold(node):  # q_multiply_shift(...) + c, the requantize's output zero point: one rounding term
+        for call, c in ((node.a, node.b), (node.b, node.a)):
+            if vector_call(call) and _const(c) is not None and _const(c) != 0:
+                out = _lower(call, _const(c))
+                return None if out.same_as(call) else out
+        return None
+
     def transform(func, _mod, _ctx):
-        return func.with_body(tir.stmt_functor.ir_transform(func.body, None, rewrite, ["tir.Call"]))
+        body = tir.stmt_functor.ir_transform(func.body, None, fold, ["tir.Add"])
+        return func.with_body(tir.stmt_functor.ir_transform(body, None, rewrite, ["tir.Call"]))
 
     return tvm.tir.transform.prim_func_pass(transform, opt_level=0, name=PASS_NAME)
 
