@@ -65,8 +65,10 @@ def _saturated(value):
     if not isinstance(value, tir.Cast):
         return None
     out = tvm.DataType(value.dtype)
+    if out.type_code not in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT) or out.lanes != _LANES:
+        return None
     dtype = f"{'u' if out.type_code == tvm.DataTypeCode.UINT else ''}int{out.bits}"
-    if dtype not in _RANGES or out.lanes != _LANES:
+    if dtype not in _RANGES:
         return None
     inner = value.value
     bounds = {}
