@@ -24,7 +24,7 @@ LAYERS = (
     ("tvm_ext.backend", "tvm_ext.backend", "tvm_ext._records"),
     ("tvm_ext.errors", "tvm_ext.ops", "tvm_ext._op_pattern", "tvm_ext._reject", "tvm_ext._attrs", "tvm_ext._compat",
      "tvm_ext._atomic", "tvm_ext._files", "tvm_ext._patch", "tvm_ext._rules", "tvm_ext._lower_pass",
-     "tvm_ext._round_reciprocal", "tvm_ext._no_contract", "tvm_ext._byte_table"),
+     "tvm_ext._round_reciprocal", "tvm_ext._no_contract", "tvm_ext._byte_table", "tvm_ext._tir_const"),
 )
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from ._tir_const import int_value
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["byte_index", "table_bytes", "slices", "joined", "ByteTableLookup", "TABLE_SIZE"]
@@ -34,15 +36,6 @@ __all__ = ["byte_index", "table_bytes", "slices", "joined", "ByteTableLookup", "
 #: Entries of the tables rewritten: one per value of a byte.
 TABLE_SIZE = 256
 _EIGHT_BIT = ("uint8", "int8")
-
-
-def _broadcast_int(e):
-    """The integer value of ``e`` (an IntImm or a Broadcast of one), else None."""
-    import tvm
-
-    if isinstance(e, tvm.tir.Broadcast):
-        e = e.value
-    return int(e.value) if isinstance(e, tvm.tir.IntImm) else None
 
 
 def byte_index(index):
@@ -54,14 +47,14 @@ def byte_index(index):
 
     clamps = []
     while isinstance(index, (tir.Min, tir.Max)):
-        c = _broadcast_int(index.b)
+        c = int_value(index.b)
         if c is None:
             return "a clamp bound is not a constant"
         clamps.append((type(index), c))
         index = index.a
     offset = 0
     if isinstance(index, tir.Add):
-        offset = _broadcast_int(index.b)
+        offset = int_value(index.b)
         if offset is None:
             return "the index adds a value that is not a constant"
         index = index.a

@@ -32,6 +32,7 @@ import tvm
 from tvm.ir import register_intrin_lowering
 
 from .._patch import Patch
+from .._tir_const import int_value
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,6 @@ def _register(lowering) -> None:
 _LANES = 4
 
 
-def _const(e):
-    """The integer value of ``e`` (an IntImm, or a Broadcast of one), else None."""
-    if isinstance(e, tvm.tir.Broadcast):
-        e = e.value
-    return int(e.value) if isinstance(e, tvm.tir.IntImm) else None
-
-
 def _quarter(e, start: int):
     """Lanes ``start .. start + 3`` of the int32 vector ``e`` (a broadcast stays a broadcast)."""
     lanes = tvm.DataType(e.dtype).lanes
@@ -74,11 +68,11 @@ def exact_q_multiply_shift(op):
     than -2^31 to ``sqrdmulh(x, m)``, with a left shift to the rounded 64-bit product (exact: module
     note); ``op`` unchanged otherwise, so that TVM's generic rule lowers it."""
     x, m, q, s = op.args
-    shift, dtype = _const(s), tvm.DataType(x.dtype)
-    if (op.dtype != x.dtype or (dtype.type_code, dtype.bits) != (tvm.DataTypeCode.INT, 32) or _const(q) != 31
+    shift, dtype = int_value(s), tvm.DataType(x.dtype)
+    if (op.dtype != x.dtype or (dtype.type_code, dtype.bits) != (tvm.DataTypeCode.INT, 32) or int_value(q) != 31
             or shift is None or not -31 <= shift <= 30):
         return op
-    if shift == 0 and _const(m) not in (None, -(1 << 31)) and dtype.lanes % _LANES == 0:
+    if shift == 0 and int_value(m) not in (None, -(1 << 31)) and dtype.lanes % _LANES == 0:
         return _per_quarter(x, m, dtype.lanes, lambda xs, ms: _neon("sqrdmulh", xs, ms))
     if shift >= 0:  # left: round(x * m / 2^(31 - s)) from the 64-bit product (smull), no 65-bit x * 2^s
         wide = f"int64x{dtype.lanes}" if dtype.lanes > 1 else "int64"

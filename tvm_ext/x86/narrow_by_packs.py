@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 
+from .._tir_const import int_value
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["NarrowByPacks", "lower_config", "applies", "PASS_NAME", "LOWER_PHASE", "MAX_STORES", "GROUP"]
@@ -47,15 +49,6 @@ _NARROW16 = {"uint8": "llvm.x86.avx512.packuswb.512", "int8": "llvm.x86.avx512.p
 _PACK32 = "llvm.x86.avx512.packssdw.512"
 
 
-def _int_bound(e):
-    """The value of a Broadcast of an integer constant (or the constant), else None."""
-    from tvm import tir
-
-    if isinstance(e, tir.Broadcast):
-        e = e.value
-    return int(e.value) if isinstance(e, tir.IntImm) else None
-
-
 def _saturated(value):
     """``(x, lo, hi, dtype)`` where ``value`` is ``cast(8-bit x 16, clip(x, lo, hi))`` of an int32x16 ``x`` with
     the bounds inside the 8-bit type's range, else None."""
@@ -73,8 +66,8 @@ def _saturated(value):
     inner = value.value
     bounds = {}
     for _ in range(2):  # max(min(x, hi), lo) or min(max(x, lo), hi)
-        if isinstance(inner, (tir.Max, tir.Min)) and _int_bound(inner.b) is not None:
-            bounds["lo" if isinstance(inner, tir.Max) else "hi"] = _int_bound(inner.b)
+        if isinstance(inner, (tir.Max, tir.Min)) and int_value(inner.b) is not None:
+            bounds["lo" if isinstance(inner, tir.Max) else "hi"] = int_value(inner.b)
             inner = inner.a
     if len(bounds) != 2 or inner.dtype != f"int32x{_LANES}":
         return None
@@ -109,7 +102,7 @@ def _store_loop(loop):
     if getattr(store, "predicate", None) is not None:
         return None
     index = store.indices[0]
-    if not isinstance(index, tir.Ramp) or _int_bound(index.stride) != 1 or int(index.lanes) != _LANES:
+    if not isinstance(index, tir.Ramp) or int_value(index.stride) != 1 or int(index.lanes) != _LANES:
         return None
     if _reads(store.value, store.buffer.data):
         return None

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 
+from .._tir_const import int_value
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["EvenOddQMultiplyShift", "lower_config", "lower_even_odd", "applies", "PASS_NAME", "LOWER_PHASE"]
@@ -38,17 +40,6 @@ PASS_NAME = "tvm_ext.x86.EvenOddQMultiplyShift"
 #: ``tir.add_lower_pass`` phase: after ``VectorizeLoop`` (the calls have their vector types), before
 #: the host pass list's ``LowerIntrin`` (TVM's generic rule, which gets the calls left unchanged).
 LOWER_PHASE = 3
-
-
-def _const(e):
-    """The integer value of ``e`` (an IntImm or a Broadcast of one), else None."""
-    import tvm
-
-    if isinstance(e, int):
-        return e
-    if isinstance(e, tvm.tir.Broadcast):
-        e = e.value
-    return int(e.value) if isinstance(e, tvm.tir.IntImm) else None
 
 
 def lower_even_odd(x, m, ls, rs, q, addend: int = 0):
@@ -69,7 +60,7 @@ def lower_even_odd(x, m, ls, rs, q, addend: int = 0):
 
     n32 = tvm.DataType(x.dtype).lanes
     # at least 4 lanes: 2 would pair into one int64, a scalar, which TIR's vector forms do not take
-    if n32 < 4 or n32 % 2 or tvm.DataType(x.dtype).bits != 32 or _const(q) is None:
+    if n32 < 4 or n32 % 2 or tvm.DataType(x.dtype).bits != 32 or int_value(q) is None:
         return None
     i32, i64 = f"int32x{n32}", f"int64x{n32 // 2}"
 
@@ -79,8 +70,8 @@ def lower_even_odd(x, m, ls, rs, q, addend: int = 0):
     def c64(v):
         return tir.Broadcast(tir.const(v, "int64"), n32 // 2)
 
-    X, q = wide(x), _const(q)
-    mc = _const(m)
+    X, q = wide(x), int_value(q)
+    mc = int_value(m)
     if mc is not None:  # a constant multiplier: the same in even and odd lanes
         me = mo = c64(mc)
     else:
@@ -89,7 +80,7 @@ def lower_even_odd(x, m, ls, rs, q, addend: int = 0):
     pe = ((X << c64(32)) >> c64(32)) * me  # even lanes, sign-extended: vpmuldq
     po = (X >> c64(32)) * mo  # odd lanes moved down: vpsrlq, vpmuldq
 
-    lsc, rsc = _const(ls), _const(rs)
+    lsc, rsc = int_value(ls), int_value(rs)
     if lsc is not None and rsc is not None:  # constant shifts: immediate forms
         n = q + rsc
         if not (1 <= n <= 63 and 0 <= lsc <= 62):
@@ -121,13 +112,13 @@ def _lower(op, addend: int = 0):
         name = op.op.name
         if name == "tir.q_multiply_shift":
             x, m, q, s = op.args
-            mc, sc = _const(m), _const(s)
+            mc, sc = int_value(m), int_value(s)
             if mc is None or mc == 1 << 30 or sc is None:  # TVM's own forms (power of two; it needs constants)
                 return op
             out = lower_even_odd(x, m, max(sc, 0), max(-sc, 0), q, addend)
         else:
             x, m, ls, rs, q, need_ls = op.args[:6]
-            out = lower_even_odd(x, m, ls if _const(need_ls) != 0 else 0, rs, q, addend)
+            out = lower_even_odd(x, m, ls if int_value(need_ls) != 0 else 0, rs, q, addend)
     except Exception:  # never fail a build over a faster form: TVM's rule is exact
         logger.exception("x86 requantize: %s left to TVM's lowering", op)
         return op
@@ -155,8 +146,8 @@ def EvenOddQMultiplyShift():  # noqa: N802  (a TVM pass, named like TVM's)
 
     def fold(node):  # q_multiply_shift(...) + c, the requantize's output zero point: one rounding term
         for call, c in ((node.a, node.b), (node.b, node.a)):
-            if vector_call(call) and _const(c) is not None and _const(c) != 0:
-                out = _lower(call, _const(c))
+            if vector_call(call) and int_value(c) is not None and int_value(c) != 0:
+                out = _lower(call, int_value(c))
                 return None if out.same_as(call) else out
         return None
 
