@@ -121,39 +121,31 @@ def _packed(values, dtype):
     return tir.reinterpret(f"{dtype}x64", ordered)
 
 
-def _narrowed(group, base):
-    """One 64-byte store at ``base`` of the four adjacent saturating stores ``group``."""
-    from tvm import tir
-
-    values = []
-    for st in group:
-        x, lo, hi, dtype = _saturated(st.value)
-        tmin, tmax = _RANGES[dtype]
-        if lo > tmin:
-            x = tir.Max(x, tir.Broadcast(tir.const(lo, "int32"), _LANES))
-        if hi < tmax:
-            x = tir.Min(x, tir.Broadcast(tir.const(hi, "int32"), _LANES))
-        values.append(x)
-    return tir.BufferStore(group[0].buffer, _packed(values, dtype), [tir.Ramp(base, 1, _LANES * GROUP)])
-
-
 def _unrolled(loop, store):
     """The loop's stores, one per iteration, each run of four adjacent ones narrowed together; None where
     no run is adjacent."""
     import tvm
     from tvm import tir
 
+    x, lo, hi, dtype = _saturated(store.value)
+    tmin, tmax = _RANGES[dtype]
+    if lo > tmin:  # bounds inside the type's range stay; the type's own are the packs' saturation
+        x = tir.Max(x, tir.Broadcast(tir.const(lo, "int32"), _LANES))
+    if hi < tmax:
+        x = tir.Min(x, tir.Broadcast(tir.const(hi, "int32"), _LANES))
     analyzer = tvm.arith.Analyzer()
     start = int(loop.min)
-    stores = [tir.stmt_functor.substitute(store, {loop.loop_var: tir.const(v, loop.loop_var.dtype)})
-              for v in range(start, start + int(loop.extent))]
+    points = [{loop.loop_var: tir.const(v, loop.loop_var.dtype)} for v in range(start, start + int(loop.extent))]
+    stores = [tir.stmt_functor.substitute(store, vmap) for vmap in points]
     out, packed = [], 0
     whole = len(stores) - len(stores) % GROUP
     for g in range(0, whole, GROUP):
         group = stores[g:g + GROUP]
         base = group[0].indices[0].base
         if all(analyzer.can_prove_equal(st.indices[0].base - base, _LANES * k) for k, st in enumerate(group)):
-            out.append(_narrowed(group, analyzer.simplify(base)))
+            values = [tir.stmt_functor.substitute(x, vmap) for vmap in points[g:g + GROUP]]
+            out.append(tir.BufferStore(store.buffer, _packed(values, dtype),
+                                       [tir.Ramp(analyzer.simplify(base), 1, _LANES * GROUP)]))
             packed += 1
         else:
             out.extend(group)
@@ -164,7 +156,7 @@ def _unrolled(loop, store):
 
 
 def NarrowByPacks():  # noqa: N802  (a TVM pass, named like TVM's)
-    """A ``tir.PrimFunc`` pass: loop nests of saturating int32x16 -> 8-bit stores narrowed four vectors at a
+    """A ``tir.PrimFunc`` pass: loops of saturating int32x16 -> 8-bit stores narrowed four adjacent vectors at a
     time by ``vpackssdw``/``vpackuswb``/``vpermd`` (module docstring). Every other statement is left alone;
     the rewritten function computes the same bytes.
 

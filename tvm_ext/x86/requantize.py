@@ -146,8 +146,9 @@ def EvenOddQMultiplyShift():  # noqa: N802  (a TVM pass, named like TVM's)
 
     def fold(node):  # q_multiply_shift(...) + c, the requantize's output zero point: one rounding term
         for call, c in ((node.a, node.b), (node.b, node.a)):
-            if vector_call(call) and int_value(c) is not None and int_value(c) != 0:
-                out = _lower(call, int_value(c))
+            addend = int_value(c)
+            if vector_call(call) and addend:
+                out = _lower(call, addend)
                 return None if out.same_as(call) else out
         return None
 
