@@ -172,59 +172,10 @@ def openvino_node_times_in(cap, path, threads, conv_names, stat=None):
 
 
 def openvino_node_times(path, threads, conv_names, runs=40, stat=None):
-    """``({ONNX conv node: median ms}, {ONNX conv node: OpenVINO kernel}, None)`` from OpenVINO's
-    performance counters (first 5 runs dropped), or ``(None, None, reason)`` where OpenVINO does not
-    run the model: not installed, ONNX Runtime contrib ops (``tvm-ext bench`` does not trust their
-    conversion either), or a conversion error.
+    """OpenVINO's time per ONNX conv node in this process (:func:`tvm_ext.tools.openvino_peer.node_times`)."""
+    from tvm_ext.tools.openvino_peer import node_times
 
-    A kernel of OpenVINO's runtime model lists the ONNX nodes it computes (``originalLayersNames``:
-    the conv, its requantize, ..., by node name or by output name); its time goes to the conv among them.
-    """
-    import numpy as np
-
-    try:
-        import openvino as ov
-    except ImportError:
-        return None, None, "not run: OpenVINO is not installed (pip install 'tvm-ext[bench]')"
-    from tvm_ext.tools.openvino_peer import CPU_CONFIG, contrib_ops, why_not
-
-    contrib = contrib_ops(path)
-    if contrib:
-        return None, None, f"not run: ONNX Runtime contrib ops ({', '.join(c.rsplit('.', 1)[1] for c in contrib)})"
-    try:
-        core = ov.Core()
-        compiled = core.compile_model(core.read_model(str(path)), "CPU", {
-            "INFERENCE_NUM_THREADS": int(threads), **CPU_CONFIG, "PERF_COUNT": True})
-    except Exception as err:  # noqa: BLE001 (OpenVINO raises plain RuntimeErrors; why_not reads them)
-        return None, None, why_not(err)
-    import onnx
-
-    # OpenVINO names a layer after its ONNX node, or after the node's output where it renamed it
-    alias = {}
-    for n in onnx.load(str(path), load_external_data=False).graph.node:
-        if n.name in conv_names:
-            alias[n.name] = alias[n.output[0]] = n.name
-    owner, kernel = {}, {}
-    for op in compiled.get_runtime_model().get_ordered_ops():
-        info = op.get_rt_info()
-        if "originalLayersNames" not in info:
-            continue
-        convs = [alias[n] for n in info["originalLayersNames"].astype(str).split(",") if n in alias]
-        if convs:
-            owner[op.get_friendly_name()] = convs[0]
-            kernel[convs[0]] = info["primitiveType"].astype(str) if "primitiveType" in info else "?"
-    req = compiled.create_infer_request()
-    inp = compiled.input(0)
-    x = np.random.default_rng(0).uniform(-1, 1, [d if d > 0 else 1 for d in inp.get_partial_shape().get_min_shape()])
-    per = collections.defaultdict(list)
-    for i in range(runs):
-        req.infer({0: x.astype(np.float32)})
-        if i < 5:
-            continue
-        for e in req.get_profiling_info():
-            if e.node_name in owner:
-                per[owner[e.node_name]].append(e.real_time.total_seconds() * 1e3)
-    return {n: float((stat or np.median)(v)) for n, v in per.items()}, kernel, None
+    return node_times(path, threads, conv_names, runs, stat)
 
 
 def _onnx_name(ort_name: str) -> str:
@@ -353,6 +304,22 @@ def table(tvm_rows, peer_times, shapes, peak=None, threads=1):
     return "\n".join(lines)
 
 
+def over_passes(passes, stat):
+    """``(tvm rows, end to end, fastest end to end, ORT, OpenVINO)`` of several timing passes: each kernel's,
+    node's and pipeline's ``stat`` over the passes that timed it (``numpy.min`` or ``numpy.median``; the
+    fastest end to end: the least over the passes). OpenVINO stays None where it did not run."""
+    import numpy as np
+
+    def merge(dicts, how=stat):
+        dicts = [d for d in dicts if d]
+        return {k: float(how([d[k] for d in dicts if k in d])) for k in dicts[0]} if dicts else None
+
+    rows = {p: [dict(r, ms=float(stat([pas[0][p][i]["ms"] for pas in passes]))) for i, r in enumerate(first)]
+            for p, first in passes[0][0].items()}
+    return (rows, merge([pas[1] for pas in passes]), merge([pas[2] for pas in passes], np.min),
+            merge([pas[3] for pas in passes]), merge([pas[4] for pas in passes]))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variant", default="qoperator", help="qoperator | qdq | path to an int8 ONNX model")
@@ -381,6 +348,9 @@ def main(argv=None):
     ap.add_argument("--openvino-sessions", type=int, default=1,
                     help="with --stat min: compile and time OpenVINO this many times, each node's fastest over all "
                          "(on a busy machine one session's fastest still varies)")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="time every engine this many times in turn (TVM, ONNX Runtime, OpenVINO), each time's "
+                         "--stat over the passes: on a machine with slow phases, every engine meets them")
     ap.add_argument("--build-dir", default=None,
                     help="time the libraries an earlier run built there (its log names the folder) instead of "
                          "building them again")
@@ -441,18 +411,12 @@ def main(argv=None):
     import numpy as np
 
     stat = np.min if a.stat == "min" else None
-    rows = tvm_kernel_times(folder, pipes, a.repeat, stat)
-    end_to_end = tvm_end_to_end_times(folder, pipes, a.repeat, stat)
-    end_to_end_min = tvm_end_to_end_times(folder, pipes, a.repeat, np.min)
     from tvm_ext.tools.bench import ort_peer
 
     peer = ort_peer(target, a.ort_isa)
+    shapes = _ort_conv_shapes(path)
     import time
 
-    time.sleep(1.0)  # TVM's workers stop spinning (about 0.55 s at SPIN_COUNT) before the peers are timed
-    logger.info("ONNX Runtime node timing (%s)", peer["note"])
-    ort = ort_node_times_in(peer["package"], path, a.threads) if peer["package"] else ort_node_times(path, a.threads)
-    shapes = _ort_conv_shapes(path)
     import tvm
 
     from tvm_ext.tools.openvino_peer import host_level, onednn_isa_cap
@@ -460,17 +424,31 @@ def main(argv=None):
     feats = host_features()
     host_isa = host_level(feats)
     cap = onednn_isa_cap(isa_class(tvm.target.Target(target)), feats) if a.openvino_isa == "auto" else None
-    logger.info("OpenVINO node timing (%s)", f"ONEDNN_MAX_CPU_ISA={cap}" if cap else "the host's ISA")
 
     def ov_session():
         if cap:
             return openvino_node_times_in(cap, path, a.threads, set(shapes), stat=stat)
         return openvino_node_times(path, a.threads, set(shapes), stat=stat)
 
-    ov_times, ov_kernels, ov_note = ov_session()
-    for _ in range(a.openvino_sessions - 1 if ov_times and a.stat == "min" else 0):
-        more, _k, _n = ov_session()
-        ov_times = {n: min(v, more.get(n, v)) for n, v in ov_times.items()}
+    passes = []
+    for i in range(a.passes):  # every engine once per pass, so a slow phase of the machine reaches them all
+        logger.info("timing pass %d/%d: TVM kernels and end to end", i + 1, a.passes)
+        if i:
+            time.sleep(1.0)  # the peers' threads settle before TVM is timed again
+        rows = tvm_kernel_times(folder, pipes, a.repeat, stat)
+        e2e = tvm_end_to_end_times(folder, pipes, a.repeat, stat)
+        e2e_min = tvm_end_to_end_times(folder, pipes, a.repeat, np.min)
+        time.sleep(1.0)  # TVM's workers stop spinning (about 0.55 s at SPIN_COUNT) before the peers are timed
+        logger.info("ONNX Runtime node timing (%s)", peer["note"])
+        ort = ort_node_times_in(peer["package"], path, a.threads) if peer["package"] \
+            else ort_node_times(path, a.threads)
+        logger.info("OpenVINO node timing (%s)", f"ONEDNN_MAX_CPU_ISA={cap}" if cap else "the host's ISA")
+        ov_times, ov_kernels, ov_note = ov_session()
+        for _ in range(a.openvino_sessions - 1 if ov_times and a.stat == "min" else 0):
+            more, _k, _n = ov_session()
+            ov_times = {n: min(v, more.get(n, v)) for n, v in ov_times.items()}
+        passes.append((rows, e2e, e2e_min, ort, ov_times))
+    rows, end_to_end, end_to_end_min, ort, ov_times = over_passes(passes, stat or np.median)
     ort_isa = "avx2 (AVX-512 masked: tvm_ext.tools.ort_isa)" if peer["package"] else f"the host's ISA ({host_isa})"
     ov_kinds = collections.Counter((ov_kernels or {}).values())
     ov_said = f"OpenVINO {ov_note}"
@@ -484,7 +462,7 @@ def main(argv=None):
     print(f"model: {Path(path).name}; {isas}; "
           f"ONNX Runtime runs {ort_isa}; {ov_said}; {a.threads} threads "
           f"(TVM_THREAD_POOL_SPIN_COUNT={os.environ['TVM_THREAD_POOL_SPIN_COUNT']}); "
-          f"{stat_said} of {a.repeat} rounds{peak}\n")
+          f"{stat_said} of {a.repeat} rounds{peak}{f' and of {a.passes} passes' if a.passes > 1 else ''}\n")
     peers = {"ORT": ort, **({"OpenVINO": ov_times} if ov_times else {})}
     print(table(rows, peers, shapes, a.peak, a.threads))
     if a.out:

@@ -390,6 +390,29 @@ def test_layers_vs_peers_table_sums_layers_and_divides_by_peak():
     assert "| everything else (TVM) |  |  | 0.00 | 0.50 |" in out
 
 
+def test_layers_vs_peers_passes_take_each_time_over_the_passes():
+    """``--passes``: each kernel's, node's and pipeline's time is the stat over the passes that timed it; the
+    fastest end to end is the least; OpenVINO stays None where it did not run."""
+    import numpy as np
+
+    lvp = load_script("benchmarks/layers_vs_peers.py")
+    row = {"name": "k", "out": [1], "ins": []}
+
+    def one(ms, e2e, ort, ov):
+        return {"tvm-ext": [dict(row, ms=ms), dict(row, name="j", ms=2 * ms)]}, {"tvm-ext": e2e}, \
+            {"tvm-ext": e2e - 1}, ort, ov
+    passes = [one(3.0, 10.0, {"a": 1.0, "b": 4.0}, {"a": 2.0}), one(1.0, 12.0, {"a": 3.0}, {"a": 5.0}),
+              one(2.0, 11.0, {"a": 2.0, "b": 2.0}, {"a": 1.0})]
+    rows, e2e, e2e_min, ort, ov = lvp.over_passes(passes, np.min)
+    assert [r["ms"] for r in rows["tvm-ext"]] == [1.0, 2.0] and rows["tvm-ext"][1]["name"] == "j"
+    assert (e2e, e2e_min, ort, ov) == ({"tvm-ext": 10.0}, {"tvm-ext": 9.0}, {"a": 1.0, "b": 2.0}, {"a": 1.0})
+    rows, e2e, e2e_min, ort, ov = lvp.over_passes(passes, np.median)
+    assert [r["ms"] for r in rows["tvm-ext"]] == [2.0, 4.0]
+    assert (e2e, e2e_min, ort, ov) == ({"tvm-ext": 11.0}, {"tvm-ext": 9.0}, {"a": 2.0, "b": 3.0}, {"a": 2.0})
+    no_ov = [p[:4] + (None,) for p in passes]
+    assert lvp.over_passes(no_ov, np.min)[4] is None
+
+
 def test_layers_vs_peers_rejects_an_unknown_pipeline(capsys):
     """``--pipelines`` names stock and/or tvm-ext; anything else stops before any build."""
 

@@ -11,9 +11,8 @@ environment has it, and the benchmark shows both numbers.
 
 * :func:`onednn_isa_cap` decides: the cap for tvm-ext's ISA class when the host's ISA is above it,
   else None (nothing to separate). Pure: it takes the class and the host's feature set.
-* :func:`compile_model` and :func:`conv_primitives` are self-contained (their source and
-  :data:`CPU_CONFIG` also run in the child): same thread count as the other engines, one stream,
-  latency hint, float layers in float32.
+* :func:`compile_model` and :func:`conv_primitives` are self-contained (their source and :data:`CPU_CONFIG`
+  also run in the child): same thread count as the other engines, one stream, latency hint, float32 layers.
 * :func:`why_not` turns OpenVINO's refusal of a model into one short line for the table. QOperator
   models carry ONNX Runtime's ``com.microsoft`` contrib ops. OpenVINO 2026.4 has no conversion for
   some (``QGemm``, ``QLinearGlobalAveragePool``: the zoo's ResNet-50) and converts others, but its
@@ -22,7 +21,8 @@ environment has it, and the benchmark shows both numbers.
   with contrib ops is not run, and the line says which OpenVINO cannot convert, or that its
   conversions are not trusted.
 * :func:`conv_primitives` counts the kernels OpenVINO chose for its convolutions (``jit_avx2_I8``,
-  ``brgconv_avx512_amx_I8``, ...): the evidence that a cap took effect.
+  ``brgconv_avx512_amx_I8``, ...): the evidence that a cap took effect; :func:`node_times` times each
+  convolution with OpenVINO's performance counters (``benchmarks/layers_vs_peers.py``).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ONEDNN_ISA", "CPU_CONFIG",
            "onednn_isa_cap", "host_level", "compile_model", "conv_primitives", "why_not", "contrib_ops",
-           "InProcessOpenVINO", "ChildOpenVINO", "OpenVINOError"]
+           "InProcessOpenVINO", "ChildOpenVINO", "OpenVINOError", "node_times"]
 
 #: tvm-ext's int8 ISA class (:data:`tvm_ext.x86.isa.ISA_CLASSES`) -> the ``ONEDNN_MAX_CPU_ISA`` value
 #: whose int8 kernels use the same instructions. ``avx2`` is plain AVX2: tvm-ext masks AVX-VNNI.
@@ -225,3 +225,57 @@ class ChildOpenVINO(PipeChild):
                          env=env, error=OpenVINOError, what=f"OpenVINO @ {isa}")
         self.isa = isa
         self.conv_primitives = self.info["conv_primitives"]
+
+
+def node_times(path, threads, conv_names, runs=40, stat=None):
+    """``({ONNX conv node: median ms}, {ONNX conv node: OpenVINO kernel}, None)`` from OpenVINO's
+    performance counters (first 5 runs dropped), or ``(None, None, reason)`` where OpenVINO does not
+    run the model: not installed, ONNX Runtime contrib ops (``tvm-ext bench`` does not trust their
+    conversion either), or a conversion error.
+
+    A kernel of OpenVINO's runtime model lists the ONNX nodes it computes (``originalLayersNames``:
+    the conv, its requantize, ..., by node name or by output name); its time goes to the conv among them.
+    """
+    import collections
+
+    try:
+        import openvino as ov
+    except ImportError:
+        return None, None, "not run: OpenVINO is not installed (pip install 'tvm-ext[bench]')"
+    contrib = contrib_ops(path)
+    if contrib:
+        return None, None, f"not run: ONNX Runtime contrib ops ({', '.join(c.rsplit('.', 1)[1] for c in contrib)})"
+    try:
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+            "INFERENCE_NUM_THREADS": int(threads), **CPU_CONFIG, "PERF_COUNT": True})
+    except Exception as err:  # noqa: BLE001 (OpenVINO raises plain RuntimeErrors; why_not reads them)
+        return None, None, why_not(err)
+    import onnx
+
+    # OpenVINO names a layer after its ONNX node, or after the node's output where it renamed it
+    alias = {}
+    for n in onnx.load(str(path), load_external_data=False).graph.node:
+        if n.name in conv_names:
+            alias[n.name] = alias[n.output[0]] = n.name
+    owner, kernel = {}, {}
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if "originalLayersNames" not in info:
+            continue
+        convs = [alias[n] for n in info["originalLayersNames"].astype(str).split(",") if n in alias]
+        if convs:
+            owner[op.get_friendly_name()] = convs[0]
+            kernel[convs[0]] = info["primitiveType"].astype(str) if "primitiveType" in info else "?"
+    req = compiled.create_infer_request()
+    inp = compiled.input(0)
+    x = np.random.default_rng(0).uniform(-1, 1, [d if d > 0 else 1 for d in inp.get_partial_shape().get_min_shape()])
+    per = collections.defaultdict(list)
+    for i in range(runs):
+        req.infer({0: x.astype(np.float32)})
+        if i < 5:
+            continue
+        for e in req.get_profiling_info():
+            if e.node_name in owner:
+                per[owner[e.node_name]].append(e.real_time.total_seconds() * 1e3)
+    return {n: float((stat or np.median)(v)) for n, v in per.items()}, kernel, None
