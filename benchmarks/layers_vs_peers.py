@@ -371,6 +371,8 @@ def main(argv=None):
     pipes = [p.strip() for p in a.pipelines.split(",") if p.strip()]
     if not pipes or set(pipes) - {"stock", "tvm-ext"}:
         ap.error(f"--pipelines takes stock, tvm-ext or both, got {a.pipelines!r}")
+    if a.passes < 1 or a.repeat < 1:
+        ap.error(f"--passes and --repeat take at least 1, got {a.passes} and {a.repeat}")
     if a.table_from:
         from tvm_ext.tools import zoo
 

@@ -413,13 +413,17 @@ def test_layers_vs_peers_passes_take_each_time_over_the_passes():
     assert lvp.over_passes(no_ov, np.min)[4] is None
 
 
-def test_layers_vs_peers_rejects_an_unknown_pipeline(capsys):
-    """``--pipelines`` names stock and/or tvm-ext; anything else stops before any build."""
+def test_layers_vs_peers_rejects_an_unknown_pipeline_or_no_pass(capsys):
+    """``--pipelines`` names stock and/or tvm-ext, ``--passes`` is at least 1; anything else stops before any
+    build, naming the argument."""
 
     lvp = load_script("benchmarks/layers_vs_peers.py")
     with pytest.raises(SystemExit):
         lvp.main(["--pipelines", "tvm-ext,onnxruntime"])
     assert "--pipelines takes stock, tvm-ext or both" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lvp.main(["--pipelines", "tvm-ext", "--passes", "0"])
+    assert "--passes and --repeat take at least 1, got 0 and 7" in capsys.readouterr().err
 
 
 # --- OpenVINO columns, the exact reference, timing between engines (no builds, no timing) ---------------
