@@ -104,8 +104,9 @@ def tvm_kernel_times(folder, pipelines_, repeat, stat=None):
 
 
 def tvm_end_to_end_times(folder, pipelines_, repeat, stat=None):
-    """Median ms per whole run (graph executor, the same libraries; pipelines timed in alternation), or
-    ``stat`` of the rounds (``numpy.min``: the least disturbed round on a busy machine)."""
+    """``({pipeline: ms}, {pipeline: fastest ms})`` per whole run (graph executor, the same libraries;
+    pipelines timed in alternation): the median of the rounds, or their ``stat``, and the fastest round
+    (the least disturbed on a busy machine)."""
     import numpy as np
     import tvm
     from tvm.contrib import graph_executor
@@ -120,7 +121,8 @@ def tvm_end_to_end_times(folder, pipelines_, repeat, stat=None):
     for _ in range(repeat):
         for p, m in mods.items():
             samples[p].append(m.module.time_evaluator("run", tvm.cpu(), number=5, repeat=1)().mean * 1e3)
-    return {p: float((stat or np.median)(v)) for p, v in samples.items()}
+    return ({p: float((stat or np.median)(v)) for p, v in samples.items()},
+            {p: float(np.min(v)) for p, v in samples.items()})
 
 
 def ort_node_times(path, threads, runs=40):
@@ -158,7 +160,7 @@ def ort_node_times_in(package_dir, path, threads):
 
 
 def openvino_node_times_in(cap, path, threads, conv_names, stat=None):
-    """:func:`openvino_node_times` in a child process whose oneDNN dispatches to at most ``cap``
+    """:func:`tvm_ext.tools.openvino_peer.node_times` in a child process whose oneDNN dispatches to at most ``cap``
     (``ONEDNN_MAX_CPU_ISA``, read once when the library loads, so never in this process)."""
     import subprocess
 
@@ -169,13 +171,6 @@ def openvino_node_times_in(cap, path, threads, conv_names, stat=None):
     if res.returncode != 0:
         sys.exit(f"layers_vs_peers: the OpenVINO child ({cap}) failed (exit {res.returncode}): {res.stderr[-500:]}")
     return tuple(json.loads(res.stdout.strip().splitlines()[-1]))
-
-
-def openvino_node_times(path, threads, conv_names, runs=40, stat=None):
-    """OpenVINO's time per ONNX conv node in this process (:func:`tvm_ext.tools.openvino_peer.node_times`)."""
-    from tvm_ext.tools.openvino_peer import node_times
-
-    return node_times(path, threads, conv_names, runs, stat)
 
 
 def _onnx_name(ort_name: str) -> str:
@@ -366,7 +361,9 @@ def main(argv=None):
 
         convs = set(filter(None, a.openvino_convs.split(",")))
         stat = np.min if a.stat == "min" else None
-        print(json.dumps(openvino_node_times(a.openvino_times_of, a.threads, convs, stat=stat)))
+        from tvm_ext.tools.openvino_peer import node_times
+
+        print(json.dumps(node_times(a.openvino_times_of, a.threads, convs, stat=stat)))
         return
     pipes = [p.strip() for p in a.pipelines.split(",") if p.strip()]
     if not pipes or set(pipes) - {"stock", "tvm-ext"}:
@@ -421,7 +418,7 @@ def main(argv=None):
 
     import tvm
 
-    from tvm_ext.tools.openvino_peer import host_level, onednn_isa_cap
+    from tvm_ext.tools.openvino_peer import host_level, node_times, onednn_isa_cap
 
     feats = host_features()
     host_isa = host_level(feats)
@@ -430,7 +427,7 @@ def main(argv=None):
     def ov_session():
         if cap:
             return openvino_node_times_in(cap, path, a.threads, set(shapes), stat=stat)
-        return openvino_node_times(path, a.threads, set(shapes), stat=stat)
+        return node_times(path, a.threads, set(shapes), stat=stat)
 
     passes = []
     for i in range(a.passes):  # every engine once per pass, so a slow phase of the machine reaches them all
@@ -438,8 +435,7 @@ def main(argv=None):
         if i:
             time.sleep(1.0)  # the peers' threads settle before TVM is timed again
         rows = tvm_kernel_times(folder, pipes, a.repeat, stat)
-        e2e = tvm_end_to_end_times(folder, pipes, a.repeat, stat)
-        e2e_min = tvm_end_to_end_times(folder, pipes, a.repeat, np.min)
+        e2e, e2e_min = tvm_end_to_end_times(folder, pipes, a.repeat, stat)
         time.sleep(1.0)  # TVM's workers stop spinning (about 0.55 s at SPIN_COUNT) before the peers are timed
         logger.info("ONNX Runtime node timing (%s)", peer["note"])
         ort = ort_node_times_in(peer["package"], path, a.threads) if peer["package"] \

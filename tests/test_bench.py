@@ -357,7 +357,9 @@ def test_layers_vs_peers_finds_the_convolutions_of_a_qdq_model(tmp_path):
 
     # OpenVINO's performance counters, attributed to the ONNX conv each of its kernels computes
     pytest.importorskip("openvino")
-    times, kernels, note = lvo.openvino_node_times(str(path), 1, set(shapes), runs=8)
+    from tvm_ext.tools.openvino_peer import node_times
+
+    times, kernels, note = node_times(str(path), 1, set(shapes), runs=8)
     assert note is None and set(times) == {"qdq_conv", "float_conv"} == set(kernels), (times, kernels, note)
     assert all(t >= 0 for t in times.values())
 
