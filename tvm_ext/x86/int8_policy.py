@@ -215,9 +215,9 @@ _ROWS_FIRST = frozenset({"avx512_vnni", "avx2"})
 #: the first-level data cache of every CPU of the class (32 KiB on Zen 4-5, 32-48 KiB on Intel's). QDQ ResNet-50
 #: on a Granite Rapids-class Xeon, bit-identical, timed in alternation: 0.967-0.981x end to end at 1 thread (two
 #: runs), 0.984-1.003x at 2 threads (three runs; 0.974x with 64 KiB); its last two stages' 3x3 convs 45-70 us
-#: faster each in a whole run at 1 thread (TVM's profiler). YOLOv8n 1.00x (one conv takes it). On an AMD EPYC
-#: Zen 4 the same model takes 0.99-1.05x at 2 threads (four runs) and 1.03x at 1: kept for the class, whose
-#: CPUs differ by their memory hierarchy, which the target does not name (docs/x86-kernels.md).
+#: faster each in a whole run at 1 thread (TVM's profiler). YOLOv8n 1.00x (one conv takes it). A Zen 4 is slower with it
+#: (docs/x86-kernels.md): kept for the class, whose CPUs differ by their memory hierarchy, which the target
+#: does not name.
 _WEIGHTS_ONCE_BYTES: dict = {"avx512_vnni": 32 * 1024}
 #: Parallel items (channel blocks x row blocks) a ``weights_once`` conv keeps at least, so that its blocks of
 #: rows do not leave the threads idle: this many, and two per thread of the runtime (``TVM_NUM_THREADS``, else
