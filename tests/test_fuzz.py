@@ -458,3 +458,29 @@ def test_float_graph_right_where_stock_saturates_is_not_a_failure():
     res = fuzz.check_graph(mod, passes=(), pipeline=False, build_check=True, target=target)
     assert not res.failures, res.failures
     assert res.compared == 1
+
+
+def test_paired_convs_reach_the_24_channel_output_block():
+    """``paired_convs`` over 24 channels back to 24: built with ``pipelines.int8()`` at AVX-512 VNNI, the second
+    conv (24 input channels, 3x3) writes 24-channel blocks (``vnni_24_lanes``), so the fuzzer's graphs reach
+    that kernel; where the host runs AVX-512 VNNI code the oracle holds (the pipeline's build against
+    ``tvm_ext.build`` without passes, and that against exact integer arithmetic at plain llvm), compiled
+    only elsewhere."""
+    import tvm_ext
+    from tvm_ext.core import pipelines
+    from tvm_ext.x86.isa import runs_on_host
+
+    target = "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"
+    mod = fuzz.build_graph(fuzz.Spec(seed=3, layout="NCHW", in_dtype="uint8", channels=8, height=5, width=6,
+                                     steps=(("paired_convs", 0, 24, 3, "none", 24),)))
+    assert [int(d) for d in mod["main"].ret_type.shape] == [1, 24, 5, 6]
+    lib = tvm_ext.build(mod, target=target, passes=pipelines.int8())
+    graph = json.loads(lib.get_graph_json())
+    shapes = graph["attrs"]["shape"][1]
+    blocks = [shapes[i][-1] for i, n in enumerate(graph["nodes"])
+              if n["op"] == "tvm_op" and "conv2d" in n["attrs"]["func_name"] and len(shapes[i]) == 5]
+    assert 24 in blocks, blocks
+    if runs_on_host(target):
+        res = fuzz.check_graph(mod, passes=(), pipeline=True, build_check=True, target=target)
+        assert not res.failures, res.failures
+        assert res.compared >= 1 and res.stock_checked, res.skips

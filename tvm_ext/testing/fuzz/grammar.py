@@ -86,8 +86,8 @@ def graph_specs(max_steps: int = 6, variants=VARIANTS):
         # a chain of one 8-bit value, each step requantized (TabulateEightBit: long chains, sigmoid)
         st.tuples(st.just("stepwise_chain"), small, st.integers(1, 6), st.booleans()),
         # int8 convs with trained-like weights, the channels between them, a classifier head (OrderChannelsInSafePairs)
-        st.tuples(st.just("paired_convs"), small, st.sampled_from([8, 16]), st.sampled_from([1, 3]),
-                  st.sampled_from(["none", "max", "head"])),
+        st.tuples(st.just("paired_convs"), small, st.sampled_from([8, 16, 24, 40]), st.sampled_from([1, 3]),
+                  st.sampled_from(["none", "max", "head"]), st.sampled_from([0, 24])),
     )
     variant = st.sampled_from(list(variants)) if len(variants) > 1 else st.just(variants[0])
     if len(variants) > 1:

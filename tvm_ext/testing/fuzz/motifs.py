@@ -81,11 +81,12 @@ def sliced_conv(g, i, oc, chain):
         conv(g, len(g.values) - 1, c, 1, 1, 0, 0, "qnn", "none", False)
 
 
-def paired_convs(g, i, oc, k, between):
+def paired_convs(g, i, oc, k, between, out=0):
     """qnn.conv2d 1x1 to ``oc`` channels -> qnn.requantize -> uint8 [-> max pool 3x3 / 1] -> qnn.conv2d ``k`` x ``k``
-    back to the input's channel count [and, NCHW, a classifier head on the uint8 tensor: global average pool
-    in int32 -> uint8 -> batch_flatten -> qnn.dense], trained-like weights: the channels between int8 convs,
-    which x86 builds without VNNI renumber so that the reader's vpmaddubsw pairs cannot saturate"""
+    back to the input's channel count (or to ``out`` channels) [and, NCHW, a classifier head on the uint8 tensor:
+    global average pool in int32 -> uint8 -> batch_flatten -> qnn.dense], trained-like weights: the channels
+    between int8 convs, which x86 builds without VNNI renumber so that the reader's vpmaddubsw pairs cannot
+    saturate. ``oc`` over 16 with ``out`` 24 reaches AVX-512 VNNI's 24-channel output blocks (``vnni_24_lanes``)."""
     relay, c = g.relay, g.pick(i).shape[0]
     g.trained = True  # the convs' and the dense's weights only
     conv(g, i, oc, 1, 1, 0, 0, "qnn", "none", True)
@@ -100,7 +101,7 @@ def paired_convs(g, i, oc, k, between):
                                relay.const(np.float32(0.02)), units=8, out_dtype="int32")
         g.heads.append(g.value(d, "int32", (8,), 2))
     g.push(y.expr, y.dtype, y.shape)
-    conv(g, len(g.values) - 1, max(c, 2), k, 1, k // 2, 0, "qnn", "none", False)
+    conv(g, len(g.values) - 1, out or max(c, 2), k, 1, k // 2, 0, "qnn", "none", False)
     g.trained = False
 
 
