@@ -264,3 +264,22 @@ def test_integer_clip_with_a_bound_its_dtype_cannot_hold_is_refused(dtype, lo, h
 def test_clip_bounds_relay_build_takes_are_accepted(dtype, lo, hi):
     check_module(_clip(dtype, lo, hi), AVX2)
     tvm_ext.build(_clip(dtype, lo, hi), target="llvm")
+
+
+def test_simplifier_folds_a_shifted_bound_to_its_first_term():
+    """docs/tvm-bugs.md: TVM 0.19 simplifies ``4d + j - p < 4`` (``0 <= j, p < 4``) to ``d < 1``, which is
+    false at ``d = 1, j = 0, p = 1`` where the bound holds; the bounds next to it stay as written."""
+    from tvm import te
+
+    d, j, p = te.var("d"), te.var("j"), te.var("p")
+    analyzer = tvm.arith.Analyzer()
+    for var, extent in ((d, 2), (j, 4), (p, 4)):
+        analyzer.bind(var, tvm.ir.Range(0, extent))
+
+    def at(expr, values):
+        return bool(analyzer.simplify(tvm.tir.stmt_functor.substitute(expr, values)))
+
+    folded = analyzer.simplify(d * 4 + j - p < 4)
+    assert str(folded) == "d < 1"
+    assert at(d * 4 + j - p < 4, {d: 1, j: 0, p: 1}) and not at(folded, {d: 1, j: 0, p: 1})
+    assert str(analyzer.simplify(d * 4 + j - p < 3)) == "d * 4 + j - p < 3"

@@ -316,13 +316,16 @@ def test_tile_loop_over_a_nested_epilogue_loop():
     assert hot.dots == {"vpmaddwd ymm": 12} and hot.macs == 12 * 16
 
 
-@pytest.mark.parametrize("kw,macs", [(3, (3 * 64 + 32) * 3 // 4), (5, (3 * 64 + 32) * 5 // 8), (4, 3 * 64 + 32)])
-def test_x86_depthwise_tap_dots_count_the_taps_with_a_weight(kw, macs):
-    """A depthwise kernel's vpdpbusd multiplies 4 taps per lane, of which kw of 4 ceil(kw / 4) carry a
-    weight: a zmm dot (16 lanes x 4) counts 48 products for a 3x3, 40 for a 5x5, all 64 for kw = 4;
-    a ymm dot (8 lanes) half as many."""
+@pytest.mark.parametrize("kw,dots,macs", [(3, 0, (3 * 64 + 32) * 3 // 4), (5, 0, (3 * 64 + 32) * 5 // 8),
+                                           (4, 0, 3 * 64 + 32), (3, 2, (3 * 64 + 32) * 3 // 8),
+                                           (5, 2, (3 * 64 + 32) * 5 // 8), (7, 3, round((3 * 64 + 32) * 7 / 12))])
+def test_x86_depthwise_tap_dots_count_the_taps_with_a_weight(kw, dots, macs):
+    """A depthwise kernel's vpdpbusd multiplies 4 taps per lane; of an output's ``dots`` per kernel row
+    (``ceil(kw / 4)`` when 0) ``kw`` taps of ``4 x dots`` carry a weight: a zmm dot (16 lanes x 4) counts 48
+    products for a 3x3 in one dot, 24 in two, 40 for a 5x5 in two, all 64 for kw = 4 in one; a ymm dot
+    (8 lanes) half as many."""
     hot = _asm.HotLoop("k", "f", (), {"vpdpbusd zmm": 3, "vpdpbusd ymm": 1}, 3 * 64 + 32)
-    assert _asm.depthwise_taps(hot, kw).macs == macs
+    assert _asm.depthwise_taps(hot, kw, dots).macs == macs
 
 
 @needs_mca

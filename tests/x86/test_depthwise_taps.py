@@ -1,7 +1,8 @@
-"""tvm_ext.x86.depthwise_taps: 8-bit depthwise convs as one vpdpbusd per 4 adjacent taps on AVX-512 VNNI.
+"""tvm_ext.x86.depthwise_taps: 8-bit depthwise convs as one vpdpbusd per 4 taps on AVX-512 VNNI, the taps
+permuted in registers (AVX-512 VBMI) or the input regrouped once (without it).
 
-Structure is read from the assembly at any host; results are executed only where the host has
-AVX-512 VNNI (:data:`needs_vnni`) and compared with numpy's int64 arithmetic."""
+Structure is read from the assembly at any host; results are executed only where the host runs the
+target's code and compared with numpy's int64 arithmetic."""
 import re
 
 import numpy as np
@@ -12,10 +13,12 @@ from tvm import relay
 from tvm_ext.x86 import int8_conv as x86_int8
 from tvm_ext.x86 import int8_policy
 
-from ._int8_cases import HOST_VNNI, _kernel_names, _run
+from ._int8_cases import _kernel_names, _run
 
 VNNI = "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"
 VNNI_VBMI = "llvm -mcpu=icelake-server"
+#: the two forms at CPUs that have them: in registers (VBMI), regrouped (Cascade Lake: VNNI, no VBMI)
+FORMS = {"registers": VNNI_VBMI, "regrouped": "llvm -mcpu=cascadelake"}
 
 
 def _depthwise(channels, size, k, strides, padding, dtype="uint8", kdtype="int8", seed=0):
@@ -104,19 +107,55 @@ def test_only_avx512_vnni_classes_take_the_form():
                      "llvm -mcpu=sapphirerapids": True}
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}ch-{c[2][0]}x{c[2][1]}-s{c[3][0]}{c[3][1]}" for c in CASES])
-def test_vnni_depthwise_equals_numpy(case):
-    """Every case takes the form at AVX-512 VNNI; where the host has AVX-512 VNNI the build for the
-    host runs and equals numpy's int64 sums bit for bit (elsewhere it is compiled only)."""
-    from tvm_ext.x86.target import host_target
+def test_vnni_depthwise_equals_numpy(case, form):
+    """Every case takes the form at its target; where the host runs the target's code the build runs and
+    equals numpy's int64 sums bit for bit (elsewhere it is compiled only)."""
+    from tvm_ext.x86.isa import runs_on_host
 
     channels, size, k, strides, padding = case
     mod, x, w = _depthwise(channels, size, k, strides, padding)
-    target = host_target(allow_vnni=True) if HOST_VNNI else VNNI
+    target = FORMS[form]
     lib = _build(mod, target)
     assert "vpdpbusd" in {m for m, _ in _products(lib)}
-    if HOST_VNNI:
+    if runs_on_host(target):
         assert np.array_equal(_run(lib, x).astype(np.int64), _numpy(x, w, strides, padding))
+
+
+def _hot_loop(lib):
+    """The depthwise kernel's hot loop (``tvm_ext.tools.mca``'s reading of the assembly): its mnemonics."""
+    from tvm_ext.tools.mca import _asm
+
+    funcs = _asm.parse(lib.get_lib().get_source("asm"))
+    (name,) = [n for n in _asm.kernels(funcs) if "depthwise" in n]
+    hot = _asm.hot_loop(name, funcs, _asm.kernels(funcs)[name], "depthwise")
+    return {line.split()[0] for line in hot.text.splitlines() if line.strip()}
+
+
+@pytest.mark.parametrize("k", [(3, 3), (5, 5)])
+def test_without_vbmi_the_loop_has_no_permutes(k):
+    """Without VBMI the input is regrouped in the padded copy: the conv's hot loop is loads and ``vpdpbusd``,
+    with no ``vpermd``/``vpshufb``; with VBMI each 4 taps are permuted in the loop (``vpermb``)."""
+    mod, _, _ = _depthwise(32, (6, 40), k, (1, 1), (k[0] // 2,) * 4)
+    regrouped, registers = _hot_loop(_build(mod, FORMS["regrouped"])), _hot_loop(_build(mod, FORMS["registers"]))
+    assert "vpdpbusd" in regrouped and not regrouped & {"vpermb", "vpermd", "vpshufb", "vpermq"}, regrouped
+    assert {"vpdpbusd", "vpermb"} <= registers, registers
+
+
+@pytest.mark.parametrize("kw,sw,out_w,regrouped,registers", [
+    (3, 1, 40, 2, 1), (5, 1, 40, 2, 2), (7, 1, 40, 3, 2), (4, 1, 40, 2, 1),
+    (3, 2, 40, 2, 1),   # phases 0 and 2: the second group only at phase 2
+    (4, 4, 10, 1, 1),   # one phase: every output starts a group
+    (3, 1, 1, 1, 1),    # one output: phase 0 only
+])
+def test_dots_per_kernel_row(kw, sw, out_w, regrouped, registers):
+    """The most groups of 4 pixels an output's kernel row meets over its phases (regrouped), or
+    ``ceil(kw / 4)`` groups of taps (in registers)."""
+    from tvm_ext.x86 import depthwise_taps
+
+    assert depthwise_taps.dots_per_kernel_row(kw, sw, out_w, tvm.target.Target(FORMS["regrouped"])) == regrouped
+    assert depthwise_taps.dots_per_kernel_row(kw, sw, out_w, tvm.target.Target(FORMS["registers"])) == registers
 
 
 def test_depthwise_in_a_model_keeps_its_kernel_count():

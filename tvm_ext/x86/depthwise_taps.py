@@ -1,25 +1,33 @@
-"""8-bit depthwise convs on AVX-512 VNNI as one ``vpdpbusd`` per 4 adjacent taps (``depthwise_taps``).
+"""8-bit depthwise convs on AVX-512 VNNI as one ``vpdpbusd`` per 4 taps (``depthwise_taps``).
 
 TVM's x86 depthwise conv multiplies one widened tap per 32-bit lane (``vpdpwssd``: a quarter of
-``vpdpbusd``'s products). Here a kernel row's taps are taken 4 at a time: 4 adjacent pixels of a
-row are ``4 x block`` contiguous bytes of the NCHWc input, loaded as one vector and permuted in
-registers into ``[channel][tap]`` order, so that one ``vpdpbusd`` multiplies 4 taps per lane::
+``vpdpbusd``'s products). Here 4 taps share a lane, in one of two forms. Where the target has AVX-512
+VBMI, 4 adjacent pixels of a row (``4 x block`` contiguous bytes of the NCHWc input) are loaded as one
+vector and permuted in registers into ``[channel][tap]`` order (one ``vpermb``)::
 
     out[n, c, y, x, i] = sum_{ky, q, j < 4} xp[n, c, y*sh + ky, x*sw + 4q + j, i] * wp[c, ky, 4q + j, i]
 
-``xp`` is the input with its zero padding (columns up to the last group's 4th tap), written once
-per conv by whole-row vector copies; ``wp`` is the kernel with ``kw`` padded to a multiple of 4 by
-zero taps. The products and the int32 sums are those of TVM's conv (zero taps add 0), so results
-are identical. Applies to uint8 x int8 -> int32 depthwise convs (channel multiplier 1, dilation 1)
-with 8- or 16-channel blocks whose input is the kernel's own argument, on classes whose policy
-has ``depthwise_taps``; the others keep TVM's compute, with a DEBUG log saying why. docs/x86-kernels.md
-("Depthwise convs in tap groups") has the measurements.
+Without VBMI that permute is two port-5 µops (``vpermd`` + ``vpshufb``), so the input is regrouped once,
+in the padded copy, into groups of 4 pixels in ``[channel][pixel]`` order, and each output meets its
+groups through the kernel shifted by its phase ``p = x*sw mod 4``, ``D`` dots per kernel row::
+
+    xg[n, c, r, g, i, j]  = xp[n, c, r, 4g + j, i]
+    wt[c, ky, p, d, i, j] = w[c, ky, 4d + j - p, i]   (0 outside the kernel row)
+    out[n, c, y, x, i]    = sum_{ky, d < D, j} xg[n, c, y*sh + ky, x*sw // 4 + d, i, j] * wt[c, ky, x*sw % 4, d, i, j]
+
+``xp`` is the input with its zero padding, written once per conv by whole-row vector copies. Both forms
+sum TVM's products (zero taps add 0): results are identical. They apply to uint8 x int8 -> int32
+depthwise convs (channel multiplier 1, dilation 1) with 8- or 16-channel blocks whose input is the
+kernel's own argument, on classes whose policy has ``depthwise_taps``; the others keep TVM's compute,
+with a DEBUG log saying why. docs/x86-kernels.md ("Depthwise convs in tap groups") has the measurements.
 """
 from __future__ import annotations
 
+import math
+
 from . import _depthwise_template
 
-__all__ = ["taps_compute", "taps_schedule", "TAG"]
+__all__ = ["taps_compute", "taps_schedule", "TAG", "regroups", "dots_per_kernel_row"]
 
 TAG = "depthwise_conv2d_NCHWc_taps"
 #: taps per 32-bit lane of ``vpdpbusd``
@@ -56,17 +64,63 @@ def _why_not(data, kernel, strides, padding, dilation, out_dtype, target) -> str
     dil = dilation if isinstance(dilation, (tuple, list)) else (dilation, dilation)
     if any(int(d) != 1 for d in dil):
         return f"dilation {tuple(int(d) for d in dil)}"
-    rows, cols, top, left = _plane(data, kernel, strides, padding)
+    rows, cols, top, left = _plane(data, kernel, strides, padding, regroups(target))
     if rows <= top or cols <= left:
         return "it reads only padding"
     return ""
 
 
-def _plane(data, kernel, strides, padding) -> tuple:
-    """(rows, columns, top, left) of the padded plane the conv reads: up to the last tap group's 4th tap."""
+def regroups(target) -> bool:
+    """Whether ``target``'s tap form regroups the input once (no AVX-512 VBMI: a byte permute in registers
+    would be ``vpermd`` + ``vpshufb``, two µops on port 5 per 4 taps) rather than permuting in registers."""
+    from .isa import llvm_features
+
+    return "avx512vbmi" not in llvm_features(target)
+
+
+def _phases(kernel_w: int, stride_w: int, out_w: int) -> tuple:
+    """``(D, groups)`` of the regrouped form: dots per kernel row (the most groups of 4 pixels one output's
+    taps meet, over the phases ``x * stride_w mod 4`` its outputs take) and groups per padded row."""
+    phases = {(x * stride_w) % TAPS for x in range(min(out_w, TAPS))}
+    dots = max(-(-(p + kernel_w) // TAPS) for p in phases)
+    return dots, ((out_w - 1) * stride_w) // TAPS + dots
+
+
+def dots_per_kernel_row(kernel_w: int, stride_w: int, out_w: int, target) -> int:
+    """``vpdpbusd`` per output, channel block and kernel row in ``target``'s tap form: ``ceil(kw / 4)``
+    permuted in registers, ``D`` regrouped (:func:`regroups`). Each multiplies ``kw`` taps with a weight
+    over all of them (``tvm_ext.tools.mca`` credits each dot with its share)."""
+    if regroups(target):
+        return _phases(kernel_w, stride_w, out_w)[0]
+    return -(-kernel_w // TAPS)
+
+
+#: vector registers a regrouped tile may fill: its accumulators, the kernel row's vectors (``D`` per phase) and
+#: its groups of 4 pixels, with two of AVX-512's 32 to spare
+GROUPED_REGISTERS = 30
+
+
+def grouped_tile(width: int, stride_w: int, dots: int) -> int:
+    """Outputs per register tile of the regrouped form within a ``width``-pixel row tile: the most (dividing
+    ``width``) whose accumulators, kernel vectors and pixel groups fit :data:`GROUPED_REGISTERS`::
+
+        # T + phases * D + (T * sw) // 4 + D <= 30,  phases = 4 / gcd(sw, 4)
+    """
+    phases = TAPS // math.gcd(stride_w, TAPS)
+    fits = [t for t in range(1, width + 1) if width % t == 0
+            and t + phases * dots + (t * stride_w) // TAPS + dots <= GROUPED_REGISTERS]
+    return max(fits, default=1)
+
+
+def _plane(data, kernel, strides, padding, grouped: bool) -> tuple:
+    """(rows, columns, top, left) of the padded plane the conv reads: up to the last tap group's 4th tap,
+    or the last group of 4 pixels (``grouped``)."""
     g = _depthwise_template.geometry(data, kernel, strides, padding, (1, 1))
     rows = (g["out_h"] - 1) * g["sh"] + g["kh"]
-    cols = (g["out_w"] - 1) * g["sw"] + -(-g["kw"] // TAPS) * TAPS
+    if grouped:
+        cols = TAPS * _phases(g["kw"], g["sw"], g["out_w"])[1]
+    else:
+        cols = (g["out_w"] - 1) * g["sw"] + -(-g["kw"] // TAPS) * TAPS
     return rows, cols, g["top"], g["left"]
 
 
@@ -83,15 +137,25 @@ def _pieces(n: int) -> list:
 
 def _padded_plane(shape_in, row_stride, shape_out, top, left, dtype):
     """Tensor intrinsic for one channel block's padded plane: ``out[r, x, i] = in[r - top, x - left, i]``
-    inside the input, 0 outside, written as whole-row vector copies and zero fills. ``in`` is the
-    part of the input plane the conv reads (``shape_in``), its rows ``row_stride`` elements apart."""
+    inside the input, 0 outside, written as whole-row vector copies and zero fills; with ``shape_out``
+    ``(rows, groups, block, 4)`` regrouped, ``out[r, g, i, j] = in[r - top, 4g + j - left, i]``: each row
+    copied, then each group of 4 pixels permuted in place. ``in`` is the part of the input plane the conv
+    reads (``shape_in``), its rows ``row_stride`` elements apart."""
     import tvm
     from tvm import te
 
     height, width, block = shape_in
-    rows, cols, _ = shape_out
+    grouped = len(shape_out) == 4
+    rows, cols = shape_out[0], shape_out[1] * (TAPS if grouped else 1)
     inp = te.placeholder(shape_in, dtype=dtype, name="plane")
-    out = te.compute(shape_out, lambda r, x, i: _pixel(inp, r, x, i, top, left, height, width), name="padded")
+    if grouped:
+        out = te.compute(shape_out, lambda r, g, i, j: _pixel(inp, r, g * TAPS + j, i, top, left, height, width),
+                         name="grouped")
+    else:
+        out = te.compute(shape_out, lambda r, x, i: _pixel(inp, r, x, i, top, left, height, width), name="padded")
+    lead = [0] * (len(shape_out) - 1)
+    group = TAPS * block
+    by_channel = [tvm.tir.IntImm("int32", j * block + i) for i in range(block) for j in range(TAPS)]
 
     def body(ins, outs):
         ib = tvm.tir.ir_builder.create()
@@ -102,7 +166,7 @@ def _padded_plane(shape_in, row_stride, shape_out, top, left, dtype):
             for size in _pieces(count):
                 kind = dtype if size == 1 else f"{dtype}x{size}"
                 value = tvm.tir.const(0, kind) if src_at is None else src.vload([0, 0, src_at + pos], kind)
-                ib.emit(dst.vstore([0, 0, dst_at + pos], value))
+                ib.emit(dst.vstore(lead + [dst_at + pos], value))
                 pos += size
 
         def zero_rows(first, count):
@@ -116,11 +180,15 @@ def _padded_plane(shape_in, row_stride, shape_out, top, left, dtype):
             if left:
                 copy(at, left * block)
             with ib.for_range(0, width * block // 64, name="v") as v:
-                ib.emit(dst.vstore([0, 0, at + left * block + v * 64], src.vload([0, 0, y * pitch + v * 64],
-                                                                                  f"{dtype}x64")))
+                ib.emit(dst.vstore(lead + [at + left * block + v * 64],
+                                   src.vload([0, 0, y * pitch + v * 64], f"{dtype}x64")))
             done = width * block // 64 * 64
             copy(at + left * block + done, width * block - done, y * pitch + done)
             copy(at + (left + width) * block, (cols - left - width) * block)
+            if grouped:  # [4 pixels][block] -> [block][4 pixels], in place (zero rows need none)
+                with ib.for_range(0, cols // TAPS, name="g") as g:
+                    pixels = dst.vload(lead + [at + g * group], f"{dtype}x{group}")
+                    ib.emit(dst.vstore(lead + [at + g * group], tvm.tir.Shuffle([pixels], by_channel)))
         zero_rows(top + height, rows - top - height)
         return ib.get()
 
@@ -140,16 +208,22 @@ def _pixel(data, r, x, i, top, left, height, width, lead=()):
     return tvm.tir.Select(inside, value, tvm.tir.const(0, data.dtype))
 
 
-def _tap_dot(lanes: int, data_t: str, kernel_t: str):
+def _tap_dot(lanes: int, data_t: str, kernel_t: str, grouped: bool = False):
     """Tensor intrinsic ``acc[i] += sum_{j < 4} data[j, i] * kernel[j, i]`` (4 pixels x ``lanes`` channels
-    each): both operands permuted in registers to ``[i][j]``, then one ``vpdpbusd``."""
+    each): both operands permuted in registers to ``[i][j]``, then one ``vpdpbusd``; ``grouped``: operands
+    already ``[i][j]`` (``data[i, j]``, ``kernel[i, j]``), one ``vpdpbusd``."""
     import tvm
     from tvm import te
 
-    data = te.placeholder((TAPS, lanes), dtype=data_t, name="data")
-    kernel = te.placeholder((TAPS, lanes), dtype=kernel_t, name="kernel")
+    shape = (lanes, TAPS) if grouped else (TAPS, lanes)
+    data = te.placeholder(shape, dtype=data_t, name="data")
+    kernel = te.placeholder(shape, dtype=kernel_t, name="kernel")
     j = te.reduce_axis((0, TAPS), name="j")
-    out = te.compute((lanes,), lambda i: te.sum(data[j, i].astype("int32") * kernel[j, i].astype("int32"), axis=j),
+
+    def at(t, i):
+        return t[i, j] if grouped else t[j, i]
+
+    out = te.compute((lanes,), lambda i: te.sum(at(data, i).astype("int32") * at(kernel, i).astype("int32"), axis=j),
                      name="C")
     binds = {t: tvm.tir.decl_buffer(t.shape, dtype=t.dtype, name=t.name + "_buf", offset_factor=1)
              for t in (data, kernel)}
@@ -157,7 +231,8 @@ def _tap_dot(lanes: int, data_t: str, kernel_t: str):
     order = [tvm.tir.IntImm("int32", j * lanes + i) for i in range(lanes) for j in range(TAPS)]
 
     def by_lane(buf, dtype):
-        return tvm.tir.Shuffle([buf.vload([0, 0], f"{dtype}x{lanes * TAPS}")], order)
+        value = buf.vload([0, 0], f"{dtype}x{lanes * TAPS}")
+        return value if grouped else tvm.tir.Shuffle([value], order)
 
     def body(ins, outs):
         def emit(kind):  # "body": acc = dot, "reset": acc = 0, "update": acc += dot
@@ -174,9 +249,10 @@ def _tap_dot(lanes: int, data_t: str, kernel_t: str):
     return te.decl_tensor_intrin(out.op, body, binds=binds, default_buffer_params={"offset_factor": 1})
 
 
-def taps_compute(cfg, data, kernel, strides, padding, out_dtype):
-    """The conv in tap groups (module note) for NCHWc ``data`` and kernel ``[c, 1, kh, kw, 1, block]``;
-    ``cfg`` gets TVM's knobs and, untuned, TVM's fallback config."""
+def taps_compute(cfg, data, kernel, strides, padding, out_dtype, grouped: bool = False):
+    """The conv in tap groups (module note) for NCHWc ``data`` and kernel ``[c, 1, kh, kw, 1, block]``,
+    permuted in registers or regrouped once (``grouped``); ``cfg`` gets TVM's knobs and, untuned, TVM's
+    fallback config."""
     import tvm
     from tvm import te
 
@@ -184,23 +260,56 @@ def taps_compute(cfg, data, kernel, strides, padding, out_dtype):
     n, chunks, height, width, block = (g[k] for k in ("n", "chunks", "height", "width", "block"))
     kh, kw, sh, sw, top, left = (g[k] for k in ("kh", "kw", "sh", "sw", "top", "left"))
     out_h, out_w = g["out_h"], g["out_w"]
-    groups = -(-kw // TAPS)
     # the padded plane: what the conv reads (a stride may leave the input's last rows and columns unread)
-    rows, cols, _, _ = _plane(data, kernel, strides, padding)
+    rows, cols, _, _ = _plane(data, kernel, strides, padding, grouped)
     read_h, read_w = min(height, rows - top), min(width, cols - left)
+    attrs = {"pad": (top, left), "read": (read_h, read_w)}
+    ky = te.reduce_axis((0, kh), name="ky")
+    j = te.reduce_axis((0, TAPS), name="j")
+    if grouped:
+        return _grouped_compute(g, data, kernel, out_dtype, (rows, cols // TAPS), attrs, ky, j)
+    groups = -(-kw // TAPS)
     xp = te.compute((n, chunks, rows, cols, block),
                     lambda b, c, r, x, i: _pixel(data, r, x, i, top, left, read_h, read_w, lead=(b, c)),
-                    name="taps_padded_data", attrs={"pad": (top, left), "read": (read_h, read_w)})
+                    name="taps_padded_data", attrs=attrs)
     wp = te.compute((chunks, kh, groups * TAPS, block),
                     lambda c, y, x, i: tvm.tir.Select(x < kw, kernel[c, 0, y, te.min(x, kw - 1), 0, i],
                                                       tvm.tir.const(0, kernel.dtype)), name="taps_padded_kernel")
-    ky, q = te.reduce_axis((0, kh), name="ky"), te.reduce_axis((0, groups), name="q")
-    j = te.reduce_axis((0, TAPS), name="j")
+    q = te.reduce_axis((0, groups), name="q")
     return te.compute(
         (n, chunks, out_h, out_w, block),
         lambda b, c, y, x, i: te.sum(xp[b, c, y * sh + ky, x * sw + q * TAPS + j, i].astype(out_dtype)
                                      * wp[c, ky, q * TAPS + j, i].astype(out_dtype), axis=[ky, q, j]),
         name="DepthwiseConv2dTaps", tag=TAG)
+
+
+def _grouped_compute(g, data, kernel, out_dtype, plane, attrs, ky, j):
+    """:func:`taps_compute`'s regrouped form (module note): the padded plane in groups of 4 pixels, the kernel
+    row shifted per phase, ``D`` dots per kernel row."""
+    import tvm
+    from tvm import te
+
+    n, chunks, block, kh, kw, sh, sw = (g[k] for k in ("n", "chunks", "block", "kh", "kw", "sh", "sw"))
+    (rows, groups), dots = plane, _phases(kw, sw, g["out_w"])[0]
+    top, left, (read_h, read_w) = g["top"], g["left"], attrs["read"]
+    xg = te.compute((n, chunks, rows, groups, block, TAPS),
+                    lambda b, c, r, q, i, t: _pixel(data, r, q * TAPS + t, i, top, left, read_h, read_w, lead=(b, c)),
+                    name="taps_grouped_data", attrs=attrs)
+    # the kernel row between TAPS - 1 zero taps on each side, so that wt is a pure index of it (TVM 0.19's
+    # simplifier folds "4d + t - p < 4" to "d < 1": docs/tvm-bugs.md)
+    span = (dots + 1) * TAPS - 1
+    kp = te.compute((chunks, kh, span, block), lambda c, y, u, i: tvm.tir.Select(
+        tvm.tir.all(u >= TAPS - 1, u < kw + TAPS - 1), kernel[c, 0, y, te.max(te.min(u - (TAPS - 1), kw - 1), 0), 0, i],
+        tvm.tir.const(0, kernel.dtype)), name="taps_padded_kernel")
+    wt = te.compute((chunks, kh, TAPS, dots, block, TAPS),
+                    lambda c, y, p, d, i, t: kp[c, y, d * TAPS + t - p + TAPS - 1, i], name="taps_phase_kernel")
+    d = te.reduce_axis((0, dots), name="d")
+    return te.compute(
+        (n, chunks, g["out_h"], g["out_w"], block),
+        lambda b, c, y, x, i: te.sum(
+            xg[b, c, y * sh + ky, tvm.tir.floordiv(x * sw, TAPS) + d, i, j].astype(out_dtype)
+            * wt[c, ky, tvm.tir.floormod(x * sw, TAPS), d, i, j].astype(out_dtype), axis=[ky, d, j]),
+        name="DepthwiseConv2dTaps", tag=TAG, attrs={"tap_dots": dots, "stride_w": sw})
 
 
 def taps_schedule(cfg, s, conv, output):
@@ -210,7 +319,8 @@ def taps_schedule(cfg, s, conv, output):
     xp, wp = conv.op.input_tensors
     data = xp.op.input_tensors[0]
     block = int(conv.shape[-1])
-    b, c, y, _, _ = s[xp].op.axis
+    grouped = xp.op.name == "taps_grouped_data"
+    b, c, y = s[xp].op.axis[:3]
     outer = s[xp].fuse(b, c)
     size = 1
     for dim in xp.shape:
@@ -222,9 +332,24 @@ def taps_schedule(cfg, s, conv, output):
     plane = (read_h, read_w, block)
     s[xp].tensorize(y, _padded_plane(plane, int(data.shape[3]) * block, tuple(int(v) for v in xp.shape[2:]),
                                      top, left, data.dtype))
-    s[wp].vectorize(s[wp].op.axis[-1])
+    if grouped:
+        kp = wp.op.input_tensors[0]
+        s[kp].vectorize(s[kp].op.axis[-1])
+        axes = s[wp].op.axis
+        s[wp].reorder(*axes[:-2], axes[-1], axes[-2])
+        s[wp].vectorize(axes[-2])
+    else:
+        s[wp].vectorize(s[wp].op.axis[-1])
 
     cc, (_, chunk, oh, ow, blk), (ky, q, j) = _depthwise_template.row_loops(cfg, s, conv, output)
+    if grouped:  # every dot of a kernel row: its tile's outputs share each group of 4 pixels
+        dots, stride_w = int(conv.op.attrs["tap_dots"]), int(conv.op.attrs["stride_w"])
+        ow_outer, ow = s[cc].split(ow, factor=grouped_tile(int(s[cc].op.axis[3].dom.extent), stride_w, dots))
+        s[cc].reorder(chunk, oh, ow_outer, ky, q, ow, blk, j)
+        s[cc].unroll(q)
+        s[cc].unroll(ow)
+        s[cc].tensorize(blk, _tap_dot(block, xp.dtype, wp.dtype, grouped=True))
+        return
     s[cc].reorder(chunk, oh, ky, q, ow, j, blk)
     if cfg["unroll_kw"].val:
         s[cc].unroll(q)
@@ -235,7 +360,8 @@ def taps_schedule(cfg, s, conv, output):
 def _choose(data, kernel, strides, padding, dilation, out_dtype, target):
     """:func:`taps_compute` for these TOPI arguments, or why TVM's compute stays."""
     why = _why_not(data, kernel, strides, padding, dilation, out_dtype, target)
-    return why or (lambda cfg: taps_compute(cfg, data, kernel, strides, padding, out_dtype))
+    grouped = not why and regroups(target)
+    return why or (lambda cfg: taps_compute(cfg, data, kernel, strides, padding, out_dtype, grouped))
 
 
 def wrap_compute(original):

@@ -190,6 +190,19 @@ def _kernel_funcs(factory) -> dict:
     return out
 
 
+def _depthwise_row(func, model) -> tuple:
+    """``(kernel width, dots per output and kernel row)`` of a depthwise kernel built for ``model``: x86's
+    tap forms (:func:`tvm_ext.x86.depthwise_taps.dots_per_kernel_row`), else groups of 4 taps (0)."""
+    import tvm
+
+    from ...x86 import depthwise_taps
+
+    kw, sw, out_w = _macs.kernel_row(func)
+    if kw <= 0 or not model.triple.startswith("x86_64"):
+        return kw, 0
+    return kw, depthwise_taps.dots_per_kernel_row(kw, sw, out_w, tvm.target.Target(model.target))
+
+
 def analyze_factory(factory, cpu: str) -> Analysis:
     """:class:`Analysis` of a built module (``tvm_ext.build``'s result for ``cpu_model(cpu).target``)."""
     model = cpu_model(cpu)
@@ -207,7 +220,7 @@ def analyze_factory(factory, cpu: str) -> Analysis:
         kind = _macs.kind(relay_funcs[name])
         hot = _asm.hot_loop(name, funcs, by_kernel.get(name, []), kind)
         if hot is not None and kind == "depthwise":  # a dot over 4 taps: the products with a weight
-            hot = _asm.depthwise_taps(hot, _macs.kernel_width(relay_funcs[name]))
+            hot = _asm.depthwise_taps(hot, *_depthwise_row(relay_funcs[name], model))
         res = _llvm_mca.run(hot.text, model.triple, model.mcpu, model.mattr) if hot else None
         if hot is None:
             logger.info("%s: no int8 dot-product loop in %s", cpu, name)

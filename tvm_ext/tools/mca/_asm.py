@@ -318,14 +318,15 @@ _TAP_DOTS = ("sdot", "udot", "usdot", "sudot", "vpdpbusd")
 _X86_LANES = {"zmm": 16, "ymm": 8, "xmm": 4}
 
 
-def depthwise_taps(hot: HotLoop, kernel_width: int) -> HotLoop:
-    """``hot`` of a depthwise kernel whose 4-byte dots multiply ``kernel_width`` taps in groups of 4 with
-    the group's last taps zero: each dot credited with the products that carry a weight (``kw`` of
-    ``4 ceil(kw / 4)``: 12 of 16 for a 3x3, 10 for a 5x5)."""
+def depthwise_taps(hot: HotLoop, kernel_width: int, dots_per_row: int = 0) -> HotLoop:
+    """``hot`` of a depthwise kernel whose 4-byte dots multiply ``kernel_width`` taps of a kernel row in
+    ``dots_per_row`` dots per output (``ceil(kw / 4)`` when 0: groups of 4 taps, the last one's ends zero):
+    each dot credited with the products that carry a weight (``kw`` of ``4 x dots_per_row``: 12 of 16 for a
+    3x3 in one dot, 6 of 16 in two, 10 for a 5x5 in two)."""
     tap_dots = {form: n for form, n in hot.dots.items() if form.split()[0] in _TAP_DOTS}
     if not tap_dots or kernel_width <= 0:
         return hot
-    padded = 4 * -(-kernel_width // 4)
+    padded = 4 * (dots_per_row or -(-kernel_width // 4))
     full = sum(n * 4 * (_X86_LANES.get(form.split()[-1]) or _arm_dest(f"v0{form.split()[-1]}")[0])
                for form, n in tap_dots.items())
     return dataclasses.replace(hot, macs=hot.macs - full + round(full * kernel_width / padded))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["macs", "kind", "describe", "kernel_width"]
+__all__ = ["macs", "kind", "describe", "kernel_row"]
 
 
 def _shape(expr) -> list:
@@ -87,8 +87,8 @@ def kind(func) -> str:
     return "float" if "float" in kinds else ("depthwise" if "depthwise" in kinds else "")
 
 
-def kernel_width(func) -> int:
-    """The kernel width of the first conv of ``func`` (0 without one)."""
+def kernel_row(func) -> tuple:
+    """``(kernel width, stride width, output width)`` of the first conv of ``func`` (zeros without one)."""
     import tvm
     from tvm import relay
 
@@ -97,12 +97,14 @@ def kernel_width(func) -> int:
     def visit(node):
         if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and "conv2d" in node.op.name:
             try:
-                found.append(int(node.attrs.kernel_size[1]))
-            except (AttributeError, IndexError, TypeError):  # no static kernel size
+                layout = re.sub(r"\d", "", str(node.attrs.out_layout or node.attrs.data_layout) or "NCHW")
+                found.append((int(node.attrs.kernel_size[1]), int(node.attrs.strides[1]),
+                              int(_shape(node)[layout.index("W")])))
+            except (AttributeError, IndexError, TypeError, ValueError):  # no static kernel size or shape
                 pass
 
     relay.analysis.post_order_visit(func, visit)
-    return found[0] if found else 0
+    return found[0] if found else (0, 0, 0)
 
 
 def describe(func) -> str:
