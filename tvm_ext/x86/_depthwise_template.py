@@ -76,18 +76,21 @@ def wrap_schedule(original, tag: str, schedule, change: str):
     return wrapped
 
 
-def row_loops(cfg, s, conv, output):
+def row_loops(cfg, s, conv, output, tile_ow: int = 0, scope: str = "global"):
     """TVM's depthwise loop order for ``conv`` and its fused ``output`` in ``s``: rows x channel blocks in
-    parallel, ``tile_ow`` pixels of a row accumulated in a cached stage, the epilogue per row.
+    parallel, ``tile_ow`` pixels of a row (the config's, unless given) accumulated in a cached stage of
+    ``scope``, the epilogue per row.
 
     Returns the cached stage's ``(axes, reduce axes)``; its loops are the caller's to order."""
-    tile_ow = cfg["tile_ow"].size[-1]
-    cc = s.cache_write(conv, "global")
+    tile_ow = tile_ow or cfg["tile_ow"].size[-1]
+    cc = s.cache_write(conv, scope)
     for stage in (conv, output) if conv != output else (conv,):
         _, chunk, oh, ow, blk = s[stage].op.axis
         ow_chunk, ow_block = s[stage].split(ow, factor=tile_ow)
         s[stage].reorder(chunk, oh, ow_chunk, ow_block, blk)
         s[stage].vectorize(blk)
+        if scope == "local":  # constant offsets into the local tile: LLVM keeps it in registers
+            s[stage].unroll(ow_block)
         fused = s[stage].fuse(chunk, oh)
         s[stage].parallel(fused)
         if stage == conv:

@@ -101,8 +101,9 @@ GROUPED_REGISTERS = 30
 
 
 def grouped_tile(width: int, stride_w: int, dots: int) -> int:
-    """Outputs per register tile of the regrouped form within a ``width``-pixel row tile: the most (dividing
-    ``width``) whose accumulators, kernel vectors and pixel groups fit :data:`GROUPED_REGISTERS`::
+    """Outputs per register tile of the regrouped form in an output row of ``width`` pixels (instead of the
+    config's ``tile_ow``): the most (dividing ``width``) whose accumulators, kernel vectors and pixel groups
+    fit :data:`GROUPED_REGISTERS`::
 
         # T + phases * D + (T * sw) // 4 + D <= 30,  phases = 4 / gcd(sw, 4)
     """
@@ -227,6 +228,8 @@ def _tap_dot(lanes: int, data_t: str, kernel_t: str, grouped: bool = False):
                      name="C")
     binds = {t: tvm.tir.decl_buffer(t.shape, dtype=t.dtype, name=t.name + "_buf", offset_factor=1)
              for t in (data, kernel)}
+    if grouped:  # the accumulators: a tile-sized local buffer (LLVM keeps it in registers, with no memset)
+        binds[out] = tvm.tir.decl_buffer(out.shape, dtype=out.dtype, name="acc_buf", offset_factor=1, scope="local")
     acc_t = f"int32x{lanes}"
     order = [tvm.tir.IntImm("int32", j * lanes + i) for i in range(lanes) for j in range(TAPS)]
 
@@ -341,11 +344,13 @@ def taps_schedule(cfg, s, conv, output):
     else:
         s[wp].vectorize(s[wp].op.axis[-1])
 
-    cc, (_, chunk, oh, ow, blk), (ky, q, j) = _depthwise_template.row_loops(cfg, s, conv, output)
+    width = 0
+    if grouped:  # a register tile of its own: the kernel row's phase vectors and pixel groups beside it
+        width = grouped_tile(int(conv.shape[3]), int(conv.op.attrs["stride_w"]), int(conv.op.attrs["tap_dots"]))
+    cc, (_, chunk, oh, ow, blk), (ky, q, j) = _depthwise_template.row_loops(cfg, s, conv, output, width,
+                                                                             "local" if grouped else "global")
     if grouped:  # every dot of a kernel row: its tile's outputs share each group of 4 pixels
-        dots, stride_w = int(conv.op.attrs["tap_dots"]), int(conv.op.attrs["stride_w"])
-        ow_outer, ow = s[cc].split(ow, factor=grouped_tile(int(s[cc].op.axis[3].dom.extent), stride_w, dots))
-        s[cc].reorder(chunk, oh, ow_outer, ky, q, ow, blk, j)
+        s[cc].reorder(chunk, oh, ky, q, ow, blk, j)
         s[cc].unroll(q)
         s[cc].unroll(ow)
         s[cc].tensorize(blk, _tap_dot(block, xp.dtype, wp.dtype, grouped=True))
