@@ -484,3 +484,28 @@ def test_paired_convs_reach_the_24_channel_output_block():
         res = fuzz.check_graph(mod, passes=(), pipeline=True, build_check=True, target=target)
         assert not res.failures, res.failures
         assert res.compared >= 1 and res.stock_checked, res.skips
+
+
+@pytest.mark.parametrize("target", ["llvm -mcpu=icelake-server", "llvm -mcpu=cascadelake"])
+def test_mobile_block_reaches_the_depthwise_tap_forms(target):
+    """``mobile_block``: a 1x1 conv and a uint8 depthwise conv over 16 channels. Built with ``pipelines.int8()``
+    at AVX-512 VNNI targets, the depthwise kernel multiplies with ``vpdpbusd`` (the tap forms: permuted in
+    registers with VBMI, regrouped without); where the host runs the target's code the oracle holds (the
+    pipeline's build against ``tvm_ext.build`` without passes, and that against exact integer arithmetic at
+    plain llvm), compiled only elsewhere."""
+    import tvm_ext
+    from tvm_ext.core import pipelines
+    from tvm_ext.tools.mca import _asm
+    from tvm_ext.x86.isa import runs_on_host
+
+    mod = fuzz.build_graph(fuzz.Spec(seed=5, layout="NCHW", in_dtype="uint8", channels=8, height=6, width=6,
+                                     steps=(("mobile_block", 0, 16, 5, 1),)))
+    assert "groups=16" in mod.astext()
+    asm = tvm_ext.build(mod, target=target, passes=pipelines.int8()).get_lib().get_source("asm")
+    funcs = _asm.parse(asm)  # a kernel's functions: its own and its parallel lambdas
+    loops = [_asm.hot_loop(n, funcs, fs, "depthwise") for n, fs in _asm.kernels(funcs).items() if "depthwise" in n]
+    assert loops and all(hot is not None and "vpdpbusd zmm" in hot.dots for hot in loops), loops
+    if runs_on_host(target):
+        res = fuzz.check_graph(mod, passes=(), pipeline=True, build_check=True, target=target)
+        assert not res.failures, res.failures
+        assert res.compared >= 1 and res.stock_checked, res.skips

@@ -44,7 +44,7 @@ class Spec:
 STEP_KINDS = (
     "conv", "requant", "widen", "ewise", "parallel_cast", "join", "pool", "stop", "layout", "tuple",
     "dense_head", "ewise_head", "qdq_add", "pad", "pool_quant", "nonneg_conv", "sliced_conv", "stepwise_chain",
-    "paired_convs",
+    "paired_convs", "mobile_block",
 )
 
 
@@ -88,6 +88,9 @@ def graph_specs(max_steps: int = 6, variants=VARIANTS):
         # int8 convs with trained-like weights, the channels between them, a classifier head (OrderChannelsInSafePairs)
         st.tuples(st.just("paired_convs"), small, st.sampled_from([8, 16, 24, 40]), st.sampled_from([1, 3]),
                   st.sampled_from(["none", "max", "head"]), st.sampled_from([0, 24])),
+        # a 1x1 conv and a uint8 depthwise conv over 8- to 32-channel blocks (AVX-512 VNNI's depthwise tap forms)
+        st.tuples(st.just("mobile_block"), small, st.sampled_from([8, 16, 24, 32]), st.sampled_from([3, 5]),
+                  st.integers(1, 2)),
     )
     variant = st.sampled_from(list(variants)) if len(variants) > 1 else st.just(variants[0])
     if len(variants) > 1:

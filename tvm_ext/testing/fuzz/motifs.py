@@ -105,9 +105,22 @@ def paired_convs(g, i, oc, k, between, out=0):
     g.trained = False
 
 
+def mobile_block(g, i, channels, k, stride):
+    """qnn.conv2d 1x1 to ``channels`` -> qnn.requantize -> uint8 -> depthwise qnn.conv2d ``k`` x ``k`` / ``stride``
+    (NCHW; NHWC: a plain ``k`` x ``k`` conv) -> qnn.requantize -> uint8, as MobileNet-like models (PP-OCR) write
+    them: uint8 x int8 depthwise convs over 8- and 16-channel blocks, which AVX-512 VNNI's tap forms compute
+    (tvm_ext.x86.depthwise_taps)"""
+    conv(g, i, channels, 1, 1, 0, 0, "qnn", "none", True)
+    y = g.requant_qnn(g.values[-1], "uint8")
+    g.push(y.expr, y.dtype, y.shape)
+    conv(g, len(g.values) - 1, channels, k, stride, k // 2, 1, "qnn", "none", False)
+    y = g.requant_qnn(g.values[-1], "uint8")
+    g.push(y.expr, y.dtype, y.shape)
+
+
 #: kind -> step function, every kind of :data:`.grammar.STEP_KINDS`.
 STEPS = {
     **GENERAL_STEPS,
     "pool_quant": pool_quant, "nonneg_conv": nonneg_conv, "stepwise_chain": stepwise_chain,
-    "sliced_conv": sliced_conv, "paired_convs": paired_convs,
+    "sliced_conv": sliced_conv, "paired_convs": paired_convs, "mobile_block": mobile_block,
 }
