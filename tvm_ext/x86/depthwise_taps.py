@@ -88,8 +88,8 @@ def _phases(kernel_w: int, stride_w: int, out_w: int) -> tuple:
 
 def dots_per_kernel_row(kernel_w: int, stride_w: int, out_w: int, target) -> int:
     """``vpdpbusd`` per output, channel block and kernel row in ``target``'s tap form: ``ceil(kw / 4)``
-    permuted in registers, ``D`` regrouped (:func:`regroups`). Each multiplies ``kw`` taps with a weight
-    over all of them (``tvm_ext.tools.mca`` credits each dot with its share)."""
+    permuted in registers, ``D`` regrouped (:func:`regroups`). Together they multiply the row's ``kw`` taps
+    that carry a weight (``tvm_ext.tools.mca`` credits each dot with its share of them)."""
     if regroups(target):
         return _phases(kernel_w, stride_w, out_w)[0]
     return -(-kernel_w // TAPS)
