@@ -1,5 +1,7 @@
 """tvm_ext.x86.tile_rules: the register-tile sizes of the x86 int8 conv schedules, as pure functions of the conv's
 shape, the wished tile and the register budget (the schedules that use them: test_int8_schedules.py)."""
+import collections
+
 import pytest
 
 from tvm_ext.x86 import tile_rules
@@ -90,3 +92,18 @@ def test_1x1_groups_in_turn_only_where_they_load_less(shape, groups, pixels, exp
     assert got == expected
     if got:
         assert got[0] * got[1] <= 12 and shape[0] % got[0] == 0 and shape[1] % got[1] == 0
+
+
+_Workload = collections.namedtuple("_Workload", "height width padt padb padl padr kernel_h kernel_w stride_h stride_w "
+                                                "dilation_h dilation_w")
+
+
+@pytest.mark.parametrize("wkl,expected", [
+    (_Workload(56, 56, 1, 1, 1, 1, 3, 3, 1, 1, 1, 1), (56, 56)),   # 3x3, padded
+    (_Workload(56, 56, 0, 1, 0, 1, 3, 3, 2, 2, 1, 1), (28, 28)),   # stride 2, padded at the end only
+    (_Workload(20, 30, 2, 2, 2, 2, 3, 3, 1, 1, 2, 2), (20, 30)),   # dilation 2: a 5x5 footprint
+    (_Workload(7, 9, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1), (7, 9)),       # 1x1
+])
+def test_output_size_of_a_workload(wkl, expected):
+    assert tile_rules.output_size(wkl) == expected
+    assert tile_rules.output_pixels(wkl) == expected[0] * expected[1]

@@ -37,7 +37,8 @@ from .int8_policy import (FALLBACK_TILE_ACCUMULATORS, INT8_CONV_BLOCK, SHORT_RED
                           needs_operand_fix, policy)
 from .int8_schedules import _SAVED, _current_target, _schedule_1x1_int8, _schedule_common_int8, dot_u8s8_vnni
 from .isa import isa_class
-from .tile_rules import kw_reuse_width, output_pixels, strided_chain_width, tile_shape, tile_width, wide_out_block
+from .tile_rules import (kw_reuse_width, output_pixels, output_size, output_width, strided_chain_width, tile_shape,
+                         tile_width, wide_out_block)
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ def _untuned_conv_geometry(cfg, wkl):
     target = _current_target()
     if target is None or wkl.dilation_w != 1 or wkl.kernel_w < 2:
         return None
-    out_w = (wkl.width + wkl.padl + wkl.padr - wkl.kernel_w) // wkl.stride_w + 1
+    out_w = output_width(wkl)
     oc_bn = cfg["tile_oc"].size[-1]
     return (policy(target), out_w, max(1, oc_bn // get_simd_32bit_lanes()), wkl.out_filter // oc_bn,
             cfg["tile_ow"].size[-1])
@@ -364,8 +365,7 @@ def _float_conv_register_tile(fallback, one_by_one: bool):
         if tile is None:
             return None
         budget, groups = tile
-        out_h = (wkl.height + wkl.padt + wkl.padb - ((wkl.kernel_h - 1) * wkl.dilation_h + 1)) // wkl.stride_h + 1
-        out_w = (wkl.width + wkl.padl + wkl.padr - ((wkl.kernel_w - 1) * wkl.dilation_w + 1)) // wkl.stride_w + 1
+        out_h, out_w = output_size(wkl)
         cols = cfg["tile_ow"].size[-1]
         if one_by_one:
             rows, cols = tile_shape(out_h, out_w, groups, (cfg["tile_oh"].val, cols), budget)

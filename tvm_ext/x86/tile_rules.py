@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __all__ = ["tile_width", "tile_shape", "tile_chunks_shape", "tile_chains", "whole_row_over_budget", "groups_in_turn",
            "kw_reuse_width", "strided_chain_width", "rows_first", "weights_once_rows",
-           "pass_blocks", "wide_out_block", "output_pixels"]
+           "pass_blocks", "wide_out_block", "output_width", "output_size",
+           "output_pixels"]
 
 
 def tile_chains(pixels: int, groups: int, oc_chunks: int, chains: int, max_chunks: int, accumulators: int) -> int:
@@ -252,8 +253,18 @@ def wide_out_block(channels_per_group: int, out_pixels: int, short_reduction: in
     return channels_per_group > short_reduction and out_pixels > 1
 
 
-def output_pixels(wkl) -> int:
-    """Output pixels per channel of a conv workload (TOPI's ``Workload``: padded input, dilated kernel)."""
+def output_width(wkl) -> int:
+    """Output width of a conv workload (TOPI's ``Workload``: padded input, dilated kernel)."""
+    return (wkl.width + wkl.padl + wkl.padr - ((wkl.kernel_w - 1) * wkl.dilation_w + 1)) // wkl.stride_w + 1
+
+
+def output_size(wkl) -> tuple:
+    """``(out_h, out_w)`` of a conv workload (:func:`output_width`, and the same for the height)."""
     out_h = (wkl.height + wkl.padt + wkl.padb - ((wkl.kernel_h - 1) * wkl.dilation_h + 1)) // wkl.stride_h + 1
-    out_w = (wkl.width + wkl.padl + wkl.padr - ((wkl.kernel_w - 1) * wkl.dilation_w + 1)) // wkl.stride_w + 1
+    return out_h, output_width(wkl)
+
+
+def output_pixels(wkl) -> int:
+    """Output pixels per channel of a conv workload (:func:`output_size`)."""
+    out_h, out_w = output_size(wkl)
     return out_h * out_w
