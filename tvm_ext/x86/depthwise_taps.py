@@ -312,7 +312,7 @@ def _grouped_compute(g, data, kernel, out_dtype, plane, attrs, ky, j):
         lambda b, c, y, x, i: te.sum(
             xg[b, c, y * sh + ky, tvm.tir.floordiv(x * sw, TAPS) + d, i, j].astype(out_dtype)
             * wt[c, ky, tvm.tir.floormod(x * sw, TAPS), d, i, j].astype(out_dtype), axis=[ky, d, j]),
-        name="DepthwiseConv2dTaps", tag=TAG, attrs={"tap_dots": dots, "stride_w": sw})
+        name="DepthwiseConv2dTaps", tag=TAG, attrs={"stride_w": sw})
 
 
 def taps_schedule(cfg, s, conv, output):
@@ -336,30 +336,32 @@ def taps_schedule(cfg, s, conv, output):
     s[xp].tensorize(y, _padded_plane(plane, int(data.shape[3]) * block, tuple(int(v) for v in xp.shape[2:]),
                                      top, left, data.dtype))
     if grouped:
-        kp = wp.op.input_tensors[0]
-        s[kp].vectorize(s[kp].op.axis[-1])
-        axes = s[wp].op.axis
-        s[wp].reorder(*axes[:-2], axes[-1], axes[-2])
-        s[wp].vectorize(axes[-2])
-    else:
-        s[wp].vectorize(s[wp].op.axis[-1])
-
-    width = 0
-    if grouped:  # a register tile of its own: the kernel row's phase vectors and pixel groups beside it
-        width = grouped_tile(int(conv.shape[3]), int(conv.op.attrs["stride_w"]), int(conv.op.attrs["tap_dots"]))
-    cc, (_, chunk, oh, ow, blk), (ky, q, j) = _depthwise_template.row_loops(cfg, s, conv, output, width,
-                                                                             "local" if grouped else "global")
-    if grouped:  # every dot of a kernel row: its tile's outputs share each group of 4 pixels
-        s[cc].reorder(chunk, oh, ky, q, ow, blk, j)
-        s[cc].unroll(q)
-        s[cc].unroll(ow)
-        s[cc].tensorize(blk, _tap_dot(block, xp.dtype, wp.dtype, grouped=True))
+        _grouped_loops(cfg, s, conv, output, xp, wp)
         return
+    s[wp].vectorize(s[wp].op.axis[-1])
+    cc, (_, chunk, oh, ow, blk), (ky, q, j) = _depthwise_template.row_loops(cfg, s, conv, output)
     s[cc].reorder(chunk, oh, ky, q, ow, j, blk)
     if cfg["unroll_kw"].val:
         s[cc].unroll(q)
     s[cc].unroll(ow)
     s[cc].tensorize(j, _tap_dot(block, xp.dtype, wp.dtype))
+
+
+def _grouped_loops(cfg, s, conv, output, xg, wt):
+    """:func:`taps_schedule`'s loops for the regrouped form: the shifted kernel built vector-wise, then a register
+    tile of its own (:func:`grouped_tile`, the kernel row's phase vectors and pixel groups beside it) in a local
+    stage, every dot of a kernel row with the tile's outputs sharing each group of 4 pixels."""
+    kp = wt.op.input_tensors[0]
+    s[kp].vectorize(s[kp].op.axis[-1])
+    axes = s[wt].op.axis
+    s[wt].reorder(*axes[:-2], axes[-1], axes[-2])
+    s[wt].vectorize(axes[-2])
+    width = grouped_tile(int(conv.shape[3]), int(conv.op.attrs["stride_w"]), int(wt.shape[3]))
+    cc, (_, chunk, oh, ow, blk), (ky, d, j) = _depthwise_template.row_loops(cfg, s, conv, output, width, "local")
+    s[cc].reorder(chunk, oh, ky, d, ow, blk, j)
+    s[cc].unroll(d)
+    s[cc].unroll(ow)
+    s[cc].tensorize(blk, _tap_dot(int(conv.shape[-1]), xg.dtype, wt.dtype, grouped=True))
 
 
 def _choose(data, kernel, strides, padding, dilation, out_dtype, target):
