@@ -13,8 +13,9 @@
   to 16 outputs (:mod:`tvm_ext.x86.dense_padding`), and with ``amx`` the AMX tile schedules;
 * instruments: :class:`tvm_ext.x86.exact_record.RecordWeights`;
 * configure (TIR lowering passes of this build only): with ``kernels`` at AVX2 and AVX-512 requantization in
-  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``kernels`` at AVX-512 VBMI byte-table lookups
-  as ``vpermi2b`` (:mod:`tvm_ext.x86.byte_table`); with ``kernels`` at AVX-512BW saturating 8-bit stores
+  even/odd int32 lanes (:mod:`tvm_ext.x86.requantize`); with ``kernels`` byte-table lookups as ``vpermi2b``
+  at AVX-512 VBMI (:mod:`tvm_ext.x86.byte_table`), as ``vpermi2d`` at AVX-512 without it
+  (:mod:`tvm_ext.x86.dword_table`); with ``kernels`` at AVX-512BW saturating 8-bit stores
   narrowed four vectors at a time by packs (:mod:`tvm_ext.x86.narrow_by_packs`); with ``kernels`` on 8-bit graphs, float
   products fenced from FMA contraction (:mod:`tvm_ext._no_contract`); with ``amx`` ``ConfigureTiles``.
 """
@@ -48,8 +49,8 @@ class X86(Backend):
 
     def plan(self, request: BuildRequest) -> BuildPlan:
         from .. import _no_contract
-        from . import (byte_table, dense_padding, exact_record, fuse_sliced_dense, int8_conv, narrow_by_packs,
-                       pair_order, pair_pack, requantize, tuning)
+        from . import (byte_table, dense_padding, dword_table, exact_record, fuse_sliced_dense, int8_conv,
+                       narrow_by_packs, pair_order, pair_pack, requantize, tuning)
 
         tgt, amx = request.target, bool(request.options.get("amx"))
         plan = BuildPlan()
@@ -67,6 +68,8 @@ class X86(Backend):
             plan.add_configure(requantize.lower_config)
         if request.kernels and byte_table.applies(tgt):
             plan.add_configure(byte_table.lower_config)
+        elif request.kernels and dword_table.applies(tgt):
+            plan.add_configure(dword_table.lower_config)
         if request.kernels and narrow_by_packs.applies(tgt):
             plan.add_configure(narrow_by_packs.lower_config)
         if request.kernels and request.eight_bit:  # float products rounded before their sums

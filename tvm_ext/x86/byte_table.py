@@ -13,8 +13,8 @@ VBMI the 256-byte table is four zmm registers and a lookup of 64 bytes is two pe
 The same bytes as the gather, so the result is bit for bit the same. :func:`ByteTableLookup` is the
 shared pass (:mod:`tvm_ext._byte_table`) with this lookup; the x86 back end adds it at phase 3
 (after vectorisation) to builds with tvm-ext's kernels for targets with VBMI (Ice Lake, Sapphire
-Rapids, Zen 4 and later). Without VBMI (Cascade Lake, AVX2) the gather stays: a 256-entry lookup
-from 16-byte ``vpshufb`` tables takes about as many micro-ops as it saves.
+Rapids, Zen 4 and later). AVX-512 without VBMI (Cascade Lake) permutes dwords instead
+(:mod:`tvm_ext.x86.dword_table`); AVX2 keeps the gather.
 """
 from __future__ import annotations
 
