@@ -13,26 +13,20 @@ import re
 import numpy as np
 import pytest
 import tvm
-from tvm import relay, te
+from tvm import relay
 
 import tvm_ext
 from tvm_ext.core import pipelines
-from tvm_ext.ops import register_ops, table_lookup
 from tvm_ext.testing import run_module
 from tvm_ext.x86 import byte_table
 from tvm_ext.x86.isa import runs_on_host
-from _byte_table_cases import conv_silu, random_table, values
+from _byte_table_cases import (conv_silu, expected, lookup_module, lowered_lookup, lowered_without_table, random_table,
+                               values)
 
 #: The least CPU with VBMI: AVX-512 (x86-64-v4) and the byte permutes.
 VBMI = "llvm -mcpu=x86-64-v4 -mattr=+avx512vbmi"
 NEEDS_VBMI = pytest.mark.skipif(not runs_on_host(VBMI), reason=f"host lacks instructions of '{VBMI}'")
 PERMUTES = re.compile(r"\bvperm[it]2b\b")
-
-
-def _lookup_module(data_dtype, table, shape):
-    register_ops()
-    x = relay.var("x", shape=shape, dtype=data_dtype)
-    return tvm.IRModule.from_expr(relay.Function([x], table_lookup(x, relay.const(table))))
 
 
 def _build(mod, target, lowered=True):
@@ -54,10 +48,10 @@ def test_applies_at_vbmi(cpu, expected):
 @pytest.mark.parametrize("table_dtype", ["uint8", "int8"])
 def test_lookup_bit_exact_on_every_value(shape, data_dtype, table_dtype):
     table = random_table(table_dtype)
-    lib = _build(_lookup_module(data_dtype, table, shape), VBMI)
+    lib = _build(lookup_module(data_dtype, table, shape), VBMI)
     x = values(data_dtype, shape)
     out = run_module(lib, {"x": x})[0]
-    np.testing.assert_array_equal(out, table[x.astype(np.int64) - np.iinfo(data_dtype).min])
+    np.testing.assert_array_equal(out, expected(table, x))
     asm = lib.get_lib().get_source("asm")
     assert PERMUTES.search(asm)
     if shape[-1] in (8, 16):  # vectorised throughout: no gather left
@@ -66,30 +60,17 @@ def test_lookup_bit_exact_on_every_value(shape, data_dtype, table_dtype):
 
 def test_without_the_pass_the_lookup_is_a_gather():
     """The code the pass replaces (compile only): a ``vpinsrb`` per byte, no permute."""
-    asm = _build(_lookup_module("uint8", random_table("uint8"), (1, 2, 16, 16, 16)), VBMI, lowered=False) \
+    asm = _build(lookup_module("uint8", random_table("uint8"), (1, 2, 16, 16, 16)), VBMI, lowered=False) \
         .get_lib().get_source("asm")
     assert "vpinsrb" in asm and not PERMUTES.search(asm)
 
 
-def _lowered_lookup():
-    x = te.placeholder((64,), "uint8", name="x")
-    t = te.placeholder((256,), "uint8", name="t")
-    y = te.compute((64,), lambda i: t[x[i].astype("int32")], name="y")
-    s = te.create_schedule(y.op)
-    s[y].vectorize(s[y].split(y.op.axis[0], 16)[1])
-    return tvm.lower(s, [x, t, y])
-
-
 def test_idempotent_and_unchanged_without_a_table():
     p = byte_table.VbmiByteTableLookup()
-    once = p(_lowered_lookup())
+    once = p(lowered_lookup())
     assert "vpermi2var" in once["main"].script()
     tvm.ir.assert_structural_equal(p(once), once)
-    x = te.placeholder((64,), "uint8", name="x")
-    y = te.compute((64,), lambda i: x[i] + x[63 - i], name="y")
-    s = te.create_schedule(y.op)
-    s[y].vectorize(s[y].split(y.op.axis[0], 16)[1])
-    plain = tvm.lower(s, [x, y])
+    plain = lowered_without_table()
     tvm.ir.assert_structural_equal(p(plain), plain)
 
 
