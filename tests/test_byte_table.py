@@ -104,11 +104,13 @@ def test_unchanged_without_a_byte_table_gather(kw):
     tvm.ir.assert_structural_equal(out, mod)
 
 
-def test_slices_pad_with_zeros_and_join_back():
-    """The slicing helpers by value: a 24-lane vector as 16-lane slices and back."""
-    vals = np.arange(24, dtype="uint8") + 1
-    x = te.placeholder((24,), "uint8", name="x")
-    y = te.compute((24,), lambda i: x[i], name="y")
+@pytest.mark.parametrize("lanes, used", [(24, [16, 8]), (31, [16, 15]), (17, [16, 1])])
+def test_slices_pad_with_zeros_and_join_back(lanes, used):
+    """The slicing helpers by value: a vector of 24, 31 or 17 lanes as 16-lane slices (the last padded by 8,
+    1 or 15 zeros) and back."""
+    vals = np.arange(lanes, dtype="uint8") + 1
+    x = te.placeholder((lanes,), "uint8", name="x")
+    y = te.compute((lanes,), lambda i: x[i], name="y")
     s = te.create_schedule(y.op)
     s[y].vectorize(y.op.axis[0])
     func = tvm.lower(s, [x, y])["main"]
@@ -116,13 +118,13 @@ def test_slices_pad_with_zeros_and_join_back():
     def rebuild(load):
         if load.buffer.name != "x" or not isinstance(load.indices[0], tir.Ramp):
             return None
-        pieces = bt.slices(load, 24, 16)
-        assert [used for _, used in pieces] == [16, 8]
-        return bt.joined(pieces, 24)
+        pieces = bt.slices(load, lanes, 16)
+        assert [n for _, n in pieces] == used
+        return bt.joined(pieces, lanes)
 
     body = tir.stmt_functor.ir_transform(func.body, None, rebuild, ["tir.BufferLoad"])
     f = tvm.build(tvm.IRModule({"main": func.with_body(body)}), target="llvm")
-    a, b = tvm.nd.array(vals), tvm.nd.empty((24,), "uint8")
+    a, b = tvm.nd.array(vals), tvm.nd.empty((lanes,), "uint8")
     f(a, b)
     np.testing.assert_array_equal(b.numpy(), vals)
 

@@ -110,8 +110,8 @@ def slices(vector, lanes: int, width: int):
         parts = [vector]
         pad = width - used
         if pad:
-            dtype = str(vector.dtype).split("x")[0]
-            parts.append(tir.Broadcast(tir.const(0, dtype), pad))
+            zero = tir.const(0, str(vector.dtype).split("x")[0])
+            parts.append(zero if pad == 1 else tir.Broadcast(zero, pad))  # a Broadcast has 2 lanes or more
         idx = list(range(start, start + used)) + list(range(lanes, lanes + pad))
         out.append((tir.Shuffle(parts, [tir.const(i, "int32") for i in idx]), used))
     return out
