@@ -10,8 +10,10 @@ from tvm import autotvm
 
 import tvm_ext
 from tvm_ext.core import pipelines
-from tvm_ext.tools import _fused_timing, tune
-from tvm_ext.x86 import tuning
+from tvm_ext.tools import _depthwise_task, _fused_timing, tune
+from tvm_ext.x86 import depthwise_taps, tuning
+from tvm_ext.x86 import int8_conv as x86_int8
+from tvm_ext.x86.depthwise_taps import FORM_KNOB
 from tvm_ext.x86.target import build_target
 from tvm_ext.testing import qoperator_net, run_module
 
@@ -204,24 +206,48 @@ def mobile():
 
 def _depthwise_record(target, wl):
     """A record of ``wl`` with its last layout-free candidate (whatever its speed)."""
-    task = autotvm.task.create(wl[0], args=wl[1:], target=target)
+    task = _depthwise_task.create(wl, target)
     cfg = tune._conv_candidates(task)[-1]
     return autotvm.record.encode(autotvm.MeasureInput(target, task, cfg), autotvm.MeasureResult((1e-3,), 0, 0.0, 0.0))
 
 
 def test_depthwise_workloads_are_recorded_with_their_layout_free_knobs(mobile):
     """The 8-bit depthwise conv's NCHWc workload is recorded; its candidates keep the compiled block
-    (``tile_ic`` = ``tile_oc`` = the data's) and differ in ``tile_ow`` x ``unroll_kw``."""
+    (``tile_ic`` = ``tile_oc`` = the data's) and differ in ``tile_ow`` x ``unroll_kw`` x the tap form
+    (``regroup_taps``, both forms searched, the target's first)."""
     _, target, wls = mobile
     assert [w[0] for w in wls.depthwise] == [tuning.DEPTHWISE_TASK]
     wl = wls.depthwise[0]
     assert len(wl[1][1]) == 5 and (wl[1][2], wl[2][2]) == ("uint8", "int8")
     block = wl[1][1][4]
-    cands = tune._conv_candidates(autotvm.task.create(wl[0], args=wl[1:], target=target))
+    cands = tune._conv_candidates(_depthwise_task.create(wl, target))
     assert len(cands) >= 2
     assert all(c._entity_map["tile_ic"].size[-1] == block == c._entity_map["tile_oc"].size[-1] for c in cands)
-    knobs = {(str(c._entity_map["tile_ow"]), str(c._entity_map["unroll_kw"])) for c in cands}
+    knobs = {(str(c._entity_map["tile_ow"]), str(c._entity_map["unroll_kw"]), str(c._entity_map.get(FORM_KNOB)))
+             for c in cands}
     assert len(knobs) == len(cands)
+
+
+@pytest.mark.parametrize("cpu", ["cascadelake", "icelake-server"])
+def test_depthwise_tasks_time_the_tap_kernels_in_both_forms(cpu):
+    """Compile only: the task ``tvm-ext tune`` times is the kernel the build compiles (``vpdpbusd`` per 4 taps,
+    not TVM's ``vpdpwssd`` per tap), and its candidates hold both tap forms, the target's first
+    (``regroup_taps``), each building the form it names."""
+    from ._int8_cases import _conv_depthwise_conv
+
+    target = tvm.target.Target(f"llvm -mcpu={cpu}")
+    wl = tune.record_workloads(_conv_depthwise_conv(channels=32, size=14), None, target, pipelines.int8()).depthwise[0]
+    cands = tune._conv_candidates(_depthwise_task.create(wl, target))
+    forms = [c._entity_map[FORM_KNOB].val for c in cands]
+    assert set(forms) == {True, False} and forms[0] is depthwise_taps.regroups(target)
+    task = _depthwise_task.create(wl, target)
+    for regrouped in (True, False):
+        with x86_int8.kernels(), target:
+            sch, bufs = task.instantiate(cands[forms.index(regrouped)])
+            asm = tvm.build(sch, bufs, target=target).get_source("asm")
+        assert "vpdpbusd" in asm and "vpdpwssd" not in asm
+        padded = bufs[-1].op.input_tensors[0].op.name
+        assert padded == ("taps_grouped_data" if regrouped else "taps_padded_data"), padded
 
 
 def test_a_depthwise_record_is_applied_and_keeps_results_exact(mobile, cache):

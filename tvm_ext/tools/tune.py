@@ -38,6 +38,7 @@ from .. import families
 from ..x86 import tuning, int8_conv as x86_int8
 from ..core.build import build
 from ..x86.isa import isa_class, runs_on_host
+from . import _depthwise_task
 from ._fused_timing import build_with, fused_kernel_ms
 
 #: The int8 conv templates whose workloads are recorded (x86 and aarch64).
@@ -247,7 +248,7 @@ def tune_workloads(workloads, target, *, deadline: float = float("inf"), progres
         if time.monotonic() > deadline:
             return lines, rows, True
         try:
-            task = autotvm.task.create(wl[0], args=wl[1:], target=target)
+            task = _depthwise_task.create(wl, target)
             cands = _dense_candidates(task) if _kind(wl) == "dense" else _conv_candidates(task)
             base = time_config(task, _fallback(task), target, number, repeat)
         except Exception as err:  # noqa: BLE001  TVM's template cannot describe it (e.g. the output

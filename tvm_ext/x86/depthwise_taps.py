@@ -16,10 +16,11 @@ groups through the kernel shifted by its phase ``p = x*sw mod 4``, ``D`` dots pe
     out[n, c, y, x, i]    = sum_{ky, d < D, j} xg[n, c, y*sh + ky, x*sw // 4 + d, i, j] * wt[c, ky, x*sw % 4, d, i, j]
 
 ``xp`` is the input with its zero padding, written once per conv by whole-row vector copies. Both forms
-sum TVM's products (zero taps add 0): results are identical. They apply to uint8 x int8 -> int32
-depthwise convs (channel multiplier 1, dilation 1) with 8- or 16-channel blocks whose input is the
-kernel's own argument, on classes whose policy has ``depthwise_taps``; the others keep TVM's compute,
-with a DEBUG log saying why. docs/x86-kernels.md ("Depthwise convs in tap groups") has the measurements.
+sum TVM's products (zero taps add 0): results are identical. :func:`regroups` gives the target's form;
+the knob :data:`FORM_KNOB` lets ``tvm-ext tune`` time the other one on the machine at hand. They apply
+to uint8 x int8 -> int32 depthwise convs (channel multiplier 1, dilation 1) with 8- or 16-channel blocks
+whose input is the kernel's own argument, on classes whose policy has ``depthwise_taps``; the others keep
+TVM's compute, with a DEBUG log saying why. docs/x86-kernels.md ("Depthwise convs in tap groups") has the measurements.
 """
 from __future__ import annotations
 
@@ -27,11 +28,14 @@ import math
 
 from . import _depthwise_template
 
-__all__ = ["taps_compute", "taps_schedule", "TAG", "regroups", "dots_per_kernel_row"]
+__all__ = ["taps_compute", "taps_schedule", "TAG", "FORM_KNOB", "regroups", "dots_per_kernel_row"]
 
 TAG = "depthwise_conv2d_NCHWc_taps"
 #: taps per 32-bit lane of ``vpdpbusd``
 TAPS = 4
+#: AutoTVM knob choosing the form: ``[regroups(target), not regroups(target)]``, so untuned builds take
+#: the target's form
+FORM_KNOB = "regroup_taps"
 #: a padded input of at most this many bytes is written by one thread: a parallel region costs
 #: about as much as copying it (5-6 us per region at 2 threads, Zen 5)
 SERIAL_PAD_BYTES = 256 * 1024
@@ -252,14 +256,27 @@ def _tap_dot(lanes: int, data_t: str, kernel_t: str, grouped: bool = False):
     return te.decl_tensor_intrin(out.op, body, binds=binds, default_buffer_params={"offset_factor": 1})
 
 
+def _tuned_form(cfg, grouped: bool, data, kernel, strides, padding) -> bool:
+    """The form ``cfg`` picks with :data:`FORM_KNOB` (``grouped``, the target's form, first); the target's form
+    for a record tuned without the knob, or where the other form's padded plane would hold no input."""
+    cfg.define_knob(FORM_KNOB, [grouped, not grouped])
+    try:
+        picked = bool(cfg[FORM_KNOB].val)
+    except KeyError:  # a record from before the knob: its config has no entry for it
+        return grouped
+    rows, cols, top, left = _plane(data, kernel, strides, padding, picked)
+    return picked if rows > top and cols > left else grouped
+
+
 def taps_compute(cfg, data, kernel, strides, padding, out_dtype, grouped: bool = False):
     """The conv in tap groups (module note) for NCHWc ``data`` and kernel ``[c, 1, kh, kw, 1, block]``,
-    permuted in registers or regrouped once (``grouped``); ``cfg`` gets TVM's knobs and, untuned, TVM's
-    fallback config."""
+    permuted in registers or regrouped once (``grouped``: the target's form, which the tuned knob
+    :data:`FORM_KNOB` may swap); ``cfg`` gets TVM's knobs and, untuned, TVM's fallback config."""
     import tvm
     from tvm import te
 
     g = _depthwise_template.define_knobs(cfg, data, kernel, strides, padding, (1, 1), out_dtype)
+    grouped = _tuned_form(cfg, grouped, data, kernel, strides, padding)
     n, chunks, height, width, block = (g[k] for k in ("n", "chunks", "height", "width", "block"))
     kh, kw, sh, sw, top, left = (g[k] for k in ("kh", "kw", "sh", "sw", "top", "left"))
     out_h, out_w = g["out_h"], g["out_w"]
