@@ -81,9 +81,9 @@ def lower_config(config: dict | None = None) -> dict:
 
 
 def applies(target) -> bool:
-    """Whether the x86 back end lowers byte-table lookups this way for ``target``: AVX-512F without
-    VBMI (with VBMI, :func:`tvm_ext.x86.byte_table.applies`)."""
+    """Whether the x86 back end lowers byte-table lookups this way for ``target``: AVX-512F where
+    :func:`tvm_ext.x86.byte_table.applies` does not (no VBMI), so a target takes one of the two."""
+    from . import byte_table
     from .isa import llvm_features
 
-    features = llvm_features(target)
-    return "avx512f" in features and "avx512vbmi" not in features
+    return "avx512f" in llvm_features(target) and not byte_table.applies(target)
